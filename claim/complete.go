@@ -1,0 +1,231 @@
+package claim
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+
+	queries "github.com/bellhopq/bellhop/sql"
+)
+
+// Verdict is what happens to a message once its handler is done.
+type Verdict uint8
+
+const (
+	// Ack deletes the message: it was handled.
+	Ack Verdict = iota
+	// Nack releases it for another attempt after a delay.
+	Nack
+	// DeadLetter moves it to dead_letters.
+	DeadLetter
+	// Release gives it back at once, with its attempt refunded: its
+	// handler was interrupted by a clean stop.
+	Release
+)
+
+func (v Verdict) String() string {
+	return [...]string{"ack", "nack", "dead_letter", "release"}[v]
+}
+
+// Outcome is a settled delivery waiting to be written.
+type Outcome struct {
+	Message *Message
+	Verdict Verdict
+	Delay   time.Duration // Nack: how long until the next attempt
+	Error   string        // DeadLetter: the last error, kept with the dead letter
+	Queue   string        // DeadLetter of an Invoke delivery: its consumer's queue
+	// Done, if set, is called once the outcome is written (applied: the
+	// token still matched) or could not be written (err != nil; the lease
+	// then expires and the message is delivered again).
+	Done func(applied bool, err error)
+}
+
+// Completer writes outcomes in batches: whatever has queued up while the
+// previous batch was in flight goes in the next one, so a lone outcome is
+// written at once and a busy dispatcher writes many per round trip.
+type Completer struct {
+	db       *pgxpool.Pool
+	log      zerolog.Logger
+	in       chan Outcome
+	maxBatch int
+	workers  int
+	wg       sync.WaitGroup
+	once     sync.Once
+}
+
+// NewCompleter returns a Completer writing through db with the given
+// number of concurrent writers (default 2) and batch size (default 500).
+func NewCompleter(db *pgxpool.Pool, log zerolog.Logger, workers, maxBatch int) *Completer {
+	if workers <= 0 {
+		workers = 2
+	}
+	if maxBatch <= 0 {
+		maxBatch = 500
+	}
+	c := &Completer{db: db, log: log, in: make(chan Outcome, 4*maxBatch), maxBatch: maxBatch, workers: workers}
+	c.wg.Add(workers)
+	for range workers {
+		go c.loop()
+	}
+	return c
+}
+
+// Submit queues o. It blocks while the queue is full, which slows the
+// dispatcher down to the rate the database can settle messages.
+func (c *Completer) Submit(o Outcome) { c.in <- o }
+
+// Close writes everything already submitted and returns when done.
+// Nothing may be submitted after Close.
+func (c *Completer) Close() {
+	c.once.Do(func() { close(c.in) })
+	c.wg.Wait()
+}
+
+func (c *Completer) loop() {
+	defer c.wg.Done()
+	batch := make([]Outcome, 0, c.maxBatch)
+	for o := range c.in {
+		batch = append(batch[:0], o)
+	fill:
+		for len(batch) < c.maxBatch {
+			select {
+			case o, ok := <-c.in:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, o)
+			default:
+				break fill
+			}
+		}
+		c.flush(batch)
+	}
+}
+
+// flush writes one batch, retrying transient failures for a few seconds.
+// It runs on a context of its own: outcomes must be written even while
+// the dispatcher is stopping.
+func (c *Completer) flush(batch []Outcome) {
+	var applied map[uuid.UUID]bool
+	var err error
+	delay := 50 * time.Millisecond
+	for try := 1; try <= 5; try++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		applied, err = Write(ctx, c.db, batch)
+		cancel()
+		if err == nil {
+			break
+		}
+		c.log.Warn().Err(err).Int("batch", len(batch)).Int("try", try).Msg("writing message outcomes failed")
+		time.Sleep(delay)
+		delay *= 2
+	}
+	for _, o := range batch {
+		if o.Done != nil {
+			o.Done(applied[o.Message.ID], err)
+		}
+	}
+}
+
+// Write applies outcomes in one round trip (one implicit transaction) and
+// returns the ids whose tokens still matched. Outcomes whose tokens are
+// stale change nothing and are simply absent from the result.
+func Write(ctx context.Context, db *pgxpool.Pool, outcomes []Outcome) (map[uuid.UUID]bool, error) {
+	var acks, nacks, dead, release settle
+	for i := range outcomes {
+		o := &outcomes[i]
+		switch o.Verdict {
+		case Ack:
+			acks.add(o)
+		case Nack:
+			nacks.add(o)
+		case DeadLetter:
+			dead.add(o)
+		case Release:
+			release.add(o)
+		}
+	}
+	b := &pgx.Batch{}
+	if acks.n > 0 {
+		b.Queue(queries.Ack, pgx.NamedArgs{
+			"q_ids": acks.q.ids, "q_tokens": acks.q.tokens,
+			"o_ids": acks.o.ids, "o_tokens": acks.o.tokens,
+		})
+	}
+	if nacks.n > 0 {
+		b.Queue(queries.Nack, pgx.NamedArgs{
+			"q_ids": nacks.q.ids, "q_tokens": nacks.q.tokens, "q_delays_ms": nacks.q.delays,
+			"o_ids": nacks.o.ids, "o_tokens": nacks.o.tokens, "o_delays_ms": nacks.o.delays,
+		})
+	}
+	if dead.n > 0 {
+		b.Queue(queries.DeadLetter, pgx.NamedArgs{
+			"q_ids": dead.q.ids, "q_tokens": dead.q.tokens, "q_errors": dead.q.errors,
+			"o_ids": dead.o.ids, "o_tokens": dead.o.tokens, "o_errors": dead.o.errors, "o_queue_names": dead.o.queues,
+		})
+	}
+	if release.n > 0 {
+		b.Queue(queries.Release, pgx.NamedArgs{
+			"q_ids": release.q.ids, "q_tokens": release.q.tokens,
+			"o_ids": release.o.ids, "o_tokens": release.o.tokens,
+		})
+	}
+	applied := make(map[uuid.UUID]bool, len(outcomes))
+	br := db.SendBatch(ctx, b)
+	for range b.Len() {
+		rows, err := br.Query()
+		if err != nil {
+			br.Close()
+			return nil, fmt.Errorf("settle %d messages: %w", len(outcomes), err)
+		}
+		for rows.Next() {
+			var id uuid.UUID
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				br.Close()
+				return nil, fmt.Errorf("settle %d messages: %w", len(outcomes), err)
+			}
+			applied[id] = true
+		}
+		if err := rows.Err(); err != nil {
+			br.Close()
+			return nil, fmt.Errorf("settle %d messages: %w", len(outcomes), err)
+		}
+	}
+	if err := br.Close(); err != nil {
+		return nil, fmt.Errorf("settle %d messages: %w", len(outcomes), err)
+	}
+	return applied, nil
+}
+
+// settle collects one verdict's arguments, split by table.
+type settle struct {
+	n    int
+	q, o columns
+}
+
+type columns struct {
+	ids, tokens []uuid.UUID
+	delays      []int64
+	errors      []string
+	queues      []string
+}
+
+func (s *settle) add(o *Outcome) {
+	s.n++
+	c := &s.q
+	if o.Message.Source == Invoke {
+		c = &s.o
+	}
+	c.ids = append(c.ids, o.Message.ID)
+	c.tokens = append(c.tokens, o.Message.Token)
+	c.delays = append(c.delays, o.Delay.Milliseconds())
+	c.errors = append(c.errors, o.Error)
+	c.queues = append(c.queues, o.Queue)
+}

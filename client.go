@@ -1,0 +1,142 @@
+package bellhop
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/bellhopq/bellhop/internal/validate"
+	queries "github.com/bellhopq/bellhop/sql"
+)
+
+// Client enqueues messages and manages apps, consumers and dead letters.
+// It is safe for concurrent use.
+type Client struct {
+	db *pgxpool.Pool
+}
+
+// NewClient returns a Client that runs its statements on db. The database
+// must be migrated (see package migrations).
+func NewClient(db *pgxpool.Pool) *Client { return &Client{db: db} }
+
+// querier is what both a pool and a transaction offer.
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// App is a tenant: it owns queues, consumers and principals.
+type App struct {
+	ID        uuid.UUID
+	Name      string
+	CreatedAt time.Time
+	// DefaultPrincipal is the principal named "default", created with the
+	// app; it acts for the app when no other principal is named.
+	DefaultPrincipal uuid.UUID
+}
+
+// CreateApp creates an app and its "default" principal.
+func (c *Client) CreateApp(ctx context.Context, name string) (App, error) {
+	if err := validate.Name("app", name); err != nil {
+		return App{}, fmt.Errorf("create app: %w", err)
+	}
+	var a App
+	err := c.db.QueryRow(ctx, queries.AppCreate, pgx.NamedArgs{"name": name}).
+		Scan(&a.ID, &a.Name, &a.CreatedAt, &a.DefaultPrincipal)
+	if isUniqueViolation(err) {
+		return App{}, fmt.Errorf("create app %q: %w", name, ErrAppExists)
+	}
+	if err != nil {
+		return App{}, fmt.Errorf("create app %q: %w", name, err)
+	}
+	return a, nil
+}
+
+// Apps lists every app by name. DefaultPrincipal is not filled in.
+func (c *Client) Apps(ctx context.Context) ([]App, error) {
+	rows, err := c.db.Query(ctx, queries.AppList)
+	if err != nil {
+		return nil, fmt.Errorf("list apps: %w", err)
+	}
+	apps, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (App, error) {
+		var a App
+		return a, r.Scan(&a.ID, &a.Name, &a.CreatedAt)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list apps: %w", err)
+	}
+	return apps, nil
+}
+
+// CreatePrincipal adds a principal named name to app and returns its id.
+func (c *Client) CreatePrincipal(ctx context.Context, app, name string) (uuid.UUID, error) {
+	if err := validate.Name("principal", name); err != nil {
+		return uuid.Nil, fmt.Errorf("create principal: %w", err)
+	}
+	var id uuid.UUID
+	err := c.db.QueryRow(ctx, queries.PrincipalCreate, pgx.NamedArgs{"app_name": app, "principal_name": name}).Scan(&id)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return uuid.Nil, fmt.Errorf("create principal %q: %w %q", name, ErrUnknownApp, app)
+	case isUniqueViolation(err):
+		return uuid.Nil, fmt.Errorf("create principal %q in app %q: it exists already", name, app)
+	case err != nil:
+		return uuid.Nil, fmt.Errorf("create principal %q in app %q: %w", name, app, err)
+	}
+	return id, nil
+}
+
+// lookupPrincipal resolves an app name and a principal name ("" means
+// "default") to their ids.
+func lookupPrincipal(ctx context.Context, q querier, app, principal string) (appID, principalID uuid.UUID, err error) {
+	if principal == "" {
+		principal = "default"
+	}
+	var pid *uuid.UUID
+	err = q.QueryRow(ctx, queries.PrincipalLookup, pgx.NamedArgs{"app_name": app, "principal_name": principal}).Scan(&appID, &pid)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return uuid.Nil, uuid.Nil, fmt.Errorf("%w %q", ErrUnknownApp, app)
+	case err != nil:
+		return uuid.Nil, uuid.Nil, err
+	case pid == nil:
+		return uuid.Nil, uuid.Nil, fmt.Errorf("%w %q in app %q", ErrUnknownPrincipal, principal, app)
+	}
+	return appID, *pid, nil
+}
+
+func pgCode(err error) (code, constraint string) {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code, pe.ConstraintName
+	}
+	return "", ""
+}
+
+func isUniqueViolation(err error) bool {
+	code, _ := pgCode(err)
+	return code == "23505"
+}
+
+// constraintError turns a violated table constraint into the typed error
+// a caller can test for; other errors pass through.
+func constraintError(err error) error {
+	code, constraint := pgCode(err)
+	if code != "23514" {
+		return err
+	}
+	switch constraint {
+	case "queue_messages_queue_name_check", "queue_trigger_details_queue_name_check":
+		return fmt.Errorf("%w (%v)", ErrInvalidQueueName, err)
+	case "queue_messages_payload_size_check", "outbox_payload_size_check":
+		return fmt.Errorf("%w: over 1048576 bytes as jsonb text (%v)", ErrPayloadTooLarge, err)
+	}
+	return fmt.Errorf("%w (%v)", ErrInvalidOptions, err)
+}

@@ -1,0 +1,288 @@
+package bellhop
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/bellhopq/bellhop/internal/validate"
+	queries "github.com/bellhopq/bellhop/sql"
+)
+
+// Consumer defaults, used where a ConsumerSpec leaves a field zero.
+const (
+	DefaultMaxAttempts       = 5
+	DefaultBackoffBase       = time.Second
+	DefaultBackoffCap        = 10 * time.Minute
+	DefaultVisibilityTimeout = 30 * time.Second
+	DefaultMaxInFlight       = 10
+)
+
+// ConsumerSpec describes a queue consumer to register. Zero fields take
+// the defaults above.
+type ConsumerSpec struct {
+	App   string
+	Queue string
+	// Principal names the principal that registers the consumer; its
+	// deliveries act as that principal. "" means the app's "default".
+	Principal string
+	// MaxAttempts is the retry policy's attempt limit (1 to 1000). It is
+	// also the default max_attempts of messages enqueued to this queue
+	// through Enqueue or the enqueue() SQL function.
+	MaxAttempts int
+	// BackoffBase and BackoffCap shape the delay before attempt n+1:
+	// min(BackoffCap, BackoffBase * 2^(n-1)), of which a random half is
+	// jitter. Base from 1ms, cap up to 24h.
+	BackoffBase time.Duration
+	BackoffCap  time.Duration
+	// VisibilityTimeout is the lease on a claimed message, whole seconds
+	// from 1s to 12h. The handler's context ends shortly before it.
+	VisibilityTimeout time.Duration
+	// MaxInFlight bounds the messages handled at once, per dispatcher
+	// process (1 to 10000).
+	MaxInFlight int
+}
+
+// Consumer is a registered queue consumer.
+type Consumer struct {
+	ID                uuid.UUID
+	AppID             uuid.UUID
+	App               string
+	Queue             string
+	PrincipalID       uuid.UUID
+	Enabled           bool
+	MaxAttempts       int
+	BackoffBase       time.Duration
+	BackoffCap        time.Duration
+	VisibilityTimeout time.Duration
+	MaxInFlight       int
+	CreatedAt         time.Time
+	LastFiredAt       *time.Time
+}
+
+func (s *ConsumerSpec) fill() {
+	if s.MaxAttempts == 0 {
+		s.MaxAttempts = DefaultMaxAttempts
+	}
+	if s.BackoffBase == 0 {
+		s.BackoffBase = DefaultBackoffBase
+	}
+	if s.BackoffCap == 0 {
+		s.BackoffCap = max(DefaultBackoffCap, s.BackoffBase)
+	}
+	if s.VisibilityTimeout == 0 {
+		s.VisibilityTimeout = DefaultVisibilityTimeout
+	}
+	if s.MaxInFlight == 0 {
+		s.MaxInFlight = DefaultMaxInFlight
+	}
+}
+
+func checkSettings(maxAttempts *int, base, capacity, vt *time.Duration, inFlight *int) error {
+	if maxAttempts != nil {
+		if err := validate.Int("max attempts", *maxAttempts, 1, validate.MaxAttempts); err != nil {
+			return err
+		}
+	}
+	if base != nil {
+		if err := validate.Duration("backoff base", *base, time.Millisecond, validate.MaxBackoff); err != nil {
+			return err
+		}
+	}
+	if capacity != nil {
+		if err := validate.Duration("backoff cap", *capacity, time.Millisecond, validate.MaxBackoff); err != nil {
+			return err
+		}
+	}
+	if base != nil && capacity != nil && *capacity < *base {
+		return fmt.Errorf("%w: backoff cap %s is below backoff base %s", ErrInvalidOptions, *capacity, *base)
+	}
+	if vt != nil {
+		if err := validate.Duration("visibility timeout", *vt, validate.MinVisibility, validate.MaxVisibility); err != nil {
+			return err
+		}
+		if *vt%time.Second != 0 {
+			return fmt.Errorf("%w: visibility timeout %s is not a whole number of seconds", ErrInvalidOptions, *vt)
+		}
+	}
+	if inFlight != nil {
+		if err := validate.Int("max in-flight", *inFlight, 1, validate.MaxInFlight); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// RegisterConsumer registers the consumer of spec.Queue. A queue has at
+// most one consumer: a second registration fails with ErrConsumerExists,
+// even when both race, because registrations of one (app, queue) are
+// serialised by a transaction-scoped advisory lock.
+func (c *Client) RegisterConsumer(ctx context.Context, spec ConsumerSpec) (Consumer, error) {
+	spec.fill()
+	fail := func(err error) (Consumer, error) {
+		return Consumer{}, fmt.Errorf("register consumer %s/%s: %w", printable(spec.App), printable(spec.Queue), err)
+	}
+	if err := validate.QueueName(spec.Queue); err != nil {
+		return fail(err)
+	}
+	if err := checkSettings(&spec.MaxAttempts, &spec.BackoffBase, &spec.BackoffCap, &spec.VisibilityTimeout, &spec.MaxInFlight); err != nil {
+		return fail(err)
+	}
+	var out Consumer
+	err := pgx.BeginFunc(ctx, c.db, func(tx pgx.Tx) error {
+		appID, principalID, err := lookupPrincipal(ctx, tx, spec.App, spec.Principal)
+		if err != nil {
+			return err
+		}
+		args := pgx.NamedArgs{"app_id": appID, "queue_name": spec.Queue}
+		if _, err := tx.Exec(ctx, queries.ConsumerLock, args); err != nil {
+			return err
+		}
+		var existing uuid.UUID
+		err = tx.QueryRow(ctx, queries.ConsumerFind, args).Scan(&existing)
+		if err == nil {
+			return fmt.Errorf("%w (consumer %s)", ErrConsumerExists, existing)
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		out = Consumer{
+			AppID: appID, App: spec.App, Queue: spec.Queue, PrincipalID: principalID, Enabled: true,
+			MaxAttempts: spec.MaxAttempts, BackoffBase: spec.BackoffBase, BackoffCap: spec.BackoffCap,
+			VisibilityTimeout: spec.VisibilityTimeout, MaxInFlight: spec.MaxInFlight,
+		}
+		return tx.QueryRow(ctx, queries.ConsumerInsert, pgx.NamedArgs{
+			"app_id": appID, "principal_id": principalID, "queue_name": spec.Queue,
+			"max_attempts": spec.MaxAttempts, "backoff_base_ms": spec.BackoffBase.Milliseconds(),
+			"backoff_cap_ms": spec.BackoffCap.Milliseconds(),
+			"visibility_timeout_secs": int(spec.VisibilityTimeout / time.Second), "max_in_flight": spec.MaxInFlight,
+		}).Scan(&out.ID, &out.CreatedAt)
+	})
+	if err != nil {
+		return fail(constraintError(err))
+	}
+	return out, nil
+}
+
+// ConsumerUpdate changes some of a consumer's settings; nil fields stay.
+type ConsumerUpdate struct {
+	Enabled           *bool
+	MaxAttempts       *int
+	BackoffBase       *time.Duration
+	BackoffCap        *time.Duration
+	VisibilityTimeout *time.Duration
+	MaxInFlight       *int
+}
+
+// UpdateConsumer changes the consumer id of app. Running dispatchers pick
+// the change up within a moment: the update sends a notification that
+// makes them reload their consumer list.
+func (c *Client) UpdateConsumer(ctx context.Context, app string, id uuid.UUID, u ConsumerUpdate) error {
+	fail := func(err error) error {
+		return fmt.Errorf("update consumer %s of app %s: %w", id, printable(app), err)
+	}
+	if err := checkSettings(u.MaxAttempts, u.BackoffBase, u.BackoffCap, u.VisibilityTimeout, u.MaxInFlight); err != nil {
+		return fail(err)
+	}
+	appID, _, err := lookupPrincipal(ctx, c.db, app, "")
+	if err != nil {
+		return fail(err)
+	}
+	ms := func(d *time.Duration) *int64 {
+		if d == nil {
+			return nil
+		}
+		v := d.Milliseconds()
+		return &v
+	}
+	var vt *int
+	if u.VisibilityTimeout != nil {
+		v := int(*u.VisibilityTimeout / time.Second)
+		vt = &v
+	}
+	var n int64
+	err = c.db.QueryRow(ctx, queries.ConsumerUpdate, pgx.NamedArgs{
+		"id": id, "app_id": appID, "enabled": u.Enabled, "max_attempts": u.MaxAttempts,
+		"backoff_base_ms": ms(u.BackoffBase), "backoff_cap_ms": ms(u.BackoffCap),
+		"visibility_timeout_secs": vt, "max_in_flight": u.MaxInFlight,
+	}).Scan(&n)
+	if err != nil {
+		return fail(constraintError(err))
+	}
+	if n == 0 {
+		return fail(ErrUnknownConsumer)
+	}
+	return nil
+}
+
+// SetConsumerEnabled pauses (false) or resumes (true) a consumer. A paused
+// consumer's messages stay queued; in-flight deliveries finish.
+func (c *Client) SetConsumerEnabled(ctx context.Context, app string, id uuid.UUID, enabled bool) error {
+	return c.UpdateConsumer(ctx, app, id, ConsumerUpdate{Enabled: &enabled})
+}
+
+// RemoveConsumer deletes the consumer id of app. Its queue's messages stay
+// for a future consumer; its pending invoke_async deliveries are deleted.
+func (c *Client) RemoveConsumer(ctx context.Context, app string, id uuid.UUID) error {
+	appID, _, err := lookupPrincipal(ctx, c.db, app, "")
+	if err == nil {
+		var gone uuid.UUID
+		err = c.db.QueryRow(ctx, queries.ConsumerDelete, pgx.NamedArgs{"id": id, "app_id": appID}).Scan(&gone)
+		if errors.Is(err, pgx.ErrNoRows) {
+			err = ErrUnknownConsumer
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("remove consumer %s of app %s: %w", id, printable(app), err)
+	}
+	return nil
+}
+
+// Consumers lists the consumers of app, or of every app when app is "".
+func (c *Client) Consumers(ctx context.Context, app string) ([]Consumer, error) {
+	var appArg *string
+	if app != "" {
+		appArg = &app
+	}
+	rows, err := c.db.Query(ctx, queries.ConsumerList, pgx.NamedArgs{"app_name": appArg})
+	if err != nil {
+		return nil, fmt.Errorf("list consumers: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, scanConsumer)
+	if err != nil {
+		return nil, fmt.Errorf("list consumers: %w", err)
+	}
+	return out, nil
+}
+
+// ConsumerOf returns the consumer of app's queue, or ErrUnknownConsumer.
+func (c *Client) ConsumerOf(ctx context.Context, app, queue string) (Consumer, error) {
+	rows, err := c.db.Query(ctx, queries.ConsumerGet, pgx.NamedArgs{"id": nil, "app_name": app, "queue_name": queue})
+	if err == nil {
+		var out Consumer
+		out, err = pgx.CollectExactlyOneRow(rows, scanConsumer)
+		if err == nil {
+			return out, nil
+		}
+		if errors.Is(err, pgx.ErrNoRows) {
+			err = ErrUnknownConsumer
+		}
+	}
+	return Consumer{}, fmt.Errorf("consumer of %s/%s: %w", printable(app), printable(queue), err)
+}
+
+func scanConsumer(r pgx.CollectableRow) (Consumer, error) {
+	var c Consumer
+	var base, capacity int64
+	var vt int
+	err := r.Scan(&c.ID, &c.AppID, &c.App, &c.Queue, &c.PrincipalID, &c.Enabled, &c.MaxAttempts,
+		&base, &capacity, &vt, &c.MaxInFlight, &c.CreatedAt, &c.LastFiredAt)
+	c.BackoffBase = time.Duration(base) * time.Millisecond
+	c.BackoffCap = time.Duration(capacity) * time.Millisecond
+	c.VisibilityTimeout = time.Duration(vt) * time.Second
+	return c, err
+}

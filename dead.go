@@ -1,0 +1,96 @@
+package bellhop
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	queries "github.com/bellhopq/bellhop/sql"
+)
+
+// DeadLetter is a message that used up its attempts or that its consumer
+// rejected for good.
+type DeadLetter struct {
+	ID     uuid.UUID
+	Source string // "queue", or "invoke" for invoke_async deliveries
+	App    string
+	Queue  string
+	// ConsumerID is set for "invoke" dead letters: the consumer invoked.
+	ConsumerID   *uuid.UUID
+	Payload      json.RawMessage
+	EnqueuedAt   time.Time
+	DeliverAfter *time.Time
+	Attempt      int
+	MaxAttempts  int
+	EnqueuedBy   *uuid.UUID
+	LastError    string
+	DiedAt       time.Time
+}
+
+// DeadFilter selects dead letters. Empty fields select everything; Limit 0
+// means 100.
+type DeadFilter struct {
+	App   string
+	Queue string
+	ID    uuid.UUID
+	Limit int
+}
+
+func nullable[T comparable](v T) *T {
+	var zero T
+	if v == zero {
+		return nil
+	}
+	return &v
+}
+
+// DeadLetters lists dead letters, newest first.
+func (c *Client) DeadLetters(ctx context.Context, f DeadFilter) ([]DeadLetter, error) {
+	if f.Limit <= 0 {
+		f.Limit = 100
+	}
+	rows, err := c.db.Query(ctx, queries.DeadList, pgx.NamedArgs{
+		"app_name": nullable(f.App), "queue_name": nullable(f.Queue), "id": nullable(f.ID), "max_rows": f.Limit,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadLetter, error) {
+		var d DeadLetter
+		err := r.Scan(&d.ID, &d.Source, &d.App, &d.Queue, &d.ConsumerID, &d.Payload, &d.EnqueuedAt,
+			&d.DeliverAfter, &d.Attempt, &d.MaxAttempts, &d.EnqueuedBy, &d.LastError, &d.DiedAt)
+		return d, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	return out, nil
+}
+
+// Redrive moves app's dead letters back for a fresh round of attempts: the
+// one with id (when id is not uuid.Nil), or all of queue (when queue is
+// not ""), or every one of app's. It returns how many moved. Invoke dead
+// letters whose consumer was removed stay where they are.
+func (c *Client) Redrive(ctx context.Context, app, queue string, id uuid.UUID) (int64, error) {
+	return c.deadOp(ctx, "redrive", queries.DeadRedrive, app, queue, id)
+}
+
+// PurgeDead deletes app's dead letters for good, selected as in Redrive.
+func (c *Client) PurgeDead(ctx context.Context, app, queue string, id uuid.UUID) (int64, error) {
+	return c.deadOp(ctx, "purge", queries.DeadPurge, app, queue, id)
+}
+
+func (c *Client) deadOp(ctx context.Context, verb, sql, app, queue string, id uuid.UUID) (int64, error) {
+	if _, _, err := lookupPrincipal(ctx, c.db, app, ""); err != nil {
+		return 0, fmt.Errorf("%s dead letters: %w", verb, err)
+	}
+	tag, err := c.db.Exec(ctx, sql, pgx.NamedArgs{"app_name": app, "queue_name": nullable(queue), "id": nullable(id)})
+	if err != nil {
+		return 0, fmt.Errorf("%s dead letters of %s: %w", verb, printable(app), err)
+	}
+	return tag.RowsAffected(), nil
+}

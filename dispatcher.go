@@ -1,0 +1,482 @@
+package bellhop
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+
+	"github.com/bellhopq/bellhop/claim"
+	"github.com/bellhopq/bellhop/notify"
+	"github.com/bellhopq/bellhop/reclaim"
+	queries "github.com/bellhopq/bellhop/sql"
+)
+
+// Dispatcher defaults.
+const (
+	// DefaultPollInterval is the fallback poll's period. The poll only
+	// catches what a lost notification missed; listener outages are
+	// caught up on reconnect, delayed messages have timers and expired
+	// leases have the reclaim timer. A minute keeps an idle dispatcher at
+	// one statement per minute, and bounds the delay of a message whose
+	// notification was lost.
+	DefaultPollInterval = time.Minute
+	// DefaultShutdownGrace is how long a stopping dispatcher lets
+	// in-flight handlers finish before it cancels them.
+	DefaultShutdownGrace = 10 * time.Second
+)
+
+// DispatcherConfig configures a Dispatcher. Zero fields take defaults.
+type DispatcherConfig struct {
+	// Resolver picks the Handler for each consumer. Required.
+	Resolver Resolver
+	Logger   zerolog.Logger
+	// Observer, if set, is told about deliveries, for metrics.
+	Observer Observer
+	// PollInterval: see DefaultPollInterval.
+	PollInterval time.Duration
+	// ReconnectDelay is the listener's pause between reconnects (2s).
+	ReconnectDelay time.Duration
+	// HeartbeatTimeout bounds how long the poll's heartbeat may take to
+	// reach the listener before it is reconnected (5s).
+	HeartbeatTimeout time.Duration
+	// ShutdownGrace: see DefaultShutdownGrace.
+	ShutdownGrace time.Duration
+	// DefaultVisibilityTimeout applies to leases on queues that have no
+	// consumer (30s).
+	DefaultVisibilityTimeout time.Duration
+}
+
+// Outcome is what became of a delivery.
+type Outcome string
+
+// Outcomes reported to an Observer.
+const (
+	Acked        Outcome = "acked"
+	Nacked       Outcome = "nacked"
+	DeadLettered Outcome = "dead_lettered"
+	Released     Outcome = "released"
+)
+
+// Observer receives dispatcher events. Methods are called from many
+// goroutines and must not block.
+type Observer interface {
+	// Delivered is called as a handler starts on m.
+	Delivered(m *Message)
+	// Settled is called once m's outcome is written; handled is how long
+	// the handler ran. Outcomes whose lease had already been lost are not
+	// reported.
+	Settled(m *Message, o Outcome, handled time.Duration)
+	// Polled is called after every fallback poll with the number of idle
+	// queues it found holding ready work (missed notifications).
+	Polled(missed int)
+	// Reclaimed is called after a reclaim pass that changed something.
+	Reclaimed(released, deadLettered int64)
+}
+
+// Dispatcher delivers messages to handlers. Create it with NewDispatcher
+// and start it with Run.
+type Dispatcher struct {
+	cfg      DispatcherConfig
+	poolCfg  *pgxpool.Config
+	db       *pgxpool.Pool
+	log      zerolog.Logger
+	listener *notify.Listener
+	reclaim  *reclaim.Reclaimer
+	complete *claim.Completer
+
+	reload chan bool // true: also wake every lane afterwards
+
+	mu      sync.RWMutex
+	lanes   map[uuid.UUID]*consumerLanes // by consumer id
+	byQueue map[queueKey]*lane
+
+	// handlers is the parent context of every handler's context; it is
+	// cancelled when a stop's grace period runs out.
+	handlers context.Context
+	inFlight sync.WaitGroup
+	lanesRun sync.WaitGroup // lane goroutines
+	stopped  bool           // under mu: no lanes may start
+
+	lastFired   map[uuid.UUID]bool
+	lastFiredMu sync.Mutex
+}
+
+type queueKey struct {
+	app   uuid.UUID
+	queue string
+}
+
+type consumerLanes struct {
+	queue, invoke *lane
+	cancel        context.CancelFunc
+}
+
+// NewDispatcher returns a Dispatcher with its own pool, made from poolCfg,
+// and one more connection, for LISTEN, from its ConnConfig. Run opens the
+// connections and closes them when it returns; a Dispatcher runs once. The pool's
+// sessions run with synchronous_commit off: claims, acks and nacks that a
+// server crash loses only cause a redelivery, which at-least-once
+// delivery allows, and they no longer wait for a WAL flush. Producers'
+// inserts, on their own connections, keep the server's setting.
+func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, error) {
+	if cfg.Resolver == nil {
+		return nil, errors.New("bellhop: DispatcherConfig.Resolver is required")
+	}
+	if poolCfg == nil {
+		return nil, errors.New("bellhop: a pool config is required")
+	}
+	if cfg.PollInterval <= 0 {
+		cfg.PollInterval = DefaultPollInterval
+	}
+	if cfg.ShutdownGrace <= 0 {
+		cfg.ShutdownGrace = DefaultShutdownGrace
+	}
+	if cfg.DefaultVisibilityTimeout <= 0 {
+		cfg.DefaultVisibilityTimeout = DefaultVisibilityTimeout
+	}
+	pc := poolCfg.Copy()
+	params := pc.ConnConfig.RuntimeParams
+	if params == nil {
+		params = map[string]string{}
+		pc.ConnConfig.RuntimeParams = params
+	}
+	params["synchronous_commit"] = "off"
+	if params["application_name"] == "" {
+		params["application_name"] = "bellhop-dispatcher"
+	}
+	// pgxpool pings a connection idle for over a second before handing it
+	// out; that is one more round trip in front of the first claim after
+	// a quiet spell, exactly where latency matters. A failed statement is
+	// retried anyway, so ping only connections idle for a minute.
+	pc.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool { return p.IdleDuration > time.Minute }
+	d := &Dispatcher{
+		cfg:       cfg,
+		poolCfg:   pc,
+		log:       cfg.Logger,
+		reload:    make(chan bool, 1),
+		lanes:     map[uuid.UUID]*consumerLanes{},
+		byQueue:   map[queueKey]*lane{},
+		lastFired: map[uuid.UUID]bool{},
+	}
+	// NewWithConfig does not connect yet; Run does.
+	db, err := pgxpool.NewWithConfig(context.Background(), pc)
+	if err != nil {
+		return nil, fmt.Errorf("dispatcher: pool: %w", err)
+	}
+	d.db = db
+	d.reclaim = reclaim.New(db, d.log, cfg.DefaultVisibilityTimeout, func(r reclaim.Result) {
+		if cfg.Observer != nil {
+			cfg.Observer.Reclaimed(r.Released, r.DeadLettered)
+		}
+	})
+	d.listener = notify.New(notify.Config{
+		ConnConfig:       pc.ConnConfig,
+		Handler:          (*routes)(d),
+		Logger:           d.log,
+		ReconnectDelay:   cfg.ReconnectDelay,
+		HeartbeatTimeout: cfg.HeartbeatTimeout,
+	})
+	return d, nil
+}
+
+// Run delivers until ctx is cancelled, then stops cleanly: it claims no
+// more, lets in-flight handlers finish for up to ShutdownGrace, cancels
+// the rest and releases their messages at once, writes every outcome and
+// returns. It returns an error only if it cannot start.
+func (d *Dispatcher) Run(ctx context.Context) error {
+	defer d.db.Close()
+	if err := d.db.Ping(ctx); err != nil {
+		return fmt.Errorf("dispatcher: connect: %w", err)
+	}
+	d.complete = claim.NewCompleter(d.db, d.log, 2, 500)
+	var handlersCancel context.CancelFunc
+	d.handlers, handlersCancel = context.WithCancel(context.WithoutCancel(ctx))
+	defer handlersCancel()
+	if err := d.loadConsumers(ctx); err != nil {
+		return fmt.Errorf("dispatcher: %w", err)
+	}
+
+	var bg sync.WaitGroup
+	bg.Go(func() { _ = d.listener.Run(ctx) })
+	bg.Go(func() { d.reclaim.Run(ctx) })
+	bg.Go(func() { d.control(ctx) })
+	bg.Go(func() { d.touchLoop(ctx) })
+	d.log.Info().Dur("poll_interval", d.cfg.PollInterval).Msg("dispatcher started")
+
+	<-ctx.Done()
+	d.log.Info().Msg("dispatcher stopping: no more claims; waiting for in-flight handlers")
+	d.stopLanes()
+	done := make(chan struct{})
+	go func() { d.inFlight.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(d.cfg.ShutdownGrace):
+		d.log.Warn().Dur("grace", d.cfg.ShutdownGrace).Msg("cancelling handlers still running; their messages are released")
+		handlersCancel()
+		<-done
+	}
+	d.complete.Close()
+	bg.Wait()
+	d.flushLastFired(context.Background())
+	d.log.Info().Msg("dispatcher stopped")
+	return nil
+}
+
+// Ready reports whether the dispatcher can deliver right now: the database
+// answers and the listener is connected.
+func (d *Dispatcher) Ready(ctx context.Context) error {
+	if !d.listener.Connected() {
+		return errors.New("listener not connected")
+	}
+	if err := d.db.Ping(ctx); err != nil {
+		return fmt.Errorf("database: %w", err)
+	}
+	return nil
+}
+
+// ListenerStats returns the listener's counters, for metrics.
+func (d *Dispatcher) ListenerStats() notify.Stats {
+	return d.listener.Stats()
+}
+
+// routes receives the listener's events and routes them to lanes without
+// blocking.
+type routes Dispatcher
+
+func (r *routes) HandleEvent(ev notify.Event) {
+	d := (*Dispatcher)(r)
+	switch ev.Kind {
+	case notify.KindQueue:
+		d.mu.RLock()
+		l := d.byQueue[queueKey{ev.AppID, ev.Queue}]
+		d.mu.RUnlock()
+		if l != nil {
+			l.poke()
+		}
+	case notify.KindInvoke:
+		d.mu.RLock()
+		cl := d.lanes[ev.TriggerID]
+		d.mu.RUnlock()
+		if cl != nil && cl.invoke != nil {
+			cl.invoke.poke()
+		}
+	case notify.KindConsumers:
+		d.requestReload(false)
+	}
+}
+
+// Connected runs after every (re)connect: whatever was committed while the
+// listener was away notified nobody, so reload consumers and wake all.
+func (r *routes) Connected() { (*Dispatcher)(r).requestReload(true) }
+
+func (d *Dispatcher) requestReload(wakeAll bool) {
+	for {
+		select {
+		case d.reload <- wakeAll:
+			return
+		default:
+		}
+		// A reload is pending already: upgrade it to wake-all if needed.
+		select {
+		case prev := <-d.reload:
+			wakeAll = wakeAll || prev
+		default:
+		}
+	}
+}
+
+// control runs consumer reloads and the fallback poll.
+func (d *Dispatcher) control(ctx context.Context) {
+	poll := time.NewTimer(d.jitter(d.cfg.PollInterval))
+	defer poll.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case wakeAll := <-d.reload:
+			if err := d.loadConsumers(ctx); err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				d.log.Error().Err(err).Msg("reloading consumers failed; retrying in 1s")
+				time.AfterFunc(time.Second, func() { d.requestReload(wakeAll) })
+				continue
+			}
+			if wakeAll {
+				d.wakeAll()
+			}
+		case <-poll.C:
+			d.poll(ctx)
+			poll.Reset(d.jitter(d.cfg.PollInterval))
+		}
+	}
+}
+
+// jitter spreads polls of many dispatchers by ±10%.
+func (d *Dispatcher) jitter(p time.Duration) time.Duration {
+	return p - p/10 + rand.N(p/5+1)
+}
+
+func (d *Dispatcher) wakeAll() {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	for _, cl := range d.lanes {
+		cl.queue.poke()
+		cl.invoke.poke()
+	}
+}
+
+// poll runs the fallback poll: one statement that also carries the
+// listener's heartbeat and the next lease expiry.
+func (d *Dispatcher) poll(ctx context.Context) {
+	token := d.listener.ExpectHeartbeat()
+	var sent bool
+	var queueReady, invokeReady []uuid.UUID
+	var nextExpiry *time.Time
+	err := d.db.QueryRow(ctx, queries.Poll, pgx.NamedArgs{
+		"heartbeat":       "h:" + token,
+		"default_vt_secs": int(d.cfg.DefaultVisibilityTimeout / time.Second),
+	}).Scan(&sent, &queueReady, &invokeReady, &nextExpiry)
+	if err != nil {
+		d.listener.ForgetHeartbeat(token)
+		if ctx.Err() == nil {
+			d.log.Warn().Err(err).Msg("fallback poll failed")
+		}
+		return
+	}
+	if nextExpiry != nil {
+		d.reclaim.Observe(*nextExpiry)
+	}
+	missed := 0
+	d.mu.RLock()
+	for _, id := range queueReady {
+		if cl := d.lanes[id]; cl != nil && cl.queue.wakeIfIdle() {
+			missed++
+		}
+	}
+	for _, id := range invokeReady {
+		if cl := d.lanes[id]; cl != nil && cl.invoke.wakeIfIdle() {
+			missed++
+		}
+	}
+	d.mu.RUnlock()
+	if missed > 0 {
+		d.log.Warn().Int("queues", missed).Msg("fallback poll found ready work on idle queues; notifications were missed")
+	}
+	if d.cfg.Observer != nil {
+		d.cfg.Observer.Polled(missed)
+	}
+}
+
+// loadConsumers reads every consumer and starts, updates or stops lanes
+// to match.
+func (d *Dispatcher) loadConsumers(ctx context.Context) error {
+	rows, err := d.db.Query(ctx, queries.ConsumerList, pgx.NamedArgs{"app_name": nil})
+	if err != nil {
+		return fmt.Errorf("load consumers: %w", err)
+	}
+	consumers, err := pgx.CollectRows(rows, scanConsumer)
+	if err != nil {
+		return fmt.Errorf("load consumers: %w", err)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.stopped {
+		return nil
+	}
+	seen := make(map[uuid.UUID]bool, len(consumers))
+	for _, c := range consumers {
+		h := d.cfg.Resolver.Resolve(c)
+		if h == nil {
+			continue
+		}
+		seen[c.ID] = true
+		st := &consumerState{Consumer: c, handler: h}
+		if cl := d.lanes[c.ID]; cl != nil {
+			cl.queue.state.Store(st)
+			cl.invoke.state.Store(st)
+			cl.queue.poke()
+			cl.invoke.poke()
+			continue
+		}
+		lctx, cancel := context.WithCancel(context.Background())
+		cl := &consumerLanes{
+			queue: newLane(d, st, claim.Target{Source: claim.Queue, AppID: c.AppID, Queue: c.Queue}),
+			invoke: newLane(d, st, claim.Target{Source: claim.Invoke, AppID: c.AppID, TriggerID: c.ID}),
+			cancel: cancel,
+		}
+		d.lanes[c.ID] = cl
+		d.byQueue[queueKey{c.AppID, c.Queue}] = cl.queue
+		d.lanesRun.Go(func() { cl.queue.run(lctx) })
+		d.lanesRun.Go(func() { cl.invoke.run(lctx) })
+	}
+	for id, cl := range d.lanes {
+		if !seen[id] {
+			cl.cancel()
+			delete(d.lanes, id)
+			delete(d.byQueue, queueKey{cl.queue.target.AppID, cl.queue.target.Queue})
+		}
+	}
+	return nil
+}
+
+// stopLanes stops every lane's claiming and waits until no lane can
+// start another delivery; in-flight deliveries go on.
+func (d *Dispatcher) stopLanes() {
+	d.mu.Lock()
+	d.stopped = true
+	for id, cl := range d.lanes {
+		cl.cancel()
+		delete(d.lanes, id)
+	}
+	clear(d.byQueue)
+	d.mu.Unlock()
+	d.lanesRun.Wait()
+}
+
+// fired notes a delivery to consumer id, for last_fired_at.
+func (d *Dispatcher) fired(id uuid.UUID) {
+	d.lastFiredMu.Lock()
+	d.lastFired[id] = true
+	d.lastFiredMu.Unlock()
+}
+
+// touchLoop writes last_fired_at at most once a second, for all consumers
+// delivered to in that second, and not at all while idle.
+func (d *Dispatcher) touchLoop(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			d.flushLastFired(ctx)
+		}
+	}
+}
+
+func (d *Dispatcher) flushLastFired(ctx context.Context) {
+	d.lastFiredMu.Lock()
+	if len(d.lastFired) == 0 {
+		d.lastFiredMu.Unlock()
+		return
+	}
+	ids := make([]uuid.UUID, 0, len(d.lastFired))
+	for id := range d.lastFired {
+		ids = append(ids, id)
+	}
+	clear(d.lastFired)
+	d.lastFiredMu.Unlock()
+	if _, err := d.db.Exec(ctx, queries.TouchLastFired, pgx.NamedArgs{"trigger_ids": ids}); err != nil && ctx.Err() == nil {
+		d.log.Debug().Err(err).Msg("updating last_fired_at failed")
+	}
+}

@@ -1,0 +1,16 @@
+// Package bellhop is a PostgreSQL-native durable queue with a push
+// dispatcher.
+//
+// Producers put messages into per-app named queues: rows in
+// queue_messages, identified by (app, queue). An insert trigger sends one
+// notification per (app, queue) a statement touched. A Dispatcher listens
+// for them, claims messages with FOR UPDATE SKIP LOCKED under a visibility
+// timeout, and pushes each one to the queue's single registered consumer,
+// a Handler. Delayed messages wake the dispatcher by timer, a slow
+// fallback poll catches anything a lost notification missed, and expired
+// leases are reclaimed, so a crashed consumer loses no work. Messages
+// that use up their attempts go to a dead-letter table.
+//
+// A Client enqueues and administers apps, consumers and dead letters; a
+// Dispatcher delivers. Both work on a pgxpool.Pool of the caller's.
+package bellhop

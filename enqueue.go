@@ -1,0 +1,160 @@
+package bellhop
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/bellhopq/bellhop/internal/validate"
+	queries "github.com/bellhopq/bellhop/sql"
+)
+
+// EnqueueOptions are the optional settings of one message. The zero value
+// means: deliver now, the queue consumer's max attempts (3 if the queue
+// has no consumer), no enqueuing principal recorded.
+type EnqueueOptions struct {
+	// DeliverAfter holds the message until then. Times in the past mean
+	// now. At most ten years ahead. Exclusive with Delay.
+	DeliverAfter time.Time
+	// Delay holds the message for this long from now. Exclusive with
+	// DeliverAfter.
+	Delay time.Duration
+	// MaxAttempts bounds deliveries, from 1 to 1000; 0 takes the default.
+	MaxAttempts int
+	// Principal records who enqueued, for forensics only; it must belong
+	// to the app. uuid.Nil records nobody.
+	Principal uuid.UUID
+}
+
+// NewMessage is one message of a batch.
+type NewMessage struct {
+	Queue   string
+	Payload []byte // one JSON value, at most 1 MiB
+	Options EnqueueOptions
+}
+
+// Enqueue adds one message to app's queue and returns its id. Payload must
+// be one JSON value of at most 1 MiB.
+func (c *Client) Enqueue(ctx context.Context, app, queue string, payload []byte, opts EnqueueOptions) (uuid.UUID, error) {
+	ids, err := enqueue(ctx, c.db, app, []NewMessage{{Queue: queue, Payload: payload, Options: opts}})
+	if err != nil {
+		return uuid.Nil, err
+	}
+	return ids[0], nil
+}
+
+// EnqueueTx is Enqueue inside the caller's transaction: the message exists,
+// and its consumer is notified, only if tx commits. This is the
+// transactional outbox: write your rows and the message together.
+func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, app, queue string, payload []byte, opts EnqueueOptions) (uuid.UUID, error) {
+	ids, err := enqueue(ctx, tx, app, []NewMessage{{Queue: queue, Payload: payload, Options: opts}})
+	if err != nil {
+		return uuid.Nil, err
+	}
+	return ids[0], nil
+}
+
+// EnqueueMany adds a batch of messages to app's queues in one statement and
+// returns their ids in order. If any message is invalid, none is written.
+func (c *Client) EnqueueMany(ctx context.Context, app string, msgs []NewMessage) ([]uuid.UUID, error) {
+	return enqueue(ctx, c.db, app, msgs)
+}
+
+// EnqueueManyTx is EnqueueMany inside the caller's transaction.
+func (c *Client) EnqueueManyTx(ctx context.Context, tx pgx.Tx, app string, msgs []NewMessage) ([]uuid.UUID, error) {
+	return enqueue(ctx, tx, app, msgs)
+}
+
+func enqueue(ctx context.Context, q querier, app string, msgs []NewMessage) ([]uuid.UUID, error) {
+	if len(msgs) == 0 {
+		return nil, nil
+	}
+	n := len(msgs)
+	var (
+		ids        = make([]uuid.UUID, n)
+		queues     = make([]string, n)
+		payloads   = make([]json.RawMessage, n)
+		deliver    = make([]*time.Time, n)
+		attempts   = make([]*int32, n)
+		principals = make([]*uuid.UUID, n)
+		now        = time.Now()
+	)
+	for i, m := range msgs {
+		if err := checkMessage(now, m); err != nil {
+			return nil, enqueueError(app, msgs, i, err)
+		}
+		id, err := uuid.NewV7()
+		if err != nil {
+			return nil, fmt.Errorf("enqueue: make id: %w", err)
+		}
+		ids[i], queues[i], payloads[i] = id, m.Queue, json.RawMessage(m.Payload)
+		at, _ := validate.DeliverAt(now, m.Options.DeliverAfter, m.Options.Delay)
+		if !at.IsZero() {
+			deliver[i] = &at
+		}
+		if m.Options.MaxAttempts != 0 {
+			v := int32(m.Options.MaxAttempts)
+			attempts[i] = &v
+		}
+		if m.Options.Principal != uuid.Nil {
+			p := m.Options.Principal
+			principals[i] = &p
+		}
+	}
+	var appFound bool
+	var foreign, inserted int64
+	err := q.QueryRow(ctx, queries.Enqueue, pgx.NamedArgs{
+		"app_name": app, "ids": ids, "queue_names": queues, "payloads": payloads,
+		"deliver_after": deliver, "max_attempts": attempts, "principals": principals,
+	}).Scan(&appFound, &foreign, &inserted)
+	switch {
+	case err != nil:
+		return nil, enqueueError(app, msgs, -1, constraintError(err))
+	case !appFound:
+		return nil, enqueueError(app, msgs, -1, fmt.Errorf("%w %q", ErrUnknownApp, app))
+	case foreign > 0:
+		return nil, enqueueError(app, msgs, -1, fmt.Errorf("%w: %d message(s) name a principal that is not of app %q", ErrUnknownPrincipal, foreign, app))
+	case inserted != int64(n):
+		return nil, enqueueError(app, msgs, -1, fmt.Errorf("inserted %d of %d messages", inserted, n))
+	}
+	return ids, nil
+}
+
+func checkMessage(now time.Time, m NewMessage) error {
+	if err := validate.QueueName(m.Queue); err != nil {
+		return err
+	}
+	if err := validate.Payload(m.Payload); err != nil {
+		return err
+	}
+	if err := validate.MaxAttemptsOption(m.Options.MaxAttempts); err != nil {
+		return err
+	}
+	_, err := validate.DeliverAt(now, m.Options.DeliverAfter, m.Options.Delay)
+	return err
+}
+
+// enqueueError adds the app, and the queue or batch position, to err.
+func enqueueError(app string, msgs []NewMessage, i int, err error) error {
+	switch {
+	case len(msgs) == 1:
+		return fmt.Errorf("enqueue %s/%s: %w", printable(app), printable(msgs[0].Queue), err)
+	case i >= 0:
+		return fmt.Errorf("enqueue to app %s: message %d of %d (queue %s): %w", printable(app), i+1, len(msgs), printable(msgs[i].Queue), err)
+	}
+	return fmt.Errorf("enqueue %d messages to app %s: %w", len(msgs), printable(app), err)
+}
+
+// printable keeps untrusted names short and free of control characters in
+// error messages.
+func printable(s string) string {
+	if len(s) > 64 {
+		s = s[:64] + "…"
+	}
+	q := fmt.Sprintf("%q", s)
+	return q[1 : len(q)-1]
+}

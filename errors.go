@@ -1,0 +1,38 @@
+package bellhop
+
+import (
+	"errors"
+
+	"github.com/bellhopq/bellhop/internal/validate"
+)
+
+// Errors returned by Client methods. They are wrapped with context; test
+// for them with errors.Is.
+var (
+	// ErrInvalidQueueName: a queue name is 1 to 128 bytes of [A-Za-z0-9._:-].
+	ErrInvalidQueueName = validate.ErrQueueName
+	// ErrInvalidName: an app or principal name is 1 to 63 bytes of
+	// [A-Za-z0-9._-], starting with a letter or digit.
+	ErrInvalidName = validate.ErrName
+	// ErrInvalidPayload: the payload is not one JSON value (or nests too
+	// deep, or holds \u0000, which jsonb cannot store).
+	ErrInvalidPayload = validate.ErrPayload
+	// ErrPayloadTooLarge: the payload is over 1 MiB.
+	ErrPayloadTooLarge = validate.ErrTooLarge
+	// ErrInvalidOptions: an option is out of range or contradicts another.
+	ErrInvalidOptions = validate.ErrOption
+	// ErrUnknownApp: no app has that name.
+	ErrUnknownApp = errors.New("unknown app")
+	// ErrAppExists: an app with that name exists already.
+	ErrAppExists = errors.New("app already exists")
+	// ErrUnknownPrincipal: the principal does not exist in that app.
+	ErrUnknownPrincipal = errors.New("unknown principal")
+	// ErrConsumerExists: the queue has a consumer already; a queue has at
+	// most one.
+	ErrConsumerExists = errors.New("queue already has a consumer")
+	// ErrUnknownConsumer: no consumer with that id in that app.
+	ErrUnknownConsumer = errors.New("unknown consumer")
+	// ErrLeaseLost: the message's lease expired and it may be delivered
+	// again; the handler's work on it no longer counts.
+	ErrLeaseLost = errors.New("lease lost")
+)

@@ -1,0 +1,182 @@
+package bellhop
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/bellhopq/bellhop/claim"
+)
+
+// Handler handles one delivery, in the spirit of http.Handler.
+//
+//   - Returning nil acks: the message is deleted.
+//   - Returning an error nacks: the message is retried after the
+//     consumer's backoff, or dead-lettered once its attempts are used up.
+//   - Returning RetryAfter(d) retries after d instead.
+//   - Returning Permanent(err) dead-letters the message at once.
+//   - A panic nacks, with the panic as the error.
+//
+// ctx ends shortly before the message's lease does (see
+// Message.ExtendLease), and when the dispatcher stops hard. Delivery is at
+// least once: a handler must tolerate seeing a message again.
+type Handler interface {
+	Handle(ctx context.Context, m *Message) error
+}
+
+// HandlerFunc adapts a function to Handler.
+type HandlerFunc func(ctx context.Context, m *Message) error
+
+// Handle calls f.
+func (f HandlerFunc) Handle(ctx context.Context, m *Message) error { return f(ctx, m) }
+
+// Message is one delivery.
+type Message struct {
+	ID    uuid.UUID
+	AppID uuid.UUID
+	App   string
+	Queue string
+	// ConsumerID is the consumer being delivered to.
+	ConsumerID uuid.UUID
+	// Invoked is true for InvokeAsync deliveries, false for queue messages.
+	Invoked     bool
+	Payload     json.RawMessage
+	EnqueuedAt  time.Time
+	Attempt     int // 1 on the first delivery
+	MaxAttempts int
+	// EnqueuedBy is the principal recorded by the producer, if any; it is
+	// forensic only and nothing in Bellhop decides on it.
+	EnqueuedBy *uuid.UUID
+	// Principal is the principal that registered the consumer: deliveries
+	// act as it.
+	Principal uuid.UUID
+
+	lease *lease
+}
+
+// LeaseDeadline is when the handler's context ends unless the lease is
+// extended.
+func (m *Message) LeaseDeadline() time.Time {
+	if m.lease == nil {
+		return time.Time{}
+	}
+	return m.lease.deadline()
+}
+
+// ExtendLease renews the message's lease for another visibility timeout
+// from now, and moves the handler context's end with it, for work that
+// takes longer than one timeout (like SQS's ChangeMessageVisibility). It
+// returns ErrLeaseLost if the lease already expired.
+func (m *Message) ExtendLease(ctx context.Context) error {
+	if m.lease == nil {
+		return errors.New("bellhop: ExtendLease on a message not being delivered")
+	}
+	return m.lease.extend(ctx)
+}
+
+// lease tracks a delivery's lease and cancels its handler before the
+// lease runs out.
+type lease struct {
+	db     *pgxpool.Pool
+	msg    *claim.Message
+	vt     time.Duration
+	cancel context.CancelCauseFunc
+
+	mu    sync.Mutex
+	end   time.Time
+	timer *time.Timer
+}
+
+// leaseMargin is how long before the lease ends the handler's context is
+// cancelled: a fifth of the visibility timeout, at most five seconds, so
+// that the handler's outcome is written while the lease still holds.
+func leaseMargin(vt time.Duration) time.Duration { return min(vt/5, 5*time.Second) }
+
+func newLease(db *pgxpool.Pool, m *claim.Message, vt time.Duration, cancel context.CancelCauseFunc) *lease {
+	l := &lease{db: db, msg: m, vt: vt, cancel: cancel}
+	l.end = m.LeasedAt.Add(vt - leaseMargin(vt))
+	l.timer = time.AfterFunc(time.Until(l.end), func() { cancel(ErrLeaseLost) })
+	return l
+}
+
+func (l *lease) deadline() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.end
+}
+
+func (l *lease) extend(ctx context.Context) error {
+	start := time.Now()
+	ok, err := claim.Extend(ctx, l.db, l.msg.ID, l.msg.Token)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("extend lease of %s: %w", l.msg.ID, ErrLeaseLost)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.end = start.Add(l.vt - leaseMargin(l.vt))
+	l.timer.Reset(time.Until(l.end))
+	return nil
+}
+
+func (l *lease) stop() { l.timer.Stop() }
+
+// RetryAfter makes a handler's delivery fail and be retried after d
+// (counting as an attempt), instead of after the consumer's backoff.
+func RetryAfter(d time.Duration) error { return &retryAfterError{d: max(d, 0)} }
+
+type retryAfterError struct{ d time.Duration }
+
+func (e *retryAfterError) Error() string { return fmt.Sprintf("retry after %s", e.d) }
+
+// Permanent wraps err to make the dispatcher dead-letter the message at
+// once: retrying cannot help.
+func Permanent(err error) error {
+	if err == nil {
+		err = errors.New("rejected")
+	}
+	return &permanentError{err: err}
+}
+
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return "permanent: " + e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+// Resolver tells a dispatcher which Handler serves a consumer. A nil
+// Handler means this dispatcher does not serve it; another may.
+type Resolver interface {
+	Resolve(c Consumer) Handler
+}
+
+// Mux is a Resolver that maps (app, queue) to Go handlers.
+type Mux struct {
+	mu       sync.RWMutex
+	handlers map[[2]string]Handler
+}
+
+// NewMux returns an empty Mux.
+func NewMux() *Mux { return &Mux{handlers: map[[2]string]Handler{}} }
+
+// Handle serves app's queue with h. Call it before the dispatcher starts,
+// or expect the handler to be used from the next consumer reload.
+func (m *Mux) Handle(app, queue string, h Handler) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.handlers[[2]string{app, queue}] = h
+}
+
+// Resolve implements Resolver.
+func (m *Mux) Resolve(c Consumer) Handler {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.handlers[[2]string{c.App, c.Queue}]
+}

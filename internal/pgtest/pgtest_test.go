@@ -1,0 +1,267 @@
+package pgtest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+func TestMain(m *testing.M) { Main(m) }
+
+func connect(t *testing.T, dsn string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(t.Context(), dsn)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+func databaseExists(t *testing.T, name string) bool {
+	t.Helper()
+	conn := connect(t, AdminConnString())
+	var exists bool
+	if err := conn.QueryRow(t.Context(), "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", name).Scan(&exists); err != nil {
+		t.Fatal(err)
+	}
+	return exists
+}
+
+func TestParallelTestsGetDistinctMigratedDatabases(t *testing.T) {
+	var mu sync.Mutex
+	names := map[string]string{}
+	t.Run("group", func(t *testing.T) {
+		for _, sub := range []string{"a", "b"} {
+			t.Run(sub, func(t *testing.T) {
+				t.Parallel()
+				t0 := time.Now()
+				dsn := ConnString(t)
+				t.Logf("ConnString: %v", time.Since(t0))
+				conn := connect(t, dsn)
+				var db string
+				var hasTable bool
+				if err := conn.QueryRow(t.Context(),
+					"SELECT current_database(), to_regclass('public.queue_messages') IS NOT NULL").Scan(&db, &hasTable); err != nil {
+					t.Fatal(err)
+				}
+				if !hasTable {
+					t.Fatalf("database %s lacks queue_messages", db)
+				}
+				if !strings.HasPrefix(db, "bellhop_t_") {
+					t.Fatalf("database name %q", db)
+				}
+				// Writes stay in this test's database.
+				if _, err := conn.Exec(t.Context(), "CREATE TABLE only_in_"+sub+" ()"); err != nil {
+					t.Fatal(err)
+				}
+				mu.Lock()
+				names[sub] = db
+				mu.Unlock()
+			})
+		}
+	})
+	if t.Failed() {
+		return
+	}
+	if names["a"] == names["b"] {
+		t.Fatalf("both parallel tests got database %s", names["a"])
+	}
+	for _, db := range names {
+		if databaseExists(t, db) {
+			t.Errorf("database %s not dropped after its test", db)
+		}
+	}
+}
+
+func TestNewPool(t *testing.T) {
+	pool := NewPool(t)
+	if got := pool.Config().MaxConns; got != poolMaxConns {
+		t.Fatalf("MaxConns = %d, want %d", got, poolMaxConns)
+	}
+	var n int
+	if err := pool.QueryRow(t.Context(), "SELECT count(*) FROM queue_messages").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Fatalf("fresh database has %d queue messages", n)
+	}
+	// A test that leaves connections open must still get its database dropped.
+	conn, err := pool.Acquire(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Release)
+}
+
+func TestTemplateIsCompleteAndReused(t *testing.T) {
+	conn := connect(t, AdminConnString())
+	var isTemplate, allowConn bool
+	if err := conn.QueryRow(t.Context(), "SELECT datistemplate, datallowconn FROM pg_database WHERE datname = $1",
+		template).Scan(&isTemplate, &allowConn); err != nil {
+		t.Fatalf("template %s: %v", template, err)
+	}
+	if !isTemplate || allowConn {
+		t.Fatalf("template %s: datistemplate=%v datallowconn=%v", template, isTemplate, allowConn)
+	}
+	t0 := time.Now()
+	if err := ensureTemplate(t.Context(), AdminConnString(), template); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("ensureTemplate on an existing template: %v", time.Since(t0))
+}
+
+// TestTemplateBuildRacesAndRecovery builds a separate template from several
+// goroutines at once (as parallel test binaries would), then checks that a
+// half-built template, as left by a killed binary, is rebuilt.
+func TestTemplateBuildRacesAndRecovery(t *testing.T) {
+	name := "bellhop_tmpl_test_" + randomHex(4)
+	admin := connect(t, AdminConnString())
+	t.Cleanup(func() {
+		ctx := context.Background()
+		_, _ = admin.Exec(ctx, "ALTER DATABASE "+ident(name)+" IS_TEMPLATE false")
+		_, _ = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+ident(name)+" WITH (FORCE)")
+	})
+
+	t0 := time.Now()
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	for i := range errs {
+		wg.Go(func() { errs[i] = ensureTemplate(t.Context(), AdminConnString(), name) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("3 concurrent ensureTemplate calls: %v", time.Since(t0))
+
+	// Make it look half-built: not marked complete, and missing a table.
+	if _, err := admin.Exec(t.Context(), "ALTER DATABASE "+ident(name)+" IS_TEMPLATE false ALLOW_CONNECTIONS true"); err != nil {
+		t.Fatal(err)
+	}
+	dsn, err := withDatabase(AdminConnString(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	func() {
+		c := connect(t, dsn)
+		defer c.Close(t.Context())
+		if _, err := c.Exec(t.Context(), "DROP TABLE queue_messages CASCADE"); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	if err := ensureTemplate(t.Context(), AdminConnString(), name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(t.Context(), "ALTER DATABASE "+ident(name)+" ALLOW_CONNECTIONS true"); err != nil {
+		t.Fatal(err)
+	}
+	c := connect(t, dsn)
+	var hasTable bool
+	if err := c.QueryRow(t.Context(), "SELECT to_regclass('public.queue_messages') IS NOT NULL").Scan(&hasTable); err != nil {
+		t.Fatal(err)
+	}
+	c.Close(t.Context())
+	if !hasTable {
+		t.Fatal("half-built template was reused instead of rebuilt")
+	}
+}
+
+func TestWithDatabase(t *testing.T) {
+	for _, in := range []string{
+		"postgres://u:p@db.example:5433/app?sslmode=disable",
+		"postgresql://u@db.example/app?dbname=other&sslmode=disable",
+		"postgres://u@db.example:5433",
+		"host=/tmp/x port=5 user=u dbname=app sslmode=disable",
+		"host=/tmp/x port=5 user=u database=app",
+		"host=/tmp/x port=5",
+	} {
+		out, err := withDatabase(in, "bellhop_t_1")
+		if err != nil {
+			t.Fatalf("withDatabase(%q): %v", in, err)
+		}
+		cfg, err := pgconn.ParseConfig(out)
+		if err != nil {
+			t.Fatalf("withDatabase(%q) = %q: %v", in, out, err)
+		}
+		if cfg.Database != "bellhop_t_1" {
+			t.Errorf("withDatabase(%q) = %q: database %q", in, out, cfg.Database)
+		}
+		orig, _ := pgconn.ParseConfig(in)
+		if cfg.Host != orig.Host || cfg.Port != orig.Port || cfg.User != orig.User || cfg.Password != orig.Password {
+			t.Errorf("withDatabase(%q) = %q changed more than the database", in, out)
+		}
+	}
+}
+
+// TestDatabaseURL runs this test binary twice at once against the current
+// server through DATABASE_URL, as parallel `go test` packages would.
+func TestDatabaseURL(t *testing.T) {
+	if os.Getenv("PGTEST_CHILD") != "" {
+		t.Skip("child process")
+	}
+	// A non-default database in the URL checks that the admin DSN is
+	// rewritten to "postgres".
+	url := AdminConnString() + " dbname=template1"
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			cmd := exec.Command(os.Args[0], "-test.run=^TestChildUsesDatabaseURL$", "-test.count=1", "-test.v")
+			cmd.Env = append(os.Environ(), "DATABASE_URL="+url, "PGTEST_CHILD=1")
+			out, err := cmd.CombinedOutput()
+			if err != nil || !bytes.Contains(out, []byte("--- PASS: TestChildUsesDatabaseURL")) {
+				t.Errorf("child with DATABASE_URL: %v\n%s", err, out)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func TestChildUsesDatabaseURL(t *testing.T) {
+	if os.Getenv("PGTEST_CHILD") == "" {
+		t.Skip("run by TestDatabaseURL")
+	}
+	if Cluster() != nil {
+		t.Fatal("started a cluster although DATABASE_URL is set")
+	}
+	cfg, err := pgconn.ParseConfig(AdminConnString())
+	if err != nil || cfg.Database != "postgres" {
+		t.Fatalf("AdminConnString() = %q (%v)", AdminConnString(), err)
+	}
+	var hasTable bool
+	if err := NewPool(t).QueryRow(t.Context(), "SELECT to_regclass('public.queue_messages') IS NOT NULL").Scan(&hasTable); err != nil {
+		t.Fatal(err)
+	}
+	if !hasTable {
+		t.Fatal("no queue_messages")
+	}
+}
+
+// TestNoServerFails checks that an unreachable server fails the binary with
+// instructions instead of skipping the tests.
+func TestNoServerFails(t *testing.T) {
+	if os.Getenv("PGTEST_CHILD") != "" {
+		t.Skip("child process")
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestChildUsesDatabaseURL$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "DATABASE_URL=host=/nonexistent-bellhop port=1 user=postgres connect_timeout=5", "PGTEST_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("child without a server: err %v, want exit status 1\n%s", err, out)
+	}
+	for _, want := range []string{"set DATABASE_URL", "apt-get install postgresql-15", "/nonexistent-bellhop"} {
+		if !bytes.Contains(out, []byte(want)) {
+			t.Errorf("child output lacks %q:\n%s", want, out)
+		}
+	}
+}

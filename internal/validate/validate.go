@@ -1,0 +1,173 @@
+// Package validate checks producer and operator input before it reaches
+// the database. The database enforces the same rules with constraints
+// (see migrations/0038_constraints.sql); checking here first gives callers
+// a typed error that names the problem.
+package validate
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+)
+
+// Limits shared with the schema's constraints.
+const (
+	MaxQueueNameBytes = 128
+	MaxPayloadBytes   = 1 << 20
+	MaxPayloadDepth   = 128
+	MaxAttempts       = 1000
+	MaxDelay          = 10 * 365 * 24 * time.Hour
+	MinVisibility     = time.Second
+	MaxVisibility     = 12 * time.Hour
+	MaxInFlight       = 10000
+	MaxBackoff        = 24 * time.Hour
+)
+
+// Sentinel errors; every error this package returns wraps exactly one.
+var (
+	ErrQueueName  = errors.New("invalid queue name")
+	ErrName       = errors.New("invalid name")
+	ErrPayload    = errors.New("payload is not a JSON value")
+	ErrTooLarge   = errors.New("payload too large")
+	ErrOption     = errors.New("invalid option")
+	ErrNotAllowed = errors.New("not allowed")
+)
+
+var (
+	queueNameRE = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
+	nameRE      = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+)
+
+// QueueName checks that s is 1 to 128 bytes of [A-Za-z0-9._:-].
+func QueueName(s string) error {
+	if !queueNameRE.MatchString(s) {
+		return fmt.Errorf("%w %s: a queue name is 1 to %d bytes of [A-Za-z0-9._:-]", ErrQueueName, quote(s), MaxQueueNameBytes)
+	}
+	return nil
+}
+
+// Name checks an app or principal name: 1 to 63 bytes of [A-Za-z0-9._-],
+// starting with a letter or digit.
+func Name(kind, s string) error {
+	if !nameRE.MatchString(s) {
+		return fmt.Errorf("%w: %s name %s: use 1 to 63 bytes of [A-Za-z0-9._-], starting with a letter or digit", ErrName, kind, quote(s))
+	}
+	return nil
+}
+
+// Payload checks that b is one JSON value of at most MaxPayloadBytes,
+// nested at most MaxPayloadDepth deep.
+func Payload(b []byte) error {
+	if len(b) > MaxPayloadBytes {
+		return fmt.Errorf("%w: %d bytes, more than the %d-byte limit", ErrTooLarge, len(b), MaxPayloadBytes)
+	}
+	if len(bytes.TrimSpace(b)) == 0 {
+		return fmt.Errorf("%w: it is empty", ErrPayload)
+	}
+	if !json.Valid(b) {
+		return fmt.Errorf("%w: %s", ErrPayload, describeJSONError(b))
+	}
+	if d := depth(b); d > MaxPayloadDepth {
+		return fmt.Errorf("%w: nested %d deep, more than %d", ErrPayload, d, MaxPayloadDepth)
+	}
+	// PostgreSQL's jsonb rejects the NUL character even when escaped.
+	if bytes.Contains(b, []byte(`\u0000`)) {
+		return fmt.Errorf("%w: it contains \\u0000, which PostgreSQL's jsonb cannot store", ErrPayload)
+	}
+	return nil
+}
+
+func describeJSONError(b []byte) string {
+	var v any
+	err := json.Unmarshal(b, &v)
+	if err == nil {
+		return "invalid JSON"
+	}
+	return err.Error()
+}
+
+// depth is the deepest nesting of arrays and objects in valid JSON b.
+func depth(b []byte) int {
+	var cur, max int
+	inString, escaped := false, false
+	for _, c := range b {
+		switch {
+		case inString:
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == '[' || c == '{':
+			cur++
+			if cur > max {
+				max = cur
+			}
+		case c == ']' || c == '}':
+			cur--
+		}
+	}
+	return max
+}
+
+// MaxAttemptsOption checks an optional max attempts: 0 means "use the
+// default", otherwise 1 to MaxAttempts.
+func MaxAttemptsOption(n int) error {
+	if n < 0 || n > MaxAttempts {
+		return fmt.Errorf("%w: max attempts %d is outside 1..%d (0 means the default)", ErrOption, n, MaxAttempts)
+	}
+	return nil
+}
+
+// DeliverAt resolves a deliver-after time and a delay, of which at most one
+// may be set, into an absolute time (zero: deliver now). Times in the past
+// mean now; more than MaxDelay ahead is refused.
+func DeliverAt(now, at time.Time, delay time.Duration) (time.Time, error) {
+	switch {
+	case !at.IsZero() && delay != 0:
+		return time.Time{}, fmt.Errorf("%w: set a deliver-after time or a delay, not both", ErrOption)
+	case delay < 0:
+		return time.Time{}, fmt.Errorf("%w: delay %s is negative", ErrOption, delay)
+	case delay > MaxDelay:
+		return time.Time{}, fmt.Errorf("%w: delay %s is more than the %s limit", ErrOption, delay, MaxDelay)
+	case delay > 0:
+		return now.Add(delay), nil
+	case at.IsZero():
+		return time.Time{}, nil
+	case at.Sub(now) > MaxDelay:
+		return time.Time{}, fmt.Errorf("%w: deliver-after %s is more than %s ahead", ErrOption, at.Format(time.RFC3339), MaxDelay)
+	}
+	return at, nil
+}
+
+// Duration checks that d lies within [min, max]; what names the setting.
+func Duration(what string, d, min, max time.Duration) error {
+	if d < min || d > max {
+		return fmt.Errorf("%w: %s %s is outside %s..%s", ErrOption, what, d, min, max)
+	}
+	return nil
+}
+
+// Int checks that n lies within [min, max]; what names the setting.
+func Int(what string, n, min, max int) error {
+	if n < min || n > max {
+		return fmt.Errorf("%w: %s %d is outside %d..%d", ErrOption, what, n, min, max)
+	}
+	return nil
+}
+
+// quote prints untrusted input safely: quoted, escaped, and cut short.
+func quote(s string) string {
+	if len(s) > 64 {
+		return fmt.Sprintf("%q… (%d bytes)", s[:64], len(s))
+	}
+	return fmt.Sprintf("%q", s)
+}

@@ -1,0 +1,9 @@
+package bellhop_test
+
+import (
+	"testing"
+
+	"github.com/bellhopq/bellhop/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }

@@ -1,0 +1,263 @@
+// Package notify keeps one dedicated LISTEN connection on Channel and turns
+// notifications into wake-ups.
+//
+// It wraps github.com/jackc/pgxlisten, adding what a dispatcher needs on
+// top: payload parsing that tolerates hostile input, a connected flag for
+// readiness, a few seconds' reconnect delay, a "connected" hook on every
+// (re)connect (pgxlisten's backlog handler, which runs after LISTEN, so
+// nothing committed in between is missed), and a heartbeat watchdog that
+// tears down a listener that has stopped receiving.
+package notify
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgxlisten"
+	"github.com/rs/zerolog"
+)
+
+// Handler receives what the listener hears. Both methods run on the
+// listener's goroutine and must return at once: route, don't work.
+type Handler interface {
+	// HandleEvent is called for every well-formed notification except the
+	// listener's own heartbeats.
+	HandleEvent(Event)
+	// Connected is called after every connect and reconnect, once LISTEN
+	// is in place. Work committed while the listener was away has sent
+	// notifications nobody heard, so the handler should look everywhere.
+	Connected()
+}
+
+// Config configures a Listener.
+type Config struct {
+	// ConnConfig is copied for every connection. It must reach PostgreSQL
+	// directly or through a session-mode pooler: LISTEN does not work
+	// through PgBouncer's transaction mode.
+	ConnConfig *pgx.ConnConfig
+	Handler    Handler
+	Logger     zerolog.Logger
+	// ReconnectDelay is the pause between a lost connection and the next
+	// attempt. Default 2s (pgxlisten's own default is one minute).
+	ReconnectDelay time.Duration
+	// HeartbeatTimeout is how long a heartbeat may take to come back
+	// before the connection is considered hung and replaced. Default 5s.
+	HeartbeatTimeout time.Duration
+}
+
+// Stats are counters for metrics.
+type Stats struct {
+	Connected     bool
+	Connects      uint64 // successful connects, the first included
+	Notifications uint64 // well-formed notifications received
+	Garbled       uint64 // malformed notifications ignored
+	HungRestarts  uint64 // reconnects forced by a missed heartbeat
+}
+
+// Listener is one LISTEN connection with its supervisor. Create it with New.
+type Listener struct {
+	cfg     Config
+	restart chan struct{}
+
+	connected     atomic.Bool
+	connects      atomic.Uint64
+	notifications atomic.Uint64
+	garbled       atomic.Uint64
+	hungRestarts  atomic.Uint64
+
+	mu             sync.Mutex
+	pendingBeat    string
+	lastGarbledLog time.Time
+}
+
+// New returns a Listener; call Run to start it.
+func New(cfg Config) *Listener {
+	if cfg.ReconnectDelay <= 0 {
+		cfg.ReconnectDelay = 2 * time.Second
+	}
+	if cfg.HeartbeatTimeout <= 0 {
+		cfg.HeartbeatTimeout = 5 * time.Second
+	}
+	return &Listener{cfg: cfg, restart: make(chan struct{}, 1)}
+}
+
+// Run listens until ctx is done, reconnecting after every failure. It
+// returns nil after ctx is cancelled, or an error if it cannot start.
+func (l *Listener) Run(ctx context.Context) error {
+	if l.cfg.ConnConfig == nil || l.cfg.Handler == nil {
+		return errors.New("notify: ConnConfig and Handler are required")
+	}
+	for {
+		lctx, cancel := context.WithCancel(ctx)
+		pl := &pgxlisten.Listener{
+			Connect:        l.connect,
+			LogError:       l.logError,
+			ReconnectDelay: l.cfg.ReconnectDelay,
+		}
+		pl.Handle(Channel, handler{l})
+		done := make(chan error, 1)
+		go func() { done <- pl.Listen(lctx) }()
+
+		select {
+		case <-ctx.Done():
+			cancel()
+			<-done
+			l.connected.Store(false)
+			return nil
+		case <-l.restart:
+			cancel()
+			<-done
+			l.connected.Store(false)
+		case err := <-done:
+			cancel()
+			l.connected.Store(false)
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+	}
+}
+
+// Connected reports whether LISTEN is in place right now.
+func (l *Listener) Connected() bool { return l.connected.Load() }
+
+// Stats returns the listener's counters.
+func (l *Listener) Stats() Stats {
+	return Stats{
+		Connected:     l.connected.Load(),
+		Connects:      l.connects.Load(),
+		Notifications: l.notifications.Load(),
+		Garbled:       l.garbled.Load(),
+		HungRestarts:  l.hungRestarts.Load(),
+	}
+}
+
+// Restart drops the current connection and connects again at once.
+func (l *Listener) Restart() {
+	select {
+	case l.restart <- struct{}{}:
+	default:
+	}
+}
+
+// ExpectHeartbeat returns a fresh token for the caller to send as
+// "h:<token>" on Channel. If the listener does not hear it back within
+// HeartbeatTimeout, the connection is presumed hung and replaced. A caller
+// whose send failed calls ForgetHeartbeat.
+func (l *Listener) ExpectHeartbeat() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	token := hex.EncodeToString(b[:])
+	l.mu.Lock()
+	l.pendingBeat = token
+	l.mu.Unlock()
+	time.AfterFunc(l.cfg.HeartbeatTimeout, func() {
+		l.mu.Lock()
+		missed := l.pendingBeat == token
+		if missed {
+			l.pendingBeat = ""
+		}
+		l.mu.Unlock()
+		if missed && l.connected.Load() {
+			l.hungRestarts.Add(1)
+			l.cfg.Logger.Warn().Dur("timeout", l.cfg.HeartbeatTimeout).
+				Msg("listener did not receive its heartbeat; reconnecting")
+			l.Restart()
+		}
+	})
+	return token
+}
+
+// ForgetHeartbeat cancels the wait for token.
+func (l *Listener) ForgetHeartbeat(token string) {
+	l.mu.Lock()
+	if l.pendingBeat == token {
+		l.pendingBeat = ""
+	}
+	l.mu.Unlock()
+}
+
+func (l *Listener) connect(ctx context.Context) (*pgx.Conn, error) {
+	l.connected.Store(false)
+	cfg := l.cfg.ConnConfig.Copy()
+	// TCP keepalive notices a dead network path in about 25s instead of
+	// the kernel's two hours; the heartbeat covers a hung server.
+	dialer := &net.Dialer{
+		Timeout: 10 * time.Second,
+		KeepAliveConfig: net.KeepAliveConfig{
+			Enable: true, Idle: 10 * time.Second, Interval: 5 * time.Second, Count: 3,
+		},
+	}
+	cfg.DialFunc = dialer.DialContext
+	// pgx buffers notifications only when OnNotification is nil, and
+	// pgxlisten relies on that buffer.
+	cfg.OnNotification = nil
+	if cfg.RuntimeParams == nil {
+		cfg.RuntimeParams = map[string]string{}
+	}
+	cfg.RuntimeParams["application_name"] = "bellhop-listener"
+	return pgx.ConnectConfig(ctx, cfg)
+}
+
+func (l *Listener) logError(ctx context.Context, err error) {
+	if errors.Is(err, context.Canceled) || ctx.Err() != nil {
+		return
+	}
+	l.connected.Store(false)
+	l.cfg.Logger.Warn().Err(err).Dur("reconnect_delay", l.cfg.ReconnectDelay).Msg("listener connection lost")
+}
+
+func (l *Listener) receive(payload string) {
+	ev, err := Parse(payload)
+	if err != nil {
+		n := l.garbled.Add(1)
+		l.mu.Lock()
+		logIt := time.Since(l.lastGarbledLog) > time.Minute
+		if logIt {
+			l.lastGarbledLog = time.Now()
+		}
+		l.mu.Unlock()
+		if logIt {
+			l.cfg.Logger.Warn().Err(err).Uint64("garbled_total", n).
+				Msg("ignoring a malformed notification on the bellhop channel (logged at most once a minute)")
+		}
+		return
+	}
+	l.notifications.Add(1)
+	if ev.Kind == KindHeartbeat {
+		l.mu.Lock()
+		if l.pendingBeat == ev.Token {
+			l.pendingBeat = ""
+		}
+		l.mu.Unlock()
+		return
+	}
+	l.cfg.Handler.HandleEvent(ev)
+}
+
+// handler adapts Listener to pgxlisten's Handler and BacklogHandler.
+type handler struct{ l *Listener }
+
+func (h handler) HandleNotification(_ context.Context, n *pgconn.Notification, _ *pgx.Conn) error {
+	h.l.receive(n.Payload)
+	return nil
+}
+
+// HandleBacklog runs after every LISTEN, so it marks the connection live
+// and lets the dispatcher catch up on what it could not hear.
+func (h handler) HandleBacklog(context.Context, string, *pgx.Conn) error {
+	h.l.connected.Store(true)
+	h.l.connects.Add(1)
+	h.l.cfg.Logger.Info().Msg("listening for notifications")
+	h.l.cfg.Handler.Connected()
+	return nil
+}

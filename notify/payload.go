@@ -1,0 +1,108 @@
+package notify
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/google/uuid"
+
+	"github.com/bellhopq/bellhop/internal/validate"
+)
+
+// Channel is the one channel every Bellhop notification goes to. The
+// triggers in migrations/0036_notify.sql and 0039_helpers.sql send on it.
+const Channel = "bellhop"
+
+// Kind says what a notification announces.
+type Kind byte
+
+// The kinds of notification, by their payload prefix.
+const (
+	KindQueue     Kind = 'q' // q:<app_id>:<queue_name>
+	KindInvoke    Kind = 'o' // o:<app_id>:<trigger_id>
+	KindConsumers Kind = 'c' // c
+	KindHeartbeat Kind = 'h' // h:<token>
+)
+
+// Event is a parsed notification.
+type Event struct {
+	Kind      Kind
+	AppID     uuid.UUID // KindQueue, KindInvoke
+	Queue     string    // KindQueue
+	TriggerID uuid.UUID // KindInvoke
+	Token     string    // KindHeartbeat
+}
+
+// ErrGarbled is wrapped by every Parse error.
+var ErrGarbled = errors.New("garbled notification")
+
+// maxTokenLen bounds heartbeat tokens; Bellhop's own are 32 hex digits.
+const maxTokenLen = 64
+
+// Parse reads a payload sent on Channel. Anyone who can connect to the
+// database can NOTIFY on the channel, so Parse accepts only the exact
+// forms above and rejects everything else with ErrGarbled.
+func Parse(payload string) (Event, error) {
+	kind, rest, _ := strings.Cut(payload, ":")
+	switch {
+	case kind == "c" && payload == "c":
+		return Event{Kind: KindConsumers}, nil
+	case kind == "h":
+		if rest == "" || len(rest) > maxTokenLen || strings.ContainsAny(rest, ": \x00") {
+			return Event{}, garbled(payload, "bad heartbeat token")
+		}
+		return Event{Kind: KindHeartbeat, Token: rest}, nil
+	case kind == "q" || kind == "o":
+		idText, name, ok := strings.Cut(rest, ":")
+		if !ok {
+			return Event{}, garbled(payload, "missing field")
+		}
+		appID, err := parseUUID(idText)
+		if err != nil {
+			return Event{}, garbled(payload, "bad app id")
+		}
+		if kind == "q" {
+			if validate.QueueName(name) != nil {
+				return Event{}, garbled(payload, "bad queue name")
+			}
+			return Event{Kind: KindQueue, AppID: appID, Queue: name}, nil
+		}
+		triggerID, err := parseUUID(name)
+		if err != nil {
+			return Event{}, garbled(payload, "bad consumer id")
+		}
+		return Event{Kind: KindInvoke, AppID: appID, TriggerID: triggerID}, nil
+	}
+	return Event{}, garbled(payload, "unknown kind")
+}
+
+// parseUUID accepts only the canonical 36-character form PostgreSQL prints.
+func parseUUID(s string) (uuid.UUID, error) {
+	if len(s) != 36 {
+		return uuid.UUID{}, errors.New("not a canonical uuid")
+	}
+	return uuid.Parse(s)
+}
+
+func garbled(payload, why string) error {
+	if len(payload) > 80 {
+		payload = payload[:80] + "…"
+	}
+	return fmt.Errorf("%w (%s): %q", ErrGarbled, why, payload)
+}
+
+// String prints the payload form of e; Parse(e.String()) returns e.
+func (e Event) String() string {
+	switch e.Kind {
+	case KindQueue:
+		return "q:" + e.AppID.String() + ":" + e.Queue
+	case KindInvoke:
+		return "o:" + e.AppID.String() + ":" + e.TriggerID.String()
+	case KindConsumers:
+		return "c"
+	case KindHeartbeat:
+		return "h:" + e.Token
+	}
+	return ""
+}

@@ -1,0 +1,50 @@
+package bellhop
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	queries "github.com/bellhopq/bellhop/sql"
+)
+
+// QueueInfo is one row of the queue list: a queue that has messages, dead
+// letters or a consumer.
+type QueueInfo struct {
+	App      string
+	Queue    string
+	Ready    int64 // claimable now
+	Delayed  int64 // waiting for deliver_after
+	InFlight int64 // leased to a consumer
+	Dead     int64 // in dead_letters
+	// OldestReady is how long the oldest ready message has been ready.
+	OldestReady     time.Duration
+	ConsumerID      *uuid.UUID
+	ConsumerEnabled bool
+}
+
+// Queues lists the queues of app, or of every app when app is "".
+func (c *Client) Queues(ctx context.Context, app string) ([]QueueInfo, error) {
+	rows, err := c.db.Query(ctx, queries.QueueList, pgx.NamedArgs{"app_name": nullable(app)})
+	if err != nil {
+		return nil, fmt.Errorf("list queues: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (QueueInfo, error) {
+		var q QueueInfo
+		var age *float64
+		var enabled *bool
+		err := r.Scan(&q.App, &q.Queue, &q.Ready, &q.Delayed, &q.InFlight, &q.Dead, &age, &q.ConsumerID, &enabled)
+		if age != nil {
+			q.OldestReady = time.Duration(*age * float64(time.Second))
+		}
+		q.ConsumerEnabled = enabled != nil && *enabled
+		return q, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list queues: %w", err)
+	}
+	return out, nil
+}

@@ -1,0 +1,27 @@
+-- Claims up to max_messages ready messages of one queue, oldest
+-- enqueued_at first, and leases them: a fresh claim_token per message,
+-- claimed_at = now(), attempt + 1.
+--
+-- Safe under concurrency: the inner SELECT locks each candidate with
+-- FOR UPDATE SKIP LOCKED, so concurrent dispatchers never wait on, nor
+-- take, each other's rows. A row that another transaction claimed and
+-- committed after our snapshot is re-checked against claim_token IS NULL
+-- once locked (EvalPlanQual) and dropped. The scan uses the partial index
+-- idx_queue_messages_dispatch (app_id, queue_name, enqueued_at) WHERE
+-- claim_token IS NULL; deliver_after is a filter on it.
+UPDATE queue_messages AS m
+SET claim_token = gen_random_uuid(),
+    claimed_at  = now(),
+    attempt     = m.attempt + 1
+WHERE m.id IN (
+    SELECT c.id
+    FROM queue_messages AS c
+    WHERE c.app_id = @app_id
+      AND c.queue_name = @queue_name
+      AND c.claim_token IS NULL
+      AND (c.deliver_after IS NULL OR c.deliver_after <= now())
+    ORDER BY c.enqueued_at
+    LIMIT @max_messages
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING m.id, m.payload, m.enqueued_at, m.claim_token, m.attempt, m.max_attempts, m.enqueued_by_principal

@@ -1,0 +1,5 @@
+-- One queue consumer by id, with its app's name, or by (app name, queue).
+SELECT id, app_id, app_name, queue_name, principal_id, enabled, max_attempts, backoff_base_ms,
+       backoff_cap_ms, visibility_timeout_secs, max_in_flight, created_at, last_fired_at
+FROM queue_consumers
+WHERE id = @id OR (app_name = @app_name AND queue_name = @queue_name)

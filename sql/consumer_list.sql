@@ -1,0 +1,6 @@
+-- Queue consumers, optionally of one app, by app and queue name.
+SELECT id, app_id, app_name, queue_name, principal_id, enabled, max_attempts, backoff_base_ms,
+       backoff_cap_ms, visibility_timeout_secs, max_in_flight, created_at, last_fired_at
+FROM queue_consumers
+WHERE @app_name::text IS NULL OR app_name = @app_name
+ORDER BY app_name, queue_name

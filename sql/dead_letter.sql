@@ -1,0 +1,30 @@
+-- Moves a batch of claimed messages to dead_letters: out of attempts, or
+-- rejected for good by the consumer. Delete and insert happen in one
+-- statement, so a message is never in both tables nor in neither. Fenced
+-- by the token like ack.sql: a stale dead-letter moves nothing.
+-- o_queue_names names each outbox delivery's consumer queue.
+WITH q AS (
+    DELETE FROM queue_messages AS m
+    USING unnest(@q_ids::uuid[], @q_tokens::uuid[], @q_errors::text[]) AS a(id, token, err)
+    WHERE m.id = a.id AND m.claim_token = a.token
+    RETURNING m.id, 'queue'::text AS source, m.app_id, m.queue_name, NULL::uuid AS trigger_id, m.payload,
+              m.enqueued_at, m.deliver_after, m.attempt, m.max_attempts, m.enqueued_by_principal, a.err
+), o AS (
+    DELETE FROM outbox AS m
+    USING unnest(@o_ids::uuid[], @o_tokens::uuid[], @o_errors::text[], @o_queue_names::text[]) AS a(id, token, err, queue_name)
+    WHERE m.id = a.id AND m.claim_token = a.token
+    RETURNING m.id, 'invoke'::text AS source, m.app_id, a.queue_name, m.trigger_id, m.payload,
+              m.enqueued_at, m.deliver_after, m.attempt, m.max_attempts, NULL::uuid, a.err
+)
+INSERT INTO dead_letters (id, source, app_id, queue_name, trigger_id, payload, enqueued_at,
+                          deliver_after, attempt, max_attempts, enqueued_by_principal, last_error)
+SELECT * FROM q UNION ALL SELECT * FROM o
+-- A message id that died before and came back (redrive, or a producer
+-- reusing ids) replaces its old dead letter instead of failing the move.
+ON CONFLICT (id) DO UPDATE SET
+    source = EXCLUDED.source, app_id = EXCLUDED.app_id, queue_name = EXCLUDED.queue_name,
+    trigger_id = EXCLUDED.trigger_id, payload = EXCLUDED.payload, enqueued_at = EXCLUDED.enqueued_at,
+    deliver_after = EXCLUDED.deliver_after, attempt = EXCLUDED.attempt, max_attempts = EXCLUDED.max_attempts,
+    enqueued_by_principal = EXCLUDED.enqueued_by_principal, last_error = EXCLUDED.last_error,
+    died_at = EXCLUDED.died_at
+RETURNING id

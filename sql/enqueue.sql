@@ -1,0 +1,30 @@
+-- Inserts a batch of messages for one app in one statement, all or none.
+-- Arguments are parallel arrays, one element per message; the ids are made
+-- by the client so that it knows them without relying on RETURNING order.
+-- Nothing is inserted when the app is unknown or when any principal does
+-- not belong to the app; the counts in the result tell the caller which.
+-- Table constraints reject bad queue names, attempts and payload sizes for
+-- the whole statement.
+WITH app AS (
+    SELECT id FROM apps WHERE name = @app_name
+), input AS (
+    SELECT *
+    FROM unnest(@ids::uuid[], @queue_names::text[], @payloads::jsonb[],
+                @deliver_after::timestamptz[], @max_attempts::int[], @principals::uuid[])
+         AS m(id, queue_name, payload, deliver_after, max_attempts, principal)
+), foreign_principals AS (
+    SELECT count(*) AS n
+    FROM input i
+    WHERE i.principal IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM principals p JOIN app ON p.app_id = app.id WHERE p.id = i.principal)
+), inserted AS (
+    INSERT INTO queue_messages (id, app_id, queue_name, payload, deliver_after, max_attempts, enqueued_by_principal)
+    SELECT i.id, app.id, i.queue_name, i.payload, i.deliver_after,
+           coalesce(i.max_attempts, bellhop_default_max_attempts(app.id, i.queue_name)), i.principal
+    FROM input i CROSS JOIN app
+    WHERE (SELECT n FROM foreign_principals) = 0
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM app) AS app_found,
+       (SELECT n FROM foreign_principals) AS foreign_principals,
+       (SELECT count(*) FROM inserted) AS inserted

@@ -1,0 +1,8 @@
+-- Adds one invoke_async delivery for a queue consumer to the outbox. No
+-- row: the consumer is unknown or does not belong to the app.
+INSERT INTO outbox (id, app_id, source_kind, trigger_id, payload, deliver_after, max_attempts)
+SELECT @id, t.app_id, 'invoke', t.id, @payload,
+       @deliver_after, coalesce(@max_attempts, t.max_attempts)
+FROM triggers t
+WHERE t.id = @trigger_id AND t.kind = 'queue'
+RETURNING id

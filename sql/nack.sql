@@ -1,0 +1,20 @@
+-- Nacks a batch: releases each message whose claim_token still matches,
+-- so it can be claimed again once deliver_after = now() + its delay has
+-- passed. Fenced by the token exactly as ack.sql; a stale nack changes
+-- nothing. The attempt already counted at claim time stays counted.
+WITH q AS (
+    UPDATE queue_messages AS m
+    SET claim_token = NULL, claimed_at = NULL,
+        deliver_after = now() + a.delay_ms * interval '1 millisecond'
+    FROM unnest(@q_ids::uuid[], @q_tokens::uuid[], @q_delays_ms::bigint[]) AS a(id, token, delay_ms)
+    WHERE m.id = a.id AND m.claim_token = a.token
+    RETURNING m.id
+), o AS (
+    UPDATE outbox AS m
+    SET claim_token = NULL, claimed_at = NULL,
+        deliver_after = now() + a.delay_ms * interval '1 millisecond'
+    FROM unnest(@o_ids::uuid[], @o_tokens::uuid[], @o_delays_ms::bigint[]) AS a(id, token, delay_ms)
+    WHERE m.id = a.id AND m.claim_token = a.token
+    RETURNING m.id
+)
+SELECT id FROM q UNION ALL SELECT id FROM o

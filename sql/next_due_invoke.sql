@@ -1,0 +1,8 @@
+-- The earliest future deliver_after of a consumer's unclaimed invoke_async
+-- deliveries. See next_due_queue.sql.
+SELECT min(deliver_after)
+FROM outbox
+WHERE trigger_id = @trigger_id
+  AND source_kind = 'invoke'
+  AND claim_token IS NULL
+  AND deliver_after > now()

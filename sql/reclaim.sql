@@ -1,0 +1,69 @@
+-- Returns expired leases: every claimed message whose claimed_at is older
+-- than its consumer's visibility timeout (default_vt_secs when the queue
+-- has no consumer) is released, or moved to dead_letters when it has used
+-- all its attempts, and its queue is woken with a notification so that
+-- every dispatcher, not only this one, looks again.
+--
+-- Safe under concurrency: candidates are locked FOR UPDATE SKIP LOCKED, so
+-- two reclaimers never take the same row and a reclaimer never waits on a
+-- dispatcher that is acking. After the lock the row is re-checked
+-- (EvalPlanQual): one acked, extended or nacked meanwhile no longer
+-- matches and is left alone. A handler that is still running after its
+-- lease was reclaimed holds a stale token, so its ack changes nothing.
+WITH stale_q AS (
+    SELECT m.id
+    FROM queue_messages m
+    LEFT JOIN queue_consumers c ON c.app_id = m.app_id AND c.queue_name = m.queue_name
+    WHERE m.claim_token IS NOT NULL
+      AND m.claimed_at < now() - make_interval(secs => coalesce(c.visibility_timeout_secs, @default_vt_secs))
+    FOR UPDATE OF m SKIP LOCKED
+), stale_o AS (
+    SELECT m.id, c.queue_name
+    FROM outbox m
+    LEFT JOIN queue_consumers c ON c.id = m.trigger_id
+    WHERE m.claim_token IS NOT NULL
+      AND m.claimed_at < now() - make_interval(secs => coalesce(c.visibility_timeout_secs, @default_vt_secs))
+    FOR UPDATE OF m SKIP LOCKED
+), released_q AS (
+    UPDATE queue_messages m SET claim_token = NULL, claimed_at = NULL
+    FROM stale_q s
+    WHERE m.id = s.id AND m.attempt < m.max_attempts
+    RETURNING m.app_id, m.queue_name
+), released_o AS (
+    UPDATE outbox m SET claim_token = NULL, claimed_at = NULL
+    FROM stale_o s
+    WHERE m.id = s.id AND m.attempt < m.max_attempts
+    RETURNING m.app_id, m.trigger_id
+), dead_q AS (
+    DELETE FROM queue_messages m
+    USING stale_q s
+    WHERE m.id = s.id AND m.attempt >= m.max_attempts
+    RETURNING m.id, 'queue'::text, m.app_id, m.queue_name, NULL::uuid, m.payload, m.enqueued_at,
+              m.deliver_after, m.attempt, m.max_attempts, m.enqueued_by_principal
+), dead_o AS (
+    DELETE FROM outbox m
+    USING stale_o s
+    WHERE m.id = s.id AND m.attempt >= m.max_attempts
+    RETURNING m.id, 'invoke'::text, m.app_id, coalesce(s.queue_name, ''), m.trigger_id, m.payload, m.enqueued_at,
+              m.deliver_after, m.attempt, m.max_attempts, NULL::uuid
+), dead AS (
+    INSERT INTO dead_letters (id, source, app_id, queue_name, trigger_id, payload, enqueued_at,
+                              deliver_after, attempt, max_attempts, enqueued_by_principal, last_error)
+    SELECT d.*, 'visibility timeout expired on the last attempt' FROM dead_q d
+    UNION ALL
+    SELECT d.*, 'visibility timeout expired on the last attempt' FROM dead_o d
+    ON CONFLICT (id) DO UPDATE SET
+        source = EXCLUDED.source, app_id = EXCLUDED.app_id, queue_name = EXCLUDED.queue_name,
+        trigger_id = EXCLUDED.trigger_id, payload = EXCLUDED.payload, enqueued_at = EXCLUDED.enqueued_at,
+        deliver_after = EXCLUDED.deliver_after, attempt = EXCLUDED.attempt, max_attempts = EXCLUDED.max_attempts,
+        enqueued_by_principal = EXCLUDED.enqueued_by_principal, last_error = EXCLUDED.last_error,
+        died_at = EXCLUDED.died_at
+    RETURNING 1
+), wake AS (
+    SELECT DISTINCT 'q:' || app_id::text || ':' || queue_name AS payload FROM released_q
+    UNION
+    SELECT DISTINCT 'o:' || app_id::text || ':' || trigger_id::text FROM released_o
+)
+SELECT (SELECT count(*) FROM released_q) + (SELECT count(*) FROM released_o) AS released,
+       (SELECT count(*) FROM dead) AS dead_lettered,
+       (SELECT count(pg_notify('bellhop', payload)) FROM wake) AS woken

@@ -1,0 +1,162 @@
+// Package sql holds every SQL statement Bellhop runs, one statement per
+// .sql file in this folder, embedded at build time. Each file starts with a
+// comment that says what the statement does and why it is safe under
+// concurrency. Statements take pgx named arguments (@name).
+//
+// Import it under another name, since it shares its name with database/sql:
+//
+//	import queries "github.com/bellhopq/bellhop/sql"
+package sql
+
+import _ "embed"
+
+// Ack is ack.sql.
+//
+//go:embed ack.sql
+var Ack string
+
+// AppCreate is app_create.sql.
+//
+//go:embed app_create.sql
+var AppCreate string
+
+// AppList is app_list.sql.
+//
+//go:embed app_list.sql
+var AppList string
+
+// ClaimInvoke is claim_invoke.sql.
+//
+//go:embed claim_invoke.sql
+var ClaimInvoke string
+
+// ClaimQueue is claim_queue.sql.
+//
+//go:embed claim_queue.sql
+var ClaimQueue string
+
+// ConsumerDelete is consumer_delete.sql.
+//
+//go:embed consumer_delete.sql
+var ConsumerDelete string
+
+// ConsumerFind is consumer_find.sql.
+//
+//go:embed consumer_find.sql
+var ConsumerFind string
+
+// ConsumerGet is consumer_get.sql.
+//
+//go:embed consumer_get.sql
+var ConsumerGet string
+
+// ConsumerInsert is consumer_insert.sql.
+//
+//go:embed consumer_insert.sql
+var ConsumerInsert string
+
+// ConsumerList is consumer_list.sql.
+//
+//go:embed consumer_list.sql
+var ConsumerList string
+
+// ConsumerLock is consumer_lock.sql.
+//
+//go:embed consumer_lock.sql
+var ConsumerLock string
+
+// ConsumerUpdate is consumer_update.sql.
+//
+//go:embed consumer_update.sql
+var ConsumerUpdate string
+
+
+// DeadLetter is dead_letter.sql.
+//
+//go:embed dead_letter.sql
+var DeadLetter string
+
+// DeadList is dead_list.sql.
+//
+//go:embed dead_list.sql
+var DeadList string
+
+// DeadPurge is dead_purge.sql.
+//
+//go:embed dead_purge.sql
+var DeadPurge string
+
+// DeadRedrive is dead_redrive.sql.
+//
+//go:embed dead_redrive.sql
+var DeadRedrive string
+
+// Enqueue is enqueue.sql.
+//
+//go:embed enqueue.sql
+var Enqueue string
+
+// Extend is extend.sql.
+//
+//go:embed extend.sql
+var Extend string
+
+// Invoke is invoke.sql.
+//
+//go:embed invoke.sql
+var Invoke string
+
+// Nack is nack.sql.
+//
+//go:embed nack.sql
+var Nack string
+
+// NextDueInvoke is next_due_invoke.sql.
+//
+//go:embed next_due_invoke.sql
+var NextDueInvoke string
+
+// NextDueQueue is next_due_queue.sql.
+//
+//go:embed next_due_queue.sql
+var NextDueQueue string
+
+// NextLeaseExpiry is next_lease_expiry.sql.
+//
+//go:embed next_lease_expiry.sql
+var NextLeaseExpiry string
+
+// Poll is poll.sql.
+//
+//go:embed poll.sql
+var Poll string
+
+// PrincipalCreate is principal_create.sql.
+//
+//go:embed principal_create.sql
+var PrincipalCreate string
+
+// PrincipalLookup is principal_lookup.sql.
+//
+//go:embed principal_lookup.sql
+var PrincipalLookup string
+
+// QueueList is queue_list.sql.
+//
+//go:embed queue_list.sql
+var QueueList string
+
+// Reclaim is reclaim.sql.
+//
+//go:embed reclaim.sql
+var Reclaim string
+
+// Release is release.sql.
+//
+//go:embed release.sql
+var Release string
+
+// TouchLastFired is touch_last_fired.sql.
+//
+//go:embed touch_last_fired.sql
+var TouchLastFired string

@@ -1,0 +1,5 @@
+-- Records that consumers were just delivered to. A dispatcher calls it at
+-- most about once a second per consumer, so the rows never run hot. The
+-- column is informational; a lost update loses nothing.
+UPDATE queue_trigger_details SET last_fired_at = now()
+WHERE trigger_id = ANY(@trigger_ids::uuid[])
