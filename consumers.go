@@ -158,7 +158,7 @@ func (c *Client) RegisterConsumer(ctx context.Context, spec ConsumerSpec) (Consu
 		return tx.QueryRow(ctx, queries.ConsumerInsert, pgx.NamedArgs{
 			"app_id": appID, "principal_id": principalID, "queue_name": spec.Queue,
 			"max_attempts": spec.MaxAttempts, "backoff_base_ms": spec.BackoffBase.Milliseconds(),
-			"backoff_cap_ms": spec.BackoffCap.Milliseconds(),
+			"backoff_cap_ms":          spec.BackoffCap.Milliseconds(),
 			"visibility_timeout_secs": int(spec.VisibilityTimeout / time.Second), "max_in_flight": spec.MaxInFlight,
 		}).Scan(&out.ID, &out.CreatedAt)
 	})

@@ -409,7 +409,7 @@ func (d *Dispatcher) loadConsumers(ctx context.Context) error {
 		}
 		lctx, cancel := context.WithCancel(context.Background())
 		cl := &consumerLanes{
-			queue: newLane(d, st, claim.Target{Source: claim.Queue, AppID: c.AppID, Queue: c.Queue}),
+			queue:  newLane(d, st, claim.Target{Source: claim.Queue, AppID: c.AppID, Queue: c.Queue}),
 			invoke: newLane(d, st, claim.Target{Source: claim.Invoke, AppID: c.AppID, TriggerID: c.ID}),
 			cancel: cancel,
 		}

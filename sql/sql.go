@@ -70,7 +70,6 @@ var ConsumerLock string
 //go:embed consumer_update.sql
 var ConsumerUpdate string
 
-
 // DeadLetter is dead_letter.sql.
 //
 //go:embed dead_letter.sql
