@@ -2,6 +2,8 @@ package bellhop
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -45,6 +47,13 @@ type ConsumerSpec struct {
 	// MaxInFlight bounds the messages handled at once, per dispatcher
 	// process (1 to 10000).
 	MaxInFlight int
+	// URL makes this an HTTP push consumer: the daemon POSTs each message
+	// there, signed with a secret generated at registration. "" means a
+	// Go handler serves the queue.
+	URL string
+	// Timeout bounds each HTTP push request. 0 means the visibility
+	// timeout minus its margin, so a request ends before its lease.
+	Timeout time.Duration
 }
 
 // Consumer is a registered queue consumer.
@@ -62,6 +71,14 @@ type Consumer struct {
 	MaxInFlight       int
 	CreatedAt         time.Time
 	LastFiredAt       *time.Time
+	// URL and Timeout: see ConsumerSpec. Timeout 0 means the default.
+	URL     string
+	Timeout time.Duration
+	// Secret is the HMAC-SHA256 key of an HTTP push consumer. It is set
+	// only in the Consumer that RegisterConsumer returns (show it once)
+	// and in the one a dispatcher passes to its Resolver; listings never
+	// carry it.
+	Secret string
 }
 
 func (s *ConsumerSpec) fill() {
@@ -117,6 +134,29 @@ func checkSettings(maxAttempts *int, base, capacity, vt *time.Duration, inFlight
 	return nil
 }
 
+func checkPush(url *string, timeout *time.Duration) error {
+	if url != nil && *url != "" {
+		if err := validate.PushURL(*url); err != nil {
+			return err
+		}
+	}
+	if timeout != nil && *timeout != 0 {
+		if err := validate.Duration("push timeout", *timeout, 100*time.Millisecond, validate.MaxVisibility); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// newSecret makes a consumer signing secret: 32 random bytes, hex.
+func newSecret() (string, error) {
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(b[:]), nil
+}
+
 // RegisterConsumer registers the consumer of spec.Queue. A queue has at
 // most one consumer: a second registration fails with ErrConsumerExists,
 // even when both race, because registrations of one (app, queue) are
@@ -131,6 +171,16 @@ func (c *Client) RegisterConsumer(ctx context.Context, spec ConsumerSpec) (Consu
 	}
 	if err := checkSettings(&spec.MaxAttempts, &spec.BackoffBase, &spec.BackoffCap, &spec.VisibilityTimeout, &spec.MaxInFlight); err != nil {
 		return fail(err)
+	}
+	if err := checkPush(&spec.URL, &spec.Timeout); err != nil {
+		return fail(err)
+	}
+	var secret string
+	if spec.URL != "" {
+		var err error
+		if secret, err = newSecret(); err != nil {
+			return fail(err)
+		}
 	}
 	var out Consumer
 	err := pgx.BeginFunc(ctx, c.db, func(tx pgx.Tx) error {
@@ -154,12 +204,15 @@ func (c *Client) RegisterConsumer(ctx context.Context, spec ConsumerSpec) (Consu
 			AppID: appID, App: spec.App, Queue: spec.Queue, PrincipalID: principalID, Enabled: true,
 			MaxAttempts: spec.MaxAttempts, BackoffBase: spec.BackoffBase, BackoffCap: spec.BackoffCap,
 			VisibilityTimeout: spec.VisibilityTimeout, MaxInFlight: spec.MaxInFlight,
+			URL: spec.URL, Timeout: spec.Timeout, Secret: secret,
 		}
 		return tx.QueryRow(ctx, queries.ConsumerInsert, pgx.NamedArgs{
 			"app_id": appID, "principal_id": principalID, "queue_name": spec.Queue,
 			"max_attempts": spec.MaxAttempts, "backoff_base_ms": spec.BackoffBase.Milliseconds(),
 			"backoff_cap_ms":          spec.BackoffCap.Milliseconds(),
 			"visibility_timeout_secs": int(spec.VisibilityTimeout / time.Second), "max_in_flight": spec.MaxInFlight,
+			"push_url": nullable(spec.URL), "push_secret": nullable(secret),
+			"push_timeout_ms": nullable(spec.Timeout.Milliseconds()),
 		}).Scan(&out.ID, &out.CreatedAt)
 	})
 	if err != nil {
@@ -176,6 +229,8 @@ type ConsumerUpdate struct {
 	BackoffCap        *time.Duration
 	VisibilityTimeout *time.Duration
 	MaxInFlight       *int
+	URL               *string
+	Timeout           *time.Duration
 }
 
 // UpdateConsumer changes the consumer id of app. Running dispatchers pick
@@ -187,6 +242,12 @@ func (c *Client) UpdateConsumer(ctx context.Context, app string, id uuid.UUID, u
 	}
 	if err := checkSettings(u.MaxAttempts, u.BackoffBase, u.BackoffCap, u.VisibilityTimeout, u.MaxInFlight); err != nil {
 		return fail(err)
+	}
+	if err := checkPush(u.URL, u.Timeout); err != nil {
+		return fail(err)
+	}
+	if u.URL != nil && *u.URL == "" {
+		return fail(fmt.Errorf("%w: a push consumer's URL cannot be removed; remove the consumer instead", ErrInvalidOptions))
 	}
 	appID, _, err := lookupPrincipal(ctx, c.db, app, "")
 	if err != nil {
@@ -209,6 +270,7 @@ func (c *Client) UpdateConsumer(ctx context.Context, app string, id uuid.UUID, u
 		"id": id, "app_id": appID, "enabled": u.Enabled, "max_attempts": u.MaxAttempts,
 		"backoff_base_ms": ms(u.BackoffBase), "backoff_cap_ms": ms(u.BackoffCap),
 		"visibility_timeout_secs": vt, "max_in_flight": u.MaxInFlight,
+		"push_url": u.URL, "push_timeout_ms": ms(u.Timeout),
 	}).Scan(&n)
 	if err != nil {
 		return fail(constraintError(err))
@@ -248,7 +310,7 @@ func (c *Client) Consumers(ctx context.Context, app string) ([]Consumer, error) 
 	if app != "" {
 		appArg = &app
 	}
-	rows, err := c.db.Query(ctx, queries.ConsumerList, pgx.NamedArgs{"app_name": appArg})
+	rows, err := c.db.Query(ctx, queries.ConsumerList, pgx.NamedArgs{"app_name": appArg, "with_secret": false})
 	if err != nil {
 		return nil, fmt.Errorf("list consumers: %w", err)
 	}
@@ -261,7 +323,7 @@ func (c *Client) Consumers(ctx context.Context, app string) ([]Consumer, error) 
 
 // ConsumerOf returns the consumer of app's queue, or ErrUnknownConsumer.
 func (c *Client) ConsumerOf(ctx context.Context, app, queue string) (Consumer, error) {
-	rows, err := c.db.Query(ctx, queries.ConsumerGet, pgx.NamedArgs{"id": nil, "app_name": app, "queue_name": queue})
+	rows, err := c.db.Query(ctx, queries.ConsumerGet, pgx.NamedArgs{"id": nil, "app_name": app, "queue_name": queue, "with_secret": false})
 	if err == nil {
 		var out Consumer
 		out, err = pgx.CollectExactlyOneRow(rows, scanConsumer)
@@ -279,8 +341,19 @@ func scanConsumer(r pgx.CollectableRow) (Consumer, error) {
 	var c Consumer
 	var base, capacity int64
 	var vt int
+	var url, secret *string
+	var timeout *int64
 	err := r.Scan(&c.ID, &c.AppID, &c.App, &c.Queue, &c.PrincipalID, &c.Enabled, &c.MaxAttempts,
-		&base, &capacity, &vt, &c.MaxInFlight, &c.CreatedAt, &c.LastFiredAt)
+		&base, &capacity, &vt, &c.MaxInFlight, &c.CreatedAt, &c.LastFiredAt, &url, &timeout, &secret)
+	if url != nil {
+		c.URL = *url
+	}
+	if secret != nil {
+		c.Secret = *secret
+	}
+	if timeout != nil {
+		c.Timeout = time.Duration(*timeout) * time.Millisecond
+	}
 	c.BackoffBase = time.Duration(base) * time.Millisecond
 	c.BackoffCap = time.Duration(capacity) * time.Millisecond
 	c.VisibilityTimeout = time.Duration(vt) * time.Second

@@ -379,7 +379,7 @@ func (d *Dispatcher) poll(ctx context.Context) {
 // loadConsumers reads every consumer and starts, updates or stops lanes
 // to match.
 func (d *Dispatcher) loadConsumers(ctx context.Context) error {
-	rows, err := d.db.Query(ctx, queries.ConsumerList, pgx.NamedArgs{"app_name": nil})
+	rows, err := d.db.Query(ctx, queries.ConsumerList, pgx.NamedArgs{"app_name": nil, "with_secret": true})
 	if err != nil {
 		return fmt.Errorf("load consumers: %w", err)
 	}

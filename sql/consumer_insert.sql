@@ -6,8 +6,9 @@ WITH t AS (
     VALUES (@app_id, 'queue', @principal_id, true, @max_attempts, @backoff_base_ms, @backoff_cap_ms)
     RETURNING id, created_at
 ), d AS (
-    INSERT INTO queue_trigger_details (trigger_id, queue_name, visibility_timeout_secs, max_in_flight)
-    SELECT id, @queue_name, @visibility_timeout_secs, @max_in_flight FROM t
+    INSERT INTO queue_trigger_details (trigger_id, queue_name, visibility_timeout_secs, max_in_flight,
+                                       push_url, push_secret, push_timeout_ms)
+    SELECT id, @queue_name, @visibility_timeout_secs, @max_in_flight, @push_url, @push_secret, @push_timeout_ms FROM t
     RETURNING trigger_id
 )
 SELECT t.id, t.created_at FROM t JOIN d ON d.trigger_id = t.id

@@ -1,6 +1,8 @@
--- Queue consumers, optionally of one app, by app and queue name.
+-- Queue consumers, optionally of one app, by app and queue name. The
+-- signing secret is read only for dispatchers (with_secret), never for listings.
 SELECT id, app_id, app_name, queue_name, principal_id, enabled, max_attempts, backoff_base_ms,
-       backoff_cap_ms, visibility_timeout_secs, max_in_flight, created_at, last_fired_at
+       backoff_cap_ms, visibility_timeout_secs, max_in_flight, created_at, last_fired_at,
+       push_url, push_timeout_ms, CASE WHEN @with_secret::bool THEN push_secret END
 FROM queue_consumers
 WHERE @app_name::text IS NULL OR app_name = @app_name
 ORDER BY app_name, queue_name

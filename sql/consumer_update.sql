@@ -12,7 +12,9 @@ WITH t AS (
 ), d AS (
     UPDATE queue_trigger_details SET
         visibility_timeout_secs = coalesce(@visibility_timeout_secs, visibility_timeout_secs),
-        max_in_flight           = coalesce(@max_in_flight, max_in_flight)
+        max_in_flight           = coalesce(@max_in_flight, max_in_flight),
+        push_url                = coalesce(@push_url, push_url),
+        push_timeout_ms         = coalesce(@push_timeout_ms, push_timeout_ms)
     WHERE trigger_id = (SELECT id FROM t)
     RETURNING trigger_id
 )

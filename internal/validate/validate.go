@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"regexp"
 	"time"
 )
@@ -160,6 +161,26 @@ func Duration(what string, d, min, max time.Duration) error {
 func Int(what string, n, min, max int) error {
 	if n < min || n > max {
 		return fmt.Errorf("%w: %s %d is outside %d..%d", ErrOption, what, n, min, max)
+	}
+	return nil
+}
+
+// PushURL checks an HTTP push consumer's URL: absolute http or https,
+// with a host, at most 2048 bytes, no user info (credentials in URLs end
+// up in logs).
+func PushURL(s string) error {
+	u, err := url.Parse(s)
+	switch {
+	case len(s) > 2048:
+		return fmt.Errorf("%w: URL is %d bytes, more than 2048", ErrOption, len(s))
+	case err != nil:
+		return fmt.Errorf("%w: URL %s: %v", ErrOption, quote(s), err)
+	case u.Scheme != "http" && u.Scheme != "https":
+		return fmt.Errorf("%w: URL %s: scheme must be http or https", ErrOption, quote(s))
+	case u.Host == "":
+		return fmt.Errorf("%w: URL %s has no host", ErrOption, quote(s))
+	case u.User != nil:
+		return fmt.Errorf("%w: URL %s carries credentials; use the signing secret instead", ErrOption, quote(s))
 	}
 	return nil
 }
