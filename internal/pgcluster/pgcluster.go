@@ -61,25 +61,27 @@ type Options struct {
 	// names the unix socket). Off by default so parallel clusters never
 	// collide on a TCP port.
 	TCP bool
-	// Log, if non-nil, receives a copy of the server's output. The output
-	// always goes to <Dir>/server.log too, so a failed start can report it.
+	// Log, if non-nil, receives a copy of the server's output, written
+	// from a goroutine of os/exec. The output always goes to
+	// <Dir>/server.log too, so a failed start can report it.
 	Log io.Writer
 }
 
 // Cluster is a running throwaway PostgreSQL server. Its methods are safe
 // for concurrent use.
 type Cluster struct {
-	binDir string
-	dir    string
-	port   int
-	tcp    bool
-	cred   *syscall.Credential
-	args   []string
-	out    io.Writer // what the server's stdout and stderr are connected to
-	logf   *os.File  // <dir>/server.log
+	binDir  string
+	dir     string
+	dataDir string // dir/data with symlinks resolved, as /proc/<pid>/cwd shows it
+	port    int
+	tcp     bool
+	cred    *syscall.Credential
+	args    []string
+	out     io.Writer // what the server's stdout and stderr are connected to
+	logf    *os.File  // <dir>/server.log
 
 	mu      sync.Mutex
-	proc    *server // nil once stopped
+	proc    *server // nil while no server runs (stopped, or a restart failed)
 	stopped bool
 }
 
@@ -212,7 +214,12 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		return nil, fmt.Errorf("pgcluster: initdb: %w%s", err, logTail(dir))
 	}
 
-	c = &Cluster{binDir: binDir, dir: dir, tcp: opts.TCP, cred: cred, out: out, logf: logf}
+	realDir, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return nil, fmt.Errorf("pgcluster: %w", err)
+	}
+	c = &Cluster{binDir: binDir, dir: dir, dataDir: filepath.Join(realDir, "data"),
+		tcp: opts.TCP, cred: cred, out: out, logf: logf}
 	// A TCP port picked by binding :0 can be taken by someone else before
 	// postgres binds it; retry with a fresh port when that happens. Without
 	// TCP the port only names the socket file inside our own dir.
@@ -361,8 +368,7 @@ func (c *Cluster) start(ctx context.Context) error {
 		close(s.done)
 	}()
 	if err := c.waitReady(ctx, s); err != nil {
-		killServer(s)
-		return err
+		return errors.Join(err, c.killServer(s))
 	}
 	c.proc = s
 	return nil
@@ -503,56 +509,81 @@ func (c *Cluster) Signal(sig os.Signal) error {
 		return fmt.Errorf("pgcluster: signal: postgres has exited (%v)", c.proc.err)
 	default:
 	}
-	if err := signalServer(c.proc.cmd.Process.Pid, ssig); err != nil {
+	if err := c.signalServer(c.proc.cmd.Process.Pid, ssig); err != nil {
 		return fmt.Errorf("pgcluster: signal %v: %w", sig, err)
 	}
 	return nil
 }
 
-// signalServer signals the postmaster and its children. The process group
-// is no help here: every postgres child calls setsid() and so leads its own
-// group. Children are listed both before signalling the postmaster (once it
-// dies they are reparented and no longer look like its children) and after
-// (a SIGSTOPped postmaster forks no more, so that list is complete).
-func signalServer(pid int, sig syscall.Signal) error {
-	before := Children(pid)
+// signalServer signals the postmaster, then every other process of the
+// server. The process group is no help: each postgres child calls setsid().
+// The postmaster goes first so that, once stopped or killed, it forks no
+// child that the scan would miss.
+func (c *Cluster) signalServer(pid int, sig syscall.Signal) error {
 	if err := syscall.Kill(pid, sig); err != nil {
 		return err
 	}
-	seen := map[int]bool{}
-	for _, child := range append(before, Children(pid)...) {
-		if !seen[child] {
-			seen[child] = true
-			_ = syscall.Kill(child, sig) // it may have exited meanwhile
+	for _, p := range serverProcs(c.dataDir) {
+		if p != pid {
+			_ = syscall.Kill(p, sig) // it may have exited meanwhile
 		}
 	}
 	return nil
 }
 
-// Children returns the pids of the live processes whose parent is pid, read
-// from /proc. For the postmaster these are the backends and auxiliary
-// processes; tests use it to check that none outlive the server.
-func Children(pid int) []int {
+// serverProcs lists the live processes of the server whose data dir is
+// dataDir (with symlinks resolved). postgres chdirs into its data dir and
+// its children inherit that, so /proc/<pid>/cwd finds them even after a
+// killed postmaster's children were reparented. Zombies are skipped: they
+// hold no memory, sockets or files.
+func serverProcs(dataDir string) []int {
 	var pids []int
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
-		p, err := strconv.Atoi(e.Name())
+		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
+			continue
+		}
+		if cwd, err := os.Readlink("/proc/" + e.Name() + "/cwd"); err != nil || cwd != dataDir {
 			continue
 		}
 		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
 		if err != nil {
 			continue
 		}
-		// "pid (comm) state ppid ...": comm may hold spaces and
-		// parentheses, so the fields resume after the last ')'.
-		s := string(b)
-		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-		if len(f) >= 2 && f[0] != "Z" && f[1] == strconv.Itoa(pid) {
-			pids = append(pids, p)
+		// "pid (comm) state ...": comm may hold spaces and parentheses.
+		st := string(b)
+		if f := strings.Fields(st[strings.LastIndexByte(st, ')')+1:]); len(f) > 0 && f[0] != "Z" {
+			pids = append(pids, pid)
 		}
 	}
 	return pids
+}
+
+// waitServerGone waits until no process of the server is left, killing
+// stragglers after a while. A new postmaster refuses to start while an old
+// backend still holds the shared memory, and Stop promises to leave nothing
+// behind; a SIGKILLed postmaster's children take a moment to notice.
+func (c *Cluster) waitServerGone() error {
+	const grace = 5 * time.Second
+	deadline := time.Now().Add(grace)
+	killed := false
+	for {
+		procs := serverProcs(c.dataDir)
+		if len(procs) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			if killed {
+				return fmt.Errorf("postgres processes %v survived SIGKILL", procs)
+			}
+			for _, p := range procs {
+				_ = syscall.Kill(p, syscall.SIGKILL)
+			}
+			killed, deadline = true, time.Now().Add(grace)
+		}
+		time.Sleep(readyPoll)
+	}
 }
 
 // Restart stops the server and starts it again on the same port and data
@@ -577,7 +608,7 @@ func (c *Cluster) Restart(ctx context.Context, mode string) error {
 		return errors.New("pgcluster: restart: cluster is stopped")
 	}
 	if c.proc != nil {
-		err := shutdown(c.proc, sig)
+		err := c.shutdown(c.proc, sig)
 		c.proc = nil // gone either way: shutdown kills what does not stop
 		if err != nil {
 			return fmt.Errorf("pgcluster: restart: %w", err)
@@ -589,8 +620,8 @@ func (c *Cluster) Restart(ctx context.Context, mode string) error {
 	return nil
 }
 
-// Stop shuts the server down (fast mode, then SIGKILL to the process group
-// after a timeout) and removes the temp dir with the data. It is
+// Stop shuts the server down (fast mode, then SIGKILL after a timeout),
+// waits until no server process is left, and removes the temp dir with the data. It is
 // idempotent, so it can be both deferred and called explicitly.
 func (c *Cluster) Stop() error {
 	c.mu.Lock()
@@ -601,7 +632,7 @@ func (c *Cluster) Stop() error {
 	c.stopped = true
 	var errs []error
 	if c.proc != nil {
-		if err := shutdown(c.proc, syscall.SIGINT); err != nil {
+		if err := c.shutdown(c.proc, syscall.SIGINT); err != nil {
 			errs = append(errs, err)
 		}
 		c.proc = nil
@@ -618,39 +649,41 @@ func (c *Cluster) Stop() error {
 	return nil
 }
 
-// shutdown asks the postmaster to stop with sig and waits for it. The
-// SIGCONT thaws a server frozen by Signal(SIGSTOP), which would otherwise
-// never act on sig (a pending SIGINT is acted on once thawed). The
-// postmaster waits for its children before exiting; if it is stuck, the
-// server is killed.
-func shutdown(s *server, sig syscall.Signal) error {
+// shutdown asks the postmaster to stop with sig and waits until every
+// server process is gone. The SIGCONT thaws a server frozen by
+// Signal(SIGSTOP), which would otherwise never act on sig (a pending SIGINT
+// is acted on once thawed). If the postmaster is stuck, the server is
+// killed.
+func (c *Cluster) shutdown(s *server, sig syscall.Signal) error {
 	select {
 	case <-s.done:
-		return nil // already gone (crashed or killed)
+		// Already gone (crashed or killed); its children may not be yet.
+		return c.waitServerGone()
 	default:
 	}
 	pid := s.cmd.Process.Pid
 	if err := syscall.Kill(pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
 		return fmt.Errorf("signal postgres: %w", err)
 	}
-	_ = signalServer(pid, syscall.SIGCONT)
+	_ = c.signalServer(pid, syscall.SIGCONT)
 	select {
 	case <-s.done:
-		return nil
+		return c.waitServerGone()
 	case <-time.After(stopTimeout):
 	}
-	killServer(s)
-	return fmt.Errorf("postgres did not stop within %v after %v; killed it", stopTimeout, sig)
+	return errors.Join(
+		fmt.Errorf("postgres did not stop within %v after %v; killed it", stopTimeout, sig),
+		c.killServer(s))
 }
 
-// killServer SIGKILLs the postmaster, its children and its process group
-// (anything else that did not setsid), and waits for the postmaster to be
-// reaped.
-func killServer(s *server) {
+// killServer SIGKILLs every server process and its process group, and
+// waits until they are gone.
+func (c *Cluster) killServer(s *server) error {
 	pid := s.cmd.Process.Pid
-	_ = signalServer(pid, syscall.SIGKILL)
+	_ = c.signalServer(pid, syscall.SIGKILL)
 	_ = syscall.Kill(-pid, syscall.SIGKILL)
 	<-s.done
+	return c.waitServerGone()
 }
 
 // logTail returns the end of server.log, formatted to be appended to an

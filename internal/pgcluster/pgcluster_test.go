@@ -2,6 +2,7 @@ package pgcluster
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -176,6 +177,20 @@ func TestLifecycle(t *testing.T) {
 		}
 	})
 
+	t.Run("restart after postmaster-only kill", func(t *testing.T) {
+		// Its children are orphaned and must be gone before a new
+		// postmaster can take the shared memory.
+		if err := syscall.Kill(c.PID(), syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Restart(ctx, "immediate"); err != nil {
+			t.Fatal(err)
+		}
+		if got := mustQueryInt(t, c.ConnString("postgres"), "SELECT n FROM survives"); got != 42 {
+			t.Fatalf("n = %d", got)
+		}
+	})
+
 	t.Run("restart while frozen", func(t *testing.T) {
 		if err := c.Signal(syscall.SIGSTOP); err != nil {
 			t.Fatal(err)
@@ -189,9 +204,9 @@ func TestLifecycle(t *testing.T) {
 	})
 
 	pid, dir := c.PID(), c.Dir()
-	kids := Children(pid)
-	if len(kids) == 0 {
-		t.Fatal("Children found no postgres children (checkpointer etc.)")
+	procs := serverProcs(c.dataDir)
+	if len(procs) < 2 {
+		t.Fatalf("serverProcs found %v, want the postmaster and its children (checkpointer etc.)", procs)
 	}
 	t0 = time.Now()
 	if err := c.Stop(); err != nil {
@@ -204,8 +219,8 @@ func TestLifecycle(t *testing.T) {
 	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
 		t.Fatalf("postmaster %d still exists after Stop (kill 0: %v)", pid, err)
 	}
-	if left := stillAlive(kids...); len(left) > 0 {
-		t.Fatalf("postgres children %v still alive after Stop", left)
+	if left := stillAlive(procs...); len(left) > 0 {
+		t.Fatalf("postgres processes %v still alive after Stop", left)
 	}
 	if err := c.Stop(); err != nil {
 		t.Fatalf("second Stop: %v", err)
@@ -222,7 +237,8 @@ func TestLifecycle(t *testing.T) {
 }
 
 func TestUnixOnly(t *testing.T) {
-	c, err := Start(context.Background(), Options{Settings: testSettings()})
+	var log bytes.Buffer // read only after Stop, which waits for the copying
+	c, err := Start(context.Background(), Options{Settings: testSettings(), Log: &log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,6 +251,11 @@ func TestUnixOnly(t *testing.T) {
 	}
 	if err := c.Stop(); err != nil {
 		t.Fatal(err)
+	}
+	for _, want := range []string{"performing post-bootstrap initialization", "ready to accept connections", "database system is shut down"} {
+		if !strings.Contains(log.String(), want) {
+			t.Errorf("Options.Log lacks %q:\n%s", want, log.String())
+		}
 	}
 }
 
@@ -312,9 +333,13 @@ func TestServerDiesWithParent(t *testing.T) {
 	}
 	defer os.RemoveAll(dir) // the helper had no chance to clean up
 
-	procs := append([]int{pid}, Children(pid)...)
+	realDir, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	procs := serverProcs(filepath.Join(realDir, "data"))
 	if len(procs) < 2 {
-		t.Fatal("Children found no postgres children (checkpointer etc.)")
+		t.Fatalf("serverProcs found %v, want the postmaster and its children (checkpointer etc.)", procs)
 	}
 	if err := helper.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)

@@ -56,6 +56,10 @@ var (
 	template string
 )
 
+// errMigrations marks setup failures caused by the migrations themselves
+// rather than by the server.
+var errMigrations = errors.New("migrations failed")
+
 // cloneMu serialises CREATE DATABASE ... TEMPLATE within the process: the
 // clones only conflict with connections to the template, but running them
 // one at a time keeps the server (2 cores in CI) responsive.
@@ -73,7 +77,10 @@ func run(m *testing.M) int {
 	err := setup(ctx)
 	cancel()
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "%v\n%s\n", err, howToProvide)
+		fmt.Fprintln(os.Stderr, err)
+		if !errors.Is(err, errMigrations) { // a broken migration needs no install hint
+			fmt.Fprintln(os.Stderr, howToProvide)
+		}
 		if cluster != nil {
 			_ = cluster.Stop()
 		}
@@ -207,7 +214,7 @@ func migrate(ctx context.Context, adminDSN, dbname string) error {
 	// Closed before anyone clones: a connected session blocks cloning.
 	defer conn.Close(context.Background())
 	if err := migrations.Migrate(ctx, conn); err != nil {
-		return fmt.Errorf("template %s: %w", dbname, err)
+		return fmt.Errorf("%w: template %s: %w", errMigrations, dbname, err)
 	}
 	return nil
 }

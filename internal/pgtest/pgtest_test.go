@@ -207,7 +207,7 @@ func TestWithDatabase(t *testing.T) {
 // server through DATABASE_URL, as parallel `go test` packages would.
 func TestDatabaseURL(t *testing.T) {
 	if os.Getenv("PGTEST_CHILD") != "" {
-		t.Skip("child process")
+		return // inside a child process
 	}
 	// A non-default database in the URL checks that the admin DSN is
 	// rewritten to "postgres".
@@ -228,7 +228,7 @@ func TestDatabaseURL(t *testing.T) {
 
 func TestChildUsesDatabaseURL(t *testing.T) {
 	if os.Getenv("PGTEST_CHILD") == "" {
-		t.Skip("run by TestDatabaseURL")
+		return // a helper process of TestDatabaseURL, not a test of its own
 	}
 	if Cluster() != nil {
 		t.Fatal("started a cluster although DATABASE_URL is set")
@@ -250,7 +250,7 @@ func TestChildUsesDatabaseURL(t *testing.T) {
 // instructions instead of skipping the tests.
 func TestNoServerFails(t *testing.T) {
 	if os.Getenv("PGTEST_CHILD") != "" {
-		t.Skip("child process")
+		return // inside a child process
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^TestChildUsesDatabaseURL$", "-test.count=1")
 	cmd.Env = append(os.Environ(), "DATABASE_URL=host=/nonexistent-bellhop port=1 user=postgres connect_timeout=5", "PGTEST_CHILD=1")

@@ -1,0 +1,475 @@
+// Package httppush is the HTTP push consumer of the bellhop run daemon: a
+// consumer registered with a URL has each message POSTed there, and the
+// response status decides the message's fate.
+//
+// # Protocol
+//
+// Each delivery is POST <url> with the message payload as the body
+// (Content-Type: application/json) and these headers:
+//
+//	Bellhop-Message-Id    message id (the same on every attempt: dedupe on it)
+//	Bellhop-App           app name
+//	Bellhop-Queue         queue name
+//	Bellhop-Attempt       1 on the first delivery
+//	Bellhop-Max-Attempts  attempts before the message is dead-lettered
+//	Bellhop-Enqueued-At   RFC 3339 UTC, nanoseconds
+//	Bellhop-Consumer-Id   consumer id
+//	Bellhop-Timestamp     unix seconds when this request was signed
+//	Bellhop-Signature     v1=<hex HMAC-SHA256(secret, "<timestamp>.<body>")>
+//
+// Consumers check the signature with Verify (or its equivalent in their
+// language). The response decides:
+//
+//	2xx                          ack: the message is deleted
+//	429, 503 with Retry-After    retry after that long (capped at 12h)
+//	408, 429, 503, 5xx           retry with the consumer's backoff
+//	other 4xx, and 3xx           dead-letter at once: retrying cannot help
+//	timeout, connection error    retry with the consumer's backoff
+//
+// Redirects are never followed: the allow-list is checked against the
+// registered URL only, so following a redirect would let a consumer send
+// signed payloads to a host the operator never allowed.
+package httppush
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/rs/zerolog"
+
+	"github.com/bellhopq/bellhop"
+)
+
+const (
+	// DefaultMaxResponseBody is how much of a response body is read when
+	// Options.MaxResponseBody is 0: enough for any error message worth
+	// showing, little enough that a misbehaving consumer cannot make the
+	// daemon read without end.
+	DefaultMaxResponseBody = 64 << 10
+	// DefaultUserAgent is sent when Options.UserAgent is "", so consumers
+	// can tell Bellhop's requests apart in their access logs.
+	DefaultUserAgent = "bellhop-push/1"
+	// MaxRetryAfter caps a consumer's Retry-After: a consumer asking for
+	// days would otherwise park a message far past any sensible horizon.
+	MaxRetryAfter = 12 * time.Hour
+	// maxSnippet bounds the response excerpt in error messages, which end
+	// up in logs and in the dead-letter table.
+	maxSnippet = 200
+	// maxIdlePerHost keeps enough warm connections for a consumer with a
+	// high max-in-flight, where the default of 2 would churn connections.
+	maxIdlePerHost = 64
+)
+
+// Options configures a Pusher. The zero value works.
+type Options struct {
+	// Timeout is the per-request timeout for consumers whose own Timeout
+	// is 0. If it is 0 too, a request gets the consumer's visibility
+	// timeout minus the lease margin, so it ends before the lease does.
+	Timeout time.Duration
+	// AllowedHosts, if not empty, limits the hosts a consumer URL may
+	// name. An entry is a hostname without port, matched against the URL's
+	// hostname case-insensitively: "example.com" matches exactly that
+	// host, "*.example.com" matches any subdomain of it at any depth (but
+	// not example.com itself; list both to allow both). IP literals match
+	// as written ("10.0.0.1", "::1"). Matching is by name only: it is a
+	// guard against typos and misuse of the CLI, not against DNS that
+	// points an allowed name at an internal address.
+	AllowedHosts []string
+	// MaxResponseBody bounds how much of a response body is read; 0 (or
+	// less) means DefaultMaxResponseBody. A longer body is cut off and its
+	// connection closed rather than reused.
+	MaxResponseBody int64
+	// Client, if set, replaces the Pusher's own client (for tests). Its
+	// CheckRedirect and Jar are overridden on a copy: redirects are never
+	// followed and cookies never kept, whatever the client says.
+	Client *http.Client
+	// Logger receives one debug line per request. It never sees secrets
+	// or payloads.
+	Logger zerolog.Logger
+	// UserAgent is the User-Agent header; "" means DefaultUserAgent.
+	UserAgent string
+}
+
+// Pusher delivers messages to HTTP push consumers. One Pusher serves every
+// consumer of a daemon so that they share one connection pool; it is safe
+// for concurrent use.
+type Pusher struct {
+	client    *http.Client
+	allowed   []string // normalised: lower case, no trailing dot, no brackets
+	timeout   time.Duration
+	maxBody   int64
+	log       zerolog.Logger
+	userAgent string
+	now       func() time.Time // replaced in tests for deterministic dates
+}
+
+// New returns a Pusher configured by opts.
+func New(opts Options) *Pusher {
+	p := &Pusher{
+		timeout:   opts.Timeout,
+		maxBody:   opts.MaxResponseBody,
+		log:       opts.Logger,
+		userAgent: opts.UserAgent,
+		now:       time.Now,
+	}
+	if p.maxBody <= 0 {
+		p.maxBody = DefaultMaxResponseBody
+	}
+	if p.userAgent == "" {
+		p.userAgent = DefaultUserAgent
+	}
+	for _, h := range opts.AllowedHosts {
+		if h = normalizeHost(h); h != "" {
+			p.allowed = append(p.allowed, h)
+		}
+	}
+	var c http.Client
+	if opts.Client != nil {
+		c = *opts.Client
+	} else {
+		c.Transport = &http.Transport{
+			Proxy: http.ProxyFromEnvironment,
+			DialContext: (&net.Dialer{
+				Timeout:   30 * time.Second,
+				KeepAlive: 30 * time.Second,
+			}).DialContext,
+			ForceAttemptHTTP2:     true,
+			MaxIdleConns:          0, // no global cap; per host is what matters
+			MaxIdleConnsPerHost:   maxIdlePerHost,
+			IdleConnTimeout:       90 * time.Second,
+			TLSHandshakeTimeout:   10 * time.Second,
+			ExpectContinueTimeout: time.Second,
+		}
+	}
+	// A 3xx is returned as is and mapped like any other 4xx (see the
+	// package comment for why redirects are not followed).
+	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	// Cookies would leak state between messages and consumers.
+	c.Jar = nil
+	p.client = &c
+	return p
+}
+
+// CloseIdleConnections closes the pool's idle connections, for a daemon
+// shutting down or dropping consumers.
+func (p *Pusher) CloseIdleConnections() { p.client.CloseIdleConnections() }
+
+// CheckURL returns an error if raw is not an absolute http or https URL
+// with a host, or if its host is not allowed by Options.AllowedHosts. The
+// CLI calls it at registration so that a URL the daemon would refuse is
+// refused up front, not discovered when messages pile up.
+func (p *Pusher) CheckURL(raw string) error {
+	_, err := p.parseURL(raw)
+	return err
+}
+
+func (p *Pusher) parseURL(raw string) (*url.URL, error) {
+	if raw == "" {
+		return nil, errors.New("httppush: consumer has no URL")
+	}
+	u, err := url.Parse(raw)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("httppush: invalid URL %s", quote(raw))
+	case u.Scheme != "http" && u.Scheme != "https":
+		return nil, fmt.Errorf("httppush: URL %s: scheme must be http or https", quote(raw))
+	case u.Hostname() == "":
+		return nil, fmt.Errorf("httppush: URL %s has no host", quote(raw))
+	case u.User != nil:
+		// Credentials in a URL end up in logs; the signature authenticates.
+		return nil, fmt.Errorf("httppush: URL %s carries credentials", quote(raw))
+	}
+	if !p.hostAllowed(u.Hostname()) {
+		return nil, fmt.Errorf("httppush: host %s is not in the allowed hosts", quote(u.Hostname()))
+	}
+	return u, nil
+}
+
+func (p *Pusher) hostAllowed(host string) bool {
+	if len(p.allowed) == 0 {
+		return true
+	}
+	host = normalizeHost(host)
+	for _, a := range p.allowed {
+		if suffix, ok := strings.CutPrefix(a, "*."); ok {
+			if strings.HasSuffix(host, "."+suffix) {
+				return true
+			}
+		} else if host == a {
+			return true
+		}
+	}
+	return false
+}
+
+// normalizeHost makes hostnames comparable: lower case, without the
+// trailing dot of a fully qualified name or the brackets of an IPv6
+// literal.
+func normalizeHost(h string) string {
+	h = strings.ToLower(strings.TrimSpace(h))
+	h = strings.TrimSuffix(strings.TrimPrefix(h, "["), "]")
+	return strings.TrimSuffix(h, ".")
+}
+
+// Handler returns the bellhop.Handler that pushes c's messages to c.URL.
+// It fails if c has no URL or no secret, or if the URL's host is not
+// allowed: a consumer registered before the allow-list was tightened is
+// refused here rather than delivered to.
+func (p *Pusher) Handler(c bellhop.Consumer) (bellhop.Handler, error) {
+	u, err := p.parseURL(c.URL)
+	if err != nil {
+		return nil, fmt.Errorf("consumer %s: %w", c.ID, err)
+	}
+	if c.Secret == "" {
+		// Sending unsigned requests would teach consumers to accept them.
+		return nil, fmt.Errorf("consumer %s: httppush: push consumer has no signing secret", c.ID)
+	}
+	return &handler{
+		p:       p,
+		url:     c.URL,
+		host:    u.Scheme + "://" + u.Host,
+		secret:  c.Secret,
+		timeout: requestTimeout(c, p.timeout),
+	}, nil
+}
+
+// requestTimeout picks a request's timeout: the consumer's, else the
+// daemon's default, else whatever fits inside the lease.
+func requestTimeout(c bellhop.Consumer, def time.Duration) time.Duration {
+	switch {
+	case c.Timeout > 0:
+		return c.Timeout
+	case def > 0:
+		return def
+	}
+	vt := c.VisibilityTimeout
+	if vt <= 0 {
+		vt = bellhop.DefaultVisibilityTimeout
+	}
+	return vt - leaseMargin(vt)
+}
+
+// leaseMargin mirrors bellhop's: the handler context ends this long before
+// the lease, and a request timing out at the same moment keeps its error
+// message about the timeout rather than a bare cancellation.
+func leaseMargin(vt time.Duration) time.Duration { return min(vt/5, 5*time.Second) }
+
+// handler pushes one consumer's messages. It is immutable, so safe for
+// concurrent deliveries.
+type handler struct {
+	p       *Pusher
+	url     string
+	host    string // scheme://host[:port], for errors and logs: paths and queries may hold tokens
+	secret  string
+	timeout time.Duration
+}
+
+// errRequestTimeout is the cause of a request's own timeout, to tell it
+// apart from the handler context ending.
+var errRequestTimeout = errors.New("push request timed out")
+
+// Handle implements bellhop.Handler.
+func (h *handler) Handle(ctx context.Context, m *bellhop.Message) error {
+	start := time.Now()
+	status, err := h.push(ctx, m)
+	ev := h.p.log.Debug().
+		Str("app_id", m.AppID.String()).Str("queue", m.Queue).
+		Str("message_id", m.ID.String()).Int("attempt", m.Attempt).
+		Str("consumer_id", m.ConsumerID.String()).Str("target", h.host).
+		Int("status", status).Dur("duration", time.Since(start))
+	if err != nil {
+		ev = ev.Err(err)
+	}
+	ev.Msg("push delivery")
+	return err
+}
+
+// push sends m and maps the outcome; status is 0 if no response came.
+func (h *handler) push(ctx context.Context, m *bellhop.Message) (int, error) {
+	rctx, cancel := context.WithTimeoutCause(ctx, h.timeout, errRequestTimeout)
+	defer cancel()
+
+	body := []byte(m.Payload)
+	req, err := http.NewRequestWithContext(rctx, http.MethodPost, h.url, bytes.NewReader(body))
+	if err != nil {
+		return 0, fmt.Errorf("push to %s: %w", h.host, err)
+	}
+	ts := h.p.now().Unix()
+	req.Header = http.Header{
+		"Content-Type":    {"application/json"},
+		"User-Agent":      {h.p.userAgent},
+		HeaderMessageID:   {m.ID.String()},
+		HeaderApp:         {m.App},
+		HeaderQueue:       {m.Queue},
+		HeaderAttempt:     {strconv.Itoa(m.Attempt)},
+		HeaderMaxAttempts: {strconv.Itoa(m.MaxAttempts)},
+		HeaderEnqueuedAt:  {m.EnqueuedAt.UTC().Format(time.RFC3339Nano)},
+		HeaderConsumerID:  {m.ConsumerID.String()},
+		HeaderTimestamp:   {strconv.FormatInt(ts, 10)},
+		HeaderSignature:   {Sign(h.secret, ts, body)},
+	}
+
+	resp, err := h.p.client.Do(req)
+	if err != nil {
+		return 0, h.transportError(ctx, rctx, err)
+	}
+	// Read (a bounded part of) the body whatever the status, so that the
+	// connection goes back to the pool; its start becomes the snippet.
+	head := readBody(resp.Body, h.p.maxBody)
+	resp.Body.Close()
+	return resp.StatusCode, h.outcome(resp, head)
+}
+
+// transportError describes a request that got no response. It never
+// wraps *url.Error, whose text holds the full URL.
+func (h *handler) transportError(ctx, rctx context.Context, err error) error {
+	switch {
+	case ctx.Err() != nil:
+		// The handler context ended (lease about to run out, or the
+		// dispatcher stopping): report its cause, which the dispatcher
+		// inspects.
+		return fmt.Errorf("push to %s abandoned: %w", h.host, context.Cause(ctx))
+	case errors.Is(context.Cause(rctx), errRequestTimeout):
+		return fmt.Errorf("push to %s: no response within %s: %w", h.host, h.timeout, context.DeadlineExceeded)
+	}
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
+	return fmt.Errorf("push to %s: %w", h.host, err)
+}
+
+// outcome maps a response to the handler's result (see the package
+// comment).
+func (h *handler) outcome(resp *http.Response, head []byte) error {
+	code := resp.StatusCode
+	switch {
+	case code >= 200 && code <= 299:
+		return nil
+	case code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable:
+		ra := resp.Header.Get("Retry-After")
+		if ra == "" {
+			return fmt.Errorf("consumer busy: HTTP %d%s", code, snippetSuffix(head))
+		}
+		d, ok := parseRetryAfter(ra, h.p.now())
+		if !ok {
+			return fmt.Errorf("consumer busy: HTTP %d with unparsable Retry-After %s%s", code, quote(ra), snippetSuffix(head))
+		}
+		return bellhop.RetryAfter(d)
+	case code == http.StatusRequestTimeout:
+		return fmt.Errorf("consumer timed out reading the request: HTTP %d%s", code, snippetSuffix(head))
+	case code >= 300 && code <= 499:
+		detail := snippet(head)
+		if code <= 399 {
+			// The body of a redirect is rarely useful; where it points is.
+			detail = "redirect not followed"
+			if loc := resp.Header.Get("Location"); loc != "" {
+				detail += " (Location: " + snippet([]byte(loc)) + ")"
+			}
+		}
+		return bellhop.Permanent(fmt.Errorf("consumer rejected the message: HTTP %d: %s", code, detail))
+	}
+	return fmt.Errorf("consumer failed: HTTP %d%s", code, snippetSuffix(head))
+}
+
+// parseRetryAfter reads a Retry-After value, delta-seconds or HTTP-date,
+// into a delay from now in [0, MaxRetryAfter].
+func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0, false
+	}
+	if v[0] >= '0' && v[0] <= '9' {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			var ne *strconv.NumError
+			if errors.As(err, &ne) && errors.Is(ne.Err, strconv.ErrRange) {
+				return MaxRetryAfter, true // all digits, just huge
+			}
+			return 0, false
+		}
+		if n >= uint64(MaxRetryAfter/time.Second) {
+			return MaxRetryAfter, true
+		}
+		return time.Duration(n) * time.Second, true
+	}
+	t, err := http.ParseTime(v)
+	if err != nil {
+		return 0, false
+	}
+	return min(max(t.Sub(now), 0), MaxRetryAfter), true
+}
+
+// readBody reads at most limit bytes of body, discarding all but the first
+// few hundred, which it returns for the snippet. Errors are ignored: the
+// status has already decided the outcome.
+func readBody(body io.Reader, limit int64) []byte {
+	lr := io.LimitReader(body, limit)
+	// Capture a little more than maxSnippet so that sanitising, which can
+	// shrink the text, still has enough to fill the snippet.
+	head := make([]byte, 2*maxSnippet)
+	n, _ := io.ReadFull(lr, head)
+	head = head[:n]
+	if n == len(head) {
+		io.Copy(io.Discard, lr)
+	}
+	return head
+}
+
+func snippetSuffix(head []byte) string {
+	if s := snippet(head); s != "" {
+		return ": " + s
+	}
+	return ""
+}
+
+// snippet makes untrusted response text safe to log: control and other
+// non-printable characters (including bidi overrides and invalid UTF-8)
+// become '?', runs of white space become one space, and the result is at
+// most maxSnippet bytes, ending in "..." if cut.
+func snippet(b []byte) string {
+	var sb strings.Builder
+	for _, f := range strings.Fields(string(b)) {
+		if sb.Len() > 0 {
+			sb.WriteByte(' ')
+		}
+		for _, r := range f { // invalid UTF-8 arrives as utf8.RuneError
+			if r == utf8.RuneError || !unicode.IsPrint(r) {
+				r = '?'
+			}
+			sb.WriteRune(r)
+		}
+		if sb.Len() > maxSnippet {
+			break
+		}
+	}
+	s := sb.String()
+	if len(s) <= maxSnippet {
+		return s
+	}
+	const ellipsis = "..."
+	cut := maxSnippet - len(ellipsis)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return strings.TrimRight(s[:cut], " ") + ellipsis
+}
+
+// quote prints untrusted input in an error message: quoted, escaped, cut.
+func quote(s string) string {
+	if len(s) > 64 {
+		return fmt.Sprintf("%q... (%d bytes)", s[:64], len(s))
+	}
+	return fmt.Sprintf("%q", s)
+}

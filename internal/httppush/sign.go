@@ -1,0 +1,134 @@
+package httppush
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Header names of a push delivery. They are exported so that consumer-side
+// code written in Go can read them without retyping the strings.
+const (
+	HeaderMessageID   = "Bellhop-Message-Id"
+	HeaderApp         = "Bellhop-App"
+	HeaderQueue       = "Bellhop-Queue"
+	HeaderAttempt     = "Bellhop-Attempt"
+	HeaderMaxAttempts = "Bellhop-Max-Attempts"
+	HeaderEnqueuedAt  = "Bellhop-Enqueued-At"
+	HeaderConsumerID  = "Bellhop-Consumer-Id"
+	HeaderTimestamp   = "Bellhop-Timestamp"
+	HeaderSignature   = "Bellhop-Signature"
+)
+
+// DefaultWindow is the replay window Verify applies when it is given none:
+// wide enough for ordinary clock skew and queueing inside the consumer,
+// narrow enough that a captured request cannot be replayed much later.
+const DefaultWindow = 5 * time.Minute
+
+// signatureScheme prefixes each signature so that a future scheme (v2=)
+// can be sent alongside v1 during a migration without breaking verifiers.
+const signatureScheme = "v1="
+
+// Errors returned by Verify; each error it returns wraps exactly one, so
+// that a consumer can answer with a precise status or log line.
+var (
+	// ErrNoSignature: the request carries no Bellhop-Timestamp or no v1
+	// signature; it did not come from Bellhop, or a proxy stripped them.
+	ErrNoSignature = errors.New("httppush: request is not signed")
+	// ErrBadSignature: the headers are garbled, or no signature matches
+	// the body and timestamp under the secret (tampering or wrong secret).
+	ErrBadSignature = errors.New("httppush: bad signature")
+	// ErrStale: the signature is valid but its timestamp is outside the
+	// window around now, so the request may be a replay.
+	ErrStale = errors.New("httppush: signature timestamp outside the allowed window")
+)
+
+// Sign returns the Bellhop-Signature value for body sent at timestamp (unix
+// seconds): "v1=" and the hex HMAC-SHA256, keyed with secret's bytes, of
+// "<timestamp>.<body>". The timestamp is inside the MAC so that a captured
+// request cannot be replayed later with a fresh Bellhop-Timestamp.
+func Sign(secret string, timestamp int64, body []byte) string {
+	return signatureScheme + hex.EncodeToString(mac(secret, timestamp, body))
+}
+
+func mac(secret string, timestamp int64, body []byte) []byte {
+	h := hmac.New(sha256.New, []byte(secret))
+	h.Write(strconv.AppendInt(nil, timestamp, 10))
+	h.Write([]byte{'.'})
+	h.Write(body)
+	return h.Sum(nil)
+}
+
+// Verify is the consumer-side check of a push delivery: it returns nil if
+// header carries a v1 signature of body, under secret, whose timestamp is
+// within window of now (DefaultWindow if window <= 0; the check cannot be
+// switched off, since without it a captured request replays forever).
+//
+// Bellhop-Signature may hold several comma-separated values, and may be
+// repeated; any matching v1 value is enough, so that a sender can sign with
+// both the old and the new secret while a secret is rotated. Values of
+// other schemes are ignored. Comparison is constant-time.
+//
+// body must be the raw request body, byte for byte: re-encoded JSON will
+// not verify. The signature is checked before the timestamp, so ErrStale
+// is only returned for requests that genuinely came from the secret's
+// holder.
+func Verify(secret string, header http.Header, body []byte, now time.Time, window time.Duration) error {
+	if window <= 0 {
+		window = DefaultWindow
+	}
+	if secret == "" {
+		// An empty key would let anyone compute a matching signature.
+		return fmt.Errorf("%w: no secret to verify with", ErrBadSignature)
+	}
+	tsValues := header.Values(HeaderTimestamp)
+	var sigs []string
+	for _, v := range header.Values(HeaderSignature) {
+		for s := range strings.SplitSeq(v, ",") {
+			if s = strings.TrimSpace(s); s != "" {
+				sigs = append(sigs, s)
+			}
+		}
+	}
+	if len(tsValues) == 0 || len(sigs) == 0 {
+		return fmt.Errorf("%w: missing %s or %s header", ErrNoSignature, HeaderTimestamp, HeaderSignature)
+	}
+	if len(tsValues) > 1 {
+		return fmt.Errorf("%w: %d %s headers", ErrBadSignature, len(tsValues), HeaderTimestamp)
+	}
+	ts, err := strconv.ParseInt(tsValues[0], 10, 64)
+	// Only the canonical form is accepted ("+5" or "05" would verify
+	// differently from how Sign formats the number).
+	if err != nil || strconv.FormatInt(ts, 10) != tsValues[0] {
+		return fmt.Errorf("%w: %s is not unix seconds", ErrBadSignature, HeaderTimestamp)
+	}
+	want := mac(secret, ts, body)
+	sawV1 := false
+	for _, s := range sigs {
+		hexSig, ok := strings.CutPrefix(s, signatureScheme)
+		if !ok {
+			continue
+		}
+		sawV1 = true
+		got, err := hex.DecodeString(hexSig)
+		if err != nil {
+			continue // garbled value; another may still match
+		}
+		if hmac.Equal(got, want) {
+			if skew := time.Unix(ts, 0).Sub(now); skew > window || skew < -window {
+				return fmt.Errorf("%w: timestamp is %s from now, allowed ±%s", ErrStale, skew.Round(time.Second), window)
+			}
+			return nil
+		}
+	}
+	if !sawV1 {
+		return fmt.Errorf("%w: no %s value in %s", ErrNoSignature, strings.TrimSuffix(signatureScheme, "="), HeaderSignature)
+	}
+	return fmt.Errorf("%w: no signature matches the body and timestamp", ErrBadSignature)
+}

@@ -1,0 +1,167 @@
+// Package metrics exposes a dispatcher's activity as Prometheus metrics.
+// Recorder implements bellhop.Observer; Register adds collectors that read
+// the listener's counters and the queue list at scrape time.
+package metrics
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/notify"
+)
+
+// Recorder holds the dispatcher's metrics. Labels are app and queue names,
+// which operators choose; payloads and secrets never become labels.
+type Recorder struct {
+	delivered, settled *prometheus.CounterVec
+	reclaimed          *prometheus.CounterVec
+	inFlight           *prometheus.GaugeVec
+	toStart, toAck     *prometheus.HistogramVec
+	handler            *prometheus.HistogramVec
+	polls, pollsFound  prometheus.Counter
+}
+
+// New makes a Recorder and registers its metrics, the Go and process
+// collectors, the listener's counters (from stats) and queue-depth gauges
+// (from queues, called at most once per scrape) with reg.
+func New(reg prometheus.Registerer, stats func() notify.Stats, queues func(context.Context) ([]bellhop.QueueInfo, error)) *Recorder {
+	lq := []string{"app", "queue"}
+	buckets := []float64{.0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+	r := &Recorder{
+		delivered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "bellhop_delivered_total", Help: "Deliveries started, by app and queue."}, lq),
+		settled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "bellhop_settled_total", Help: "Delivery outcomes written: acked, nacked, dead_lettered, released."},
+			append(lq, "outcome")),
+		reclaimed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "bellhop_reclaimed_total", Help: "Expired leases returned by this dispatcher's reclaimer, by result (released, dead_lettered)."},
+			[]string{"result"}),
+		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "bellhop_in_flight", Help: "Messages being handled now."}, lq),
+		toStart: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "bellhop_latency_to_start_seconds", Help: "From enqueued_at to the start of delivery (includes deliver_after delays and retries' waits).", Buckets: buckets}, lq),
+		toAck: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "bellhop_latency_to_ack_seconds", Help: "From enqueued_at to the ack being written.", Buckets: buckets}, lq),
+		handler: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "bellhop_handler_duration_seconds", Help: "How long handlers ran.", Buckets: buckets}, lq),
+		polls: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "bellhop_fallback_polls_total", Help: "Fallback polls run."}),
+		pollsFound: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "bellhop_fallback_polls_found_work_total", Help: "Fallback polls that found ready work on idle queues: non-zero means notifications were missed."}),
+	}
+	reg.MustRegister(r.delivered, r.settled, r.reclaimed, r.inFlight, r.toStart, r.toAck, r.handler, r.polls, r.pollsFound,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		&listenerCollector{stats: stats}, &depthCollector{queues: queues})
+	return r
+}
+
+// Delivered implements bellhop.Observer.
+func (r *Recorder) Delivered(m *bellhop.Message) {
+	r.delivered.WithLabelValues(m.App, m.Queue).Inc()
+	r.inFlight.WithLabelValues(m.App, m.Queue).Inc()
+	r.toStart.WithLabelValues(m.App, m.Queue).Observe(time.Since(m.EnqueuedAt).Seconds())
+}
+
+// Settled implements bellhop.Observer.
+func (r *Recorder) Settled(m *bellhop.Message, o bellhop.Outcome, handled time.Duration) {
+	r.settled.WithLabelValues(m.App, m.Queue, string(o)).Inc()
+	r.handler.WithLabelValues(m.App, m.Queue).Observe(handled.Seconds())
+	if o == bellhop.Acked {
+		r.toAck.WithLabelValues(m.App, m.Queue).Observe(time.Since(m.EnqueuedAt).Seconds())
+	}
+}
+
+// Finished implements bellhop.Observer.
+func (r *Recorder) Finished(m *bellhop.Message) {
+	r.inFlight.WithLabelValues(m.App, m.Queue).Dec()
+}
+
+// Polled implements bellhop.Observer.
+func (r *Recorder) Polled(missed int) {
+	r.polls.Inc()
+	if missed > 0 {
+		r.pollsFound.Inc()
+	}
+}
+
+// Reclaimed implements bellhop.Observer.
+func (r *Recorder) Reclaimed(released, dead int64) {
+	r.reclaimed.WithLabelValues("released").Add(float64(released))
+	r.reclaimed.WithLabelValues("dead_lettered").Add(float64(dead))
+}
+
+type listenerCollector struct{ stats func() notify.Stats }
+
+var (
+	listenerConnected = prometheus.NewDesc("bellhop_listener_connected", "1 while the LISTEN connection is up.", nil, nil)
+	listenerConnects  = prometheus.NewDesc("bellhop_listener_reconnects_total", "LISTEN connections made after the first.", nil, nil)
+	listenerNotes     = prometheus.NewDesc("bellhop_listener_notifications_total", "Well-formed notifications received.", nil, nil)
+	listenerGarbled   = prometheus.NewDesc("bellhop_listener_garbled_notifications_total", "Malformed notifications ignored.", nil, nil)
+)
+
+func (c *listenerCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- listenerConnected
+	ch <- listenerConnects
+	ch <- listenerNotes
+	ch <- listenerGarbled
+}
+
+func (c *listenerCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.stats()
+	connected := 0.0
+	if s.Connected {
+		connected = 1
+	}
+	reconnects := 0.0
+	if s.Connects > 0 {
+		reconnects = float64(s.Connects - 1)
+	}
+	ch <- prometheus.MustNewConstMetric(listenerConnected, prometheus.GaugeValue, connected)
+	ch <- prometheus.MustNewConstMetric(listenerConnects, prometheus.CounterValue, reconnects)
+	ch <- prometheus.MustNewConstMetric(listenerNotes, prometheus.CounterValue, float64(s.Notifications))
+	ch <- prometheus.MustNewConstMetric(listenerGarbled, prometheus.CounterValue, float64(s.Garbled))
+}
+
+// depthCollector reads the queue list once per scrape, and at most once a
+// second however often it is scraped.
+type depthCollector struct {
+	queues func(context.Context) ([]bellhop.QueueInfo, error)
+	mu     sync.Mutex
+	at     time.Time
+	cached []bellhop.QueueInfo
+}
+
+var depthDesc = prometheus.NewDesc("bellhop_queue_messages", "Messages per queue by state: ready, delayed, in_flight, dead.",
+	[]string{"app", "queue", "state"}, nil)
+var oldestDesc = prometheus.NewDesc("bellhop_queue_oldest_ready_seconds", "Age of the oldest ready message.",
+	[]string{"app", "queue"}, nil)
+
+func (c *depthCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- depthDesc
+	ch <- oldestDesc
+}
+
+func (c *depthCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	if time.Since(c.at) > time.Second {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		qs, err := c.queues(ctx)
+		cancel()
+		if err == nil {
+			c.cached, c.at = qs, time.Now()
+		}
+	}
+	qs := c.cached
+	c.mu.Unlock()
+	for _, q := range qs {
+		for state, v := range map[string]int64{"ready": q.Ready, "delayed": q.Delayed, "in_flight": q.InFlight, "dead": q.Dead} {
+			ch <- prometheus.MustNewConstMetric(depthDesc, prometheus.GaugeValue, float64(v), q.App, q.Queue, state)
+		}
+		ch <- prometheus.MustNewConstMetric(oldestDesc, prometheus.GaugeValue, q.OldestReady.Seconds(), q.App, q.Queue)
+	}
+}
