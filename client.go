@@ -129,7 +129,13 @@ func isUniqueViolation(err error) bool {
 // a caller can test for; other errors pass through.
 func constraintError(err error) error {
 	code, constraint := pgCode(err)
-	if code != "23514" {
+	switch code {
+	case "23514":
+	case "22P02", "22P05", "22003":
+		// JSON that jsonb cannot hold: a lone surrogate, a number out of
+		// numeric's range.
+		return fmt.Errorf("%w: PostgreSQL's jsonb cannot store it (%v)", ErrInvalidPayload, err)
+	default:
 		return err
 	}
 	switch constraint {

@@ -62,7 +62,8 @@ $$;
 -- queue_messages works too and is checked by the same table constraints.
 -- Errors carry SQLSTATEs of class BH:
 --   BH001 unknown app, BH002 invalid queue name, BH003 invalid payload,
---   BH004 invalid option, BH005 principal not of this app.
+--   BH004 invalid option (max_attempts outside 1..1000, deliver_after more
+--   than 3650 days ahead), BH005 principal not of this app.
 CREATE FUNCTION enqueue(
     p_app_id        UUID,
     p_queue_name    TEXT,
@@ -88,6 +89,9 @@ BEGIN
     IF octet_length(p_payload::text) > 1048576 THEN
         RAISE EXCEPTION 'bellhop: payload is % bytes, more than the 1048576-byte limit', octet_length(p_payload::text)
             USING ERRCODE = 'BH003';
+    END IF;
+    IF p_deliver_after > now() + interval '3650 days' THEN
+        RAISE EXCEPTION 'bellhop: deliver_after % is more than 3650 days ahead', p_deliver_after USING ERRCODE = 'BH004';
     END IF;
     IF p_max_attempts IS NOT NULL AND (p_max_attempts < 1 OR p_max_attempts > 1000) THEN
         RAISE EXCEPTION 'bellhop: max_attempts % is outside 1..1000', p_max_attempts USING ERRCODE = 'BH004';

@@ -71,11 +71,12 @@ func Payload(b []byte) error {
 	if !json.Valid(b) {
 		return fmt.Errorf("%w: %s", ErrPayload, describeJSONError(b))
 	}
-	if d := depth(b); d > MaxPayloadDepth {
+	d, nul := scan(b)
+	if d > MaxPayloadDepth {
 		return fmt.Errorf("%w: nested %d deep, more than %d", ErrPayload, d, MaxPayloadDepth)
 	}
 	// PostgreSQL's jsonb rejects the NUL character even when escaped.
-	if bytes.Contains(b, []byte(`\u0000`)) {
+	if nul {
 		return fmt.Errorf("%w: it contains \\u0000, which PostgreSQL's jsonb cannot store", ErrPayload)
 	}
 	return nil
@@ -90,16 +91,21 @@ func describeJSONError(b []byte) string {
 	return err.Error()
 }
 
-// depth is the deepest nesting of arrays and objects in valid JSON b.
-func depth(b []byte) int {
-	var cur, max int
+// scan walks valid JSON b once and returns its deepest nesting of arrays
+// and objects, and whether a string holds the escape \u0000 (an escaped
+// backslash followed by "u0000" is not one).
+func scan(b []byte) (depth int, nul bool) {
+	var cur int
 	inString, escaped := false, false
-	for _, c := range b {
+	for i, c := range b {
 		switch {
 		case inString:
 			switch {
 			case escaped:
 				escaped = false
+				if c == 'u' && bytes.HasPrefix(b[i+1:], []byte("0000")) {
+					nul = true
+				}
 			case c == '\\':
 				escaped = true
 			case c == '"':
@@ -109,14 +115,12 @@ func depth(b []byte) int {
 			inString = true
 		case c == '[' || c == '{':
 			cur++
-			if cur > max {
-				max = cur
-			}
+			depth = max(depth, cur)
 		case c == ']' || c == '}':
 			cur--
 		}
 	}
-	return max
+	return depth, nul
 }
 
 // MaxAttemptsOption checks an optional max attempts: 0 means "use the
@@ -128,9 +132,12 @@ func MaxAttemptsOption(n int) error {
 	return nil
 }
 
+var epoch = time.Unix(0, 0)
+
 // DeliverAt resolves a deliver-after time and a delay, of which at most one
 // may be set, into an absolute time (zero: deliver now). Times in the past
-// mean now; more than MaxDelay ahead is refused.
+// mean now (those before 1970 become zero); more than MaxDelay ahead is
+// refused.
 func DeliverAt(now, at time.Time, delay time.Duration) (time.Time, error) {
 	switch {
 	case !at.IsZero() && delay != 0:
@@ -145,6 +152,9 @@ func DeliverAt(now, at time.Time, delay time.Duration) (time.Time, error) {
 		return time.Time{}, nil
 	case at.Sub(now) > MaxDelay:
 		return time.Time{}, fmt.Errorf("%w: deliver-after %s is more than %s ahead", ErrOption, at.Format(time.RFC3339), MaxDelay)
+	case at.Before(epoch):
+		// Long past means now; PostgreSQL cannot store every past Go time.
+		return time.Time{}, nil
 	}
 	return at, nil
 }

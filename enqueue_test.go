@@ -1,0 +1,542 @@
+package bellhop_test
+
+// Integration tests of the producer API: Enqueue, EnqueueMany and
+// EnqueueTx reject every bad input with its typed error and write nothing,
+// accept what they document, and notify only on commit. Helpers (fxEnv,
+// fxListener, ...) are in schema_test.go.
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/bellhopq/bellhop"
+	queries "github.com/bellhopq/bellhop/sql"
+)
+
+// fxAPI is one way to enqueue a single message.
+type fxAPI struct {
+	name    string
+	enqueue func(e *fxEnv, app string, m bellhop.NewMessage) (uuid.UUID, error)
+}
+
+var fxAPIs = []fxAPI{
+	{"Enqueue", func(e *fxEnv, app string, m bellhop.NewMessage) (uuid.UUID, error) {
+		return e.client.Enqueue(e.ctx, app, m.Queue, m.Payload, m.Options)
+	}},
+	{"EnqueueMany", func(e *fxEnv, app string, m bellhop.NewMessage) (uuid.UUID, error) {
+		ids, err := e.client.EnqueueMany(e.ctx, app, []bellhop.NewMessage{m})
+		if err != nil {
+			return uuid.Nil, err
+		}
+		if len(ids) != 1 {
+			e.t.Fatalf("EnqueueMany of 1 message returned %d ids", len(ids))
+		}
+		return ids[0], nil
+	}},
+	// EnqueueTx commits whatever happened: a rejected message must leave
+	// nothing behind even when the caller goes on to commit.
+	{"EnqueueTx", func(e *fxEnv, app string, m bellhop.NewMessage) (uuid.UUID, error) {
+		tx, err := e.pool.Begin(e.ctx)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		id, err := e.client.EnqueueTx(e.ctx, tx, app, m.Queue, m.Payload, m.Options)
+		cerr := tx.Commit(e.ctx)
+		if err == nil && cerr != nil {
+			return uuid.Nil, cerr
+		}
+		return id, err
+	}},
+}
+
+// fxSentinels are the typed errors of the producer API.
+var fxSentinels = map[string]error{
+	"ErrInvalidQueueName": bellhop.ErrInvalidQueueName,
+	"ErrInvalidName":      bellhop.ErrInvalidName,
+	"ErrInvalidPayload":   bellhop.ErrInvalidPayload,
+	"ErrPayloadTooLarge":  bellhop.ErrPayloadTooLarge,
+	"ErrInvalidOptions":   bellhop.ErrInvalidOptions,
+	"ErrUnknownApp":       bellhop.ErrUnknownApp,
+	"ErrUnknownPrincipal": bellhop.ErrUnknownPrincipal,
+}
+
+// fxCheckTyped fails t unless err is want and none of the other typed
+// errors.
+func fxCheckTyped(t *testing.T, err, want error) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("accepted, want %v", want)
+	}
+	if !errors.Is(err, want) {
+		t.Errorf("error %q is not %v", err, want)
+	}
+	for name, other := range fxSentinels {
+		if other != want && errors.Is(err, other) {
+			t.Errorf("error %q is %s as well as %v", err, name, want)
+		}
+	}
+}
+
+// Payloads at and around the limits.
+var (
+	fxOverMiB = []byte(`{"x":"` + strings.Repeat("a", 1<<20) + `"}`)
+	// 1048569 bytes as sent, but about 1.4 MB as PostgreSQL prints the
+	// jsonb ({"a": 1}, {"a": 1}, ...), which is what the limit counts.
+	fxGrowsPastMiB = []byte("[" + strings.Repeat(`{"a":1},`, 131070) + `{"a":1}]`)
+	// A JSON string of exactly 1 MiB, which jsonb prints unchanged.
+	fxExactlyMiB = []byte(`"` + strings.Repeat("a", 1<<20-2) + `"`)
+	fxDeep200    = []byte(strings.Repeat("[", 200) + strings.Repeat("]", 200))
+	fxDeep128    = []byte(strings.Repeat(`{"a":`, 127) + "[1]" + strings.Repeat("}", 127))
+)
+
+// TestEnqueueRejectsBadInput sends each bad input through Enqueue,
+// EnqueueMany and EnqueueTx and checks the typed error and that
+// queue_messages is unchanged.
+func TestEnqueueRejectsBadInput(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	e.app("shop")
+	other := e.app("other")
+	// Rows that must survive every rejected call unchanged.
+	if _, err := e.client.EnqueueMany(e.ctx, "shop", []bellhop.NewMessage{
+		{Queue: "orders", Payload: []byte(`{"n":1}`)},
+		{Queue: "orders", Payload: []byte(`{"n":2}`)},
+		{Queue: "other", Payload: []byte(`{"n":3}`)},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(fxGrowsPastMiB) > 1<<20 {
+		t.Fatalf("fxGrowsPastMiB is %d bytes, must be within 1 MiB as sent", len(fxGrowsPastMiB))
+	}
+	now := time.Now()
+
+	// Each case edits a valid message to shop/orders.
+	type edit = func(m *bellhop.NewMessage)
+	queue := func(q string) edit { return func(m *bellhop.NewMessage) { m.Queue = q } }
+	payload := func(p []byte) edit { return func(m *bellhop.NewMessage) { m.Payload = p } }
+	options := func(o bellhop.EnqueueOptions) edit { return func(m *bellhop.NewMessage) { m.Options = o } }
+	cases := []struct {
+		name string
+		app  string // "" means shop
+		edit edit
+		want error
+	}{
+		{"unknown app", "nonesuch", func(*bellhop.NewMessage) {}, bellhop.ErrUnknownApp},
+
+		{"empty queue name", "", queue(""), bellhop.ErrInvalidQueueName},
+		{"129-byte queue name", "", queue(strings.Repeat("a", 129)), bellhop.ErrInvalidQueueName},
+		{"unicode queue name", "", queue("naïve"), bellhop.ErrInvalidQueueName},
+		{"SQL in queue name", "", queue("'; DROP TABLE queue_messages; --"), bellhop.ErrInvalidQueueName},
+		{"NUL byte in queue name", "", queue("a\x00b"), bellhop.ErrInvalidQueueName},
+		{"space in queue name", "", queue("a b"), bellhop.ErrInvalidQueueName},
+
+		{"payload not JSON: {", "", payload([]byte(`{`)), bellhop.ErrInvalidPayload},
+		{"payload not JSON: hello", "", payload([]byte(`hello`)), bellhop.ErrInvalidPayload},
+		{"empty payload", "", payload([]byte{}), bellhop.ErrInvalidPayload},
+		{"nil payload", "", payload(nil), bellhop.ErrInvalidPayload},
+		{"payload over 1 MiB", "", payload(fxOverMiB), bellhop.ErrPayloadTooLarge},
+		{"payload over 1 MiB as jsonb text", "", payload(fxGrowsPastMiB), bellhop.ErrPayloadTooLarge},
+		{"payload nested 200 deep", "", payload(fxDeep200), bellhop.ErrInvalidPayload},
+		{`payload "\u0000"`, "", payload([]byte(`"\u0000"`)), bellhop.ErrInvalidPayload},
+
+		{"MaxAttempts -1", "", options(bellhop.EnqueueOptions{MaxAttempts: -1}), bellhop.ErrInvalidOptions},
+		{"MaxAttempts 1001", "", options(bellhop.EnqueueOptions{MaxAttempts: 1001}), bellhop.ErrInvalidOptions},
+		{
+			"both Delay and DeliverAfter", "",
+			options(bellhop.EnqueueOptions{Delay: time.Minute, DeliverAfter: now.Add(time.Minute)}),
+			bellhop.ErrInvalidOptions,
+		},
+		{"negative Delay", "", options(bellhop.EnqueueOptions{Delay: -time.Second}), bellhop.ErrInvalidOptions},
+		{"DeliverAfter 20 years ahead", "", options(bellhop.EnqueueOptions{DeliverAfter: now.AddDate(20, 0, 0)}), bellhop.ErrInvalidOptions},
+
+		{"principal of another app", "", options(bellhop.EnqueueOptions{Principal: other.DefaultPrincipal}), bellhop.ErrUnknownPrincipal},
+		{"unknown principal", "", options(bellhop.EnqueueOptions{Principal: uuid.New()}), bellhop.ErrUnknownPrincipal},
+	}
+	for _, api := range fxAPIs {
+		for _, tc := range cases {
+			t.Run(api.name+"/"+tc.name, func(t *testing.T) {
+				app := tc.app
+				if app == "" {
+					app = "shop"
+				}
+				m := bellhop.NewMessage{Queue: "orders", Payload: []byte(`{"ok":true}`)}
+				tc.edit(&m)
+				before := e.tableState("queue_messages")
+				id, err := api.enqueue(e, app, m)
+				if err == nil {
+					t.Errorf("accepted as message %s", id)
+				}
+				fxCheckTyped(t, err, tc.want)
+				if after := e.tableState("queue_messages"); after != before {
+					t.Errorf("queue_messages changed: %s, was %s", after, before)
+				}
+			})
+		}
+	}
+}
+
+// TestEnqueueAcceptsLimits checks that values at the documented limits
+// are accepted by every API, so that the rejections are the limits'.
+func TestEnqueueAcceptsLimits(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	shop := e.app("shop")
+	cases := []struct {
+		name    string
+		queue   string
+		payload []byte
+		opts    bellhop.EnqueueOptions
+	}{
+		{name: "128-byte queue name", queue: strings.Repeat("a", 128)},
+		{name: "every allowed character in the queue name", queue: "Az09._:-"},
+		{name: "payload of exactly 1 MiB", payload: fxExactlyMiB},
+		{name: "payload nested 128 deep", payload: fxDeep128},
+		{name: "payload null", payload: []byte(`null`)},
+		{name: "MaxAttempts 1", opts: bellhop.EnqueueOptions{MaxAttempts: 1}},
+		{name: "MaxAttempts 1000", opts: bellhop.EnqueueOptions{MaxAttempts: 1000}},
+		{name: "Delay of an hour", opts: bellhop.EnqueueOptions{Delay: time.Hour}},
+		{name: "DeliverAfter 9 years ahead", opts: bellhop.EnqueueOptions{DeliverAfter: time.Now().AddDate(9, 0, 0)}},
+		{name: "the app's own principal", opts: bellhop.EnqueueOptions{Principal: shop.DefaultPrincipal}},
+	}
+	for _, api := range fxAPIs {
+		for _, tc := range cases {
+			t.Run(api.name+"/"+tc.name, func(t *testing.T) {
+				queue, payload := tc.queue, tc.payload
+				if queue == "" {
+					queue = "orders"
+				}
+				if payload == nil {
+					payload = []byte(`{"ok":true}`)
+				}
+				id, err := api.enqueue(e, "shop", bellhop.NewMessage{Queue: queue, Payload: payload, Options: tc.opts})
+				if err != nil {
+					t.Fatalf("rejected: %v", err)
+				}
+				var gotQueue string
+				if err := e.pool.QueryRow(e.ctx, "SELECT queue_name FROM queue_messages WHERE id = $1", id).Scan(&gotQueue); err != nil {
+					t.Fatalf("message %s not stored: %v", id, err)
+				}
+				if gotQueue != queue {
+					t.Errorf("stored in queue %q, want %q", gotQueue, queue)
+				}
+			})
+		}
+	}
+}
+
+// TestEnqueueFarPastDeliverAfterIsReadyNow checks that a DeliverAfter in
+// the past, however far, is accepted and deliverable at once: depth_pending
+// counts it and the dispatcher's claim statement takes it.
+func TestEnqueueFarPastDeliverAfterIsReadyNow(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	shop := e.app("shop")
+	cases := []struct {
+		name string
+		at   time.Time
+	}{
+		{"an hour ago", time.Now().Add(-time.Hour)},
+		{"1900", time.Date(1900, 1, 1, 0, 0, 0, 0, time.UTC)},
+		{"year 1, one microsecond after the zero time", time.Time{}.Add(time.Microsecond)},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			queue := "past-" + string(rune('a'+i))
+			id, err := e.client.Enqueue(e.ctx, "shop", queue, []byte(`{}`), bellhop.EnqueueOptions{DeliverAfter: tc.at})
+			if err != nil {
+				t.Fatalf("rejected: %v", err)
+			}
+			fxCheckReadyNow(t, e, shop.ID, queue, id)
+		})
+	}
+}
+
+// fxCheckReadyNow checks that message id is the one ready message of the
+// queue, and that the dispatcher's claim statement takes it.
+func fxCheckReadyNow(t *testing.T, e *fxEnv, app uuid.UUID, queue string, id uuid.UUID) {
+	t.Helper()
+	if n := e.int64("SELECT depth_pending($1, $2)", app, queue); n != 1 {
+		t.Fatalf("depth_pending = %d, want 1", n)
+	}
+	rows, err := e.pool.Query(e.ctx, queries.ClaimQueue, pgx.NamedArgs{"app_id": app, "queue_name": queue, "max_messages": 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimed, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (uuid.UUID, error) {
+		vals, err := r.Values()
+		if err != nil {
+			return uuid.Nil, err
+		}
+		return uuid.UUID(vals[0].([16]byte)), nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(claimed) != 1 || claimed[0] != id {
+		t.Fatalf("claim took %v, want [%s]", claimed, id)
+	}
+}
+
+// TestEnqueueDeliverAfterBeforePostgresRange: EnqueueOptions documents
+// that "times in the past mean now", but a time before PostgreSQL's
+// timestamptz range (4713 BC) is passed to the database as it is.
+func TestEnqueueDeliverAfterBeforePostgresRange(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	shop := e.app("shop")
+	at := time.Date(-5000, 1, 1, 0, 0, 0, 0, time.UTC)
+	id, err := e.client.Enqueue(e.ctx, "shop", "ancient", []byte(`{}`), bellhop.EnqueueOptions{DeliverAfter: at})
+	if err != nil {
+		t.Fatalf("DeliverAfter %s (in the past) rejected: %v", at, err)
+	}
+	fxCheckReadyNow(t, e, shop.ID, "ancient", id)
+}
+
+// TestEnqueueNonUTCDeliverAfterKeepsInstant checks that a DeliverAfter in
+// another zone is stored as the same instant, not as its wall clock read
+// in UTC: each case's wall clock lies on the other side of now.
+func TestEnqueueNonUTCDeliverAfterKeepsInstant(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	shop := e.app("shop")
+	now := time.Now().Truncate(time.Second)
+	cases := []struct {
+		name    string
+		at      time.Time
+		delayed bool
+	}{
+		// Wall clock now+4:30: read as UTC it would still be delayed.
+		{"UTC+05:30, an hour ago", now.Add(-time.Hour).In(time.FixedZone("IST", 5*3600+30*60)), false},
+		// Wall clock now-7h: read as UTC it would be ready.
+		{"UTC-08:00, an hour ahead", now.Add(time.Hour).In(time.FixedZone("PST", -8*3600)), true},
+		{"UTC+14:00, two hours ahead", now.Add(2 * time.Hour).In(time.FixedZone("LINT", 14*3600)), true},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			queue := "zone-" + string(rune('a'+i))
+			id, err := e.client.Enqueue(e.ctx, "shop", queue, []byte(`{}`), bellhop.EnqueueOptions{DeliverAfter: tc.at})
+			if err != nil {
+				t.Fatalf("rejected: %v", err)
+			}
+			var stored time.Time
+			var same bool
+			// Compare in the database too, against the time as text with
+			// its offset, parsed by PostgreSQL itself.
+			err = e.pool.QueryRow(e.ctx, `SELECT deliver_after, deliver_after = $2::text::timestamptz
+				FROM queue_messages WHERE id = $1`, id, tc.at.Format(time.RFC3339)).Scan(&stored, &same)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !stored.Equal(tc.at) || !same {
+				t.Errorf("stored deliver_after %s, want the instant %s (%s)", stored.UTC(), tc.at.UTC(), tc.at.Format(time.RFC3339))
+			}
+			pending := e.int64("SELECT depth_pending($1, $2)", shop.ID, queue)
+			if want := map[bool]int64{true: 0, false: 1}[tc.delayed]; pending != want {
+				t.Errorf("depth_pending = %d, want %d (delayed: %t)", pending, want, tc.delayed)
+			}
+		})
+	}
+}
+
+// TestEnqueueManyIsAllOrNothing checks that a batch with one bad message
+// writes nothing, and that the same batch without it writes every message.
+func TestEnqueueManyIsAllOrNothing(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	e.app("shop")
+	other := e.app("other")
+	batch := func(bad int, m bellhop.NewMessage) []bellhop.NewMessage {
+		msgs := make([]bellhop.NewMessage, 5)
+		for i := range msgs {
+			msgs[i] = bellhop.NewMessage{Queue: []string{"orders", "refunds"}[i%2], Payload: []byte(`{"i":` + string(rune('0'+i)) + `}`)}
+		}
+		if bad >= 0 {
+			msgs[bad] = m
+		}
+		return msgs
+	}
+	cases := []struct {
+		name string
+		bad  int // index of the bad message
+		msg  bellhop.NewMessage
+		want error
+	}{
+		{"3rd has an invalid queue name", 2, bellhop.NewMessage{Queue: "a b", Payload: []byte(`1`)}, bellhop.ErrInvalidQueueName},
+		{"3rd is not JSON", 2, bellhop.NewMessage{Queue: "orders", Payload: []byte(`{`)}, bellhop.ErrInvalidPayload},
+		{"3rd is over 1 MiB", 2, bellhop.NewMessage{Queue: "orders", Payload: fxOverMiB}, bellhop.ErrPayloadTooLarge},
+		{"3rd is over 1 MiB as jsonb text", 2, bellhop.NewMessage{Queue: "orders", Payload: fxGrowsPastMiB}, bellhop.ErrPayloadTooLarge},
+		{
+			"3rd has MaxAttempts 1001", 2,
+			bellhop.NewMessage{Queue: "orders", Payload: []byte(`1`), Options: bellhop.EnqueueOptions{MaxAttempts: 1001}},
+			bellhop.ErrInvalidOptions,
+		},
+		{
+			"3rd names a principal of another app", 2,
+			bellhop.NewMessage{Queue: "orders", Payload: []byte(`1`), Options: bellhop.EnqueueOptions{Principal: other.DefaultPrincipal}},
+			bellhop.ErrUnknownPrincipal,
+		},
+		{
+			"last names a principal of another app", 4,
+			bellhop.NewMessage{Queue: "orders", Payload: []byte(`1`), Options: bellhop.EnqueueOptions{Principal: other.DefaultPrincipal}},
+			bellhop.ErrUnknownPrincipal,
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			before := e.tableState("queue_messages")
+			ids, err := e.client.EnqueueMany(e.ctx, "shop", batch(tc.bad, tc.msg))
+			if err == nil {
+				t.Errorf("accepted as %v", ids)
+			}
+			fxCheckTyped(t, err, tc.want)
+			if after := e.tableState("queue_messages"); after != before {
+				t.Errorf("queue_messages changed: %s, was %s", after, before)
+			}
+		})
+	}
+
+	t.Run("the batch without a bad message writes all 5, in order", func(t *testing.T) {
+		msgs := batch(-1, bellhop.NewMessage{})
+		before := e.int64("SELECT count(*) FROM queue_messages")
+		ids, err := e.client.EnqueueMany(e.ctx, "shop", msgs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ids) != len(msgs) {
+			t.Fatalf("%d ids for %d messages", len(ids), len(msgs))
+		}
+		for i, id := range ids {
+			var queue, payload string
+			if err := e.pool.QueryRow(e.ctx, "SELECT queue_name, payload::text FROM queue_messages WHERE id = $1", id).
+				Scan(&queue, &payload); err != nil {
+				t.Fatalf("message %d (%s): %v", i+1, id, err)
+			}
+			if queue != msgs[i].Queue || payload != strings.Replace(string(msgs[i].Payload), ":", ": ", 1) {
+				t.Errorf("message %d stored as %s %s, want %s %s", i+1, queue, payload, msgs[i].Queue, msgs[i].Payload)
+			}
+		}
+		if after := e.int64("SELECT count(*) FROM queue_messages"); after != before+5 {
+			t.Errorf("queue_messages grew from %d to %d rows, want by 5", before, after)
+		}
+	})
+}
+
+// TestEnqueueTxNotifiesOnlyOnCommit checks the transactional outbox: a
+// rolled-back EnqueueTx leaves no row and sends no notification; a
+// committed one sends exactly one.
+func TestEnqueueTxNotifiesOnlyOnCommit(t *testing.T) {
+	t.Parallel()
+	for _, commit := range []bool{false, true} {
+		name := map[bool]string{false: "rolled back", true: "committed"}[commit]
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			e := fxNew(t)
+			shop := e.app("shop")
+			l := e.listen()
+
+			tx, err := e.pool.Begin(e.ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(e.ctx)
+			id, err := e.client.EnqueueTx(e.ctx, tx, "shop", "orders", []byte(`{"n":1}`), bellhop.EnqueueOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var inTx int64
+			if err := tx.QueryRow(e.ctx, "SELECT count(*) FROM queue_messages WHERE id = $1", id).Scan(&inTx); err != nil {
+				t.Fatal(err)
+			}
+			if inTx != 1 {
+				t.Fatalf("the transaction sees %d rows of its message, want 1", inTx)
+			}
+			if n := e.int64("SELECT count(*) FROM queue_messages"); n != 0 {
+				t.Fatalf("%d rows visible outside the open transaction, want 0", n)
+			}
+
+			if commit {
+				if err := tx.Commit(e.ctx); err != nil {
+					t.Fatal(err)
+				}
+				if got, want := l.next(), fxQueuePayload(shop.ID, "orders"); got != want {
+					t.Fatalf("notification %q, want %q", got, want)
+				}
+			} else if err := tx.Rollback(e.ctx); err != nil {
+				t.Fatal(err)
+			}
+			l.noMore()
+
+			want := map[bool]int64{false: 0, true: 1}[commit]
+			if n := e.int64("SELECT count(*) FROM queue_messages WHERE id = $1", id); n != want {
+				t.Errorf("message %s: %d rows after the transaction was %s, want %d", id, n, name, want)
+			}
+			if n := e.int64("SELECT count(*) FROM queue_messages"); n != want {
+				t.Errorf("queue_messages holds %d rows, want %d", n, want)
+			}
+		})
+	}
+}
+
+// TestEnqueueRejectsPayloadsJSONBCannotStore: payloads that are valid JSON
+// to Go but that PostgreSQL's jsonb refuses must still be rejected with
+// ErrInvalidPayload, not an untyped database error.
+func TestEnqueueRejectsPayloadsJSONBCannotStore(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	e.app("shop")
+	cases := []struct {
+		name    string
+		payload string
+	}{
+		{"lone high surrogate", `"\ud800"`},
+		{"lone low surrogate in an object", `{"k":"\udc00"}`},
+		{"number beyond numeric's range", `1e1000000`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			// The database refuses it indeed.
+			if _, err := e.pool.Exec(e.ctx, "SELECT $1::text::jsonb", tc.payload); err == nil {
+				t.Fatalf("PostgreSQL accepts %s as jsonb; the case is moot", tc.payload)
+			}
+			before := e.tableState("queue_messages")
+			_, err := e.client.Enqueue(e.ctx, "shop", "orders", []byte(tc.payload), bellhop.EnqueueOptions{})
+			fxCheckTyped(t, err, bellhop.ErrInvalidPayload)
+			if after := e.tableState("queue_messages"); after != before {
+				t.Errorf("queue_messages changed: %s, was %s", after, before)
+			}
+		})
+	}
+}
+
+// TestEnqueueAcceptsEscapedBackslashBeforeU0000: the JSON string "\\u0000"
+// is a backslash followed by "u0000", not a NUL character; jsonb stores it,
+// so Enqueue must accept it.
+func TestEnqueueAcceptsEscapedBackslashBeforeU0000(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	e.app("shop")
+	for _, payload := range []string{`"\\u0000"`, `{"path":"C:\\u0000\\x"}`} {
+		t.Run(payload, func(t *testing.T) {
+			var text string
+			if err := e.pool.QueryRow(e.ctx, "SELECT ($1::text::jsonb)::text", payload).Scan(&text); err != nil {
+				t.Fatalf("PostgreSQL refuses %s as jsonb: %v", payload, err)
+			}
+			id, err := e.client.Enqueue(e.ctx, "shop", "orders", []byte(payload), bellhop.EnqueueOptions{})
+			if err != nil {
+				t.Fatalf("rejected: %v", err)
+			}
+			var stored string
+			if err := e.pool.QueryRow(e.ctx, "SELECT payload::text FROM queue_messages WHERE id = $1", id).Scan(&stored); err != nil {
+				t.Fatal(err)
+			}
+			if stored != text {
+				t.Errorf("stored %s, want %s", stored, text)
+			}
+		})
+	}
+}

@@ -1,0 +1,376 @@
+package migrations_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/bellhopq/bellhop/internal/pgtest"
+	"github.com/bellhopq/bellhop/migrations"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// testTimeout bounds each test's database work, so that a lock-up (for
+// example concurrent migrators waiting on each other) fails the test
+// instead of hanging the binary.
+const testTimeout = 2 * time.Minute
+
+// emptyDatabase creates a brand-new database cloned from template0 (so it
+// holds nothing, whatever template1 holds on the server in use), drops it
+// when t ends, and returns a connection config for it.
+func emptyDatabase(t *testing.T) *pgx.ConnConfig {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	b := make([]byte, 8)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	name := "bellhop_mig_" + hex.EncodeToString(b)
+	ident := pgx.Identifier{name}.Sanitize()
+	admin := func(ctx context.Context, sql string) error {
+		conn, err := pgx.Connect(ctx, pgtest.AdminConnString())
+		if err != nil {
+			return err
+		}
+		defer conn.Close(context.Background())
+		_, err = conn.Exec(ctx, sql)
+		return err
+	}
+	if err := admin(ctx, "CREATE DATABASE "+ident+" TEMPLATE template0"); err != nil {
+		t.Fatalf("create empty database: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+		defer cancel()
+		if err := admin(ctx, "DROP DATABASE IF EXISTS "+ident+" WITH (FORCE)"); err != nil {
+			t.Errorf("drop database %s: %v", name, err)
+		}
+	})
+	cfg, err := pgx.ParseConfig(pgtest.AdminConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Database = name
+	return cfg
+}
+
+func connect(t *testing.T, ctx context.Context, cfg *pgx.ConnConfig) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.ConnectConfig(ctx, cfg.Copy())
+	if err != nil {
+		t.Fatalf("connect to %s: %v", cfg.Database, err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+// fingerprintSQL lists every schema object of the public schema as one
+// line of text each, with definitions as PostgreSQL prints them (no OIDs),
+// so that two databases with the same schema give the same lines. The
+// version table's rows are included: tern's version is part of the state
+// a migration run leaves behind.
+const fingerprintSQL = `
+SELECT line FROM (
+    SELECT format('column %s.%s #%s %s nullable=%s default=%s',
+                  table_name, column_name, ordinal_position, data_type, is_nullable,
+                  coalesce(column_default, '-')) AS line
+    FROM information_schema.columns WHERE table_schema = 'public'
+    UNION ALL
+    SELECT format('index %s: %s', indexname, indexdef)
+    FROM pg_indexes WHERE schemaname = 'public'
+    UNION ALL
+    SELECT format('constraint %s.%s: %s', c.conrelid::regclass, c.conname, pg_get_constraintdef(c.oid))
+    FROM pg_constraint c JOIN pg_namespace n ON n.oid = c.connamespace
+    WHERE n.nspname = 'public'
+    UNION ALL
+    SELECT format('trigger %s.%s: %s', t.tgrelid::regclass, t.tgname, pg_get_triggerdef(t.oid))
+    FROM pg_trigger t JOIN pg_class r ON r.oid = t.tgrelid JOIN pg_namespace n ON n.oid = r.relnamespace
+    WHERE n.nspname = 'public' AND NOT t.tgisinternal
+    UNION ALL
+    SELECT format('function %s: %s', p.oid::regprocedure, pg_get_functiondef(p.oid))
+    FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+    WHERE n.nspname = 'public'
+    UNION ALL
+    SELECT format('view %s: %s', viewname, definition)
+    FROM pg_views WHERE schemaname = 'public'
+    UNION ALL
+    SELECT format('relation %s kind=%s', c.relname, c.relkind)
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = 'public'
+) AS objects
+ORDER BY line`
+
+func fingerprint(t *testing.T, ctx context.Context, conn *pgx.Conn) []string {
+	t.Helper()
+	rows, err := conn.Query(ctx, fingerprintSQL)
+	if err != nil {
+		t.Fatalf("read schema fingerprint: %v", err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatalf("read schema fingerprint: %v", err)
+	}
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", migrations.VersionTable).Scan(&exists); err != nil {
+		t.Fatal(err)
+	}
+	if exists {
+		rows, err := conn.Query(ctx, "SELECT version FROM "+migrations.VersionTable+" ORDER BY version")
+		if err != nil {
+			t.Fatal(err)
+		}
+		versions, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range versions {
+			lines = append(lines, fmt.Sprintf("tern version row: %d", v))
+		}
+	}
+	return lines
+}
+
+// version reads tern's version table, which must hold exactly one row.
+func version(t *testing.T, ctx context.Context, conn *pgx.Conn) int {
+	t.Helper()
+	rows, err := conn.Query(ctx, "SELECT version FROM "+migrations.VersionTable)
+	if err != nil {
+		t.Fatalf("read %s: %v", migrations.VersionTable, err)
+	}
+	vs, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		t.Fatalf("read %s: %v", migrations.VersionTable, err)
+	}
+	if len(vs) != 1 {
+		t.Fatalf("%s holds %d rows %v, want exactly 1", migrations.VersionTable, len(vs), vs)
+	}
+	return int(vs[0])
+}
+
+func latest(t *testing.T) int {
+	t.Helper()
+	n, err := migrations.Latest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n < 1 {
+		t.Fatalf("migrations.Latest() = %d, want at least 1", n)
+	}
+	return n
+}
+
+// diffLines describes how got differs from want, both sorted, or returns "".
+func diffLines(want, got []string) string {
+	wantSet := map[string]int{}
+	for _, l := range want {
+		wantSet[l]++
+	}
+	gotSet := map[string]int{}
+	for _, l := range got {
+		gotSet[l]++
+	}
+	var b strings.Builder
+	for _, l := range want {
+		if gotSet[l] < wantSet[l] {
+			fmt.Fprintf(&b, "  missing: %s\n", l)
+			gotSet[l] = wantSet[l]
+		}
+	}
+	for _, l := range got {
+		if wantSet[l] < gotSet[l] {
+			fmt.Fprintf(&b, "  extra:   %s\n", l)
+			wantSet[l] = gotSet[l]
+		}
+	}
+	return b.String()
+}
+
+// migrateSingle migrates the empty database cfg with one migrator and
+// returns its fingerprint.
+func migrateSingle(t *testing.T, ctx context.Context, cfg *pgx.ConnConfig) []string {
+	t.Helper()
+	conn := connect(t, ctx, cfg)
+	if err := migrations.Migrate(ctx, conn); err != nil {
+		t.Fatalf("Migrate on an empty database: %v", err)
+	}
+	return fingerprint(t, ctx, conn)
+}
+
+// TestMigrateFromEmpty applies the migrations to a brand-new empty
+// database, checks the result, then applies them again (on the same
+// connection and on a new one) and checks that nothing changed.
+func TestMigrateFromEmpty(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	cfg := emptyDatabase(t)
+	conn := connect(t, ctx, cfg)
+
+	if before := fingerprint(t, ctx, conn); len(before) != 0 {
+		t.Fatalf("the new database is not empty:\n%s", strings.Join(before, "\n"))
+	}
+
+	if err := migrations.Migrate(ctx, conn); err != nil {
+		t.Fatalf("Migrate on an empty database: %v", err)
+	}
+	want := latest(t)
+	if v := version(t, ctx, conn); v != want {
+		t.Fatalf("version after Migrate = %d, want migrations.Latest() = %d", v, want)
+	}
+	first := fingerprint(t, ctx, conn)
+	joined := strings.Join(first, "\n")
+	for _, obj := range []string{
+		"relation queue_messages kind=r",
+		"relation queue_trigger_details kind=r",
+		"relation dead_letters kind=r",
+		"relation bellhop_schema_version kind=r",
+		"relation queue_list kind=v",
+		"trigger queue_messages.queue_messages_notify:",
+		"function enqueue(uuid,text,jsonb,timestamp with time zone,integer,uuid):",
+		"index idx_queue_messages_dispatch:",
+	} {
+		if !strings.Contains(joined, obj) {
+			t.Errorf("schema after Migrate lacks %q", obj)
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	// Again on the same connection, and on a new one (a new process).
+	if err := migrations.Migrate(ctx, conn); err != nil {
+		t.Fatalf("second Migrate on the same connection: %v", err)
+	}
+	if d := diffLines(first, fingerprint(t, ctx, conn)); d != "" {
+		t.Fatalf("a second Migrate changed the schema:\n%s", d)
+	}
+	other := connect(t, ctx, cfg)
+	if err := migrations.Migrate(ctx, other); err != nil {
+		t.Fatalf("Migrate from a new connection: %v", err)
+	}
+	if d := diffLines(first, fingerprint(t, ctx, other)); d != "" {
+		t.Fatalf("Migrate from a new connection changed the schema:\n%s", d)
+	}
+	if v := version(t, ctx, other); v != want {
+		t.Fatalf("version after re-running Migrate = %d, want %d", v, want)
+	}
+}
+
+// TestMigrateConcurrently runs four migrators, each on its own connection,
+// at once against a fresh empty database, several times over, and checks
+// that all succeed and leave the same schema as a single migrator does.
+func TestMigrateConcurrently(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	single := migrateSingle(t, ctx, emptyDatabase(t))
+	want := latest(t)
+	if len(single) == 0 {
+		t.Fatal("a single migrator left an empty schema")
+	}
+
+	const migrators = 4
+	for round := 1; round <= 3; round++ {
+		t.Run(fmt.Sprintf("round%d", round), func(t *testing.T) {
+			cfg := emptyDatabase(t)
+			conns := make([]*pgx.Conn, migrators)
+			for i := range conns {
+				conns[i] = connect(t, ctx, cfg)
+			}
+			start := make(chan struct{})
+			errs := make([]error, migrators)
+			var wg sync.WaitGroup
+			for i, conn := range conns {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					<-start
+					errs[i] = migrations.Migrate(ctx, conn)
+				}()
+			}
+			close(start)
+			wg.Wait()
+			for i, err := range errs {
+				if err != nil {
+					t.Errorf("migrator %d of %d: %v", i+1, migrators, err)
+				}
+			}
+			if t.Failed() {
+				t.FailNow()
+			}
+			check := connect(t, ctx, cfg)
+			if v := version(t, ctx, check); v != want {
+				t.Fatalf("version after %d concurrent migrators = %d, want migrations.Latest() = %d", migrators, v, want)
+			}
+			if d := diffLines(single, fingerprint(t, ctx, check)); d != "" {
+				t.Fatalf("%d concurrent migrators left a schema unlike a single migrator's:\n%s", migrators, d)
+			}
+		})
+	}
+}
+
+// seedSHA256 is the SHA-256 of shared/seed/0034_queue_messages.sql. It
+// lets the test check the embedded migration when the seed file is not
+// available (a checkout without shared/).
+const seedSHA256 = "269243de2f23f281783dd36dabafa4435e56c4b9d3e1b71bee06cc9aeac42e36"
+
+// seedPath is the seed relative to this package's directory: the shared
+// folder sits next to the repository root.
+var seedPath = filepath.Join("..", "..", "shared", "seed", "0034_queue_messages.sql")
+
+// TestSeedMigrationIsVerbatim checks that the embedded migration 0034 is the
+// seed, byte for byte.
+func TestSeedMigrationIsVerbatim(t *testing.T) {
+	t.Parallel()
+	files, err := migrations.Files()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var embedded []byte
+	for _, f := range files {
+		if f.Number == 34 {
+			if f.Name != "0034_queue_messages.sql" {
+				t.Fatalf("migration 34 is named %q, want 0034_queue_messages.sql", f.Name)
+			}
+			embedded = []byte(f.SQL)
+		}
+	}
+	if embedded == nil {
+		t.Fatal("no migration numbered 34 is embedded")
+	}
+
+	sum := sha256.Sum256(embedded)
+	if got := hex.EncodeToString(sum[:]); got != seedSHA256 {
+		t.Errorf("embedded 0034_queue_messages.sql has SHA-256 %s, want the seed's %s", got, seedSHA256)
+	}
+
+	seed, err := os.ReadFile(seedPath)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		t.Logf("seed %s is absent; checked the embedded file against the seed's SHA-256 only", seedPath)
+	case err != nil:
+		t.Fatalf("read seed: %v", err)
+	default:
+		if !bytes.Equal(embedded, seed) {
+			t.Errorf("embedded 0034_queue_messages.sql (%d bytes) differs from %s (%d bytes)", len(embedded), seedPath, len(seed))
+		}
+		if s := sha256.Sum256(seed); hex.EncodeToString(s[:]) != seedSHA256 {
+			t.Errorf("seed %s changed: its SHA-256 is %s, the test expects %s", seedPath, hex.EncodeToString(s[:]), seedSHA256)
+		}
+	}
+}
