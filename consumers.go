@@ -140,6 +140,7 @@ func checkPush(url *string, timeout *time.Duration) error {
 			return err
 		}
 	}
+	// A timeout of 0 means the default (and resets it in an update).
 	if timeout != nil && *timeout != 0 {
 		if err := validate.Duration("push timeout", *timeout, 100*time.Millisecond, validate.MaxVisibility); err != nil {
 			return err
@@ -253,6 +254,17 @@ func (c *Client) UpdateConsumer(ctx context.Context, app string, id uuid.UUID, u
 	if err != nil {
 		return fail(err)
 	}
+	if u.URL != nil {
+		// A consumer served by a Go handler has no signing secret to push
+		// with, and a secret made here could never be shown.
+		cur, err := c.consumerByID(ctx, app, id)
+		if err != nil {
+			return fail(err)
+		}
+		if cur.URL == "" {
+			return fail(fmt.Errorf("%w: the consumer is served by a Go handler; remove it and register a push consumer", ErrInvalidOptions))
+		}
+	}
 	ms := func(d *time.Duration) *int64 {
 		if d == nil {
 			return nil
@@ -319,6 +331,19 @@ func (c *Client) Consumers(ctx context.Context, app string) ([]Consumer, error) 
 		return nil, fmt.Errorf("list consumers: %w", err)
 	}
 	return out, nil
+}
+
+// consumerByID returns the consumer id of app, or ErrUnknownConsumer.
+func (c *Client) consumerByID(ctx context.Context, app string, id uuid.UUID) (Consumer, error) {
+	rows, err := c.db.Query(ctx, queries.ConsumerGet, pgx.NamedArgs{"id": id, "app_name": nil, "queue_name": nil, "with_secret": false})
+	if err != nil {
+		return Consumer{}, err
+	}
+	out, err := pgx.CollectExactlyOneRow(rows, scanConsumer)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && out.App != app) {
+		return Consumer{}, ErrUnknownConsumer
+	}
+	return out, err
 }
 
 // ConsumerOf returns the consumer of app's queue, or ErrUnknownConsumer.

@@ -14,7 +14,9 @@ WITH t AS (
         visibility_timeout_secs = coalesce(@visibility_timeout_secs, visibility_timeout_secs),
         max_in_flight           = coalesce(@max_in_flight, max_in_flight),
         push_url                = coalesce(@push_url, push_url),
-        push_timeout_ms         = coalesce(@push_timeout_ms, push_timeout_ms)
+        -- 0 resets the push timeout to the default (NULL).
+        push_timeout_ms         = CASE WHEN @push_timeout_ms::int = 0 THEN NULL
+                                       ELSE coalesce(@push_timeout_ms, push_timeout_ms) END
     WHERE trigger_id = (SELECT id FROM t)
     RETURNING trigger_id
 )

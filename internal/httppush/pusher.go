@@ -187,8 +187,9 @@ func (p *Pusher) parseURL(raw string) (*url.URL, error) {
 	case u.Hostname() == "":
 		return nil, fmt.Errorf("httppush: URL %s has no host", quote(raw))
 	case u.User != nil:
-		// Credentials in a URL end up in logs; the signature authenticates.
-		return nil, fmt.Errorf("httppush: URL %s carries credentials", quote(raw))
+		// Credentials in a URL end up in logs (so this error shows the URL
+		// redacted); the signature authenticates instead.
+		return nil, fmt.Errorf("httppush: URL %s carries credentials", quote(u.Redacted()))
 	}
 	if !p.hostAllowed(u.Hostname()) {
 		return nil, fmt.Errorf("httppush: host %s is not in the allowed hosts", quote(u.Hostname()))
@@ -260,9 +261,10 @@ func requestTimeout(c bellhop.Consumer, def time.Duration) time.Duration {
 	return vt - leaseMargin(vt)
 }
 
-// leaseMargin mirrors bellhop's: the handler context ends this long before
-// the lease, and a request timing out at the same moment keeps its error
-// message about the timeout rather than a bare cancellation.
+// leaseMargin mirrors the unexported one in package bellhop (a fifth of the
+// visibility timeout, at most 5s): the fallback timeout then matches when
+// the handler context ends, so a request never outlives its lease even if
+// a caller hands the handler a context without that deadline.
 func leaseMargin(vt time.Duration) time.Duration { return min(vt/5, 5*time.Second) }
 
 // handler pushes one consumer's messages. It is immutable, so safe for
@@ -316,6 +318,7 @@ func (h *handler) push(ctx context.Context, m *bellhop.Message) (int, error) {
 		HeaderMaxAttempts: {strconv.Itoa(m.MaxAttempts)},
 		HeaderEnqueuedAt:  {m.EnqueuedAt.UTC().Format(time.RFC3339Nano)},
 		HeaderConsumerID:  {m.ConsumerID.String()},
+		HeaderSource:      {source(m)},
 		HeaderTimestamp:   {strconv.FormatInt(ts, 10)},
 		HeaderSignature:   {Sign(h.secret, ts, body)},
 	}
@@ -366,7 +369,7 @@ func (h *handler) outcome(resp *http.Response, head []byte) error {
 		if !ok {
 			return fmt.Errorf("consumer busy: HTTP %d with unparsable Retry-After %s%s", code, quote(ra), snippetSuffix(head))
 		}
-		return bellhop.RetryAfter(d)
+		return fmt.Errorf("consumer busy: HTTP %d: %w", code, bellhop.RetryAfter(d))
 	case code == http.StatusRequestTimeout:
 		return fmt.Errorf("consumer timed out reading the request: HTTP %d%s", code, snippetSuffix(head))
 	case code >= 300 && code <= 499:
@@ -472,4 +475,13 @@ func quote(s string) string {
 		return fmt.Sprintf("%q... (%d bytes)", s[:64], len(s))
 	}
 	return fmt.Sprintf("%q", s)
+}
+
+// source names where a delivery comes from: "queue", or "invoke" for
+// Client.InvokeAsync deliveries.
+func source(m *bellhop.Message) string {
+	if m.Invoked {
+		return "invoke"
+	}
+	return "queue"
 }

@@ -12,18 +12,35 @@ import (
 	"time"
 )
 
-// Header names of a push delivery. They are exported so that consumer-side
-// code written in Go can read them without retyping the strings.
+// Header names of a push delivery, exported so that consumer-side code
+// written in Go can read them without retyping the strings.
 const (
-	HeaderMessageID   = "Bellhop-Message-Id"
-	HeaderApp         = "Bellhop-App"
-	HeaderQueue       = "Bellhop-Queue"
-	HeaderAttempt     = "Bellhop-Attempt"
+	// HeaderMessageID is the message id, the same on every attempt: the
+	// key a consumer dedupes on, since delivery is at least once.
+	HeaderMessageID = "Bellhop-Message-Id"
+	// HeaderApp is the app's name.
+	HeaderApp = "Bellhop-App"
+	// HeaderQueue is the queue's name.
+	HeaderQueue = "Bellhop-Queue"
+	// HeaderAttempt is the delivery attempt, 1 on the first.
+	HeaderAttempt = "Bellhop-Attempt"
+	// HeaderMaxAttempts is the attempt after which a failure dead-letters
+	// the message, so a consumer can tell its last chance.
 	HeaderMaxAttempts = "Bellhop-Max-Attempts"
-	HeaderEnqueuedAt  = "Bellhop-Enqueued-At"
-	HeaderConsumerID  = "Bellhop-Consumer-Id"
-	HeaderTimestamp   = "Bellhop-Timestamp"
-	HeaderSignature   = "Bellhop-Signature"
+	// HeaderEnqueuedAt is when the message was enqueued, RFC 3339 UTC with
+	// nanoseconds.
+	HeaderEnqueuedAt = "Bellhop-Enqueued-At"
+	// HeaderConsumerID is the consumer's id, for consumers that serve
+	// several registrations from one endpoint.
+	HeaderConsumerID = "Bellhop-Consumer-Id"
+	// HeaderSource is "queue" for queue messages and "invoke" for
+	// invoke_async deliveries.
+	HeaderSource = "Bellhop-Source"
+	// HeaderTimestamp is when the request was signed, in unix seconds; it
+	// is covered by the signature.
+	HeaderTimestamp = "Bellhop-Timestamp"
+	// HeaderSignature carries "v1=<hex>" signatures (see Sign).
+	HeaderSignature = "Bellhop-Signature"
 )
 
 // DefaultWindow is the replay window Verify applies when it is given none:

@@ -1,0 +1,678 @@
+package httppush
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/rs/zerolog"
+
+	"github.com/bellhopq/bellhop"
+)
+
+const testSecret = "whsec-7f3a9c-DO-NOT-LEAK"
+
+var testPayload = json.RawMessage(`{"card":"PAYLOAD-MARKER-4111"}`)
+
+func newMessage(t *testing.T) *bellhop.Message {
+	t.Helper()
+	m := &bellhop.Message{
+		App: "shop", Queue: "orders.created", Attempt: 2, MaxAttempts: 5,
+		EnqueuedAt: time.Date(2025, 3, 4, 5, 6, 7, 890123456, time.FixedZone("X", 3600)),
+		Payload:    testPayload,
+	}
+	rand.Read(m.ID[:])
+	rand.Read(m.AppID[:])
+	rand.Read(m.ConsumerID[:])
+	return m
+}
+
+func consumerFor(url string) bellhop.Consumer {
+	return bellhop.Consumer{URL: url, Secret: testSecret, VisibilityTimeout: 30 * time.Second}
+}
+
+// kind names what the dispatcher will do with a handler's result. The
+// root package's error types are unexported, so they are recognised by
+// comparing dynamic types along the wrap chain, the way its errors.As does.
+func kind(err error) string {
+	if err == nil {
+		return "ack"
+	}
+	perm := fmt.Sprintf("%T", bellhop.Permanent(nil))
+	retry := fmt.Sprintf("%T", bellhop.RetryAfter(0))
+	found := "retry"
+	var walk func(error)
+	walk = func(e error) {
+		if e == nil || found != "retry" {
+			return
+		}
+		switch fmt.Sprintf("%T", e) {
+		case perm:
+			found = "permanent"
+			return
+		case retry:
+			found = "retry-after"
+			return
+		}
+		switch u := e.(type) {
+		case interface{ Unwrap() error }:
+			walk(u.Unwrap())
+		case interface{ Unwrap() []error }:
+			for _, x := range u.Unwrap() {
+				walk(x)
+			}
+		}
+	}
+	walk(err)
+	return found
+}
+
+// retryDelay extracts d from a RetryAfter(d) error.
+func retryDelay(t *testing.T, err error) time.Duration {
+	t.Helper()
+	_, s, ok := strings.Cut(err.Error(), "retry after ")
+	if !ok {
+		t.Fatalf("not a RetryAfter error: %v", err)
+	}
+	d, perr := time.ParseDuration(s)
+	if perr != nil {
+		t.Fatalf("RetryAfter error %q: %v", err, perr)
+	}
+	return d
+}
+
+func deliver(t *testing.T, p *Pusher, c bellhop.Consumer) error {
+	t.Helper()
+	h, err := p.Handler(c)
+	if err != nil {
+		t.Fatalf("Handler: %v", err)
+	}
+	return h.Handle(context.Background(), newMessage(t))
+}
+
+func TestResponseMapping(t *testing.T) {
+	now := time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name      string
+		status    int
+		header    map[string]string
+		body      string
+		want      string        // ack, permanent, retry-after, retry
+		delay     time.Duration // for retry-after
+		errSubstr string
+	}{
+		{name: "200", status: 200, body: `{"ok":true}`, want: "ack"},
+		{name: "204", status: 204, want: "ack"},
+		{name: "202", status: 202, body: "queued", want: "ack"},
+		{name: "400", status: 400, body: "bad\x1b[31m field\n\tname \u202e", want: "permanent",
+			errSubstr: "consumer rejected the message: HTTP 400: bad?[31m field name ?"},
+		{name: "404", status: 404, body: "no such hook", want: "permanent", errSubstr: "HTTP 404: no such hook"},
+		{name: "410", status: 410, want: "permanent", errSubstr: "HTTP 410"},
+		{name: "422", status: 422, body: "invalid", want: "permanent", errSubstr: "HTTP 422: invalid"},
+		{name: "408", status: 408, want: "retry", errSubstr: "HTTP 408"},
+		{name: "429 Retry-After seconds", status: 429, header: map[string]string{"Retry-After": "120"},
+			want: "retry-after", delay: 2 * time.Minute},
+		{name: "429 Retry-After 0", status: 429, header: map[string]string{"Retry-After": "0"},
+			want: "retry-after", delay: 0},
+		{name: "429 Retry-After huge is capped", status: 429, header: map[string]string{"Retry-After": "99999999999999999999999"},
+			want: "retry-after", delay: MaxRetryAfter},
+		{name: "429 Retry-After garbled", status: 429, header: map[string]string{"Retry-After": "soon"},
+			want: "retry", errSubstr: `unparsable Retry-After "soon"`},
+		{name: "429 Retry-After negative", status: 429, header: map[string]string{"Retry-After": "-5"}, want: "retry"},
+		{name: "429 without Retry-After", status: 429, want: "retry", errSubstr: "HTTP 429"},
+		{name: "503 Retry-After HTTP-date", status: 503,
+			header: map[string]string{"Retry-After": now.Add(time.Hour).Format(http.TimeFormat)},
+			want:   "retry-after", delay: time.Hour},
+		{name: "503 Retry-After date past", status: 503,
+			header: map[string]string{"Retry-After": now.Add(-time.Hour).Format(http.TimeFormat)},
+			want:   "retry-after", delay: 0},
+		{name: "503 Retry-After date far", status: 503,
+			header: map[string]string{"Retry-After": now.Add(72 * time.Hour).Format(http.TimeFormat)},
+			want:   "retry-after", delay: MaxRetryAfter},
+		{name: "503 without Retry-After", status: 503, body: "maintenance", want: "retry", errSubstr: "HTTP 503: maintenance"},
+		{name: "500", status: 500, body: "boom", want: "retry", errSubstr: "consumer failed: HTTP 500: boom"},
+		{name: "502", status: 502, want: "retry", errSubstr: "HTTP 502"},
+		{name: "500 Retry-After ignored", status: 500, header: map[string]string{"Retry-After": "60"}, want: "retry"},
+		{name: "302 not followed", status: 302, want: "permanent", errSubstr: "HTTP 302: redirect not followed"},
+		{name: "307 not followed", status: 307, want: "permanent", errSubstr: "HTTP 307: redirect not followed"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var redirected atomic.Int32
+			target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				redirected.Add(1)
+			}))
+			defer target.Close()
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				io.Copy(io.Discard, r.Body)
+				for k, v := range tt.header {
+					w.Header().Set(k, v)
+				}
+				if tt.status >= 300 && tt.status < 400 {
+					w.Header().Set("Location", target.URL+"/elsewhere")
+				}
+				w.WriteHeader(tt.status)
+				io.WriteString(w, tt.body)
+			}))
+			defer srv.Close()
+
+			p := New(Options{})
+			p.now = func() time.Time { return now }
+			err := deliver(t, p, consumerFor(srv.URL+"/hook"))
+			if got := kind(err); got != tt.want {
+				t.Fatalf("result %v is %s, want %s", err, got, tt.want)
+			}
+			if tt.want == "retry-after" {
+				if d := retryDelay(t, err); d != tt.delay {
+					t.Errorf("retry after %s, want %s", d, tt.delay)
+				}
+			}
+			if tt.errSubstr != "" && !strings.Contains(err.Error(), tt.errSubstr) {
+				t.Errorf("error %q does not contain %q", err, tt.errSubstr)
+			}
+			if redirected.Load() != 0 {
+				t.Errorf("redirect target was hit %d times", redirected.Load())
+			}
+			if tt.status >= 300 && tt.status < 400 && !strings.Contains(err.Error(), target.URL) {
+				t.Errorf("error %q does not name the redirect's Location", err)
+			}
+		})
+	}
+}
+
+func TestRedirectNotFollowedWithCallerClient(t *testing.T) {
+	var redirected atomic.Int32
+	target := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { redirected.Add(1) }))
+	defer target.Close()
+	srv := httptest.NewServer(http.RedirectHandler(target.URL, http.StatusFound))
+	defer srv.Close()
+
+	// A client whose policy follows redirects and keeps cookies: New must
+	// override both.
+	jarClient := &http.Client{}
+	err := deliver(t, New(Options{Client: jarClient}), consumerFor(srv.URL))
+	if kind(err) != "permanent" || redirected.Load() != 0 {
+		t.Fatalf("err %v (%s), redirect target hit %d times", err, kind(err), redirected.Load())
+	}
+	if jarClient.CheckRedirect != nil {
+		t.Error("New modified the caller's client")
+	}
+}
+
+func TestTimeout(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(hang))
+	defer srv.Close()
+
+	for _, tt := range []struct {
+		name string
+		opts Options
+		c    func(bellhop.Consumer) bellhop.Consumer
+	}{
+		{name: "consumer timeout", c: func(c bellhop.Consumer) bellhop.Consumer { c.Timeout = 150 * time.Millisecond; return c }},
+		{name: "default timeout", opts: Options{Timeout: 150 * time.Millisecond}},
+		{name: "consumer timeout wins", opts: Options{Timeout: time.Hour},
+			c: func(c bellhop.Consumer) bellhop.Consumer { c.Timeout = 150 * time.Millisecond; return c }},
+		{name: "visibility timeout", c: func(c bellhop.Consumer) bellhop.Consumer { c.VisibilityTimeout = 250 * time.Millisecond; return c }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := consumerFor(srv.URL)
+			if tt.c != nil {
+				c = tt.c(c)
+			}
+			start := time.Now()
+			err := deliver(t, New(tt.opts), c)
+			elapsed := time.Since(start)
+			if kind(err) != "retry" || !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("err %v (%s), want an ordinary timeout error", err, kind(err))
+			}
+			if !strings.Contains(err.Error(), "no response within") {
+				t.Errorf("error %q does not say it timed out", err)
+			}
+			if elapsed < 100*time.Millisecond || elapsed > 3*time.Second {
+				t.Errorf("returned after %s", elapsed)
+			}
+		})
+	}
+}
+
+// hang answers only when the client gives up. It reads the body first:
+// the server notices a closed connection only once the body is consumed.
+func hang(w http.ResponseWriter, r *http.Request) {
+	io.Copy(io.Discard, r.Body)
+	<-r.Context().Done()
+}
+
+func TestRequestTimeout(t *testing.T) {
+	for _, tt := range []struct {
+		consumer, def, vt, want time.Duration
+	}{
+		{consumer: 2 * time.Second, def: 3 * time.Second, vt: 30 * time.Second, want: 2 * time.Second},
+		{def: 3 * time.Second, vt: 30 * time.Second, want: 3 * time.Second},
+		{vt: 30 * time.Second, want: 25 * time.Second},
+		{vt: 10 * time.Second, want: 8 * time.Second},
+		{vt: time.Second, want: 800 * time.Millisecond},
+		{vt: 12 * time.Hour, want: 12*time.Hour - 5*time.Second},
+		{want: bellhop.DefaultVisibilityTimeout - 5*time.Second},
+	} {
+		c := bellhop.Consumer{Timeout: tt.consumer, VisibilityTimeout: tt.vt}
+		if got := requestTimeout(c, tt.def); got != tt.want {
+			t.Errorf("requestTimeout(consumer %s, default %s, vt %s) = %s, want %s", tt.consumer, tt.def, tt.vt, got, tt.want)
+		}
+	}
+}
+
+func TestHandlerContextEnds(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(hang))
+	defer srv.Close()
+	h, err := New(Options{}).Handler(consumerFor(srv.URL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	time.AfterFunc(100*time.Millisecond, func() { cancel(bellhop.ErrLeaseLost) })
+	start := time.Now()
+	err = h.Handle(ctx, newMessage(t))
+	if kind(err) != "retry" || !errors.Is(err, bellhop.ErrLeaseLost) {
+		t.Fatalf("err %v (%s), want an ordinary error wrapping ErrLeaseLost", err, kind(err))
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("returned after %s", d)
+	}
+}
+
+func TestConnectionRefused(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	err = deliver(t, New(Options{}), consumerFor("http://"+addr+"/hook?token=QUERY-TOKEN"))
+	if kind(err) != "retry" {
+		t.Fatalf("err %v (%s), want an ordinary error", err, kind(err))
+	}
+	if strings.Contains(err.Error(), "QUERY-TOKEN") || strings.Contains(err.Error(), "/hook") {
+		t.Errorf("error %q shows the URL's path or query", err)
+	}
+	if !strings.Contains(err.Error(), addr) {
+		t.Errorf("error %q does not name the host", err)
+	}
+}
+
+// countingTransport counts the response body bytes the client reads.
+type countingTransport struct {
+	base http.RoundTripper
+	read atomic.Int64
+}
+
+func (c *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := c.base.RoundTrip(r)
+	if err == nil {
+		resp.Body = &countingBody{ReadCloser: resp.Body, n: &c.read}
+	}
+	return resp, err
+}
+
+type countingBody struct {
+	io.ReadCloser
+	n *atomic.Int64
+}
+
+func (b *countingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.n.Add(int64(n))
+	return n, err
+}
+
+func TestBodyCap(t *testing.T) {
+	const huge = 10 << 20
+	for _, tt := range []struct {
+		name   string
+		status int
+		limit  int64
+		want   string
+	}{
+		{name: "200 default cap", status: 200, want: "ack"},
+		{name: "500 default cap", status: 500, want: "retry"},
+		{name: "400 small cap", status: 400, limit: 1000, want: "permanent"},
+		{name: "cap below snippet", status: 500, limit: 10, want: "retry"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Length", strconv.Itoa(huge))
+				w.WriteHeader(tt.status)
+				chunk := bytes.Repeat([]byte("x"), 32<<10)
+				for sent := 0; sent < huge; sent += len(chunk) {
+					if _, err := w.Write(chunk); err != nil {
+						return // the client hung up, as it should
+					}
+				}
+			}))
+			defer srv.Close()
+			ct := &countingTransport{base: http.DefaultTransport.(*http.Transport).Clone()}
+			p := New(Options{Client: &http.Client{Transport: ct}, MaxResponseBody: tt.limit})
+			start := time.Now()
+			err := deliver(t, p, consumerFor(srv.URL))
+			if kind(err) != tt.want {
+				t.Fatalf("err %v (%s), want %s", err, kind(err), tt.want)
+			}
+			limit := tt.limit
+			if limit == 0 {
+				limit = DefaultMaxResponseBody
+			}
+			if n := ct.read.Load(); n > limit {
+				t.Errorf("read %d body bytes, cap is %d", n, limit)
+			}
+			if d := time.Since(start); d > 3*time.Second {
+				t.Errorf("took %s", d)
+			}
+			if err != nil && len(err.Error()) > 400 {
+				t.Errorf("error is %d bytes long", len(err.Error()))
+			}
+			if tt.limit == 10 && !strings.HasSuffix(err.Error(), ": xxxxxxxxxx") {
+				t.Errorf("error %q: snippet should hold the 10 bytes read", err)
+			}
+		})
+	}
+}
+
+func TestConnectionReuse(t *testing.T) {
+	responses := []struct {
+		status int
+		header map[string]string
+		body   string
+	}{
+		{200, nil, `{"ok":true}`},
+		{204, nil, ""},
+		{500, nil, strings.Repeat("e", 5000)}, // longer than the snippet, shorter than the cap
+		{404, nil, "not here"},
+		{429, map[string]string{"Retry-After": "3"}, "slow down"},
+		{200, nil, ""},
+	}
+	var mu sync.Mutex
+	next := 0
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		resp := responses[next]
+		next++
+		mu.Unlock()
+		for k, v := range resp.header {
+			w.Header().Set(k, v)
+		}
+		w.WriteHeader(resp.status)
+		io.WriteString(w, resp.body)
+	}))
+	var conns atomic.Int32
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+
+	h, err := New(Options{}).Handler(consumerFor(srv.URL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range responses {
+		h.Handle(context.Background(), newMessage(t))
+		if n := conns.Load(); n != 1 {
+			t.Fatalf("after delivery %d (HTTP %d): %d connections, want 1", i+1, responses[i].status, n)
+		}
+	}
+}
+
+func TestAllowList(t *testing.T) {
+	allowed := []string{"hooks.example.com", "*.svc.example.net", "EXACT.Example.ORG.", "10.0.0.1", "[::1]"}
+	tests := []struct {
+		url     string
+		allowed []string // nil: the list above
+		ok      bool
+	}{
+		{url: "https://hooks.example.com/x", ok: true},
+		{url: "https://HOOKS.Example.com:8443/x", ok: true},
+		{url: "https://hooks.example.com./x", ok: true},
+		{url: "https://exact.example.org/", ok: true},
+		{url: "https://example.com/x"},
+		{url: "https://api.hooks.example.com/x"},
+		{url: "https://hooks.example.com.evil.net/x"},
+		{url: "https://evilhooks.example.com/x"},
+		{url: "https://a.svc.example.net/x", ok: true},
+		{url: "https://a.b.svc.example.net/x", ok: true},
+		{url: "https://A.SVC.EXAMPLE.NET/x", ok: true},
+		{url: "https://svc.example.net/x"},
+		{url: "https://evilsvc.example.net/x"},
+		{url: "https://a.svc.example.net.evil/x"},
+		{url: "http://10.0.0.1:8080/x", ok: true},
+		{url: "http://10.0.0.2/x"},
+		{url: "http://[::1]:9000/x", ok: true},
+		{url: "http://anything.test/x", allowed: []string{}, ok: true},
+		{url: "http://anything.test/x", allowed: []string{" ", ""}, ok: true},
+		// Shape checks apply with or without a list.
+		{url: "", allowed: []string{}},
+		{url: "ftp://hooks.example.com/x"},
+		{url: "hooks.example.com/x", allowed: []string{}},
+		{url: "https:///x", allowed: []string{}},
+		{url: "https://user:pw@hooks.example.com/x"},
+		{url: "http://[::1/x", allowed: []string{}},
+	}
+	for _, tt := range tests {
+		list := tt.allowed
+		if list == nil {
+			list = allowed
+		}
+		p := New(Options{AllowedHosts: list})
+		err := p.CheckURL(tt.url)
+		if (err == nil) != tt.ok {
+			t.Errorf("CheckURL(%q) with %q = %v, want ok=%v", tt.url, list, err, tt.ok)
+		}
+		c := consumerFor(tt.url)
+		h, herr := p.Handler(c)
+		if (herr == nil) != tt.ok || (h == nil) == tt.ok {
+			t.Errorf("Handler(%q) with %q = %v, want ok=%v", tt.url, list, herr, tt.ok)
+		}
+		if err != nil && strings.Contains(err.Error(), "pw@") {
+			t.Errorf("error %q shows URL credentials", err)
+		}
+	}
+}
+
+func TestHandlerNeedsSecret(t *testing.T) {
+	c := consumerFor("https://hooks.example.com/")
+	c.Secret = ""
+	if _, err := New(Options{}).Handler(c); err == nil {
+		t.Fatal("Handler accepted a consumer without a secret")
+	}
+}
+
+func TestRequest(t *testing.T) {
+	now := time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
+	var (
+		got     *http.Request
+		gotBody []byte
+	)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got = r
+		gotBody, _ = io.ReadAll(r.Body)
+	}))
+	defer srv.Close()
+
+	p := New(Options{UserAgent: "bellhop-test/9"})
+	p.now = func() time.Time { return now }
+	h, err := p.Handler(consumerFor(srv.URL + "/hooks/orders?x=1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newMessage(t)
+	if err := h.Handle(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	if got.Method != http.MethodPost || got.URL.Path != "/hooks/orders" || got.URL.RawQuery != "x=1" {
+		t.Errorf("request %s %s", got.Method, got.URL)
+	}
+	if !bytes.Equal(gotBody, m.Payload) {
+		t.Errorf("body %q, want %q", gotBody, m.Payload)
+	}
+	for name, want := range map[string]string{
+		"Content-Type":       "application/json",
+		"User-Agent":         "bellhop-test/9",
+		HeaderMessageID:      m.ID.String(),
+		HeaderApp:            "shop",
+		HeaderQueue:          "orders.created",
+		HeaderAttempt:        "2",
+		HeaderMaxAttempts:    "5",
+		HeaderEnqueuedAt:     "2025-03-04T04:06:07.890123456Z",
+		HeaderConsumerID:     m.ConsumerID.String(),
+		HeaderTimestamp:      strconv.FormatInt(now.Unix(), 10),
+		HeaderSignature:      Sign(testSecret, now.Unix(), m.Payload),
+		"Content-Length":     strconv.Itoa(len(m.Payload)),
+		"Bellhop-Message-ID": m.ID.String(), // header names are case-insensitive
+	} {
+		if v := got.Header.Values(name); len(v) != 1 || v[0] != want {
+			t.Errorf("header %s = %q, want %q", name, v, want)
+		}
+	}
+	if err := Verify(testSecret, got.Header, gotBody, now.Add(time.Minute), 0); err != nil {
+		t.Errorf("Verify: %v", err)
+	}
+	for name, vs := range got.Header {
+		for _, v := range vs {
+			if strings.Contains(v, testSecret) {
+				t.Errorf("header %s carries the secret", name)
+			}
+		}
+	}
+	if c := got.Header.Get("Cookie"); c != "" {
+		t.Errorf("Cookie %q", c)
+	}
+}
+
+func TestDefaultUserAgent(t *testing.T) {
+	var ua atomic.Value
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { ua.Store(r.UserAgent()) }))
+	defer srv.Close()
+	if err := deliver(t, New(Options{}), consumerFor(srv.URL)); err != nil {
+		t.Fatal(err)
+	}
+	if ua.Load() != DefaultUserAgent {
+		t.Errorf("User-Agent %q", ua.Load())
+	}
+}
+
+func TestNoSecretOrPayloadLeaks(t *testing.T) {
+	var logs bytes.Buffer
+	log := zerolog.New(&logs).Level(zerolog.DebugLevel)
+	mux := http.NewServeMux()
+	mux.HandleFunc("/400", func(w http.ResponseWriter, r *http.Request) { http.Error(w, "bad", 400) })
+	mux.HandleFunc("/500", func(w http.ResponseWriter, r *http.Request) { http.Error(w, "boom", 500) })
+	mux.HandleFunc("/429", func(w http.ResponseWriter, r *http.Request) { w.Header().Set("Retry-After", "x"); w.WriteHeader(429) })
+	mux.HandleFunc("/slow", hang)
+	mux.HandleFunc("/302", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/200", 302) })
+	mux.HandleFunc("/200", func(w http.ResponseWriter, r *http.Request) {})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	refused := "http://" + l.Addr().String()
+	l.Close()
+
+	p := New(Options{Logger: log, Timeout: 100 * time.Millisecond})
+	var errs []string
+	for _, u := range []string{srv.URL + "/400", srv.URL + "/500", srv.URL + "/429", srv.URL + "/slow",
+		srv.URL + "/302", srv.URL + "/200", refused + "/x"} {
+		h, err := p.Handler(consumerFor(u + "?token=QUERY-TOKEN"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := newMessage(t)
+		if err := h.Handle(context.Background(), m); err != nil {
+			errs = append(errs, err.Error())
+		}
+		if !strings.Contains(logs.String(), m.ID.String()) {
+			t.Errorf("%s: no log line for message %s", u, m.ID)
+		}
+	}
+	if len(errs) != 6 {
+		t.Errorf("%d errors, want 6: %q", len(errs), errs)
+	}
+	all := strings.Join(errs, "\n") + "\n" + logs.String()
+	for _, secret := range []string{testSecret, "PAYLOAD-MARKER", "QUERY-TOKEN"} {
+		if strings.Contains(all, secret) {
+			t.Errorf("%q appears in errors or logs:\n%s", secret, all)
+		}
+	}
+	for _, field := range []string{`"app_id"`, `"queue":"orders.created"`, `"message_id"`, `"attempt":2`, `"status":500`, `"duration"`, `"level":"debug"`} {
+		if !strings.Contains(logs.String(), field) {
+			t.Errorf("logs lack %s:\n%s", field, logs.String())
+		}
+	}
+}
+
+func TestParseRetryAfter(t *testing.T) {
+	now := time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
+	for _, tt := range []struct {
+		in   string
+		want time.Duration
+		ok   bool
+	}{
+		{"0", 0, true},
+		{"5", 5 * time.Second, true},
+		{" 5 ", 5 * time.Second, true},
+		{"43199", 43199 * time.Second, true},
+		{"43200", MaxRetryAfter, true},
+		{"9223372036854775808", MaxRetryAfter, true},
+		{now.Add(90 * time.Second).Format(http.TimeFormat), 90 * time.Second, true},
+		{"Sunday, 01-Jun-25 12:01:00 GMT", time.Minute, true}, // RFC 850
+		{"Sun Jun  1 12:01:00 2025", time.Minute, true},       // asctime
+		{"", 0, false},
+		{"-1", 0, false},
+		{"1.5", 0, false},
+		{"5s", 0, false},
+		{"tomorrow", 0, false},
+	} {
+		got, ok := parseRetryAfter(tt.in, now)
+		if got != tt.want || ok != tt.ok {
+			t.Errorf("parseRetryAfter(%q) = %s, %v; want %s, %v", tt.in, got, ok, tt.want, tt.ok)
+		}
+	}
+}
+
+func TestSnippet(t *testing.T) {
+	long := strings.Repeat("a", 300)
+	wide := strings.Repeat("é", 150) // 300 bytes
+	for _, tt := range []struct{ in, want string }{
+		{"", ""},
+		{"  \n\t ", ""},
+		{"plain text", "plain text"},
+		{"a\r\nb\tc   d", "a b c d"},
+		{"esc\x1b[0m nul\x00 del\x7f", "esc?[0m nul? del?"},
+		{"bidi \u202eevil", "bidi ?evil"},
+		{"bad \xff\xfe utf8", "bad ?? utf8"},
+		{"ünïcødé ok", "ünïcødé ok"},
+		{long, long[:197] + "..."},
+		{strings.Repeat("b", 200), strings.Repeat("b", 200)},
+		{wide, strings.Repeat("é", 98) + "..."},
+	} {
+		got := snippet([]byte(tt.in))
+		if got != tt.want {
+			t.Errorf("snippet(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+		if len(got) > maxSnippet || !utf8.ValidString(got) {
+			t.Errorf("snippet(%q) = %q: %d bytes, valid UTF-8 %v", tt.in, got, len(got), utf8.ValidString(got))
+		}
+	}
+}
