@@ -1,0 +1,146 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/rs/zerolog"
+	"github.com/urfave/cli/v3"
+
+	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/internal/httppush"
+	"github.com/bellhopq/bellhop/internal/metrics"
+	"github.com/bellhopq/bellhop/notify"
+)
+
+func runCommand(d *deps) *cli.Command {
+	return &cli.Command{
+		Name:  "run",
+		Usage: "run the dispatcher: HTTP push to every consumer with a URL, reclaim, /metrics, /healthz and /readyz",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "http-addr", Value: ":9090", Usage: "address for /metrics, /healthz and /readyz", Sources: env("HTTP_ADDR")},
+			&cli.DurationFlag{Name: "poll-interval", Value: bellhop.DefaultPollInterval, Usage: "fallback poll period (catches lost notifications only)", Sources: env("POLL_INTERVAL")},
+			&cli.DurationFlag{Name: "shutdown-grace", Value: bellhop.DefaultShutdownGrace, Usage: "on SIGINT/SIGTERM, how long in-flight deliveries may finish", Sources: env("SHUTDOWN_GRACE")},
+			&cli.StringSliceFlag{Name: "allowed-hosts", Usage: "if set, only push to these hosts (exact, or *.suffix)", Sources: env("ALLOWED_HOSTS")},
+		},
+		Action: func(ctx context.Context, cmd *cli.Command) error {
+			log, err := d.logger(cmd)
+			if err != nil {
+				return err
+			}
+			cfg, err := poolConfig(cmd)
+			if err != nil {
+				return err
+			}
+			if cmd.Duration("poll-interval") < time.Second {
+				return usagef("--poll-interval %s: must be at least 1s", cmd.Duration("poll-interval"))
+			}
+			if cmd.Duration("shutdown-grace") <= 0 {
+				return usagef("--shutdown-grace %s: must be positive", cmd.Duration("shutdown-grace"))
+			}
+			ln, err := net.Listen("tcp", cmd.String("http-addr"))
+			if err != nil {
+				return usagef("--http-addr %q: %v", cmd.String("http-addr"), err)
+			}
+			ctx, stop := signalContext(ctx, log)
+			defer stop()
+			pusher := httppush.New(httppush.Options{AllowedHosts: cmd.StringSlice("allowed-hosts"), Logger: log})
+			return serve(ctx, log, cfg, ln, pusher, cmd.Duration("poll-interval"), cmd.Duration("shutdown-grace"))
+		},
+	}
+}
+
+// signalContext is cancelled by the first SIGINT or SIGTERM (a graceful
+// stop); a second one exits at once.
+func signalContext(parent context.Context, log zerolog.Logger) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(parent)
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		select {
+		case s := <-sigs:
+			log.Info().Str("signal", s.String()).Msg("stopping gracefully; send it again to stop at once")
+			cancel()
+		case <-ctx.Done():
+			return
+		}
+		s := <-sigs
+		log.Warn().Str("signal", s.String()).Msg("second signal: exiting now")
+		os.Exit(130)
+	}()
+	return ctx, func() { signal.Stop(sigs); cancel() }
+}
+
+// pushResolver serves every consumer that has a URL with HTTP push.
+type pushResolver struct {
+	pusher *httppush.Pusher
+	log    zerolog.Logger
+}
+
+func (r pushResolver) Resolve(c bellhop.Consumer) bellhop.Handler {
+	if c.URL == "" {
+		return nil
+	}
+	h, err := r.pusher.Handler(c)
+	if err != nil {
+		r.log.Error().Err(err).Str("app", c.App).Str("queue", c.Queue).Msg("consumer not served")
+		return nil
+	}
+	return h
+}
+
+// serve runs a dispatcher and the HTTP endpoints until ctx is cancelled.
+func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.Listener, pusher *httppush.Pusher, poll, grace time.Duration) error {
+	reg := prometheus.NewRegistry()
+	var disp *bellhop.Dispatcher
+	client, pool, err := openClient(ctx, cfg)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	defer pool.Close()
+	rec := metrics.New(reg, func() notify.Stats { return disp.ListenerStats() },
+		func(ctx context.Context) ([]bellhop.QueueInfo, error) { return client.Queues(ctx, "") })
+	disp, err = bellhop.NewDispatcher(cfg, bellhop.DispatcherConfig{
+		Resolver: pushResolver{pusher: pusher, log: log}, Logger: log, Observer: rec,
+		PollInterval: poll, ShutdownGrace: grace,
+	})
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		rctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := disp.Ready(rctx); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error().Err(err).Msg("http server failed")
+		}
+	}()
+	log.Info().Str("http_addr", ln.Addr().String()).Msg("serving /metrics, /healthz and /readyz")
+	runErr := disp.Run(ctx)
+	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	return runErr
+}

@@ -1,0 +1,191 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+	"github.com/urfave/cli/v3"
+
+	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/internal/httppush"
+	"github.com/bellhopq/bellhop/internal/pgcluster"
+	"github.com/bellhopq/bellhop/migrations"
+)
+
+const (
+	demoApp   = "demo"
+	demoQueue = "orders"
+)
+
+func demoCommand(d *deps) *cli.Command {
+	return &cli.Command{
+		Name:  "demo",
+		Usage: "run everything end to end: a throwaway PostgreSQL (unless DATABASE_URL is set), the dispatcher, a demo HTTP consumer and a producer; Ctrl-C stops it",
+		Flags: []cli.Flag{
+			&cli.DurationFlag{Name: "interval", Value: 250 * time.Millisecond, Usage: "time between enqueued messages"},
+		},
+		Action: func(ctx context.Context, cmd *cli.Command) error {
+			log, err := d.logger(cmd)
+			if err != nil {
+				return err
+			}
+			if cmd.Duration("interval") < time.Millisecond {
+				return usagef("--interval %s: must be at least 1ms", cmd.Duration("interval"))
+			}
+			// The demo prints its own story; the dispatcher logs only warnings.
+			log = log.Level(max(log.GetLevel(), zerolog.WarnLevel))
+			ctx, stop := signalContext(ctx, log)
+			defer stop()
+			return runDemo(ctx, d, cmd, log)
+		},
+	}
+}
+
+func runDemo(ctx context.Context, d *deps, cmd *cli.Command, log zerolog.Logger) error {
+	say := func(format string, args ...any) { fmt.Fprintf(d.stdout, format+"\n", args...) }
+	url := cmd.String("database-url")
+	if url == "" {
+		say("starting a throwaway PostgreSQL (set DATABASE_URL to use your own)…")
+		cluster, err := pgcluster.Start(ctx, pgcluster.Options{})
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if err := cluster.Stop(); err != nil {
+				say("stopping PostgreSQL: %v", err)
+			}
+		}()
+		url = cluster.ConnString("postgres")
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return usagef("--database-url: %s", redactErr(err, url))
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
+	if err != nil {
+		return fmt.Errorf("connect to the database: %w", err)
+	}
+	err = migrations.Migrate(ctx, conn)
+	conn.Close(context.Background())
+	if err != nil {
+		return err
+	}
+	client, pool, err := openClient(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if _, err := client.CreateApp(ctx, demoApp); err != nil && !errors.Is(err, bellhop.ErrAppExists) {
+		return err
+	}
+
+	// The demo consumer: an HTTP endpoint on loopback that verifies each
+	// request's signature and acts on the message's "kind".
+	var secret atomic.Value
+	secret.Store("")
+	var delivered atomic.Int64
+	consumer := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+		if err := httppush.Verify(secret.Load().(string), r.Header, body, time.Now(), 5*time.Minute); err != nil {
+			http.Error(w, err.Error(), http.StatusUnauthorized)
+			return
+		}
+		var m struct {
+			N      int    `json:"n"`
+			Kind   string `json:"kind"`
+			SentAt int64  `json:"sent_at_unix_nano"`
+		}
+		_ = json.Unmarshal(body, &m)
+		attempt, _ := strconv.Atoi(r.Header.Get("Bellhop-Attempt"))
+		latency := time.Duration(time.Now().UnixNano() - m.SentAt)
+		delivered.Add(1)
+		switch {
+		case m.Kind == "flaky" && attempt < 3:
+			say("  #%-4d %-8s attempt %d → 500, will be retried (after %s)", m.N, m.Kind, attempt, latency.Round(time.Millisecond))
+			http.Error(w, "flaky failure", http.StatusInternalServerError)
+		case m.Kind == "poison":
+			say("  #%-4d %-8s attempt %d → 400, rejected: dead-lettered", m.N, m.Kind, attempt)
+			http.Error(w, "cannot process this", http.StatusBadRequest)
+		default:
+			say("  #%-4d %-8s attempt %d → 200 acked, %s after enqueue", m.N, m.Kind, attempt, latency.Round(10*time.Microsecond))
+			w.WriteHeader(http.StatusNoContent)
+		}
+	})}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	go consumer.Serve(ln)
+	defer consumer.Close()
+
+	// Register (or re-register, to learn a fresh secret) the consumer.
+	if old, err := client.ConsumerOf(ctx, demoApp, demoQueue); err == nil {
+		if err := client.RemoveConsumer(ctx, demoApp, old.ID); err != nil {
+			return err
+		}
+	}
+	con, err := client.RegisterConsumer(ctx, bellhop.ConsumerSpec{
+		App: demoApp, Queue: demoQueue, URL: "http://" + ln.Addr().String() + "/hook",
+		MaxAttempts: 4, BackoffBase: 200 * time.Millisecond, BackoffCap: 2 * time.Second,
+		VisibilityTimeout: 10 * time.Second,
+	})
+	if err != nil {
+		return err
+	}
+	secret.Store(con.Secret)
+	say("consumer %s pushes %s/%s to %s", con.ID, demoApp, demoQueue, con.URL)
+
+	disp, err := bellhop.NewDispatcher(cfg, bellhop.DispatcherConfig{
+		Resolver: pushResolver{pusher: httppush.New(httppush.Options{Logger: log}), log: log}, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	done := make(chan error, 1)
+	go func() { done <- disp.Run(ctx) }()
+
+	say("enqueuing a message every %s: most succeed, every 7th fails twice then succeeds, every 11th is rejected (dead letter), every 5th is delayed 2s. Ctrl-C to stop.", cmd.Duration("interval"))
+	tick := time.NewTicker(cmd.Duration("interval"))
+	defer tick.Stop()
+	n := 0
+produce:
+	for {
+		select {
+		case <-ctx.Done():
+			break produce
+		case <-tick.C:
+		}
+		n++
+		kind, opts := "ok", bellhop.EnqueueOptions{}
+		switch {
+		case n%11 == 0:
+			kind = "poison"
+		case n%7 == 0:
+			kind = "flaky"
+		case n%5 == 0:
+			kind, opts.Delay = "delayed", 2*time.Second
+		}
+		payload, _ := json.Marshal(map[string]any{"n": n, "kind": kind, "sent_at_unix_nano": time.Now().UnixNano()})
+		if _, err := client.Enqueue(ctx, demoApp, demoQueue, payload, opts); err != nil && ctx.Err() == nil {
+			say("enqueue #%d failed: %v", n, err)
+		}
+	}
+	say("stopping…")
+	if err := <-done; err != nil {
+		return err
+	}
+	dead, _ := client.DeadLetters(context.Background(), bellhop.DeadFilter{App: demoApp, Queue: demoQueue})
+	say("done: %d messages enqueued, %d deliveries, %d dead letters (see `bellhop dead ls --app demo` against a kept database)", n, delivered.Load(), len(dead))
+	return nil
+}

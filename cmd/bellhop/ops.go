@@ -1,0 +1,548 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/urfave/cli/v3"
+
+	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/internal/httppush"
+	"github.com/bellhopq/bellhop/migrations"
+)
+
+func migrateCommand(d *deps) *cli.Command {
+	return &cli.Command{
+		Name:  "migrate",
+		Usage: "apply the database migrations (idempotent; safe to run from several processes at once)",
+		Action: func(ctx context.Context, cmd *cli.Command) error {
+			cfg, err := poolConfig(cmd)
+			if err != nil {
+				return err
+			}
+			conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
+			if err != nil {
+				return fmt.Errorf("connect to the database: %w", err)
+			}
+			defer conn.Close(context.Background())
+			if err := migrations.Migrate(ctx, conn); err != nil {
+				return err
+			}
+			n, _ := migrations.Latest()
+			fmt.Fprintf(d.stdout, "database is at schema version %d\n", n)
+			return nil
+		},
+	}
+}
+
+func appCommand(d *deps) *cli.Command {
+	return &cli.Command{
+		Name:  "app",
+		Usage: "create and list apps",
+		Commands: []*cli.Command{{
+			Name:      "create",
+			Usage:     "create an app (and its \"default\" principal)",
+			ArgsUsage: "NAME",
+			Action: func(ctx context.Context, cmd *cli.Command) error {
+				name, err := oneArg(cmd, "NAME")
+				if err != nil {
+					return err
+				}
+				c, pool, err := client(ctx, cmd)
+				if err != nil {
+					return err
+				}
+				defer pool.Close()
+				a, err := c.CreateApp(ctx, name)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(d.stdout, "app %s created: id %s\n", a.Name, a.ID)
+				return nil
+			},
+		}, {
+			Name:  "ls",
+			Usage: "list apps",
+			Action: func(ctx context.Context, cmd *cli.Command) error {
+				c, pool, err := client(ctx, cmd)
+				if err != nil {
+					return err
+				}
+				defer pool.Close()
+				apps, err := c.Apps(ctx)
+				if err != nil {
+					return err
+				}
+				tw := tabwriter.NewWriter(d.stdout, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "NAME\tID\tCREATED")
+				for _, a := range apps {
+					fmt.Fprintf(tw, "%s\t%s\t%s\n", a.Name, a.ID, a.CreatedAt.UTC().Format(time.RFC3339))
+				}
+				return tw.Flush()
+			},
+		}},
+	}
+}
+
+func oneArg(cmd *cli.Command, what string) (string, error) {
+	if cmd.Args().Len() != 1 {
+		return "", usagef("%s takes exactly one argument, %s", cmd.FullName(), what)
+	}
+	return cmd.Args().First(), nil
+}
+
+// Consumer flag defaults are the library's defaults.
+func consumerSettingFlags(withDefaults bool) []cli.Flag {
+	def := func(v time.Duration) time.Duration {
+		if withDefaults {
+			return v
+		}
+		return 0
+	}
+	defInt := func(v int) int {
+		if withDefaults {
+			return v
+		}
+		return 0
+	}
+	return []cli.Flag{
+		&cli.DurationFlag{Name: "visibility-timeout", Value: def(bellhop.DefaultVisibilityTimeout), Usage: "lease on a delivered message (whole seconds, 1s to 12h)"},
+		&cli.IntFlag{Name: "max-attempts", Value: defInt(bellhop.DefaultMaxAttempts), Usage: "deliveries before a message is dead-lettered (1 to 1000)"},
+		&cli.DurationFlag{Name: "backoff-min", Value: def(bellhop.DefaultBackoffBase), Usage: "retry delay after the first failure; doubles per attempt"},
+		&cli.DurationFlag{Name: "backoff-max", Value: def(bellhop.DefaultBackoffCap), Usage: "longest retry delay"},
+		&cli.IntFlag{Name: "max-in-flight", Value: defInt(bellhop.DefaultMaxInFlight), Usage: "deliveries at once, per dispatcher process"},
+		&cli.DurationFlag{Name: "timeout", Usage: "HTTP request timeout (default: the visibility timeout less a fifth, at most 5s less)"},
+	}
+}
+
+func consumerCommand(d *deps) *cli.Command {
+	appFlag := &cli.StringFlag{Name: "app", Usage: "app name", Required: true, Sources: env("APP")}
+	idArg := func(cmd *cli.Command) (uuid.UUID, error) {
+		s, err := oneArg(cmd, "CONSUMER_ID")
+		if err != nil {
+			return uuid.Nil, err
+		}
+		id, err := uuid.Parse(s)
+		if err != nil {
+			return uuid.Nil, usagef("consumer id %q is not a UUID", s)
+		}
+		return id, nil
+	}
+	setEnabled := func(enabled bool) cli.ActionFunc {
+		return func(ctx context.Context, cmd *cli.Command) error {
+			id, err := idArg(cmd)
+			if err != nil {
+				return err
+			}
+			c, pool, err := client(ctx, cmd)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			return c.SetConsumerEnabled(ctx, cmd.String("app"), id, enabled)
+		}
+	}
+	return &cli.Command{
+		Name:  "consumer",
+		Usage: "register and manage HTTP push consumers",
+		Commands: []*cli.Command{{
+			Name:  "add",
+			Usage: "register the consumer of a queue; prints its id and signing secret (shown once)",
+			Flags: append([]cli.Flag{appFlag,
+				&cli.StringFlag{Name: "queue", Usage: "queue name", Required: true},
+				&cli.StringFlag{Name: "url", Usage: "http(s) URL that receives each message as a POST", Required: true},
+				&cli.StringFlag{Name: "principal", Usage: "registering principal (default: the app's \"default\")"},
+				&cli.StringSliceFlag{Name: "allowed-hosts", Usage: "if set, the URL's host must match one of these (exact, or *.suffix)", Sources: env("ALLOWED_HOSTS")},
+			}, consumerSettingFlags(true)...),
+			Action: func(ctx context.Context, cmd *cli.Command) error {
+				if err := httppush.New(httppush.Options{AllowedHosts: cmd.StringSlice("allowed-hosts")}).CheckURL(cmd.String("url")); err != nil {
+					return usageError{err}
+				}
+				c, pool, err := client(ctx, cmd)
+				if err != nil {
+					return err
+				}
+				defer pool.Close()
+				con, err := c.RegisterConsumer(ctx, bellhop.ConsumerSpec{
+					App: cmd.String("app"), Queue: cmd.String("queue"), Principal: cmd.String("principal"),
+					URL: cmd.String("url"), Timeout: cmd.Duration("timeout"),
+					MaxAttempts: int(cmd.Int("max-attempts")), BackoffBase: cmd.Duration("backoff-min"),
+					BackoffCap: cmd.Duration("backoff-max"), VisibilityTimeout: cmd.Duration("visibility-timeout"),
+					MaxInFlight: int(cmd.Int("max-in-flight")),
+				})
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(d.stdout, "consumer %s registered for %s/%s\n", con.ID, con.App, con.Queue)
+				fmt.Fprintf(d.stdout, "signing secret (shown only now): %s\n", con.Secret)
+				return nil
+			},
+		}, {
+			Name:  "ls",
+			Usage: "list consumers",
+			Flags: []cli.Flag{&cli.StringFlag{Name: "app", Usage: "only this app's", Sources: env("APP")}},
+			Action: func(ctx context.Context, cmd *cli.Command) error {
+				c, pool, err := client(ctx, cmd)
+				if err != nil {
+					return err
+				}
+				defer pool.Close()
+				cs, err := c.Consumers(ctx, cmd.String("app"))
+				if err != nil {
+					return err
+				}
+				tw := tabwriter.NewWriter(d.stdout, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "ID\tAPP\tQUEUE\tENABLED\tURL\tVISIBILITY\tATTEMPTS\tBACKOFF\tIN-FLIGHT\tLAST FIRED")
+				for _, x := range cs {
+					last := "-"
+					if x.LastFiredAt != nil {
+						last = x.LastFiredAt.UTC().Format(time.RFC3339)
+					}
+					url := x.URL
+					if url == "" {
+						url = "(go handler)"
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%t\t%s\t%s\t%d\t%s..%s\t%d\t%s\n", x.ID, x.App, x.Queue, x.Enabled, url,
+						x.VisibilityTimeout, x.MaxAttempts, x.BackoffBase, x.BackoffCap, x.MaxInFlight, last)
+				}
+				return tw.Flush()
+			},
+		}, {
+			Name:      "update",
+			Usage:     "change a consumer's settings (only the flags given)",
+			ArgsUsage: "CONSUMER_ID",
+			Flags: append([]cli.Flag{appFlag,
+				&cli.StringFlag{Name: "url", Usage: "new URL"},
+				&cli.StringSliceFlag{Name: "allowed-hosts", Usage: "if set, the URL's host must match one of these", Sources: env("ALLOWED_HOSTS")},
+			}, consumerSettingFlags(false)...),
+			Action: func(ctx context.Context, cmd *cli.Command) error {
+				id, err := idArg(cmd)
+				if err != nil {
+					return err
+				}
+				var u bellhop.ConsumerUpdate
+				if cmd.IsSet("url") {
+					url := cmd.String("url")
+					if err := httppush.New(httppush.Options{AllowedHosts: cmd.StringSlice("allowed-hosts")}).CheckURL(url); err != nil {
+						return usageError{err}
+					}
+					u.URL = &url
+				}
+				dur := func(name string) *time.Duration {
+					if !cmd.IsSet(name) {
+						return nil
+					}
+					v := cmd.Duration(name)
+					return &v
+				}
+				num := func(name string) *int {
+					if !cmd.IsSet(name) {
+						return nil
+					}
+					v := int(cmd.Int(name))
+					return &v
+				}
+				u.VisibilityTimeout, u.BackoffBase, u.BackoffCap, u.Timeout = dur("visibility-timeout"), dur("backoff-min"), dur("backoff-max"), dur("timeout")
+				u.MaxAttempts, u.MaxInFlight = num("max-attempts"), num("max-in-flight")
+				c, pool, err := client(ctx, cmd)
+				if err != nil {
+					return err
+				}
+				defer pool.Close()
+				if err := c.UpdateConsumer(ctx, cmd.String("app"), id, u); err != nil {
+					return err
+				}
+				fmt.Fprintf(d.stdout, "consumer %s updated\n", id)
+				return nil
+			},
+		}, {
+			Name: "pause", Usage: "stop deliveries to a consumer (messages stay queued)", ArgsUsage: "CONSUMER_ID",
+			Flags: []cli.Flag{appFlag}, Action: setEnabled(false),
+		}, {
+			Name: "resume", Usage: "resume deliveries to a paused consumer", ArgsUsage: "CONSUMER_ID",
+			Flags: []cli.Flag{appFlag}, Action: setEnabled(true),
+		}, {
+			Name: "rm", Usage: "remove a consumer (its queue's messages stay)", ArgsUsage: "CONSUMER_ID",
+			Flags: []cli.Flag{appFlag},
+			Action: func(ctx context.Context, cmd *cli.Command) error {
+				id, err := idArg(cmd)
+				if err != nil {
+					return err
+				}
+				c, pool, err := client(ctx, cmd)
+				if err != nil {
+					return err
+				}
+				defer pool.Close()
+				return c.RemoveConsumer(ctx, cmd.String("app"), id)
+			},
+		}},
+	}
+}
+
+const enqueueBatch = 500
+
+func enqueueCommand(d *deps) *cli.Command {
+	return &cli.Command{
+		Name:      "enqueue",
+		Usage:     "enqueue one JSON message, or with - one JSON value per line from stdin",
+		ArgsUsage: "JSON|-",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "app", Usage: "app name", Required: true, Sources: env("APP")},
+			&cli.StringFlag{Name: "queue", Usage: "queue name", Required: true},
+			&cli.DurationFlag{Name: "delay", Usage: "deliver after this long"},
+			&cli.StringFlag{Name: "at", Usage: "deliver at this time (RFC 3339, e.g. 2030-01-02T15:04:05Z)"},
+			&cli.IntFlag{Name: "max-attempts", Usage: "attempts before dead-lettering (default: the consumer's)"},
+		},
+		Action: func(ctx context.Context, cmd *cli.Command) error {
+			body, err := oneArg(cmd, "JSON or -")
+			if err != nil {
+				return err
+			}
+			opts := bellhop.EnqueueOptions{Delay: cmd.Duration("delay"), MaxAttempts: int(cmd.Int("max-attempts"))}
+			if s := cmd.String("at"); s != "" {
+				at, err := time.Parse(time.RFC3339Nano, s)
+				if err != nil {
+					return usagef("--at %q is not an RFC 3339 time", s)
+				}
+				opts.DeliverAfter = at
+			}
+			if opts.Delay != 0 && !opts.DeliverAfter.IsZero() {
+				return usagef("use --delay or --at, not both")
+			}
+			c, pool, err := client(ctx, cmd)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			app, queue := cmd.String("app"), cmd.String("queue")
+			if body != "-" {
+				id, err := c.Enqueue(ctx, app, queue, []byte(body), opts)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintln(d.stdout, id)
+				return nil
+			}
+			return enqueueStream(ctx, c, app, queue, opts, d.stdin, d.stdout)
+		},
+	}
+}
+
+// enqueueStream reads one JSON value per line and inserts them in batches.
+// Each batch is all-or-nothing; on a bad line nothing of its batch is
+// written and the error names the line.
+func enqueueStream(ctx context.Context, c *bellhop.Client, app, queue string, opts bellhop.EnqueueOptions, in io.Reader, out io.Writer) error {
+	sc := bufio.NewScanner(in)
+	sc.Buffer(make([]byte, 64*1024), 2<<20)
+	var batch []bellhop.NewMessage
+	line, total := 0, 0
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		if _, err := c.EnqueueMany(ctx, app, batch); err != nil {
+			return fmt.Errorf("batch ending at line %d (%d messages before it were written): %w", line, total, err)
+		}
+		total += len(batch)
+		batch = batch[:0]
+		return nil
+	}
+	for sc.Scan() {
+		line++
+		text := strings.TrimSpace(sc.Text())
+		if text == "" {
+			continue
+		}
+		if !json.Valid([]byte(text)) {
+			return fmt.Errorf("line %d is not a JSON value (%d messages before its batch were written)", line, total)
+		}
+		batch = append(batch, bellhop.NewMessage{Queue: queue, Payload: []byte(text), Options: opts})
+		if len(batch) == enqueueBatch {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("read stdin at line %d: %w", line+1, err)
+	}
+	if err := flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "enqueued %d messages\n", total)
+	return nil
+}
+
+func queuesCommand(d *deps) *cli.Command {
+	return &cli.Command{
+		Name:  "queues",
+		Usage: "show queues: ready, delayed, in flight, dead, oldest ready age, consumer",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "app", Usage: "only this app's", Sources: env("APP")},
+			&cli.BoolFlag{Name: "watch", Usage: "refresh every 2s until interrupted"},
+		},
+		Action: func(ctx context.Context, cmd *cli.Command) error {
+			c, pool, err := client(ctx, cmd)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			for {
+				qs, err := c.Queues(ctx, cmd.String("app"))
+				if err != nil {
+					if ctx.Err() != nil {
+						return nil
+					}
+					return err
+				}
+				if cmd.Bool("watch") {
+					fmt.Fprint(d.stdout, "\033[H\033[2J")
+				}
+				tw := tabwriter.NewWriter(d.stdout, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "APP\tQUEUE\tREADY\tDELAYED\tIN FLIGHT\tDEAD\tOLDEST READY\tCONSUMER")
+				for _, q := range qs {
+					consumer := "-"
+					if q.ConsumerID != nil {
+						consumer = q.ConsumerID.String()
+						if !q.ConsumerEnabled {
+							consumer += " (paused)"
+						}
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", q.App, q.Queue, q.Ready, q.Delayed, q.InFlight, q.Dead,
+						q.OldestReady.Round(time.Millisecond), consumer)
+				}
+				if err := tw.Flush(); err != nil || !cmd.Bool("watch") {
+					return err
+				}
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-time.After(2 * time.Second):
+				}
+			}
+		},
+	}
+}
+
+func deadCommand(d *deps) *cli.Command {
+	appFlag := &cli.StringFlag{Name: "app", Usage: "app name", Required: true, Sources: env("APP")}
+	selector := func(cmd *cli.Command) (string, uuid.UUID, error) {
+		queue := cmd.String("queue")
+		var id uuid.UUID
+		if cmd.Args().Len() > 1 {
+			return "", uuid.Nil, usagef("give at most one MESSAGE_ID")
+		}
+		if s := cmd.Args().First(); s != "" {
+			var err error
+			if id, err = uuid.Parse(s); err != nil {
+				return "", uuid.Nil, usagef("message id %q is not a UUID", s)
+			}
+		}
+		if queue == "" && id == uuid.Nil {
+			return "", uuid.Nil, usagef("name a MESSAGE_ID or --queue")
+		}
+		return queue, id, nil
+	}
+	bulk := func(verb string, op func(*bellhop.Client, context.Context, string, string, uuid.UUID) (int64, error)) cli.ActionFunc {
+		return func(ctx context.Context, cmd *cli.Command) error {
+			queue, id, err := selector(cmd)
+			if err != nil {
+				return err
+			}
+			c, pool, err := client(ctx, cmd)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			n, err := op(c, ctx, cmd.String("app"), queue, id)
+			if err != nil {
+				return err
+			}
+			if n == 0 && id != uuid.Nil {
+				return fmt.Errorf("no dead letter %s in app %s", id, cmd.String("app"))
+			}
+			fmt.Fprintf(d.stdout, "%s %d dead letters\n", verb, n)
+			return nil
+		}
+	}
+	return &cli.Command{
+		Name:  "dead",
+		Usage: "inspect, redrive and purge dead letters",
+		Commands: []*cli.Command{{
+			Name:  "ls",
+			Usage: "list dead letters, newest first",
+			Flags: []cli.Flag{appFlag, &cli.StringFlag{Name: "queue", Usage: "only this queue's"},
+				&cli.IntFlag{Name: "limit", Value: 100, Usage: "at most this many"}},
+			Action: func(ctx context.Context, cmd *cli.Command) error {
+				c, pool, err := client(ctx, cmd)
+				if err != nil {
+					return err
+				}
+				defer pool.Close()
+				ds, err := c.DeadLetters(ctx, bellhop.DeadFilter{App: cmd.String("app"), Queue: cmd.String("queue"), Limit: int(cmd.Int("limit"))})
+				if err != nil {
+					return err
+				}
+				tw := tabwriter.NewWriter(d.stdout, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "ID\tQUEUE\tSOURCE\tATTEMPTS\tDIED\tLAST ERROR")
+				for _, x := range ds {
+					errText := x.LastError
+					if len(errText) > 80 {
+						errText = errText[:80] + "…"
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\t%s\n", x.ID, x.Queue, x.Source, x.Attempt, x.MaxAttempts,
+						x.DiedAt.UTC().Format(time.RFC3339), strings.ReplaceAll(errText, "\n", " "))
+				}
+				return tw.Flush()
+			},
+		}, {
+			Name:      "show",
+			Usage:     "show one dead letter in full, as JSON",
+			ArgsUsage: "MESSAGE_ID",
+			Flags:     []cli.Flag{appFlag},
+			Action: func(ctx context.Context, cmd *cli.Command) error {
+				s, err := oneArg(cmd, "MESSAGE_ID")
+				if err != nil {
+					return err
+				}
+				id, err := uuid.Parse(s)
+				if err != nil {
+					return usagef("message id %q is not a UUID", s)
+				}
+				c, pool, err := client(ctx, cmd)
+				if err != nil {
+					return err
+				}
+				defer pool.Close()
+				ds, err := c.DeadLetters(ctx, bellhop.DeadFilter{App: cmd.String("app"), ID: id, Limit: 1})
+				if err != nil {
+					return err
+				}
+				if len(ds) == 0 {
+					return errors.New("no dead letter " + id.String() + " in app " + cmd.String("app"))
+				}
+				enc := json.NewEncoder(d.stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(ds[0])
+			},
+		}, {
+			Name: "redrive", Usage: "move dead letters back to their queue: one MESSAGE_ID, or all of --queue",
+			ArgsUsage: "[MESSAGE_ID]", Flags: []cli.Flag{appFlag, &cli.StringFlag{Name: "queue", Usage: "every dead letter of this queue"}},
+			Action: bulk("redrove", (*bellhop.Client).Redrive),
+		}, {
+			Name: "purge", Usage: "delete dead letters for good: one MESSAGE_ID, or all of --queue",
+			ArgsUsage: "[MESSAGE_ID]", Flags: []cli.Flag{appFlag, &cli.StringFlag{Name: "queue", Usage: "every dead letter of this queue"}},
+			Action: bulk("purged", (*bellhop.Client).PurgeDead),
+		}},
+	}
+}
