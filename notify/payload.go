@@ -49,7 +49,7 @@ func Parse(payload string) (Event, error) {
 	case kind == "c" && payload == "c":
 		return Event{Kind: KindConsumers}, nil
 	case kind == "h":
-		if rest == "" || len(rest) > maxTokenLen || strings.ContainsAny(rest, ": \x00") {
+		if rest == "" || len(rest) > maxTokenLen || strings.IndexFunc(rest, notAlnum) >= 0 {
 			return Event{}, garbled(payload, "bad heartbeat token")
 		}
 		return Event{Kind: KindHeartbeat, Token: rest}, nil
@@ -77,12 +77,18 @@ func Parse(payload string) (Event, error) {
 	return Event{}, garbled(payload, "unknown kind")
 }
 
-// parseUUID accepts only the canonical 36-character form PostgreSQL prints.
+func notAlnum(r rune) bool {
+	return !(r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z')
+}
+
+// parseUUID accepts only the canonical form PostgreSQL prints: 36
+// characters, lower-case hex.
 func parseUUID(s string) (uuid.UUID, error) {
-	if len(s) != 36 {
+	u, err := uuid.Parse(s)
+	if err != nil || u.String() != s {
 		return uuid.UUID{}, errors.New("not a canonical uuid")
 	}
-	return uuid.Parse(s)
+	return u, nil
 }
 
 func garbled(payload, why string) error {

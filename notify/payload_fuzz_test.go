@@ -1,0 +1,49 @@
+package notify
+
+import (
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+// FuzzParse feeds Parse arbitrary payloads, as anyone who can connect may
+// NOTIFY on the channel: it must never panic, must accept only the
+// documented forms, and what it accepts must print back to the same
+// payload.
+func FuzzParse(f *testing.F) {
+	for _, s := range []string{
+		"c",
+		"h:0123456789abcdef0123456789abcdef",
+		"q:9b2f4a4e-3c1d-4e55-8a77-0c5d4f1b2a3c:orders",
+		"q:9b2f4a4e-3c1d-4e55-8a77-0c5d4f1b2a3c:a.b-c_d:e",
+		"o:9b2f4a4e-3c1d-4e55-8a77-0c5d4f1b2a3c:1c6a2b3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d",
+		"", ":", "q", "q:", "q::", "q:not-a-uuid:orders", "x:y:z", "c:extra", "h:", "h:a:b",
+		"q:9b2f4a4e-3c1d-4e55-8a77-0c5d4f1b2a3c:" + strings.Repeat("a", 129),
+		"q:9b2f4a4e-3c1d-4e55-8a77-0c5d4f1b2a3c:'; DROP TABLE queue_messages; --",
+		"q:{9b2f4a4e-3c1d-4e55-8a77-0c5d4f1b2a3c}:orders",
+		"q:9b2f4a4e3c1d4e558a770c5d4f1b2a3c:orders",
+		"\x00", "q:\x00:\x00", "h:\xff\xfe",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, payload string) {
+		ev, err := Parse(payload)
+		if err != nil {
+			if ev != (Event{}) {
+				t.Fatalf("Parse(%q) returned %+v with error %v", payload, ev, err)
+			}
+			return
+		}
+		if got := ev.String(); got != payload {
+			t.Fatalf("Parse(%q).String() = %q", payload, got)
+		}
+		if !utf8.ValidString(payload) {
+			t.Fatalf("accepted invalid UTF-8 %q", payload)
+		}
+		switch ev.Kind {
+		case KindQueue, KindInvoke, KindConsumers, KindHeartbeat:
+		default:
+			t.Fatalf("accepted unknown kind %q", ev.Kind)
+		}
+	})
+}
