@@ -17,13 +17,24 @@ import (
 
 // Client enqueues messages and manages apps, consumers and dead letters.
 // It is safe for concurrent use.
+//
+// A Client from NewClient acts as an operator: it may act on every app. A
+// Client from As acts as one principal and may act only on that
+// principal's app.
 type Client struct {
-	db *pgxpool.Pool
+	db    *pgxpool.Pool
+	actor uuid.UUID // uuid.Nil: operator
 }
 
-// NewClient returns a Client that runs its statements on db. The database
-// must be migrated (see package migrations).
+// NewClient returns an operator Client that runs its statements on db. The
+// database must be migrated (see package migrations).
 func NewClient(db *pgxpool.Pool) *Client { return &Client{db: db} }
+
+// As returns a Client acting as the principal with id principal. Every
+// operation that names an app then fails with ErrForbidden unless the
+// principal belongs to that app; consumers it registers are registered by
+// it, and messages it enqueues record it as their enqueuing principal.
+func (c *Client) As(principal uuid.UUID) *Client { return &Client{db: c.db, actor: principal} }
 
 // querier is what both a pool and a transaction offer.
 type querier interface {
@@ -93,21 +104,26 @@ func (c *Client) CreatePrincipal(ctx context.Context, app, name string) (uuid.UU
 	return id, nil
 }
 
-// lookupPrincipal resolves an app name and a principal name ("" means
-// "default") to their ids.
-func lookupPrincipal(ctx context.Context, q querier, app, principal string) (appID, principalID uuid.UUID, err error) {
+// resolve turns an app name into its id, and names the principal acting
+// on it: the Client's own principal (which must belong to the app), or
+// else the app's principal called principal ("" means "default").
+func (c *Client) resolve(ctx context.Context, q querier, app, principal string) (appID, principalID uuid.UUID, err error) {
 	if principal == "" {
 		principal = "default"
 	}
 	var pid *uuid.UUID
-	err = q.QueryRow(ctx, queries.PrincipalLookup, pgx.NamedArgs{"app_name": app, "principal_name": principal}).Scan(&appID, &pid)
+	err = q.QueryRow(ctx, queries.PrincipalLookup, pgx.NamedArgs{
+		"app_name": app, "principal_name": principal, "principal_id": nullable(c.actor),
+	}).Scan(&appID, &pid)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return uuid.Nil, uuid.Nil, fmt.Errorf("%w %q", ErrUnknownApp, app)
+		return uuid.Nil, uuid.Nil, fmt.Errorf("%w %q", ErrUnknownApp, printable(app))
 	case err != nil:
 		return uuid.Nil, uuid.Nil, err
+	case pid == nil && c.actor != uuid.Nil:
+		return uuid.Nil, uuid.Nil, fmt.Errorf("%w: principal %s does not belong to app %q", ErrForbidden, c.actor, printable(app))
 	case pid == nil:
-		return uuid.Nil, uuid.Nil, fmt.Errorf("%w %q in app %q", ErrUnknownPrincipal, principal, app)
+		return uuid.Nil, uuid.Nil, fmt.Errorf("%w %q in app %q", ErrUnknownPrincipal, printable(principal), printable(app))
 	}
 	return appID, *pid, nil
 }

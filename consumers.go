@@ -185,7 +185,7 @@ func (c *Client) RegisterConsumer(ctx context.Context, spec ConsumerSpec) (Consu
 	}
 	var out Consumer
 	err := pgx.BeginFunc(ctx, c.db, func(tx pgx.Tx) error {
-		appID, principalID, err := lookupPrincipal(ctx, tx, spec.App, spec.Principal)
+		appID, principalID, err := c.resolve(ctx, tx, spec.App, spec.Principal)
 		if err != nil {
 			return err
 		}
@@ -250,7 +250,7 @@ func (c *Client) UpdateConsumer(ctx context.Context, app string, id uuid.UUID, u
 	if u.URL != nil && *u.URL == "" {
 		return fail(fmt.Errorf("%w: a push consumer's URL cannot be removed; remove the consumer instead", ErrInvalidOptions))
 	}
-	appID, _, err := lookupPrincipal(ctx, c.db, app, "")
+	appID, _, err := c.resolve(ctx, c.db, app, "")
 	if err != nil {
 		return fail(err)
 	}
@@ -302,7 +302,7 @@ func (c *Client) SetConsumerEnabled(ctx context.Context, app string, id uuid.UUI
 // RemoveConsumer deletes the consumer id of app. Its queue's messages stay
 // for a future consumer; its pending invoke_async deliveries are deleted.
 func (c *Client) RemoveConsumer(ctx context.Context, app string, id uuid.UUID) error {
-	appID, _, err := lookupPrincipal(ctx, c.db, app, "")
+	appID, _, err := c.resolve(ctx, c.db, app, "")
 	if err == nil {
 		var gone uuid.UUID
 		err = c.db.QueryRow(ctx, queries.ConsumerDelete, pgx.NamedArgs{"id": id, "app_id": appID}).Scan(&gone)

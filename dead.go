@@ -85,7 +85,7 @@ func (c *Client) PurgeDead(ctx context.Context, app, queue string, id uuid.UUID)
 }
 
 func (c *Client) deadOp(ctx context.Context, verb, sql, app, queue string, id uuid.UUID) (int64, error) {
-	if _, _, err := lookupPrincipal(ctx, c.db, app, ""); err != nil {
+	if _, _, err := c.resolve(ctx, c.db, app, ""); err != nil {
 		return 0, fmt.Errorf("%s dead letters: %w", verb, err)
 	}
 	tag, err := c.db.Exec(ctx, sql, pgx.NamedArgs{"app_name": app, "queue_name": nullable(queue), "id": nullable(id)})

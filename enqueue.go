@@ -26,7 +26,8 @@ type EnqueueOptions struct {
 	// MaxAttempts bounds deliveries, from 1 to 1000; 0 takes the default.
 	MaxAttempts int
 	// Principal records who enqueued, for forensics only; it must belong
-	// to the app. uuid.Nil records nobody.
+	// to the app. uuid.Nil records nobody, or the Client's principal for
+	// a Client made with As.
 	Principal uuid.UUID
 }
 
@@ -40,7 +41,7 @@ type NewMessage struct {
 // Enqueue adds one message to app's queue and returns its id. Payload must
 // be one JSON value of at most 1 MiB.
 func (c *Client) Enqueue(ctx context.Context, app, queue string, payload []byte, opts EnqueueOptions) (uuid.UUID, error) {
-	ids, err := enqueue(ctx, c.db, app, []NewMessage{{Queue: queue, Payload: payload, Options: opts}})
+	ids, err := c.enqueue(ctx, c.db, app, []NewMessage{{Queue: queue, Payload: payload, Options: opts}})
 	if err != nil {
 		return uuid.Nil, err
 	}
@@ -51,7 +52,7 @@ func (c *Client) Enqueue(ctx context.Context, app, queue string, payload []byte,
 // and its consumer is notified, only if tx commits. This is the
 // transactional outbox: write your rows and the message together.
 func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, app, queue string, payload []byte, opts EnqueueOptions) (uuid.UUID, error) {
-	ids, err := enqueue(ctx, tx, app, []NewMessage{{Queue: queue, Payload: payload, Options: opts}})
+	ids, err := c.enqueue(ctx, tx, app, []NewMessage{{Queue: queue, Payload: payload, Options: opts}})
 	if err != nil {
 		return uuid.Nil, err
 	}
@@ -61,15 +62,15 @@ func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, app, queue string, pa
 // EnqueueMany adds a batch of messages to app's queues in one statement and
 // returns their ids in order. If any message is invalid, none is written.
 func (c *Client) EnqueueMany(ctx context.Context, app string, msgs []NewMessage) ([]uuid.UUID, error) {
-	return enqueue(ctx, c.db, app, msgs)
+	return c.enqueue(ctx, c.db, app, msgs)
 }
 
 // EnqueueManyTx is EnqueueMany inside the caller's transaction.
 func (c *Client) EnqueueManyTx(ctx context.Context, tx pgx.Tx, app string, msgs []NewMessage) ([]uuid.UUID, error) {
-	return enqueue(ctx, tx, app, msgs)
+	return c.enqueue(ctx, tx, app, msgs)
 }
 
-func enqueue(ctx context.Context, q querier, app string, msgs []NewMessage) ([]uuid.UUID, error) {
+func (c *Client) enqueue(ctx context.Context, q querier, app string, msgs []NewMessage) ([]uuid.UUID, error) {
 	if len(msgs) == 0 {
 		return nil, nil
 	}
@@ -100,8 +101,14 @@ func enqueue(ctx context.Context, q querier, app string, msgs []NewMessage) ([]u
 			v := int32(m.Options.MaxAttempts)
 			attempts[i] = &v
 		}
-		if m.Options.Principal != uuid.Nil {
-			p := m.Options.Principal
+		p := m.Options.Principal
+		if c.actor != uuid.Nil {
+			if p != uuid.Nil && p != c.actor {
+				return nil, enqueueError(app, msgs, i, fmt.Errorf("%w: a client acting as principal %s cannot enqueue as %s", ErrForbidden, c.actor, p))
+			}
+			p = c.actor
+		}
+		if p != uuid.Nil {
 			principals[i] = &p
 		}
 	}
@@ -116,6 +123,8 @@ func enqueue(ctx context.Context, q querier, app string, msgs []NewMessage) ([]u
 		return nil, enqueueError(app, msgs, -1, constraintError(err))
 	case !appFound:
 		return nil, enqueueError(app, msgs, -1, fmt.Errorf("%w %q", ErrUnknownApp, app))
+	case foreign > 0 && c.actor != uuid.Nil:
+		return nil, enqueueError(app, msgs, -1, fmt.Errorf("%w: principal %s does not belong to app %q", ErrForbidden, c.actor, printable(app)))
 	case foreign > 0:
 		return nil, enqueueError(app, msgs, -1, fmt.Errorf("%w: %d message(s) name a principal that is not of app %q", ErrUnknownPrincipal, foreign, app))
 	case inserted != int64(n):

@@ -32,6 +32,8 @@ var (
 	ErrConsumerExists = errors.New("queue already has a consumer")
 	// ErrUnknownConsumer: no consumer with that id in that app.
 	ErrUnknownConsumer = errors.New("unknown consumer")
+	// ErrForbidden: the Client acts as a principal of another app.
+	ErrForbidden = errors.New("forbidden")
 	// ErrLeaseLost: the message's lease expired and it may be delivered
 	// again; the handler's work on it no longer counts.
 	ErrLeaseLost = errors.New("lease lost")

@@ -18,6 +18,8 @@ import (
 // consumer, outside its queue: the delivery waits in the outbox and goes
 // through the same claim, ack, retry and dead-letter path as a queue
 // message. opts.Principal is ignored; MaxAttempts 0 takes the consumer's.
+// A Client made with As may invoke only its own app's consumers; others
+// are reported as unknown.
 func (c *Client) InvokeAsync(ctx context.Context, consumer uuid.UUID, payload []byte, opts EnqueueOptions) (uuid.UUID, error) {
 	fail := func(err error) (uuid.UUID, error) {
 		return uuid.Nil, fmt.Errorf("invoke consumer %s: %w", consumer, err)
@@ -39,7 +41,7 @@ func (c *Client) InvokeAsync(ctx context.Context, consumer uuid.UUID, payload []
 	var out uuid.UUID
 	err = c.db.QueryRow(ctx, queries.Invoke, pgx.NamedArgs{
 		"id": id, "trigger_id": consumer, "payload": json.RawMessage(payload),
-		"deliver_after": nullable(at), "max_attempts": nullable(opts.MaxAttempts),
+		"deliver_after": nullable(at), "max_attempts": nullable(opts.MaxAttempts), "actor": nullable(c.actor),
 	}).Scan(&out)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fail(ErrUnknownConsumer)

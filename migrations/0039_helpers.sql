@@ -72,7 +72,10 @@ CREATE FUNCTION enqueue(
     p_max_attempts  INT DEFAULT NULL,
     p_principal     UUID DEFAULT NULL
 ) RETURNS UUID
-LANGUAGE plpgsql AS $$
+-- SECURITY DEFINER, so that a producer role needs only EXECUTE on it (see
+-- docs/roles.sql); search_path is pinned so callers cannot redirect the
+-- names it uses.
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     v_id UUID;
 BEGIN
@@ -108,6 +111,8 @@ BEGIN
     RETURN v_id;
 END
 $$;
+
+REVOKE EXECUTE ON FUNCTION enqueue(UUID, TEXT, JSONB, TIMESTAMPTZ, INT, UUID) FROM PUBLIC;
 
 -- One row per (app, queue) that has messages, dead letters or a consumer.
 CREATE VIEW queue_list AS

@@ -1,8 +1,11 @@
 -- Adds one invoke_async delivery for a queue consumer to the outbox. No
--- row: the consumer is unknown or does not belong to the app.
+-- row: the consumer is unknown, or the acting principal (when not NULL)
+-- belongs to another app.
 INSERT INTO outbox (id, app_id, source_kind, trigger_id, payload, deliver_after, max_attempts)
 SELECT @id, t.app_id, 'invoke', t.id, @payload,
        @deliver_after, coalesce(@max_attempts, t.max_attempts)
 FROM triggers t
 WHERE t.id = @trigger_id AND t.kind = 'queue'
+  AND (@actor::uuid IS NULL
+       OR EXISTS (SELECT 1 FROM principals p WHERE p.id = @actor AND p.app_id = t.app_id))
 RETURNING id

@@ -1,0 +1,33 @@
+-- Least-privilege roles for Bellhop. Run it as the owner of Bellhop's
+-- tables (the role that ran `bellhop migrate`), in Bellhop's database,
+-- after migrating. It is idempotent. The roles are NOLOGIN groups: grant
+-- them to login roles, e.g.
+--   CREATE ROLE orders_service LOGIN PASSWORD '...' IN ROLE bellhop_producer;
+--   CREATE ROLE bellhop_daemon LOGIN PASSWORD '...' IN ROLE bellhop_dispatcher;
+-- Migrations, app and consumer management keep to the owner role.
+
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'bellhop_producer') THEN
+        CREATE ROLE bellhop_producer NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'bellhop_dispatcher') THEN
+        CREATE ROLE bellhop_dispatcher NOLOGIN;
+    END IF;
+END
+$$;
+
+GRANT USAGE ON SCHEMA public TO bellhop_producer, bellhop_dispatcher;
+
+-- Producers may add messages, with a plain INSERT (without RETURNING,
+-- which would need SELECT) or with enqueue(), which returns the new id.
+-- They cannot read, change or delete messages.
+GRANT INSERT ON queue_messages TO bellhop_producer;
+GRANT EXECUTE ON FUNCTION enqueue(UUID, TEXT, JSONB, TIMESTAMPTZ, INT, UUID) TO bellhop_producer;
+
+-- The dispatcher claims, settles and reclaims messages, reads consumers,
+-- moves dead letters, and reads the queue list for its metrics.
+GRANT SELECT, UPDATE, DELETE ON queue_messages, outbox TO bellhop_dispatcher;
+GRANT SELECT, INSERT, UPDATE ON dead_letters TO bellhop_dispatcher;
+GRANT SELECT ON apps, principals, triggers, queue_trigger_details, queue_consumers, queue_list TO bellhop_dispatcher;
+GRANT UPDATE (last_fired_at) ON queue_trigger_details TO bellhop_dispatcher;

@@ -1,0 +1,307 @@
+package bellhop_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+
+	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/internal/pgtest"
+)
+
+// runDispatcher runs a Dispatcher on connString until the test ends.
+func runDispatcher(t *testing.T, connString string, r bellhop.Resolver) *bellhop.Dispatcher {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(connString)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := bellhop.NewDispatcher(cfg, bellhop.DispatcherConfig{Resolver: r, Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel), PollInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("dispatcher: %v", err)
+		}
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for d.Ready(ctx) != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("dispatcher not ready: %v", d.Ready(ctx))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return d
+}
+
+// TestAppIsolation: consumers of two apps with the same queue name each
+// receive only their own app's messages.
+func TestAppIsolation(t *testing.T) {
+	e := fxNew(t)
+	e.app("alpha")
+	e.app("beta")
+	for _, app := range []string{"alpha", "beta"} {
+		if _, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: app, Queue: "orders"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	got := map[string][]string{}
+	record := func(app string) bellhop.Handler {
+		return bellhop.HandlerFunc(func(_ context.Context, m *bellhop.Message) error {
+			mu.Lock()
+			defer mu.Unlock()
+			got[app] = append(got[app], string(m.Payload))
+			return nil
+		})
+	}
+	mux := bellhop.NewMux()
+	mux.Handle("alpha", "orders", record("alpha"))
+	mux.Handle("beta", "orders", record("beta"))
+	runDispatcher(t, e.pool.Config().ConnString(), mux)
+
+	const n = 20
+	for i := range n {
+		for _, app := range []string{"alpha", "beta"} {
+			if _, err := e.client.Enqueue(e.ctx, app, "orders", []byte(`"`+app+`"`), bellhop.EnqueueOptions{}); err != nil {
+				t.Fatalf("enqueue %d to %s: %v", i, app, err)
+			}
+		}
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		mu.Lock()
+		done := len(got["alpha"]) >= n && len(got["beta"]) >= n
+		mu.Unlock()
+		if done {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("deliveries: alpha %d, beta %d, want %d each", len(got["alpha"]), len(got["beta"]), n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for app, payloads := range got {
+		for _, p := range payloads {
+			if p != `"`+app+`"` {
+				t.Errorf("consumer of %s received %s", app, p)
+			}
+		}
+	}
+}
+
+// TestPrincipalIsolation: a Client acting as a principal of app A can act
+// on A, and on nothing of app B.
+func TestPrincipalIsolation(t *testing.T) {
+	e := fxNew(t)
+	a := e.app("alpha")
+	e.app("beta")
+	cb, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "beta", Queue: "orders"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One dead letter in beta to try to redrive and purge.
+	e.exec(`INSERT INTO dead_letters (id, source, app_id, queue_name, payload, enqueued_at, attempt, max_attempts, last_error)
+	        SELECT gen_random_uuid(), 'queue', id, 'orders', '{}', now(), 3, 3, 'x' FROM apps WHERE name = 'beta'`)
+	before := e.tableState("dead_letters") + e.tableState("triggers") + e.tableState("queue_trigger_details") + e.tableState("queue_messages")
+
+	asA := e.client.As(a.DefaultPrincipal)
+	enabled := false
+	tests := []struct {
+		name string
+		do   func() error
+		want error
+	}{
+		{"register in B", func() error {
+			_, err := asA.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "beta", Queue: "other"})
+			return err
+		}, bellhop.ErrForbidden},
+		{"update B's consumer", func() error {
+			return asA.UpdateConsumer(e.ctx, "beta", cb.ID, bellhop.ConsumerUpdate{Enabled: &enabled})
+		}, bellhop.ErrForbidden},
+		{"update B's consumer through A", func() error {
+			return asA.UpdateConsumer(e.ctx, "alpha", cb.ID, bellhop.ConsumerUpdate{Enabled: &enabled})
+		}, bellhop.ErrUnknownConsumer},
+		{"pause B's consumer", func() error { return asA.SetConsumerEnabled(e.ctx, "beta", cb.ID, false) }, bellhop.ErrForbidden},
+		{"remove B's consumer", func() error { return asA.RemoveConsumer(e.ctx, "beta", cb.ID) }, bellhop.ErrForbidden},
+		{"remove B's consumer through A", func() error { return asA.RemoveConsumer(e.ctx, "alpha", cb.ID) }, bellhop.ErrUnknownConsumer},
+		{"redrive B's dead letters", func() error {
+			_, err := asA.Redrive(e.ctx, "beta", "orders", uuid.Nil)
+			return err
+		}, bellhop.ErrForbidden},
+		{"purge B's dead letters", func() error {
+			_, err := asA.PurgeDead(e.ctx, "beta", "orders", uuid.Nil)
+			return err
+		}, bellhop.ErrForbidden},
+		{"enqueue to B", func() error {
+			_, err := asA.Enqueue(e.ctx, "beta", "orders", []byte(`{}`), bellhop.EnqueueOptions{})
+			return err
+		}, bellhop.ErrForbidden},
+		{"invoke B's consumer", func() error {
+			_, err := asA.InvokeAsync(e.ctx, cb.ID, []byte(`{}`), bellhop.EnqueueOptions{})
+			return err
+		}, bellhop.ErrUnknownConsumer},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := tt.do(); !errors.Is(err, tt.want) {
+				t.Fatalf("got %v, want %v", err, tt.want)
+			}
+		})
+	}
+	after := e.tableState("dead_letters") + e.tableState("triggers") + e.tableState("queue_trigger_details") + e.tableState("queue_messages")
+	if after != before {
+		t.Fatalf("B's data changed:\nbefore %s\nafter  %s", before, after)
+	}
+
+	// The same principal may act on its own app, and is recorded.
+	ca, err := asA.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "alpha", Queue: "orders"})
+	if err != nil {
+		t.Fatalf("register in own app: %v", err)
+	}
+	if ca.PrincipalID != a.DefaultPrincipal {
+		t.Errorf("consumer registered by %s, want %s", ca.PrincipalID, a.DefaultPrincipal)
+	}
+	id, err := asA.Enqueue(e.ctx, "alpha", "orders", []byte(`{}`), bellhop.EnqueueOptions{})
+	if err != nil {
+		t.Fatalf("enqueue to own app: %v", err)
+	}
+	if by := e.uuid(`SELECT enqueued_by_principal FROM queue_messages WHERE id = $1`, id); by != a.DefaultPrincipal {
+		t.Errorf("enqueued_by_principal = %s, want %s", by, a.DefaultPrincipal)
+	}
+}
+
+func (e *fxEnv) uuid(sql string, args ...any) uuid.UUID {
+	e.t.Helper()
+	var u uuid.UUID
+	if err := e.pool.QueryRow(e.ctx, sql, args...).Scan(&u); err != nil {
+		e.t.Fatalf("%s: %v", sql, err)
+	}
+	return u
+}
+
+// TestLeastPrivilegeRoles applies docs/roles.sql and shows that a producer
+// can enqueue but cannot read, change or delete messages, and that a
+// dispatcher logged in with only bellhop_dispatcher delivers.
+func TestLeastPrivilegeRoles(t *testing.T) {
+	e := fxNew(t)
+	a := e.app("shop")
+	script, err := os.ReadFile("docs/roles.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.exec(string(script))
+	e.exec(string(script)) // idempotent
+
+	conn, err := e.pool.Acquire(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	defer conn.Exec(context.Background(), "RESET ROLE")
+	if _, err := conn.Exec(e.ctx, "SET ROLE bellhop_producer"); err != nil {
+		t.Fatal(err)
+	}
+	allowed := []string{
+		`INSERT INTO queue_messages (app_id, queue_name, payload) VALUES ('` + a.ID.String() + `', 'orders', '{"by":"insert"}')`,
+		`SELECT enqueue('` + a.ID.String() + `', 'orders', '{"by":"enqueue"}')`,
+	}
+	for _, sql := range allowed {
+		if _, err := conn.Exec(e.ctx, sql); err != nil {
+			t.Errorf("producer: %s: %v", sql, err)
+		}
+	}
+	denied := []string{
+		`SELECT payload FROM queue_messages`,
+		`DELETE FROM queue_messages`,
+		`UPDATE queue_messages SET attempt = 0`,
+		`SELECT * FROM dead_letters`,
+		`INSERT INTO queue_messages (app_id, queue_name, payload) VALUES ('` + a.ID.String() + `', 'orders', '{}') RETURNING payload`,
+		`DELETE FROM apps`,
+	}
+	for _, sql := range denied {
+		_, err := conn.Exec(e.ctx, sql)
+		if code := pgCodeOf(err); code != "42501" {
+			t.Errorf("producer: %s: got %v, want permission denied (42501)", sql, err)
+		}
+	}
+	if _, err := conn.Exec(e.ctx, "RESET ROLE"); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.int64(`SELECT count(*) FROM queue_messages`); n != 2 {
+		t.Fatalf("%d messages, want the producer's 2", n)
+	}
+
+	// A dispatcher that logs in with only bellhop_dispatcher's rights.
+	login := "bh_dispatcher_" + uuid.NewString()[:8]
+	e.exec(`CREATE ROLE ` + login + ` LOGIN IN ROLE bellhop_dispatcher`)
+	// Cleanups run last-in first-out: the role is dropped after the
+	// dispatcher (registered below) has closed its connections.
+	t.Cleanup(func() { _, _ = pgxpoolExec(pgtest.AdminConnString(), `DROP ROLE IF EXISTS `+login) })
+	if _, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders"}); err != nil {
+		t.Fatal(err)
+	}
+	var handled sync.WaitGroup
+	handled.Add(2)
+	mux := bellhop.NewMux()
+	mux.Handle("shop", "orders", bellhop.HandlerFunc(func(context.Context, *bellhop.Message) error {
+		handled.Done()
+		return nil
+	}))
+	cfg := e.pool.Config().ConnConfig.Copy()
+	cfg.User = login
+	runDispatcher(t, cfg.ConnString()+" user="+login, mux)
+	waitGroupTimeout(t, &handled, 15*time.Second)
+	deadline := time.Now().Add(10 * time.Second)
+	for e.int64(`SELECT count(*) FROM queue_messages`) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the dispatcher role could not ack")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func pgCodeOf(err error) string {
+	var pe interface{ SQLState() string }
+	if errors.As(err, &pe) {
+		return pe.SQLState()
+	}
+	return ""
+}
+
+func pgxpoolExec(connString, sql string) (int64, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, connString)
+	if err != nil {
+		return 0, err
+	}
+	defer pool.Close()
+	tag, err := pool.Exec(ctx, sql)
+	return tag.RowsAffected(), err
+}
+
+func waitGroupTimeout(t *testing.T, wg *sync.WaitGroup, d time.Duration) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(d):
+		t.Fatalf("not done within %s", d)
+	}
+}
