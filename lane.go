@@ -168,6 +168,13 @@ func (l *lane) deliver(st *consumerState, cm *claim.Message) {
 			if out.Verdict == claim.DeadLetter {
 				log.Warn().Str("error", out.Error).Msg("message dead-lettered")
 			}
+			if out.Verdict == claim.Nack {
+				// A nack sends no notification, and the lane's timer was
+				// set before this message's new deliver_after existed: a
+				// claim pass now reads it (as the next due time) and
+				// arms the timer, or claims at once if it is due.
+				l.poke()
+			}
 			if obs != nil {
 				obs.Settled(m, outcomeOf(out.Verdict), handled)
 			}

@@ -149,17 +149,24 @@ func (l *Listener) Restart() {
 	}
 }
 
-// ExpectHeartbeat returns a fresh token for the caller to send as
-// "h:<token>" on Channel. If the listener does not hear it back within
-// HeartbeatTimeout, the connection is presumed hung and replaced. A caller
-// whose send failed calls ForgetHeartbeat.
+// ExpectHeartbeat returns a token for the caller to send as "h:<token>"
+// on Channel. If the listener does not hear it back within
+// HeartbeatTimeout, the connection is presumed hung and replaced. While a
+// token is still outstanding, the same token is returned again and its
+// deadline stands: were each call to start a fresh wait, callers asking
+// more often than HeartbeatTimeout (a short fallback poll) would keep a
+// hung listener alive for ever. A caller whose send failed calls
+// ForgetHeartbeat.
 func (l *Listener) ExpectHeartbeat() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.pendingBeat != "" {
+		return l.pendingBeat
+	}
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	token := hex.EncodeToString(b[:])
-	l.mu.Lock()
 	l.pendingBeat = token
-	l.mu.Unlock()
 	time.AfterFunc(l.cfg.HeartbeatTimeout, func() {
 		l.mu.Lock()
 		missed := l.pendingBeat == token

@@ -2,6 +2,9 @@
 -- so it can be claimed again once deliver_after = now() + its delay has
 -- passed. Fenced by the token exactly as ack.sql; a stale nack changes
 -- nothing. The attempt already counted at claim time stays counted.
+-- It sends no notification: the dispatcher that nacked runs a claim pass
+-- once this commits, which reads the new deliver_after as its queue's
+-- next due time and arms its timer (lane.go).
 WITH q AS (
     UPDATE queue_messages AS m
     SET claim_token = NULL, claimed_at = NULL,

@@ -1,0 +1,158 @@
+package claim_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+
+	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/claim"
+	"github.com/bellhopq/bellhop/reclaim"
+)
+
+// TestFencing: an outcome written with a stale claim token (the lease
+// expired and was reclaimed, or was reclaimed and claimed again) changes
+// nothing and is absent from Write's result; the same outcome with the
+// current token applies. Every verdict, both tables.
+func TestFencing(t *testing.T) {
+	ctx := context.Background()
+	pool, client, appID := setup(t)
+	reclaimer := reclaim.New(pool, zerolog.Nop(), 30*time.Second, nil)
+	verdicts := []claim.Verdict{claim.Ack, claim.Nack, claim.DeadLetter, claim.Release}
+	n := 0
+	for _, source := range []claim.Source{claim.Queue, claim.Invoke} {
+		for _, claimedAgain := range []bool{false, true} {
+			for _, v := range verdicts {
+				staleness := "reclaimed"
+				if claimedAgain {
+					staleness = "reclaimed and claimed again"
+				}
+				t.Run(fmt.Sprintf("%s/%s/%s", source, staleness, v), func(t *testing.T) {
+					n++
+					queue := fmt.Sprintf("fence-%d", n)
+					table := "queue_messages"
+					target := claim.Target{Source: claim.Queue, AppID: appID, Queue: queue}
+					var id uuid.UUID
+					var err error
+					if source == claim.Invoke {
+						c, err := client.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "app", Queue: queue})
+						if err != nil {
+							t.Fatal(err)
+						}
+						table, target = "outbox", claim.Target{Source: claim.Invoke, AppID: appID, TriggerID: c.ID}
+						id, err = client.InvokeAsync(ctx, c.ID, []byte(`{"n":1}`), bellhop.EnqueueOptions{MaxAttempts: 5})
+					} else {
+						id, err = client.Enqueue(ctx, "app", queue, []byte(`{"n":1}`), bellhop.EnqueueOptions{MaxAttempts: 5})
+					}
+					if err != nil {
+						t.Fatal(err)
+					}
+					old := claimOne(t, pool, target, id)
+
+					// Expire the lease and let the reclaimer take it back.
+					if _, err := pool.Exec(ctx, `UPDATE `+table+` SET claimed_at = now() - interval '1 hour' WHERE id = $1`, id); err != nil {
+						t.Fatal(err)
+					}
+					if _, err := reclaimer.Pass(ctx); err != nil {
+						t.Fatal(err)
+					}
+					var current *claim.Message
+					if claimedAgain {
+						m := claimOne(t, pool, target, id)
+						if m.Token == old.Token {
+							t.Fatal("claimed again with the same token")
+						}
+						current = &m
+					}
+					before := snapshot(t, pool, table, id)
+					if before == "" {
+						t.Fatal("message gone after the reclaim")
+					}
+
+					out := claim.Outcome{Message: &old, Verdict: v, Delay: time.Hour, Error: "stale outcome", Queue: queue}
+					applied, err := claim.Write(ctx, pool, []claim.Outcome{out})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if applied[id] {
+						t.Errorf("a %s with a stale token was reported applied", v)
+					}
+					if after := snapshot(t, pool, table, id); after != before {
+						t.Errorf("a %s with a stale token changed the row:\nbefore %s\nafter  %s", v, before, after)
+					}
+					if deadLetterCount(t, pool, id) != 0 {
+						t.Errorf("a %s with a stale token made a dead letter", v)
+					}
+
+					// Control: the same outcome with the current token applies.
+					if current == nil {
+						m := claimOne(t, pool, target, id)
+						current = &m
+					}
+					held := snapshot(t, pool, table, id)
+					out.Message = current
+					applied, err = claim.Write(ctx, pool, []claim.Outcome{out})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !applied[id] {
+						t.Errorf("a %s with the current token was not applied", v)
+					}
+					after := snapshot(t, pool, table, id)
+					switch v {
+					case claim.Ack, claim.DeadLetter:
+						if after != "" {
+							t.Errorf("a %s with the current token left the row: %s", v, after)
+						}
+					case claim.Nack, claim.Release:
+						if after == held || after == "" {
+							t.Errorf("a %s with the current token did not release the row: %s", v, after)
+						}
+					}
+					if want := map[bool]int{true: 1, false: 0}[v == claim.DeadLetter]; deadLetterCount(t, pool, id) != want {
+						t.Errorf("%s with the current token: %d dead letters, want %d", v, deadLetterCount(t, pool, id), want)
+					}
+				})
+			}
+		}
+	}
+}
+
+// claimOne claims target and checks that it got exactly message id.
+func claimOne(t *testing.T, pool *pgxpool.Pool, target claim.Target, id uuid.UUID) claim.Message {
+	t.Helper()
+	msgs, _, err := claim.Claim(context.Background(), pool, target, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(msgs) != 1 || msgs[0].ID != id {
+		t.Fatalf("claimed %d messages, want exactly %s", len(msgs), id)
+	}
+	return msgs[0]
+}
+
+// snapshot returns message id's whole row as JSON text, or "" if there is
+// no such row.
+func snapshot(t *testing.T, pool *pgxpool.Pool, table string, id uuid.UUID) string {
+	t.Helper()
+	var s string
+	err := pool.QueryRow(context.Background(), `SELECT coalesce((SELECT to_jsonb(m)::text FROM `+table+` m WHERE id = $1), '')`, id).Scan(&s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func deadLetterCount(t *testing.T, pool *pgxpool.Pool, id uuid.UUID) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM dead_letters WHERE id = $1`, id).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}

@@ -1,0 +1,114 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/bellhopq/bellhop"
+)
+
+// TestOneConsumerPerQueue: of 10 concurrent registrations for one queue,
+// exactly one wins and the other 9 get ErrConsumerExists. Several rounds,
+// each on a fresh queue, give the race more chances to go wrong.
+func TestOneConsumerPerQueue(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	const racers = 10
+	for round := range 5 {
+		queue := fmt.Sprintf("contested-%d", round)
+		var start, done sync.WaitGroup
+		start.Add(1)
+		errs := make([]error, racers)
+		for i := range racers {
+			done.Go(func() {
+				start.Wait()
+				_, errs[i] = e.client.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "app", Queue: queue})
+			})
+		}
+		start.Done()
+		done.Wait()
+		won, lost := 0, 0
+		for _, err := range errs {
+			switch {
+			case err == nil:
+				won++
+			case errors.Is(err, bellhop.ErrConsumerExists):
+				lost++
+			default:
+				t.Errorf("%s: unexpected error: %v", queue, err)
+			}
+		}
+		if won != 1 || lost != racers-1 {
+			t.Errorf("%s: %d registrations succeeded and %d got ErrConsumerExists; want 1 and %d", queue, won, lost, racers-1)
+		}
+		if n := e.count(t, `SELECT count(*) FROM queue_consumers WHERE queue_name = $1`, queue); n != 1 {
+			t.Errorf("%s: %d consumers in the database, want 1", queue, n)
+		}
+	}
+}
+
+// TestConsumerChange: disabling a consumer on a running dispatcher stops
+// its deliveries within a second, and enabling it again resumes them,
+// without a restart. Another queue's consumer is unaffected.
+func TestConsumerChange(t *testing.T) {
+	e := newEnv(t)
+	toggled := e.consumer(t, bellhop.ConsumerSpec{Queue: "toggled"})
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "other"})
+	rec, other := &recorder{}, &recorder{}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "toggled", rec)
+	mux.Handle("app", "other", other)
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour}, nil)
+	ctx := context.Background()
+
+	e.enqueue(t, "toggled", "before", bellhop.EnqueueOptions{})
+	waitFor(t, 5*time.Second, "delivery while enabled", func() bool { return rec.n.Load() == 1 })
+
+	if err := e.client.SetConsumerEnabled(ctx, "app", toggled.ID, false); err != nil {
+		t.Fatal(err)
+	}
+	disabled := time.Now()
+	// Keep producing through the change: messages enqueued from a second
+	// after it on must all wait.
+	var ids []string
+	pace := time.NewTicker(20 * time.Millisecond)
+	for time.Since(disabled) < 1500*time.Millisecond {
+		ids = append(ids, e.enqueue(t, "toggled", len(ids), bellhop.EnqueueOptions{}).String())
+		<-pace.C
+	}
+	pace.Stop()
+	settle := disabled.Add(time.Second)
+	holdsFor(t, 500*time.Millisecond, "no delivery to the disabled consumer", func() bool {
+		for _, d := range rec.deliveries() {
+			if d.Start.After(settle) {
+				return false
+			}
+		}
+		return true
+	})
+	waiting := e.count(t, `SELECT count(*) FROM queue_messages WHERE queue_name = 'toggled' AND claim_token IS NULL`)
+	if waiting == 0 {
+		t.Fatal("no message is waiting for the disabled consumer: the test proves nothing")
+	}
+	t.Logf("%d of %d messages enqueued after the disable delivered (all within a second), %d waiting",
+		int(rec.n.Load())-1, len(ids), waiting)
+
+	e.enqueue(t, "other", "unaffected", bellhop.EnqueueOptions{})
+	waitFor(t, time.Second, "delivery to the other, enabled consumer", func() bool { return other.n.Load() == 1 })
+
+	if err := e.client.SetConsumerEnabled(ctx, "app", toggled.ID, true); err != nil {
+		t.Fatal(err)
+	}
+	enabled := time.Now()
+	waitFor(t, time.Second, "every waiting message delivered after the enable", func() bool {
+		return e.count(t, `SELECT count(*) FROM queue_messages WHERE queue_name = 'toggled'`) == 0
+	})
+	t.Logf("backlog of %d drained %s after the enable", waiting, time.Since(enabled).Round(time.Millisecond))
+	if got, want := int(rec.n.Load()), 1+len(ids); got != want {
+		t.Errorf("%d deliveries in all, want %d", got, want)
+	}
+}

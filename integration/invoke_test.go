@@ -1,0 +1,90 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/bellhopq/bellhop"
+)
+
+// TestInvokeAsync: the outbox arm. InvokeAsync reaches the consumer's
+// handler as an invoked delivery, through the same claim, retry and
+// dead-letter path as queue messages.
+func TestInvokeAsync(t *testing.T) {
+	e := newEnv(t)
+	ok := e.consumer(t, bellhop.ConsumerSpec{Queue: "jobs"})
+	failing := e.consumer(t, bellhop.ConsumerSpec{Queue: "flaky", MaxAttempts: 3,
+		BackoffBase: 20 * time.Millisecond, BackoffCap: 100 * time.Millisecond})
+	okRec := &recorder{}
+	failRec := &recorder{result: func(context.Context, *bellhop.Message) error {
+		return errors.New("invoke target refused")
+	}}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "jobs", okRec)
+	mux.Handle("app", "flaky", failRec)
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour}, nil)
+	ctx := context.Background()
+
+	t.Run("delivered", func(t *testing.T) {
+		payload := []byte(`{"job":"resize","n":7}`)
+		id, err := e.client.InvokeAsync(ctx, ok.ID, payload, bellhop.EnqueueOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 5*time.Second, "the invoke delivery", func() bool { return okRec.n.Load() == 1 })
+		d := okRec.deliveries()[0]
+		if d.ID != id || !d.Invoked || d.Attempt != 1 {
+			t.Errorf("got message %s invoked=%v attempt %d; want %s invoked=true attempt 1", d.ID, d.Invoked, d.Attempt, id)
+		}
+		var got, want any
+		if err := json.Unmarshal(d.Payload, &got); err != nil {
+			t.Fatal(err)
+		}
+		_ = json.Unmarshal(payload, &want)
+		if b1, b2 := mustJSON(got), mustJSON(want); b1 != b2 {
+			t.Errorf("payload %s, want %s", b1, b2)
+		}
+		waitFor(t, 5*time.Second, "the invoke delivery acked", func() bool {
+			return e.count(t, `SELECT count(*) FROM outbox`) == 0
+		})
+	})
+
+	t.Run("retried then dead-lettered", func(t *testing.T) {
+		id, err := e.client.InvokeAsync(ctx, failing.ID, []byte(`"x"`), bellhop.EnqueueOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 5*time.Second, "the failing invoke delivery to be dead-lettered", func() bool {
+			_, dead := e.deadLetterOf(t, id)
+			return dead
+		})
+		calls := failRec.deliveries()
+		if len(calls) != 3 {
+			t.Fatalf("handler called %d times, want 3", len(calls))
+		}
+		for i, c := range calls {
+			if c.ID != id || !c.Invoked || c.Attempt != i+1 {
+				t.Errorf("call %d: %s invoked=%v attempt %d", i+1, c.ID, c.Invoked, c.Attempt)
+			}
+		}
+		dl, _ := e.deadLetterOf(t, id)
+		if dl.Source != "invoke" || dl.Queue != "flaky" || dl.TriggerID == nil || *dl.TriggerID != failing.ID {
+			t.Errorf("dead letter %+v; want source invoke, queue flaky, trigger %s", dl, failing.ID)
+		}
+		checkDead(t, e, id, "invoke target refused", 3, 3)
+		if n := e.count(t, `SELECT count(*) FROM outbox`); n != 0 {
+			t.Errorf("%d outbox rows left", n)
+		}
+	})
+}
+
+func mustJSON(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
+}

@@ -1,0 +1,267 @@
+package integration
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+
+	"github.com/bellhopq/bellhop"
+)
+
+// TestListenerOutage: messages enqueued while the listener's connection
+// is down notify nobody; the reconnect catches up on them at once, not
+// at the next fallback poll (an hour away).
+func TestListenerOutage(t *testing.T) {
+	e := newEnv(t)
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders"})
+	const reconnect = 500 * time.Millisecond
+	var dp atomic.Pointer[running] // set once the dispatcher is started
+	connectsAtDelivery := make(chan uint64, 10)
+	rec := &recorder{result: func(context.Context, *bellhop.Message) error {
+		connectsAtDelivery <- dp.Load().ListenerStats().Connects
+		return nil
+	}}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", rec)
+	claims := &claimCounter{}
+	d := startDispatcher(t, e.dsn, bellhop.DispatcherConfig{
+		Resolver: mux, PollInterval: time.Hour, ReconnectDelay: reconnect,
+	}, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = claims })
+	dp.Store(d)
+	// Ready means connected; the wake-up of every lane that follows a
+	// connect runs just after. Let it finish (one claim pass each for the
+	// consumer's queue and invoke lanes), so that it cannot pick up the
+	// messages enqueued during the outage below.
+	waitFor(t, 5*time.Second, "the post-connect claim passes", func() bool { return claims.ended.Load() >= 2 })
+	if c := d.ListenerStats().Connects; c != 1 {
+		t.Fatalf("listener connects = %d before the outage, want 1", c)
+	}
+
+	ctx := context.Background()
+	var killed int
+	if err := e.pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE application_name = 'bellhop-listener' AND datname = current_database()`).Scan(&killed); err != nil {
+		t.Fatal(err)
+	}
+	if killed != 1 {
+		t.Fatalf("terminated %d listener backends, want 1", killed)
+	}
+	outage := time.Now()
+	waitFor(t, 2*time.Second, "the dispatcher to notice the outage", func() bool { return d.Ready(ctx) != nil })
+
+	const n = 5
+	for i := range n {
+		e.enqueue(t, "orders", i, bellhop.EnqueueOptions{})
+	}
+	if c := d.ListenerStats().Connects; c != 1 {
+		t.Fatalf("the listener reconnected (connects = %d) before the messages were enqueued; the test proves nothing", c)
+	}
+	if got := rec.n.Load(); got != 0 {
+		t.Fatalf("%d messages delivered during the outage, with no listener and no poll", got)
+	}
+
+	waitFor(t, reconnect+3*time.Second, "delivery after the reconnect", func() bool { return rec.n.Load() == n })
+	t.Logf("all %d delivered %s after the kill (reconnect delay %s)", n, time.Since(outage).Round(time.Millisecond), reconnect)
+	close(connectsAtDelivery)
+	for c := range connectsAtDelivery {
+		if c < 2 {
+			t.Errorf("a message was delivered before the reconnect (connects = %d)", c)
+		}
+	}
+	if err := d.Ready(ctx); err != nil {
+		t.Errorf("not ready after the reconnect: %v", err)
+	}
+}
+
+// The crash test's helper process: see TestCrashRedelivery.
+const (
+	helperEnv    = "BELLHOP_INTEGRATION_HELPER"
+	helperDSNEnv = "BELLHOP_INTEGRATION_HELPER_DSN"
+	claimedLine  = "CLAIMED "
+)
+
+// TestHelperProcess is not a test: run by TestCrashRedelivery in a child
+// process, it starts a dispatcher whose handler never returns and prints
+// a line for every message it holds, then waits to be killed.
+func TestHelperProcess(t *testing.T) {
+	if os.Getenv(helperEnv) != "crash" {
+		t.Skip("helper process for TestCrashRedelivery")
+	}
+	// Whatever happens to the parent, do not outlive it for long.
+	time.AfterFunc(time.Minute, func() { os.Exit(3) })
+	pc, err := pgxpool.ParseConfig(os.Getenv(helperDSNEnv))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	block := make(chan struct{}) // never closed
+	mux := bellhop.NewMux()
+	mux.Handle("app", "crashy", bellhop.HandlerFunc(func(ctx context.Context, m *bellhop.Message) error {
+		fmt.Fprintf(os.Stdout, "%s%s\n", claimedLine, m.ID)
+		<-block // ignores ctx: a hung handler
+		return nil
+	}))
+	d, err := bellhop.NewDispatcher(pc, bellhop.DispatcherConfig{
+		Resolver: mux, Logger: zerolog.New(os.Stderr).With().Str("process", "child").Logger(),
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	_ = d.Run(context.Background()) // until SIGKILL
+}
+
+// TestCrashRedelivery: a dispatcher that dies holding leases (SIGKILL:
+// no release, no outcome) loses nothing; another dispatcher delivers its
+// messages again once their visibility timeout expires.
+func TestCrashRedelivery(t *testing.T) {
+	e := newEnv(t)
+	const vt = 2 * time.Second
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "crashy", VisibilityTimeout: vt, MaxAttempts: 5})
+	const n = 3
+	ids := map[uuid.UUID]bool{}
+	for i := range n {
+		ids[e.enqueue(t, "crashy", i, bellhop.EnqueueOptions{})] = true
+	}
+
+	// The crashing dispatcher: a child process (cancelling Run would
+	// release its claims, which is a clean stop, not a crash).
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), helperEnv+"=crash", helperDSNEnv+"="+e.dsn)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// The reader hands the child's lines over until its stdout closes,
+	// then reaps it; childErr is valid once exited is closed.
+	lines := make(chan string, 16)
+	exited := make(chan struct{})
+	var childErr error
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+		childErr = cmd.Wait()
+		close(exited)
+	}()
+	drainAndReap := func() {
+		go func() {
+			for range lines {
+			}
+		}()
+		<-exited
+	}
+	defer func() {
+		select {
+		case <-exited:
+		default:
+			_ = cmd.Process.Kill()
+			drainAndReap()
+		}
+		if t.Failed() {
+			t.Logf("child's stderr:\n%s", stderr.String())
+		}
+	}()
+	held := map[uuid.UUID]bool{}
+	timeout := time.After(20 * time.Second)
+	for len(held) < n {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				<-exited
+				t.Fatalf("child exited before claiming: %v", childErr)
+			}
+			if id, found := strings.CutPrefix(l, claimedLine); found {
+				u, err := uuid.Parse(id)
+				if err != nil || !ids[u] {
+					t.Fatalf("child claimed unknown message %q", id)
+				}
+				held[u] = true
+			}
+		case <-timeout:
+			t.Fatalf("child claimed %d of %d messages in 20s", len(held), n)
+		}
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	drainAndReap()
+	if childErr == nil {
+		t.Fatal("child exited cleanly; want killed")
+	}
+	crashed := time.Now()
+
+	// The kill released nothing: every message is still leased, on its
+	// first attempt.
+	ctx := context.Background()
+	expiry := map[uuid.UUID]time.Time{}
+	rows, err := e.pool.Query(ctx, `SELECT id, claimed_at, attempt FROM queue_messages WHERE claim_token IS NOT NULL`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id uuid.UUID
+		var at time.Time
+		var attempt int
+		if err := rows.Scan(&id, &at, &attempt); err != nil {
+			t.Fatal(err)
+		}
+		if attempt != 1 {
+			t.Errorf("message %s: attempt %d while leased by the child, want 1", id, attempt)
+		}
+		expiry[id] = at.Add(vt)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(expiry) != n {
+		t.Fatalf("%d messages leased after the crash, want %d", len(expiry), n)
+	}
+
+	// The survivor. The reclaimer learns of leases it did not take itself
+	// only from the fallback poll (poll.sql returns the next lease expiry,
+	// reclaim.Reclaimer.Observe arms its timer), so the poll must come
+	// round within the test: 1s. Nothing else depends on the poll here.
+	rec := &recorder{}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "crashy", rec)
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Second}, nil)
+	waitFor(t, 10*time.Second, "redelivery of the crashed dispatcher's messages", func() bool { return rec.n.Load() == n })
+	t.Logf("redelivered %s after the crash", time.Since(crashed).Round(time.Millisecond))
+
+	for _, d := range rec.deliveries() {
+		if d.Attempt != 2 {
+			t.Errorf("message %s redelivered as attempt %d, want 2", d.ID, d.Attempt)
+		}
+		if exp, ok := expiry[d.ID]; !ok {
+			t.Errorf("unexpected delivery of %s", d.ID)
+		} else if d.Start.Before(exp) {
+			t.Errorf("message %s redelivered %s before its lease expired", d.ID, exp.Sub(d.Start))
+		}
+	}
+	waitFor(t, 5*time.Second, "the redelivered messages acked", func() bool {
+		return e.count(t, `SELECT count(*) FROM queue_messages`) == 0
+	})
+	if n := e.count(t, `SELECT count(*) FROM dead_letters`); n != 0 {
+		t.Errorf("%d dead letters, want none", n)
+	}
+}

@@ -1,0 +1,150 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/bellhopq/bellhop"
+)
+
+// TestPushNotPoll: with the fallback poll an hour away, every message is
+// handled within 100ms of its enqueue, so notifications deliver it; and
+// an idle dispatcher runs no claim statement at all.
+func TestPushNotPoll(t *testing.T) {
+	e := newEnv(t)
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders"})
+
+	const n = 100
+	var mu sync.Mutex
+	started := make([]time.Time, n)
+	var handled sync.WaitGroup
+	handled.Add(n)
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", bellhop.HandlerFunc(func(ctx context.Context, m *bellhop.Message) error {
+		now := time.Now()
+		var p struct{ I int }
+		if err := json.Unmarshal(m.Payload, &p); err != nil {
+			t.Errorf("payload %s: %v", m.Payload, err)
+			return bellhop.Permanent(err)
+		}
+		mu.Lock()
+		first := started[p.I].IsZero()
+		if first {
+			started[p.I] = now
+		}
+		mu.Unlock()
+		if first {
+			handled.Done()
+		} else {
+			t.Errorf("message %d delivered twice", p.I)
+		}
+		return nil
+	}))
+	claims := &claimCounter{}
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour},
+		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = claims })
+
+	enqueued := make([]time.Time, n)
+	for i := range n {
+		enqueued[i] = time.Now()
+		e.enqueue(t, "orders", map[string]int{"i": i}, bellhop.EnqueueOptions{})
+	}
+	waitDone(t, &handled, 10*time.Second, "all 100 messages handled")
+
+	lat := make([]time.Duration, n)
+	for i := range n {
+		lat[i] = started[i].Sub(enqueued[i])
+	}
+	slices.Sort(lat)
+	t.Logf("enqueue → handler start: p50 %s, p99 %s, max %s", lat[n/2], lat[n*99/100-1], lat[n-1])
+	if lat[n-1] >= 100*time.Millisecond {
+		t.Errorf("slowest message took %s from enqueue to handler; want < 100ms with the poll at 1h", lat[n-1])
+	}
+
+	// Idle: once every message is acked, and no claim is in flight,
+	// nothing should claim any more.
+	waitFor(t, 5*time.Second, "all messages acked", func() bool {
+		return e.count(t, `SELECT count(*) FROM queue_messages`) == 0 && claims.ended.Load() == claims.n.Load()
+	})
+	before := claims.n.Load()
+	if before == 0 {
+		t.Fatal("the tracer saw no claim statement: it would not see idle claims either")
+	}
+	// The one timed wait that is the point of the test: an idle spell.
+	holdsFor(t, 5*time.Second, "zero claim statements while idle", func() bool { return claims.n.Load() == before })
+	t.Logf("%d claim statements for %d messages; none in 5s idle", before, n)
+}
+
+// waitDone waits for wg with a deadline.
+func waitDone(t *testing.T, wg *sync.WaitGroup, timeout time.Duration, what string) {
+	t.Helper()
+	ch := make(chan struct{})
+	go func() { wg.Wait(); close(ch) }()
+	select {
+	case <-ch:
+	case <-time.After(timeout):
+		t.Fatalf("timed out after %s waiting for %s", timeout, what)
+	}
+}
+
+// TestDeliverAfter: with the poll an hour away, delayed messages are
+// delivered by the dispatcher's own timer, no earlier than their
+// deliver_after and at most 50ms later, one after the other as each
+// falls due, out of enqueue order.
+func TestDeliverAfter(t *testing.T) {
+	e := newEnv(t)
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "later"})
+	rec := &recorder{}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "later", rec)
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour}, nil)
+
+	cases := []struct {
+		name string
+		opts bellhop.EnqueueOptions
+	}{
+		{"delay 1.5s", bellhop.EnqueueOptions{Delay: 1500 * time.Millisecond}},
+		{"delay 0.5s", bellhop.EnqueueOptions{Delay: 500 * time.Millisecond}},
+		{"deliver_after in 1s", bellhop.EnqueueOptions{DeliverAfter: time.Now().Add(time.Second)}},
+	}
+	due := map[uuid.UUID]time.Time{}
+	names := map[uuid.UUID]string{}
+	for _, c := range cases {
+		id := e.enqueue(t, "later", c.name, c.opts)
+		names[id] = c.name
+		// Read deliver_after back as stored (microseconds), while the
+		// message is still waiting.
+		var at time.Time
+		if err := e.pool.QueryRow(context.Background(),
+			`SELECT deliver_after FROM queue_messages WHERE id = $1 AND claim_token IS NULL`, id).Scan(&at); err != nil {
+			t.Fatalf("%s: read deliver_after: %v", c.name, err)
+		}
+		due[id] = at
+	}
+	waitFor(t, 5*time.Second, "all delayed messages delivered", func() bool { return rec.n.Load() == int32(len(cases)) })
+
+	for _, d := range rec.deliveries() {
+		want, ok := due[d.ID]
+		if !ok {
+			t.Fatalf("unexpected delivery of %s", d.ID)
+		}
+		late := d.Start.Sub(want)
+		t.Logf("%s: deliver_after %s, handler started %+.1fms after it", names[d.ID], want.Format("15:04:05.000000"), float64(late)/1e6)
+		if late < 0 {
+			t.Errorf("%s: delivered %s before its deliver_after", names[d.ID], -late)
+		}
+		if late > 50*time.Millisecond {
+			t.Errorf("%s: delivered %s after its deliver_after; want at most 50ms", names[d.ID], late)
+		}
+		if d.Attempt != 1 {
+			t.Errorf("%s: attempt %d, want 1", names[d.ID], d.Attempt)
+		}
+	}
+}

@@ -1,0 +1,154 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/bellhopq/bellhop"
+)
+
+// TestRetriesAndDeadLetters: failed deliveries are retried with growing
+// backoff and dead-lettered after max_attempts; Permanent dead-letters
+// at once; RetryAfter sets the next attempt's time; a panic is a failure
+// whose error is the panic. The fallback poll is an hour away, so every
+// retry is driven by the dispatcher itself.
+func TestRetriesAndDeadLetters(t *testing.T) {
+	const (
+		base       = 50 * time.Millisecond
+		ceiling    = 400 * time.Millisecond
+		retryAfter = 400 * time.Millisecond
+		// slack is how much later than its due time a retry may start:
+		// the dispatcher learns the due time when it writes the nack. It
+		// only has to tell "at its due time" from "at the next poll".
+		slack = 300 * time.Millisecond
+	)
+	cases := []struct {
+		name        string
+		maxAttempts int
+		handle      func(ctx context.Context, m *bellhop.Message) error
+		// wantCalls handler calls; then dead-lettered at attempt
+		// wantCalls with an error containing wantError, or acked if
+		// wantError is "".
+		wantCalls int
+		wantError string
+		// check inspects the calls, in order.
+		check func(t *testing.T, calls []delivery)
+	}{
+		{
+			name: "always fails: backoff, then dead letter", maxAttempts: 5,
+			handle:    func(context.Context, *bellhop.Message) error { return errors.New("boom: downstream unavailable") },
+			wantCalls: 5, wantError: "boom: downstream unavailable",
+			check: func(t *testing.T, calls []delivery) {
+				// The wait after attempt n is min(cap, base*2^(n-1)),
+				// less up to half of it as jitter.
+				var gaps []time.Duration
+				for i := 1; i < len(calls); i++ {
+					gap := calls[i].Start.Sub(calls[i-1].End)
+					gaps = append(gaps, gap)
+					full := min(ceiling, base<<(i-1))
+					if gap < full/2 || gap > full+slack {
+						t.Errorf("wait before attempt %d was %s; want %s to %s", i+1, gap, full/2, full+slack)
+					}
+				}
+				t.Logf("waits between attempts: %v", gaps)
+				if gaps[len(gaps)-1] <= gaps[0] {
+					t.Errorf("backoff did not grow: %v", gaps)
+				}
+			},
+		},
+		{
+			name: "Permanent dead-letters at once", maxAttempts: 5,
+			handle: func(context.Context, *bellhop.Message) error {
+				return bellhop.Permanent(errors.New("malformed order"))
+			},
+			wantCalls: 1, wantError: "malformed order",
+		},
+		{
+			name: "RetryAfter is honoured", maxAttempts: 5,
+			handle: func(_ context.Context, m *bellhop.Message) error {
+				if m.Attempt == 1 {
+					return bellhop.RetryAfter(retryAfter)
+				}
+				return nil
+			},
+			wantCalls: 2,
+			check: func(t *testing.T, calls []delivery) {
+				gap := calls[1].Start.Sub(calls[0].End)
+				t.Logf("retried %s after RetryAfter(%s)", gap, retryAfter)
+				if gap < retryAfter {
+					t.Errorf("retried after %s, before RetryAfter's %s", gap, retryAfter)
+				}
+				if gap > retryAfter+slack {
+					t.Errorf("retried after %s; want about %s", gap, retryAfter)
+				}
+			},
+		},
+		{
+			name: "panic is a failure with the panic as its error", maxAttempts: 2,
+			handle:    func(context.Context, *bellhop.Message) error { panic("kaboom-7731") },
+			wantCalls: 2, wantError: "handler panicked: kaboom-7731",
+		},
+	}
+
+	e := newEnv(t)
+	mux := bellhop.NewMux()
+	recs := make([]*recorder, len(cases))
+	for i, c := range cases {
+		queue := fmt.Sprintf("retry-%d", i)
+		e.consumer(t, bellhop.ConsumerSpec{Queue: queue, MaxAttempts: c.maxAttempts, BackoffBase: base, BackoffCap: ceiling})
+		recs[i] = &recorder{result: c.handle}
+		mux.Handle("app", queue, recs[i])
+	}
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour}, nil)
+
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			rec := recs[i]
+			id := e.enqueue(t, fmt.Sprintf("retry-%d", i), c.name, bellhop.EnqueueOptions{})
+			waitFor(t, 10*time.Second, "the message to be settled", func() bool {
+				return e.count(t, `SELECT count(*) FROM queue_messages WHERE id = $1`, id) == 0
+			})
+			calls := rec.deliveries()
+			if len(calls) != c.wantCalls {
+				t.Fatalf("handler called %d times, want %d", len(calls), c.wantCalls)
+			}
+			for j, d := range calls {
+				if d.ID != id || d.Attempt != j+1 {
+					t.Errorf("call %d: message %s attempt %d; want %s attempt %d", j+1, d.ID, d.Attempt, id, j+1)
+				}
+			}
+			checkDead(t, e, id, c.wantError, c.wantCalls, c.maxAttempts)
+			if c.check != nil {
+				c.check(t, calls)
+			}
+		})
+	}
+}
+
+// checkDead checks that id was dead-lettered at attempt with an error
+// containing wantError, or, if wantError is "", that it was not.
+func checkDead(t *testing.T, e *env, id uuid.UUID, wantError string, attempt, maxAttempts int) {
+	t.Helper()
+	dl, ok := e.deadLetterOf(t, id)
+	switch {
+	case wantError == "" && ok:
+		t.Errorf("dead-lettered (%+v); want acked", dl)
+	case wantError == "":
+	case !ok:
+		t.Errorf("not dead-lettered")
+	default:
+		if dl.Attempt != attempt || dl.Max != maxAttempts {
+			t.Errorf("dead letter at attempt %d of %d, want %d of %d", dl.Attempt, dl.Max, attempt, maxAttempts)
+		}
+		if !strings.Contains(dl.LastError, wantError) {
+			t.Errorf("dead letter's last_error %q does not contain %q", dl.LastError, wantError)
+		}
+	}
+}

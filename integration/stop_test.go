@@ -1,0 +1,176 @@
+package integration
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/claim"
+)
+
+// TestCleanStop: cancelling Run while a handler is mid-delivery lets it
+// finish within ShutdownGrace; past the grace its context is cancelled and
+// its message released at once: claimable again, its attempt refunded, not
+// left to its visibility timeout (30s here).
+func TestCleanStop(t *testing.T) {
+	const grace = 200 * time.Millisecond
+	cases := []struct {
+		name    string
+		invoke  bool          // deliver through InvokeAsync instead of the queue
+		work    time.Duration // how long the handler works unless cancelled; 0: until cancelled
+		wantAck bool
+	}{
+		{name: "queue message cancelled past the grace is released"},
+		{name: "invoke delivery cancelled past the grace is released", invoke: true},
+		{name: "handler done within the grace is acked", work: 50 * time.Millisecond, wantAck: true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t)
+			cons := e.consumer(t, bellhop.ConsumerSpec{Queue: "work"})
+			started := make(chan struct{}, 1)
+			ended := make(chan error, 1)
+			mux := bellhop.NewMux()
+			mux.Handle("app", "work", bellhop.HandlerFunc(func(ctx context.Context, m *bellhop.Message) error {
+				started <- struct{}{}
+				var err error
+				if c.work == 0 {
+					<-ctx.Done()
+					err = ctx.Err()
+				} else {
+					select {
+					case <-ctx.Done():
+						err = ctx.Err()
+					case <-time.After(c.work):
+					}
+				}
+				ended <- err
+				return err
+			}))
+			d := startDispatcher(t, e.dsn, bellhop.DispatcherConfig{
+				Resolver: mux, PollInterval: time.Hour, ShutdownGrace: grace,
+			}, nil)
+
+			ctx := context.Background()
+			var id uuid.UUID
+			table, target := "queue_messages", claim.Target{Source: claim.Queue, AppID: cons.AppID, Queue: "work"}
+			if c.invoke {
+				var err error
+				if id, err = e.client.InvokeAsync(ctx, cons.ID, []byte(`1`), bellhop.EnqueueOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				table, target = "outbox", claim.Target{Source: claim.Invoke, AppID: cons.AppID, TriggerID: cons.ID}
+			} else {
+				id = e.enqueue(t, "work", 1, bellhop.EnqueueOptions{})
+			}
+			select {
+			case <-started:
+			case <-time.After(5 * time.Second):
+				t.Fatal("handler did not start")
+			}
+
+			stopping := time.Now()
+			d.stop()
+			took := time.Since(stopping)
+			t.Logf("Run returned %s after its cancel", took.Round(time.Millisecond))
+			if took > grace+2*time.Second {
+				t.Errorf("Run took %s to return with a %s grace", took, grace)
+			}
+			select {
+			case err := <-ended:
+				if c.wantAck && err != nil {
+					t.Errorf("handler's context was cancelled within the grace: %v", err)
+				}
+				if !c.wantAck && err == nil {
+					t.Error("handler's context was not cancelled past the grace")
+				}
+			default:
+				t.Fatal("Run returned while the handler was still running")
+			}
+
+			var token *uuid.UUID
+			var claimedAt *time.Time
+			var attempt int
+			err := e.pool.QueryRow(ctx, `SELECT claim_token, claimed_at, attempt FROM `+table+` WHERE id = $1`, id).
+				Scan(&token, &claimedAt, &attempt)
+			if c.wantAck {
+				if err == nil {
+					t.Errorf("message still in %s (attempt %d, token %v); want acked", table, attempt, token)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("message not in %s after the stop: %v", table, err)
+			}
+			if token != nil || claimedAt != nil || attempt != 0 {
+				t.Errorf("after the stop: claim_token %v, claimed_at %v, attempt %d; want NULL, NULL, 0 (refunded)", token, claimedAt, attempt)
+			}
+			msgs, _, err := claim.Claim(ctx, e.pool, target, 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(msgs) != 1 || msgs[0].ID != id || msgs[0].Attempt != 1 {
+				t.Errorf("claim right after the stop got %+v; want %s at attempt 1", msgs, id)
+			}
+		})
+	}
+}
+
+// TestCleanStopHandsOver: the messages a stopping dispatcher releases go
+// to the dispatchers still running at once, not at their next fallback
+// poll (an hour away); queue messages and invoke deliveries alike.
+func TestCleanStopHandsOver(t *testing.T) {
+	for _, invoke := range []bool{false, true} {
+		name := "queue"
+		if invoke {
+			name = "invoke"
+		}
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t)
+			cons := e.consumer(t, bellhop.ConsumerSpec{Queue: "work"})
+			started := make(chan struct{}, 1)
+			leaving := bellhop.NewMux()
+			leaving.Handle("app", "work", bellhop.HandlerFunc(func(ctx context.Context, m *bellhop.Message) error {
+				started <- struct{}{}
+				<-ctx.Done()
+				return ctx.Err()
+			}))
+			a := startDispatcher(t, e.dsn, bellhop.DispatcherConfig{
+				Resolver: leaving, PollInterval: time.Hour, ShutdownGrace: 100 * time.Millisecond,
+			}, nil)
+			var id uuid.UUID
+			if invoke {
+				var err error
+				if id, err = e.client.InvokeAsync(context.Background(), cons.ID, []byte(`1`), bellhop.EnqueueOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				id = e.enqueue(t, "work", 1, bellhop.EnqueueOptions{})
+			}
+			select {
+			case <-started:
+			case <-time.After(5 * time.Second):
+				t.Fatal("handler did not start")
+			}
+
+			// Started only now, so that the first dispatcher holds the message.
+			rec := &recorder{}
+			staying := bellhop.NewMux()
+			staying.Handle("app", "work", rec)
+			startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: staying, PollInterval: time.Hour}, nil)
+			if rec.n.Load() != 0 {
+				t.Fatal("the second dispatcher got the message while the first held it")
+			}
+			stopping := time.Now()
+			a.stop()
+			waitFor(t, 2*time.Second, "the released message delivered by the other dispatcher", func() bool { return rec.n.Load() == 1 })
+			t.Logf("handed over %s after the cancel", time.Since(stopping).Round(time.Millisecond))
+			if d := rec.deliveries()[0]; d.ID != id || d.Attempt != 1 || d.Invoked != invoke {
+				t.Errorf("delivered %s at attempt %d (invoked %v); want %s at attempt 1", d.ID, d.Attempt, d.Invoked, id)
+			}
+		})
+	}
+}
