@@ -79,6 +79,9 @@ type Observer interface {
 	Polled(missed int)
 	// Reclaimed is called after a reclaim pass that changed something.
 	Reclaimed(released, deadLettered int64)
+	// Finished is called when a delivery no longer occupies a slot: its
+	// handler returned and its outcome was queued for writing.
+	Finished(m *Message)
 }
 
 // Dispatcher delivers messages to handlers. Create it with NewDispatcher
@@ -207,6 +210,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	var bg sync.WaitGroup
 	bg.Go(func() { _ = d.listener.Run(ctx) })
 	bg.Go(func() { d.reclaim.Run(ctx) })
+	// One pass at start-up returns leases that expired while no dispatcher
+	// ran (a crash and restart) and learns when the live ones expire.
+	d.reclaim.Observe(time.Now())
 	bg.Go(func() { d.control(ctx) })
 	bg.Go(func() { d.touchLoop(ctx) })
 	d.log.Info().Dur("poll_interval", d.cfg.PollInterval).Msg("dispatcher started")

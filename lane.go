@@ -185,6 +185,9 @@ func (l *lane) deliver(st *consumerState, cm *claim.Message) {
 	}
 	l.d.complete.Submit(out)
 
+	if obs != nil {
+		obs.Finished(m)
+	}
 	l.inFlight.Add(-1)
 	if l.backlog.Swap(false) {
 		l.poke()

@@ -6,8 +6,9 @@
 // The reclaimer is a timer, not a tick: it sleeps until the next lease it
 // knows of can expire. It learns of leases from its own dispatcher's
 // claims (Observe) and, for leases taken by other dispatchers, from the
-// dispatcher's fallback poll (also Observe). With nothing in flight it
-// runs no statement at all.
+// dispatcher's fallback poll (also Observe). It runs one pass at start-up
+// and, after that, only when a lease it knows of can have expired: once
+// nothing is in flight it runs no statement at all.
 package reclaim
 
 import (
