@@ -31,6 +31,8 @@ const (
 	// DefaultShutdownGrace is how long a stopping dispatcher lets
 	// in-flight handlers finish before it cancels them.
 	DefaultShutdownGrace = 10 * time.Second
+	// DefaultBusyLease: see DispatcherConfig.BusyLease.
+	DefaultBusyLease = 2 * time.Second
 )
 
 // DispatcherConfig configures a Dispatcher. Zero fields take defaults.
@@ -52,6 +54,14 @@ type DispatcherConfig struct {
 	// DefaultVisibilityTimeout applies to leases on queues that have no
 	// consumer (30s).
 	DefaultVisibilityTimeout time.Duration
+	// BusyLease is the lease of a busy mark (2s): while the dispatcher
+	// drains a backlog, producers of that queue skip their notification
+	// and its commit lock (see migrations/0041_busy_marks.sql). If the
+	// dispatcher dies, other dispatchers look again when the lease ends.
+	BusyLease time.Duration
+	// DisableBusyMarks makes every producer notify, as if no dispatcher
+	// were ever busy. For comparison; there is no other reason to set it.
+	DisableBusyMarks bool
 }
 
 // Outcome is what became of a delivery.
@@ -110,6 +120,9 @@ type Dispatcher struct {
 
 	lastFired   map[uuid.UUID]bool
 	lastFiredMu sync.Mutex
+
+	// owner names this dispatcher's busy marks.
+	owner uuid.UUID
 }
 
 type queueKey struct {
@@ -145,6 +158,9 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 	if cfg.DefaultVisibilityTimeout <= 0 {
 		cfg.DefaultVisibilityTimeout = DefaultVisibilityTimeout
 	}
+	if cfg.BusyLease <= 0 {
+		cfg.BusyLease = DefaultBusyLease
+	}
 	pc := poolCfg.Copy()
 	params := pc.ConnConfig.RuntimeParams
 	if params == nil {
@@ -168,6 +184,7 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 		lanes:     map[uuid.UUID]*consumerLanes{},
 		byQueue:   map[queueKey]*lane{},
 		lastFired: map[uuid.UUID]bool{},
+		owner:     uuid.New(),
 	}
 	// NewWithConfig does not connect yet; Run does.
 	db, err := pgxpool.NewWithConfig(context.Background(), pc)
@@ -231,6 +248,11 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	}
 	d.complete.Close()
 	bg.Wait()
+	cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	if err := claim.ClearMarks(cctx, d.db, d.owner); err != nil {
+		d.log.Warn().Err(err).Msg("could not clear busy marks; they expire with their lease")
+	}
+	cancel()
 	d.flushLastFired(context.Background())
 	d.log.Info().Msg("dispatcher stopped")
 	return nil

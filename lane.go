@@ -34,6 +34,14 @@ type lane struct {
 	backlog atomic.Bool
 	// draining is set while the lane is inside a claim pass.
 	draining atomic.Bool
+
+	// Busy-mark state (queue lanes only), touched only by the lane's
+	// goroutine; see migrations/0041_busy_marks.sql for the protocol.
+	busy     bool // draining a backlog: every pass sets this dispatcher's mark
+	marked   bool // a mark of ours may be live in the database
+	settle   bool // producers may have skipped announcing: confirm the lock, then claim once more
+	tries    int  // failed lock confirmations in a row
+	watching bool // the last pass saw another dispatcher's live mark
 }
 
 func newLane(d *Dispatcher, st *consumerState, t claim.Target) *lane {
@@ -92,12 +100,15 @@ func (l *lane) run(ctx context.Context) {
 }
 
 // drain claims until the lane's slots are full or nothing is ready. It
-// returns the next future due time it learned (zero: none) and whether it
-// claimed anything.
+// returns when it wants to look again on its own (zero: only when woken):
+// the next due time, the end of another dispatcher's busy mark, or a retry.
+// claimed reports whether it claimed anything.
 func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
+	marks := l.target.Source == claim.Queue && !l.d.cfg.DisableBusyMarks
 	for ctx.Err() == nil {
 		st := l.state.Load()
 		if !st.Enabled {
+			l.dropMark(ctx)
 			return time.Time{}, claimed
 		}
 		l.backlog.Store(true)
@@ -106,14 +117,24 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 			return time.Time{}, claimed // a finishing delivery pokes us
 		}
 		l.backlog.Store(false)
-		msgs, due, err := claim.Claim(ctx, l.d.db, l.target, free)
-		if err != nil {
-			if ctx.Err() == nil {
-				l.d.log.Warn().Err(err).Str("app_id", l.target.AppID.String()).Str("queue", st.Queue).
-					Msg("claim failed; retrying in 1s")
+		if l.settle {
+			ok, err := claim.TryBusyLock(ctx, l.d.db, l.target)
+			if err != nil {
+				return l.retry(ctx, st, err), claimed
 			}
-			return time.Now().Add(time.Second), claimed
+			if ok {
+				l.settle, l.tries = false, 0
+			}
 		}
+		pass, err := claim.ClaimPass(ctx, l.d.db, l.target, free,
+			claim.Busy{Owner: l.d.owner, Mark: l.busy, Lease: l.d.cfg.BusyLease})
+		if err != nil {
+			return l.retry(ctx, st, err), claimed
+		}
+		if l.busy {
+			l.marked = true
+		}
+		msgs := pass.Messages
 		if len(msgs) > 0 {
 			claimed = true
 			l.d.reclaim.Observe(msgs[0].LeasedAt.Add(st.VisibilityTimeout))
@@ -124,11 +145,87 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 			l.d.inFlight.Add(1)
 			go l.deliver(st, &msgs[i])
 		}
-		if len(msgs) < free {
-			return due, claimed
+		switch {
+		case !marks:
+			if len(msgs) == free {
+				continue
+			}
+			return pass.NextDue, claimed
+		case len(msgs) == free:
+			// A backlog: mark the queue from the next pass on, so that
+			// producers stop announcing what we will find anyway.
+			l.busy = true
+			continue
+		case l.busy && len(msgs) > 0:
+			// Producers are not announcing while we are marked: look again.
+			continue
+		case l.busy:
+			// Drained. Drop the mark; the lock then tells us when every
+			// producer that read it has committed, and one more pass
+			// finds what they did not announce.
+			l.busy = false
+			ok, err := claim.Unmark(ctx, l.d.db, l.target, l.d.owner)
+			if err != nil {
+				l.settle = true
+				return l.retry(ctx, st, err), claimed
+			}
+			l.marked = false
+			if !ok {
+				l.settle = true
+			}
+			if !l.settle {
+				continue
+			}
 		}
+		if l.settle {
+			// A producer that read a mark has not committed yet.
+			l.tries++
+			return earliest(pass.NextDue, time.Now().Add(min(20*time.Millisecond, time.Millisecond<<min(l.tries, 5)))), claimed
+		}
+		if !pass.ForeignLease.IsZero() {
+			// Another dispatcher is draining this queue and producers
+			// are not announcing: look again when its mark's lease
+			// ends, in case it died.
+			l.watching = true
+			return earliest(pass.NextDue, pass.ForeignLease.Add(time.Millisecond)), claimed
+		}
+		if l.watching {
+			// The mark we watched is gone or expired; its producers may
+			// not have announced. Settle as if it had been ours.
+			l.watching, l.settle = false, true
+			continue
+		}
+		return pass.NextDue, claimed
 	}
 	return time.Time{}, claimed
+}
+
+// retry logs a failed statement and says when to try again.
+func (l *lane) retry(ctx context.Context, st *consumerState, err error) time.Time {
+	if ctx.Err() == nil {
+		l.d.log.Warn().Err(err).Str("app_id", l.target.AppID.String()).Str("queue", st.Queue).
+			Msg("claim failed; retrying in 1s")
+	}
+	return time.Now().Add(time.Second)
+}
+
+// dropMark deletes the lane's busy mark, if any, when it stops serving:
+// producers announce again at once instead of when the lease ends.
+func (l *lane) dropMark(ctx context.Context) {
+	if l.marked {
+		if _, err := claim.Unmark(ctx, l.d.db, l.target, l.d.owner); err == nil {
+			l.marked = false
+		}
+	}
+	l.busy, l.settle, l.watching = false, false, false
+}
+
+// earliest is the earlier of two times, ignoring zero ones.
+func earliest(a, b time.Time) time.Time {
+	if a.IsZero() || (!b.IsZero() && b.Before(a)) {
+		return b
+	}
+	return a
 }
 
 // deliver runs the handler on one message and submits its outcome.

@@ -67,43 +67,88 @@ func (t Target) String() string {
 
 // Claim leases up to max ready messages of t, oldest first, and reports
 // the next future deliver_after among t's unclaimed messages (zero if
-// none). Both statements go in one round trip.
+// none). It is Pass without busy marks.
 func Claim(ctx context.Context, db *pgxpool.Pool, t Target, max int) ([]Message, time.Time, error) {
-	var claimSQL, dueSQL string
+	p, err := ClaimPass(ctx, db, t, max, Busy{})
+	return p.Messages, p.NextDue, err
+}
+
+// Busy says how a claim pass treats busy marks (see
+// migrations/0041_busy_marks.sql).
+type Busy struct {
+	// Owner identifies this dispatcher's marks; its own are not reported
+	// as foreign.
+	Owner uuid.UUID
+	// Mark sets or refreshes Owner's mark on the queue, with Lease, in the
+	// same transaction as the claim.
+	Mark  bool
+	Lease time.Duration
+}
+
+// Pass is the result of one claim pass.
+type Pass struct {
+	Messages []Message
+	// NextDue is the next future deliver_after (zero: none).
+	NextDue time.Time
+	// ForeignLease is the latest lease of a live busy mark another
+	// dispatcher holds on the queue (zero: none).
+	ForeignLease time.Time
+}
+
+// ClaimPass leases up to max ready messages of t, oldest first, and reads
+// what the caller needs to sleep well: the next due time and other
+// dispatchers' busy marks. With b.Mark it also sets b.Owner's mark. It is
+// one round trip and one transaction.
+func ClaimPass(ctx context.Context, db *pgxpool.Pool, t Target, max int, b Busy) (Pass, error) {
+	var claimSQL, infoSQL string
 	var args pgx.NamedArgs
 	if t.Source == Invoke {
-		claimSQL, dueSQL = queries.ClaimInvoke, queries.NextDueInvoke
+		claimSQL, infoSQL = queries.ClaimInvoke, queries.NextDueInvoke
 		args = pgx.NamedArgs{"trigger_id": t.TriggerID, "max_messages": max}
 	} else {
-		claimSQL, dueSQL = queries.ClaimQueue, queries.NextDueQueue
-		args = pgx.NamedArgs{"app_id": t.AppID, "queue_name": t.Queue, "max_messages": max}
+		claimSQL, infoSQL = queries.ClaimQueue, queries.NextDueQueue
+		args = pgx.NamedArgs{"app_id": t.AppID, "queue_name": t.Queue, "max_messages": max, "owner": b.Owner}
 	}
 	leasedAt := time.Now()
-	b := &pgx.Batch{}
-	b.Queue(claimSQL, args)
-	b.Queue(dueSQL, args)
-	br := db.SendBatch(ctx, b)
+	batch := &pgx.Batch{}
+	mark := b.Mark && t.Source == Queue
+	if mark {
+		batch.Queue(queries.BusyMark, pgx.NamedArgs{
+			"app_id": t.AppID, "queue_name": t.Queue, "owner": b.Owner, "lease_ms": b.Lease.Milliseconds(),
+		})
+	}
+	batch.Queue(claimSQL, args)
+	batch.Queue(infoSQL, args)
+	br := db.SendBatch(ctx, batch)
 	defer br.Close()
 
+	fail := func(what string, err error) (Pass, error) {
+		return Pass{}, fmt.Errorf("claim %s: %s%w", t, what, err)
+	}
+	if mark {
+		if _, err := br.Exec(); err != nil {
+			return fail("busy mark: ", err)
+		}
+	}
 	rows, err := br.Query()
 	if err != nil {
-		return nil, time.Time{}, fmt.Errorf("claim %s: %w", t, err)
+		return fail("", err)
 	}
 	msgs := make([]Message, 0, max)
 	for rows.Next() {
 		m := Message{Source: t.Source, LeasedAt: leasedAt}
 		if err := rows.Scan(&m.ID, &m.Payload, &m.EnqueuedAt, &m.Token, &m.Attempt, &m.MaxAttempts, &m.EnqueuedBy); err != nil {
 			rows.Close()
-			return nil, time.Time{}, fmt.Errorf("claim %s: scan: %w", t, err)
+			return fail("scan: ", err)
 		}
 		msgs = append(msgs, m)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, time.Time{}, fmt.Errorf("claim %s: %w", t, err)
+		return fail("", err)
 	}
-	var due *time.Time
-	if err := br.QueryRow().Scan(&due); err != nil {
-		return nil, time.Time{}, fmt.Errorf("claim %s: next due: %w", t, err)
+	var due, foreign *time.Time
+	if err := br.QueryRow().Scan(&due, &foreign); err != nil {
+		return fail("next due: ", err)
 	}
 	// The batch is one implicit transaction that commits at its Sync:
 	// until Close reports success the leases may not exist, and a message
@@ -111,13 +156,59 @@ func Claim(ctx context.Context, db *pgxpool.Pool, t Target, max int) ([]Message,
 	// dispatcher too. Such leases, if committed after all, expire and are
 	// reclaimed.
 	if err := br.Close(); err != nil {
-		return nil, time.Time{}, fmt.Errorf("claim %s: %w", t, err)
+		return fail("", err)
 	}
-	var next time.Time
+	p := Pass{Messages: sortByEnqueued(msgs)}
 	if due != nil {
-		next = *due
+		p.NextDue = *due
 	}
-	return sortByEnqueued(msgs), next, nil
+	if foreign != nil {
+		p.ForeignLease = *foreign
+	}
+	return p, nil
+}
+
+// Unmark deletes owner's busy mark on t's queue and then tries, once, to
+// confirm that no producer that might have read it is still uncommitted
+// (busy_lock.sql). It reports whether that was confirmed; if not, call
+// TryBusyLock again shortly.
+func Unmark(ctx context.Context, db *pgxpool.Pool, t Target, owner uuid.UUID) (bool, error) {
+	args := pgx.NamedArgs{"app_id": t.AppID, "queue_name": t.Queue, "owner": owner}
+	batch := &pgx.Batch{}
+	batch.Queue(queries.BusyUnmark, args)
+	batch.Queue(queries.BusyLock, args)
+	br := db.SendBatch(ctx, batch)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return false, fmt.Errorf("unmark %s: %w", t, err)
+	}
+	var locked bool
+	if err := br.QueryRow().Scan(&locked); err != nil {
+		return false, fmt.Errorf("unmark %s: %w", t, err)
+	}
+	if err := br.Close(); err != nil {
+		return false, fmt.Errorf("unmark %s: %w", t, err)
+	}
+	return locked, nil
+}
+
+// TryBusyLock is busy_lock.sql: true once no producer of t's queue holds
+// the queue's advisory lock.
+func TryBusyLock(ctx context.Context, db *pgxpool.Pool, t Target) (bool, error) {
+	var locked bool
+	err := db.QueryRow(ctx, queries.BusyLock, pgx.NamedArgs{"app_id": t.AppID, "queue_name": t.Queue}).Scan(&locked)
+	if err != nil {
+		return false, fmt.Errorf("busy lock %s: %w", t, err)
+	}
+	return locked, nil
+}
+
+// ClearMarks deletes every busy mark of owner.
+func ClearMarks(ctx context.Context, db *pgxpool.Pool, owner uuid.UUID) error {
+	if _, err := db.Exec(ctx, queries.BusyClear, pgx.NamedArgs{"owner": owner}); err != nil {
+		return fmt.Errorf("clear busy marks: %w", err)
+	}
+	return nil
 }
 
 // sortByEnqueued restores enqueued_at order, which RETURNING does not

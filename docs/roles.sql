@@ -31,3 +31,5 @@ GRANT SELECT, UPDATE, DELETE ON queue_messages, outbox TO bellhop_dispatcher;
 GRANT SELECT, INSERT, UPDATE ON dead_letters TO bellhop_dispatcher;
 GRANT SELECT ON apps, principals, triggers, queue_trigger_details, queue_consumers, queue_list TO bellhop_dispatcher;
 GRANT UPDATE (last_fired_at) ON queue_trigger_details TO bellhop_dispatcher;
+-- Busy marks (migrations/0041_busy_marks.sql).
+GRANT SELECT, INSERT, UPDATE, DELETE ON queue_busy TO bellhop_dispatcher;

@@ -25,6 +25,26 @@ var AppCreate string
 //go:embed app_list.sql
 var AppList string
 
+// BusyClear is busy_clear.sql.
+//
+//go:embed busy_clear.sql
+var BusyClear string
+
+// BusyLock is busy_lock.sql.
+//
+//go:embed busy_lock.sql
+var BusyLock string
+
+// BusyMark is busy_mark.sql.
+//
+//go:embed busy_mark.sql
+var BusyMark string
+
+// BusyUnmark is busy_unmark.sql.
+//
+//go:embed busy_unmark.sql
+var BusyUnmark string
+
 // ClaimInvoke is claim_invoke.sql.
 //
 //go:embed claim_invoke.sql

@@ -1,0 +1,20 @@
+-- Sets or refreshes this dispatcher's busy mark on a queue, with a lease
+-- of lease_ms from now (the database's clock, which producers read too).
+-- Sent in the same round trip as a claim pass while the dispatcher drains
+-- a backlog. When the mark is new (no live mark of this owner before), it
+-- also wakes every dispatcher, so that idle ones learn of the mark and
+-- watch its lease: that bounds how long a crash of this dispatcher can
+-- leave messages unannounced.
+WITH prev AS (
+    SELECT lease_until > clock_timestamp() AS live
+    FROM queue_busy
+    WHERE app_id = @app_id AND queue_name = @queue_name AND owner = @owner
+), up AS (
+    INSERT INTO queue_busy AS b (app_id, queue_name, owner, lease_until)
+    VALUES (@app_id, @queue_name, @owner, clock_timestamp() + @lease_ms * interval '1 millisecond')
+    ON CONFLICT (app_id, queue_name, owner) DO UPDATE SET lease_until = EXCLUDED.lease_until
+    RETURNING 1
+)
+SELECT count(pg_notify('bellhop', 'q:' || @app_id::text || ':' || @queue_name::text))
+FROM up
+WHERE NOT coalesce((SELECT live FROM prev), false)
