@@ -141,3 +141,54 @@ func TestBusyMarksLoseNoWakeUp(t *testing.T) {
 		t.Errorf("%d notifications for %d messages: busy marks saved none", perDispatcher, total)
 	}
 }
+
+// TestBusyMarkOfDeadDispatcher: a dispatcher that dies while its busy mark
+// is live leaves producers silent until the lease ends; another
+// dispatcher that saw the mark looks again when it ends, so the messages
+// wait at most the lease, not the fallback poll (here one hour).
+func TestBusyMarkOfDeadDispatcher(t *testing.T) {
+	e := newEnv(t)
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders"})
+	rec := &recorder{}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", rec)
+	claims := &claimCounter{}
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour},
+		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = claims })
+	// Let the start-up passes finish, so the next pass is the one the
+	// mark's wake-up causes.
+	waitFor(t, 5*time.Second, "start-up passes done", func() bool { return claims.n.Load() > 0 && claims.ended.Load() == claims.n.Load() })
+	holdsFor(t, 200*time.Millisecond, "no pass while idle", func() bool { return claims.ended.Load() == claims.n.Load() })
+	passes := claims.ended.Load()
+
+	// The dead dispatcher's mark, exactly as busy_mark.sql writes a fresh
+	// one: the row, and a wake-up so that live dispatchers learn of it.
+	const lease = 1500 * time.Millisecond
+	var leaseEnd time.Time
+	err := e.pool.QueryRow(context.Background(), `
+		WITH m AS (
+			INSERT INTO queue_busy (app_id, queue_name, owner, lease_until)
+			SELECT id, 'orders', gen_random_uuid(), clock_timestamp() + $1 * interval '1 millisecond' FROM apps WHERE name = 'app'
+			RETURNING app_id, lease_until)
+		SELECT lease_until, pg_notify('bellhop', 'q:' || app_id || ':orders') IS NULL FROM m`,
+		lease.Milliseconds()).Scan(&leaseEnd, new(bool))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The live dispatcher looks once, sees the mark, and watches it.
+	waitFor(t, 5*time.Second, "the mark's wake-up pass", func() bool { return claims.ended.Load() > passes })
+	// Producers now see a live mark and do not notify.
+	var ids []uuid.UUID
+	for i := range 5 {
+		ids = append(ids, e.enqueue(t, "orders", map[string]int{"i": i}, bellhop.EnqueueOptions{}))
+	}
+	holdsFor(t, time.Until(leaseEnd)-100*time.Millisecond, "nothing delivered while the dead mark is live", func() bool {
+		return len(rec.deliveries()) == 0
+	})
+	waitFor(t, time.Until(leaseEnd)+time.Second, "delivered once the dead mark's lease ended", func() bool {
+		return len(rec.deliveries()) == len(ids)
+	})
+	if late := time.Since(leaseEnd); late > time.Second {
+		t.Errorf("delivered %s after the lease ended", late)
+	}
+}
