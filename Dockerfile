@@ -6,9 +6,13 @@ COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
 RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/bellhop ./cmd/bellhop
+# An empty /secrets owned by the runtime user: a named volume mounted there
+# (docker-compose.yml) takes the owner of the image's directory.
+RUN mkdir -p /out/secrets
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/bellhop /usr/local/bin/bellhop
+COPY --from=build --chown=65532:65532 /out/secrets /secrets
 USER nonroot:nonroot
 EXPOSE 9090
 ENTRYPOINT ["/usr/local/bin/bellhop"]

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -20,6 +21,7 @@ import (
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/httppush"
 	"github.com/bellhopq/bellhop/internal/metrics"
+	"github.com/bellhopq/bellhop/migrations"
 	"github.com/bellhopq/bellhop/notify"
 )
 
@@ -109,6 +111,10 @@ func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.
 		return err
 	}
 	defer pool.Close()
+	if err := checkSchema(ctx, pool); err != nil {
+		ln.Close()
+		return err
+	}
 	rec := metrics.New(reg, func() notify.Stats { return disp.ListenerStats() },
 		func(ctx context.Context) ([]bellhop.QueueInfo, error) { return client.Queues(ctx, "") })
 	disp, err = bellhop.NewDispatcher(cfg, bellhop.DispatcherConfig{
@@ -143,4 +149,27 @@ func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.
 	defer cancel()
 	_ = srv.Shutdown(sctx)
 	return runErr
+}
+
+// checkSchema refuses to serve a database whose schema is older than this
+// binary's migrations (or absent), before anything is started: otherwise
+// the dispatcher fails later, or worse, half works. A newer schema is
+// fine: migrations are applied before a rolling upgrade of the daemons.
+func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
+	latest, err := migrations.Latest()
+	if err != nil {
+		return err
+	}
+	var version int
+	err = pool.QueryRow(ctx, "SELECT version FROM "+migrations.VersionTable).Scan(&version)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "42P01": // undefined_table
+		return errors.New("the database has no Bellhop schema: run `bellhop migrate` first")
+	case err != nil:
+		return fmt.Errorf("read the schema version: %w", err)
+	case version < latest:
+		return fmt.Errorf("the database schema is at version %d, this bellhop needs %d: run `bellhop migrate` first", version, latest)
+	}
+	return nil
 }

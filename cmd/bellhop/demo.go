@@ -47,7 +47,12 @@ func demoCommand(d *deps) *cli.Command {
 			log = log.Level(max(log.GetLevel(), zerolog.WarnLevel))
 			ctx, stop := signalContext(ctx, log)
 			defer stop()
-			return runDemo(ctx, d, cmd, log)
+			err = runDemo(ctx, d, cmd, log)
+			if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
+				// Ctrl-C while starting up is a normal way to stop.
+				return nil
+			}
+			return err
 		},
 	}
 }
@@ -59,6 +64,10 @@ func runDemo(ctx context.Context, d *deps, cmd *cli.Command, log zerolog.Logger)
 		say("starting a throwaway PostgreSQL (set DATABASE_URL to use your own)…")
 		cluster, err := pgcluster.Start(ctx, pgcluster.Options{})
 		if err != nil {
+			if ctx.Err() != nil {
+				say("stopped before PostgreSQL was up")
+				return nil
+			}
 			return err
 		}
 		defer func() {
@@ -66,6 +75,7 @@ func runDemo(ctx context.Context, d *deps, cmd *cli.Command, log zerolog.Logger)
 				say("stopping PostgreSQL: %v", err)
 			}
 		}()
+		say("PostgreSQL data in %s (removed on exit)", cluster.Dir())
 		url = cluster.ConnString("postgres")
 	}
 	cfg, err := pgxpool.ParseConfig(url)

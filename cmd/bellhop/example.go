@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -92,16 +93,22 @@ func exampleConsumerCommand(d *deps) *cli.Command {
 					r.Header.Get("Bellhop-Attempt"), len(body))
 				w.WriteHeader(http.StatusNoContent)
 			})
-			srv := &http.Server{Addr: cmd.String("addr"), Handler: h, ReadHeaderTimeout: 5 * time.Second}
+			// Listen first, so that a bad --addr is a usage error and the
+			// line below shows the real address (also for port 0).
+			ln, err := net.Listen("tcp", cmd.String("addr"))
+			if err != nil {
+				return usagef("--addr %q: %v", cmd.String("addr"), err)
+			}
+			srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 			go func() {
 				<-ctx.Done()
 				sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 				defer cancel()
 				_ = srv.Shutdown(sctx)
 			}()
-			fmt.Fprintf(d.stdout, "example consumer listening on %s\n", cmd.String("addr"))
-			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				return usagef("--addr %q: %v", cmd.String("addr"), err)
+			fmt.Fprintf(d.stdout, "example consumer listening on %s\n", ln.Addr())
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return err
 			}
 			return nil
 		},

@@ -3,8 +3,10 @@
 // dead-letter inspection, and a one-command demo.
 //
 // Configuration comes from flags, then environment variables (each flag's
-// help names its variable). A bad configuration exits with status 2 and
-// one line naming the problem.
+// help names its variable). A bad configuration, a bad flag or input that
+// can never succeed (an invalid name, payload or option, an unknown app or
+// consumer) exits with status 2 and one line naming the problem; other
+// failures (the database is unreachable, a conflict) exit with status 1.
 package main
 
 import (
@@ -16,6 +18,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 	"github.com/urfave/cli/v3"
@@ -24,6 +27,10 @@ import (
 )
 
 func main() {
+	// Log timestamps to the millisecond: zerolog's default (RFC 3339 in
+	// whole seconds) makes the console format's .000 always zero and
+	// hides the ordering of a delivery's events.
+	zerolog.TimeFieldFormat = "2006-01-02T15:04:05.000Z07:00"
 	os.Exit(run(context.Background(), os.Args, os.Stdin, os.Stdout, os.Stderr))
 }
 
@@ -42,12 +49,43 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if err == nil {
 		return 0
 	}
-	fmt.Fprintf(stderr, "bellhop: %s\n", oneLine(err))
-	var ue usageError
-	if errors.As(err, &ue) || isFlagError(err) {
+	fmt.Fprintf(stderr, "bellhop: %s%s\n", oneLine(err), hint(err))
+	if isUsage(err) {
 		return 2
 	}
 	return 1
+}
+
+// hint suggests the likely fix for an error whose text alone would not
+// tell: a missing table or function means the schema is not there.
+func hint(err error) string {
+	// 42P01 undefined_table, 42883 undefined_function
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "42883") {
+		return " (is the database migrated? run `bellhop migrate`)"
+	}
+	return ""
+}
+
+// badInput are the library's errors for input that no retry can fix.
+var badInput = []error{
+	bellhop.ErrInvalidName, bellhop.ErrInvalidQueueName, bellhop.ErrInvalidPayload,
+	bellhop.ErrPayloadTooLarge, bellhop.ErrInvalidOptions, bellhop.ErrUnknownApp,
+	bellhop.ErrUnknownPrincipal, bellhop.ErrUnknownConsumer,
+}
+
+// isUsage reports whether err is the caller's mistake: exit status 2.
+func isUsage(err error) bool {
+	var ue usageError
+	if errors.As(err, &ue) || isFlagError(err) {
+		return true
+	}
+	for _, target := range badInput {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	return false
 }
 
 func oneLine(err error) string {
@@ -57,7 +95,8 @@ func oneLine(err error) string {
 // isFlagError recognises the CLI library's own parse errors.
 func isFlagError(err error) bool {
 	s := err.Error()
-	for _, p := range []string{"flag provided but not defined", "invalid value", "Required flag", "required flag", "No help topic", "flag needs an argument", "invalid boolean"} {
+	for _, p := range []string{"flag provided but not defined", "invalid value", "Required flag", "required flag",
+		"No help topic", "flag needs an argument", "invalid boolean", "from environment variable"} {
 		if strings.Contains(s, p) {
 			return true
 		}
@@ -77,15 +116,18 @@ type deps struct {
 
 func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 	d := &deps{stdin: stdin, stdout: stdout, stderr: stderr}
-	return &cli.Command{
+	root := &cli.Command{
 		Name:      "bellhop",
 		Usage:     "a PostgreSQL-native durable queue with a push dispatcher",
 		Writer:    stdout,
 		ErrWriter: stderr,
 		// Errors are printed once, by run, as one line.
 		ExitErrHandler: func(context.Context, *cli.Command, error) {},
-		OnUsageError: func(_ context.Context, _ *cli.Command, err error, _ bool) error {
-			return usageError{err}
+		// Every command checks the logging flags, so that a typo in
+		// BELLHOP_LOG_FORMAT fails everywhere, not only in run.
+		Before: func(ctx context.Context, cmd *cli.Command) (context.Context, error) {
+			_, err := d.logger(cmd)
+			return ctx, err
 		},
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "database-url", Usage: "PostgreSQL connection string", Sources: cli.EnvVars("DATABASE_URL")},
@@ -104,6 +146,29 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			setupDemoCommand(d),
 			exampleConsumerCommand(d),
 		},
+	}
+	strict(root)
+	return root
+}
+
+// strict makes every command of the tree report a bad flag or a missing
+// required flag as one line (the library's default prints the whole help
+// and "Incorrect Usage", and only the root's OnUsageError would apply),
+// and makes a command group refuse an unknown subcommand by name.
+func strict(cmd *cli.Command) {
+	cmd.OnUsageError = func(_ context.Context, _ *cli.Command, err error, _ bool) error {
+		return usageError{err}
+	}
+	if len(cmd.Commands) > 0 && cmd.Action == nil {
+		cmd.Action = func(ctx context.Context, cmd *cli.Command) error {
+			if cmd.Args().Present() {
+				return usagef("unknown command %q (see %s --help)", cmd.Args().First(), cmd.FullName())
+			}
+			return cli.ShowSubcommandHelp(cmd)
+		}
+	}
+	for _, sub := range cmd.Commands {
+		strict(sub)
 	}
 }
 

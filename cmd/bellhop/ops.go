@@ -7,9 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -114,14 +118,41 @@ func consumerSettingFlags(withDefaults bool) []cli.Flag {
 		}
 		return 0
 	}
-	return []cli.Flag{
-		&cli.DurationFlag{Name: "visibility-timeout", Value: def(bellhop.DefaultVisibilityTimeout), Usage: "lease on a delivered message (whole seconds, 1s to 12h)"},
-		&cli.IntFlag{Name: "max-attempts", Value: defInt(bellhop.DefaultMaxAttempts), Usage: "deliveries before a message is dead-lettered (1 to 1000)"},
-		&cli.DurationFlag{Name: "backoff-min", Value: def(bellhop.DefaultBackoffBase), Usage: "retry delay after the first failure; doubles per attempt"},
-		&cli.DurationFlag{Name: "backoff-max", Value: def(bellhop.DefaultBackoffCap), Usage: "longest retry delay"},
-		&cli.IntFlag{Name: "max-in-flight", Value: defInt(bellhop.DefaultMaxInFlight), Usage: "deliveries at once, per dispatcher process"},
-		&cli.DurationFlag{Name: "timeout", Usage: "HTTP request timeout (default: the visibility timeout less a fifth, at most 5s less)"},
+	// An update changes only the flags given, so its flags show no
+	// default; --timeout describes its default in words.
+	hide := !withDefaults
+	timeoutUsage := "HTTP request timeout (default: the visibility timeout less a fifth, at most 5s less)"
+	if !withDefaults {
+		timeoutUsage = "HTTP request timeout; 0s restores the default (the visibility timeout less a fifth, at most 5s less)"
 	}
+	return []cli.Flag{
+		&cli.DurationFlag{Name: "visibility-timeout", Value: def(bellhop.DefaultVisibilityTimeout), HideDefault: hide, Usage: "lease on a delivered message (whole seconds, 1s to 12h)"},
+		&cli.IntFlag{Name: "max-attempts", Value: defInt(bellhop.DefaultMaxAttempts), HideDefault: hide, Usage: "deliveries before a message is dead-lettered (1 to 1000); applies to messages enqueued with bellhop enqueue, the Go client or the enqueue() SQL function, while a plain INSERT gets the column default, 3"},
+		&cli.DurationFlag{Name: "backoff-min", Value: def(bellhop.DefaultBackoffBase), HideDefault: hide, Usage: "retry delay after the first failure; doubles per attempt"},
+		&cli.DurationFlag{Name: "backoff-max", Value: def(bellhop.DefaultBackoffCap), HideDefault: hide, Usage: "longest retry delay"},
+		&cli.IntFlag{Name: "max-in-flight", Value: defInt(bellhop.DefaultMaxInFlight), HideDefault: hide, Usage: "deliveries at once, per dispatcher process"},
+		&cli.DurationFlag{Name: "timeout", HideDefault: true, Usage: timeoutUsage},
+	}
+}
+
+// checkGivenSettings refuses a zero or negative consumer setting that was
+// given explicitly: the library reads zero as "the default", so without
+// this `--max-attempts 0` would silently register 5 attempts.
+func checkGivenSettings(cmd *cli.Command) error {
+	for _, name := range []string{"visibility-timeout", "backoff-min", "backoff-max"} {
+		if cmd.IsSet(name) && cmd.Duration(name) <= 0 {
+			return usagef("--%s %s: must be positive", name, cmd.Duration(name))
+		}
+	}
+	for _, name := range []string{"max-attempts", "max-in-flight"} {
+		if cmd.IsSet(name) && cmd.Int(name) <= 0 {
+			return usagef("--%s %d: must be at least 1", name, cmd.Int(name))
+		}
+	}
+	if cmd.IsSet("timeout") && cmd.Duration("timeout") < 0 {
+		return usagef("--timeout %s: must not be negative", cmd.Duration("timeout"))
+	}
+	return nil
 }
 
 func consumerCommand(d *deps) *cli.Command {
@@ -164,6 +195,9 @@ func consumerCommand(d *deps) *cli.Command {
 				&cli.StringSliceFlag{Name: "allowed-hosts", Usage: "if set, the URL's host must match one of these (exact, or *.suffix)", Sources: env("ALLOWED_HOSTS")},
 			}, consumerSettingFlags(true)...),
 			Action: func(ctx context.Context, cmd *cli.Command) error {
+				if err := checkGivenSettings(cmd); err != nil {
+					return err
+				}
 				if err := httppush.New(httppush.Options{AllowedHosts: cmd.StringSlice("allowed-hosts")}).CheckURL(cmd.String("url")); err != nil {
 					return usageError{err}
 				}
@@ -253,6 +287,9 @@ func consumerCommand(d *deps) *cli.Command {
 				}
 				u.VisibilityTimeout, u.BackoffBase, u.BackoffCap, u.Timeout = dur("visibility-timeout"), dur("backoff-min"), dur("backoff-max"), dur("timeout")
 				u.MaxAttempts, u.MaxInFlight = num("max-attempts"), num("max-in-flight")
+				if u == (bellhop.ConsumerUpdate{}) {
+					return usagef("nothing to update: give --url or a setting flag (see %s --help)", cmd.FullName())
+				}
 				c, pool, err := client(ctx, cmd)
 				if err != nil {
 					return err
@@ -301,12 +338,19 @@ func enqueueCommand(d *deps) *cli.Command {
 			&cli.StringFlag{Name: "queue", Usage: "queue name", Required: true},
 			&cli.DurationFlag{Name: "delay", Usage: "deliver after this long"},
 			&cli.StringFlag{Name: "at", Usage: "deliver at this time (RFC 3339, e.g. 2030-01-02T15:04:05Z)"},
-			&cli.IntFlag{Name: "max-attempts", Usage: "attempts before dead-lettering (default: the consumer's)"},
+			&cli.IntFlag{Name: "max-attempts", HideDefault: true, Usage: "attempts before dead-lettering (default: the consumer's)"},
 		},
 		Action: func(ctx context.Context, cmd *cli.Command) error {
 			body, err := oneArg(cmd, "JSON or -")
 			if err != nil {
 				return err
+			}
+			if cmd.IsSet("max-attempts") && cmd.Int("max-attempts") <= 0 {
+				// The library reads 0 as "the default"; given explicitly it is a mistake.
+				return usagef("--max-attempts %d: must be at least 1", cmd.Int("max-attempts"))
+			}
+			if cmd.Duration("delay") < 0 {
+				return usagef("--delay %s: must not be negative", cmd.Duration("delay"))
 			}
 			opts := bellhop.EnqueueOptions{Delay: cmd.Duration("delay"), MaxAttempts: int(cmd.Int("max-attempts"))}
 			if s := cmd.String("at"); s != "" {
@@ -316,7 +360,7 @@ func enqueueCommand(d *deps) *cli.Command {
 				}
 				opts.DeliverAfter = at
 			}
-			if opts.Delay != 0 && !opts.DeliverAfter.IsZero() {
+			if cmd.IsSet("delay") && cmd.IsSet("at") {
 				return usagef("use --delay or --at, not both")
 			}
 			c, pool, err := client(ctx, cmd)
@@ -364,7 +408,7 @@ func enqueueStream(ctx context.Context, c *bellhop.Client, app, queue string, op
 			continue
 		}
 		if !json.Valid([]byte(text)) {
-			return fmt.Errorf("line %d is not a JSON value (%d messages before its batch were written)", line, total)
+			return usagef("line %d is not a JSON value (%d messages before its batch were written)", line, total)
 		}
 		batch = append(batch, bellhop.NewMessage{Queue: queue, Payload: []byte(text), Options: opts})
 		if len(batch) == enqueueBatch {
@@ -397,6 +441,12 @@ func queuesCommand(d *deps) *cli.Command {
 				return err
 			}
 			defer pool.Close()
+			if cmd.Bool("watch") {
+				// Ctrl-C ends watching normally: exit 0.
+				var stop context.CancelFunc
+				ctx, stop = signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+				defer stop()
+			}
 			for {
 				qs, err := c.Queues(ctx, cmd.String("app"))
 				if err != nil {
@@ -498,7 +548,11 @@ func deadCommand(d *deps) *cli.Command {
 				for _, x := range ds {
 					errText := x.LastError
 					if len(errText) > 80 {
-						errText = errText[:80] + "…"
+						cut := 80
+						for cut > 0 && !utf8.RuneStart(errText[cut]) {
+							cut-- // never split a character
+						}
+						errText = errText[:cut] + "…"
 					}
 					fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\t%s\n", x.ID, x.Queue, x.Source, x.Attempt, x.MaxAttempts,
 						x.DiedAt.UTC().Format(time.RFC3339), strings.ReplaceAll(errText, "\n", " "))

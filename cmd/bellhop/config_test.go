@@ -1,0 +1,592 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/urfave/cli/v3"
+	"gopkg.in/yaml.v3"
+
+	"github.com/bellhopq/bellhop/internal/pgtest"
+	"github.com/bellhopq/bellhop/migrations"
+)
+
+// TestBadConfiguration: bad configuration, flags and input exit 2 with
+// one line on stderr that names the problem, never a stack trace, and
+// never echo a password.
+func TestBadConfiguration(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.ConnString(t)
+	ok(t, dsn, "app", "create", "shop")
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { busy.Close() })
+	const garbled = "postgres://u:s3cretpw@host:notaport/db"
+	add := []string{"consumer", "add", "--app", "shop", "--queue", "q", "--url", "http://127.0.0.1:9/hook"}
+	enq := []string{"enqueue", "--app", "shop", "--queue", "orders"}
+
+	tests := []struct {
+		name string
+		dsn  string   // DATABASE_URL; "-" for none
+		env  []string // more environment
+		args []string
+		want string // in the message
+	}{
+		{"no DATABASE_URL", "-", nil, []string{"queues"}, "no database: set --database-url or DATABASE_URL"},
+		{"no DATABASE_URL for run", "-", nil, []string{"run"}, "no database"},
+		{"garbled DATABASE_URL", garbled, nil, []string{"queues"}, "--database-url: cannot parse"},
+		{"garbled DATABASE_URL for run", garbled, nil, []string{"run"}, "--database-url: cannot parse"},
+		{"garbled --database-url", "-", nil, []string{"--database-url", garbled, "migrate"}, "--database-url: cannot parse"},
+		{"unknown flag", dsn, nil, []string{"queues", "--bogus"}, "flag provided but not defined: -bogus"},
+		{"unknown global flag", dsn, nil, []string{"--bogus", "queues"}, "flag provided but not defined: -bogus"},
+		{"unknown command", dsn, nil, []string{"bogus"}, `unknown command "bogus"`},
+		{"unknown subcommand", dsn, nil, []string{"consumer", "bogus"}, `unknown command "bogus" (see bellhop consumer --help)`},
+		{"missing required flag", dsn, nil, []string{"enqueue", "--queue", "orders", "{}"}, `Required flag "app" not set`},
+		{"bad --log-format", dsn, nil, []string{"--log-format", "xml", "run"}, `--log-format "xml": use json or console`},
+		{"bad --log-format elsewhere", dsn, nil, []string{"--log-format", "xml", "queues"}, `--log-format "xml"`},
+		{"bad BELLHOP_LOG_FORMAT", dsn, []string{"BELLHOP_LOG_FORMAT=xml"}, []string{"queues"}, `--log-format "xml"`},
+		{"bad --log-level", dsn, nil, []string{"--log-level", "loud", "run"}, `--log-level "loud"`},
+		{"bad duration", dsn, nil, append(add, "--visibility-timeout", "5x"), `invalid value "5x" for flag -visibility-timeout`},
+		{"bad duration in env", dsn, []string{"BELLHOP_POLL_INTERVAL=5x"}, []string{"run"}, `BELLHOP_POLL_INTERVAL`},
+		{"fractional visibility timeout", dsn, nil, append(add, "--visibility-timeout", "0.5s"), "visibility timeout 500ms is outside 1s..12h"},
+		{"visibility timeout not whole seconds", dsn, nil, append(add, "--visibility-timeout", "1500ms"), "not a whole number of seconds"},
+		{"zero max attempts", dsn, nil, append(add, "--max-attempts", "0"), "--max-attempts 0: must be at least 1"},
+		{"too many max attempts", dsn, nil, append(add, "--max-attempts", "1001"), "max attempts 1001 is outside 1..1000"},
+		{"zero max in flight", dsn, nil, append(add, "--max-in-flight", "0"), "--max-in-flight 0: must be at least 1"},
+		{"backoff cap below base", dsn, nil, append(add, "--backoff-min", "2s", "--backoff-max", "1s"), "backoff cap 1s is below backoff base 2s"},
+		{"zero max attempts on enqueue", dsn, nil, append(enq, "--max-attempts", "0", "{}"), "--max-attempts 0: must be at least 1"},
+		{"zero max attempts on update", dsn, nil, []string{"consumer", "update", "--app", "shop", "--max-attempts", "0", "00000000-0000-0000-0000-000000000001"}, "max attempts 0 is outside 1..1000"},
+		{"unusable --http-addr", dsn, nil, []string{"run", "--http-addr", "nonsense:99999"}, `--http-addr "nonsense:99999"`},
+		{"--http-addr in use", dsn, nil, []string{"run", "--http-addr", busy.Addr().String()}, "address already in use"},
+		{"short --poll-interval", dsn, nil, []string{"run", "--poll-interval", "10ms"}, "--poll-interval 10ms: must be at least 1s"},
+		{"zero --shutdown-grace", dsn, nil, []string{"run", "--shutdown-grace", "0s"}, "--shutdown-grace 0s: must be positive"},
+		{"bad queue name", dsn, nil, []string{"enqueue", "--app", "shop", "--queue", "bad queue", "{}"}, `invalid queue name "bad queue"`},
+		{"bad queue name on add", dsn, nil, []string{"consumer", "add", "--app", "shop", "--queue", "a/b", "--url", "http://127.0.0.1:9/"}, `invalid queue name "a/b"`},
+		{"bad app name", dsn, nil, []string{"app", "create", "bad name"}, `app name "bad name"`},
+		{"app name with a leading dot", dsn, nil, []string{"app", "create", ".hidden"}, `app name ".hidden"`},
+		{"non-JSON enqueue", dsn, nil, append(enq, "{not json"), "payload is not a JSON value"},
+		{"empty enqueue", dsn, nil, append(enq, ""), "payload is not a JSON value"},
+		{"unknown app", dsn, nil, []string{"enqueue", "--app", "nope", "--queue", "orders", "{}"}, `unknown app "nope"`},
+		{"unknown app for consumer", dsn, nil, []string{"consumer", "add", "--app", "nope", "--queue", "q", "--url", "http://127.0.0.1:9/"}, `unknown app "nope"`},
+		{"--delay and --at", dsn, nil, append(enq, "--delay", "1s", "--at", "2030-01-02T15:04:05Z", "{}"), "use --delay or --at, not both"},
+		{"bad --at", dsn, nil, append(enq, "--at", "tomorrow", "{}"), `--at "tomorrow" is not an RFC 3339 time`},
+		{"negative --delay", dsn, nil, append(enq, "--delay", "-1s", "{}"), "--delay -1s: must not be negative"},
+		{"two payloads", dsn, nil, append(enq, "{}", "{}"), "takes exactly one argument"},
+		{"non-http URL", dsn, nil, []string{"consumer", "add", "--app", "shop", "--queue", "q", "--url", "ftp://example.com/hook"}, "scheme must be http or https"},
+		{"URL with credentials", dsn, nil, []string{"consumer", "add", "--app", "shop", "--queue", "q", "--url", "http://u:pw@example.com/"}, "carries credentials"},
+		{"--allowed-hosts refuses", dsn, nil, []string{"consumer", "add", "--app", "shop", "--queue", "q", "--url", "http://evil.example.org/", "--allowed-hosts", "*.example.com"}, `host "evil.example.org" is not in the allowed hosts`},
+		{"BELLHOP_ALLOWED_HOSTS refuses", dsn, []string{"BELLHOP_ALLOWED_HOSTS=example.com"}, []string{"consumer", "add", "--app", "shop", "--queue", "q", "--url", "http://127.0.0.1:9/"}, `host "127.0.0.1" is not in the allowed hosts`},
+		{"--allowed-hosts refuses an update", dsn, nil, []string{"consumer", "update", "--app", "shop", "--url", "http://evil.example.org/", "--allowed-hosts", "example.com", "00000000-0000-0000-0000-000000000001"}, "not in the allowed hosts"},
+		{"update without changes", dsn, nil, []string{"consumer", "update", "--app", "shop", "00000000-0000-0000-0000-000000000001"}, "nothing to update"},
+		{"example-consumer bad --addr", "-", nil, []string{"example-consumer", "--addr", "nonsense:99999", "--secret-file", "/nonexistent"}, `--addr "nonsense:99999"`},
+		{"consumer id not a UUID", dsn, nil, []string{"consumer", "pause", "--app", "shop", "42"}, `consumer id "42" is not a UUID`},
+		{"unknown consumer", dsn, nil, []string{"consumer", "resume", "--app", "shop", "00000000-0000-0000-0000-000000000001"}, "unknown consumer"},
+		{"dead redrive without selector", dsn, nil, []string{"dead", "redrive", "--app", "shop"}, "name a MESSAGE_ID or --queue"},
+		{"dead show bad id", dsn, nil, []string{"dead", "show", "--app", "shop", "xyz"}, `message id "xyz" is not a UUID`},
+		{"demo bad interval", "-", nil, []string{"demo", "--interval", "0s"}, "--interval 0s: must be at least 1ms"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			env := append([]string(nil), tc.env...)
+			if tc.dsn != "-" {
+				env = append(env, "DATABASE_URL="+tc.dsn)
+			}
+			r := exeEnv(t, env, "", tc.args...)
+			if r.code != 2 {
+				t.Errorf("exit %d, want 2", r.code)
+			}
+			lines := strings.Split(strings.TrimRight(r.stderr, "\n"), "\n")
+			if len(lines) != 1 || !strings.HasPrefix(lines[0], "bellhop: ") {
+				t.Errorf("stderr is not one \"bellhop: \" line")
+			}
+			if !strings.Contains(r.stderr, tc.want) {
+				t.Errorf("stderr lacks %q", tc.want)
+			}
+			for _, bad := range []string{"goroutine", "panic", "s3cretpw", "Incorrect Usage"} {
+				if strings.Contains(r.stderr+r.stdout, bad) {
+					t.Errorf("output contains %q", bad)
+				}
+			}
+			if r.stdout != "" {
+				t.Errorf("stdout is not empty")
+			}
+			if t.Failed() {
+				t.Logf("bellhop %q\n%s", tc.args, r)
+			}
+		})
+	}
+	// None of the refused consumers was registered.
+	if out := ok(t, dsn, "consumer", "ls"); strings.Count(strings.TrimSpace(out), "\n") != 0 {
+		t.Errorf("consumers registered despite errors:\n%s", out)
+	}
+}
+
+// TestOperationalErrorsExit1: failures that are not the caller's mistake
+// (unreachable database, conflicts) exit 1, still as one line.
+func TestOperationalErrorsExit1(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.ConnString(t)
+	ok(t, dsn, "app", "create", "shop")
+	empty := emptyDatabase(t)
+	// A database one migration behind this binary.
+	behind := pgtest.ConnString(t)
+	latest, err := migrations.Latest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db(t, behind).Exec(context.Background(), "UPDATE "+migrations.VersionTable+" SET version = version - 1"); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		dsn  string
+		args []string
+		want string
+	}{
+		{"unreachable database", "host=/nonexistent port=1 user=postgres connect_timeout=2", []string{"queues"}, "connect to the database"},
+		{"unreachable database for run", "host=/nonexistent port=1 user=postgres connect_timeout=2", []string{"run", "--http-addr", "127.0.0.1:0"}, "connect"},
+		{"app exists", dsn, []string{"app", "create", "shop"}, "app already exists"},
+		{"database not migrated", empty, []string{"queues"}, "(is the database migrated? run `bellhop migrate`)"},
+		{"database not migrated for run", empty, []string{"run", "--http-addr", "127.0.0.1:0"}, "the database has no Bellhop schema: run `bellhop migrate` first"},
+		{"database schema behind", behind, []string{"run", "--http-addr", "127.0.0.1:0"}, fmt.Sprintf("the database schema is at version %d, this bellhop needs %d", latest-1, latest)},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := exe(t, tc.dsn, "", tc.args...)
+			lines := strings.Split(strings.TrimRight(r.stderr, "\n"), "\n")
+			if r.code != 1 || len(lines) != 1 || !strings.Contains(r.stderr, tc.want) || strings.Contains(r.stderr, "goroutine") {
+				t.Errorf("want exit 1 and one line with %q; got %s", tc.want, r)
+			}
+		})
+	}
+}
+
+// TestFlagsOverrideEnv: a flag wins over its environment variable, and
+// the variable is read when the flag is absent.
+func TestFlagsOverrideEnv(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.ConnString(t)
+	ok(t, dsn, "app", "create", "shop")
+	db := "DATABASE_URL=" + dsn
+
+	// BELLHOP_APP names an app that does not exist: used without --app...
+	r := exeEnv(t, []string{db, "BELLHOP_APP=nope"}, "", "enqueue", "--queue", "orders", "{}")
+	if r.code != 2 || !strings.Contains(r.stderr, `unknown app "nope"`) {
+		t.Errorf("BELLHOP_APP not read: %s", r)
+	}
+	// ...and overridden by it.
+	if r := exeEnv(t, []string{db, "BELLHOP_APP=nope"}, "", "enqueue", "--app", "shop", "--queue", "orders", "{}"); r.code != 0 {
+		t.Errorf("--app did not override BELLHOP_APP: %s", r)
+	}
+	// --database-url over DATABASE_URL.
+	if r := exeEnv(t, []string{"DATABASE_URL=postgres://u:s3cretpw@host:notaport/db"}, "", "--database-url", dsn, "queues"); r.code != 0 {
+		t.Errorf("--database-url did not override DATABASE_URL: %s", r)
+	}
+	// --log-format over BELLHOP_LOG_FORMAT: the bad variable is ignored,
+	// so the next problem (no database) is what is reported.
+	r = exeEnv(t, []string{"BELLHOP_LOG_FORMAT=xml"}, "", "--log-format", "console", "run")
+	if r.code != 2 || !strings.Contains(r.stderr, "no database") {
+		t.Errorf("--log-format did not override BELLHOP_LOG_FORMAT: %s", r)
+	}
+	// --allowed-hosts over BELLHOP_ALLOWED_HOSTS.
+	r = exeEnv(t, []string{db, "BELLHOP_ALLOWED_HOSTS=example.com"}, "", "consumer", "add", "--app", "shop", "--queue", "q",
+		"--url", "http://127.0.0.1:9/", "--allowed-hosts", "127.0.0.1")
+	if r.code != 0 {
+		t.Errorf("--allowed-hosts did not override BELLHOP_ALLOWED_HOSTS: %s", r)
+	}
+}
+
+// walk calls f on every command of the tree with its path.
+func walk(cmd *cli.Command, path []string, f func(cmd *cli.Command, path []string)) {
+	f(cmd, path)
+	for _, sub := range cmd.Commands {
+		if sub.Name == "help" {
+			continue
+		}
+		walk(sub, append(slices.Clone(path), sub.Name), f)
+	}
+}
+
+func envKeys(f cli.Flag) []string {
+	if df, ok := f.(cli.DocGenerationFlag); ok {
+		return df.GetEnvVars()
+	}
+	return nil
+}
+
+// TestHelpDocumentsFlags: every command's --help (from the real binary)
+// lists each of its flags with its usage and, where a variable sets it,
+// the variable; the daemon's settings all have one.
+func TestHelpDocumentsFlags(t *testing.T) {
+	t.Parallel()
+	root := newApp(strings.NewReader(""), io.Discard, io.Discard)
+	checked := 0
+	walk(root, nil, func(cmd *cli.Command, path []string) {
+		r := exe(t, "", "", append(slices.Clone(path), "--help")...)
+		if r.code != 0 {
+			t.Errorf("bellhop %s --help: %s", strings.Join(path, " "), r)
+			return
+		}
+		if cmd.Usage != "" && !strings.Contains(r.stdout, cmd.Usage) {
+			t.Errorf("bellhop %s --help lacks the command's usage %q", strings.Join(path, " "), cmd.Usage)
+		}
+		for _, f := range cmd.Flags {
+			name := f.Names()[0]
+			var line string
+			for l := range strings.SplitSeq(r.stdout, "\n") {
+				if strings.HasPrefix(strings.TrimSpace(l), "--"+name+" ") || strings.TrimSpace(l) == "--"+name {
+					line = l
+				}
+			}
+			if line == "" {
+				t.Errorf("bellhop %s --help does not list --%s", strings.Join(path, " "), name)
+				continue
+			}
+			checked++
+			if df, ok := f.(cli.DocGenerationFlag); !ok || df.GetUsage() == "" || !strings.Contains(line, df.GetUsage()[:min(20, len(df.GetUsage()))]) {
+				t.Errorf("bellhop %s --help: --%s has no usage text: %q", strings.Join(path, " "), name, line)
+			}
+			for _, env := range envKeys(f) {
+				if !strings.Contains(line, "$"+env) {
+					t.Errorf("bellhop %s --help: --%s does not name $%s: %q", strings.Join(path, " "), name, env, line)
+				}
+			}
+			// The daemon is configured by environment in containers: all
+			// of its settings must be reachable that way.
+			if (len(path) == 0 || path[0] == "run") && len(envKeys(f)) == 0 && name != "help" {
+				t.Errorf("bellhop %s: --%s has no environment variable", strings.Join(path, " "), name)
+			}
+			if strings.Count(line, "(default:") > 1 {
+				t.Errorf("bellhop %s --help: --%s shows its default twice: %q", strings.Join(path, " "), name, line)
+			}
+		}
+	})
+	if checked < 30 {
+		t.Errorf("checked only %d flags", checked)
+	}
+}
+
+// TestReadmeQuickStart: the README's first command is the demo (which
+// TestDemo runs).
+func TestReadmeQuickStart(t *testing.T) {
+	t.Parallel()
+	f, err := os.Open("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	inQuickStart, inBlock := false, false
+	var first string
+	for sc.Scan() && first == "" {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, "## "):
+			inQuickStart = strings.TrimSpace(line) == "## Quick start"
+		case inQuickStart && !inBlock && strings.TrimSpace(line) == "```sh":
+			inBlock = true
+		case inBlock && strings.HasPrefix(line, "```"):
+			t.Fatal("the Quick start's first sh block has no command")
+		case inBlock && strings.TrimSpace(line) != "" && !strings.HasPrefix(strings.TrimSpace(line), "#"):
+			first = line
+		}
+	}
+	if first == "" {
+		t.Fatal("README.md has no ```sh block under \"## Quick start\"")
+	}
+	cmd, _, _ := strings.Cut(first, "#") // a trailing comment explains it
+	if got := strings.Join(strings.Fields(cmd), " "); got != "go run ./cmd/bellhop demo" {
+		t.Errorf("the Quick start's first command is %q, want \"go run ./cmd/bellhop demo\"", got)
+	}
+}
+
+// TestComposeUsesRealCommands checks docker-compose.yml against the CLI
+// (it cannot run Docker here): each service built from this repo runs an
+// existing subcommand with existing flags, and gets only environment
+// variables that the CLI reads.
+func TestComposeUsesRealCommands(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("../../docker-compose.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	problems, ours, err := composeProblems(b)
+	if err != nil {
+		t.Fatalf("docker-compose.yml: %v", err)
+	}
+	for _, p := range problems {
+		t.Error(p)
+	}
+	slices.Sort(ours)
+	if want := []string{"bellhop", "consumer", "migrate", "setup"}; !slices.Equal(ours, want) {
+		t.Errorf("services built from this repo: %v, want %v", ours, want)
+	}
+
+	// The Dockerfile's default command is a real one too.
+	df, err := os.ReadFile("../../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^CMD \["([^"]+)"\]`).FindSubmatch(df)
+	if m == nil {
+		t.Fatal("Dockerfile has no CMD [\"...\"]")
+	}
+	if _, err := resolve(newApp(nil, io.Discard, io.Discard), []string{string(m[1])}); err != nil {
+		t.Errorf("Dockerfile CMD: %v", err)
+	}
+}
+
+// TestComposeChecker: the compose check catches what it is meant to.
+func TestComposeChecker(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, service string
+		want          string // in a problem; "" for none
+	}{
+		{"good", `{build: ., command: ["run"], environment: {DATABASE_URL: x, BELLHOP_HTTP_ADDR: ":9090"}}`, ""},
+		{"string command", `{build: ., command: "setup-demo --app a --queue q --url http://c/ --secret-file /s"}`, ""},
+		{"no command: the Dockerfile's run", `{build: {context: .}, environment: [BELLHOP_POLL_INTERVAL=1m]}`, ""},
+		{"not built here", `{image: postgres:15, command: ["nonsense"], environment: {FOO: bar}}`, ""},
+		{"unknown subcommand", `{build: ., command: ["serve"]}`, "subcommand serve"},
+		{"unknown flag", `{build: ., command: ["run", "--port", "9090"]}`, "--port"},
+		{"flag of another command", `{build: ., command: ["migrate", "--http-addr", ":9090"]}`, "--http-addr"},
+		{"group without subcommand", `{build: ., command: ["consumer"]}`, "no subcommand"},
+		{"missing required flag", `{build: ., command: ["example-consumer", "--addr", ":8080"]}`, "--secret-file"},
+		{"variable nobody reads", `{build: ., command: ["run"], environment: {BELLHOP_PORT: "9090"}}`, "BELLHOP_PORT"},
+		{"variable of another command", `{build: ., command: ["migrate"], environment: {BELLHOP_HTTP_ADDR: ":9090"}}`, "BELLHOP_HTTP_ADDR"},
+		{"other entrypoint", `{build: ., entrypoint: ["/bin/sh"], command: ["run"]}`, "entrypoint"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			problems, _, err := composeProblems([]byte("services:\n  x: " + tc.service + "\n"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch {
+			case tc.want == "" && len(problems) > 0:
+				t.Errorf("unexpected problems: %q", problems)
+			case tc.want != "" && !slices.ContainsFunc(problems, func(p string) bool { return strings.Contains(p, tc.want) }):
+				t.Errorf("problems %q lack %q", problems, tc.want)
+			}
+		})
+	}
+}
+
+// composeProblems checks a compose file's services that are built from
+// this repo against the command tree of newApp, and returns what is
+// wrong and the names of those services.
+func composeProblems(b []byte) (problems, ours []string, err error) {
+	var compose struct {
+		Services map[string]struct {
+			Build       yaml.Node `yaml:"build"`
+			Entrypoint  yaml.Node `yaml:"entrypoint"`
+			Command     yaml.Node `yaml:"command"`
+			Environment yaml.Node `yaml:"environment"`
+		} `yaml:"services"`
+	}
+	if err := yaml.Unmarshal(b, &compose); err != nil {
+		return nil, nil, err
+	}
+	root := newApp(nil, io.Discard, io.Discard)
+	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+	for name, svc := range compose.Services {
+		here, err := builtHere(svc.Build)
+		if err != nil {
+			return nil, nil, err
+		}
+		if !here {
+			continue
+		}
+		ours = append(ours, name)
+		ep, err := strs(svc.Entrypoint)
+		if err != nil {
+			return nil, nil, err
+		}
+		if ep != nil && !slices.Equal(ep, []string{"/usr/local/bin/bellhop"}) {
+			bad("service %s: entrypoint %q is not the bellhop binary", name, ep)
+		}
+		args, err := strs(svc.Command)
+		if err != nil {
+			return nil, nil, err
+		}
+		if args == nil {
+			args = []string{"run"} // the Dockerfile's CMD
+		}
+		cmds, err := resolve(root, args)
+		if err != nil {
+			bad("service %s: command %q: %v", name, args, err)
+			continue
+		}
+		// Variables: DATABASE_URL or one sourced by a flag of the
+		// command or its ancestors.
+		readable := map[string]bool{}
+		for _, c := range cmds {
+			for _, f := range c.Flags {
+				for _, e := range envKeys(f) {
+					readable[e] = true
+				}
+			}
+		}
+		env, err := envNames(svc.Environment)
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, v := range env {
+			if !readable[v] {
+				bad("service %s: environment variable %s is read by no flag of %q", name, v, args)
+			}
+		}
+		if m := missingRequired(cmds[len(cmds)-1], args, env); len(m) > 0 {
+			bad("service %s: command %q lacks the required %v", name, args, m)
+		}
+	}
+	return problems, ours, nil
+}
+
+// builtHere reports whether a compose build: entry builds this repo.
+func builtHere(n yaml.Node) (bool, error) {
+	switch n.Kind {
+	case 0:
+		return false, nil
+	case yaml.ScalarNode:
+		return n.Value == "." || n.Value == "./", nil
+	case yaml.MappingNode:
+		var b struct{ Context string }
+		if err := n.Decode(&b); err != nil {
+			return false, err
+		}
+		return b.Context == "." || b.Context == "./", nil
+	}
+	return false, fmt.Errorf("build: unexpected YAML at line %d", n.Line)
+}
+
+// strs decodes a compose command or entrypoint: a list, or a string split
+// on spaces; nil if absent.
+func strs(n yaml.Node) ([]string, error) {
+	switch n.Kind {
+	case 0:
+		return nil, nil
+	case yaml.ScalarNode:
+		return strings.Fields(n.Value), nil
+	case yaml.SequenceNode:
+		var out []string
+		err := n.Decode(&out)
+		return out, err
+	}
+	return nil, fmt.Errorf("unexpected YAML at line %d", n.Line)
+}
+
+// envNames returns the variable names of a compose environment: a map,
+// or a list of NAME=value.
+func envNames(n yaml.Node) ([]string, error) {
+	var names []string
+	switch n.Kind {
+	case 0:
+	case yaml.MappingNode:
+		for i := 0; i < len(n.Content); i += 2 {
+			names = append(names, n.Content[i].Value)
+		}
+	case yaml.SequenceNode:
+		var list []string
+		if err := n.Decode(&list); err != nil {
+			return nil, err
+		}
+		for _, kv := range list {
+			k, _, _ := strings.Cut(kv, "=")
+			names = append(names, k)
+		}
+	default:
+		return nil, fmt.Errorf("environment: unexpected YAML at line %d", n.Line)
+	}
+	return names, nil
+}
+
+// resolve checks args against the command tree as the CLI would parse
+// them: subcommand names, then flags of that command or its ancestors
+// (with their values). It returns the chain of commands, root first.
+func resolve(root *cli.Command, args []string) ([]*cli.Command, error) {
+	chain := []*cli.Command{root}
+	findFlag := func(name string) cli.Flag {
+		for i := len(chain) - 1; i >= 0; i-- {
+			for _, f := range chain[i].Flags {
+				if slices.Contains(f.Names(), name) {
+					return f
+				}
+			}
+		}
+		return nil
+	}
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		cur := chain[len(chain)-1]
+		if strings.HasPrefix(a, "-") {
+			name, _, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+			f := findFlag(name)
+			if f == nil {
+				return nil, &flagError{cur.FullName(), a}
+			}
+			if df, ok := f.(cli.DocGenerationFlag); ok && df.TakesValue() && !hasValue {
+				if i+1 == len(args) {
+					return nil, &flagError{cur.FullName(), a + " (no value)"}
+				}
+				i++
+			}
+			continue
+		}
+		if len(cur.Commands) == 0 {
+			if cur.Action == nil {
+				return nil, &flagError{cur.FullName(), "argument " + a}
+			}
+			continue // a positional argument
+		}
+		sub := cur.Command(a)
+		if sub == nil {
+			return nil, &flagError{cur.FullName(), "subcommand " + a}
+		}
+		chain = append(chain, sub)
+	}
+	last := chain[len(chain)-1]
+	if last == root || len(last.Commands) > 0 {
+		return nil, &flagError{last.FullName(), "no subcommand"}
+	}
+	return chain, nil
+}
+
+// missingRequired returns the required flags of cmd that are neither in
+// args nor set by one of the variables in env.
+func missingRequired(cmd *cli.Command, args, env []string) []string {
+	var missing []string
+	for _, f := range cmd.Flags {
+		rf, ok := f.(cli.RequiredFlag)
+		if !ok || !rf.IsRequired() {
+			continue
+		}
+		given := slices.ContainsFunc(args, func(a string) bool {
+			n, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+			return strings.HasPrefix(a, "-") && slices.Contains(f.Names(), n)
+		})
+		for _, e := range envKeys(f) {
+			given = given || slices.Contains(env, e)
+		}
+		if !given {
+			missing = append(missing, "--"+f.Names()[0])
+		}
+	}
+	return missing
+}
+
+type flagError struct{ cmd, what string }
+
+func (e *flagError) Error() string { return e.cmd + ": unknown or bad " + e.what }

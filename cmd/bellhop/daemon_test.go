@@ -1,0 +1,255 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var stoppingRE = regexp.MustCompile(`stopping gracefully`)
+
+// TestGracefulStop: SIGTERM during a delivery lets it finish (or, past
+// the grace period, releases its message at once); a second signal exits
+// at once.
+func TestGracefulStop(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name  string
+		grace string
+		// after the first SIGTERM: release the handler, or send a
+		// second signal, or neither (the grace period runs out)
+		release, second bool
+		wantCode        int
+		maxExit         time.Duration
+		// what must become of the message
+		wantAcked, wantReleased bool
+	}{
+		{name: "delivery finishes", grace: "20s", release: true, wantCode: 0, maxExit: 15 * time.Second, wantAcked: true},
+		{name: "grace runs out", grace: "1s", wantCode: 0, maxExit: 15 * time.Second, wantReleased: true},
+		{name: "second signal", grace: "60s", second: true, wantCode: 130, maxExit: 5 * time.Second},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			dsn, h, _ := setup(t, "--visibility-timeout", "60s")
+			release := make(chan struct{})
+			entered := make(chan struct{}, 1)
+			h.respond = func(w http.ResponseWriter, r *http.Request, _ delivery, _ int) {
+				entered <- struct{}{}
+				select {
+				case <-release:
+					w.WriteHeader(http.StatusOK)
+				case <-r.Context().Done(): // the daemon gave up on the request
+				}
+			}
+			t.Cleanup(func() { close(release) }) // before the hook server closes
+			d := startDaemon(t, dsn, "--shutdown-grace", tc.grace)
+			id := enqueue(t, dsn, "shop", "orders", `{"slow":true}`)
+			select {
+			case <-entered:
+			case <-time.After(20 * time.Second):
+				t.Fatal("the message was not delivered")
+			}
+
+			d.signal(syscall.SIGTERM)
+			d.waitLine(true, stoppingRE, 10*time.Second)
+			stopAt := time.Now()
+			switch {
+			case tc.release:
+				release <- struct{}{}
+			case tc.second:
+				d.signal(syscall.SIGTERM)
+			}
+			if code := d.wait(tc.maxExit); code != tc.wantCode {
+				t.Fatalf("exit code %d, want %d", code, tc.wantCode)
+			}
+			took := time.Since(stopAt)
+			t.Logf("exited %s after the first signal", took.Round(time.Millisecond))
+
+			pool := db(t, dsn)
+			var rows, claimed, attempt int
+			if err := pool.QueryRow(context.Background(),
+				`SELECT count(*), count(claim_token), coalesce(max(attempt), 0) FROM queue_messages WHERE id = $1`, id).
+				Scan(&rows, &claimed, &attempt); err != nil {
+				t.Fatal(err)
+			}
+			switch {
+			case tc.wantAcked && rows != 0:
+				t.Errorf("message not acked: %d rows", rows)
+			case tc.wantReleased && (rows != 1 || claimed != 0 || attempt != 0):
+				t.Errorf("message not released: rows %d, claimed %d, attempt %d (want 1, 0, 0)", rows, claimed, attempt)
+			case tc.second && took > 3*time.Second:
+				t.Errorf("second signal: exit took %s", took)
+			}
+		})
+	}
+}
+
+// metric returns the value of the sample of name whose labels include
+// labels (e.g. `outcome="acked"`), and whether there is one.
+func metric(text, name string, labels ...string) (float64, bool) {
+	sc := bufio.NewScanner(strings.NewReader(text))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "#") {
+			continue
+		}
+		series, value, found := strings.Cut(line, " ")
+		if !found {
+			continue
+		}
+		n, lbls, _ := strings.Cut(series, "{")
+		if n != name {
+			continue
+		}
+		all := true
+		for _, l := range labels {
+			if !strings.Contains(lbls, l) {
+				all = false
+			}
+		}
+		if !all {
+			continue
+		}
+		v, err := strconv.ParseFloat(value, 64)
+		return v, err == nil
+	}
+	return 0, false
+}
+
+// TestMetricsAndHealth: after a known workload /metrics shows the right
+// counters and gauges; /readyz follows the listener connection.
+func TestMetricsAndHealth(t *testing.T) {
+	t.Parallel()
+	dsn, h, _ := setup(t, "--backoff-min", "50ms", "--backoff-max", "100ms")
+	h.respond = func(w http.ResponseWriter, _ *http.Request, d delivery, nth int) {
+		var p struct{ Kind string }
+		_ = json.Unmarshal(d.body, &p)
+		switch {
+		case p.Kind == "flaky" && nth == 1:
+			http.Error(w, "try again", http.StatusInternalServerError)
+		case p.Kind == "poison":
+			http.Error(w, "never", http.StatusUnprocessableEntity)
+		default:
+			w.WriteHeader(http.StatusNoContent)
+		}
+	}
+	d := startDaemon(t, dsn)
+	var stdin strings.Builder
+	for i := range 5 {
+		fmt.Fprintf(&stdin, `{"kind":"ok","n":%d}`+"\n", i)
+	}
+	stdin.WriteString(`{"kind":"flaky"}` + "\n" + `{"kind":"poison"}` + "\n")
+	if r := exe(t, dsn, stdin.String(), "enqueue", "--app", "shop", "--queue", "orders", "-"); r.code != 0 {
+		t.Fatalf("enqueue: %s", r)
+	}
+	h.waitCount(t, 8, 30*time.Second) // 5 ok, flaky twice, poison once
+	pool := db(t, dsn)
+	waitFor(t, 10*time.Second, "the queue to drain", func() bool {
+		return queryInt(t, pool, "SELECT count(*) FROM queue_messages") == 0
+	})
+
+	lq := []string{`app="shop"`, `queue="orders"`}
+	want := []struct {
+		name   string
+		labels []string
+		value  float64
+	}{
+		{"bellhop_delivered_total", lq, 8},
+		{"bellhop_settled_total", append(lq, `outcome="acked"`), 6},
+		{"bellhop_settled_total", append(lq, `outcome="nacked"`), 1},
+		{"bellhop_settled_total", append(lq, `outcome="dead_lettered"`), 1},
+		{"bellhop_listener_connected", nil, 1},
+		{"bellhop_listener_reconnects_total", nil, 0},
+		{"bellhop_queue_messages", append(lq, `state="ready"`), 0},
+		{"bellhop_queue_messages", append(lq, `state="delayed"`), 0},
+		{"bellhop_queue_messages", append(lq, `state="in_flight"`), 0},
+		{"bellhop_queue_messages", append(lq, `state="dead"`), 1},
+		{"bellhop_handler_duration_seconds_count", lq, 8},
+		{"bellhop_latency_to_ack_seconds_count", lq, 6},
+	}
+	var text string
+	mismatch := func() string {
+		_, text = d.get(t, "/metrics")
+		for _, w := range want {
+			if v, found := metric(text, w.name, w.labels...); !found || v != w.value {
+				return fmt.Sprintf("%s%v = %v (present %t), want %v", w.name, w.labels, v, found, w.value)
+			}
+		}
+		return ""
+	}
+	// Outcomes are reported once written, and queue depths are cached for
+	// a second: poll.
+	deadline := time.Now().Add(10 * time.Second)
+	for m := mismatch(); m != ""; m = mismatch() {
+		if time.Now().After(deadline) {
+			t.Fatalf("metrics: %s\n%s", m, filterMetrics(text))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Run("in-flight gauge back to 0", func(t *testing.T) {
+		// Nothing is in flight once the queue is drained and every
+		// outcome is counted.
+		if v, found := metric(text, "bellhop_in_flight", lq...); !found || v != 0 {
+			t.Errorf("bellhop_in_flight%v = %v (present %t) with nothing in flight, want 0", lq, v, found)
+		}
+	})
+	if v, found := metric(text, "bellhop_listener_notifications_total"); !found || v < 1 {
+		t.Errorf("bellhop_listener_notifications_total = %v (present %t), want >= 1", v, found)
+	}
+	if _, found := metric(text, "go_goroutines"); !found {
+		t.Error("no Go runtime metrics")
+	}
+
+	if code, body := d.get(t, "/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz: %d %s", code, body)
+	}
+	if code, body := d.get(t, "/readyz"); code != http.StatusOK {
+		t.Errorf("/readyz: %d %s", code, body)
+	}
+
+	// Kill the LISTEN connection: not ready until the listener is back.
+	var killed int
+	if err := pool.QueryRow(context.Background(), `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE application_name = 'bellhop-listener' AND datname = current_database()`).Scan(&killed); err != nil || killed != 1 {
+		t.Fatalf("terminated %d listener connections (%v), want 1", killed, err)
+	}
+	waitFor(t, 10*time.Second, "/readyz to report 503", func() bool {
+		code, _ := d.get(t, "/readyz")
+		return code == http.StatusServiceUnavailable
+	})
+	waitFor(t, 15*time.Second, "/readyz to recover", func() bool {
+		code, _ := d.get(t, "/readyz")
+		return code == http.StatusOK
+	})
+	if code, _ := d.get(t, "/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz: %d while the listener reconnected", code)
+	}
+	_, text = d.get(t, "/metrics")
+	if v, _ := metric(text, "bellhop_listener_reconnects_total"); v != 1 {
+		t.Errorf("bellhop_listener_reconnects_total = %v after one kill, want 1", v)
+	}
+	// And deliveries go on over the new connection.
+	enqueue(t, dsn, "shop", "orders", `{"kind":"ok","after":"reconnect"}`)
+	h.waitCount(t, 9, 20*time.Second)
+}
+
+// filterMetrics keeps bellhop's own samples, for readable failures.
+func filterMetrics(text string) string {
+	var b strings.Builder
+	for l := range strings.SplitSeq(text, "\n") {
+		if strings.HasPrefix(l, "bellhop_") {
+			b.WriteString(l + "\n")
+		}
+	}
+	return b.String()
+}
