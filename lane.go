@@ -231,6 +231,10 @@ func earliest(a, b time.Time) time.Time {
 // deliver runs the handler on one message and submits its outcome.
 func (l *lane) deliver(st *consumerState, cm *claim.Message) {
 	defer l.d.inFlight.Done()
+	if !time.Now().Before(cm.LeasedAt.Add(st.VisibilityTimeout - leaseMargin(st.VisibilityTimeout))) {
+		l.releaseUnstarted(st, cm)
+		return
+	}
 	m := &Message{
 		ID: cm.ID, AppID: st.AppID, App: st.App, Queue: st.Queue, ConsumerID: st.ID,
 		Invoked: cm.Source == claim.Invoke, Payload: cm.Payload, EnqueuedAt: cm.EnqueuedAt,
@@ -285,6 +289,31 @@ func (l *lane) deliver(st *consumerState, cm *claim.Message) {
 	if obs != nil {
 		obs.Finished(m)
 	}
+	l.inFlight.Add(-1)
+	if l.backlog.Swap(false) {
+		l.poke()
+	}
+}
+
+// releaseUnstarted gives back a message whose claim came back so late (a
+// stalled or frozen database) that its lease, as this dispatcher measures
+// it, had run out before delivery could start. Delivering it would start
+// the handler with its context already ended: the attempt would be spent
+// without the consumer seeing the message, and a message on its last
+// attempt would be dead-lettered without ever being delivered. Release
+// refunds the attempt and makes the message claimable at once (and wakes
+// the dispatchers); the claim token fences it as usual. No Observer event:
+// nothing was delivered.
+func (l *lane) releaseUnstarted(st *consumerState, cm *claim.Message) {
+	log := l.d.log.With().Str("app_id", st.AppID.String()).Str("queue", st.Queue).
+		Str("message_id", cm.ID.String()).Int("attempt", cm.Attempt).Logger()
+	log.Warn().Dur("claim_took", time.Since(cm.LeasedAt)).Dur("visibility_timeout", st.VisibilityTimeout).
+		Msg("the claim returned after the lease had run out; releasing the message undelivered")
+	l.d.complete.Submit(claim.Outcome{Message: cm, Verdict: claim.Release, Done: func(_ bool, err error) {
+		if err != nil {
+			log.Error().Err(err).Msg("could not release an undelivered message; it comes back after its lease")
+		}
+	}})
 	l.inFlight.Add(-1)
 	if l.backlog.Swap(false) {
 		l.poke()

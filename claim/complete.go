@@ -25,7 +25,8 @@ const (
 	// DeadLetter moves it to dead_letters.
 	DeadLetter
 	// Release gives it back at once, with its attempt refunded: its
-	// handler was interrupted by a clean stop.
+	// handler was interrupted by a clean stop, or its delivery never
+	// started because the claim returned after the lease had run out.
 	Release
 )
 

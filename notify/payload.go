@@ -91,12 +91,26 @@ func parseUUID(s string) (uuid.UUID, error) {
 	return u, nil
 }
 
+// garbled returns the error for a rejected payload. Its text is built
+// only if someone asks for it: a flood of garbage on the channel is
+// counted, and logged once a minute, so formatting every rejection would
+// only slow the listener down, and with it the real notifications queued
+// behind the garbage.
 func garbled(payload, why string) error {
+	return &garbledError{payload: payload, why: why}
+}
+
+type garbledError struct{ payload, why string }
+
+func (e *garbledError) Error() string {
+	payload := e.payload
 	if len(payload) > 80 {
 		payload = payload[:80] + "…"
 	}
-	return fmt.Errorf("%w (%s): %q", ErrGarbled, why, payload)
+	return fmt.Sprintf("%v (%s): %q", ErrGarbled, e.why, payload)
 }
+
+func (e *garbledError) Unwrap() error { return ErrGarbled }
 
 // String prints the payload form of e; Parse(e.String()) returns e.
 func (e Event) String() string {

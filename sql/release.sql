@@ -1,11 +1,12 @@
 -- Releases a batch of claims whose handlers were interrupted by a clean
--- stop: the message becomes claimable at once and gets back the attempt
--- its interrupted delivery used. Fenced by the token like ack.sql. Like
--- reclaim.sql, it wakes the released messages' queues (and consumers'
--- invoke deliveries) with a notification, sent at commit, so that the
--- dispatchers still running take them over at once rather than at their
--- next fallback poll. Released messages are ready now, so a wake-up is
--- never wasted on a message that is not yet due.
+-- stop, or whose delivery never started because the claim came back after
+-- its lease had run out (a stalled database; lane.go): the message becomes
+-- claimable at once and gets back the attempt the claim counted. Fenced
+-- by the token like ack.sql. Like reclaim.sql, it wakes the released
+-- messages' queues (and consumers' invoke deliveries) with a notification,
+-- sent at commit, so that the dispatchers still running take them over at
+-- once rather than at their next fallback poll. Released messages are
+-- ready now, so a wake-up is never wasted on a message that is not yet due.
 WITH q AS (
     UPDATE queue_messages AS m
     SET claim_token = NULL, claimed_at = NULL, attempt = greatest(m.attempt - 1, 0)
