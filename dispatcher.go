@@ -375,6 +375,23 @@ func (d *Dispatcher) wakeAll() {
 // poll runs the fallback poll: one statement that also carries the
 // listener's heartbeat and the next lease expiry.
 func (d *Dispatcher) poll(ctx context.Context) {
+	// Which lanes are quiet before the poll: ready work on a lane that was
+	// quiet before and after it, and did not run in between, is work whose
+	// notification was missed.
+	type mark struct {
+		quiet  bool
+		passes uint64
+	}
+	before := map[*lane]mark{}
+	d.mu.RLock()
+	for _, cl := range d.lanes {
+		for _, l := range []*lane{cl.queue, cl.invoke} {
+			q, n := l.quiet()
+			before[l] = mark{q, n}
+		}
+	}
+	d.mu.RUnlock()
+
 	token := d.listener.ExpectHeartbeat()
 	var sent bool
 	var queueReady, invokeReady []uuid.UUID
@@ -394,15 +411,23 @@ func (d *Dispatcher) poll(ctx context.Context) {
 		d.reclaim.Observe(*nextExpiry)
 	}
 	missed := 0
+	wake := func(l *lane) {
+		b := before[l]
+		q, n := l.quiet()
+		if b.quiet && q && n == b.passes {
+			missed++
+		}
+		l.poke()
+	}
 	d.mu.RLock()
 	for _, id := range queueReady {
-		if cl := d.lanes[id]; cl != nil && cl.queue.wakeIfIdle() {
-			missed++
+		if cl := d.lanes[id]; cl != nil {
+			wake(cl.queue)
 		}
 	}
 	for _, id := range invokeReady {
-		if cl := d.lanes[id]; cl != nil && cl.invoke.wakeIfIdle() {
-			missed++
+		if cl := d.lanes[id]; cl != nil {
+			wake(cl.invoke)
 		}
 	}
 	d.mu.RUnlock()

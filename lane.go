@@ -32,8 +32,12 @@ type lane struct {
 	// backlog is set when the lane stopped claiming because all its
 	// slots were busy; the next finished delivery wakes it.
 	backlog atomic.Bool
-	// draining is set while the lane is inside a claim pass.
+	// draining is set while the lane is inside a claim pass; passes
+	// counts the lane's wake-ups, and watched mirrors watching below, so
+	// that the fallback poll can tell a lane that was truly idle.
 	draining atomic.Bool
+	passes   atomic.Uint64
+	watched  atomic.Bool
 
 	// Busy-mark state (queue lanes only), touched only by the lane's
 	// goroutine; see migrations/0041_busy_marks.sql for the protocol.
@@ -58,13 +62,14 @@ func (l *lane) poke() {
 	}
 }
 
-// wakeIfIdle pokes the lane and reports whether it was idle (nothing in
-// flight, not claiming): ready work on an idle lane means a missed
-// notification.
-func (l *lane) wakeIfIdle() bool {
-	idle := l.inFlight.Load() == 0 && !l.draining.Load() && len(l.wake) == 0
-	l.poke()
-	return idle
+// quiet reports whether the lane is idle with nothing to wait for:
+// nothing in flight, not claiming, no wake-up pending, and not watching
+// another dispatcher's busy mark (producers are silent by design then).
+// It also returns the lane's pass count, to tell later whether the lane
+// ran in between.
+func (l *lane) quiet() (bool, uint64) {
+	idle := l.inFlight.Load() == 0 && !l.draining.Load() && len(l.wake) == 0 && !l.watched.Load()
+	return idle, l.passes.Load()
 }
 
 func (l *lane) run(ctx context.Context) {
@@ -82,7 +87,9 @@ func (l *lane) run(ctx context.Context) {
 			byTimer = true
 		}
 		l.draining.Store(true)
+		l.passes.Add(1)
 		next, claimed := l.drain(ctx)
+		l.watched.Store(l.watching)
 		l.draining.Store(false)
 		// A due time that has already passed by our clock but found
 		// nothing ready means the database's clock is behind ours:
