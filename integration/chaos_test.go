@@ -40,7 +40,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/bellhopq/bellhop"
-	"github.com/bellhopq/bellhop/internal/httppush"
 	"github.com/bellhopq/bellhop/internal/pgcluster"
 )
 
@@ -170,7 +169,7 @@ func (c *chaosConsumer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	e.Queue = strings.TrimPrefix(r.URL.Path, "/c/")
 	secret := (*c.secrets.Load())[e.Queue]
 	if err == nil {
-		err = httppush.Verify(secret, r.Header, body, time.Now(), 0)
+		err = bellhop.VerifyPush(secret, r.Header, body, time.Now(), 0)
 	}
 	if err != nil {
 		c.mu.Lock()
@@ -179,9 +178,9 @@ func (c *chaosConsumer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad request", http.StatusUnauthorized)
 		return
 	}
-	e.ID, _ = uuid.Parse(r.Header.Get(httppush.HeaderMessageID))
-	e.Attempt, _ = strconv.Atoi(r.Header.Get(httppush.HeaderAttempt))
-	e.MaxAttempts, _ = strconv.Atoi(r.Header.Get(httppush.HeaderMaxAttempts))
+	e.ID, _ = uuid.Parse(r.Header.Get(bellhop.HeaderMessageID))
+	e.Attempt, _ = strconv.Atoi(r.Header.Get(bellhop.HeaderAttempt))
+	e.MaxAttempts, _ = strconv.Atoi(r.Header.Get(bellhop.HeaderMaxAttempts))
 	var p struct{ Seq int }
 	if json.Unmarshal(body, &p) != nil {
 		p.Seq = -1

@@ -23,7 +23,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/bellhopq/bellhop"
-	"github.com/bellhopq/bellhop/internal/httppush"
 )
 
 // TestSecretsNeverLogged: a full `bellhop run` at --log-level debug, on a
@@ -95,7 +94,7 @@ func TestSecretsNeverLogged(t *testing.T) {
 		secretsMu.Lock()
 		secret := secrets[queue]
 		secretsMu.Unlock()
-		if err := httppush.Verify(secret, r.Header, body, time.Now(), 0); err != nil {
+		if err := bellhop.VerifyPush(secret, r.Header, body, time.Now(), 0); err != nil {
 			badSig.Add(1)
 			http.Error(w, "bad signature", http.StatusUnauthorized)
 			return

@@ -107,7 +107,7 @@ func runDemo(ctx context.Context, d *deps, cmd *cli.Command, log zerolog.Logger)
 	var delivered atomic.Int64
 	consumer := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(io.LimitReader(r.Body, 1<<20))
-		if err := httppush.Verify(secret.Load().(string), r.Header, body, time.Now(), 5*time.Minute); err != nil {
+		if err := bellhop.VerifyPush(secret.Load().(string), r.Header, body, time.Now(), 5*time.Minute); err != nil {
 			http.Error(w, err.Error(), http.StatusUnauthorized)
 			return
 		}

@@ -14,6 +14,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/httppush"
 	"github.com/bellhopq/bellhop/internal/pgtest"
 	"github.com/bellhopq/bellhop/migrations"
@@ -109,13 +110,13 @@ func TestHappyPath(t *testing.T) {
 		}
 		hd := g.header
 		checks := map[string]string{
-			"Content-Type":            "application/json",
-			"User-Agent":              httppush.DefaultUserAgent,
-			httppush.HeaderApp:        "shop",
-			httppush.HeaderQueue:      "orders",
-			httppush.HeaderAttempt:    "1",
-			httppush.HeaderConsumerID: consumerID,
-			httppush.HeaderSource:     "queue",
+			"Content-Type":           "application/json",
+			"User-Agent":             httppush.DefaultUserAgent,
+			bellhop.HeaderApp:        "shop",
+			bellhop.HeaderQueue:      "orders",
+			bellhop.HeaderAttempt:    "1",
+			bellhop.HeaderConsumerID: consumerID,
+			bellhop.HeaderSource:     "queue",
 		}
 		// The consumer's --max-attempts is the default of messages
 		// enqueued through the CLI; a plain INSERT gets the column's
@@ -124,8 +125,8 @@ func TestHappyPath(t *testing.T) {
 		if strings.Contains(string(g.body), "sql") {
 			wantMax = "3"
 		}
-		if got := hd.Get(httppush.HeaderMaxAttempts); got != wantMax {
-			t.Errorf("message %s (%s): %s = %q, want %q", g.id(), g.body, httppush.HeaderMaxAttempts, got, wantMax)
+		if got := hd.Get(bellhop.HeaderMaxAttempts); got != wantMax {
+			t.Errorf("message %s (%s): %s = %q, want %q", g.id(), g.body, bellhop.HeaderMaxAttempts, got, wantMax)
 		}
 		if !uuidLineRE.MatchString(g.id()) {
 			t.Errorf("message id header %q", g.id())
@@ -135,11 +136,11 @@ func TestHappyPath(t *testing.T) {
 				t.Errorf("message %s: header %s = %q, want %q", g.id(), k, hd.Get(k), v)
 			}
 		}
-		if ts, err := strconv.ParseInt(hd.Get(httppush.HeaderTimestamp), 10, 64); err != nil || time.Since(time.Unix(ts, 0)).Abs() > time.Minute {
-			t.Errorf("message %s: Bellhop-Timestamp %q", g.id(), hd.Get(httppush.HeaderTimestamp))
+		if ts, err := strconv.ParseInt(hd.Get(bellhop.HeaderTimestamp), 10, 64); err != nil || time.Since(time.Unix(ts, 0)).Abs() > time.Minute {
+			t.Errorf("message %s: Bellhop-Timestamp %q", g.id(), hd.Get(bellhop.HeaderTimestamp))
 		}
-		if at, err := time.Parse(time.RFC3339Nano, hd.Get(httppush.HeaderEnqueuedAt)); err != nil || time.Since(at) > time.Minute {
-			t.Errorf("message %s: Bellhop-Enqueued-At %q", g.id(), hd.Get(httppush.HeaderEnqueuedAt))
+		if at, err := time.Parse(time.RFC3339Nano, hd.Get(bellhop.HeaderEnqueuedAt)); err != nil || time.Since(at) > time.Minute {
+			t.Errorf("message %s: Bellhop-Enqueued-At %q", g.id(), hd.Get(bellhop.HeaderEnqueuedAt))
 		}
 		if p, known := want[g.id()]; known && !jsonEqual(t, []byte(p), g.body) {
 			t.Errorf("message %s: body %s, want %s", g.id(), g.body, p)
@@ -234,8 +235,8 @@ func TestResponseCodes(t *testing.T) {
 	for _, d := range h.deliveries() {
 		if d.id() == busy {
 			busyAt = append(busyAt, d.at)
-			if want := strconv.Itoa(len(busyAt)); d.header.Get(httppush.HeaderAttempt) != want {
-				t.Errorf("busy delivery %d has attempt %q", len(busyAt), d.header.Get(httppush.HeaderAttempt))
+			if want := strconv.Itoa(len(busyAt)); d.header.Get(bellhop.HeaderAttempt) != want {
+				t.Errorf("busy delivery %d has attempt %q", len(busyAt), d.header.Get(bellhop.HeaderAttempt))
 			}
 		}
 	}

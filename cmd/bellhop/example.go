@@ -14,7 +14,6 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/bellhopq/bellhop"
-	"github.com/bellhopq/bellhop/internal/httppush"
 )
 
 // setupDemoCommand prepares the docker-compose demo: it creates the app if
@@ -83,7 +82,7 @@ func exampleConsumerCommand(d *deps) *cli.Command {
 					http.Error(w, "no secret yet", http.StatusServiceUnavailable)
 					return
 				}
-				if err := httppush.Verify(strings.TrimSpace(string(secret)), r.Header, body, time.Now(), cmd.Duration("replay-window")); err != nil {
+				if err := bellhop.VerifyPush(strings.TrimSpace(string(secret)), r.Header, body, time.Now(), cmd.Duration("replay-window")); err != nil {
 					fmt.Fprintf(d.stdout, "rejected a request: %v\n", err)
 					http.Error(w, err.Error(), http.StatusUnauthorized)
 					return

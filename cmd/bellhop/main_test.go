@@ -29,7 +29,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/bellhopq/bellhop/internal/httppush"
+	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/pgtest"
 )
 
@@ -400,10 +400,10 @@ type delivery struct {
 	at     time.Time
 	header http.Header
 	body   []byte
-	verify error // httppush.Verify with the consumer's secret
+	verify error // bellhop.VerifyPush with the consumer's secret
 }
 
-func (d delivery) id() string { return d.header.Get(httppush.HeaderMessageID) }
+func (d delivery) id() string { return d.header.Get(bellhop.HeaderMessageID) }
 
 // hook is an HTTP push consumer for tests. Its respond function decides
 // each response; it runs with the hook's lock released.
@@ -423,7 +423,7 @@ func newHook(t *testing.T) *hook {
 		body, _ := io.ReadAll(r.Body)
 		h.mu.Lock()
 		d := delivery{at: time.Now(), header: r.Header.Clone(), body: body,
-			verify: httppush.Verify(h.secret, r.Header, body, time.Now(), time.Minute)}
+			verify: bellhop.VerifyPush(h.secret, r.Header, body, time.Now(), time.Minute)}
 		nth := 1
 		for _, o := range h.got {
 			if o.id() == d.id() {

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bellhopq/bellhop/internal/httppush"
+	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/pgtest"
 )
 
@@ -114,13 +114,13 @@ func TestConsumerLifecycle(t *testing.T) {
 		return queryInt(t, pool, "SELECT count(*) FROM queue_messages WHERE queue_name = 'orders'") == 0
 	})
 	// The enqueue happened before the update, so its attempts are fixed.
-	if got[0].header.Get(httppush.HeaderMaxAttempts) != "6" {
-		t.Errorf("%s = %q, want 6 (set at enqueue)", httppush.HeaderMaxAttempts, got[0].header.Get(httppush.HeaderMaxAttempts))
+	if got[0].header.Get(bellhop.HeaderMaxAttempts) != "6" {
+		t.Errorf("%s = %q, want 6 (set at enqueue)", bellhop.HeaderMaxAttempts, got[0].header.Get(bellhop.HeaderMaxAttempts))
 	}
 	next := enqueue(t, dsn, "shop", "orders", `{"after":"update"}`)
 	got = moved.waitCount(t, 2, 20*time.Second)
-	if got[1].id() != next || got[1].header.Get(httppush.HeaderMaxAttempts) != "9" {
-		t.Errorf("after update: delivery %s with max attempts %q, want %s with 9", got[1].id(), got[1].header.Get(httppush.HeaderMaxAttempts), next)
+	if got[1].id() != next || got[1].header.Get(bellhop.HeaderMaxAttempts) != "9" {
+		t.Errorf("after update: delivery %s with max attempts %q, want %s with 9", got[1].id(), got[1].header.Get(bellhop.HeaderMaxAttempts), next)
 	}
 	waitFor(t, 10*time.Second, "last fired to be recorded", func() bool {
 		return consumerRow(t, ok(t, dsn, "consumer", "ls"), id)["LAST FIRED"] != "-"

@@ -309,18 +309,18 @@ func (h *handler) push(ctx context.Context, m *bellhop.Message) (int, error) {
 	}
 	ts := h.p.now().Unix()
 	req.Header = http.Header{
-		"Content-Type":    {"application/json"},
-		"User-Agent":      {h.p.userAgent},
-		HeaderMessageID:   {m.ID.String()},
-		HeaderApp:         {m.App},
-		HeaderQueue:       {m.Queue},
-		HeaderAttempt:     {strconv.Itoa(m.Attempt)},
-		HeaderMaxAttempts: {strconv.Itoa(m.MaxAttempts)},
-		HeaderEnqueuedAt:  {m.EnqueuedAt.UTC().Format(time.RFC3339Nano)},
-		HeaderConsumerID:  {m.ConsumerID.String()},
-		HeaderSource:      {source(m)},
-		HeaderTimestamp:   {strconv.FormatInt(ts, 10)},
-		HeaderSignature:   {Sign(h.secret, ts, body)},
+		"Content-Type":            {"application/json"},
+		"User-Agent":              {h.p.userAgent},
+		bellhop.HeaderMessageID:   {m.ID.String()},
+		bellhop.HeaderApp:         {m.App},
+		bellhop.HeaderQueue:       {m.Queue},
+		bellhop.HeaderAttempt:     {strconv.Itoa(m.Attempt)},
+		bellhop.HeaderMaxAttempts: {strconv.Itoa(m.MaxAttempts)},
+		bellhop.HeaderEnqueuedAt:  {m.EnqueuedAt.UTC().Format(time.RFC3339Nano)},
+		bellhop.HeaderConsumerID:  {m.ConsumerID.String()},
+		bellhop.HeaderSource:      {source(m)},
+		bellhop.HeaderTimestamp:   {strconv.FormatInt(ts, 10)},
+		bellhop.HeaderSignature:   {bellhop.SignPush(h.secret, ts, body)},
 	}
 
 	resp, err := h.p.client.Do(req)

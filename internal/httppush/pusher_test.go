@@ -529,25 +529,25 @@ func TestRequest(t *testing.T) {
 		t.Errorf("body %q, want %q", gotBody, m.Payload)
 	}
 	for name, want := range map[string]string{
-		"Content-Type":       "application/json",
-		"User-Agent":         "bellhop-test/9",
-		HeaderMessageID:      m.ID.String(),
-		HeaderApp:            "shop",
-		HeaderQueue:          "orders.created",
-		HeaderAttempt:        "2",
-		HeaderMaxAttempts:    "5",
-		HeaderEnqueuedAt:     "2025-03-04T04:06:07.890123456Z",
-		HeaderConsumerID:     m.ConsumerID.String(),
-		HeaderTimestamp:      strconv.FormatInt(now.Unix(), 10),
-		HeaderSignature:      Sign(testSecret, now.Unix(), m.Payload),
-		"Content-Length":     strconv.Itoa(len(m.Payload)),
-		"Bellhop-Message-ID": m.ID.String(), // header names are case-insensitive
+		"Content-Type":            "application/json",
+		"User-Agent":              "bellhop-test/9",
+		bellhop.HeaderMessageID:   m.ID.String(),
+		bellhop.HeaderApp:         "shop",
+		bellhop.HeaderQueue:       "orders.created",
+		bellhop.HeaderAttempt:     "2",
+		bellhop.HeaderMaxAttempts: "5",
+		bellhop.HeaderEnqueuedAt:  "2025-03-04T04:06:07.890123456Z",
+		bellhop.HeaderConsumerID:  m.ConsumerID.String(),
+		bellhop.HeaderTimestamp:   strconv.FormatInt(now.Unix(), 10),
+		bellhop.HeaderSignature:   bellhop.SignPush(testSecret, now.Unix(), m.Payload),
+		"Content-Length":          strconv.Itoa(len(m.Payload)),
+		"Bellhop-Message-ID":      m.ID.String(), // header names are case-insensitive
 	} {
 		if v := got.Header.Values(name); len(v) != 1 || v[0] != want {
 			t.Errorf("header %s = %q, want %q", name, v, want)
 		}
 	}
-	if err := Verify(testSecret, got.Header, gotBody, now.Add(time.Minute), 0); err != nil {
+	if err := bellhop.VerifyPush(testSecret, got.Header, gotBody, now.Add(time.Minute), 0); err != nil {
 		t.Errorf("Verify: %v", err)
 	}
 	for name, vs := range got.Header {

@@ -1,4 +1,4 @@
-package httppush
+package bellhop
 
 import (
 	"crypto/hmac"
@@ -14,7 +14,7 @@ import (
 func signedHeader(secret string, ts int64, body []byte) http.Header {
 	h := http.Header{}
 	h.Set(HeaderTimestamp, strconv.FormatInt(ts, 10))
-	h.Set(HeaderSignature, Sign(secret, ts, body))
+	h.Set(HeaderSignature, SignPush(secret, ts, body))
 	return h
 }
 
@@ -24,7 +24,7 @@ func TestSignFormat(t *testing.T) {
 	m := hmac.New(sha256.New, []byte("k"))
 	m.Write([]byte(`1700000000.{"a":1}`))
 	want := "v1=" + hex.EncodeToString(m.Sum(nil))
-	if got := Sign("k", 1700000000, []byte(`{"a":1}`)); got != want {
+	if got := SignPush("k", 1700000000, []byte(`{"a":1}`)); got != want {
 		t.Fatalf("Sign = %s, want %s", got, want)
 	}
 }
@@ -34,7 +34,7 @@ func TestVerify(t *testing.T) {
 	now := time.Unix(1700000000, 0)
 	ts := now.Unix()
 	body := []byte(`{"order":42}`)
-	good := Sign(secret, ts, body)
+	good := SignPush(secret, ts, body)
 
 	tests := []struct {
 		name   string
@@ -54,11 +54,11 @@ func TestVerify(t *testing.T) {
 		}},
 		{name: "wrong secret", header: func() http.Header { return signedHeader("other", ts, body) }, want: ErrBadSignature},
 		{name: "empty verifying secret", secret: "-", header: func() http.Header { return signedHeader("", ts, body) }, want: ErrBadSignature},
-		{name: "stale", header: func() http.Header { return signedHeader(secret, ts-301, body) }, want: ErrStale},
-		{name: "from the future", header: func() http.Header { return signedHeader(secret, ts+301, body) }, want: ErrStale},
+		{name: "stale", header: func() http.Header { return signedHeader(secret, ts-301, body) }, want: ErrStaleSignature},
+		{name: "from the future", header: func() http.Header { return signedHeader(secret, ts+301, body) }, want: ErrStaleSignature},
 		{name: "edge of window", header: func() http.Header { return signedHeader(secret, ts-300, body) }},
 		{name: "custom window", window: time.Second,
-			header: func() http.Header { return signedHeader(secret, ts-2, body) }, want: ErrStale},
+			header: func() http.Header { return signedHeader(secret, ts-2, body) }, want: ErrStaleSignature},
 		{name: "no headers", header: func() http.Header { return http.Header{} }, want: ErrNoSignature},
 		{name: "no signature", want: ErrNoSignature, header: func() http.Header {
 			h := signedHeader(secret, ts, body)
@@ -97,7 +97,7 @@ func TestVerify(t *testing.T) {
 		}},
 		{name: "rotation: second value matches", header: func() http.Header {
 			h := signedHeader(secret, ts, body)
-			h.Set(HeaderSignature, Sign("old-secret", ts, body)+", "+good)
+			h.Set(HeaderSignature, SignPush("old-secret", ts, body)+", "+good)
 			return h
 		}},
 		{name: "rotation: garbled and foreign values are skipped", header: func() http.Header {
@@ -107,13 +107,13 @@ func TestVerify(t *testing.T) {
 		}},
 		{name: "rotation: repeated header lines", header: func() http.Header {
 			h := signedHeader(secret, ts, body)
-			h.Set(HeaderSignature, Sign("old-secret", ts, body))
+			h.Set(HeaderSignature, SignPush("old-secret", ts, body))
 			h.Add(HeaderSignature, good)
 			return h
 		}},
 		{name: "rotation: none match", want: ErrBadSignature, header: func() http.Header {
 			h := signedHeader(secret, ts, body)
-			h.Set(HeaderSignature, Sign("a", ts, body)+","+Sign("b", ts, body))
+			h.Set(HeaderSignature, SignPush("a", ts, body)+","+SignPush("b", ts, body))
 			return h
 		}},
 	}
@@ -126,7 +126,7 @@ func TestVerify(t *testing.T) {
 			if tt.secret == "-" {
 				s = ""
 			}
-			err := Verify(s, tt.header(), b, now, tt.window)
+			err := VerifyPush(s, tt.header(), b, now, tt.window)
 			if tt.want == nil {
 				if err != nil {
 					t.Fatalf("Verify: %v", err)
@@ -136,7 +136,7 @@ func TestVerify(t *testing.T) {
 			if !errors.Is(err, tt.want) {
 				t.Fatalf("Verify = %v, want %v", err, tt.want)
 			}
-			for _, other := range []error{ErrNoSignature, ErrBadSignature, ErrStale} {
+			for _, other := range []error{ErrNoSignature, ErrBadSignature, ErrStaleSignature} {
 				if other != tt.want && errors.Is(err, other) {
 					t.Errorf("error %v also wraps %v", err, other)
 				}

@@ -1,4 +1,4 @@
-package httppush
+package bellhop
 
 import (
 	"crypto/hmac"
@@ -39,42 +39,42 @@ const (
 	// HeaderTimestamp is when the request was signed, in unix seconds; it
 	// is covered by the signature.
 	HeaderTimestamp = "Bellhop-Timestamp"
-	// HeaderSignature carries "v1=<hex>" signatures (see Sign).
+	// HeaderSignature carries "v1=<hex>" signatures (see SignPush).
 	HeaderSignature = "Bellhop-Signature"
 )
 
-// DefaultWindow is the replay window Verify applies when it is given none:
+// DefaultPushWindow is the replay window VerifyPush applies when it is given none:
 // wide enough for ordinary clock skew and queueing inside the consumer,
 // narrow enough that a captured request cannot be replayed much later.
-const DefaultWindow = 5 * time.Minute
+const DefaultPushWindow = 5 * time.Minute
 
-// signatureScheme prefixes each signature so that a future scheme (v2=)
+// pushSignatureScheme prefixes each signature so that a future scheme (v2=)
 // can be sent alongside v1 during a migration without breaking verifiers.
-const signatureScheme = "v1="
+const pushSignatureScheme = "v1="
 
-// Errors returned by Verify; each error it returns wraps exactly one, so
+// Errors returned by VerifyPush; each error it returns wraps exactly one, so
 // that a consumer can answer with a precise status or log line.
 var (
 	// ErrNoSignature: the request carries no Bellhop-Timestamp or no v1
 	// signature; it did not come from Bellhop, or a proxy stripped them.
-	ErrNoSignature = errors.New("httppush: request is not signed")
+	ErrNoSignature = errors.New("bellhop: request is not signed")
 	// ErrBadSignature: the headers are garbled, or no signature matches
 	// the body and timestamp under the secret (tampering or wrong secret).
-	ErrBadSignature = errors.New("httppush: bad signature")
-	// ErrStale: the signature is valid but its timestamp is outside the
+	ErrBadSignature = errors.New("bellhop: bad signature")
+	// ErrStaleSignature: the signature is valid but its timestamp is outside the
 	// window around now, so the request may be a replay.
-	ErrStale = errors.New("httppush: signature timestamp outside the allowed window")
+	ErrStaleSignature = errors.New("bellhop: signature timestamp outside the allowed window")
 )
 
-// Sign returns the Bellhop-Signature value for body sent at timestamp (unix
+// SignPush returns the Bellhop-Signature value for body sent at timestamp (unix
 // seconds): "v1=" and the hex HMAC-SHA256, keyed with secret's bytes, of
 // "<timestamp>.<body>". The timestamp is inside the MAC so that a captured
 // request cannot be replayed later with a fresh Bellhop-Timestamp.
-func Sign(secret string, timestamp int64, body []byte) string {
-	return signatureScheme + hex.EncodeToString(mac(secret, timestamp, body))
+func SignPush(secret string, timestamp int64, body []byte) string {
+	return pushSignatureScheme + hex.EncodeToString(pushMAC(secret, timestamp, body))
 }
 
-func mac(secret string, timestamp int64, body []byte) []byte {
+func pushMAC(secret string, timestamp int64, body []byte) []byte {
 	h := hmac.New(sha256.New, []byte(secret))
 	h.Write(strconv.AppendInt(nil, timestamp, 10))
 	h.Write([]byte{'.'})
@@ -82,9 +82,9 @@ func mac(secret string, timestamp int64, body []byte) []byte {
 	return h.Sum(nil)
 }
 
-// Verify is the consumer-side check of a push delivery: it returns nil if
+// VerifyPush is the consumer-side check of a push delivery: it returns nil if
 // header carries a v1 signature of body, under secret, whose timestamp is
-// within window of now (DefaultWindow if window <= 0; the check cannot be
+// within window of now (DefaultPushWindow if window <= 0; the check cannot be
 // switched off, since without it a captured request replays forever).
 //
 // Bellhop-Signature may hold several comma-separated values, and may be
@@ -93,12 +93,12 @@ func mac(secret string, timestamp int64, body []byte) []byte {
 // other schemes are ignored. Comparison is constant-time.
 //
 // body must be the raw request body, byte for byte: re-encoded JSON will
-// not verify. The signature is checked before the timestamp, so ErrStale
+// not verify. The signature is checked before the timestamp, so ErrStaleSignature
 // is only returned for requests that genuinely came from the secret's
 // holder.
-func Verify(secret string, header http.Header, body []byte, now time.Time, window time.Duration) error {
+func VerifyPush(secret string, header http.Header, body []byte, now time.Time, window time.Duration) error {
 	if window <= 0 {
-		window = DefaultWindow
+		window = DefaultPushWindow
 	}
 	if secret == "" {
 		// An empty key would let anyone compute a matching signature.
@@ -121,14 +121,14 @@ func Verify(secret string, header http.Header, body []byte, now time.Time, windo
 	}
 	ts, err := strconv.ParseInt(tsValues[0], 10, 64)
 	// Only the canonical form is accepted ("+5" or "05" would verify
-	// differently from how Sign formats the number).
+	// differently from how SignPush formats the number).
 	if err != nil || strconv.FormatInt(ts, 10) != tsValues[0] {
 		return fmt.Errorf("%w: %s is not unix seconds", ErrBadSignature, HeaderTimestamp)
 	}
-	want := mac(secret, ts, body)
+	want := pushMAC(secret, ts, body)
 	sawV1 := false
 	for _, s := range sigs {
-		hexSig, ok := strings.CutPrefix(s, signatureScheme)
+		hexSig, ok := strings.CutPrefix(s, pushSignatureScheme)
 		if !ok {
 			continue
 		}
@@ -139,13 +139,13 @@ func Verify(secret string, header http.Header, body []byte, now time.Time, windo
 		}
 		if hmac.Equal(got, want) {
 			if skew := time.Unix(ts, 0).Sub(now); skew > window || skew < -window {
-				return fmt.Errorf("%w: timestamp is %s from now, allowed ±%s", ErrStale, skew.Round(time.Second), window)
+				return fmt.Errorf("%w: timestamp is %s from now, allowed ±%s", ErrStaleSignature, skew.Round(time.Second), window)
 			}
 			return nil
 		}
 	}
 	if !sawV1 {
-		return fmt.Errorf("%w: no %s value in %s", ErrNoSignature, strings.TrimSuffix(signatureScheme, "="), HeaderSignature)
+		return fmt.Errorf("%w: no %s value in %s", ErrNoSignature, strings.TrimSuffix(pushSignatureScheme, "="), HeaderSignature)
 	}
 	return fmt.Errorf("%w: no signature matches the body and timestamp", ErrBadSignature)
 }
