@@ -306,6 +306,17 @@ func (r *routes) HandleEvent(ev notify.Event) {
 		if cl != nil && cl.invoke != nil {
 			cl.invoke.poke()
 		}
+	case notify.KindBusy:
+		if ev.Owner == d.owner {
+			return
+		}
+		d.mu.RLock()
+		l := d.byQueue[queueKey{ev.AppID, ev.Queue}]
+		d.mu.RUnlock()
+		if l != nil {
+			l.watchHint.Store(true)
+			l.poke()
+		}
 	case notify.KindConsumers:
 		d.requestReload(false)
 	}

@@ -45,7 +45,11 @@ type lane struct {
 	marked   bool // a mark of ours may be live in the database
 	settle   bool // producers may have skipped announcing: confirm the lock, then claim once more
 	tries    int  // failed lock confirmations in a row
-	watching bool // the last pass saw another dispatcher's live mark
+	watching bool // another dispatcher's mark was seen: settle once it is gone
+	// watchHint is set by a "b" notification: another dispatcher marked
+	// the queue, so this lane must watch it even if its next pass comes
+	// too late to see the mark.
+	watchHint atomic.Bool
 }
 
 func newLane(d *Dispatcher, st *consumerState, t claim.Target) *lane {
@@ -133,6 +137,9 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 				l.settle, l.tries = false, 0
 			}
 		}
+		if l.watchHint.Swap(false) {
+			l.watching = true
+		}
 		pass, err := claim.ClaimPass(ctx, l.d.db, l.target, free,
 			claim.Busy{Owner: l.d.owner, Mark: l.busy, Lease: l.d.cfg.BusyLease})
 		if err != nil {
@@ -140,6 +147,9 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 		}
 		if l.busy {
 			l.marked = true
+		}
+		if !pass.ForeignLease.IsZero() {
+			l.watching = true
 		}
 		msgs := pass.Messages
 		if len(msgs) > 0 {
@@ -152,17 +162,26 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 			l.d.inFlight.Add(1)
 			go l.deliver(st, &msgs[i])
 		}
-		switch {
-		case !marks:
-			if len(msgs) == free {
-				continue
+		if len(msgs) == free {
+			if marks {
+				// A backlog: mark the queue from the next pass on, so that
+				// producers stop announcing what we will find anyway.
+				l.busy = true
 			}
-			return pass.NextDue, claimed
-		case len(msgs) == free:
-			// A backlog: mark the queue from the next pass on, so that
-			// producers stop announcing what we will find anyway.
-			l.busy = true
 			continue
+		}
+		// Ready rows left behind by a claim that did not fill its slots
+		// were locked by another claim; if that one dies, nobody announces
+		// them again, so look again shortly.
+		next = pass.NextDue
+		if pass.ReadyLeft {
+			l.tries++
+			next = earliest(next, time.Now().Add(min(20*time.Millisecond, time.Millisecond<<min(l.tries, 5))))
+		}
+		if !marks {
+			return next, claimed
+		}
+		switch {
 		case l.busy && len(msgs) > 0:
 			// Producers are not announcing while we are marked: look again.
 			continue
@@ -184,25 +203,27 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 				continue
 			}
 		}
+		if !pass.ForeignLease.IsZero() {
+			// Another dispatcher is draining this queue and producers are
+			// not announcing: look again when its mark's lease ends, in
+			// case it died or stopped.
+			next = earliest(next, pass.ForeignLease.Add(time.Millisecond))
+		}
 		if l.settle {
 			// A producer that read a mark has not committed yet.
 			l.tries++
-			return earliest(pass.NextDue, time.Now().Add(min(20*time.Millisecond, time.Millisecond<<min(l.tries, 5)))), claimed
+			return earliest(next, time.Now().Add(min(20*time.Millisecond, time.Millisecond<<min(l.tries, 5)))), claimed
 		}
-		if !pass.ForeignLease.IsZero() {
-			// Another dispatcher is draining this queue and producers
-			// are not announcing: look again when its mark's lease
-			// ends, in case it died.
-			l.watching = true
-			return earliest(pass.NextDue, pass.ForeignLease.Add(time.Millisecond)), claimed
-		}
-		if l.watching {
+		if pass.ForeignLease.IsZero() && l.watching {
 			// The mark we watched is gone or expired; its producers may
 			// not have announced. Settle as if it had been ours.
 			l.watching, l.settle = false, true
 			continue
 		}
-		return pass.NextDue, claimed
+		if !pass.ReadyLeft {
+			l.tries = 0
+		}
+		return next, claimed
 	}
 	return time.Time{}, claimed
 }

@@ -93,6 +93,9 @@ type Pass struct {
 	// ForeignLease is the latest lease of a live busy mark another
 	// dispatcher holds on the queue (zero: none).
 	ForeignLease time.Time
+	// ReadyLeft reports that ready, unclaimed messages remained after the
+	// claim: rows another claim had locked, or newly committed ones.
+	ReadyLeft bool
 }
 
 // ClaimPass leases up to max ready messages of t, oldest first, and reads
@@ -147,7 +150,8 @@ func ClaimPass(ctx context.Context, db *pgxpool.Pool, t Target, max int, b Busy)
 		return fail("", err)
 	}
 	var due, foreign *time.Time
-	if err := br.QueryRow().Scan(&due, &foreign); err != nil {
+	var readyLeft bool
+	if err := br.QueryRow().Scan(&due, &foreign, &readyLeft); err != nil {
 		return fail("next due: ", err)
 	}
 	// The batch is one implicit transaction that commits at its Sync:
@@ -158,7 +162,7 @@ func ClaimPass(ctx context.Context, db *pgxpool.Pool, t Target, max int, b Busy)
 	if err := br.Close(); err != nil {
 		return fail("", err)
 	}
-	p := Pass{Messages: sortByEnqueued(msgs)}
+	p := Pass{Messages: sortByEnqueued(msgs), ReadyLeft: readyLeft}
 	if due != nil {
 		p.NextDue = *due
 	}

@@ -6,6 +6,8 @@
 --   o:<app_id>:<trigger_id>   invoke_async deliveries were added for a consumer
 --   c                         consumers were added, changed or removed
 --   h:<token>                 a dispatcher's own heartbeat (sent by its poll)
+--   b:<app_id>:<owner>:<queue_name>
+--                             a dispatcher marked the queue busy (0041)
 --
 -- A payload never nears the 8000-byte limit: a queue name is at most 128
 -- bytes (constraint queue_messages_queue_name_check), so "q:" payloads are

@@ -37,9 +37,13 @@ BEGIN
         -- Shared with every other producer; excludes only a dispatcher's
         -- momentary exclusive try (see above). Held until commit.
         PERFORM pg_advisory_xact_lock_shared(1650814061, hashtext(r.app_id::text || ':' || r.queue_name));
-        IF NOT EXISTS (SELECT 1 FROM queue_busy b
-                       WHERE b.app_id = r.app_id AND b.queue_name = r.queue_name
-                         AND b.lease_until > clock_timestamp()) THEN
+        -- Under REPEATABLE READ or SERIALIZABLE the read below would use the
+        -- transaction's snapshot, taken before the lock, and could see a
+        -- mark already deleted: such producers always notify.
+        IF current_setting('transaction_isolation') <> 'read committed'
+           OR NOT EXISTS (SELECT 1 FROM queue_busy b
+                          WHERE b.app_id = r.app_id AND b.queue_name = r.queue_name
+                            AND b.lease_until > clock_timestamp()) THEN
             PERFORM pg_notify('bellhop', 'q:' || r.app_id::text || ':' || r.queue_name);
         END IF;
     END LOOP;

@@ -23,6 +23,7 @@ const (
 	KindInvoke    Kind = 'o' // o:<app_id>:<trigger_id>
 	KindConsumers Kind = 'c' // c
 	KindHeartbeat Kind = 'h' // h:<token>
+	KindBusy      Kind = 'b' // b:<app_id>:<owner>:<queue_name>: a dispatcher marked the queue busy
 )
 
 // Event is a parsed notification.
@@ -32,6 +33,7 @@ type Event struct {
 	Queue     string    // KindQueue
 	TriggerID uuid.UUID // KindInvoke
 	Token     string    // KindHeartbeat
+	Owner     uuid.UUID // KindBusy: the dispatcher that holds the mark
 }
 
 // ErrGarbled is wrapped by every Parse error.
@@ -53,6 +55,18 @@ func Parse(payload string) (Event, error) {
 			return Event{}, garbled(payload, "bad heartbeat token")
 		}
 		return Event{Kind: KindHeartbeat, Token: rest}, nil
+	case kind == "b":
+		appText, rest, ok1 := strings.Cut(rest, ":")
+		ownerText, name, ok2 := strings.Cut(rest, ":")
+		if !ok1 || !ok2 {
+			return Event{}, garbled(payload, "missing field")
+		}
+		appID, err1 := parseUUID(appText)
+		owner, err2 := parseUUID(ownerText)
+		if err1 != nil || err2 != nil || validate.QueueName(name) != nil {
+			return Event{}, garbled(payload, "bad busy mark")
+		}
+		return Event{Kind: KindBusy, AppID: appID, Owner: owner, Queue: name}, nil
 	case kind == "q" || kind == "o":
 		idText, name, ok := strings.Cut(rest, ":")
 		if !ok {
@@ -123,6 +137,8 @@ func (e Event) String() string {
 		return "c"
 	case KindHeartbeat:
 		return "h:" + e.Token
+	case KindBusy:
+		return "b:" + e.AppID.String() + ":" + e.Owner.String() + ":" + e.Queue
 	}
 	return ""
 }

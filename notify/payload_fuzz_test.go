@@ -17,6 +17,8 @@ func FuzzParse(f *testing.F) {
 		"q:9b2f4a4e-3c1d-4e55-8a77-0c5d4f1b2a3c:orders",
 		"q:9b2f4a4e-3c1d-4e55-8a77-0c5d4f1b2a3c:a.b-c_d:e",
 		"o:9b2f4a4e-3c1d-4e55-8a77-0c5d4f1b2a3c:1c6a2b3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d",
+		"b:9b2f4a4e-3c1d-4e55-8a77-0c5d4f1b2a3c:1c6a2b3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d:orders",
+		"b:9b2f4a4e-3c1d-4e55-8a77-0c5d4f1b2a3c:orders", "b:::",
 		"", ":", "q", "q:", "q::", "q:not-a-uuid:orders", "x:y:z", "c:extra", "h:", "h:a:b",
 		"q:9b2f4a4e-3c1d-4e55-8a77-0c5d4f1b2a3c:" + strings.Repeat("a", 129),
 		"q:9b2f4a4e-3c1d-4e55-8a77-0c5d4f1b2a3c:'; DROP TABLE queue_messages; --",
@@ -41,7 +43,7 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("accepted invalid UTF-8 %q", payload)
 		}
 		switch ev.Kind {
-		case KindQueue, KindInvoke, KindConsumers, KindHeartbeat:
+		case KindQueue, KindInvoke, KindConsumers, KindHeartbeat, KindBusy:
 		default:
 			t.Fatalf("accepted unknown kind %q", ev.Kind)
 		}

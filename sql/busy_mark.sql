@@ -2,9 +2,10 @@
 -- of lease_ms from now (the database's clock, which producers read too).
 -- Sent in the same round trip as a claim pass while the dispatcher drains
 -- a backlog. When the mark is new (no live mark of this owner before), it
--- also wakes every dispatcher, so that idle ones learn of the mark and
--- watch its lease: that bounds how long a crash of this dispatcher can
--- leave messages unannounced.
+-- also tells every dispatcher ("b:<app_id>:<owner>:<queue>"), so that idle
+-- ones watch the queue until the mark is gone, then make sure no producer
+-- that skipped its notification is left unclaimed: that bounds how long a
+-- crash or a stop of this dispatcher can leave messages unannounced.
 WITH prev AS (
     SELECT lease_until > clock_timestamp() AS live
     FROM queue_busy
@@ -15,6 +16,6 @@ WITH prev AS (
     ON CONFLICT (app_id, queue_name, owner) DO UPDATE SET lease_until = EXCLUDED.lease_until
     RETURNING 1
 )
-SELECT count(pg_notify('bellhop', 'q:' || @app_id::text || ':' || @queue_name::text))
+SELECT count(pg_notify('bellhop', 'b:' || @app_id::text || ':' || @owner::text || ':' || @queue_name::text))
 FROM up
 WHERE NOT coalesce((SELECT live FROM prev), false)

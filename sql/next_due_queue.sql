@@ -1,9 +1,14 @@
--- The earliest future deliver_after of a queue's unclaimed messages, so a
--- dispatcher can sleep on a timer until exactly then (one probe of
--- idx_queue_messages_delayed), and the latest live busy-mark lease held on
--- the queue by another dispatcher, so an idle dispatcher can check again
--- when it ends. Read-only; a stale answer only makes the dispatcher wake
--- early and look again.
+-- What a dispatcher needs to know to sleep well, read in the same
+-- transaction as its claim:
+--   * the earliest future deliver_after of the queue's unclaimed messages,
+--     to sleep on a timer until exactly then (idx_queue_messages_delayed);
+--   * the latest live busy-mark lease another dispatcher holds on the
+--     queue, to look again when it ends;
+--   * whether ready, unclaimed messages remain: after a claim that did not
+--     fill its slots, they are rows another claim had locked (SKIP LOCKED
+--     passed them over); if that claim dies, nobody announces them again,
+--     so the dispatcher looks again shortly.
+-- Read-only; a stale answer only makes the dispatcher look again early.
 SELECT (SELECT min(deliver_after)
         FROM queue_messages
         WHERE app_id = @app_id
@@ -13,4 +18,10 @@ SELECT (SELECT min(deliver_after)
        (SELECT max(lease_until)
         FROM queue_busy
         WHERE app_id = @app_id AND queue_name = @queue_name
-          AND owner <> @owner AND lease_until > clock_timestamp())
+          AND owner <> @owner AND lease_until > clock_timestamp()),
+       EXISTS (SELECT 1
+               FROM queue_messages
+               WHERE app_id = @app_id
+                 AND queue_name = @queue_name
+                 AND claim_token IS NULL
+                 AND (deliver_after IS NULL OR deliver_after <= now()))

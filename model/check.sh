@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# Model-checks busymark.pml with spin.  See README.md.
+#
+#   ./check.sh            the quick set (about a minute): the protocol is
+#                         safe and live; every broken variant is caught
+#   ./check.sh full       also the larger configurations (several minutes)
+#   ./check.sh trail RUN  replays RUN's shortest counterexample as events
+#   ./check.sh list       lists the runs
+#
+# Runs go in parallel, JOBS at a time (default: the number of CPUs).
+# Exits non-zero if a run that must pass finds an error, if a run that must
+# fail finds none (the model could not tell), or if a search is incomplete.
+# Needs spin and gcc (apt-get install spin gcc).
+set -euo pipefail
+cd "$(dirname "$0")"
+
+MODEL=busymark.pml
+OUT=out
+PAN_M=-m4000000            # search depth limit (never reached: checked below)
+
+# name | expect (pass|fail) | mode (safe|live) | spin -D flags
+QUICK='
+safe            |pass|safe|
+safe-impl-fixed |pass|safe|-DMARK_NEXT -DMARK_WATCH -DSYNC_NOTIFY
+live            |pass|live|-DSYNC_NOTIFY
+flaw-no-lockwait     |fail|safe|-DFLAW_NO_LOCKWAIT -DSYNC_NOTIFY
+flaw-early-read      |fail|safe|-DFLAW_EARLY_READ -DNO_FAILURE -DNO_EXPIRY -DSYNC_NOTIFY
+flaw-stale-now       |fail|safe|-DFLAW_STALE_NOW -DSYNC_NOTIFY
+flaw-no-new-notify   |fail|safe|-DFLAW_NO_NEW_NOTIFY -DSYNC_NOTIFY
+flaw-timer-idle      |fail|safe|-DFLAW_TIMER_IDLE -DSYNC_NOTIFY
+flaw-settle-mark     |fail|safe|-DFLAW_SETTLE_MARK -DNO_MARK_ASSERT -DSYNC_NOTIFY
+flaw-last-pass       |fail|safe|-DFLAW_LAST_PASS -DNMSG=4 -DSTOP_ONLY -DNO_EXPIRY -DSYNC_NOTIFY
+flaw-wake-idle       |fail|safe|-DFLAW_WAKE_IDLE -DSTOP_ONLY -DNO_EXPIRY -DSYNC_NOTIFY
+flaw-skip            |fail|safe|-DFLAW_SKIP -DCRASH_ONLY -DNO_EXPIRY -DSYNC_NOTIFY
+impl-as-designed     |fail|safe|-DMARK_NEXT -DFLAW_LAST_PASS -DFLAW_WAKE_IDLE -DFLAW_SKIP -DSTOP_ONLY -DNO_EXPIRY -DSYNC_NOTIFY
+live-flaw-timer-idle |fail|live|-DFLAW_TIMER_IDLE -DSYNC_NOTIFY
+'
+FULL='
+live-async      |pass|live|-DNMSG=2
+impl-no-failure |pass|safe|-DMARK_NEXT -DFLAW_LAST_PASS -DFLAW_WAKE_IDLE -DFLAW_SKIP -DNO_FAILURE
+safe-4          |pass|safe|-DNMSG=4
+safe-cap2       |pass|safe|-DCAP=2 -DNMSG=4
+safe-3prod      |pass|safe|-DNPROD=3 -DSYNC_NOTIFY
+safe-mark-next  |pass|safe|-DMARK_NEXT
+safe-mark-watch |pass|safe|-DMARK_WATCH
+safe-impl-fixed-async |pass|safe|-DMARK_NEXT -DMARK_WATCH
+live-3-async    |pass|live|
+live-impl-fixed |pass|live|-DMARK_NEXT -DMARK_WATCH -DSYNC_NOTIFY
+'
+
+command -v spin >/dev/null || { echo "check.sh: spin not found (apt-get install spin)" >&2; exit 2; }
+command -v gcc >/dev/null || { echo "check.sh: gcc not found" >&2; exit 2; }
+
+runs() {  # prints the selected run lines, trimmed
+	printf '%s\n' "$@" | sed -e 's/[[:space:]]*|/|/g' -e '/^[[:space:]]*$/d'
+}
+
+find_run() {  # name -> line
+	runs "$QUICK" "$FULL" | awk -F'|' -v n="$1" '$1 == n { print; found = 1 } END { exit !found }'
+}
+
+# build DIR FLAGS MODE [extra gcc flags]: spin -a and gcc in DIR
+build() {
+	local dir=$1 flags=$2 mode=$3 extra=${4:-}
+	mkdir -p "$dir"
+	cp "$MODEL" "$dir/"
+	(
+		cd "$dir"
+		# shellcheck disable=SC2086
+		spin -a $flags "$MODEL" </dev/null >spin.log 2>&1 || { cat spin.log >&2; exit 1; }
+		local cc="-O2 -w -DCOLLAPSE -DNFAIR=3"
+		[ "$mode" = safe ] && cc="$cc -DSAFETY"
+		# shellcheck disable=SC2086
+		gcc $cc $extra $flags -o pan pan.c </dev/null 2>gcc.log || { cat gcc.log >&2; exit 1; }
+	)
+}
+
+pan_args() {
+	if [ "$1" = safe ]; then echo "-N safe $PAN_M"; else echo "-a -f -N liveness $PAN_M"; fi
+}
+
+# events DIR FLAGS: the counterexample in DIR as the model's EV lines
+events() {
+	# shellcheck disable=SC2086
+	(cd "$1" && spin -t $2 "$MODEL" 2>&1) | sed -n -e 's/^ *EV /  /p' \
+		-e 's/^.*\(assertion violated\).*/  ** \1: quiescent, yet a message is unclaimed (or the assertion above)/p' \
+		-e 's/^.*\(<<<<<START OF CYCLE>>>>>\).*/  ** \1 (weak fairness: it repeats forever)/p'
+}
+
+do_trail() {
+	local line name expect mode flags dir
+	line=$(find_run "$1") || { echo "no run named $1 (./check.sh list)" >&2; exit 2; }
+	IFS='|' read -r name expect mode flags <<<"$line"
+	dir=$OUT/$name-bfs
+	if [ "$mode" = safe ]; then build "$dir" "$flags" "$mode" -DBFS; else build "$dir" "$flags" "$mode"; fi
+	# shellcheck disable=SC2046
+	(cd "$dir" && ./pan $(pan_args "$mode") </dev/null >pan.log 2>&1) || true
+	grep -E 'errors:|states, stored' "$dir/pan.log" || true
+	echo "spin $flags $MODEL  (./check.sh trail $name):"
+	events "$dir" "$flags"
+}
+
+# run_one NAME EXPECT MODE FLAGS: one run; its line of the table goes to
+# $OUT/NAME/result, "ok" first when it gave the expected result
+run_one() {
+	local name=$1 expect=$2 mode=$3 flags=$4 bflags dir t0 t1 log errs states verdict
+	dir=$OUT/$name
+	rm -rf "$dir"
+	mkdir -p "$dir"
+	t0=$(date +%s.%N)
+	# events are printed only when a counterexample is replayed; they
+	# cost states, so runs that must pass leave them out
+	bflags=$flags
+	[ "$expect" = pass ] && bflags="$flags -DNO_EV"
+	if ! build "$dir" "$bflags" "$mode" 2>"$dir/build.err"; then
+		printf '%-22s %s\n' "$name" "BROKEN: build failed: $(head -3 "$dir/build.err")" >"$dir/result"
+		return
+	fi
+	log=$dir/pan.log
+	# shellcheck disable=SC2046
+	(cd "$dir" && ./pan $(pan_args "$mode") </dev/null >pan.log 2>&1) || true
+	t1=$(date +%s.%N)
+	errs=$(sed -n 's/.*errors: \([0-9]*\).*/\1/p' "$log" | tail -1)
+	states=$(sed -n 's/^ *\([0-9.e+]*\) states, stored.*/\1/p' "$log" | tail -1)
+	verdict=ok
+	if [ -z "$errs" ]; then
+		verdict="BROKEN: pan did not finish (see $log)"
+	elif [ "$expect" = pass ] && [ "$errs" != 0 ]; then
+		verdict="FAILED: $errs error(s); counterexample: ./check.sh trail $name"
+	elif grep -qE 'max search depth too small|out of memory' "$log" ||
+		{ [ "$expect" = pass ] && grep -q 'Search not completed' "$log"; }; then
+		verdict="BROKEN: incomplete search (see $log)"
+	elif [ "$expect" = fail ] && [ "$errs" = 0 ]; then
+		verdict="FAILED: the broken variant was not caught"
+	elif [ "$expect" = fail ]; then
+		if [ "$mode" = safe ] && ! grep -q 'assertion violated' "$log"; then
+			verdict="FAILED: caught, but not by an assertion (see $log)"
+		elif [ "$mode" = live ] && ! grep -q 'acceptance cycle' "$log"; then
+			verdict="FAILED: caught, but not as an acceptance cycle (see $log)"
+		else
+			verdict="ok, caught (events: $dir/events.txt)"
+			events "$dir" "$flags" >"$dir/events.txt" || true
+		fi
+	fi
+	printf '%-22s %-6s %-5s %12s %8.1f  %s\n' "$name" "$expect" "$mode" "${states:-?}" \
+		"$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')" "$verdict" >"$dir/result"
+}
+
+do_runs() {
+	local jobs=${JOBS:-$(nproc 2>/dev/null || echo 2)} lines line name expect mode flags failures=0
+	mapfile -t lines
+	for line in "${lines[@]}"; do
+		IFS='|' read -r name expect mode flags <<<"$line"
+		run_one "$name" "$expect" "$mode" "$flags" &
+		while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+	done
+	wait
+	printf '%-22s %-6s %-5s %12s %8s  %s\n' run expect mode states seconds result
+	for line in "${lines[@]}"; do
+		name=${line%%|*}
+		if [ -f "$OUT/$name/result" ]; then cat "$OUT/$name/result"; else echo "$name: no result"; fi
+		grep -qE '^[^ ]+ +(pass|fail) +(safe|live) +[^ ]+ +[^ ]+  ok' "$OUT/$name/result" 2>/dev/null ||
+			failures=$((failures + 1))
+	done
+	if [ "$failures" -ne 0 ]; then
+		echo "check.sh: $failures run(s) did not give the expected result" >&2
+		return 1
+	fi
+	echo "check.sh: all ${#lines[@]} runs gave the expected result"
+}
+
+case ${1:-quick} in
+quick) runs "$QUICK" | do_runs ;;
+full) runs "$QUICK" "$FULL" | do_runs ;;
+trail) do_trail "${2:?usage: ./check.sh trail RUN}" ;;
+list) runs "$QUICK" "$FULL" ;;
+*) echo "usage: ./check.sh [quick|full|trail RUN|list]" >&2; exit 2 ;;
+esac
