@@ -155,10 +155,18 @@ func TestBusyMarkOfDeadDispatcher(t *testing.T) {
 	claims := &claimCounter{}
 	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour},
 		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = claims })
-	// Let the start-up passes finish, so the next pass is the one the
+	// Let the start-up passes (a reclaim pass, then one per lane after
+	// LISTEN) finish: quiet for 300ms, so the next pass is the one the
 	// mark's wake-up causes.
-	waitFor(t, 5*time.Second, "start-up passes done", func() bool { return claims.n.Load() > 0 && claims.ended.Load() == claims.n.Load() })
-	holdsFor(t, 200*time.Millisecond, "no pass while idle", func() bool { return claims.ended.Load() == claims.n.Load() })
+	var lastCount int64
+	lastChange := time.Now()
+	waitFor(t, 10*time.Second, "start-up passes done", func() bool {
+		if n := claims.n.Load(); n != lastCount || claims.ended.Load() != n {
+			lastCount, lastChange = n, time.Now()
+			return false
+		}
+		return lastCount > 0 && time.Since(lastChange) >= 300*time.Millisecond
+	})
 	passes := claims.ended.Load()
 
 	// The dead dispatcher's mark, exactly as busy_mark.sql writes a fresh
