@@ -1,0 +1,179 @@
+package claim_test
+
+// Benchmarks of the claim and settle statements alone, without a
+// dispatcher around them. Each benchmark run gets a fresh database (see
+// pgtest) pre-filled with exactly the messages it will claim or settle,
+// plus a backlog of benchBacklog more, so the last claim still sees a
+// realistic table. They run against the test cluster, which has fsync and
+// synchronous_commit off (as the dispatcher's own sessions have
+// synchronous_commit off); set DATABASE_URL to run them elsewhere.
+//
+//	go test ./claim -run '^$' -bench . -benchtime 2000x
+//
+// ns/op is per statement round trip (one Claim or one Write); msgs/s is
+// messages per second through that statement alone, from one goroutine.
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/claim"
+	"github.com/bellhopq/bellhop/internal/pgtest"
+)
+
+// benchBacklog is how many ready messages stay in the queue behind the
+// ones a benchmark works on.
+const benchBacklog = 10_000
+
+// benchQueue is the queue benchmarks fill.
+const benchQueue = "bench"
+
+// benchSetup returns a pool on a fresh database holding n+benchBacklog
+// ready messages in one queue, vacuumed and analysed, and the claim
+// target of that queue.
+func benchSetup(b *testing.B, n int) (*pgxpool.Pool, claim.Target) {
+	b.Helper()
+	ctx := context.Background()
+	pool := pgtest.NewPool(b)
+	c := bellhop.NewClient(pool)
+	app, err := c.CreateApp(ctx, "app")
+	if err != nil {
+		b.Fatal(err)
+	}
+	// A consumer, as in production: enqueue looks up its max attempts.
+	if _, err := c.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "app", Queue: benchQueue}); err != nil {
+		b.Fatal(err)
+	}
+	total := n + benchBacklog
+	const chunk = 5000
+	msgs := make([]bellhop.NewMessage, 0, chunk)
+	for i := 0; i < total; {
+		msgs = msgs[:0]
+		for ; i < total && len(msgs) < chunk; i++ {
+			msgs = append(msgs, bellhop.NewMessage{Queue: benchQueue, Payload: []byte(`{"n":` + strconv.Itoa(i) + `}`)})
+		}
+		if _, err := c.EnqueueMany(ctx, "app", msgs); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE queue_messages"); err != nil {
+		b.Fatal(err)
+	}
+	return pool, claim.Target{Source: claim.Queue, AppID: app.ID, Queue: benchQueue}
+}
+
+// claimAll claims n messages of t, in claims of at most 1000.
+func claimAll(b *testing.B, pool *pgxpool.Pool, t claim.Target, n int) []claim.Message {
+	b.Helper()
+	out := make([]claim.Message, 0, n)
+	for len(out) < n {
+		msgs, _, err := claim.Claim(context.Background(), pool, t, min(1000, n-len(out)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(msgs) == 0 {
+			b.Fatalf("claimed %d of %d", len(out), n)
+		}
+		out = append(out, msgs...)
+	}
+	return out
+}
+
+func reportRate(b *testing.B, perOp int) {
+	if s := b.Elapsed().Seconds(); s > 0 {
+		b.ReportMetric(float64(b.N*perOp)/s, "msgs/s")
+	}
+}
+
+// BenchmarkClaim: one Claim (the claim UPDATE and the next-due SELECT in
+// one round trip) of up to batch messages.
+func BenchmarkClaim(b *testing.B) {
+	for _, batch := range []int{1, 10, 100, 1000} {
+		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
+			pool, target := benchSetup(b, b.N*batch)
+			ctx := context.Background()
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				msgs, _, err := claim.Claim(ctx, pool, target, batch)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if len(msgs) != batch {
+					b.Fatalf("claimed %d, want %d", len(msgs), batch)
+				}
+			}
+			b.StopTimer()
+			reportRate(b, batch)
+		})
+	}
+}
+
+// BenchmarkClaimPassMarked: the pass a dispatcher makes while it drains a
+// backlog: the busy mark upsert, the claim and the pass's info query in
+// one round trip.
+func BenchmarkClaimPassMarked(b *testing.B) {
+	for _, batch := range []int{10, 1000} {
+		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
+			pool, target := benchSetup(b, b.N*batch)
+			ctx := context.Background()
+			busy := claim.Busy{Owner: uuid.New(), Mark: true, Lease: 2 * time.Second}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				p, err := claim.ClaimPass(ctx, pool, target, batch, busy)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if len(p.Messages) != batch {
+					b.Fatalf("claimed %d, want %d", len(p.Messages), batch)
+				}
+			}
+			b.StopTimer()
+			reportRate(b, batch)
+		})
+	}
+}
+
+// benchmarkWrite settles batches of claimed messages with verdict v: one
+// claim.Write (one round trip) per batch.
+func benchmarkWrite(b *testing.B, v claim.Verdict, delay time.Duration) {
+	for _, batch := range []int{1, 10, 100, 500} {
+		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
+			pool, target := benchSetup(b, b.N*batch)
+			msgs := claimAll(b, pool, target, b.N*batch)
+			outcomes := make([]claim.Outcome, len(msgs))
+			for i := range msgs {
+				outcomes[i] = claim.Outcome{Message: &msgs[i], Verdict: v, Delay: delay}
+			}
+			ctx := context.Background()
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				applied, err := claim.Write(ctx, pool, outcomes[i*batch:(i+1)*batch])
+				if err != nil {
+					b.Fatal(err)
+				}
+				if len(applied) != batch {
+					b.Fatalf("applied %d of %d", len(applied), batch)
+				}
+			}
+			b.StopTimer()
+			reportRate(b, batch)
+		})
+	}
+}
+
+// BenchmarkAck: acks (DELETE fenced by the claim token) in batches.
+func BenchmarkAck(b *testing.B) { benchmarkWrite(b, claim.Ack, 0) }
+
+// BenchmarkNack: nacks (UPDATE back to unclaimed with a delay, fenced by
+// the claim token) in batches.
+func BenchmarkNack(b *testing.B) { benchmarkWrite(b, claim.Nack, time.Minute) }

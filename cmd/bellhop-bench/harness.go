@@ -1,0 +1,529 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+
+	"github.com/bellhopq/bellhop"
+)
+
+// benchApp is the app every scenario's queues belong to.
+const benchApp = "bench"
+
+// env is what every scenario run gets.
+type env struct {
+	srv      *server
+	p        params
+	log      zerolog.Logger // the dispatcher's logger
+	progress io.Writer      // progress lines (stderr)
+	res      *Results
+	evidence *Evidence
+	// base is the zero of the monotonic clock that latency payloads carry.
+	base       time.Time
+	cpuprofile string
+	riverBin   string
+	timeline   bool
+}
+
+func (e *env) logf(format string, args ...any) {
+	fmt.Fprintf(e.progress, "%s  %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+}
+
+// openPool opens a pool of at most maxConns connections. runtime adds
+// session settings.
+func openPool(ctx context.Context, dsn string, maxConns int, runtime map[string]string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = int32(maxConns)
+	for k, v := range runtime {
+		cfg.ConnConfig.RuntimeParams[k] = v
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := warm(ctx, pool, maxConns); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
+}
+
+// warm opens n connections of pool up front, so that no measured
+// statement pays for a connect.
+func warm(ctx context.Context, pool *pgxpool.Pool, n int) error {
+	conns := make([]*pgxpool.Conn, 0, n)
+	defer func() {
+		for _, c := range conns {
+			c.Release()
+		}
+	}()
+	for range n {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		conns = append(conns, c)
+	}
+	return nil
+}
+
+// setupSession is for setup work that is not measured (registering
+// consumers, pre-inserting backlogs): it skips the wait for the WAL flush,
+// which makes registering 10,000 consumers take seconds instead of
+// minutes. Measured producers never use it.
+var setupSession = map[string]string{"synchronous_commit": "off", "application_name": "bench-setup"}
+
+// setupConsumers creates the bench app and registers one consumer per
+// queue, from a few goroutines.
+func setupConsumers(ctx context.Context, pool *pgxpool.Pool, queues []string, spec bellhop.ConsumerSpec) error {
+	c := bellhop.NewClient(pool)
+	if _, err := c.CreateApp(ctx, benchApp); err != nil && !errors.Is(err, bellhop.ErrAppExists) {
+		return err
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for range min(8, len(queues)) {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= len(queues) {
+					return
+				}
+				s := spec
+				s.App, s.Queue = benchApp, queues[i]
+				if _, err := c.RegisterConsumer(ctx, s); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// queueNames returns q0000, q0001, ...
+func queueNames(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("q%05d", i)
+	}
+	return out
+}
+
+// prefill inserts n messages spread round-robin over queues with
+// EnqueueMany in batches.
+func prefill(ctx context.Context, pool *pgxpool.Pool, queues []string, n, batch int) error {
+	c := bellhop.NewClient(pool)
+	msgs := make([]bellhop.NewMessage, 0, batch)
+	for i := 0; i < n; {
+		msgs = msgs[:0]
+		for ; i < n && len(msgs) < batch; i++ {
+			msgs = append(msgs, bellhop.NewMessage{Queue: queues[i%len(queues)], Payload: []byte(`{"n":` + strconv.Itoa(i) + `}`)})
+		}
+		if _, err := c.EnqueueMany(ctx, benchApp, msgs); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// resolverFunc adapts a function to bellhop.Resolver.
+type resolverFunc func(bellhop.Consumer) bellhop.Handler
+
+func (f resolverFunc) Resolve(c bellhop.Consumer) bellhop.Handler { return f(c) }
+
+// every serves every consumer with h.
+func every(h bellhop.Handler) bellhop.Resolver {
+	return resolverFunc(func(bellhop.Consumer) bellhop.Handler { return h })
+}
+
+var noop = bellhop.HandlerFunc(func(context.Context, *bellhop.Message) error { return nil })
+
+// running is a dispatcher running in this process.
+type running struct {
+	d      *bellhop.Dispatcher
+	cancel context.CancelFunc
+	done   chan error
+	// Start is taken just before Run was called.
+	Start time.Time
+
+	stopOnce sync.Once
+	stopErr  error
+}
+
+// startDispatcher runs a dispatcher on dsn with a pool of
+// params.poolMaxConns connections.
+func (e *env) startDispatcher(dsn string, res bellhop.Resolver, obs bellhop.Observer) (*running, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = int32(e.p.poolMaxConns)
+	d, err := bellhop.NewDispatcher(cfg, bellhop.DispatcherConfig{Resolver: res, Logger: e.log, Observer: obs})
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{d: d, cancel: cancel, done: make(chan error, 1)}
+	r.Start = time.Now()
+	go func() { r.done <- d.Run(ctx) }()
+	return r, nil
+}
+
+// ready waits until the dispatcher's listener is connected.
+func (r *running) ready(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		if r.d.Ready(ctx) == nil {
+			return nil
+		}
+		select {
+		case err := <-r.done:
+			r.done <- err
+			return fmt.Errorf("dispatcher exited: %v", err)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(2 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("dispatcher not ready after %s", timeout)
+		}
+	}
+}
+
+// stop stops the dispatcher and waits for Run to return. It may be
+// called more than once.
+func (r *running) stop() error {
+	r.stopOnce.Do(func() {
+		r.cancel()
+		select {
+		case r.stopErr = <-r.done:
+		case <-time.After(2 * time.Minute):
+			r.stopErr = errors.New("dispatcher did not stop within 2 minutes")
+		}
+	})
+	return r.stopErr
+}
+
+// observer counts what a dispatcher reports.
+type observer struct {
+	start   time.Time
+	target  int64
+	acked   atomic.Int64
+	other   atomic.Int64
+	emptyAt atomic.Int64 // since start, when the target-th ack was written
+	done    chan struct{}
+	polls   atomic.Int64
+	missed  atomic.Int64
+}
+
+func newObserver(target int) *observer {
+	return &observer{target: int64(target), done: make(chan struct{})}
+}
+
+func (o *observer) Delivered(*bellhop.Message) {}
+func (o *observer) Settled(_ *bellhop.Message, out bellhop.Outcome, _ time.Duration) {
+	if out != bellhop.Acked {
+		o.other.Add(1)
+		return
+	}
+	if o.acked.Add(1) == o.target {
+		o.emptyAt.Store(int64(time.Since(o.start)))
+		close(o.done)
+	}
+}
+func (o *observer) Polled(missed int) {
+	o.polls.Add(1)
+	o.missed.Add(int64(missed))
+}
+func (o *observer) Reclaimed(int64, int64) {}
+
+// recorder records, per message, the time from just before its enqueue to
+// the start of its handler. Messages carry their sequence number and the
+// enqueue time on the monotonic clock since base.
+type recorder struct {
+	base time.Time
+	lat  []int64
+	// enq is how long each Enqueue call took; handled when each handler
+	// started (since base) and returned when each Enqueue returned, to
+	// tell the producer's part from the dispatcher's.
+	enq, started, returned []int64
+	seen                   []atomic.Bool
+	got                    atomic.Int64
+	dups                   atomic.Int64
+	bad                    atomic.Int64
+	done                   chan struct{}
+}
+
+func newRecorder(base time.Time, n int) *recorder {
+	return &recorder{base: base, lat: make([]int64, n), seen: make([]atomic.Bool, n), done: make(chan struct{}),
+		enq: make([]int64, n), started: make([]int64, n), returned: make([]int64, n)}
+}
+
+// payload stamps message seq with the current time, which it returns
+// too.
+func (r *recorder) payload(seq int) ([]byte, int64) {
+	t := int64(time.Since(r.base))
+	return []byte(`{"s":` + strconv.Itoa(seq) + `,"t":` + strconv.FormatInt(t, 10) + `}`), t
+}
+
+type stamp struct {
+	S int   `json:"s"`
+	T int64 `json:"t"`
+}
+
+func (r *recorder) record(now int64, body []byte) {
+	var s stamp
+	if err := json.Unmarshal(body, &s); err != nil || s.S < 0 || s.S >= len(r.lat) {
+		r.bad.Add(1)
+		return
+	}
+	if r.seen[s.S].Swap(true) {
+		r.dups.Add(1)
+		return
+	}
+	r.lat[s.S] = now - s.T
+	r.started[s.S] = now
+	if r.got.Add(1) == int64(len(r.lat)) {
+		close(r.done)
+	}
+}
+
+// handler is a Go handler that records the latency of each message.
+func (r *recorder) handler() bellhop.Handler {
+	return bellhop.HandlerFunc(func(_ context.Context, m *bellhop.Message) error {
+		now := int64(time.Since(r.base))
+		r.record(now, m.Payload)
+		return nil
+	})
+}
+
+// httpHandler is an HTTP endpoint that records the latency of each pushed
+// message at the start of the request's handler.
+func (r *recorder) httpHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		now := int64(time.Since(r.base))
+		body, err := io.ReadAll(req.Body)
+		if err != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		r.record(now, body)
+		w.WriteHeader(http.StatusNoContent)
+	})
+}
+
+// wait waits until n messages were recorded.
+func (r *recorder) wait(ctx context.Context, n int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for r.got.Load() < int64(n) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("only %d of %d messages reached the handler within %s", r.got.Load(), n, timeout)
+		}
+		select {
+		case <-r.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// seenOnly returns the values of xs at the messages that were recorded.
+func (r *recorder) seenOnly(xs []int64) []int64 {
+	out := make([]int64, 0, len(xs))
+	for i, v := range xs {
+		if r.seen[i].Load() {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+func (r *recorder) stats() latencyStats { return summarize(r.seenOnly(r.lat)) }
+
+// deliveredBy returns the rate at which handlers started between the
+// first Enqueue and end (both since base): how fast the dispatcher kept
+// up while the producers ran.
+func (r *recorder) deliveredBy(end time.Duration) float64 {
+	first := int64(-1)
+	n := 0
+	for i := range r.lat {
+		if !r.seen[i].Load() {
+			continue
+		}
+		if t0 := r.returned[i] - r.enq[i]; first < 0 || t0 < first {
+			first = t0
+		}
+		if r.started[i] <= int64(end) {
+			n++
+		}
+	}
+	if first < 0 {
+		return 0
+	}
+	return rate(n, end-time.Duration(first))
+}
+
+// enqueued notes that message seq's Enqueue call, begun at t (since
+// base), returned now.
+func (r *recorder) enqueued(seq int, t int64) {
+	now := int64(time.Since(r.base))
+	r.enq[seq] = now - t
+	r.returned[seq] = now
+}
+
+// split returns the Enqueue call durations and the times from the
+// return of Enqueue to the start of the handler (negative when the
+// handler started first).
+func (r *recorder) split() (enq, after latencyStats) {
+	a := make([]int64, len(r.lat))
+	for i := range a {
+		a[i] = r.started[i] - r.returned[i]
+	}
+	return summarize(r.seenOnly(r.enq)), summarize(r.seenOnly(a))
+}
+
+// pace calls send(i) for i in [0, total), each at begin + i*interval
+// by the schedule, from workers goroutines; a worker that falls behind
+// sends at once. With a deadline (> 0), nothing is sent once it has
+// passed since begin, so a producer that cannot keep up sends fewer. It
+// returns how many were sent and how long the sends took, from begin to
+// the return of the last one.
+func pace(ctx context.Context, total int, interval, deadline time.Duration, workers int, send func(ctx context.Context, i int) error) (int, time.Duration, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var next, sent atomic.Int64
+	var lastDone atomic.Int64
+	var firstErr error
+	var errOnce sync.Once
+	begin := time.Now()
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				i := int(next.Add(1)) - 1
+				if i >= total {
+					return
+				}
+				if d := time.Until(begin.Add(time.Duration(i) * interval)); d > 0 {
+					time.Sleep(d)
+				}
+				if deadline > 0 && time.Since(begin) >= deadline {
+					return
+				}
+				if err := send(ctx, i); err != nil {
+					errOnce.Do(func() { firstErr = fmt.Errorf("send %d: %w", i, err); cancel() })
+					return
+				}
+				sent.Add(1)
+				t := int64(time.Since(begin))
+				for {
+					old := lastDone.Load()
+					if t <= old || lastDone.CompareAndSwap(old, t) {
+						break
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return int(sent.Load()), time.Duration(lastDone.Load()), firstErr
+}
+
+// vmRSS returns this process's resident set size from /proc/self/status.
+func vmRSS() (int64, error) {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+			fields := strings.Fields(rest)
+			kb, err := strconv.ParseInt(fields[0], 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, errors.New("no VmRSS in /proc/self/status")
+}
+
+// loadavg returns the 1, 5 and 15 minute load averages.
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// sleepCtx sleeps for d or until ctx is done.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// settleStatements waits until db's statement count in pg_stat_statements
+// stops growing for a second (a starting dispatcher claims once on every
+// lane), at least min and at most max. Without pg_stat_statements it
+// waits max. It returns how long it waited.
+func settleStatements(ctx context.Context, db *database, minWait, maxWait time.Duration) (time.Duration, error) {
+	start := time.Now()
+	if !db.s.pss {
+		return maxWait, sleepCtx(ctx, maxWait)
+	}
+	if err := sleepCtx(ctx, minWait); err != nil {
+		return 0, err
+	}
+	last := int64(-1)
+	for time.Since(start) < maxWait {
+		st, err := db.statements(ctx)
+		if err != nil {
+			return 0, err
+		}
+		var n int64
+		for _, s := range st {
+			n += s.Calls
+		}
+		if n == last {
+			break
+		}
+		last = n
+		if err := sleepCtx(ctx, time.Second); err != nil {
+			return 0, err
+		}
+	}
+	return time.Since(start), nil
+}

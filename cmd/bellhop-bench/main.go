@@ -1,0 +1,617 @@
+// Command bellhop-bench measures Bellhop against a real PostgreSQL and,
+// side by side, River (bench/river) on the same server.
+//
+// By default it starts a throwaway cluster from the local PostgreSQL
+// binaries (internal/pgcluster) with PostgreSQL's default durability
+// settings (fsync, synchronous_commit and full_page_writes on) plus
+// shared_preload_libraries=pg_stat_statements, listening on TCP and a unix
+// socket. With DATABASE_URL (or -database-url) it uses that server
+// instead; its user must be allowed to CREATE DATABASE.
+//
+// Every scenario runs -runs times (default 3), each run in a fresh
+// database cloned from a migrated template, and the table shows the median
+// with the min and max beside it. The issue's targets are evaluated on the
+// medians and printed PASS or FAIL.
+//
+//	go run ./cmd/bellhop-bench -quick -runs 1          # smoke test
+//	go run ./cmd/bellhop-bench -markdown bench.md      # the full run
+//	go run ./cmd/bellhop-bench -only latency,river
+//
+// Scenarios (-only): floor, latency, throughput, load, idle, producer, busy,
+// scale, river. See BENCHMARKS.md for what each measures.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/bellhopq/bellhop"
+)
+
+// params are a run's sizes; -quick scales them down.
+type params struct {
+	Quick        bool `json:"quick"`
+	Runs         int  `json:"runs"`
+	poolMaxConns int
+
+	floorN         int
+	notifyInterval time.Duration
+
+	latencyN        int
+	latencyInterval time.Duration
+
+	throughputSizes    []int
+	throughputQueues   []int
+	throughputInFlight []int
+	prefillBatch       int
+	throughputTimeout  time.Duration
+
+	loadRates    []int
+	loadDuration time.Duration
+
+	idleConsumers int
+	idleDuration  time.Duration
+	idleSettle    time.Duration
+
+	producerConcurrency []int
+	producerDuration    time.Duration
+	bulkRows            int
+
+	scaleQueues   int
+	scaleRate     int
+	scaleDuration time.Duration
+
+	riverLatencyN  int
+	riverBurndownN int
+	riverWorkers   []int
+}
+
+// fullParams are the issue's sizes.
+func fullParams() params {
+	return params{
+		Runs: 3, poolMaxConns: 20,
+		floorN: 2000, notifyInterval: 10 * time.Millisecond,
+		latencyN: 2000, latencyInterval: 10 * time.Millisecond,
+		throughputSizes: []int{20_000, 200_000}, throughputQueues: []int{1, 100}, throughputInFlight: []int{10, 1000},
+		prefillBatch: 5000, throughputTimeout: 15 * time.Minute,
+		loadRates: []int{1000, 5000}, loadDuration: 30 * time.Second,
+		idleConsumers: 1000, idleDuration: 120 * time.Second, idleSettle: 12 * time.Second,
+		producerConcurrency: []int{1, 8, 32, 64}, producerDuration: 10 * time.Second, bulkRows: 10_000,
+		scaleQueues: 10_000, scaleRate: 1000, scaleDuration: 20 * time.Second,
+		riverLatencyN: 2000, riverBurndownN: 20_000, riverWorkers: []int{10, 2000},
+	}
+}
+
+// quickParams are about ten times smaller and shorter, for a smoke test.
+func quickParams() params {
+	p := fullParams()
+	p.Quick = true
+	p.floorN = 200
+	p.latencyN = 200
+	p.throughputSizes = []int{2000, 20_000}
+	p.throughputTimeout = 5 * time.Minute
+	p.loadDuration = 3 * time.Second
+	p.idleDuration = 12 * time.Second
+	p.idleSettle = 11 * time.Second
+	p.producerDuration = time.Second
+	p.bulkRows = 1000
+	p.scaleQueues = 1000
+	p.scaleDuration = 2 * time.Second
+	p.riverLatencyN = 200
+	p.riverBurndownN = 2000
+	return p
+}
+
+type scenario struct {
+	name, title string
+	run         func(ctx context.Context, e *env, run int) error
+}
+
+var scenarios = []scenario{
+	{"floor", "1. Physical floor", runFloor},
+	{"latency", "2. Latency, idle dispatcher", runLatency},
+	{"throughput", "3. Throughput (burn-down)", runThroughput},
+	{"load", "4. Latency under load", runLoad},
+	{"idle", "5. Idle load", runIdle},
+	{"producer", "6. Producer cost of the notify trigger", runProducer},
+	{"busy", "6b. Producer cost while a dispatcher drains (busy marks)", runBusy},
+	{"scale", "7. Scale in queues", runScale},
+	{"river", "8. River side by side", runRiver},
+}
+
+func scenarioNames() []string {
+	var out []string
+	for _, s := range scenarios {
+		out = append(out, s.name)
+	}
+	return out
+}
+
+// options are the command line.
+type options struct {
+	databaseURL string
+	only        []string
+	runs        int
+	quick       bool
+	markdown    string
+	jsonOut     string
+	cpuprofile  string
+	riverDir    string
+	riverBin    string
+	poolMax     int
+	verbose     bool
+	sequential  bool
+	timeline    bool
+}
+
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("bellhop-bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: bellhop-bench [flags]\n\nBenchmarks Bellhop (and River, side by side) against PostgreSQL and prints a table.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	only := fs.String("only", "", "comma-separated scenarios to run (default all): "+strings.Join(scenarioNames(), ","))
+	fs.StringVar(&o.databaseURL, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL server to use instead of a throwaway cluster (default $DATABASE_URL); its user must be allowed to CREATE DATABASE")
+	fs.IntVar(&o.runs, "runs", 3, "runs per scenario; the table shows the median, min and max")
+	fs.BoolVar(&o.quick, "quick", false, "about 10x fewer messages and shorter durations, for a smoke test")
+	fs.StringVar(&o.markdown, "markdown", "", "also write the report as Markdown to this file")
+	fs.StringVar(&o.jsonOut, "json", "", "also write every value, the settings and the evidence as JSON to this file")
+	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write CPU profiles of this process to FILE.<case>.pprof: the first run of each throughput case (Dispatcher.Run → table empty) and of the scale scenario (Dispatcher.Run → last delivery)")
+	fs.StringVar(&o.riverDir, "river-dir", "", "directory of the River benchmark module (default: bench/river of the module this runs in)")
+	fs.StringVar(&o.riverBin, "river-bin", "", "a prebuilt River benchmark binary (skips the build)")
+	fs.IntVar(&o.poolMax, "pool-max-conns", 20, "the dispatcher's pool size (and River's)")
+	fs.BoolVar(&o.sequential, "sequential", false, "run all runs of a scenario before the next scenario (default: interleaved, run 1 of every scenario, then run 2, ..., so that scenarios compared with each other, Bellhop's and River's, share the machine's changing load)")
+	fs.BoolVar(&o.timeline, "timeline", false, "print, per second of each load run, how many messages were enqueued and delivered (to stderr)")
+	fs.BoolVar(&o.verbose, "v", false, "log the dispatchers' info messages to stderr (default: warnings)")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if *only != "" {
+		for _, s := range strings.Split(*only, ",") {
+			s = strings.TrimSpace(s)
+			if !slices.Contains(scenarioNames(), s) {
+				return nil, fmt.Errorf("-only: unknown scenario %q (have %s)", s, strings.Join(scenarioNames(), ", "))
+			}
+			o.only = append(o.only, s)
+		}
+	}
+	if o.runs < 1 {
+		return nil, fmt.Errorf("-runs %d: must be at least 1", o.runs)
+	}
+	if o.poolMax < 2 {
+		return nil, fmt.Errorf("-pool-max-conns %d: must be at least 2", o.poolMax)
+	}
+	return o, nil
+}
+
+func (o *options) selected(name string) bool {
+	return len(o.only) == 0 || slices.Contains(o.only, name)
+}
+
+func main() {
+	o, err := parseFlags(os.Args[1:], os.Stderr)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintf(os.Stderr, "bellhop-bench: %v\n", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	code, err := run(ctx, o, os.Stdout, os.Stderr)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bellhop-bench: %v\n", err)
+	}
+	os.Exit(code)
+}
+
+// Report is everything a run produced, as written to -json.
+type Report struct {
+	Started    time.Time         `json:"started"`
+	Finished   time.Time         `json:"finished"`
+	Command    string            `json:"command"`
+	Machine    map[string]string `json:"machine"`
+	Server     [][2]string       `json:"server_settings"`
+	Client     []string          `json:"client_settings"`
+	Params     params            `json:"params"`
+	Metrics    []Summary         `json:"metrics"`
+	Targets    []Target          `json:"targets"`
+	Notes      map[string][]string
+	Load       []string  `json:"load_averages"`
+	Sequential bool      `json:"sequential"`
+	Errors     []string  `json:"errors"`
+	Evidence   *Evidence `json:"evidence"`
+}
+
+// Evidence is what helps explain the figures: the busiest statements of
+// some runs, wait events, the CPU profiles written.
+type Evidence struct {
+	Statements []StatementSample `json:"statements"`
+	WaitEvents []WaitSample      `json:"wait_events"`
+	Profiles   []string          `json:"profiles"`
+}
+
+type StatementSample struct {
+	Case string     `json:"case"`
+	Top  []stmtStat `json:"top"`
+	// TotalCalls is over every statement, not only Top.
+	TotalCalls int64 `json:"total_calls"`
+}
+
+func (ev *Evidence) addStatements(cas string, st []stmtStat, top int) {
+	s := StatementSample{Case: cas, TotalCalls: sumCalls(st)}
+	for i, x := range st {
+		if i == top {
+			break
+		}
+		x.Query = oneLineSQL(x.Query)
+		s.Top = append(s.Top, x)
+	}
+	ev.Statements = append(ev.Statements, s)
+}
+
+// oneLineSQL drops comments and folds white space, for the report.
+func oneLineSQL(q string) string {
+	var b strings.Builder
+	for _, line := range strings.Split(q, "\n") {
+		if i := strings.Index(line, "--"); i >= 0 {
+			line = line[:i]
+		}
+		b.WriteString(line)
+		b.WriteByte(' ')
+	}
+	s := strings.Join(strings.Fields(b.String()), " ")
+	if len(s) > 160 {
+		s = s[:157] + "..."
+	}
+	return s
+}
+
+func run(ctx context.Context, o *options, stdout, stderr io.Writer) (int, error) {
+	p := fullParams()
+	if o.quick {
+		p = quickParams()
+	}
+	p.Runs = o.runs
+	p.poolMaxConns = o.poolMax
+	rep := &Report{Started: time.Now(), Command: strings.Join(os.Args, " "), Machine: machineInfo(), Params: p, Sequential: o.sequential}
+
+	level := zerolog.WarnLevel
+	if o.verbose {
+		level = zerolog.InfoLevel
+	}
+	e := &env{
+		p:          p,
+		log:        zerolog.New(zerolog.ConsoleWriter{Out: stderr, TimeFormat: "15:04:05"}).Level(level).With().Timestamp().Logger(),
+		progress:   stderr,
+		res:        newResults(),
+		evidence:   &Evidence{},
+		base:       time.Now(),
+		cpuprofile: o.cpuprofile,
+		timeline:   o.timeline,
+	}
+	tmp, err := os.MkdirTemp("", "bellhop-bench")
+	if err != nil {
+		return 1, err
+	}
+	defer os.RemoveAll(tmp)
+	if o.selected("river") {
+		if o.riverBin != "" {
+			e.riverBin = o.riverBin
+		} else {
+			dir := o.riverDir
+			if dir == "" {
+				dir = defaultRiverDir()
+			}
+			e.logf("building the River benchmark in %s", dir)
+			if e.riverBin, err = buildRiver(ctx, dir, tmp); err != nil {
+				return 1, err
+			}
+		}
+	}
+
+	e.logf("starting PostgreSQL (%s)", serverDesc(o.databaseURL))
+	e.srv, err = startServer(ctx, o.databaseURL, nil)
+	if err != nil {
+		return 1, err
+	}
+	defer func() {
+		if err := e.srv.close(); err != nil {
+			fmt.Fprintf(stderr, "bellhop-bench: stopping PostgreSQL: %v\n", err)
+		}
+	}()
+	rep.Server = e.srv.settings
+	rep.Client = []string{
+		fmt.Sprintf("dispatcher pool: pool_max_conns=%d; dispatcher sessions: synchronous_commit=off (set by bellhop.NewDispatcher)", p.poolMaxConns),
+		"producers: one pgxpool per scenario run, server default synchronous_commit, connections opened before measuring",
+		"setup (registering consumers, pre-inserting backlogs; not measured): synchronous_commit=off for speed",
+		fmt.Sprintf("dispatcher defaults otherwise: PollInterval %s, consumer MaxInFlight %d unless stated", bellhop.DefaultPollInterval, bellhop.DefaultMaxInFlight),
+		fmt.Sprintf("GOMAXPROCS=%d, %s", runtime.GOMAXPROCS(0), runtime.Version()),
+	}
+	if !e.srv.pss {
+		rep.Client = append(rep.Client, "pg_stat_statements is NOT available: idle statements not counted")
+	}
+
+	type step struct {
+		sc  scenario
+		run int
+	}
+	var plan []step
+	if o.sequential {
+		for _, sc := range scenarios {
+			for r := 1; r <= p.Runs; r++ {
+				plan = append(plan, step{sc, r})
+			}
+		}
+	} else {
+		for r := 1; r <= p.Runs; r++ {
+			for _, sc := range scenarios {
+				plan = append(plan, step{sc, r})
+			}
+		}
+	}
+	for _, st := range plan {
+		sc, r := st.sc, st.run
+		if !o.selected(sc.name) || ctx.Err() != nil {
+			continue
+		}
+		la := loadavg()
+		e.logf("%s: run %d of %d (load average %s)", sc.title, r, p.Runs, la)
+		t0 := time.Now()
+		err := sc.run(ctx, e, r)
+		rep.Load = append(rep.Load, fmt.Sprintf("%s run %d: load average %s at start, %s at end (%s)", sc.name, r, la, loadavg(), time.Since(t0).Round(time.Second)))
+		if err != nil {
+			msg := fmt.Sprintf("%s run %d: %v", sc.name, r, err)
+			e.res.Errors = append(e.res.Errors, msg)
+			e.logf("FAILED %s", msg)
+			continue
+		}
+		e.logf("%s: run %d done in %s", sc.title, r, time.Since(t0).Round(100*time.Millisecond))
+	}
+
+	rep.Finished = time.Now()
+	rep.Metrics = e.res.Summaries()
+	rep.Targets = evaluateTargets(e.res, p)
+	rep.Notes = e.res.notes
+	rep.Errors = e.res.Errors
+	rep.Evidence = e.evidence
+
+	writeReport(stdout, rep, false)
+	if o.markdown != "" {
+		f, err := os.Create(o.markdown)
+		if err != nil {
+			return 1, err
+		}
+		writeReport(f, rep, true)
+		if err := f.Close(); err != nil {
+			return 1, err
+		}
+	}
+	if o.jsonOut != "" {
+		b, err := json.MarshalIndent(rep, "", "  ")
+		if err != nil {
+			return 1, err
+		}
+		if err := os.WriteFile(o.jsonOut, b, 0o644); err != nil {
+			return 1, err
+		}
+	}
+	if ctx.Err() != nil {
+		return 1, ctx.Err()
+	}
+	if len(rep.Errors) > 0 {
+		return 1, fmt.Errorf("%d scenario run(s) failed", len(rep.Errors))
+	}
+	return 0, nil
+}
+
+func runOrder(sequential bool) string {
+	if sequential {
+		return "sequential: all runs of a scenario, then the next scenario"
+	}
+	return "interleaved: run 1 of every scenario, then run 2 of every scenario, and so on"
+}
+
+func serverDesc(databaseURL string) string {
+	if databaseURL != "" {
+		return "DATABASE_URL"
+	}
+	return "throwaway cluster, default durability, pg_stat_statements, TCP and unix socket"
+}
+
+// defaultRiverDir finds bench/river next to the main module's go.mod,
+// looking up from the working directory.
+func defaultRiverDir() string {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "bench/river"
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "bench", "river", "go.mod")); err == nil {
+			return filepath.Join(dir, "bench", "river")
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "bench/river"
+		}
+		dir = parent
+	}
+}
+
+// machineInfo describes the machine the run is on.
+func machineInfo() map[string]string {
+	m := map[string]string{
+		"nproc":      fmt.Sprint(runtime.NumCPU()),
+		"go":         runtime.Version(),
+		"goos/arch":  runtime.GOOS + "/" + runtime.GOARCH,
+		"cpu":        "unknown",
+		"memory":     "unknown",
+		"kernel":     "unknown",
+		"bellhop_go": buildVersion(),
+		"bellhop":    gitRevision(),
+	}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m["cpu"] = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+				var kb int64
+				fmt.Sscan(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), &kb)
+				m["memory"] = fmt.Sprintf("%.1f GiB", float64(kb)/(1<<20))
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m["kernel"] = strings.TrimSpace(string(b))
+	}
+	return m
+}
+
+// gitRevision describes the working tree the benchmark was run from:
+// HEAD and how many files differ from it (the benchmark measures the
+// working tree, which go run builds).
+func gitRevision() string {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "unknown"
+	}
+	head, err := exec.Command("git", "-C", dir, "rev-parse", "--short", "HEAD").Output()
+	if err != nil {
+		return "unknown (not a git checkout)"
+	}
+	st, _ := exec.Command("git", "-C", dir, "status", "--porcelain", "--untracked-files=no").Output()
+	n := len(strings.Fields(strings.TrimSpace(string(st)))) / 2
+	return fmt.Sprintf("commit %s, %d tracked file(s) modified in the working tree", strings.TrimSpace(string(head)), n)
+}
+
+func buildVersion() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	for _, s := range bi.Settings {
+		if s.Key == "vcs.revision" {
+			return s.Value
+		}
+	}
+	return bi.Main.Version
+}
+
+// writeReport prints the report, as text or Markdown.
+func writeReport(w io.Writer, rep *Report, md bool) {
+	h := func(level int, title string) {
+		if md {
+			fmt.Fprintf(w, "\n%s %s\n\n", strings.Repeat("#", level), title)
+		} else {
+			fmt.Fprintf(w, "\n== %s ==\n", title)
+		}
+	}
+	sub := func(format string, args ...any) {
+		if md {
+			fmt.Fprintf(w, "  - "+format+"\n", args...)
+		} else {
+			fmt.Fprintf(w, "      "+format+"\n", args...)
+		}
+	}
+	item := func(format string, args ...any) {
+		if md {
+			fmt.Fprintf(w, "- "+format+"\n", args...)
+		} else {
+			fmt.Fprintf(w, "  "+format+"\n", args...)
+		}
+	}
+	mode := "full"
+	if rep.Params.Quick {
+		mode = "QUICK (scaled down; not the issue's sizes)"
+	}
+	h(2, fmt.Sprintf("bellhop-bench: %s run, %d run(s) per scenario, %s", mode, rep.Params.Runs, rep.Started.Format(time.RFC3339)))
+	item("command: `%s`", rep.Command)
+	item("duration: %s", rep.Finished.Sub(rep.Started).Round(time.Second))
+	item("bellhop: %s", rep.Machine["bellhop"])
+	keys := []string{"cpu", "nproc", "memory", "kernel", "go", "goos/arch"}
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, k+" "+rep.Machine[k])
+	}
+	item("machine: %s", strings.Join(parts, ", "))
+	var ss []string
+	for _, kv := range rep.Server {
+		ss = append(ss, kv[0]+"="+kv[1])
+	}
+	item("server: %s", strings.Join(ss, ", "))
+	for _, c := range rep.Client {
+		item("client: %s", c)
+	}
+	item("runs: %s", runOrder(rep.Sequential))
+	item("load averages (1, 5, 15 min; they count this benchmark's own runnable processes too):")
+	for _, l := range rep.Load {
+		sub("%s", l)
+	}
+
+	h(3, "Results (median of the runs, min – max)")
+	if md {
+		writeMarkdownTable(w, rep.Metrics)
+	} else {
+		writeTable(w, rep.Metrics)
+	}
+
+	h(3, "Targets (on medians)")
+	writeTargets(w, rep.Targets, md)
+
+	h(3, "Method notes")
+	for _, sc := range scenarios {
+		for _, n := range rep.Notes[sc.name] {
+			item("%s: %s", sc.name, n)
+		}
+	}
+
+	if len(rep.Evidence.Statements)+len(rep.Evidence.WaitEvents)+len(rep.Evidence.Profiles) > 0 {
+		h(3, "Evidence")
+		for _, s := range rep.Evidence.Statements {
+			item("%s — %d statement calls in all; busiest by total time:", s.Case, s.TotalCalls)
+			for _, st := range s.Top {
+				sub("%d calls, %.1f ms total, %.3f ms mean, %d rows: `%s`", st.Calls, st.TotalMS, st.MeanMS, st.Rows, st.Query)
+			}
+		}
+		for _, ws := range rep.Evidence.WaitEvents {
+			item("wait events, %s (sampled every 50ms; share of samples): %s", ws.Case, ws)
+		}
+		for _, p := range rep.Evidence.Profiles {
+			item("CPU profile: %s", p)
+		}
+	}
+	if len(rep.Errors) > 0 {
+		h(3, "ERRORS")
+		for _, e := range rep.Errors {
+			item("%s", e)
+		}
+	}
+}

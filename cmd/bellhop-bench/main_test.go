@@ -1,0 +1,159 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"math"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestPercentile(t *testing.T) {
+	s := []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+	for _, c := range []struct {
+		p    float64
+		want int64
+	}{{0.5, 5}, {0.9, 9}, {0.99, 10}, {1, 10}, {0.01, 1}} {
+		if got := percentile(s, c.p); got != c.want {
+			t.Errorf("percentile(%v) = %d, want %d", c.p, got, c.want)
+		}
+	}
+	if percentile(nil, 0.5) != 0 {
+		t.Error("empty")
+	}
+	st := summarize([]int64{3000, 1000, 2000})
+	if st.P50 != 2 || st.Max != 3 || st.Avg != 2 {
+		t.Errorf("summarize: %+v", st)
+	}
+}
+
+func TestResults(t *testing.T) {
+	r := newResults()
+	m := Metric{Scenario: "a", Case: "c", Name: "n", Unit: "u"}
+	for _, v := range []float64{3, 1, 2, 10} {
+		r.Add(m, v)
+	}
+	r.Add(Metric{Scenario: "a", Case: "c", Name: "other"}, 1)
+	sums := r.Summaries()
+	if len(sums) != 2 || sums[0].Name != "n" {
+		t.Fatalf("order: %+v", sums)
+	}
+	if sums[0].Median != 2.5 || sums[0].Min != 1 || sums[0].Max != 10 {
+		t.Errorf("summary: %+v", sums[0])
+	}
+	if v, ok := r.Get("a", "c", "n"); !ok || v != 2.5 {
+		t.Errorf("Get = %v %v", v, ok)
+	}
+	if _, ok := r.Get("a", "c", "missing"); ok {
+		t.Error("Get found a missing metric")
+	}
+	var text, md bytes.Buffer
+	writeTable(&text, sums)
+	writeMarkdownTable(&md, sums)
+	if !strings.Contains(text.String(), "2.50") || !strings.Contains(md.String(), "| a | c | n | 2.50 | 1.00 – 10.0 | u | 4 |") {
+		t.Errorf("tables:\n%s\n%s", text.String(), md.String())
+	}
+}
+
+func TestNum(t *testing.T) {
+	for v, want := range map[float64]string{0: "0", 0.1234: "0.123", 1.234: "1.23", 12.34: "12.3", 123.4: "123", 12345.6: "12,346", 1234567: "1,234,567", -1500: "-1,500"} {
+		if got := num(v); got != want {
+			t.Errorf("num(%v) = %q, want %q", v, got, want)
+		}
+	}
+	if num(math.NaN()) != "n/a" {
+		t.Error("NaN")
+	}
+}
+
+func TestTargets(t *testing.T) {
+	p := fullParams()
+	r := newResults()
+	r.Add(Metric{Scenario: "latency", Case: caseGo, Name: "p50"}, 500)
+	r.Add(Metric{Scenario: "latency", Case: caseGo, Name: "p99"}, 2500)
+	r.Add(Metric{Scenario: "floor", Case: "NOTIFY commit → receipt (unix socket)", Name: "p50"}, 300)
+	r.Add(Metric{Scenario: "floor", Case: "SELECT 1 round trip (unix socket)", Name: "p50"}, 100)
+	ts := evaluateTargets(r, p)
+	verdict := map[string]string{}
+	for _, tg := range ts {
+		verdict[tg.Name] = tg.Verdict()
+	}
+	if verdict["latency p50 vs physical floor"] != "PASS" || verdict["latency p99"] != "FAIL" || verdict["idle load"] != "n/a" {
+		t.Errorf("verdicts: %v", verdict)
+	}
+}
+
+func TestParseFlags(t *testing.T) {
+	o, err := parseFlags([]string{"-only", "latency, river", "-runs", "2", "-quick"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !o.selected("river") || o.selected("idle") || o.runs != 2 || !o.quick {
+		t.Errorf("%+v", o)
+	}
+	for _, bad := range [][]string{{"-only", "nope"}, {"-runs", "0"}, {"extra"}, {"-pool-max-conns", "1"}} {
+		if _, err := parseFlags(bad, io.Discard); err == nil {
+			t.Errorf("%v: no error", bad)
+		}
+	}
+}
+
+func TestWithDatabase(t *testing.T) {
+	got, err := withDatabase("postgres://u@h:5/x?sslmode=disable&dbname=y", "z")
+	if err != nil || got != "postgres://u@h:5/z?sslmode=disable" {
+		t.Errorf("url: %q %v", got, err)
+	}
+	got, err = withDatabase("host='/tmp/a b' port=5 dbname=x", "z")
+	if err != nil || !strings.HasSuffix(got, "dbname=z") {
+		t.Errorf("kv: %q %v", got, err)
+	}
+	if transport("host=/tmp port=5") != "unix socket" || transport("postgres://h:5/x") != "TCP" {
+		t.Error("transport")
+	}
+}
+
+func TestPace(t *testing.T) {
+	var calls atomic.Int64
+	start := time.Now()
+	n, elapsed, err := pace(context.Background(), 20, 5*time.Millisecond, 0, 3, func(context.Context, int) error {
+		calls.Add(1)
+		return nil
+	})
+	if err != nil || n != 20 || calls.Load() != 20 {
+		t.Fatalf("n=%d calls=%d err=%v", n, calls.Load(), err)
+	}
+	if elapsed < 95*time.Millisecond || time.Since(start) < 95*time.Millisecond {
+		t.Errorf("finished too early: %s", elapsed)
+	}
+	// With a deadline, a slow sender sends fewer.
+	n, _, err = pace(context.Background(), 1000, time.Millisecond, 50*time.Millisecond, 1, func(context.Context, int) error {
+		time.Sleep(10 * time.Millisecond)
+		return nil
+	})
+	if err != nil || n < 2 || n > 7 {
+		t.Errorf("deadline: sent %d, %v", n, err)
+	}
+}
+
+func TestRecorder(t *testing.T) {
+	r := newRecorder(time.Now(), 3)
+	for i := range 3 {
+		body, ts := r.payload(i)
+		r.enqueued(i, ts)
+		r.record(ts+int64(time.Millisecond), body)
+	}
+	r.record(0, []byte(`{"s":1,"t":0}`)) // duplicate
+	r.record(0, []byte(`nonsense`))
+	if err := r.wait(context.Background(), 3, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if r.dups.Load() != 1 || r.bad.Load() != 1 {
+		t.Errorf("dups %d bad %d", r.dups.Load(), r.bad.Load())
+	}
+	if st := r.stats(); st.N != 3 || st.P50 != 1000 {
+		t.Errorf("stats %+v", st)
+	}
+}

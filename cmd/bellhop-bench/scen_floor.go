@@ -1,0 +1,184 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// runFloor measures the physical floor under a delivery: a round trip, a
+// committed one-row INSERT and a NOTIFY from commit to receipt.
+func runFloor(ctx context.Context, e *env, _ int) error {
+	db, err := e.srv.newDatabase(ctx, "floor", false)
+	if err != nil {
+		return err
+	}
+	defer db.drop()
+	n := e.p.floorN
+
+	type target struct{ name, dsn string }
+	for _, t := range []target{{"TCP", db.TCP}, {"unix socket", db.DSN}} {
+		if t.dsn == "" {
+			e.res.Note("floor", "SELECT 1 over TCP skipped: no TCP DSN for this server")
+			continue
+		}
+		if t.name == "unix socket" && transport(t.dsn) == "TCP" {
+			e.res.Note("floor", "the server from DATABASE_URL is reached over TCP; the 'unix socket' rows are TCP too")
+		}
+		lat, err := roundTrips(ctx, t.dsn, n)
+		if err != nil {
+			return fmt.Errorf("SELECT 1 over %s: %w", t.name, err)
+		}
+		addLatency(e.res, "floor", "SELECT 1 round trip ("+t.name+")", summarize(lat), false)
+	}
+
+	conn, err := pgx.Connect(ctx, db.DSN)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, "CREATE TABLE scratch (id bigserial PRIMARY KEY, v int NOT NULL, at timestamptz NOT NULL DEFAULT now())"); err != nil {
+		return err
+	}
+	lat := make([]int64, 0, n)
+	for i := range n + n/10 {
+		t0 := time.Now()
+		if _, err := conn.Exec(ctx, "INSERT INTO scratch (v) VALUES ($1)", i); err != nil {
+			return err
+		}
+		if i >= n/10 { // the first tenth warms up
+			lat = append(lat, int64(time.Since(t0)))
+		}
+	}
+	addLatency(e.res, "floor", "INSERT 1 row + commit (unix socket)", summarize(lat), false)
+
+	// The same paced like the latency scenario's messages: a connection
+	// idle for 10ms between statements costs more on a VM than one kept
+	// busy.
+	lat = lat[:0]
+	begin := time.Now()
+	for i := range n {
+		if d := time.Until(begin.Add(time.Duration(i) * e.p.notifyInterval)); d > 0 {
+			time.Sleep(d)
+		}
+		t0 := time.Now()
+		if _, err := conn.Exec(ctx, "INSERT INTO scratch (v) VALUES ($1)", i); err != nil {
+			return err
+		}
+		lat = append(lat, int64(time.Since(t0)))
+	}
+	addLatency(e.res, "floor", "INSERT 1 row + commit, one every 10ms (unix socket)", summarize(lat), false)
+
+	lat, err = notifyRoundTrips(ctx, db.DSN, n, e.p.notifyInterval)
+	if err != nil {
+		return fmt.Errorf("NOTIFY: %w", err)
+	}
+	addLatency(e.res, "floor", "NOTIFY commit → receipt (unix socket)", summarize(lat), false)
+	e.res.Note("floor", "SELECT 1 and INSERT: %d round trips back to back on one connection (after %d warm-up); extended protocol, as the dispatcher uses; the INSERT is into a 3-column scratch table with a bigserial primary key; 'one every 10ms': the same INSERT paced like the latency scenario's messages", n, n/10)
+	e.res.Note("floor", "NOTIFY: %d notifications, one every %s (as in the latency scenario, so the listener is idle when each arrives); from just before `SELECT pg_notify(...)` (autocommit, so it includes the commit and its WAL flush) on one connection to WaitForNotification returning on another", n, e.p.notifyInterval)
+	return nil
+}
+
+// roundTrips times n SELECT 1 round trips on one connection, after a
+// warm-up of n/10.
+func roundTrips(ctx context.Context, dsn string, n int) ([]int64, error) {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(context.Background())
+	lat := make([]int64, 0, n)
+	var v int
+	for i := range n + n/10 {
+		t0 := time.Now()
+		if err := conn.QueryRow(ctx, "SELECT 1").Scan(&v); err != nil {
+			return nil, err
+		}
+		if i >= n/10 {
+			lat = append(lat, int64(time.Since(t0)))
+		}
+	}
+	return lat, nil
+}
+
+// notifyRoundTrips sends n notifications, interval apart, from one
+// connection and times each to its receipt on another.
+func notifyRoundTrips(ctx context.Context, dsn string, n int, interval time.Duration) ([]int64, error) {
+	listener, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return nil, err
+	}
+	defer listener.Close(context.Background())
+	sender, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return nil, err
+	}
+	defer sender.Close(context.Background())
+	if _, err := listener.Exec(ctx, "LISTEN bench_floor"); err != nil {
+		return nil, err
+	}
+	base := time.Now()
+	sent := make([]int64, n)
+	recv := make([]int64, n)
+	got := make(chan error, 1)
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		for k := 0; k < n; {
+			nt, err := listener.WaitForNotification(lctx)
+			if err != nil {
+				got <- err
+				return
+			}
+			at := int64(time.Since(base))
+			i, err := strconv.Atoi(nt.Payload)
+			if err != nil || i < 0 || i >= n {
+				continue
+			}
+			recv[i] = at
+			k++
+		}
+		got <- nil
+	}()
+	begin := time.Now()
+	for i := range n {
+		if d := time.Until(begin.Add(time.Duration(i) * interval)); d > 0 {
+			time.Sleep(d)
+		}
+		sent[i] = int64(time.Since(base))
+		if _, err := sender.Exec(ctx, "SELECT pg_notify('bench_floor', $1)", strconv.Itoa(i)); err != nil {
+			return nil, err
+		}
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			return nil, err
+		}
+	case <-time.After(30 * time.Second):
+		return nil, fmt.Errorf("notifications missing after 30s")
+	}
+	lat := make([]int64, n)
+	for i := range lat {
+		lat[i] = recv[i] - sent[i]
+	}
+	return lat, nil
+}
+
+// addLatency records a latency summary's percentiles (µs).
+func addLatency(r *Results, scenario, cas string, st latencyStats, withP90 bool) {
+	m := func(name string) Metric {
+		return Metric{Scenario: scenario, Case: cas, Name: name, Unit: "µs", LowerIsBetter: true}
+	}
+	r.Add(m("p50"), st.P50)
+	if withP90 {
+		r.Add(m("p90"), st.P90)
+	}
+	r.Add(m("p99"), st.P99)
+	if withP90 {
+		r.Add(m("max"), st.Max)
+	}
+}

@@ -1,0 +1,125 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/bellhopq/bellhop"
+)
+
+// runIdle: a dispatcher serving many consumers with nothing to do; count
+// what it costs the database.
+func runIdle(ctx context.Context, e *env, run int) error {
+	db, err := e.srv.newDatabase(ctx, "idle", true)
+	if err != nil {
+		return err
+	}
+	defer db.drop()
+	cas := idleCase(e.p)
+	setup, err := openPool(ctx, db.DSN, 8, setupSession)
+	if err != nil {
+		return err
+	}
+	err = setupConsumers(ctx, setup, queueNames(e.p.idleConsumers), bellhop.ConsumerSpec{})
+	setup.Close()
+	if err != nil {
+		return fmt.Errorf("setup: %w", err)
+	}
+	if db.s.pss {
+		if err := db.resetStatements(ctx); err != nil {
+			return err
+		}
+	}
+	obs := newObserver(0)
+	d, err := e.startDispatcher(db.DSN, every(noop), obs)
+	if err != nil {
+		return err
+	}
+	defer d.stop()
+	if err := d.ready(ctx, 30*time.Second); err != nil {
+		return err
+	}
+	// Wait for the start-up claims to end, then for the statistics of
+	// everything before the window to reach pg_stat_database (backends
+	// flush them within about ten seconds of going idle).
+	settled, err := settleStatements(ctx, db, time.Second, 2*time.Minute)
+	if err != nil {
+		return err
+	}
+	// Read before the window (on a connection of db's own, whose
+	// transaction must not fall into the window).
+	av0, err := db.autovacuums(ctx)
+	if err != nil {
+		return err
+	}
+	if err := sleepCtx(ctx, e.p.idleSettle); err != nil {
+		return err
+	}
+	e.res.Add(Metric{Scenario: "idle", Case: cas, Name: "start-up: Run → claims settled", Unit: "s", LowerIsBetter: true}, time.Since(d.Start).Seconds()-e.p.idleSettle.Seconds())
+	_ = settled
+	if db.s.pss {
+		st, err := db.statements(ctx)
+		if err != nil {
+			return err
+		}
+		e.res.Add(Metric{Scenario: "idle", Case: cas, Name: "start-up statements", Unit: "statements", LowerIsBetter: true}, float64(sumCalls(st)))
+		if run == 1 {
+			e.evidence.addStatements("idle: start-up statements (run 1)", st, 6)
+		}
+		if err := db.resetStatements(ctx); err != nil {
+			return err
+		}
+	}
+	x0, err := db.transactions(ctx)
+	if err != nil {
+		return err
+	}
+	polls0 := obs.polls.Load()
+	t0 := time.Now()
+	if err := sleepCtx(ctx, e.p.idleDuration); err != nil {
+		return err
+	}
+	minutes := time.Since(t0).Minutes()
+	if db.s.pss {
+		st, err := db.statements(ctx)
+		if err != nil {
+			return err
+		}
+		e.res.Add(Metric{Scenario: "idle", Case: cas, Name: "statements/min (pg_stat_statements)", Unit: "stmts/min", LowerIsBetter: true}, float64(sumCalls(st))/minutes)
+		if run == 1 {
+			e.evidence.addStatements("idle: statements in the idle window (run 1)", st, 10)
+		}
+	} else {
+		e.res.Note("idle", "pg_stat_statements is not available on this server: statements not counted")
+	}
+	// Statistics of the window's last transactions may reach
+	// pg_stat_database a little late; wait for them too. The wait is
+	// not part of the window's minutes, so this counts a little high if
+	// anything.
+	if err := sleepCtx(ctx, e.p.idleSettle); err != nil {
+		return err
+	}
+	x1, err := db.transactions(ctx)
+	if err != nil {
+		return err
+	}
+	e.res.Add(Metric{Scenario: "idle", Case: cas, Name: "transactions/min (pg_stat_database)", Unit: "xacts/min", LowerIsBetter: true}, float64(x1-x0)/minutes)
+	e.res.Add(Metric{Scenario: "idle", Case: cas, Name: "fallback polls in the window", Unit: "polls"}, float64(obs.polls.Load()-polls0))
+	av1, err := db.autovacuums(ctx)
+	if err != nil {
+		return err
+	}
+	e.res.Add(Metric{Scenario: "idle", Case: cas, Name: "autovacuum + autoanalyze runs (not the dispatcher's)", Unit: "runs"}, float64(av1-av0))
+	e.res.Note("idle", "%d consumers (one queue each) all served by one no-op Go handler through a Resolver; default PollInterval (%s ±10%%); pg_stat_statements reset (for this database) once the start-up claims have settled plus %s, then counted over %s; xact_commit+xact_rollback of the database from pg_stat_database over the same window (read %s after its end, so late-flushed statistics count; they include autovacuum's transactions, whose runs are counted separately from pg_stat_all_tables)",
+		e.p.idleConsumers, bellhop.DefaultPollInterval, e.p.idleSettle, e.p.idleDuration, e.p.idleSettle)
+	return nil
+}
+
+func sumCalls(st []stmtStat) int64 {
+	var n int64
+	for _, s := range st {
+		n += s.Calls
+	}
+	return n
+}

@@ -1,0 +1,239 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/http/httptest"
+	"time"
+
+	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/internal/httppush"
+)
+
+// Latency cases.
+const (
+	caseGo   = "Go handler"
+	caseHTTP = "HTTP push (httptest server)"
+)
+
+// runLatency: an idle dispatcher gets messages one per transaction,
+// interval apart; each is timed from just before Client.Enqueue to the
+// start of its handler.
+func runLatency(ctx context.Context, e *env, run int) error {
+	for _, cas := range []string{caseGo, caseHTTP} {
+		st, err := latencyOnce(ctx, e, cas, run)
+		if err != nil {
+			return fmt.Errorf("%s: %w", cas, err)
+		}
+		addLatency(e.res, "latency", cas, st, true)
+	}
+	if err := enqueueAlone(ctx, e); err != nil {
+		return fmt.Errorf("Enqueue without a dispatcher: %w", err)
+	}
+	e.res.Note("latency", "'Enqueue call' is how long Client.Enqueue took (INSERT, trigger, commit with its WAL flush); 'Enqueue returned → handler' is the rest, from its return to the handler's start (the dispatcher's share, give or take the NOTIFY's travel, which overlaps the return of the commit)")
+	e.res.Note("latency", "%d messages to one queue, one Client.Enqueue (one transaction) every %s by the schedule; timed from just before Enqueue to the first line of the handler (Go) or of the HTTP endpoint's handler (push); consumer defaults (max in-flight %d)",
+		e.p.latencyN, e.p.latencyInterval, bellhop.DefaultMaxInFlight)
+	return nil
+}
+
+func latencyOnce(ctx context.Context, e *env, cas string, run int) (latencyStats, error) {
+	db, err := e.srv.newDatabase(ctx, "latency", true)
+	if err != nil {
+		return latencyStats{}, err
+	}
+	defer db.drop()
+	e.res.Note("latency", "transport: producer %s, dispatcher %s", transport(db.DSN), transport(db.DSN))
+
+	rec := newRecorder(e.base, e.p.latencyN)
+	spec := bellhop.ConsumerSpec{}
+	var res bellhop.Resolver = every(rec.handler())
+	if cas == caseHTTP {
+		srv := httptest.NewServer(rec.httpHandler())
+		defer srv.Close()
+		spec.URL = srv.URL + "/hook"
+		pusher := httppush.New(httppush.Options{Logger: e.log})
+		defer pusher.CloseIdleConnections()
+		res = resolverFunc(func(c bellhop.Consumer) bellhop.Handler {
+			h, err := pusher.Handler(c)
+			if err != nil {
+				e.log.Error().Err(err).Msg("push handler")
+				return nil
+			}
+			return h
+		})
+	}
+	h := &hooks{}
+	if db.s.pss && run == 1 {
+		h.settled = func(time.Duration) { _ = db.resetStatements(ctx) }
+		h.delivered = func() {
+			if st, err := db.statements(ctx); err == nil {
+				e.evidence.addStatements("latency: "+cas+" (run 1)", st, 8)
+			}
+		}
+	}
+	st, _, err := latencyRunRate(ctx, e, db, []string{"lat"}, spec, res, rec, e.p.latencyInterval, 1, h)
+	if err != nil {
+		return st, err
+	}
+	enq, after := rec.split()
+	addLatency(e.res, "latency", cas+": Enqueue call", enq, false)
+	addLatency(e.res, "latency", cas+": Enqueue returned → handler", after, false)
+	return st, nil
+}
+
+// caseEnqueueAlone names the producer-only measurement.
+const caseEnqueueAlone = "no dispatcher: Enqueue call"
+
+// enqueueAlone times Client.Enqueue as the latency cases send it, with no
+// dispatcher running, to tell the producer's own cost from contention
+// with a dispatcher on the same machine.
+func enqueueAlone(ctx context.Context, e *env) error {
+	db, err := e.srv.newDatabase(ctx, "latency", true)
+	if err != nil {
+		return err
+	}
+	defer db.drop()
+	setup, err := openPool(ctx, db.DSN, 2, setupSession)
+	if err != nil {
+		return err
+	}
+	err = setupConsumers(ctx, setup, []string{"lat"}, bellhop.ConsumerSpec{})
+	setup.Close()
+	if err != nil {
+		return err
+	}
+	prod, err := openPool(ctx, db.DSN, 1, map[string]string{"application_name": "bench-producer"})
+	if err != nil {
+		return err
+	}
+	defer prod.Close()
+	client := bellhop.NewClient(prod)
+	rec := newRecorder(e.base, e.p.latencyN)
+	_, _, err = pace(ctx, e.p.latencyN, e.p.latencyInterval, 0, 1, func(ctx context.Context, i int) error {
+		body, t := rec.payload(i)
+		_, err := client.Enqueue(ctx, benchApp, "lat", body, bellhop.EnqueueOptions{})
+		rec.enqueued(i, t)
+		rec.seen[i].Store(true)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	enq, _ := rec.split()
+	addLatency(e.res, "latency", caseEnqueueAlone, enq, false)
+	e.res.Note("latency", "'%s': the same %d Client.Enqueue calls, %s apart, into a queue with a consumer but with no dispatcher running (nobody LISTENs)", caseEnqueueAlone, e.p.latencyN, e.p.latencyInterval)
+	return nil
+}
+
+// hooks let a scenario act at points of a latency run.
+type hooks struct {
+	// beforeStart runs after setup, just before the dispatcher starts.
+	beforeStart func() error
+	// whileRunning runs in a goroutine while messages are produced; its
+	// context ends when they have all been received.
+	whileRunning func(ctx context.Context)
+	// settled runs once the dispatcher has settled, before producing.
+	settled func(time.Duration)
+	// delivered runs once every message reached its handler, while the
+	// dispatcher still runs.
+	delivered func()
+	// duration, if set, stops producing once it has passed, whether or
+	// not every message was sent.
+	duration time.Duration
+	// sampleWaits, if set, names the evidence of the wait events of all
+	// the database's sessions, sampled while messages are produced.
+	sampleWaits string
+}
+
+func latencyRunRate(ctx context.Context, e *env, db *database, queues []string, spec bellhop.ConsumerSpec,
+	res bellhop.Resolver, rec *recorder, interval time.Duration, producers int, h *hooks) (latencyStats, float64, error) {
+	if h == nil {
+		h = &hooks{}
+	}
+	setup, err := openPool(ctx, db.DSN, 8, setupSession)
+	if err != nil {
+		return latencyStats{}, 0, err
+	}
+	err = setupConsumers(ctx, setup, queues, spec)
+	setup.Close()
+	if err != nil {
+		return latencyStats{}, 0, fmt.Errorf("setup: %w", err)
+	}
+	// The producers' sessions keep the server's settings.
+	prod, err := openPool(ctx, db.DSN, producers, map[string]string{"application_name": "bench-producer"})
+	if err != nil {
+		return latencyStats{}, 0, err
+	}
+	defer prod.Close()
+	client := bellhop.NewClient(prod)
+
+	if h.beforeStart != nil {
+		if err := h.beforeStart(); err != nil {
+			return latencyStats{}, 0, err
+		}
+	}
+	d, err := e.startDispatcher(db.DSN, res, nil)
+	if err != nil {
+		return latencyStats{}, 0, err
+	}
+	defer d.stop()
+	if err := d.ready(ctx, 30*time.Second); err != nil {
+		return latencyStats{}, 0, err
+	}
+	// A starting dispatcher claims once on every lane; let that pass, and
+	// let it go idle, before the first message.
+	settle, err := settleStatements(ctx, db, time.Second, 5*time.Second+time.Duration(len(queues))*10*time.Millisecond)
+	if err != nil {
+		return latencyStats{}, 0, err
+	}
+	if h.settled != nil {
+		h.settled(settle)
+	}
+
+	n := len(rec.lat)
+	wctx, wcancel := context.WithCancel(ctx)
+	defer wcancel()
+	if h.whileRunning != nil {
+		go h.whileRunning(wctx)
+	}
+	var waits map[string]int
+	sampled := make(chan struct{})
+	if h.sampleWaits != "" {
+		waits = map[string]int{}
+		go func() {
+			defer close(sampled)
+			sampleWaits(wctx, db, "", waits)
+		}()
+	} else {
+		close(sampled)
+	}
+	sent, elapsed, err := pace(ctx, n, interval, h.duration, producers, func(ctx context.Context, i int) error {
+		q := queues[0]
+		if len(queues) > 1 {
+			q = queues[rand.N(len(queues))]
+		}
+		body, t := rec.payload(i)
+		_, err := client.Enqueue(ctx, benchApp, q, body, bellhop.EnqueueOptions{})
+		rec.enqueued(i, t)
+		return err
+	})
+	if err != nil {
+		return latencyStats{}, 0, err
+	}
+	if err := rec.wait(ctx, sent, 60*time.Second); err != nil {
+		return latencyStats{}, 0, err
+	}
+	wcancel()
+	<-sampled
+	if waits != nil {
+		e.evidence.WaitEvents = append(e.evidence.WaitEvents, WaitSample{Case: h.sampleWaits, Counts: waits})
+	}
+	if h.delivered != nil {
+		h.delivered()
+	}
+	if rec.dups.Load() > 0 || rec.bad.Load() > 0 {
+		e.res.Note("latency", "warning: %d duplicate and %d unparsable deliveries", rec.dups.Load(), rec.bad.Load())
+	}
+	return rec.stats(), rate(sent, elapsed), nil
+}

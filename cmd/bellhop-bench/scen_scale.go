@@ -1,0 +1,138 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"runtime/debug"
+	"sync/atomic"
+	"time"
+
+	"github.com/bellhopq/bellhop"
+)
+
+func scaleCase(queues, r int) string {
+	if queues == 1 {
+		return fmt.Sprintf("1 queue, %s msgs/s", groupThousands(fmt.Sprint(r)))
+	}
+	return fmt.Sprintf("%s queues, %s msgs/s to random queues", groupThousands(fmt.Sprint(queues)), groupThousands(fmt.Sprint(r)))
+}
+
+// runScale: many queues, each with a consumer, and a producer sending to
+// random ones; latency and the dispatcher's memory.
+func runScale(ctx context.Context, e *env, run int) error {
+	// The one-queue reference runs right before, under the same
+	// conditions, so the two compare on a shared, noisy machine.
+	for _, queues := range []int{1, e.p.scaleQueues} {
+		if err := scaleOnce(ctx, e, run, queues); err != nil {
+			return fmt.Errorf("%s: %w", scaleCase(queues, e.p.scaleRate), err)
+		}
+	}
+	return nil
+}
+
+func scaleOnce(ctx context.Context, e *env, run, queues int) error {
+	db, err := e.srv.newDatabase(ctx, "scale", true)
+	if err != nil {
+		return err
+	}
+	defer db.drop()
+	cas := scaleCase(queues, e.p.scaleRate)
+	n := int(float64(e.p.scaleRate) * e.p.scaleDuration.Seconds())
+	rec := newRecorder(e.base, n)
+
+	var baseline, end int64
+	var peak atomic.Int64
+	var settle time.Duration
+	sctx, stopSampling := context.WithCancel(ctx)
+	defer stopSampling()
+	sampled := make(chan struct{})
+	sample := func() {
+		if v, err := vmRSS(); err == nil && v > peak.Load() {
+			peak.Store(v)
+		}
+	}
+	var stopProfile func()
+	var ms runtime.MemStats
+	var goroutines int
+	delivered := func() {
+		goroutines = runtime.NumGoroutine()
+		runtime.ReadMemStats(&ms)
+		if stopProfile != nil {
+			stopProfile()
+			stopProfile = nil
+		}
+		stopSampling()
+		<-sampled
+		end, _ = vmRSS()
+		sample()
+	}
+	h := &hooks{
+		beforeStart: func() error {
+			// Everything but the dispatcher exists now: the consumers
+			// are registered, the producers' pool is open and the
+			// latency arrays are allocated.
+			runtime.GC()
+			debug.FreeOSMemory()
+			var err error
+			if baseline, err = vmRSS(); err != nil {
+				return err
+			}
+			if e.cpuprofile != "" && run == 1 && queues > 1 {
+				if stopProfile, err = e.startProfile("scale"); err != nil {
+					return err
+				}
+			}
+			go func() {
+				defer close(sampled)
+				t := time.NewTicker(250 * time.Millisecond)
+				defer t.Stop()
+				for {
+					sample()
+					select {
+					case <-sctx.Done():
+						return
+					case <-t.C:
+					}
+				}
+			}()
+			return nil
+		},
+		settled:   func(d time.Duration) { settle = d },
+		delivered: delivered,
+	}
+	if run == 1 && queues > 1 {
+		h.sampleWaits = "scale: " + cas + " (run 1), all sessions"
+		if db.s.pss {
+			settled := h.settled
+			h.settled = func(d time.Duration) { settled(d); _ = db.resetStatements(ctx) }
+			h.delivered = func() {
+				delivered()
+				if st, err := db.statements(ctx); err == nil {
+					e.evidence.addStatements("scale: "+cas+" (run 1), while producing", st, 8)
+				}
+			}
+		}
+	}
+	st, achieved, err := latencyRunRate(ctx, e, db, queueNames(queues), bellhop.ConsumerSpec{}, every(rec.handler()), rec,
+		time.Second/time.Duration(e.p.scaleRate), producersFor(e.p.scaleRate), h)
+	if err != nil {
+		return err
+	}
+	if stopProfile != nil {
+		stopProfile()
+	}
+	const mib = 1 << 20
+	addLatency(e.res, "scale", cas, st, true)
+	e.res.Add(Metric{Scenario: "scale", Case: cas, Name: "achieved enqueue rate", Unit: "msgs/s"}, achieved)
+	e.res.Add(Metric{Scenario: "scale", Case: cas, Name: "dispatcher RSS (peak VmRSS − baseline)", Unit: "MiB", LowerIsBetter: true}, float64(peak.Load()-baseline)/mib)
+	e.res.Add(Metric{Scenario: "scale", Case: cas, Name: "dispatcher RSS (VmRSS at end − baseline)", Unit: "MiB", LowerIsBetter: true}, float64(end-baseline)/mib)
+	e.res.Add(Metric{Scenario: "scale", Case: cas, Name: "goroutines at end (whole process)", Unit: "goroutines", LowerIsBetter: true}, float64(goroutines))
+	e.res.Add(Metric{Scenario: "scale", Case: cas, Name: "Go stacks in use at end (whole process)", Unit: "MiB", LowerIsBetter: true}, float64(ms.StackInuse)/mib)
+	e.res.Add(Metric{Scenario: "scale", Case: cas, Name: "Go heap in use at end (whole process)", Unit: "MiB", LowerIsBetter: true}, float64(ms.HeapInuse)/mib)
+	e.res.Add(Metric{Scenario: "scale", Case: cas, Name: "start-up: ready → claims settled", Unit: "s", LowerIsBetter: true}, settle.Seconds())
+	e.res.Note("scale", "%d queues (and, right before it in each run, the same with 1 queue, as the reference), one consumer each (defaults), one no-op Go handler through a Resolver; after the start-up claims settle, %s at %d msgs/s, each to a random queue, one Client.Enqueue per message from %d producer goroutines (who stop at the end of the period whether or not they kept up); latency as in the latency scenario; unix socket",
+		e.p.scaleQueues, e.p.scaleDuration, e.p.scaleRate, producersFor(e.p.scaleRate))
+	e.res.Note("scale", "RSS: the dispatcher runs in this process; VmRSS from /proc/self/status sampled every 250ms from just before Dispatcher.Run (start-up claims included) to the last delivery, minus a baseline taken just before Dispatcher.Run (after GC and FreeOSMemory; consumers registered, producer pool open, latency arrays allocated); so it includes the latency payloads in flight and Go heap not yet returned to the OS")
+	return nil
+}

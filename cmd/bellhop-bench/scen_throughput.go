@@ -1,0 +1,179 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"runtime/pprof"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/bellhopq/bellhop"
+)
+
+// throughputCase is one burn-down configuration.
+type throughputCase struct {
+	N, Queues, InFlight int
+}
+
+func (c throughputCase) String() string {
+	q := "queues"
+	if c.Queues == 1 {
+		q = "queue"
+	}
+	return fmt.Sprintf("%s msgs, %d %s, in-flight %s", groupThousands(fmt.Sprint(c.N)), c.Queues, q, groupThousands(fmt.Sprint(c.InFlight)))
+}
+
+func (e *env) throughputCases() []throughputCase {
+	var out []throughputCase
+	for _, n := range e.p.throughputSizes {
+		for _, q := range e.p.throughputQueues {
+			for _, f := range e.p.throughputInFlight {
+				out = append(out, throughputCase{N: n, Queues: q, InFlight: f})
+			}
+		}
+	}
+	return out
+}
+
+// Throughput metric names.
+const (
+	mToLast  = "msgs/s, start → last handler done"
+	mToEmpty = "msgs/s, start → table empty"
+)
+
+// runThroughput burns down pre-inserted backlogs with a no-op handler.
+func runThroughput(ctx context.Context, e *env, run int) error {
+	for _, c := range e.throughputCases() {
+		if err := throughputOnce(ctx, e, run, c); err != nil {
+			return fmt.Errorf("%s: %w", c, err)
+		}
+	}
+	e.res.Note("throughput", "backlog inserted before the dispatcher starts with Client.EnqueueMany, %d messages per statement, round-robin over the queues, then VACUUM ANALYZE queue_messages and CHECKPOINT; the clock starts just before Dispatcher.Run (so it includes connecting, loading consumers and LISTEN)", e.p.prefillBatch)
+	e.res.Note("throughput", "'last handler done': the N-th no-op handler returned; 'table empty': the dispatcher's Observer reported the N-th ack written (checked afterwards: count(*) = 0)")
+	e.res.Note("throughput", "dispatcher pool: pool_max_conns=%d; its sessions run with synchronous_commit=off (NewDispatcher sets it)", e.p.poolMaxConns)
+	return nil
+}
+
+func throughputOnce(ctx context.Context, e *env, run int, c throughputCase) error {
+	db, err := e.srv.newDatabase(ctx, "tput", true)
+	if err != nil {
+		return err
+	}
+	defer db.drop()
+	queues := queueNames(c.Queues)
+	setup, err := openPool(ctx, db.DSN, 8, setupSession)
+	if err != nil {
+		return err
+	}
+	defer setup.Close()
+	if err := setupConsumers(ctx, setup, queues, bellhop.ConsumerSpec{MaxInFlight: c.InFlight}); err != nil {
+		return fmt.Errorf("setup: %w", err)
+	}
+	t0 := time.Now()
+	if err := prefill(ctx, setup, queues, c.N, e.p.prefillBatch); err != nil {
+		return fmt.Errorf("prefill: %w", err)
+	}
+	e.res.Add(Metric{Scenario: "throughput", Case: c.String(), Name: fmt.Sprintf("pre-insert msgs/s (EnqueueMany ×%d, setup session)", e.p.prefillBatch), Unit: "msgs/s"}, rate(c.N, time.Since(t0)))
+	if _, err := setup.Exec(ctx, "VACUUM ANALYZE queue_messages"); err != nil {
+		return err
+	}
+	if _, err := setup.Exec(ctx, "CHECKPOINT"); err != nil {
+		e.res.Note("throughput", "CHECKPOINT before the burn-down failed (%v); runs may overlap a checkpoint", err)
+	}
+	setup.Close()
+
+	var handled atomic.Int64
+	var firstAt, lastAt atomic.Int64
+	var start time.Time
+	h := bellhop.HandlerFunc(func(context.Context, *bellhop.Message) error {
+		switch handled.Add(1) {
+		case 1:
+			firstAt.Store(int64(time.Since(start)))
+		case int64(c.N):
+			lastAt.Store(int64(time.Since(start)))
+		}
+		return nil
+	})
+	obs := newObserver(c.N)
+	var stopProfile func()
+	if e.cpuprofile != "" && run == 1 {
+		if stopProfile, err = e.startProfile(fmt.Sprintf("%d-q%d-f%d", c.N, c.Queues, c.InFlight)); err != nil {
+			return err
+		}
+		defer func() {
+			if stopProfile != nil {
+				stopProfile()
+			}
+		}()
+	}
+	if run == 1 && db.s.pss {
+		if err := db.resetStatements(ctx); err != nil {
+			return err
+		}
+	}
+	start = time.Now()
+	obs.start = start
+	d, err := e.startDispatcher(db.DSN, every(h), obs)
+	if err != nil {
+		return err
+	}
+	defer d.stop()
+	select {
+	case <-obs.done:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(e.p.throughputTimeout):
+		return fmt.Errorf("timed out after %s: %d handled, %d acked", e.p.throughputTimeout, handled.Load(), obs.acked.Load())
+	}
+	empty := time.Duration(obs.emptyAt.Load())
+	if stopProfile != nil {
+		stopProfile()
+		stopProfile = nil
+	}
+	last := time.Duration(lastAt.Load())
+	if err := d.stop(); err != nil {
+		return err
+	}
+	var left int64
+	check, err := openPool(ctx, db.DSN, 1, nil)
+	if err != nil {
+		return err
+	}
+	defer check.Close()
+	if err := check.QueryRow(ctx, "SELECT count(*) FROM queue_messages").Scan(&left); err != nil {
+		return err
+	}
+	if left != 0 || handled.Load() != int64(c.N) || obs.other.Load() != 0 {
+		return fmt.Errorf("after the burn-down: %d rows left, %d handled (want %d), %d non-ack outcomes", left, handled.Load(), c.N, obs.other.Load())
+	}
+	e.res.Add(Metric{Scenario: "throughput", Case: c.String(), Name: mToLast, Unit: "msgs/s"}, rate(c.N, last))
+	e.res.Add(Metric{Scenario: "throughput", Case: c.String(), Name: mToEmpty, Unit: "msgs/s"}, rate(c.N, empty))
+	e.res.Add(Metric{Scenario: "throughput", Case: c.String(), Name: "start → first handler", Unit: "ms", LowerIsBetter: true}, float64(firstAt.Load())/1e6)
+	if run == 1 && db.s.pss {
+		if st, err := db.statements(ctx); err == nil {
+			e.evidence.addStatements("throughput: "+c.String()+" (run 1)", st, 6)
+		}
+	}
+	return nil
+}
+
+// startProfile starts a CPU profile written to the -cpuprofile prefix
+// plus ".<name>.pprof" and returns the function that stops it.
+func (e *env) startProfile(name string) (func(), error) {
+	path := fmt.Sprintf("%s.%s.pprof", strings.TrimSuffix(e.cpuprofile, ".pprof"), name)
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	e.evidence.Profiles = append(e.evidence.Profiles, path)
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
+}

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"math"
+)
+
+// Target is one of the issue's performance targets, evaluated on medians.
+type Target struct {
+	Name   string  `json:"name"`
+	Rule   string  `json:"rule"`
+	Value  float64 `json:"value"`
+	Limit  float64 `json:"limit"`
+	Unit   string  `json:"unit"`
+	Pass   bool    `json:"pass"`
+	Known  bool    `json:"known"` // false: a figure it needs was not measured
+	Detail string  `json:"detail"`
+}
+
+func (t Target) Verdict() string {
+	switch {
+	case !t.Known:
+		return "n/a"
+	case t.Pass:
+		return "PASS"
+	}
+	return "FAIL"
+}
+
+// evaluateTargets checks the issue's targets against the medians in r.
+func evaluateTargets(r *Results, p params) []Target {
+	get := func(sc, cas, name string) float64 {
+		v, ok := r.Get(sc, cas, name)
+		if !ok {
+			return math.NaN()
+		}
+		return v
+	}
+	var out []Target
+	add := func(name, rule, unit string, value, limit float64, atMost bool, detail string) {
+		t := Target{Name: name, Rule: rule, Value: value, Limit: limit, Unit: unit, Detail: detail}
+		t.Known = !math.IsNaN(value) && !math.IsNaN(limit)
+		if t.Known {
+			if atMost {
+				t.Pass = value <= limit
+			} else {
+				t.Pass = value >= limit
+			}
+		}
+		out = append(out, t)
+	}
+
+	p50 := get("latency", caseGo, "p50")
+	p99 := get("latency", caseGo, "p99")
+	notify := get("floor", "NOTIFY commit → receipt (unix socket)", "p50")
+	sel := get("floor", "SELECT 1 round trip (unix socket)", "p50")
+	add("latency p50 vs physical floor", "Bellhop p50 ≤ 1.3 × (NOTIFY round trip p50 + SELECT 1 p50, unix socket)", "µs",
+		p50, 1.3*(notify+sel), true, fmt.Sprintf("NOTIFY %s µs + SELECT 1 %s µs", num(notify), num(sel)))
+	add("latency p99", "Bellhop p99 ≤ 2 ms", "µs", p99, 2000, true, "Go handler, 10 ms apart")
+	fetch2 := riverFetches[1]
+	riverP50 := get("river", riverLatencyCase(fetch2), "p50")
+	add("latency p50 vs River", "Bellhop p50 ≤ 0.75 × River(2ms cooldown) p50", "µs", p50, 0.75*riverP50, true,
+		fmt.Sprintf("River p50 %s µs", num(riverP50)))
+
+	small := 0
+	if len(p.throughputSizes) > 0 {
+		small = p.throughputSizes[0]
+	}
+	for _, c := range []struct {
+		inFlight, workers int
+		factor            float64
+	}{{10, 10, 2}, {1000, 2000, 1.5}} {
+		bh := get("throughput", throughputCase{N: small, Queues: 1, InFlight: c.inFlight}.String(), mToEmpty)
+		rv := get("river", riverBurndownCase(fetch2, p.riverBurndownN, c.workers), mRiverJobs)
+		add(fmt.Sprintf("burn-down, in-flight %s", groupThousands(fmt.Sprint(c.inFlight))),
+			fmt.Sprintf("Bellhop %s msgs, 1 queue, in-flight %d ≥ %.1f × River(2ms, %d workers, %s jobs)", groupThousands(fmt.Sprint(small)), c.inFlight, c.factor, c.workers, groupThousands(fmt.Sprint(p.riverBurndownN))),
+			"msgs/s", bh, c.factor*rv, false, fmt.Sprintf("start → table empty vs River's start → completed in DB; River %s jobs/s", num(rv)))
+	}
+
+	idle := get("idle", idleCase(p), "statements/min (pg_stat_statements)")
+	add("idle load", "≤ 2 statements/min with 1,000 consumers", "stmts/min", idle, 2, true, "pg_stat_statements, this database")
+
+	one := get("scale", scaleCase(1, p.scaleRate), "p99")
+	many := get("scale", scaleCase(p.scaleQueues, p.scaleRate), "p99")
+	add("latency p99, 10k queues vs 1 queue", fmt.Sprintf("p99 with %s queues ≤ 2 × p99 with 1 queue (both at %s msgs/s, same run)", groupThousands(fmt.Sprint(p.scaleQueues)), groupThousands(fmt.Sprint(p.scaleRate))), "µs",
+		many, 2*one, true, fmt.Sprintf("1-queue p99 %s µs", num(one)))
+	rss := get("scale", scaleCase(p.scaleQueues, p.scaleRate), "dispatcher RSS (peak VmRSS − baseline)")
+	add("dispatcher RSS, 10k queues", "peak RSS − baseline < 200 MiB", "MiB", rss, 200, true, "in-process dispatcher")
+	return out
+}
+
+func idleCase(p params) string {
+	return fmt.Sprintf("%s consumers, %s", groupThousands(fmt.Sprint(p.idleConsumers)), p.idleDuration)
+}
+
+func writeTargets(w io.Writer, ts []Target, markdown bool) {
+	if markdown {
+		fmt.Fprintln(w, "| Target | Rule | Bellhop | Limit | Result | Detail |")
+		fmt.Fprintln(w, "|---|---|--:|--:|---|---|")
+		for _, t := range ts {
+			fmt.Fprintf(w, "| %s | %s | %s %s | %s %s | **%s** | %s |\n", t.Name, mdEscape(t.Rule), num(t.Value), t.Unit, num(t.Limit), t.Unit, t.Verdict(), mdEscape(t.Detail))
+		}
+		return
+	}
+	for _, t := range ts {
+		fmt.Fprintf(w, "  %-4s  %-38s %s %s vs limit %s %s  (%s; %s)\n", t.Verdict(), t.Name, num(t.Value), t.Unit, num(t.Limit), t.Unit, t.Rule, t.Detail)
+	}
+}
