@@ -9,9 +9,11 @@ SELECT (SELECT min(deliver_after)
           AND claim_token IS NULL
           AND deliver_after > now()),
        NULL::timestamptz,
-       EXISTS (SELECT 1
+       (SELECT enqueued_at
                FROM outbox
                WHERE trigger_id = @trigger_id
                  AND source_kind = 'invoke'
                  AND claim_token IS NULL
-                 AND (deliver_after IS NULL OR deliver_after <= now()))
+                 AND (deliver_after IS NULL OR deliver_after <= now())
+        ORDER BY enqueued_at
+        LIMIT 1) IS NOT NULL

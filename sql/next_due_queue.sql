@@ -8,6 +8,8 @@
 --     fill its slots, they are rows another claim had locked (SKIP LOCKED
 --     passed them over); if that claim dies, nobody announces them again,
 --     so the dispatcher looks again shortly.
+-- The last is written as the oldest such row, not EXISTS, so that it walks
+-- the dispatch index in order instead of scanning claimed rows.
 -- Read-only; a stale answer only makes the dispatcher look again early.
 SELECT (SELECT min(deliver_after)
         FROM queue_messages
@@ -19,9 +21,11 @@ SELECT (SELECT min(deliver_after)
         FROM queue_busy
         WHERE app_id = @app_id AND queue_name = @queue_name
           AND owner <> @owner AND lease_until > clock_timestamp()),
-       EXISTS (SELECT 1
+       (SELECT enqueued_at
                FROM queue_messages
                WHERE app_id = @app_id
                  AND queue_name = @queue_name
                  AND claim_token IS NULL
-                 AND (deliver_after IS NULL OR deliver_after <= now()))
+                 AND (deliver_after IS NULL OR deliver_after <= now())
+        ORDER BY enqueued_at
+        LIMIT 1) IS NOT NULL

@@ -87,6 +87,15 @@ func evaluateTargets(r *Results, p params) []Target {
 		many, 2*one, true, fmt.Sprintf("1-queue p99 %s µs", num(one)))
 	rss := get("scale", scaleCase(p.scaleQueues, p.scaleRate), "dispatcher RSS (peak VmRSS − baseline)")
 	add("dispatcher RSS, 10k queues", "peak RSS − baseline < 200 MiB", "MiB", rss, 200, true, "in-process dispatcher")
+
+	// Issue 7 (busy marks): only when the busy scenario ran.
+	const busyMetric = "enqueues/s (1 msg per transaction)"
+	marked := get("busy", "32 producers, dispatcher draining, trigger on, busy marks", busyMetric)
+	off := get("busy", "32 producers, dispatcher draining, trigger off", busyMetric)
+	if !math.IsNaN(marked) || !math.IsNaN(off) {
+		add("producers with busy marks", "32 producers, dispatcher draining: trigger on with busy marks ≥ 0.9 × trigger off", "msgs/s",
+			marked, 0.9*off, false, fmt.Sprintf("trigger off %s msgs/s", num(off)))
+	}
 	return out
 }
 
