@@ -544,7 +544,7 @@ func (d *Dispatcher) flushLastFired(ctx context.Context) {
 		d.lastFiredMu.Unlock()
 		return
 	}
-	ids := make([]uuid.UUID, 0, len(d.lastFired))
+	ids := make([][16]byte, 0, len(d.lastFired)) // see claim.Write
 	for id := range d.lastFired {
 		ids = append(ids, id)
 	}

@@ -114,10 +114,23 @@ func (c *Client) enqueue(ctx context.Context, q querier, app string, msgs []NewM
 	}
 	var appFound bool
 	var foreign, inserted int64
-	err := q.QueryRow(ctx, queries.Enqueue, pgx.NamedArgs{
-		"app_name": app, "ids": ids, "queue_names": queues, "payloads": payloads,
-		"deliver_after": deliver, "max_attempts": attempts, "principals": principals,
-	}).Scan(&appFound, &foreign, &inserted)
+	var row pgx.Row
+	if n == 1 {
+		row = q.QueryRow(ctx, queries.EnqueueOne, pgx.NamedArgs{
+			"app_name": app, "id": [16]byte(ids[0]), "queue_name": queues[0], "payload": payloads[0],
+			"deliver_after": deliver[0], "max_attempts": attempts[0], "principal": uuidArg(principals[0]),
+		})
+	} else {
+		idArgs, principalArgs := make([][16]byte, n), make([]any, n)
+		for i := range ids {
+			idArgs[i], principalArgs[i] = ids[i], uuidArg(principals[i])
+		}
+		row = q.QueryRow(ctx, queries.Enqueue, pgx.NamedArgs{
+			"app_name": app, "ids": idArgs, "queue_names": queues, "payloads": payloads,
+			"deliver_after": deliver, "max_attempts": attempts, "principals": principalArgs,
+		})
+	}
+	err := row.Scan(&appFound, &foreign, &inserted)
 	switch {
 	case err != nil:
 		return nil, enqueueError(app, msgs, -1, constraintError(err))
@@ -131,6 +144,16 @@ func (c *Client) enqueue(ctx context.Context, q querier, app string, msgs []NewM
 		return nil, enqueueError(app, msgs, -1, fmt.Errorf("inserted %d of %d messages", inserted, n))
 	}
 	return ids, nil
+}
+
+// uuidArg passes an optional id as the plain byte array that pgx encodes
+// directly. For a uuid.UUID, and above all for one in a slice, pgx goes
+// through its driver.Valuer: a string, a failed encode, then a parse.
+func uuidArg(id *uuid.UUID) any {
+	if id == nil {
+		return nil
+	}
+	return [16]byte(*id)
 }
 
 func checkMessage(now time.Time, m NewMessage) error {

@@ -115,6 +115,11 @@ var DeadRedrive string
 //go:embed enqueue.sql
 var Enqueue string
 
+// EnqueueOne is enqueue_one.sql.
+//
+//go:embed enqueue_one.sql
+var EnqueueOne string
+
 // Extend is extend.sql.
 //
 //go:embed extend.sql

@@ -1,0 +1,29 @@
+-- Inserts one message: enqueue.sql for the common case of a single
+-- message, with scalar arguments. enqueue.sql unnests array arguments, and
+-- PostgreSQL plans that statement anew on every call (its generic plan
+-- assumes arrays of many elements, so a custom plan always looks cheaper):
+-- about 0.3 ms per call, a third of a paced enqueue. With scalars the
+-- generic plan costs the same as a custom one, and after a few calls the
+-- server reuses it. Results and checks are those of enqueue.sql.
+WITH app AS (
+    SELECT id FROM apps WHERE name = @app_name
+), foreign_principal AS (
+    SELECT @principal::uuid IS NOT NULL
+           AND NOT EXISTS (SELECT 1 FROM principals p JOIN app ON p.app_id = app.id
+                           WHERE p.id = @principal::uuid) AS bad
+), inserted AS (
+    INSERT INTO queue_messages (id, app_id, queue_name, payload, deliver_after, max_attempts, enqueued_by_principal)
+    -- max_attempts defaults as in enqueue.sql.
+    SELECT @id::uuid, app.id, @queue_name::text, @payload::jsonb, @deliver_after::timestamptz,
+           coalesce(@max_attempts::int,
+                    (SELECT max_attempts FROM queue_consumers
+                     WHERE app_id = app.id AND queue_name = @queue_name::text LIMIT 1),
+                    3),
+           @principal::uuid
+    FROM app
+    WHERE NOT (SELECT bad FROM foreign_principal)
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM app) AS app_found,
+       (SELECT bad FROM foreign_principal)::int::int8 AS foreign_principals,
+       (SELECT count(*) FROM inserted) AS inserted
