@@ -33,6 +33,8 @@ const (
 	DefaultShutdownGrace = 10 * time.Second
 	// DefaultBusyLease: see DispatcherConfig.BusyLease.
 	DefaultBusyLease = 2 * time.Second
+	// DefaultBusyWindow: see DispatcherConfig.BusyWindow.
+	DefaultBusyWindow = 4 * time.Millisecond
 )
 
 // DispatcherConfig configures a Dispatcher. Zero fields take defaults.
@@ -59,6 +61,16 @@ type DispatcherConfig struct {
 	// and its commit lock (see migrations/0041_busy_marks.sql). If the
 	// dispatcher dies, other dispatchers look again when the lease ends.
 	BusyLease time.Duration
+	// BusyWindow (4ms) decides when a queue counts as busy: when a claim
+	// pass fills the consumer's free slots, or when it finds messages
+	// less than BusyWindow after the previous pass that found some (a
+	// steady stream). A busy queue is marked, and the dispatcher polls it
+	// every BusyWindow/4 instead of waiting for notifications, until it
+	// has found nothing for a whole BusyWindow. Messages further apart
+	// than BusyWindow (an idle queue) are announced one by one, with no
+	// polling. Longer windows mark more often at lower rates, and poll
+	// more slowly.
+	BusyWindow time.Duration
 	// DisableBusyMarks makes every producer notify, as if no dispatcher
 	// were ever busy. For comparison; there is no other reason to set it.
 	DisableBusyMarks bool
@@ -160,6 +172,12 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 	}
 	if cfg.BusyLease <= 0 {
 		cfg.BusyLease = DefaultBusyLease
+	}
+	if cfg.BusyWindow <= 0 {
+		cfg.BusyWindow = DefaultBusyWindow
+	}
+	if cfg.BusyWindow > cfg.BusyLease/4 {
+		return nil, fmt.Errorf("bellhop: DispatcherConfig.BusyWindow (%s) must be at most a quarter of BusyLease (%s)", cfg.BusyWindow, cfg.BusyLease)
 	}
 	pc := poolCfg.Copy()
 	params := pc.ConnConfig.RuntimeParams

@@ -33,19 +33,22 @@ type lane struct {
 	// slots were busy; the next finished delivery wakes it.
 	backlog atomic.Bool
 	// draining is set while the lane is inside a claim pass; passes
-	// counts the lane's wake-ups, and watched mirrors watching below, so
-	// that the fallback poll can tell a lane that was truly idle.
+	// counts the lane's wake-ups, and watched mirrors watching or busy
+	// below (producers may be silent then), so that the fallback poll can
+	// tell a lane that was truly idle.
 	draining atomic.Bool
 	passes   atomic.Uint64
 	watched  atomic.Bool
 
 	// Busy-mark state (queue lanes only), touched only by the lane's
 	// goroutine; see migrations/0041_busy_marks.sql for the protocol.
-	busy     bool // draining a backlog: every pass sets this dispatcher's mark
-	marked   bool // a mark of ours may be live in the database
-	settle   bool // producers may have skipped announcing: confirm the lock, then claim once more
-	tries    int  // failed lock confirmations in a row
-	watching bool // another dispatcher's mark was seen: settle once it is gone
+	busy     bool      // draining: passes set or refresh this dispatcher's mark
+	marked   bool      // a mark of ours may be live in the database
+	markedAt time.Time // when our mark's lease was last set (our clock, before sending)
+	lastHit  time.Time // end of the last pass that claimed something
+	settle   bool      // producers may have skipped announcing: confirm the lock, then claim once more
+	tries    int       // failed lock confirmations in a row
+	watching bool      // another dispatcher's mark was seen: settle once it is gone
 	// watchHint is set by a "b" notification: another dispatcher marked
 	// the queue, so this lane must watch it even if its next pass comes
 	// too late to see the mark.
@@ -67,8 +70,9 @@ func (l *lane) poke() {
 }
 
 // quiet reports whether the lane is idle with nothing to wait for:
-// nothing in flight, not claiming, no wake-up pending, and not watching
-// another dispatcher's busy mark (producers are silent by design then).
+// nothing in flight, not claiming, no wake-up pending, not busy, and not
+// watching another dispatcher's busy mark (producers are silent by design
+// then).
 // It also returns the lane's pass count, to tell later whether the lane
 // ran in between.
 func (l *lane) quiet() (bool, uint64) {
@@ -93,7 +97,7 @@ func (l *lane) run(ctx context.Context) {
 		l.draining.Store(true)
 		l.passes.Add(1)
 		next, claimed := l.drain(ctx)
-		l.watched.Store(l.watching)
+		l.watched.Store(l.watching || l.busy)
 		l.draining.Store(false)
 		// A due time that has already passed by our clock but found
 		// nothing ready means the database's clock is behind ours:
@@ -140,13 +144,25 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 		if l.watchHint.Swap(false) {
 			l.watching = true
 		}
+		// While busy, every pass sets the mark, except that a live one is
+		// refreshed only once half its lease has gone: producers read the
+		// row on every commit, and it need not change every millisecond.
+		mark := l.busy && (!l.marked || time.Since(l.markedAt) >= l.d.cfg.BusyLease/2)
+		sent := time.Now()
 		pass, err := claim.ClaimPass(ctx, l.d.db, l.target, free,
-			claim.Busy{Owner: l.d.owner, Mark: l.busy, Lease: l.d.cfg.BusyLease})
+			claim.Busy{Owner: l.d.owner, Mark: mark, Lease: l.d.cfg.BusyLease})
 		if err != nil {
 			return l.retry(ctx, st, err), claimed
 		}
-		if l.busy {
-			l.marked = true
+		if mark {
+			l.marked, l.markedAt = true, sent
+		}
+		now := time.Now()
+		// A steady stream: this pass found messages soon after the last
+		// one that did.
+		stream := len(pass.Messages) > 0 && now.Sub(l.lastHit) < l.d.cfg.BusyWindow
+		if len(pass.Messages) > 0 {
+			l.lastHit = now
 		}
 		if !pass.ForeignLease.IsZero() {
 			l.watching = true
@@ -181,10 +197,19 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 		if !marks {
 			return next, claimed
 		}
+		if stream {
+			// Mark the queue from the next pass on.
+			l.busy = true
+		}
 		switch {
-		case l.busy && len(msgs) > 0:
-			// Producers are not announcing while we are marked: look again.
-			continue
+		case l.busy && now.Sub(l.lastHit) < l.d.cfg.BusyWindow:
+			// Producers are not announcing while we are marked (or soon
+			// will not be): look again shortly, until the queue has been
+			// empty for a whole window.
+			if !pass.ReadyLeft {
+				l.tries = 0
+			}
+			return earliest(next, now.Add(l.d.cfg.BusyWindow/4)), claimed
 		case l.busy:
 			// Drained. Drop the mark; the lock then tells us when every
 			// producer that read it has committed, and one more pass

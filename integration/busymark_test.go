@@ -158,15 +158,7 @@ func TestBusyMarkOfDeadDispatcher(t *testing.T) {
 	// Let the start-up passes (a reclaim pass, then one per lane after
 	// LISTEN) finish: quiet for 300ms, so the next pass is the one the
 	// mark's wake-up causes.
-	var lastCount int64
-	lastChange := time.Now()
-	waitFor(t, 10*time.Second, "start-up passes done", func() bool {
-		if n := claims.n.Load(); n != lastCount || claims.ended.Load() != n {
-			lastCount, lastChange = n, time.Now()
-			return false
-		}
-		return lastCount > 0 && time.Since(lastChange) >= 300*time.Millisecond
-	})
+	claims.waitQuiet(t, 10*time.Second, 300*time.Millisecond, "start-up passes done")
 	passes := claims.ended.Load()
 
 	// The dead dispatcher's mark, exactly as busy_mark.sql writes a fresh

@@ -213,6 +213,23 @@ func (r *recorder) deliveries() []delivery {
 // does not see). ended counts the batches holding one that have finished.
 type claimCounter struct{ n, ended atomic.Int64 }
 
+// waitQuiet waits until no claim pass has started or been in flight for
+// quiet: the dispatcher's lanes have gone to sleep. A lane that found a
+// stream of messages polls for DefaultBusyWindow after the last one, then
+// settles with a few more statements; quiet is chosen well above that.
+func (c *claimCounter) waitQuiet(t *testing.T, timeout, quiet time.Duration, what string) {
+	t.Helper()
+	var last int64 = -1
+	lastChange := time.Now()
+	waitFor(t, timeout, what, func() bool {
+		if n := c.n.Load(); n != last || c.ended.Load() != n {
+			last, lastChange = n, time.Now()
+			return false
+		}
+		return last > 0 && time.Since(lastChange) >= quiet
+	})
+}
+
 const claimMarker = "FOR UPDATE SKIP LOCKED"
 
 type claimBatchKey struct{}

@@ -52,6 +52,13 @@
  *   MARK_NEXT    as lane.go does it: a pass that fills the lane's slots makes
  *                the lane busy, and the mark is upserted by every LATER pass
  *                while busy (the first one included), not by the filling one
+ *   (default)    a steady stream: any pass that claims something may make
+ *                the lane busy, not only one that fills its slots (lane.go
+ *                decides by time, BusyWindow; the model by free choice), and
+ *                a busy lane may make up to LINGER empty passes before it
+ *                settles (lane.go polls until the queue has been empty for
+ *                a window).  NO_STREAM: only filling passes mark, and the
+ *                first empty busy pass settles
  *   MARK_WATCH   the cheaper form of the FLAW_WAKE_IDLE fix: a new mark's
  *                notification is told apart from a message's and makes the
  *                receiving lane's watch timer due (lane.watching = true); a
@@ -63,7 +70,7 @@
  *   NO_FAILURE   no dispatcher crashes or stops
  *   CRASH_ONLY, STOP_ONLY   the failure can only be a crash, or a clean stop
  *   NO_EXPIRY    marks never expire (they are only deleted)
- *   NMSG, NPROD, CAP  sizes (defaults 3, 2, 1)
+ *   NMSG, NPROD, CAP, LINGER  sizes (defaults 3, 2, 1, 1)
  */
 
 /* Events printed when a counterexample is replayed (spin -t); NO_EV drops
@@ -82,6 +89,9 @@
 #endif
 #ifndef CAP
 #define CAP 1           /* free slots of a lane: messages per claim pass */
+#endif
+#ifndef LINGER
+#define LINGER 1        /* empty passes a busy lane may make before it settles */
 #endif
 #define ND 2            /* dispatchers 0 and 1; d's other is 1-d */
 
@@ -339,6 +349,7 @@ inline sleep() {
 proctype dispatcher(byte d) {
 	byte n;
 	bool filled, skipped, foreign, bytimer;
+	byte lingers;           /* empty passes while busy, in a row */
 #ifdef MARK_NEXT
 	bool marking;           /* lane.busy: this pass upserts the mark */
 #endif
@@ -360,6 +371,9 @@ WAKEPASS:	/* woken by a notification or by the watch timer */
 		pass();
 		if
 		:: filled -> goto BUSY
+#ifndef NO_STREAM
+		:: n > 0 -> goto BUSY   /* a steady stream */
+#endif
 		:: !filled && (n > 0 || skipped) -> goto WAKEPASS
 		:: else -> skip
 		fi;
@@ -388,9 +402,15 @@ BUSY:		/* has its mark; passes while they claim something */
 #endif
 		pass();
 		if
-		:: n > 0 || skipped -> goto BUSY
+		:: n > 0 || skipped -> lingers = 0; goto BUSY
+#ifndef NO_STREAM
+		:: n == 0 && !skipped && lingers < LINGER -> lingers++; goto BUSY   /* polls on */
+		:: n == 0 && !skipped -> skip
+#else
 		:: else -> skip
+#endif
 		fi;
+		lingers = 0;
 		/* SETTLE (a): delete the own mark */
 		atomic {
 			if :: live[d] -> live[d] = false; mark_changed(d) :: else -> skip fi;
@@ -412,7 +432,13 @@ LOCKWAIT:	/* SETTLE (b): pg_try_advisory_xact_lock(K) until it succeeds.  A
 			EV("EV d%d settle: try K exclusive fails; woken meanwhile: pass\n", d) };
 			pass();
 #ifndef FLAW_SETTLE_MARK
-			if :: filled -> goto BUSY :: else -> skip fi
+			if
+			:: filled -> goto BUSY
+#ifndef NO_STREAM
+			:: n > 0 -> goto BUSY
+#endif
+			:: !filled -> skip
+			fi
 #endif
 		od;
 #endif
@@ -421,6 +447,9 @@ FINAL:		/* SETTLE (c): the pass after the lock was granted */
 		pass();
 		if
 		:: filled -> goto BUSY
+#ifndef NO_STREAM
+		:: n > 0 -> goto BUSY
+#endif
 		:: !filled && (n > 0 || skipped) -> goto FINAL
 		:: else -> goto IDLE
 		fi

@@ -74,15 +74,38 @@ func TestTargets(t *testing.T) {
 	r := newResults()
 	r.Add(Metric{Scenario: "latency", Case: caseGo, Name: "p50"}, 500)
 	r.Add(Metric{Scenario: "latency", Case: caseGo, Name: "p99"}, 2500)
-	r.Add(Metric{Scenario: "floor", Case: "NOTIFY commit → receipt (unix socket)", Name: "p50"}, 300)
+	// The floor is INSERT + NOTIFY plus SELECT 1, not the bare NOTIFY:
+	// 500 ≤ 1.3 × (300 + 100) passes, 500 ≤ 1.3 × (100 + 100) would not.
+	r.Add(Metric{Scenario: "floor", Case: "NOTIFY commit → receipt (unix socket)", Name: "p50"}, 100)
+	r.Add(Metric{Scenario: "floor", Case: caseFloorInsertNotify, Name: "p50"}, 300)
 	r.Add(Metric{Scenario: "floor", Case: "SELECT 1 round trip (unix socket)", Name: "p50"}, 100)
 	ts := evaluateTargets(r, p)
 	verdict := map[string]string{}
+	var floor Target
 	for _, tg := range ts {
 		verdict[tg.Name] = tg.Verdict()
+		if tg.Name == "latency p50 vs physical floor" {
+			floor = tg
+		}
 	}
 	if verdict["latency p50 vs physical floor"] != "PASS" || verdict["latency p99"] != "FAIL" || verdict["idle load"] != "n/a" {
 		t.Errorf("verdicts: %v", verdict)
+	}
+	if floor.Value != 500 || math.Abs(floor.Limit-520) > 1e-9 || floor.Detail != "INSERT + NOTIFY 300 µs + SELECT 1 100 µs" ||
+		!strings.Contains(floor.Rule, "INSERT + NOTIFY round trip p50 + SELECT 1 p50") {
+		t.Errorf("floor target: %+v", floor)
+	}
+
+	// Without the INSERT + NOTIFY row (an older floor run) the target is
+	// not evaluated, rather than falling back to the bare NOTIFY.
+	r = newResults()
+	r.Add(Metric{Scenario: "latency", Case: caseGo, Name: "p50"}, 500)
+	r.Add(Metric{Scenario: "floor", Case: "NOTIFY commit → receipt (unix socket)", Name: "p50"}, 300)
+	r.Add(Metric{Scenario: "floor", Case: "SELECT 1 round trip (unix socket)", Name: "p50"}, 100)
+	for _, tg := range evaluateTargets(r, p) {
+		if tg.Name == "latency p50 vs physical floor" && tg.Verdict() != "n/a" {
+			t.Errorf("floor target without the INSERT + NOTIFY row: %+v", tg)
+		}
 	}
 }
 

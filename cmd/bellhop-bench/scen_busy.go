@@ -24,9 +24,30 @@ var busyModes = []struct {
 	{"trigger on, busy marks disabled", true, true},
 }
 
+// busyBacklog is the backlog in front of the producers in the draining
+// cases: more than the dispatcher can claim in the producer duration, so
+// that it drains throughout, whether or not notifications wake it.
+const busyBacklog = 150_000
+
+// busyCase names a case of scenario 6b.
+func busyCase(p int, backlog bool, mode string) string {
+	if backlog {
+		return fmt.Sprintf("%d producers, dispatcher draining, %s", p, mode)
+	}
+	return fmt.Sprintf("%d producers, dispatcher keeping up (no backlog), %s", p, mode)
+}
+
 // runBusy measures issue 7's target: enqueue throughput of concurrent
 // producers, one message per transaction, while a dispatcher drains the
 // queue, with and without busy marks, against the trigger disabled.
+//
+// "Draining" cases put a backlog in front of the producers, so that the
+// dispatcher works through the same stream of claims in every mode: with
+// the trigger off it is not woken by notifications, and without a backlog
+// it would sit idle and leave the whole machine to the producers. The
+// "keeping up" cases start empty: the dispatcher claims what the
+// producers commit as it comes (with the trigger off it only finds it at
+// the fallback poll, so that mode is a bound, not a like-for-like figure).
 func runBusy(ctx context.Context, e *env, run int) error {
 	db, err := e.srv.newDatabase(ctx, "busy", true)
 	if err != nil {
@@ -41,8 +62,17 @@ func runBusy(ctx context.Context, e *env, run int) error {
 	if err := setupConsumers(ctx, setup, []string{"p"}, bellhop.ConsumerSpec{}); err != nil {
 		return fmt.Errorf("setup: %w", err)
 	}
-	for _, p := range []int{8, 32} {
+	type shape struct {
+		producers int
+		backlog   bool
+	}
+	backlog := busyBacklog
+	if e.p.Quick {
+		backlog /= 10
+	}
+	for _, s := range []shape{{8, true}, {32, true}, {32, false}} {
 		for _, m := range busyModes {
+			name := busyCase(s.producers, s.backlog, m.label)
 			verb := "DISABLE"
 			if m.trigger {
 				verb = "ENABLE"
@@ -53,32 +83,63 @@ func runBusy(ctx context.Context, e *env, run int) error {
 			if _, err := setup.Exec(ctx, "TRUNCATE queue_messages"); err != nil {
 				return err
 			}
-			n, elapsed, err := produceWhileDraining(ctx, e, db, p, m.disableMarks)
-			if err != nil {
-				return fmt.Errorf("%d producers, %s: %w", p, m.label, err)
+			n := 0
+			if s.backlog {
+				n = backlog
+				if err := prefill(ctx, setup, []string{"p"}, n, 5000); err != nil {
+					return fmt.Errorf("%s: prefill: %w", name, err)
+				}
+				if _, err := setup.Exec(ctx, "VACUUM ANALYZE queue_messages"); err != nil {
+					return err
+				}
 			}
-			e.res.Add(Metric{Scenario: "busy", Case: fmt.Sprintf("%d producers, dispatcher draining, %s", p, m.label),
-				Name: "enqueues/s (1 msg per transaction)", Unit: "msgs/s"}, rate(n, elapsed))
+			r, err := produceWhileDraining(ctx, e, db, s.producers, m.disableMarks)
+			if err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			e.res.Add(Metric{Scenario: "busy", Case: name, Name: "enqueues/s (1 msg per transaction)", Unit: "msgs/s"}, rate(r.enqueued, r.elapsed))
+			e.res.Add(Metric{Scenario: "busy", Case: name, Name: "acked while producing", Unit: "msgs/s"}, rate(int(r.acked), r.elapsed))
+			if s.backlog {
+				left, err := countBefore(ctx, setup, r.start)
+				if err != nil {
+					return err
+				}
+				e.res.Add(Metric{Scenario: "busy", Case: name, Name: "backlog left when the producers stopped", Unit: "msgs"}, float64(left))
+			}
+			if run == 1 && s.producers == 32 {
+				e.evidence.WaitEvents = append(e.evidence.WaitEvents, WaitSample{Case: "busy: " + name + " (run 1), producers' sessions", Counts: r.waits})
+			}
 		}
 	}
 	if _, err := setup.Exec(ctx, "ALTER TABLE queue_messages ENABLE TRIGGER queue_messages_notify"); err != nil {
 		return err
 	}
 	e.res.Note("busy", "one queue with a consumer served by a no-op Go handler (max in-flight 10) in a dispatcher in this process; producers as in scenario 6 for %s per case; busy marks disabled with DispatcherConfig.DisableBusyMarks; the trigger disabled with ALTER TABLE ... DISABLE TRIGGER", e.p.producerDuration)
+	e.res.Note("busy", "'draining': %d messages enqueued (EnqueueMany, then VACUUM ANALYZE) before the dispatcher starts, so that it claims throughout in every mode; 'backlog left' counts those still there when the producers stop (0 would mean the dispatcher ran dry). 'keeping up': no backlog; with the trigger off the dispatcher only finds messages at its fallback poll, so it does no work and that row is an upper bound", backlog)
 	return nil
+}
+
+// drainRun is what produceWhileDraining measured.
+type drainRun struct {
+	start    time.Time
+	enqueued int
+	acked    int64
+	elapsed  time.Duration
+	waits    map[string]int
 }
 
 // produceWhileDraining runs a dispatcher on db and p producers for the
 // producer duration, and returns how many messages they enqueued.
-func produceWhileDraining(ctx context.Context, e *env, db *database, p int, disableMarks bool) (int, time.Duration, error) {
+func produceWhileDraining(ctx context.Context, e *env, db *database, p int, disableMarks bool) (drainRun, error) {
 	cfg, err := pgxpool.ParseConfig(db.DSN)
 	if err != nil {
-		return 0, 0, err
+		return drainRun{}, err
 	}
 	cfg.MaxConns = int32(e.p.poolMaxConns)
-	d, err := bellhop.NewDispatcher(cfg, bellhop.DispatcherConfig{Resolver: every(noop), Logger: e.log, DisableBusyMarks: disableMarks})
+	obs := newObserver(0)
+	d, err := bellhop.NewDispatcher(cfg, bellhop.DispatcherConfig{Resolver: every(noop), Logger: e.log, Observer: obs, DisableBusyMarks: disableMarks})
 	if err != nil {
-		return 0, 0, err
+		return drainRun{}, err
 	}
 	dctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -90,12 +151,22 @@ func produceWhileDraining(ctx context.Context, e *env, db *database, p int, disa
 	deadline := time.Now().Add(10 * time.Second)
 	for d.Ready(ctx) != nil {
 		if time.Now().After(deadline) {
-			return 0, 0, fmt.Errorf("dispatcher not ready")
+			return drainRun{}, fmt.Errorf("dispatcher not ready")
 		}
 		if err := sleepCtx(ctx, 2*time.Millisecond); err != nil {
-			return 0, 0, err
+			return drainRun{}, err
 		}
 	}
-	n, elapsed, _, err := produceFor(ctx, db, p, e.p.producerDuration)
-	return n, elapsed, err
+	r := drainRun{start: time.Now()}
+	before := obs.acked.Load()
+	r.enqueued, r.elapsed, r.waits, err = produceFor(ctx, db, p, e.p.producerDuration)
+	r.acked = obs.acked.Load() - before
+	return r, err
+}
+
+// countBefore counts the messages enqueued before t that are still queued.
+func countBefore(ctx context.Context, pool *pgxpool.Pool, t time.Time) (int64, error) {
+	var n int64
+	err := pool.QueryRow(ctx, "SELECT count(*) FROM queue_messages WHERE enqueued_at < $1", t).Scan(&n)
+	return n, err
 }

@@ -10,7 +10,8 @@ import (
 )
 
 // runFloor measures the physical floor under a delivery: a round trip, a
-// committed one-row INSERT and a NOTIFY from commit to receipt.
+// committed one-row INSERT, a NOTIFY from commit to receipt and an INSERT
+// committed with a NOTIFY, from before the INSERT to receipt.
 func runFloor(ctx context.Context, e *env, _ int) error {
 	db, err := e.srv.newDatabase(ctx, "floor", false)
 	if err != nil {
@@ -72,13 +73,29 @@ func runFloor(ctx context.Context, e *env, _ int) error {
 	}
 	addLatency(e.res, "floor", "INSERT 1 row + commit, one every 10ms (unix socket)", summarize(lat), false)
 
-	lat, err = notifyRoundTrips(ctx, db.DSN, n, e.p.notifyInterval)
+	lat, err = notifyRoundTrips(ctx, db.DSN, n, e.p.notifyInterval, func(ctx context.Context, c *pgx.Conn, i int) error {
+		_, err := c.Exec(ctx, "SELECT pg_notify('bench_floor', $1)", strconv.Itoa(i))
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("NOTIFY: %w", err)
 	}
 	addLatency(e.res, "floor", "NOTIFY commit → receipt (unix socket)", summarize(lat), false)
+
+	// What a producer's enqueue costs before a listener hears of it: the
+	// row and its notification committed together, as the message INSERT
+	// and its notify trigger are.
+	lat, err = notifyRoundTrips(ctx, db.DSN, n, e.p.notifyInterval, func(ctx context.Context, c *pgx.Conn, i int) error {
+		_, err := c.Exec(ctx, "WITH i AS (INSERT INTO scratch (v) VALUES ($2) RETURNING 1) SELECT pg_notify('bench_floor', $1) FROM i", strconv.Itoa(i), i)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("INSERT + NOTIFY: %w", err)
+	}
+	addLatency(e.res, "floor", caseFloorInsertNotify, summarize(lat), false)
 	e.res.Note("floor", "SELECT 1 and INSERT: %d round trips back to back on one connection (after %d warm-up); extended protocol, as the dispatcher uses; the INSERT is into a 3-column scratch table with a bigserial primary key; 'one every 10ms': the same INSERT paced like the latency scenario's messages", n, n/10)
 	e.res.Note("floor", "NOTIFY: %d notifications, one every %s (as in the latency scenario, so the listener is idle when each arrives); from just before `SELECT pg_notify(...)` (autocommit, so it includes the commit and its WAL flush) on one connection to WaitForNotification returning on another", n, e.p.notifyInterval)
+	e.res.Note("floor", "INSERT + NOTIFY: the same, with the scratch-table INSERT and the notification in one autocommit statement, `WITH i AS (INSERT INTO scratch ... RETURNING 1) SELECT pg_notify(...) FROM i`, so one transaction and one commit, as the latency scenario's message INSERT and its notify trigger; from just before the statement to WaitForNotification returning on the other connection. It is the floor of the 'latency p50 vs physical floor' target")
 	return nil
 }
 
@@ -104,9 +121,13 @@ func roundTrips(ctx context.Context, dsn string, n int) ([]int64, error) {
 	return lat, nil
 }
 
+// caseFloorInsertNotify is the floor case the latency target compares with.
+const caseFloorInsertNotify = "INSERT + NOTIFY in one transaction → receipt (unix socket)"
+
 // notifyRoundTrips sends n notifications, interval apart, from one
-// connection and times each to its receipt on another.
-func notifyRoundTrips(ctx context.Context, dsn string, n int, interval time.Duration) ([]int64, error) {
+// connection and times each to its receipt on another. send must notify
+// channel bench_floor with payload strconv.Itoa(i) and commit it.
+func notifyRoundTrips(ctx context.Context, dsn string, n int, interval time.Duration, send func(ctx context.Context, c *pgx.Conn, i int) error) ([]int64, error) {
 	listener, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		return nil, err
@@ -149,7 +170,7 @@ func notifyRoundTrips(ctx context.Context, dsn string, n int, interval time.Dura
 			time.Sleep(d)
 		}
 		sent[i] = int64(time.Since(base))
-		if _, err := sender.Exec(ctx, "SELECT pg_notify('bench_floor', $1)", strconv.Itoa(i)); err != nil {
+		if err := send(ctx, sender, i); err != nil {
 			return nil, err
 		}
 	}
