@@ -117,7 +117,7 @@ type Dispatcher struct {
 	reclaim  *reclaim.Reclaimer
 	complete *claim.Completer
 
-	reload chan bool // true: also wake every lane afterwards
+	reload chan bool // true: also wake the lanes that may have missed notifications
 
 	mu      sync.RWMutex
 	lanes   map[uuid.UUID]*consumerLanes // by consumer id
@@ -144,7 +144,13 @@ type queueKey struct {
 
 type consumerLanes struct {
 	queue, invoke *lane
-	cancel        context.CancelFunc
+	cancel        context.CancelFunc // the lanes' context
+}
+
+// stop stops both lanes; no lane goroutine of theirs starts afterwards.
+func (cl *consumerLanes) stop() {
+	cl.queue.stop(cl.cancel)
+	cl.invoke.stop(cl.cancel)
 }
 
 // NewDispatcher returns a Dispatcher with its own pool, made from poolCfg,
@@ -341,7 +347,8 @@ func (r *routes) HandleEvent(ev notify.Event) {
 }
 
 // Connected runs after every (re)connect: whatever was committed while the
-// listener was away notified nobody, so reload consumers and wake all.
+// listener was away notified nobody, so reload consumers and wake the
+// lanes that have work (wakeAfterConnect).
 func (r *routes) Connected() { (*Dispatcher)(r).requestReload(true) }
 
 func (d *Dispatcher) requestReload(wakeAll bool) {
@@ -351,7 +358,7 @@ func (d *Dispatcher) requestReload(wakeAll bool) {
 			return
 		default:
 		}
-		// A reload is pending already: upgrade it to wake-all if needed.
+		// A reload is pending already: upgrade it to waking if needed.
 		select {
 		case prev := <-d.reload:
 			wakeAll = wakeAll || prev
@@ -378,7 +385,7 @@ func (d *Dispatcher) control(ctx context.Context) {
 				continue
 			}
 			if wakeAll {
-				d.wakeAll()
+				d.wakeAfterConnect(ctx)
 			}
 		case <-poll.C:
 			d.poll(ctx)
@@ -390,6 +397,33 @@ func (d *Dispatcher) control(ctx context.Context) {
 // jitter spreads polls of many dispatchers by ±10%.
 func (d *Dispatcher) jitter(p time.Duration) time.Duration {
 	return p - p/10 + rand.N(p/5+1)
+}
+
+// wakeAfterConnect wakes the lanes that may have missed a notification
+// while the listener was away (wake_scan.sql), or every lane if the scan
+// fails.
+func (d *Dispatcher) wakeAfterConnect(ctx context.Context) {
+	var queueLanes, invokeLanes [][16]byte
+	err := d.db.QueryRow(ctx, queries.WakeScan, pgx.NamedArgs{"owner": [16]byte(d.owner)}).Scan(&queueLanes, &invokeLanes)
+	if err != nil {
+		if ctx.Err() == nil {
+			d.log.Warn().Err(err).Msg("scanning for work after connecting failed; waking every queue")
+			d.wakeAll()
+		}
+		return
+	}
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	for _, id := range queueLanes {
+		if cl := d.lanes[id]; cl != nil {
+			cl.queue.poke()
+		}
+	}
+	for _, id := range invokeLanes {
+		if cl := d.lanes[id]; cl != nil {
+			cl.invoke.poke()
+		}
+	}
 }
 
 func (d *Dispatcher) wakeAll() {
@@ -493,26 +527,31 @@ func (d *Dispatcher) loadConsumers(ctx context.Context) error {
 		seen[c.ID] = true
 		st := &consumerState{Consumer: c, handler: h}
 		if cl := d.lanes[c.ID]; cl != nil {
-			cl.queue.state.Store(st)
+			old := cl.queue.state.Swap(st)
 			cl.invoke.state.Store(st)
-			cl.queue.poke()
-			cl.invoke.poke()
+			// Only a pause, a resume or a new in-flight limit changes what
+			// a lane may claim now; other settings apply from its next
+			// pass. Waking every lane on every reload would claim once per
+			// consumer and source.
+			if old.Enabled != c.Enabled || old.MaxInFlight != c.MaxInFlight {
+				cl.queue.poke()
+				cl.invoke.poke()
+			}
 			continue
 		}
 		lctx, cancel := context.WithCancel(context.Background())
 		cl := &consumerLanes{
-			queue:  newLane(d, st, claim.Target{Source: claim.Queue, AppID: c.AppID, Queue: c.Queue}),
-			invoke: newLane(d, st, claim.Target{Source: claim.Invoke, AppID: c.AppID, TriggerID: c.ID}),
+			queue:  newLane(lctx, d, st, claim.Target{Source: claim.Queue, AppID: c.AppID, Queue: c.Queue}),
+			invoke: newLane(lctx, d, st, claim.Target{Source: claim.Invoke, AppID: c.AppID, TriggerID: c.ID}),
 			cancel: cancel,
 		}
 		d.lanes[c.ID] = cl
 		d.byQueue[queueKey{c.AppID, c.Queue}] = cl.queue
-		d.lanesRun.Go(func() { cl.queue.run(lctx) })
-		d.lanesRun.Go(func() { cl.invoke.run(lctx) })
+		// No goroutines yet: the first wake-up starts them.
 	}
 	for id, cl := range d.lanes {
 		if !seen[id] {
-			cl.cancel()
+			cl.stop()
 			delete(d.lanes, id)
 			delete(d.byQueue, queueKey{cl.queue.target.AppID, cl.queue.target.Queue})
 		}
@@ -526,7 +565,7 @@ func (d *Dispatcher) stopLanes() {
 	d.mu.Lock()
 	d.stopped = true
 	for id, cl := range d.lanes {
-		cl.cancel()
+		cl.stop()
 		delete(d.lanes, id)
 	}
 	clear(d.byQueue)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -20,13 +21,29 @@ type consumerState struct {
 }
 
 // lane claims and delivers one source of one consumer: its queue, or its
-// invoke_async deliveries. A single goroutine claims; each delivery runs
-// on its own goroutine.
+// invoke_async deliveries. At most one goroutine claims at a time, and
+// only while there is something to do: a wake-up starts it, and it exits
+// when none is pending, so that ten thousand idle queues cost no
+// goroutines. Each delivery runs on its own goroutine.
 type lane struct {
 	d      *Dispatcher
 	target claim.Target
 	state  atomic.Pointer[consumerState]
 	wake   chan struct{} // capacity 1: wake-ups coalesce
+	ctx    context.Context
+
+	// runMu guards running and orders a goroutine's exit against a
+	// concurrent poke; stop takes it to cancel ctx, so that no goroutine
+	// starts after the dispatcher waits for them.
+	runMu   sync.Mutex
+	running bool
+	// timer wakes the lane at the time its last pass asked for; fired
+	// tells the pass that it was started by the timer.
+	timer *time.Timer
+	fired atomic.Bool
+	// emptyTimerWakes counts timer wake-ups in a row that found nothing
+	// due, touched only by the lane's goroutine.
+	emptyTimerWakes int
 
 	inFlight atomic.Int32
 	// backlog is set when the lane stopped claiming because all its
@@ -55,18 +72,41 @@ type lane struct {
 	watchHint atomic.Bool
 }
 
-func newLane(d *Dispatcher, st *consumerState, t claim.Target) *lane {
-	l := &lane{d: d, target: t, wake: make(chan struct{}, 1)}
+func newLane(ctx context.Context, d *Dispatcher, st *consumerState, t claim.Target) *lane {
+	l := &lane{d: d, target: t, wake: make(chan struct{}, 1), ctx: ctx}
 	l.state.Store(st)
+	l.timer = time.AfterFunc(time.Hour, func() {
+		l.fired.Store(true)
+		l.poke()
+	})
+	l.timer.Stop()
 	return l
 }
 
-// poke wakes the lane for one more claim pass; it never blocks.
+// poke wakes the lane for one more claim pass, starting its goroutine if
+// it has none; it never blocks.
 func (l *lane) poke() {
 	select {
 	case l.wake <- struct{}{}:
 	default:
 	}
+	l.runMu.Lock()
+	defer l.runMu.Unlock()
+	if l.running || l.ctx.Err() != nil {
+		return
+	}
+	l.running = true
+	l.d.lanesRun.Add(1)
+	go l.run()
+}
+
+// stop ends the lane's claiming: cancel must cancel its ctx. Once stop
+// returns, no new goroutine starts.
+func (l *lane) stop(cancel context.CancelFunc) {
+	l.runMu.Lock()
+	cancel()
+	l.runMu.Unlock()
+	l.timer.Stop()
 }
 
 // quiet reports whether the lane is idle with nothing to wait for:
@@ -80,20 +120,28 @@ func (l *lane) quiet() (bool, uint64) {
 	return idle, l.passes.Load()
 }
 
-func (l *lane) run(ctx context.Context) {
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	defer timer.Stop()
-	var emptyTimerWakes int
+// run claims while wake-ups are pending, then exits.
+func (l *lane) run() {
+	defer l.d.lanesRun.Done()
+	ctx := l.ctx
 	for {
-		byTimer := false
 		select {
 		case <-ctx.Done():
 			return
 		case <-l.wake:
-		case <-timer.C:
-			byTimer = true
+		default:
+			// Exit, unless a poke came in since the select: poke sends
+			// before it looks at running, both under runMu here.
+			l.runMu.Lock()
+			if len(l.wake) == 0 || ctx.Err() != nil {
+				l.running = false
+				l.runMu.Unlock()
+				return
+			}
+			l.runMu.Unlock()
+			continue
 		}
+		byTimer := l.fired.Swap(false)
 		l.draining.Store(true)
 		l.passes.Add(1)
 		next, claimed := l.drain(ctx)
@@ -103,13 +151,13 @@ func (l *lane) run(ctx context.Context) {
 		// nothing ready means the database's clock is behind ours:
 		// back off instead of spinning.
 		if byTimer && !claimed && !next.IsZero() && !next.After(time.Now()) {
-			emptyTimerWakes++
-			next = time.Now().Add(min(time.Second, time.Millisecond<<min(emptyTimerWakes, 10)))
+			l.emptyTimerWakes++
+			next = time.Now().Add(min(time.Second, time.Millisecond<<min(l.emptyTimerWakes, 10)))
 		} else if claimed || byTimer {
-			emptyTimerWakes = 0
+			l.emptyTimerWakes = 0
 		}
 		if !next.IsZero() {
-			timer.Reset(time.Until(next))
+			l.timer.Reset(time.Until(next))
 		}
 	}
 }

@@ -211,7 +211,12 @@ func (r *recorder) deliveries() []delivery {
 // every one whose SQL holds "FOR UPDATE SKIP LOCKED", run alone or in a
 // batch (the claim statements run in a batch, which a QueryTracer alone
 // does not see). ended counts the batches holding one that have finished.
-type claimCounter struct{ n, ended atomic.Int64 }
+// claimCounter counts claim passes (and wake scans) as a pgx tracer.
+type claimCounter struct{ n, ended, scans atomic.Int64 }
+
+// wakeScanMarker is in the statement a dispatcher runs after it connects
+// to find the lanes to wake (sql/wake_scan.sql).
+const wakeScanMarker = "AS queue_lanes"
 
 // waitQuiet waits until no claim pass has started or been in flight for
 // quiet: the dispatcher's lanes have gone to sleep. A lane that found a
@@ -238,10 +243,19 @@ func (c *claimCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.T
 	if strings.Contains(d.SQL, claimMarker) {
 		c.n.Add(1)
 	}
+	if strings.Contains(d.SQL, wakeScanMarker) {
+		return context.WithValue(ctx, wakeScanKey{}, true)
+	}
 	return ctx
 }
 
-func (c *claimCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+type wakeScanKey struct{}
+
+func (c *claimCounter) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	if scan, _ := ctx.Value(wakeScanKey{}).(bool); scan {
+		c.scans.Add(1)
+	}
+}
 
 func (c *claimCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
 	claims := false

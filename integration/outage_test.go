@@ -40,11 +40,11 @@ func TestListenerOutage(t *testing.T) {
 		Resolver: mux, PollInterval: time.Hour, ReconnectDelay: reconnect,
 	}, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = claims })
 	dp.Store(d)
-	// Ready means connected; the wake-up of every lane that follows a
-	// connect runs just after. Let it finish (one claim pass each for the
-	// consumer's queue and invoke lanes), so that it cannot pick up the
-	// messages enqueued during the outage below.
-	waitFor(t, 5*time.Second, "the post-connect claim passes", func() bool { return claims.ended.Load() >= 2 })
+	// Ready means connected; the scan for lanes to wake that follows a
+	// connect runs just after. Let it finish (the queue is empty, so it
+	// wakes nothing), so that it cannot pick up the messages enqueued
+	// during the outage below.
+	waitFor(t, 5*time.Second, "the post-connect wake scan", func() bool { return claims.scans.Load() >= 1 })
 	if c := d.ListenerStats().Connects; c != 1 {
 		t.Fatalf("listener connects = %d before the outage, want 1", c)
 	}

@@ -71,9 +71,9 @@ func TestClaimPastLeaseIsReleased(t *testing.T) {
 	tr := &stallTracer{stall: vt + 200*time.Millisecond}
 	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour},
 		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = tr })
-	// Let the post-connect claim passes (queue and invoke lanes) finish,
-	// so that the stall hits the claim of the message below.
-	waitFor(t, 5*time.Second, "the post-connect claim passes", func() bool { return tr.ended.Load() >= 2 })
+	// Let the post-connect wake scan finish (it wakes no lane: the queue
+	// is empty), so that the stall hits the claim of the message below.
+	waitFor(t, 5*time.Second, "the post-connect wake scan", func() bool { return tr.scans.Load() >= 1 })
 
 	tr.armed.Store(true)
 	id := e.enqueue(t, "stall", map[string]int{"n": 1}, bellhop.EnqueueOptions{})

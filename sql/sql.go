@@ -184,3 +184,8 @@ var Release string
 //
 //go:embed touch_last_fired.sql
 var TouchLastFired string
+
+// WakeScan is wake_scan.sql.
+//
+//go:embed wake_scan.sql
+var WakeScan string

@@ -1,0 +1,29 @@
+-- Which lanes to wake after the listener (re)connects, when notifications
+-- sent while it was away reached nobody: the enabled consumers whose queue
+-- holds an unclaimed message (ready, or delayed: the lane's pass sets its
+-- timer), or carries another dispatcher's live busy mark (the lane must
+-- watch it, since producers are silent while it lasts); and, separately,
+-- those whose invoke_async outbox holds an unclaimed message. One probe
+-- each on the dispatch partial indexes and queue_busy's key. Waking every
+-- lane instead would claim once per consumer and source: with ten thousand
+-- queues, twenty thousand statements for a few that have work.
+-- Read-only.
+SELECT ARRAY(
+           SELECT c.id
+           FROM queue_consumers c
+           WHERE c.enabled
+             AND (EXISTS (SELECT 1 FROM queue_messages m
+                          WHERE m.app_id = c.app_id AND m.queue_name = c.queue_name
+                            AND m.claim_token IS NULL)
+                  OR EXISTS (SELECT 1 FROM queue_busy b
+                             WHERE b.app_id = c.app_id AND b.queue_name = c.queue_name
+                               AND b.owner <> @owner AND b.lease_until > clock_timestamp()))
+       ) AS queue_lanes,
+       ARRAY(
+           SELECT c.id
+           FROM queue_consumers c
+           WHERE c.enabled
+             AND EXISTS (SELECT 1 FROM outbox m
+                         WHERE m.trigger_id = c.id AND m.source_kind = 'invoke'
+                           AND m.claim_token IS NULL)
+       ) AS invoke_lanes
