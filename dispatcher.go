@@ -250,7 +250,11 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	if err := d.db.Ping(ctx); err != nil {
 		return fmt.Errorf("dispatcher: connect: %w", err)
 	}
-	d.complete = claim.NewCompleter(d.db, d.log, 2, 500)
+	// One writer: outcomes that arrive while a write is in flight go in
+	// the next one. A second writer took them at once instead, in twice
+	// the statements (9,688 against 6,156 for a 20,000-message burn-down
+	// at in-flight 10), and the burn-down was slower for it.
+	d.complete = claim.NewCompleter(d.db, d.log, 1, 500)
 	var handlersCancel context.CancelFunc
 	d.handlers, handlersCancel = context.WithCancel(context.WithoutCancel(ctx))
 	defer handlersCancel()
