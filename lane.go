@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -173,6 +174,12 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 		if !st.Enabled {
 			l.dropMark(ctx)
 			return time.Time{}, claimed
+		}
+		if l.inFlight.Load() > 0 {
+			// Deliveries are finishing (one of them may have woken us):
+			// let those that are ready to run finish first, so that
+			// this pass claims for all the slots they free, not one.
+			runtime.Gosched()
 		}
 		l.backlog.Store(true)
 		free := st.MaxInFlight - int(l.inFlight.Load())
