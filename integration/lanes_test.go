@@ -1,0 +1,129 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/bellhopq/bellhop"
+)
+
+// TestIdleLanesCostNothing: a dispatcher serving many consumers starts a
+// lane goroutine only for a queue with work, and after connecting claims
+// only on the queues that hold messages (a ready one, and a delayed one
+// whose timer must still be set), not once per consumer and source.
+func TestIdleLanesCostNothing(t *testing.T) {
+	e := newEnv(t)
+	const consumers = 300
+	for i := range consumers {
+		e.consumer(t, bellhop.ConsumerSpec{Queue: fmt.Sprintf("q%03d", i)})
+	}
+	var delivered atomic.Int64
+	var delayedAt atomic.Int64
+	var resolver resolverFunc = func(c bellhop.Consumer) bellhop.Handler {
+		return bellhop.HandlerFunc(func(ctx context.Context, m *bellhop.Message) error {
+			if m.Queue == "q011" {
+				delayedAt.Store(time.Now().UnixNano())
+			}
+			delivered.Add(1)
+			return nil
+		})
+	}
+	// Enqueued before the dispatcher runs: nobody hears their
+	// notifications, so only the post-connect scan can find them.
+	e.enqueue(t, "q007", 1, bellhop.EnqueueOptions{})
+	due := time.Now().Add(1500 * time.Millisecond)
+	e.enqueue(t, "q011", 2, bellhop.EnqueueOptions{DeliverAfter: due})
+
+	runtime.GC()
+	before := runtime.NumGoroutine()
+	claims := &claimCounter{}
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: resolver, PollInterval: time.Hour},
+		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = claims })
+
+	waitFor(t, 5*time.Second, "the ready message delivered", func() bool { return delivered.Load() >= 1 })
+	claims.waitQuiet(t, 5*time.Second, 200*time.Millisecond, "lanes asleep")
+	if g := runtime.NumGoroutine() - before; g > 60 {
+		t.Errorf("%d more goroutines with %d idle consumers; want a few, not one or two per consumer", g, consumers)
+	}
+	// The reclaim pass at start-up, the two queues' passes, and a few
+	// more; not 2 × 300.
+	if n := claims.ended.Load(); n > 12 {
+		t.Errorf("%d claim passes after connecting with 2 queues holding messages out of %d; want a handful", n, consumers)
+	}
+	waitFor(t, 5*time.Second, "the delayed message delivered", func() bool { return delivered.Load() == 2 })
+	at := time.Unix(0, delayedAt.Load())
+	if at.Before(due) || at.After(due.Add(500*time.Millisecond)) {
+		t.Errorf("delayed message delivered at %s, due %s: want on time, by the lane's timer", at.Format(time.StampMicro), due.Format(time.StampMicro))
+	}
+}
+
+// resolverFunc adapts a function to bellhop.Resolver.
+type resolverFunc func(bellhop.Consumer) bellhop.Handler
+
+func (f resolverFunc) Resolve(c bellhop.Consumer) bellhop.Handler { return f(c) }
+
+// TestSteadyStreamMarksQueue: a stream of messages closer together than
+// the busy window marks the queue even though the dispatcher keeps up
+// (no backlog), so producers stop notifying; every message is still
+// delivered, and once the stream stops the mark is gone.
+func TestSteadyStreamMarksQueue(t *testing.T) {
+	e := newEnv(t)
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "stream"})
+	var delivered atomic.Int64
+	mux := bellhop.NewMux()
+	mux.Handle("app", "stream", bellhop.HandlerFunc(func(ctx context.Context, m *bellhop.Message) error {
+		delivered.Add(1)
+		return nil
+	}))
+	d := startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour, BusyWindow: 20 * time.Millisecond}, nil)
+	notesBefore := d.ListenerStats().Notifications
+
+	const n = 300
+	var marked bool
+	for i := range n {
+		e.enqueue(t, "stream", i, bellhop.EnqueueOptions{})
+		if !marked && i%20 == 0 {
+			marked = e.count(t, `SELECT count(*) FROM queue_busy WHERE queue_name = 'stream'`) > 0
+		}
+	}
+	waitFor(t, 5*time.Second, "every message delivered", func() bool { return delivered.Load() == n })
+	notes := d.ListenerStats().Notifications - notesBefore
+	t.Logf("%d messages, %d notifications heard, mark seen during the stream: %t", n, notes, marked)
+	if !marked {
+		t.Error("no busy mark seen while messages streamed in")
+	}
+	if notes > n/2 {
+		t.Errorf("%d notifications for %d streamed messages; want the mark to have saved most of them", notes, n)
+	}
+	waitFor(t, 5*time.Second, "the mark dropped after the stream", func() bool {
+		return e.count(t, `SELECT count(*) FROM queue_busy`) == 0
+	})
+}
+
+// TestBusyWindowMustFitLease: a busy window too long for the mark's lease
+// is a configuration error that names both settings.
+func TestBusyWindowMustFitLease(t *testing.T) {
+	pc, err := pgxpool.ParseConfig("postgres://localhost/none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = bellhop.NewDispatcher(pc, bellhop.DispatcherConfig{Resolver: bellhop.NewMux(), BusyLease: time.Second, BusyWindow: 300 * time.Millisecond})
+	if err == nil {
+		t.Fatal("NewDispatcher accepted BusyWindow 300ms with BusyLease 1s")
+	}
+	for _, want := range []string{"BusyWindow", "BusyLease"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %s", err, want)
+		}
+	}
+	if _, err := bellhop.NewDispatcher(pc, bellhop.DispatcherConfig{Resolver: bellhop.NewMux(), BusyLease: time.Second, BusyWindow: 250 * time.Millisecond}); err != nil {
+		t.Errorf("BusyWindow of a quarter of the lease: %v", err)
+	}
+}
