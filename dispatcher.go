@@ -57,9 +57,10 @@ type DispatcherConfig struct {
 	// consumer (30s).
 	DefaultVisibilityTimeout time.Duration
 	// BusyLease is the lease of a busy mark (2s): while the dispatcher
-	// drains a backlog, producers of that queue skip their notification
-	// and its commit lock (see migrations/0041_busy_marks.sql). If the
-	// dispatcher dies, other dispatchers look again when the lease ends.
+	// finds a queue busy (see BusyWindow), producers of that queue skip
+	// their notification and its commit lock (see
+	// migrations/0041_busy_marks.sql). If the dispatcher dies, other
+	// dispatchers look again when the lease ends.
 	BusyLease time.Duration
 	// BusyWindow (4ms) decides when a queue counts as busy: when a claim
 	// pass fills the consumer's free slots, or when it finds messages

@@ -42,6 +42,7 @@ safe-4          |pass|safe|-DNMSG=4
 safe-cap2       |pass|safe|-DCAP=2 -DNMSG=4
 safe-3prod      |pass|safe|-DNPROD=3 -DSYNC_NOTIFY
 safe-mark-next  |pass|safe|-DMARK_NEXT
+safe-mark-next-cap2 |pass|safe|-DMARK_NEXT -DCAP=2
 safe-mark-watch |pass|safe|-DMARK_WATCH
 safe-impl-fixed-async |pass|safe|-DMARK_NEXT -DMARK_WATCH
 live-3-async    |pass|live|

@@ -1,7 +1,9 @@
 -- Sets or refreshes this dispatcher's busy mark on a queue, with a lease
 -- of lease_ms from now (the database's clock, which producers read too).
--- Sent in the same round trip as a claim pass while the dispatcher drains
--- a backlog. When the mark is new (no live mark of this owner before), it
+-- Sent in the same round trip as a claim pass while the queue is busy (a
+-- backlog, or a steady stream: lane.go, DispatcherConfig.BusyWindow), on
+-- the first busy pass and then once half the lease has gone. When the
+-- mark is new (no live mark of this owner before), it
 -- also tells every dispatcher ("b:<app_id>:<owner>:<queue>"), so that idle
 -- ones watch the queue until the mark is gone, then make sure no producer
 -- that skipped its notification is left unclaimed: that bounds how long a
