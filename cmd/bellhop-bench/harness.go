@@ -174,12 +174,18 @@ type running struct {
 // startDispatcher runs a dispatcher on dsn with a pool of
 // params.poolMaxConns connections.
 func (e *env) startDispatcher(dsn string, res bellhop.Resolver, obs bellhop.Observer) (*running, error) {
+	return e.startDispatcherWith(dsn, bellhop.DispatcherConfig{Resolver: res, Observer: obs})
+}
+
+// startDispatcherWith is startDispatcher with more of the config set.
+func (e *env) startDispatcherWith(dsn string, dc bellhop.DispatcherConfig) (*running, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, err
 	}
 	cfg.MaxConns = int32(e.p.poolMaxConns)
-	d, err := bellhop.NewDispatcher(cfg, bellhop.DispatcherConfig{Resolver: res, Logger: e.log, Observer: obs})
+	dc.Logger = e.log
+	d, err := bellhop.NewDispatcher(cfg, dc)
 	if err != nil {
 		return nil, err
 	}

@@ -13,15 +13,18 @@ import (
 
 // Latency cases.
 const (
-	caseGo   = "Go handler"
-	caseHTTP = "HTTP push (httptest server)"
+	caseGo        = "Go handler"
+	caseHTTP      = "HTTP push (httptest server)"
+	caseGoNoMarks = "Go handler, busy marks disabled"
 )
 
 // runLatency: an idle dispatcher gets messages one per transaction,
 // interval apart; each is timed from just before Client.Enqueue to the
 // start of its handler.
 func runLatency(ctx context.Context, e *env, run int) error {
-	for _, cas := range []string{caseGo, caseHTTP} {
+	// The third case is the first with DispatcherConfig.DisableBusyMarks:
+	// issue 7 asks that busy marks keep idle latency as it was.
+	for _, cas := range []string{caseGo, caseHTTP, caseGoNoMarks} {
 		st, err := latencyOnce(ctx, e, cas, run)
 		if err != nil {
 			return fmt.Errorf("%s: %w", cas, err)
@@ -63,7 +66,7 @@ func latencyOnce(ctx context.Context, e *env, cas string, run int) (latencyStats
 			return h
 		})
 	}
-	h := &hooks{}
+	h := &hooks{disableMarks: cas == caseGoNoMarks}
 	if db.s.pss && run == 1 {
 		h.settled = func(time.Duration) { _ = db.resetStatements(ctx) }
 		h.delivered = func() {
@@ -128,6 +131,8 @@ func enqueueAlone(ctx context.Context, e *env) error {
 
 // hooks let a scenario act at points of a latency run.
 type hooks struct {
+	// disableMarks starts the dispatcher with DisableBusyMarks.
+	disableMarks bool
 	// beforeStart runs after setup, just before the dispatcher starts.
 	beforeStart func() error
 	// whileRunning runs in a goroutine while messages are produced; its
@@ -173,7 +178,7 @@ func latencyRunRate(ctx context.Context, e *env, db *database, queues []string, 
 			return latencyStats{}, 0, err
 		}
 	}
-	d, err := e.startDispatcher(db.DSN, res, nil)
+	d, err := e.startDispatcherWith(db.DSN, bellhop.DispatcherConfig{Resolver: res, DisableBusyMarks: h.disableMarks})
 	if err != nil {
 		return latencyStats{}, 0, err
 	}
