@@ -59,7 +59,8 @@ type lane struct {
 	watched  atomic.Bool
 
 	// Busy-mark state (queue lanes only), touched only by the lane's
-	// goroutine; see migrations/0041_busy_marks.sql for the protocol.
+	// goroutine: there is at most one at a time, and each hands over to
+	// the next through runMu. See docs/busy-marks.md for the protocol.
 	busy     bool      // draining: passes set or refresh this dispatcher's mark
 	marked   bool      // a mark of ours may be live in the database
 	markedAt time.Time // when our mark's lease was last set (our clock, before sending)
