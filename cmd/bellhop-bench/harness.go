@@ -130,6 +130,27 @@ func queueNames(n int) []string {
 	return out
 }
 
+// queueDB makes a fresh database with a default consumer on each of
+// queues, and returns it with an open setup pool. The caller closes the
+// pool and drops the database.
+func (e *env) queueDB(ctx context.Context, prefix string, queues ...string) (*database, *pgxpool.Pool, error) {
+	db, err := e.srv.newDatabase(ctx, prefix, true)
+	if err != nil {
+		return nil, nil, err
+	}
+	setup, err := openPool(ctx, db.DSN, 2, setupSession)
+	if err != nil {
+		db.drop()
+		return nil, nil, err
+	}
+	if err := setupConsumers(ctx, setup, queues, bellhop.ConsumerSpec{}); err != nil {
+		setup.Close()
+		db.drop()
+		return nil, nil, fmt.Errorf("setup: %w", err)
+	}
+	return db, setup, nil
+}
+
 // prefill inserts n messages spread round-robin over queues with
 // EnqueueMany in batches.
 func prefill(ctx context.Context, pool *pgxpool.Pool, queues []string, n, batch int) error {

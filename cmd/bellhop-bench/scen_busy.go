@@ -49,19 +49,12 @@ func busyCase(p int, backlog bool, mode string) string {
 // producers commit as it comes (with the trigger off it only finds it at
 // the fallback poll, so that mode is a bound, not a like-for-like figure).
 func runBusy(ctx context.Context, e *env, run int) error {
-	db, err := e.srv.newDatabase(ctx, "busy", true)
+	db, setup, err := e.queueDB(ctx, "busy", "p")
 	if err != nil {
 		return err
 	}
 	defer db.drop()
-	setup, err := openPool(ctx, db.DSN, 2, setupSession)
-	if err != nil {
-		return err
-	}
 	defer setup.Close()
-	if err := setupConsumers(ctx, setup, []string{"p"}, bellhop.ConsumerSpec{}); err != nil {
-		return fmt.Errorf("setup: %w", err)
-	}
 	type shape struct {
 		producers int
 		backlog   bool

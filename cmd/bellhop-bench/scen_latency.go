@@ -92,20 +92,12 @@ const caseEnqueueAlone = "no dispatcher: Enqueue call"
 // dispatcher running, to tell the producer's own cost from contention
 // with a dispatcher on the same machine.
 func enqueueAlone(ctx context.Context, e *env) error {
-	db, err := e.srv.newDatabase(ctx, "latency", true)
+	db, setup, err := e.queueDB(ctx, "latency", "lat")
 	if err != nil {
 		return err
 	}
 	defer db.drop()
-	setup, err := openPool(ctx, db.DSN, 2, setupSession)
-	if err != nil {
-		return err
-	}
-	err = setupConsumers(ctx, setup, []string{"lat"}, bellhop.ConsumerSpec{})
 	setup.Close()
-	if err != nil {
-		return err
-	}
 	prod, err := openPool(ctx, db.DSN, 1, map[string]string{"application_name": "bench-producer"})
 	if err != nil {
 		return err

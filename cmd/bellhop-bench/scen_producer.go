@@ -34,19 +34,12 @@ func producerCase(p int, on bool) string {
 // one large INSERT, with the trigger enabled and disabled. No dispatcher
 // runs: the rows stay in the table (truncated between cases).
 func runProducer(ctx context.Context, e *env, run int) error {
-	db, err := e.srv.newDatabase(ctx, "producer", true)
+	db, setup, err := e.queueDB(ctx, "producer", "p")
 	if err != nil {
 		return err
 	}
 	defer db.drop()
-	setup, err := openPool(ctx, db.DSN, 2, setupSession)
-	if err != nil {
-		return err
-	}
 	defer setup.Close()
-	if err := setupConsumers(ctx, setup, []string{"p"}, bellhop.ConsumerSpec{}); err != nil {
-		return fmt.Errorf("setup: %w", err)
-	}
 	setTrigger := func(on bool) error {
 		verb := "DISABLE"
 		if on {
