@@ -76,12 +76,16 @@ func (c *Client) enqueue(ctx context.Context, q querier, app string, msgs []NewM
 	}
 	n := len(msgs)
 	var (
-		ids        = make([]uuid.UUID, n)
-		queues     = make([]string, n)
-		payloads   = make([]json.RawMessage, n)
-		deliver    = make([]*time.Time, n)
-		attempts   = make([]*int32, n)
-		principals = make([]*uuid.UUID, n)
+		ids      = make([]uuid.UUID, n)
+		queues   = make([]string, n)
+		payloads = make([]json.RawMessage, n)
+		deliver  = make([]*time.Time, n)
+		attempts = make([]*int32, n)
+		// Ids go to pgx as [16]byte: for a uuid.UUID, and above all for
+		// one in a slice, pgx goes through its driver.Valuer (a string, a
+		// failed encode, then a parse).
+		idArgs     = make([][16]byte, n)
+		principals = make([]any, n) // nil or [16]byte
 		now        = time.Now()
 	)
 	for i, m := range msgs {
@@ -92,7 +96,7 @@ func (c *Client) enqueue(ctx context.Context, q querier, app string, msgs []NewM
 		if err != nil {
 			return nil, fmt.Errorf("enqueue: make id: %w", err)
 		}
-		ids[i], queues[i], payloads[i] = id, m.Queue, json.RawMessage(m.Payload)
+		ids[i], idArgs[i], queues[i], payloads[i] = id, id, m.Queue, json.RawMessage(m.Payload)
 		at, _ := validate.DeliverAt(now, m.Options.DeliverAfter, m.Options.Delay)
 		if !at.IsZero() {
 			deliver[i] = &at
@@ -109,7 +113,7 @@ func (c *Client) enqueue(ctx context.Context, q querier, app string, msgs []NewM
 			p = c.actor
 		}
 		if p != uuid.Nil {
-			principals[i] = &p
+			principals[i] = [16]byte(p)
 		}
 	}
 	var appFound bool
@@ -117,17 +121,13 @@ func (c *Client) enqueue(ctx context.Context, q querier, app string, msgs []NewM
 	var row pgx.Row
 	if n == 1 {
 		row = q.QueryRow(ctx, queries.EnqueueOne, pgx.NamedArgs{
-			"app_name": app, "id": [16]byte(ids[0]), "queue_name": queues[0], "payload": payloads[0],
-			"deliver_after": deliver[0], "max_attempts": attempts[0], "principal": uuidArg(principals[0]),
+			"app_name": app, "id": idArgs[0], "queue_name": queues[0], "payload": payloads[0],
+			"deliver_after": deliver[0], "max_attempts": attempts[0], "principal": principals[0],
 		})
 	} else {
-		idArgs, principalArgs := make([][16]byte, n), make([]any, n)
-		for i := range ids {
-			idArgs[i], principalArgs[i] = ids[i], uuidArg(principals[i])
-		}
 		row = q.QueryRow(ctx, queries.Enqueue, pgx.NamedArgs{
 			"app_name": app, "ids": idArgs, "queue_names": queues, "payloads": payloads,
-			"deliver_after": deliver, "max_attempts": attempts, "principals": principalArgs,
+			"deliver_after": deliver, "max_attempts": attempts, "principals": principals,
 		})
 	}
 	err := row.Scan(&appFound, &foreign, &inserted)
@@ -144,16 +144,6 @@ func (c *Client) enqueue(ctx context.Context, q querier, app string, msgs []NewM
 		return nil, enqueueError(app, msgs, -1, fmt.Errorf("inserted %d of %d messages", inserted, n))
 	}
 	return ids, nil
-}
-
-// uuidArg passes an optional id as the plain byte array that pgx encodes
-// directly. For a uuid.UUID, and above all for one in a slice, pgx goes
-// through its driver.Valuer: a string, a failed encode, then a parse.
-func uuidArg(id *uuid.UUID) any {
-	if id == nil {
-		return nil
-	}
-	return [16]byte(*id)
 }
 
 func checkMessage(now time.Time, m NewMessage) error {
