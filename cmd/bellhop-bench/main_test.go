@@ -124,15 +124,7 @@ func TestParseFlags(t *testing.T) {
 	}
 }
 
-func TestWithDatabase(t *testing.T) {
-	got, err := withDatabase("postgres://u@h:5/x?sslmode=disable&dbname=y", "z")
-	if err != nil || got != "postgres://u@h:5/z?sslmode=disable" {
-		t.Errorf("url: %q %v", got, err)
-	}
-	got, err = withDatabase("host='/tmp/a b' port=5 dbname=x", "z")
-	if err != nil || !strings.HasSuffix(got, "dbname=z") {
-		t.Errorf("kv: %q %v", got, err)
-	}
+func TestTransport(t *testing.T) {
 	if transport("host=/tmp port=5") != "unix socket" || transport("postgres://h:5/x") != "TCP" {
 		t.Error("transport")
 	}

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/url"
 	"strings"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/bellhopq/bellhop/internal/pgcluster"
+	"github.com/bellhopq/bellhop/internal/pgdsn"
 	"github.com/bellhopq/bellhop/migrations"
 )
 
@@ -46,7 +46,7 @@ func serverSettings() map[string]string {
 func startServer(ctx context.Context, databaseURL string, serverLog io.Writer) (*server, error) {
 	s := &server{}
 	if databaseURL != "" {
-		dsn, err := withDatabase(databaseURL, "postgres")
+		dsn, err := pgdsn.WithDatabase(databaseURL, "postgres")
 		if err != nil {
 			return nil, fmt.Errorf("DATABASE_URL: %w", err)
 		}
@@ -95,7 +95,7 @@ func (s *server) prepare(ctx context.Context) error {
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+ident(s.template)); err != nil {
 		return fmt.Errorf("create template: %w", err)
 	}
-	dsn, err := withDatabase(s.adminDSN, s.template)
+	dsn, err := pgdsn.WithDatabase(s.adminDSN, s.template)
 	if err != nil {
 		return err
 	}
@@ -169,11 +169,11 @@ func (s *server) newDatabase(ctx context.Context, prefix string, bellhop bool) (
 	}
 	db := &database{Name: name, s: s}
 	var err error
-	if db.DSN, err = withDatabase(s.adminDSN, name); err != nil {
+	if db.DSN, err = pgdsn.WithDatabase(s.adminDSN, name); err != nil {
 		return nil, err
 	}
 	if s.adminTCP != "" {
-		if db.TCP, err = withDatabase(s.adminTCP, name); err != nil {
+		if db.TCP, err = pgdsn.WithDatabase(s.adminTCP, name); err != nil {
 			return nil, err
 		}
 	}
@@ -259,33 +259,6 @@ func (db *database) autovacuums(ctx context.Context) (int64, error) {
 	var n int64
 	err = conn.QueryRow(ctx, "SELECT coalesce(sum(autovacuum_count + autoanalyze_count), 0) FROM pg_stat_all_tables").Scan(&n)
 	return n, err
-}
-
-// withDatabase returns dsn (URL or keyword/value form) pointing at dbname.
-func withDatabase(dsn, dbname string) (string, error) {
-	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
-		u, err := url.Parse(dsn)
-		if err != nil {
-			return "", fmt.Errorf("parse DSN: %w", err)
-		}
-		u.Path, u.RawPath = "/"+dbname, ""
-		q := u.Query()
-		q.Del("dbname")
-		q.Del("database")
-		u.RawQuery = q.Encode()
-		return u.String(), nil
-	}
-	if _, err := pgconn.ParseConfig(dsn); err != nil {
-		return "", fmt.Errorf("parse DSN: %w", err)
-	}
-	return strings.TrimSpace(dsn + " dbname=" + quoteValue(dbname)), nil
-}
-
-func quoteValue(v string) string {
-	if v != "" && !strings.ContainsAny(v, " \t\n\r\v\f'\\") {
-		return v
-	}
-	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(v) + "'"
 }
 
 // transport names how a DSN reaches the server.

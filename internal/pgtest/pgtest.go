@@ -18,9 +18,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -30,6 +28,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/bellhopq/bellhop/internal/pgcluster"
+	"github.com/bellhopq/bellhop/internal/pgdsn"
 	"github.com/bellhopq/bellhop/migrations"
 )
 
@@ -100,7 +99,7 @@ func run(m *testing.M) int {
 
 func setup(ctx context.Context) error {
 	if url := os.Getenv("DATABASE_URL"); url != "" {
-		dsn, err := withDatabase(url, "postgres")
+		dsn, err := pgdsn.WithDatabase(url, "postgres")
 		if err != nil {
 			return fmt.Errorf("pgtest: DATABASE_URL: %w", err)
 		}
@@ -203,7 +202,7 @@ func ensureTemplate(ctx context.Context, adminDSN, name string) error {
 }
 
 func migrate(ctx context.Context, adminDSN, dbname string) error {
-	dsn, err := withDatabase(adminDSN, dbname)
+	dsn, err := pgdsn.WithDatabase(adminDSN, dbname)
 	if err != nil {
 		return err
 	}
@@ -240,7 +239,7 @@ func ConnString(t testing.TB) string {
 			t.Errorf("pgtest: drop test database %s: %v", name, err)
 		}
 	})
-	dsn, err := withDatabase(adminDSN, name)
+	dsn, err := pgdsn.WithDatabase(adminDSN, name)
 	if err != nil {
 		t.Fatalf("pgtest: %v", err)
 	}
@@ -308,47 +307,6 @@ func NewPool(t testing.TB) *pgxpool.Pool {
 		t.Fatalf("pgtest: ping new pool: %v", err)
 	}
 	return pool
-}
-
-// withDatabase returns dsn (URL or keyword/value form) pointing at dbname
-// instead of its own database.
-func withDatabase(dsn, dbname string) (string, error) {
-	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
-		u, err := url.Parse(dsn)
-		if err != nil {
-			return "", fmt.Errorf("parse %q: %w", redact(dsn), err)
-		}
-		u.Path, u.RawPath = "/"+dbname, ""
-		// pgx lets a dbname/database query parameter override the path.
-		q := u.Query()
-		q.Del("dbname")
-		q.Del("database")
-		u.RawQuery = q.Encode()
-		return u.String(), nil
-	}
-	if _, err := pgconn.ParseConfig(dsn); err != nil {
-		return "", fmt.Errorf("parse %q: %w", redact(dsn), err)
-	}
-	// In keyword/value form the last occurrence of a keyword wins.
-	return strings.TrimSpace(dsn + " dbname=" + quoteValue(dbname)), nil
-}
-
-func quoteValue(v string) string {
-	if v != "" && !strings.ContainsAny(v, " \t\n\r\v\f'\\") {
-		return v
-	}
-	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(v) + "'"
-}
-
-// redact hides a URL's password in error messages.
-func redact(dsn string) string {
-	if u, err := url.Parse(dsn); err == nil && u.User != nil {
-		return u.Redacted()
-	}
-	if strings.Contains(dsn, "password") {
-		return "<dsn with password>"
-	}
-	return dsn
 }
 
 func ident(name string) string { return pgx.Identifier{name}.Sanitize() }

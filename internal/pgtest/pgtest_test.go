@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bellhopq/bellhop/internal/pgdsn"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -148,7 +149,7 @@ func TestTemplateBuildRacesAndRecovery(t *testing.T) {
 	if _, err := admin.Exec(t.Context(), "ALTER DATABASE "+ident(name)+" IS_TEMPLATE false ALLOW_CONNECTIONS true"); err != nil {
 		t.Fatal(err)
 	}
-	dsn, err := withDatabase(AdminConnString(), name)
+	dsn, err := pgdsn.WithDatabase(AdminConnString(), name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,35 +177,6 @@ func TestTemplateBuildRacesAndRecovery(t *testing.T) {
 	}
 }
 
-func TestWithDatabase(t *testing.T) {
-	for _, in := range []string{
-		"postgres://u:p@db.example:5433/app?sslmode=disable",
-		"postgresql://u@db.example/app?dbname=other&sslmode=disable",
-		"postgres://u@db.example:5433",
-		"host=/tmp/x port=5 user=u dbname=app sslmode=disable",
-		"host=/tmp/x port=5 user=u database=app",
-		"host=/tmp/x port=5",
-	} {
-		out, err := withDatabase(in, "bellhop_t_1")
-		if err != nil {
-			t.Fatalf("withDatabase(%q): %v", in, err)
-		}
-		cfg, err := pgconn.ParseConfig(out)
-		if err != nil {
-			t.Fatalf("withDatabase(%q) = %q: %v", in, out, err)
-		}
-		if cfg.Database != "bellhop_t_1" {
-			t.Errorf("withDatabase(%q) = %q: database %q", in, out, cfg.Database)
-		}
-		orig, _ := pgconn.ParseConfig(in)
-		if cfg.Host != orig.Host || cfg.Port != orig.Port || cfg.User != orig.User || cfg.Password != orig.Password {
-			t.Errorf("withDatabase(%q) = %q changed more than the database", in, out)
-		}
-	}
-}
-
-// TestDatabaseURL runs this test binary twice at once against the current
-// server through DATABASE_URL, as parallel `go test` packages would.
 func TestDatabaseURL(t *testing.T) {
 	if os.Getenv("PGTEST_CHILD") != "" {
 		return // inside a child process

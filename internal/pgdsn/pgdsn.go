@@ -1,0 +1,53 @@
+// Package pgdsn rewrites PostgreSQL connection strings, in URL or
+// keyword/value form, for the tools that create databases on a server: the
+// test harness and the benchmark.
+package pgdsn
+
+import (
+	"fmt"
+	"net/url"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// WithDatabase returns dsn pointing at dbname instead of its own database,
+// with everything else unchanged.
+func WithDatabase(dsn, dbname string) (string, error) {
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return "", fmt.Errorf("parse %q: %w", Redact(dsn), err)
+		}
+		u.Path, u.RawPath = "/"+dbname, ""
+		// pgx lets a dbname/database query parameter override the path.
+		q := u.Query()
+		q.Del("dbname")
+		q.Del("database")
+		u.RawQuery = q.Encode()
+		return u.String(), nil
+	}
+	if _, err := pgconn.ParseConfig(dsn); err != nil {
+		return "", fmt.Errorf("parse %q: %w", Redact(dsn), err)
+	}
+	// In keyword/value form the last occurrence of a keyword wins.
+	return strings.TrimSpace(dsn + " dbname=" + quoteValue(dbname)), nil
+}
+
+func quoteValue(v string) string {
+	if v != "" && !strings.ContainsAny(v, " \t\n\r\v\f'\\") {
+		return v
+	}
+	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(v) + "'"
+}
+
+// Redact hides a connection string's password, for error messages.
+func Redact(dsn string) string {
+	if u, err := url.Parse(dsn); err == nil && u.User != nil {
+		return u.Redacted()
+	}
+	if strings.Contains(dsn, "password") {
+		return "<dsn with password>"
+	}
+	return dsn
+}

@@ -1,0 +1,48 @@
+package pgdsn
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+func TestWithDatabase(t *testing.T) {
+	for _, in := range []string{
+		"postgres://u:p@db.example:5433/app?sslmode=disable",
+		"postgresql://u@db.example/app?dbname=other&sslmode=disable",
+		"postgres://u@db.example:5433",
+		"host=/tmp/x port=5 user=u dbname=app sslmode=disable",
+		"host=/tmp/x port=5 user=u database=app",
+		"host=/tmp/x port=5",
+	} {
+		out, err := WithDatabase(in, "bellhop_t_1")
+		if err != nil {
+			t.Fatalf("WithDatabase(%q): %v", in, err)
+		}
+		cfg, err := pgconn.ParseConfig(out)
+		if err != nil {
+			t.Fatalf("WithDatabase(%q) = %q: %v", in, out, err)
+		}
+		if cfg.Database != "bellhop_t_1" {
+			t.Errorf("WithDatabase(%q) = %q: database %q", in, out, cfg.Database)
+		}
+		orig, _ := pgconn.ParseConfig(in)
+		if cfg.Host != orig.Host || cfg.Port != orig.Port || cfg.User != orig.User || cfg.Password != orig.Password {
+			t.Errorf("WithDatabase(%q) = %q changed more than the database", in, out)
+		}
+	}
+}
+
+// TestDatabaseURL runs this test binary twice at once against the current
+// server through DATABASE_URL, as parallel `go test` packages would.
+func TestWithDatabaseExact(t *testing.T) {
+	got, err := WithDatabase("postgres://u@h:5/x?sslmode=disable&dbname=y", "z")
+	if err != nil || got != "postgres://u@h:5/z?sslmode=disable" {
+		t.Errorf("url: %q %v", got, err)
+	}
+	got, err = WithDatabase("host='/tmp/a b' port=5 dbname=x", "z")
+	if err != nil || !strings.HasSuffix(got, "dbname=z") {
+		t.Errorf("kv: %q %v", got, err)
+	}
+}
