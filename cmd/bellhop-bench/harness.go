@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
@@ -195,16 +196,18 @@ type running struct {
 // startDispatcher runs a dispatcher on dsn with a pool of
 // params.poolMaxConns connections.
 func (e *env) startDispatcher(dsn string, res bellhop.Resolver, obs bellhop.Observer) (*running, error) {
-	return e.startDispatcherWith(dsn, bellhop.DispatcherConfig{Resolver: res, Observer: obs})
+	return e.startDispatcherWith(dsn, bellhop.DispatcherConfig{Resolver: res, Observer: obs}, nil)
 }
 
-// startDispatcherWith is startDispatcher with more of the config set.
-func (e *env) startDispatcherWith(dsn string, dc bellhop.DispatcherConfig) (*running, error) {
+// startDispatcherWith is startDispatcher with more of the config set; a
+// tracer, if not nil, traces the dispatcher's pool.
+func (e *env) startDispatcherWith(dsn string, dc bellhop.DispatcherConfig, tracer pgx.QueryTracer) (*running, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, err
 	}
 	cfg.MaxConns = int32(e.p.poolMaxConns)
+	cfg.ConnConfig.Tracer = tracer
 	dc.Logger = e.log
 	d, err := bellhop.NewDispatcher(cfg, dc)
 	if err != nil {

@@ -9,6 +9,10 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	queries "github.com/bellhopq/bellhop/sql"
 )
 
 func TestPercentile(t *testing.T) {
@@ -170,5 +174,38 @@ func TestRecorder(t *testing.T) {
 	}
 	if st := r.stats(); st.N != 3 || st.P50 != 1000 {
 		t.Errorf("stats %+v", st)
+	}
+}
+
+func TestIsQueueClaim(t *testing.T) {
+	// The tracer sees the statement after pgx has rewritten its named
+	// arguments.
+	rewritten, _, err := pgx.NamedArgs{"app_id": 1, "queue_name": "q", "max_messages": 1}.
+		RewriteQuery(context.Background(), nil, queries.ClaimQueue, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(rewritten, "@app_id") {
+		t.Fatalf("named arguments not rewritten: %s", rewritten)
+	}
+	tests := []struct {
+		name string
+		sql  string
+		want bool
+	}{
+		{"claim_queue.sql", queries.ClaimQueue, true},
+		{"claim_queue.sql, rewritten", rewritten, true},
+		{"claim_invoke.sql", queries.ClaimInvoke, false},
+		{"nack.sql", queries.Nack, false},
+		{"release.sql", queries.Release, false},
+		{"ack.sql", queries.Ack, false},
+		{"next_due_queue.sql", queries.NextDueQueue, false},
+		{"busy_mark.sql", queries.BusyMark, false},
+		{"poll.sql", queries.Poll, false},
+	}
+	for _, tt := range tests {
+		if got := isQueueClaim(tt.sql); got != tt.want {
+			t.Errorf("isQueueClaim(%s) = %v, want %v", tt.name, got, tt.want)
+		}
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"net/http/httptest"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/httppush"
 )
@@ -34,6 +36,7 @@ func runLatency(ctx context.Context, e *env, run int) error {
 	if err := enqueueAlone(ctx, e); err != nil {
 		return fmt.Errorf("Enqueue without a dispatcher: %w", err)
 	}
+	e.res.Note("latency", "'claim pass round trip': each of the dispatcher's claim passes (one batch: claim, next due time, busy marks) from pgx sending it to its results and commit, by a pgx tracer on the dispatcher's pool, while messages were produced")
 	e.res.Note("latency", "'Enqueue call' is how long Client.Enqueue took (INSERT, trigger, commit with its WAL flush); 'Enqueue returned → handler' is the rest, from its return to the handler's start (the dispatcher's share, give or take the NOTIFY's travel, which overlaps the return of the commit)")
 	e.res.Note("latency", "%d messages to one queue, one Client.Enqueue (one transaction) every %s by the schedule; timed from just before Enqueue to the first line of the handler (Go) or of the HTTP endpoint's handler (push); consumer defaults (max in-flight %d)",
 		e.p.latencyN, e.p.latencyInterval, bellhop.DefaultMaxInFlight)
@@ -66,7 +69,7 @@ func latencyOnce(ctx context.Context, e *env, cas string, run int) (latencyStats
 			return h
 		})
 	}
-	h := &hooks{disableMarks: cas == caseGoNoMarks}
+	h := &hooks{disableMarks: cas == caseGoNoMarks, claims: &claimTracer{}}
 	if db.s.pss && run == 1 {
 		h.settled = func(time.Duration) { _ = db.resetStatements(ctx) }
 		h.delivered = func() {
@@ -82,6 +85,7 @@ func latencyOnce(ctx context.Context, e *env, cas string, run int) (latencyStats
 	enq, after := rec.split()
 	addLatency(e.res, "latency", cas+": Enqueue call", enq, false)
 	addLatency(e.res, "latency", cas+": Enqueue returned → handler", after, false)
+	addLatency(e.res, "latency", cas+": claim pass round trip", h.claims.stats(), false)
 	return st, nil
 }
 
@@ -138,6 +142,8 @@ type hooks struct {
 	// duration, if set, stops producing once it has passed, whether or
 	// not every message was sent.
 	duration time.Duration
+	// claims, if set, times the dispatcher's claim passes.
+	claims *claimTracer
 	// sampleWaits, if set, names the evidence of the wait events of all
 	// the database's sessions, sampled while messages are produced.
 	sampleWaits string
@@ -170,7 +176,11 @@ func latencyRunRate(ctx context.Context, e *env, db *database, queues []string, 
 			return latencyStats{}, 0, err
 		}
 	}
-	d, err := e.startDispatcherWith(db.DSN, bellhop.DispatcherConfig{Resolver: res, DisableBusyMarks: h.disableMarks})
+	var tracer pgx.QueryTracer
+	if h.claims != nil {
+		tracer = h.claims
+	}
+	d, err := e.startDispatcherWith(db.DSN, bellhop.DispatcherConfig{Resolver: res, DisableBusyMarks: h.disableMarks}, tracer)
 	if err != nil {
 		return latencyStats{}, 0, err
 	}
@@ -205,6 +215,9 @@ func latencyRunRate(ctx context.Context, e *env, db *database, queues []string, 
 	} else {
 		close(sampled)
 	}
+	if h.claims != nil {
+		h.claims.arm(true)
+	}
 	sent, elapsed, err := pace(ctx, n, interval, h.duration, producers, func(ctx context.Context, i int) error {
 		q := queues[0]
 		if len(queues) > 1 {
@@ -222,6 +235,9 @@ func latencyRunRate(ctx context.Context, e *env, db *database, queues []string, 
 		return latencyStats{}, 0, err
 	}
 	wcancel()
+	if h.claims != nil {
+		h.claims.arm(false)
+	}
 	<-sampled
 	if waits != nil {
 		e.evidence.WaitEvents = append(e.evidence.WaitEvents, WaitSample{Case: h.sampleWaits, Counts: waits})
