@@ -1,0 +1,75 @@
+#!/bin/sh
+# What the queue_messages notify trigger costs a producer, part by part.
+#
+#   bench/trigger-cost/run.sh DATABASE_URL [CLIENTS] [SECONDS] [ROUNDS] [VARIANTS]
+#
+# DATABASE_URL names a scratch database that this script migrates (with
+# `go run ./cmd/bellhop migrate`, so run it from the repository root) and
+# may empty: it truncates queue_messages before every case. The server
+# must preload pg_stat_statements. pgbench and psql must be on PATH (on
+# Debian: /usr/lib/postgresql/15/bin).
+#
+# For each variant of variants.sql (and "off", no trigger, and "current",
+# Bellhop's own), CLIENTS pgbench clients (default 32) insert one message
+# per transaction into one queue for SECONDS (default 8) while a live busy
+# mark is on it, as when a dispatcher drains the queue. ROUNDS (default 3)
+# repeats the whole list, interleaved, because a shared machine's load
+# drifts. Each line gives the transactions per second and the INSERT's mean
+# execution time from pg_stat_statements, which includes the AFTER
+# triggers and is steadier than the rate.
+#
+# The script puts Bellhop's trigger back when it ends.
+set -eu
+url=${1:?usage: run.sh DATABASE_URL [CLIENTS] [SECONDS] [ROUNDS] [VARIANTS]}
+clients=${2:-32}
+secs=${3:-8}
+rounds=${4:-3}
+variants=${5:-off current stmt_empty stmt_loop stmt_lock stmt_lookup row_empty row_full row_memo}
+dir=$(dirname "$0")
+
+psql() { PGOPTIONS="-c client_min_messages=warning" command psql -X -q -At -v ON_ERROR_STOP=1 "$url" "$@"; }
+
+go run ./cmd/bellhop --database-url "$url" migrate >/dev/null
+psql -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" -f "$dir/variants.sql"
+app=$(psql -c "INSERT INTO apps (name) VALUES ('trigger-cost') ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name RETURNING id")
+psql -c "DELETE FROM queue_busy WHERE app_id = '$app'" \
+     -c "INSERT INTO queue_busy VALUES ('$app', 'q', gen_random_uuid(), now() + interval '1 day')"
+
+script=$(mktemp)
+printf "INSERT INTO queue_messages (app_id, queue_name, payload) VALUES ('%s', 'q', '{\"a\":1}');\n" "$app" >"$script"
+
+restore() {
+    psql -c "DROP TRIGGER IF EXISTS queue_messages_notify ON queue_messages" \
+         -c "CREATE TRIGGER queue_messages_notify AFTER INSERT ON queue_messages REFERENCING NEW TABLE AS new_messages FOR EACH STATEMENT EXECUTE FUNCTION bellhop_notify_queue_messages()" \
+         -c "DELETE FROM queue_busy WHERE app_id = '$app'" \
+         -c "TRUNCATE queue_messages"
+    rm -f "$script"
+}
+trap restore EXIT
+
+install() {
+    psql -c "DROP TRIGGER IF EXISTS queue_messages_notify ON queue_messages"
+    case $1 in
+    off) ;;
+    current) fn=bellhop_notify_queue_messages ;;
+    *) fn=bench_tc_$1 ;;
+    esac
+    case $1 in
+    off) ;;
+    row_*) psql -c "CREATE TRIGGER queue_messages_notify AFTER INSERT ON queue_messages FOR EACH ROW EXECUTE FUNCTION $fn()" ;;
+    *) psql -c "CREATE TRIGGER queue_messages_notify AFTER INSERT ON queue_messages REFERENCING NEW TABLE AS new_messages FOR EACH STATEMENT EXECUTE FUNCTION $fn()" ;;
+    esac
+}
+
+echo "variant clients tps insert_mean_exec_us"
+for _ in $(seq "$rounds"); do
+    for v in $variants; do
+        install "$v"
+        psql -c "TRUNCATE queue_messages" -c "CHECKPOINT" -c "SELECT pg_stat_statements_reset()" >/dev/null
+        tps=$(pgbench -n -M prepared -c "$clients" -j 2 -T "$secs" -f "$script" "$url" 2>&1 | sed -n 's/^tps = \([0-9.]*\).*/\1/p')
+        mean=$(psql -c "SELECT round(mean_exec_time::numeric * 1000, 1) FROM pg_stat_statements
+                        WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+                          AND query LIKE 'INSERT INTO queue_messages%'")
+        echo "$v $clients $tps $mean"
+    done
+done
