@@ -24,7 +24,7 @@ url=${1:?usage: run.sh DATABASE_URL [CLIENTS] [SECONDS] [ROUNDS] [VARIANTS]}
 clients=${2:-32}
 secs=${3:-8}
 rounds=${4:-3}
-variants=${5:-off current stmt_empty stmt_loop stmt_lock stmt_lookup row_empty row_full row_memo}
+variants=${5:-off current stmt_empty stmt_loop stmt_lock stmt_lookup row_empty row_full row_memo before_memo}
 dir=$(dirname "$0")
 
 psql() { PGOPTIONS="-c client_min_messages=warning" command psql -X -q -At -v ON_ERROR_STOP=1 "$url" "$@"; }
@@ -57,6 +57,9 @@ install() {
     case $1 in
     off) ;;
     row_*) psql -c "CREATE TRIGGER queue_messages_notify AFTER INSERT ON queue_messages FOR EACH ROW EXECUTE FUNCTION $fn()" ;;
+    before_memo) psql -c "CREATE TRIGGER queue_messages_notify BEFORE INSERT ON queue_messages FOR EACH ROW
+                          WHEN (current_setting('bellhop.announced', true) IS DISTINCT FROM NEW.app_id::text || ':' || NEW.queue_name)
+                          EXECUTE FUNCTION $fn()" ;;
     *) psql -c "CREATE TRIGGER queue_messages_notify AFTER INSERT ON queue_messages REFERENCING NEW TABLE AS new_messages FOR EACH STATEMENT EXECUTE FUNCTION $fn()" ;;
     esac
 }
