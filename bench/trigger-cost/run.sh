@@ -24,7 +24,7 @@ url=${1:?usage: run.sh DATABASE_URL [CLIENTS] [SECONDS] [ROUNDS] [VARIANTS]}
 clients=${2:-32}
 secs=${3:-8}
 rounds=${4:-3}
-variants=${5:-off current stmt_empty stmt_loop stmt_lock stmt_lookup row_empty row_full row_memo before_memo}
+variants=${5:-off current stmt_empty stmt_loop stmt_lock stmt_lookup row_empty row_full row_memo before_memo stmt_locks row_locks}
 dir=$(dirname "$0")
 
 psql() { PGOPTIONS="-c client_min_messages=warning" command psql -X -q -At -v ON_ERROR_STOP=1 "$url" "$@"; }
@@ -35,6 +35,18 @@ app=$(psql -c "INSERT INTO apps (name) VALUES ('trigger-cost') ON CONFLICT (name
 psql -c "DELETE FROM queue_busy WHERE app_id = '$app'" \
      -c "INSERT INTO queue_busy VALUES ('$app', 'q', gen_random_uuid(), now() + interval '1 day')"
 
+# The lock variants' mark: a session holding the second key, as a
+# draining dispatcher would, until the script kills it (psql itself, not
+# the function's subshell, so that $! is its pid).
+# client_connection_check_interval lets its backend notice and drop the
+# lock.
+PGOPTIONS="-c client_connection_check_interval=1s" command psql -X -q -At "$url" \
+    -c "SELECT pg_advisory_lock(1650814062, hashtext('$app' || ':q'))" -c "SELECT pg_sleep(86400)" >/dev/null &
+holder=$!
+until [ "$(psql -c "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1650814062 AND granted")" = 1 ]; do
+    sleep 0.1
+done
+
 script=$(mktemp)
 printf "INSERT INTO queue_messages (app_id, queue_name, payload) VALUES ('%s', 'q', '{\"a\":1}');\n" "$app" >"$script"
 
@@ -44,6 +56,7 @@ restore() {
          -c "DELETE FROM queue_busy WHERE app_id = '$app'" \
          -c "TRUNCATE queue_messages"
     rm -f "$script"
+    kill "$holder" 2>/dev/null || true
 }
 trap restore EXIT
 

@@ -123,3 +123,39 @@ BEGIN
     PERFORM set_config('bellhop.announced', k, true);
     RETURN NEW;
 END $$;
+
+-- The mark as a lock instead of a row: a draining dispatcher would hold a
+-- session advisory lock on a second key (1650814062) exclusively, and a
+-- producer, after the shared lock of "current", tries that key shared and
+-- lets it go at once; failing means busy. Lock state is not MVCC, so the
+-- read needs no fresh snapshot and works under every isolation level, and
+-- without a table read the function needs no SECURITY DEFINER. run.sh
+-- holds the second key during the run, as a draining dispatcher would.
+CREATE OR REPLACE FUNCTION bench_tc_stmt_locks() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    r RECORD;
+    k INT;
+BEGIN
+    FOR r IN SELECT DISTINCT app_id, queue_name FROM new_messages ORDER BY app_id, queue_name LOOP
+        k := hashtext(r.app_id::text || ':' || r.queue_name);
+        PERFORM pg_advisory_xact_lock_shared(1650814061, k);
+        IF pg_try_advisory_lock_shared(1650814062, k) THEN
+            PERFORM pg_advisory_unlock_shared(1650814062, k);
+            PERFORM pg_notify('bellhop', 'q:' || r.app_id::text || ':' || r.queue_name);
+        END IF;
+    END LOOP;
+    RETURN NULL;
+END $$;
+
+-- The same, row-level: no transition table, the work once per row.
+CREATE OR REPLACE FUNCTION bench_tc_row_locks() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    k INT := hashtext(NEW.app_id::text || ':' || NEW.queue_name);
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(1650814061, k);
+    IF pg_try_advisory_lock_shared(1650814062, k) THEN
+        PERFORM pg_advisory_unlock_shared(1650814062, k);
+        PERFORM pg_notify('bellhop', 'q:' || NEW.app_id::text || ':' || NEW.queue_name);
+    END IF;
+    RETURN NULL;
+END $$;
