@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop/claim"
+	"github.com/bellhopq/bellhop/internal/busylock"
 	"github.com/bellhopq/bellhop/notify"
 	"github.com/bellhopq/bellhop/reclaim"
 	queries "github.com/bellhopq/bellhop/sql"
@@ -58,9 +59,11 @@ type DispatcherConfig struct {
 	DefaultVisibilityTimeout time.Duration
 	// BusyLease is the lease of a busy mark (2s): while the dispatcher
 	// finds a queue busy (see BusyWindow), producers of that queue skip
-	// their notification and its commit lock (see
-	// migrations/0041_busy_marks.sql). If the dispatcher dies, other
-	// dispatchers look again when the lease ends.
+	// their notification and its commit lock (docs/busy-marks.md). The
+	// mark producers see is an advisory lock on a connection of the
+	// dispatcher's own; it ends with the dispatcher, or, if the dispatcher
+	// hangs, after BusyLease of silence (idle_session_timeout). Other
+	// dispatchers look again every BusyLease while a mark lasts.
 	BusyLease time.Duration
 	// BusyWindow (4ms) decides when a queue counts as busy: when a claim
 	// pass fills the consumer's free slots, or when it finds messages
@@ -116,6 +119,8 @@ type Dispatcher struct {
 	log      zerolog.Logger
 	listener *notify.Listener
 	reclaim  *reclaim.Reclaimer
+	// marks holds the busy keys producers test; nil with DisableBusyMarks.
+	marks    *busylock.Holder
 	complete *claim.Completer
 
 	reload chan bool // true: also wake the lanes that may have missed notifications
@@ -232,6 +237,13 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 			cfg.Observer.Reclaimed(r.Released, r.DeadLettered)
 		}
 	})
+	if !cfg.DisableBusyMarks {
+		lockCfg := pc.ConnConfig.Copy()
+		lockCfg.RuntimeParams["application_name"] = "bellhop-busy-locks"
+		d.marks = busylock.New(func(ctx context.Context) (*pgx.Conn, error) {
+			return pgx.ConnectConfig(ctx, lockCfg)
+		}, cfg.BusyLease, d.log)
+	}
 	d.listener = notify.New(notify.Config{
 		ConnConfig:       pc.ConnConfig,
 		Handler:          (*routes)(d),
@@ -266,6 +278,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	var bg sync.WaitGroup
 	bg.Go(func() { _ = d.listener.Run(ctx) })
 	bg.Go(func() { d.reclaim.Run(ctx) })
+	if d.marks != nil {
+		bg.Go(func() { d.marks.Run(ctx) })
+	}
 	// One pass at start-up returns leases that expired while no dispatcher
 	// ran (a crash and restart) and learns when the live ones expire.
 	d.reclaim.Observe(time.Now())

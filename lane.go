@@ -12,6 +12,7 @@ import (
 
 	"github.com/bellhopq/bellhop/claim"
 	"github.com/bellhopq/bellhop/internal/backoff"
+	"github.com/bellhopq/bellhop/internal/busylock"
 )
 
 // consumerState is a consumer's settings and handler, swapped atomically
@@ -67,6 +68,7 @@ type lane struct {
 	lastHit  time.Time // end of the last pass that claimed something
 	settle   bool      // producers may have skipped announcing: confirm the lock, then claim once more
 	tries    int       // failed lock confirmations in a row
+	needFree bool      // our busy key was lost, not released: settle also waits until it is free
 	watching bool      // another dispatcher's mark was seen: settle once it is gone
 	// watchHint is set by a "b" notification: another dispatcher marked
 	// the queue, so this lane must watch it even if its next pass comes
@@ -189,12 +191,12 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 		}
 		l.backlog.Store(false)
 		if l.settle {
-			ok, err := claim.TryBusyLock(ctx, l.d.db, l.target)
+			ok, err := claim.TryBusyLock(ctx, l.d.db, l.target, l.needFree)
 			if err != nil {
 				return l.retry(ctx, st, err), claimed
 			}
 			if ok {
-				l.settle, l.tries = false, 0
+				l.settle, l.tries, l.needFree = false, 0, false
 			}
 		}
 		if l.watchHint.Swap(false) {
@@ -204,9 +206,14 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 		// refreshed only once half its lease has gone: producers read the
 		// row on every commit, and it need not change every millisecond.
 		mark := l.busy && (!l.marked || time.Since(l.markedAt) >= l.d.cfg.BusyLease/2)
+		if mark {
+			// The mark producers see; the row written by the pass is the
+			// one other dispatchers see.
+			l.hold(ctx)
+		}
 		sent := time.Now()
 		pass, err := claim.ClaimPass(ctx, l.d.db, l.target, free,
-			claim.Busy{Owner: l.d.owner, Mark: mark, Lease: l.d.cfg.BusyLease})
+			claim.Busy{Owner: l.d.owner, Mark: mark, Lease: l.d.cfg.BusyLease, Held: l.held()})
 		if err != nil {
 			return l.retry(ctx, st, err), claimed
 		}
@@ -271,7 +278,8 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 			// producer that read it has committed, and one more pass
 			// finds what they did not announce.
 			l.busy = false
-			ok, err := claim.Unmark(ctx, l.d.db, l.target, l.d.owner)
+			l.release(ctx)
+			ok, err := claim.Unmark(ctx, l.d.db, l.target, l.d.owner, l.needFree)
 			if err != nil {
 				l.settle = true
 				return l.retry(ctx, st, err), claimed
@@ -321,12 +329,53 @@ func (l *lane) retry(ctx context.Context, st *consumerState, err error) time.Tim
 // dropMark deletes the lane's busy mark, if any, when it stops serving:
 // producers announce again at once instead of when the lease ends.
 func (l *lane) dropMark(ctx context.Context) {
+	l.release(ctx)
 	if l.marked {
-		if _, err := claim.Unmark(ctx, l.d.db, l.target, l.d.owner); err == nil {
+		if _, err := claim.Unmark(ctx, l.d.db, l.target, l.d.owner, false); err == nil {
 			l.marked = false
 		}
 	}
-	l.busy, l.settle, l.watching = false, false, false
+	l.busy, l.settle, l.watching, l.needFree = false, false, false, false
+}
+
+// busyKey names the lane's queue to the busy-lock holder.
+func (l *lane) busyKey() busylock.Key {
+	return busylock.Key{AppID: l.target.AppID, Queue: l.target.Queue}
+}
+
+// hold takes the queue's busy key, so that producers stop announcing. A
+// failure only leaves them announcing: it is logged, not returned.
+func (l *lane) hold(ctx context.Context) {
+	if l.d.marks == nil {
+		return
+	}
+	if _, err := l.d.marks.Hold(ctx, l.busyKey()); err != nil && ctx.Err() == nil {
+		l.d.log.Debug().Err(err).Str("app_id", l.target.AppID.String()).Str("queue", l.target.Queue).
+			Msg("could not take the busy lock; producers keep notifying")
+	}
+}
+
+// held reports whether this dispatcher holds the queue's busy key.
+func (l *lane) held() bool {
+	return l.d.marks != nil && l.d.marks.Held(l.busyKey())
+}
+
+// release gives back the queue's busy key before the lane settles. If the
+// key was lost with its session rather than released, or the release
+// failed, the old session may hold it a moment longer: the lane's settle
+// then also waits until the key is free.
+func (l *lane) release(ctx context.Context) {
+	if l.d.marks == nil {
+		return
+	}
+	confirmed, err := l.d.marks.Release(ctx, l.busyKey())
+	if err != nil && ctx.Err() == nil {
+		l.d.log.Warn().Err(err).Str("app_id", l.target.AppID.String()).Str("queue", l.target.Queue).
+			Msg("could not release the busy lock; dropped its connection instead")
+	}
+	if !confirmed {
+		l.needFree = true
+	}
 }
 
 // earliest is the earlier of two times, ignoring zero ones.

@@ -74,7 +74,7 @@ func Claim(ctx context.Context, db *pgxpool.Pool, t Target, max int) ([]Message,
 }
 
 // Busy says how a claim pass treats busy marks (see
-// migrations/0041_busy_marks.sql).
+// migrations/0041_busy_marks.sql and 0042_busy_locks.sql).
 type Busy struct {
 	// Owner identifies this dispatcher's marks; its own are not reported
 	// as foreign.
@@ -83,6 +83,10 @@ type Busy struct {
 	// same transaction as the claim.
 	Mark  bool
 	Lease time.Duration
+	// Held says that this dispatcher holds the queue's busy key
+	// (internal/busylock); otherwise a pass reports another session's
+	// hold of it as a foreign mark whose lease ends Lease from now.
+	Held bool
 }
 
 // Pass is the result of one claim pass.
@@ -91,7 +95,8 @@ type Pass struct {
 	// NextDue is the next future deliver_after (zero: none).
 	NextDue time.Time
 	// ForeignLease is the latest lease of a live busy mark another
-	// dispatcher holds on the queue (zero: none).
+	// dispatcher holds on the queue, or Lease from now if another session
+	// holds the queue's busy key (zero: neither).
 	ForeignLease time.Time
 	// ReadyLeft reports that ready, unclaimed messages remained after the
 	// claim: rows another claim had locked, or newly committed ones.
@@ -110,7 +115,8 @@ func ClaimPass(ctx context.Context, db *pgxpool.Pool, t Target, max int, b Busy)
 		args = pgx.NamedArgs{"trigger_id": t.TriggerID, "max_messages": max}
 	} else {
 		claimSQL, infoSQL = queries.ClaimQueue, queries.NextDueQueue
-		args = pgx.NamedArgs{"app_id": t.AppID, "queue_name": t.Queue, "max_messages": max, "owner": b.Owner}
+		args = pgx.NamedArgs{"app_id": t.AppID, "queue_name": t.Queue, "max_messages": max, "owner": b.Owner,
+			"held": b.Held, "lease_ms": b.Lease.Milliseconds()}
 	}
 	leasedAt := time.Now()
 	batch := &pgx.Batch{}
@@ -173,11 +179,13 @@ func ClaimPass(ctx context.Context, db *pgxpool.Pool, t Target, max int, b Busy)
 }
 
 // Unmark deletes owner's busy mark on t's queue and then tries, once, to
-// confirm that no producer that might have read it is still uncommitted
-// (busy_lock.sql). It reports whether that was confirmed; if not, call
-// TryBusyLock again shortly.
-func Unmark(ctx context.Context, db *pgxpool.Pool, t Target, owner uuid.UUID) (bool, error) {
-	args := pgx.NamedArgs{"app_id": t.AppID, "queue_name": t.Queue, "owner": owner}
+// confirm that no producer that might have seen the queue marked is still
+// uncommitted (busy_lock.sql); with needFree, also that no session holds
+// the queue's busy key. It reports whether that was confirmed; if not,
+// call TryBusyLock again shortly. Release the key (internal/busylock)
+// before calling it.
+func Unmark(ctx context.Context, db *pgxpool.Pool, t Target, owner uuid.UUID, needFree bool) (bool, error) {
+	args := pgx.NamedArgs{"app_id": t.AppID, "queue_name": t.Queue, "owner": owner, "need_free": needFree}
 	batch := &pgx.Batch{}
 	batch.Queue(queries.BusyUnmark, args)
 	batch.Queue(queries.BusyLock, args)
@@ -197,10 +205,13 @@ func Unmark(ctx context.Context, db *pgxpool.Pool, t Target, owner uuid.UUID) (b
 }
 
 // TryBusyLock is busy_lock.sql: true once no producer of t's queue holds
-// the queue's advisory lock.
-func TryBusyLock(ctx context.Context, db *pgxpool.Pool, t Target) (bool, error) {
+// the queue's advisory lock and, with needFree, no session holds its busy
+// key.
+func TryBusyLock(ctx context.Context, db *pgxpool.Pool, t Target, needFree bool) (bool, error) {
 	var locked bool
-	err := db.QueryRow(ctx, queries.BusyLock, pgx.NamedArgs{"app_id": t.AppID, "queue_name": t.Queue}).Scan(&locked)
+	err := db.QueryRow(ctx, queries.BusyLock, pgx.NamedArgs{
+		"app_id": t.AppID, "queue_name": t.Queue, "need_free": needFree,
+	}).Scan(&locked)
 	if err != nil {
 		return false, fmt.Errorf("busy lock %s: %w", t, err)
 	}

@@ -11,13 +11,15 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/bellhopq/bellhop"
+	queries "github.com/bellhopq/bellhop/sql"
 )
 
 // TestBusyMarksLoseNoWakeUp is the stress test of the busy-mark protocol
-// (migrations/0041_busy_marks.sql): producers and dispatchers at random
+// (migrations/0041_busy_marks.sql, 0042_busy_locks.sql): producers and dispatchers at random
 // rates, with the fallback poll at one hour, so only notifications and the
 // protocol itself can get a message delivered. Some producers hold their
 // transaction open after the INSERT, which is the window in which a
@@ -143,27 +145,112 @@ func TestBusyMarksLoseNoWakeUp(t *testing.T) {
 }
 
 // TestBusyMarkOfDeadDispatcher: a dispatcher that dies while its busy mark
-// is live leaves producers silent until the lease ends; another
-// dispatcher that saw the mark looks again when it ends, so the messages
-// wait at most the lease, not the fallback poll (here one hour).
+// is live takes the mark producers see with it (its busy key ends with its
+// session), so producers announce again at once, although its row, the
+// mark other dispatchers see, is live for a while yet.
 func TestBusyMarkOfDeadDispatcher(t *testing.T) {
 	e := newEnv(t)
+	rec, _ := startOrders(t, e, bellhop.DispatcherConfig{})
+
+	// The dead dispatcher's row, with a long lease; its session, and so
+	// its busy key, is gone.
+	leaseEnd := deadMark(t, e, time.Minute)
+	var ids []uuid.UUID
+	for i := range 5 {
+		ids = append(ids, e.enqueue(t, "orders", map[string]int{"i": i}, bellhop.EnqueueOptions{}))
+	}
+	waitFor(t, 2*time.Second, "delivered while the dead row is live", func() bool {
+		return len(rec.deliveries()) == len(ids)
+	})
+	if time.Now().After(leaseEnd) {
+		t.Fatal("the row's lease ended before the test could tell")
+	}
+}
+
+// TestBusyMarkOfHungDispatcher: a dispatcher that hangs keeps its busy key,
+// and producers stay silent, until the server's idle_session_timeout ends
+// its session; its row's lease ends first. Another dispatcher that saw the
+// mark keeps watching while the key is held, looking again every BusyLease,
+// so the messages wait at most that long, not for the fallback poll (here
+// one hour). Watching the row alone would stop when its lease ends, and
+// strand messages sent after that.
+func TestBusyMarkOfHungDispatcher(t *testing.T) {
+	e := newEnv(t)
+	const busyLease = 500 * time.Millisecond
+	rec, claims := startOrders(t, e, bellhop.DispatcherConfig{BusyLease: busyLease})
+	passes := claims.ended.Load()
+
+	// The hung dispatcher: its busy key, held by a session that the server
+	// ends after 4s of silence, as internal/busylock holds it.
+	ctx := context.Background()
+	var appID uuid.UUID
+	if err := e.pool.QueryRow(ctx, "SELECT id FROM apps WHERE name = 'app'").Scan(&appID); err != nil {
+		t.Fatal(err)
+	}
+	hung, err := pgx.Connect(ctx, e.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hung.Close(ctx)
+	const idle = 4 * time.Second
+	var held bool
+	err = hung.QueryRow(ctx, queries.BusyHold, pgx.NamedArgs{
+		"app_id": appID, "queue_name": "orders", "idle_ms": idle.Milliseconds(),
+	}).Scan(new(bool), &held)
+	if err != nil || !held {
+		t.Fatalf("hold the busy key: %v, %v", held, err)
+	}
+	sessionEnd := time.Now().Add(idle)
+	// Its row, whose lease ends long before the session does.
+	leaseEnd := deadMark(t, e, 200*time.Millisecond)
+	waitFor(t, 5*time.Second, "the mark's wake-up pass", func() bool { return claims.ended.Load() > passes })
+	holdsFor(t, time.Until(leaseEnd.Add(busyLease)), "quiet until the row's lease has ended", func() bool {
+		return len(rec.deliveries()) == 0
+	})
+
+	var ids []uuid.UUID
+	for i := range 5 {
+		ids = append(ids, e.enqueue(t, "orders", map[string]int{"i": i}, bellhop.EnqueueOptions{}))
+	}
+	sent := time.Now()
+	waitFor(t, time.Until(sessionEnd), "delivered while the hung session holds the key", func() bool {
+		return len(rec.deliveries()) == len(ids)
+	})
+	if took := time.Since(sent); took > busyLease+time.Second {
+		t.Errorf("delivered %s after sending; want within a BusyLease (%s) and a margin", took, busyLease)
+	}
+	// Not a ping: it would keep the session alive.
+	waitFor(t, time.Until(sessionEnd)+3*time.Second, "the server ends the hung session and its key", func() bool {
+		return e.count(t, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1650814062`) == 0
+	})
+	if err := hung.Ping(ctx); err == nil {
+		t.Error("the hung session still answers after its idle_session_timeout")
+	}
+}
+
+// startOrders registers a consumer of queue "orders", starts a dispatcher
+// (cfg with a recorder as the handler and the fallback poll an hour away)
+// and waits until its start-up passes are done, so that the next pass is
+// one the test causes.
+func startOrders(t *testing.T, e *env, cfg bellhop.DispatcherConfig) (*recorder, *claimCounter) {
+	t.Helper()
 	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders"})
 	rec := &recorder{}
 	mux := bellhop.NewMux()
 	mux.Handle("app", "orders", rec)
 	claims := &claimCounter{}
-	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour},
-		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = claims })
-	// Let the start-up passes (a reclaim pass, then one per lane after
-	// LISTEN) finish: quiet for 300ms, so the next pass is the one the
-	// mark's wake-up causes.
+	cfg.Resolver, cfg.PollInterval = mux, time.Hour
+	startDispatcher(t, e.dsn, cfg, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = claims })
 	claims.waitQuiet(t, 10*time.Second, 300*time.Millisecond, "start-up passes done")
-	passes := claims.ended.Load()
+	return rec, claims
+}
 
-	// The dead dispatcher's mark, exactly as busy_mark.sql writes a fresh
-	// one: the row, and a wake-up so that live dispatchers learn of it.
-	const lease = 1500 * time.Millisecond
+// deadMark writes a dispatcher's busy-mark row for queue "orders" that no
+// live dispatcher owns, with the given lease, exactly as busy_mark.sql
+// writes a fresh one: the row, and a wake-up so that live dispatchers
+// learn of it. It returns the lease's end.
+func deadMark(t *testing.T, e *env, lease time.Duration) time.Time {
+	t.Helper()
 	var leaseEnd time.Time
 	err := e.pool.QueryRow(context.Background(), `
 		WITH m AS (
@@ -175,20 +262,55 @@ func TestBusyMarkOfDeadDispatcher(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The live dispatcher looks once, sees the mark, and watches it.
-	waitFor(t, 5*time.Second, "the mark's wake-up pass", func() bool { return claims.ended.Load() > passes })
-	// Producers now see a live mark and do not notify.
-	var ids []uuid.UUID
-	for i := range 5 {
-		ids = append(ids, e.enqueue(t, "orders", map[string]int{"i": i}, bellhop.EnqueueOptions{}))
+	return leaseEnd
+}
+
+// TestWakeScanSeesBusyKeys: after a listener reconnect, the wake scan
+// (sql/wake_scan.sql) must list a queue whose busy key another session
+// holds, even with no unclaimed message and no live row: its producers are
+// silent, and the lane has to watch the key.
+func TestWakeScanSeesBusyKeys(t *testing.T) {
+	e := newEnv(t)
+	orders := e.consumer(t, bellhop.ConsumerSpec{Queue: "orders"})
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "other"})
+	ctx := context.Background()
+	var appID uuid.UUID
+	if err := e.pool.QueryRow(ctx, "SELECT id FROM apps WHERE name = 'app'").Scan(&appID); err != nil {
+		t.Fatal(err)
 	}
-	holdsFor(t, time.Until(leaseEnd)-100*time.Millisecond, "nothing delivered while the dead mark is live", func() bool {
-		return len(rec.deliveries()) == 0
-	})
-	waitFor(t, time.Until(leaseEnd)+time.Second, "delivered once the dead mark's lease ended", func() bool {
-		return len(rec.deliveries()) == len(ids)
-	})
-	if late := time.Since(leaseEnd); late > time.Second {
-		t.Errorf("delivered %s after the lease ended", late)
+	scan := func() []uuid.UUID {
+		t.Helper()
+		var queueLanes, invokeLanes []uuid.UUID
+		err := e.pool.QueryRow(ctx, queries.WakeScan, pgx.NamedArgs{"owner": uuid.New()}).Scan(&queueLanes, &invokeLanes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return queueLanes
+	}
+	if got := scan(); len(got) != 0 {
+		t.Fatalf("wake scan of idle queues = %v, want none", got)
+	}
+	holder, err := pgx.Connect(ctx, e.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close(ctx)
+	var held bool
+	err = holder.QueryRow(ctx, queries.BusyHold, pgx.NamedArgs{"app_id": appID, "queue_name": "orders", "idle_ms": 0}).
+		Scan(new(bool), &held)
+	if err != nil || !held {
+		t.Fatalf("hold the busy key: %v, %v", held, err)
+	}
+	if got := scan(); len(got) != 1 || got[0] != orders.ID {
+		t.Errorf("wake scan while the key of %q is held = %v, want [%s]", "orders", got, orders.ID)
+	}
+	var released bool
+	err = holder.QueryRow(ctx, queries.BusyRelease, pgx.NamedArgs{"app_id": appID, "queue_name": "orders", "idle_ms": 0}).
+		Scan(new(bool), &released)
+	if err != nil || !released {
+		t.Fatalf("release the busy key: %v, %v", released, err)
+	}
+	if got := scan(); len(got) != 0 {
+		t.Errorf("wake scan after the release = %v, want none", got)
 	}
 }

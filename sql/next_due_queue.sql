@@ -3,7 +3,14 @@
 --   * the earliest future deliver_after of the queue's unclaimed messages,
 --     to sleep on a timer until exactly then (idx_queue_messages_delayed);
 --   * the latest live busy-mark lease another dispatcher holds on the
---     queue, to look again when it ends;
+--     queue, to look again when it ends; and, unless @held (this
+--     dispatcher holds the queue's busy key itself), whether another
+--     session holds the busy key that producers test (busy_hold.sql): a
+--     hung dispatcher's key can outlive its row's lease until
+--     idle_session_timeout ends its session, and producers stay silent
+--     until then, so that counts as a mark whose lease ends @lease_ms from
+--     now (the shared try is transaction-scoped: it ends with this
+--     statement);
 --   * whether ready, unclaimed messages remain: after a claim that did not
 --     fill its slots, they are rows another claim had locked (SKIP LOCKED
 --     passed them over); if that claim dies, nobody announces them again,
@@ -17,10 +24,14 @@ SELECT (SELECT min(deliver_after)
           AND queue_name = @queue_name
           AND claim_token IS NULL
           AND deliver_after > now()),
-       (SELECT max(lease_until)
-        FROM queue_busy
-        WHERE app_id = @app_id AND queue_name = @queue_name
-          AND owner <> @owner AND lease_until > clock_timestamp()),
+       GREATEST((SELECT max(lease_until)
+                 FROM queue_busy
+                 WHERE app_id = @app_id AND queue_name = @queue_name
+                   AND owner <> @owner AND lease_until > clock_timestamp()),
+                CASE WHEN NOT @held::bool
+                      AND NOT pg_try_advisory_xact_lock_shared(1650814062, hashtext(@app_id::text || ':' || @queue_name::text))
+                     THEN clock_timestamp() + @lease_ms * interval '1 millisecond'
+                END),
        (SELECT enqueued_at
                FROM queue_messages
                WHERE app_id = @app_id

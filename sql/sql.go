@@ -30,6 +30,11 @@ var AppList string
 //go:embed busy_clear.sql
 var BusyClear string
 
+// BusyHold is busy_hold.sql.
+//
+//go:embed busy_hold.sql
+var BusyHold string
+
 // BusyLock is busy_lock.sql.
 //
 //go:embed busy_lock.sql
@@ -39,6 +44,11 @@ var BusyLock string
 //
 //go:embed busy_mark.sql
 var BusyMark string
+
+// BusyRelease is busy_release.sql.
+//
+//go:embed busy_release.sql
+var BusyRelease string
 
 // BusyUnmark is busy_unmark.sql.
 //

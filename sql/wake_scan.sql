@@ -2,12 +2,20 @@
 -- sent while it was away reached nobody: the enabled consumers whose queue
 -- holds an unclaimed message (ready, or delayed: the lane's pass sets its
 -- timer), or carries another dispatcher's live busy mark (the lane must
--- watch it, since producers are silent while it lasts); and, separately,
+-- watch it, since producers are silent while it lasts): a live row, or a
+-- held busy key (busy_hold.sql), which can outlive its dispatcher's row if
+-- that dispatcher hangs; ours too, which only costs a pass. The keys are
+-- read from pg_locks once, not tried per consumer: ten thousand tries in
+-- one transaction could exhaust the lock table. And, separately,
 -- those whose invoke_async outbox holds an unclaimed message. One probe
 -- each on the dispatch partial indexes and queue_busy's key. Waking every
 -- lane instead would claim once per consumer and source: with ten thousand
 -- queues, twenty thousand statements for a few that have work.
 -- Read-only.
+WITH busy_keys AS MATERIALIZED (
+    SELECT objid FROM pg_locks
+    WHERE locktype = 'advisory' AND classid = 1650814062 AND objsubid = 2 AND granted
+)
 SELECT ARRAY(
            SELECT c.id
            FROM queue_consumers c
@@ -17,7 +25,9 @@ SELECT ARRAY(
                             AND m.claim_token IS NULL)
                   OR EXISTS (SELECT 1 FROM queue_busy b
                              WHERE b.app_id = c.app_id AND b.queue_name = c.queue_name
-                               AND b.owner <> @owner AND b.lease_until > clock_timestamp()))
+                               AND b.owner <> @owner AND b.lease_until > clock_timestamp())
+                  OR EXISTS (SELECT 1 FROM busy_keys k
+                             WHERE k.objid = hashtext(c.app_id::text || ':' || c.queue_name)::oid))
        ) AS queue_lanes,
        ARRAY(
            SELECT c.id

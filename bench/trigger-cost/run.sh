@@ -12,7 +12,8 @@
 # For each variant of variants.sql (and "off", no trigger, and "current",
 # Bellhop's own), CLIENTS pgbench clients (default 32) insert one message
 # per transaction into one queue for SECONDS (default 8) while a live busy
-# mark is on it, as when a dispatcher drains the queue. ROUNDS (default 3)
+# mark is on it, as when a dispatcher drains the queue: both a queue_busy
+# row (what 0041 read) and the busy key held by a session (what 0042 reads). ROUNDS (default 3)
 # repeats the whole list, interleaved, because a shared machine's load
 # drifts. Each line gives the transactions per second and the INSERT's mean
 # execution time from pg_stat_statements, which includes the AFTER
@@ -24,7 +25,7 @@ url=${1:?usage: run.sh DATABASE_URL [CLIENTS] [SECONDS] [ROUNDS] [VARIANTS]}
 clients=${2:-32}
 secs=${3:-8}
 rounds=${4:-3}
-variants=${5:-off current stmt_empty stmt_loop stmt_lock stmt_lookup row_empty row_full row_memo before_memo stmt_locks row_locks}
+variants=${5:-off current stmt_0041 stmt_empty stmt_loop stmt_lock stmt_lookup row_empty row_full row_memo before_memo stmt_locks row_locks}
 dir=$(dirname "$0")
 
 psql() { PGOPTIONS="-c client_min_messages=warning" command psql -X -q -At -v ON_ERROR_STOP=1 "$url" "$@"; }

@@ -1,8 +1,9 @@
 -- Variants of the queue_messages notify trigger, to tell what each part of
--- bellhop_notify_queue_messages (migrations/0041_busy_marks.sql) costs a
--- producer. run.sh installs one at a time as queue_messages_notify; none
--- of them is safe to leave in place: only "current" keeps the busy-mark
--- protocol. The key and channel are those of 0041.
+-- bellhop_notify_queue_messages (migrations/0042_busy_locks.sql, before it
+-- 0041_busy_marks.sql) costs a producer. run.sh installs one at a time as
+-- queue_messages_notify; none of them is safe to leave in place: only
+-- "current" keeps the busy-mark protocol. The keys and channel are those of
+-- 0041 and 0042.
 --
 -- Not a variant: "current" folded into one statement (lock and lookup in
 -- one query). Under READ COMMITTED a statement reads with the snapshot it
@@ -124,7 +125,28 @@ BEGIN
     RETURN NEW;
 END $$;
 
--- The mark as a lock instead of a row: a draining dispatcher would hold a
+-- Migration 0041's trigger, which read the mark as a row of queue_busy
+-- (under a fresh snapshot, so only in READ COMMITTED), for comparison with
+-- "current".
+CREATE OR REPLACE FUNCTION bench_tc_stmt_0041() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    r RECORD;
+BEGIN
+    FOR r IN SELECT DISTINCT app_id, queue_name FROM new_messages ORDER BY app_id, queue_name LOOP
+        PERFORM pg_advisory_xact_lock_shared(1650814061, hashtext(r.app_id::text || ':' || r.queue_name));
+        IF current_setting('transaction_isolation') <> 'read committed'
+           OR NOT EXISTS (SELECT 1 FROM queue_busy b
+                          WHERE b.app_id = r.app_id AND b.queue_name = r.queue_name
+                            AND b.lease_until > clock_timestamp()) THEN
+            PERFORM pg_notify('bellhop', 'q:' || r.app_id::text || ':' || r.queue_name);
+        END IF;
+    END LOOP;
+    RETURN NULL;
+END $$;
+
+-- The mark as a lock instead of a row (what 0042 adopted as "current"; kept
+-- so that the recorded runs can be repeated): a draining dispatcher would hold a
 -- session advisory lock on a second key (1650814062) exclusively, and a
 -- producer, after the shared lock of "current", tries that key shared and
 -- lets it go at once; failing means busy. Lock state is not MVCC, so the

@@ -1,0 +1,196 @@
+// Package busylock holds a dispatcher's busy marks as producers see them:
+// session advisory locks, one per queue, on a connection of its own
+// (sql/busy_hold.sql, migrations/0042_busy_locks.sql). While a queue's key
+// is held, its producers skip their notification.
+//
+// The locks end with the session, so a dispatcher that dies loses its
+// marks at once. A dispatcher that hangs loses them to the server's
+// idle_session_timeout, set on the session while it holds any mark; the
+// holder keeps it from firing with keep-alives. A broken or timed-out
+// session loses every mark without the lanes knowing: Release then
+// reports the release as unconfirmed, because the old backend may still
+// hold the key for a moment, and the lane must confirm that the key is
+// free before it sleeps (claim.TryBusyLock).
+package busylock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/rs/zerolog"
+
+	queries "github.com/bellhopq/bellhop/sql"
+)
+
+// Key names one queue.
+type Key struct {
+	AppID uuid.UUID
+	Queue string
+}
+
+// ErrClosed is returned by Hold after Run has returned.
+var ErrClosed = errors.New("busylock: closed")
+
+// Holder owns the lock connection. Its methods are safe for concurrent
+// use; they take turns on the one connection.
+type Holder struct {
+	connect func(context.Context) (*pgx.Conn, error)
+	idle    time.Duration
+	log     zerolog.Logger
+
+	mu     sync.Mutex
+	conn   *pgx.Conn
+	held   map[Key]struct{}
+	lost   map[Key]struct{} // held by a session that was dropped
+	closed bool
+}
+
+// New returns a Holder that opens its connection with connect when it
+// first needs one. idle is the session's idle_session_timeout while it
+// holds marks: how long a hung dispatcher keeps them.
+func New(connect func(context.Context) (*pgx.Conn, error), idle time.Duration, log zerolog.Logger) *Holder {
+	return &Holder{
+		connect: connect, idle: idle, log: log,
+		held: map[Key]struct{}{}, lost: map[Key]struct{}{},
+	}
+}
+
+// Hold marks k busy for producers. It reports whether this dispatcher now
+// holds k's key: false if another dispatcher holds it, or a producer was
+// testing it at that instant. It never waits for the lock.
+func (h *Holder) Hold(ctx context.Context, k Key) (bool, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := h.held[k]; ok {
+		return true, nil
+	}
+	if h.closed {
+		return false, ErrClosed
+	}
+	if h.conn == nil {
+		c, err := h.connect(ctx)
+		if err != nil {
+			return false, fmt.Errorf("busy lock %s/%s: connect: %w", k.AppID, k.Queue, err)
+		}
+		h.conn = c
+	}
+	var unset, held bool
+	err := h.conn.QueryRow(ctx, queries.BusyHold, pgx.NamedArgs{
+		"app_id": k.AppID, "queue_name": k.Queue, "idle_ms": h.idle.Milliseconds(),
+	}).Scan(&unset, &held)
+	if err != nil {
+		h.drop()
+		return false, fmt.Errorf("busy lock %s/%s: hold: %w", k.AppID, k.Queue, err)
+	}
+	if held {
+		h.held[k] = struct{}{}
+		// An exclusive lock in the new session: the dropped one is gone.
+		delete(h.lost, k)
+	}
+	return held, nil
+}
+
+// Held reports whether this dispatcher holds k's key, as far as it knows.
+func (h *Holder) Held(k Key) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	_, ok := h.held[k]
+	return ok
+}
+
+// Release ends k's mark. confirmed is false when k was held by a session
+// that broke or timed out: that session's backend may still hold the key
+// for a moment, so the caller must check that the key is free before it
+// relies on producers announcing again. Releasing a key that was never
+// held is confirmed.
+func (h *Holder) Release(ctx context.Context, k Key) (confirmed bool, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := h.lost[k]; ok {
+		delete(h.lost, k)
+		return false, nil
+	}
+	if _, ok := h.held[k]; !ok {
+		return true, nil
+	}
+	idle := h.idle
+	if len(h.held) == 1 {
+		idle = 0 // no marks left: an idle session needs no keep-alives
+	}
+	var unset, released bool
+	err = h.conn.QueryRow(ctx, queries.BusyRelease, pgx.NamedArgs{
+		"app_id": k.AppID, "queue_name": k.Queue, "idle_ms": idle.Milliseconds(),
+	}).Scan(&unset, &released)
+	if err != nil {
+		h.drop()
+		delete(h.lost, k)
+		return false, fmt.Errorf("busy lock %s/%s: release: %w", k.AppID, k.Queue, err)
+	}
+	delete(h.held, k)
+	if !released {
+		// The session is not the one that took the key: treat the key
+		// as lost.
+		h.log.Warn().Str("app_id", k.AppID.String()).Str("queue", k.Queue).
+			Msg("busy lock was not held by its session at release")
+		return false, nil
+	}
+	return true, nil
+}
+
+// Run sends keep-alives while marks are held, until ctx ends; then it
+// closes the connection, which releases every mark.
+func (h *Holder) Run(ctx context.Context) {
+	t := time.NewTicker(h.idle / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			h.mu.Lock()
+			h.closed = true
+			h.drop()
+			clear(h.lost)
+			h.mu.Unlock()
+			return
+		case <-t.C:
+			h.keepAlive(ctx)
+		}
+	}
+}
+
+func (h *Holder) keepAlive(ctx context.Context) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.held) == 0 || h.conn == nil {
+		return
+	}
+	pctx, cancel := context.WithTimeout(ctx, h.idle)
+	defer cancel()
+	if err := h.conn.Ping(pctx); err != nil {
+		if ctx.Err() == nil {
+			h.log.Warn().Err(err).Int("marks", len(h.held)).
+				Msg("busy lock connection failed; producers of the marked queues notify again")
+		}
+		h.drop()
+	}
+}
+
+// drop closes the connection, which ends its session and so its locks,
+// and moves every held key to lost. h.mu must be held.
+func (h *Holder) drop() {
+	if h.conn == nil {
+		return
+	}
+	cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	_ = h.conn.Close(cctx)
+	cancel()
+	h.conn = nil
+	for k := range h.held {
+		h.lost[k] = struct{}{}
+	}
+	clear(h.held)
+}

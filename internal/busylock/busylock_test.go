@@ -1,0 +1,210 @@
+package busylock_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/rs/zerolog"
+
+	"github.com/bellhopq/bellhop/internal/busylock"
+	"github.com/bellhopq/bellhop/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// fixture is a migrated database with one app and queue "q".
+type fixture struct {
+	dsn   string
+	admin *pgx.Conn
+	key   busylock.Key
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	ctx := context.Background()
+	dsn := pgtest.ConnString(t)
+	admin, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Close(context.Background()) })
+	var app uuid.UUID
+	if err := admin.QueryRow(ctx, "INSERT INTO apps (name) VALUES ('app') RETURNING id").Scan(&app); err != nil {
+		t.Fatal(err)
+	}
+	return &fixture{dsn: dsn, admin: admin, key: busylock.Key{AppID: app, Queue: "q"}}
+}
+
+func (f *fixture) holder(t *testing.T, idle time.Duration) *busylock.Holder {
+	return busylock.New(func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, f.dsn) }, idle, zerolog.Nop())
+}
+
+// notifies inserts one message into queue "q" on a fresh connection,
+// under the given isolation level, and reports whether the notify trigger
+// announced it.
+func (f *fixture) notifies(t *testing.T, iso pgx.TxIsoLevel) bool {
+	t.Helper()
+	ctx := context.Background()
+	listener, err := pgx.Connect(ctx, f.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close(ctx)
+	if _, err := listener.Exec(ctx, "LISTEN bellhop"); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := f.admin.BeginTx(ctx, pgx.TxOptions{IsoLevel: iso})
+	if err != nil {
+		t.Fatal(err)
+	}
+	payload, _ := json.Marshal(map[string]int{"a": 1})
+	if _, err := tx.Exec(ctx, "INSERT INTO queue_messages (app_id, queue_name, payload) VALUES ($1, $2, $3)",
+		f.key.AppID, f.key.Queue, payload); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Notifications arrive in commit order: a sentinel sent after the
+	// commit comes after the trigger's notification, if there is one.
+	if _, err := f.admin.Exec(ctx, "SELECT pg_notify('bellhop', 'h:sentinel')"); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	announced := false
+	for {
+		n, err := listener.WaitForNotification(wctx)
+		if err != nil {
+			t.Fatalf("waiting for the sentinel: %v", err)
+		}
+		switch n.Payload {
+		case "h:sentinel":
+			return announced
+		case "q:" + f.key.AppID.String() + ":" + f.key.Queue:
+			announced = true
+		}
+	}
+}
+
+func TestTriggerSkipsWhileKeyHeld(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	h := f.holder(t, 10*time.Second)
+	isolations := []pgx.TxIsoLevel{pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable}
+	for _, iso := range isolations {
+		if !f.notifies(t, iso) {
+			t.Fatalf("%s producer, no mark: no notification", iso)
+		}
+	}
+	if ok, err := h.Hold(ctx, f.key); err != nil || !ok {
+		t.Fatalf("Hold = %v, %v; want true", ok, err)
+	}
+	if !h.Held(f.key) {
+		t.Fatal("Held = false after a successful Hold")
+	}
+	// Lock state is not MVCC: every isolation level sees the mark.
+	for _, iso := range isolations {
+		if f.notifies(t, iso) {
+			t.Errorf("%s producer notified while the queue's key is held", iso)
+		}
+	}
+	other := busylock.Key{AppID: f.key.AppID, Queue: "other"}
+	if ok, err := h.Release(ctx, other); err != nil || !ok {
+		t.Errorf("Release of a key never held = %v, %v; want confirmed", ok, err)
+	}
+	if ok, err := h.Release(ctx, f.key); err != nil || !ok {
+		t.Fatalf("Release = %v, %v; want confirmed", ok, err)
+	}
+	if h.Held(f.key) {
+		t.Fatal("Held = true after Release")
+	}
+	if !f.notifies(t, pgx.ReadCommitted) {
+		t.Error("no notification after the key was released")
+	}
+}
+
+func TestOneHolderPerKey(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	a, b := f.holder(t, 10*time.Second), f.holder(t, 10*time.Second)
+	for i := range 2 { // a second Hold by the same holder is a no-op
+		if ok, err := a.Hold(ctx, f.key); err != nil || !ok {
+			t.Fatalf("a.Hold #%d = %v, %v; want true", i+1, ok, err)
+		}
+	}
+	if ok, err := b.Hold(ctx, f.key); err != nil || ok {
+		t.Fatalf("b.Hold while a holds = %v, %v; want false", ok, err)
+	}
+	if ok, err := a.Release(ctx, f.key); err != nil || !ok {
+		t.Fatalf("a.Release = %v, %v", ok, err)
+	}
+	// One release undoes both of a's Holds: the key is free.
+	if ok, err := b.Hold(ctx, f.key); err != nil || !ok {
+		t.Fatalf("b.Hold after a released = %v, %v; want true", ok, err)
+	}
+}
+
+// TestSilentHolderLosesItsMarks: without keep-alives the server ends the
+// session after idle, which frees the key; the holder learns of it on its
+// next use, and reports the release as unconfirmed.
+func TestSilentHolderLosesItsMarks(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	h := f.holder(t, 500*time.Millisecond) // no Run: no keep-alives
+	if ok, err := h.Hold(ctx, f.key); err != nil || !ok {
+		t.Fatalf("Hold = %v, %v", ok, err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !f.notifies(t, pgx.ReadCommitted) {
+		if time.Now().After(deadline) {
+			t.Fatal("the silent session kept its key for 5s; idle_session_timeout is 500ms")
+		}
+	}
+	other := busylock.Key{AppID: f.key.AppID, Queue: "other"}
+	if _, err := h.Hold(ctx, other); err == nil {
+		t.Fatal("Hold on the timed-out session succeeded")
+	}
+	if h.Held(f.key) {
+		t.Error("Held = true after the session was lost")
+	}
+	if ok, err := h.Release(ctx, f.key); err != nil || ok {
+		t.Errorf("Release after the session was lost = %v, %v; want unconfirmed, no error", ok, err)
+	}
+	// The holder reconnects on the next Hold.
+	if ok, err := h.Hold(ctx, f.key); err != nil || !ok {
+		t.Fatalf("Hold after reconnecting = %v, %v", ok, err)
+	}
+}
+
+// TestKeepAlivesKeepMarks: with Run, the session outlives many idle
+// timeouts; when Run ends, the marks end with the connection.
+func TestKeepAlivesKeepMarks(t *testing.T) {
+	f := newFixture(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	const idle = 300 * time.Millisecond
+	h := f.holder(t, idle)
+	done := make(chan struct{})
+	go func() { h.Run(ctx); close(done) }()
+	if ok, err := h.Hold(ctx, f.key); err != nil || !ok {
+		t.Fatalf("Hold = %v, %v", ok, err)
+	}
+	until := time.Now().Add(5 * idle)
+	for time.Now().Before(until) {
+		if f.notifies(t, pgx.ReadCommitted) {
+			t.Fatal("the key was lost although keep-alives ran")
+		}
+	}
+	cancel()
+	<-done
+	if !f.notifies(t, pgx.ReadCommitted) {
+		t.Error("the key outlived Run")
+	}
+	if _, err := h.Hold(context.Background(), f.key); err == nil {
+		t.Error("Hold after Run returned succeeded")
+	}
+}
