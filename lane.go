@@ -203,8 +203,8 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 			l.watching = true
 		}
 		// While busy, every pass sets the mark, except that a live one is
-		// refreshed only once half its lease has gone: producers read the
-		// row on every commit, and it need not change every millisecond.
+		// refreshed only once half its lease has gone: other dispatchers
+		// read the row, and it need not change every millisecond.
 		mark := l.busy && (!l.marked || time.Since(l.markedAt) >= l.d.cfg.BusyLease/2)
 		if mark {
 			// The mark producers see; the row written by the pass is the

@@ -31,5 +31,7 @@ GRANT SELECT, UPDATE, DELETE ON queue_messages, outbox TO bellhop_dispatcher;
 GRANT SELECT, INSERT, UPDATE ON dead_letters TO bellhop_dispatcher;
 GRANT SELECT ON apps, principals, triggers, queue_trigger_details, queue_consumers, queue_list TO bellhop_dispatcher;
 GRANT UPDATE (last_fired_at) ON queue_trigger_details TO bellhop_dispatcher;
--- Busy marks (migrations/0041_busy_marks.sql).
+-- Busy marks (migrations/0041_busy_marks.sql): the rows other dispatchers
+-- watch. The busy keys (0042) are advisory locks, which, like pg_notify
+-- and pg_locks, every role may use: neither role needs a grant for them.
 GRANT SELECT, INSERT, UPDATE, DELETE ON queue_busy TO bellhop_dispatcher;
