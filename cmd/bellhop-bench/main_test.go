@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"math"
 	"strings"
@@ -98,6 +99,29 @@ func TestTargets(t *testing.T) {
 	if floor.Value != 500 || math.Abs(floor.Limit-520) > 1e-9 || floor.Detail != "INSERT + NOTIFY 300 µs + SELECT 1 100 µs" ||
 		!strings.Contains(floor.Rule, "INSERT + NOTIFY round trip p50 + SELECT 1 p50") {
 		t.Errorf("floor target: %+v", floor)
+	}
+
+	// Unmeasured targets (here idle load) go to JSON as null, not as a
+	// NaN that encoding/json refuses, and measured ones keep their values.
+	b, err := json.Marshal(ts)
+	if err != nil {
+		t.Fatalf("targets to JSON: %v", err)
+	}
+	var back []map[string]any
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	for _, tg := range back {
+		switch tg["name"] {
+		case "idle load":
+			if tg["value"] != nil || tg["known"] != false {
+				t.Errorf("unmeasured target in JSON: %v", tg)
+			}
+		case "latency p50 vs physical floor":
+			if tg["value"] != 500.0 || tg["rule"] != floor.Rule {
+				t.Errorf("measured target in JSON: %v", tg)
+			}
+		}
 	}
 
 	// Without the INSERT + NOTIFY row (an older floor run) the target is

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -16,6 +17,24 @@ type Target struct {
 	Pass   bool    `json:"pass"`
 	Known  bool    `json:"known"` // false: a figure it needs was not measured
 	Detail string  `json:"detail"`
+}
+
+// MarshalJSON writes a value or limit that was not measured (NaN) as
+// null: JSON has no NaN, and a run of some scenarios (-only) leaves the
+// others' targets unknown.
+func (t Target) MarshalJSON() ([]byte, error) {
+	type plain Target
+	finite := func(v float64) *float64 {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return nil
+		}
+		return &v
+	}
+	return json.Marshal(struct {
+		plain
+		Value *float64 `json:"value"`
+		Limit *float64 `json:"limit"`
+	}{plain(t), finite(t.Value), finite(t.Limit)})
 }
 
 func (t Target) Verdict() string {
