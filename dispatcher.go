@@ -242,7 +242,7 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 		lockCfg.RuntimeParams["application_name"] = "bellhop-busy-locks"
 		d.marks = busylock.New(func(ctx context.Context) (*pgx.Conn, error) {
 			return pgx.ConnectConfig(ctx, lockCfg)
-		}, cfg.BusyLease, d.log)
+		}, d.owner, cfg.BusyLease, d.log)
 	}
 	d.listener = notify.New(notify.Config{
 		ConnConfig:       pc.ConnConfig,

@@ -195,8 +195,8 @@ func TestBusyMarkOfHungDispatcher(t *testing.T) {
 	const idle = 4 * time.Second
 	var held bool
 	err = hung.QueryRow(ctx, queries.BusyHold, pgx.NamedArgs{
-		"app_id": appID, "queue_name": "orders", "idle_ms": idle.Milliseconds(),
-	}).Scan(new(bool), &held)
+		"app_id": appID, "queue_name": "orders", "owner": uuid.New(), "idle_ms": idle.Milliseconds(),
+	}).Scan(new(bool), &held, new(int64))
 	if err != nil || !held {
 		t.Fatalf("hold the busy key: %v, %v", held, err)
 	}
@@ -226,6 +226,69 @@ func TestBusyMarkOfHungDispatcher(t *testing.T) {
 	if err := hung.Ping(ctx); err == nil {
 		t.Error("the hung session still answers after its idle_session_timeout")
 	}
+}
+
+// TestBusyKeyWithoutRow: a dispatcher that takes a queue's busy key and
+// dies, or hangs, before it writes its queue_busy row leaves producers
+// silent with no row to watch. Taking the key tells the other dispatchers
+// itself (sql/busy_hold.sql), so a live one watches the key and delivers
+// within a BusyLease, with the fallback poll an hour away
+// (model/README.md, finding A).
+func TestBusyKeyWithoutRow(t *testing.T) {
+	e := newEnv(t)
+	const busyLease = 500 * time.Millisecond
+	rec, claims := startOrders(t, e, bellhop.DispatcherConfig{BusyLease: busyLease})
+	passes := claims.ended.Load()
+
+	ctx := context.Background()
+	var appID uuid.UUID
+	if err := e.pool.QueryRow(ctx, "SELECT id FROM apps WHERE name = 'app'").Scan(&appID); err != nil {
+		t.Fatal(err)
+	}
+	other, err := pgx.Connect(ctx, e.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close(ctx)
+	var held bool
+	var notified int64
+	err = other.QueryRow(ctx, queries.BusyHold, pgx.NamedArgs{
+		"app_id": appID, "queue_name": "orders", "owner": uuid.New(), "idle_ms": time.Hour.Milliseconds(),
+	}).Scan(new(bool), &held, &notified)
+	if err != nil || !held || notified != 1 {
+		t.Fatalf("hold the busy key: held %v, notified %d, %v", held, notified, err)
+	}
+	if n := e.count(t, "SELECT count(*) FROM queue_busy"); n != 0 {
+		t.Fatalf("%d queue_busy rows; the test needs none", n)
+	}
+	waitFor(t, 5*time.Second, "the key's wake-up pass", func() bool { return claims.ended.Load() > passes })
+
+	var ids []uuid.UUID
+	for i := range 5 {
+		ids = append(ids, e.enqueue(t, "orders", map[string]int{"i": i}, bellhop.EnqueueOptions{}))
+	}
+	sent := time.Now()
+	waitFor(t, 10*time.Second, "delivered while another session holds the key", func() bool {
+		return len(rec.deliveries()) == len(ids)
+	})
+	if took := time.Since(sent); took > busyLease+time.Second {
+		t.Errorf("delivered %s after sending; want within a BusyLease (%s) and a margin", took, busyLease)
+	}
+	// The holder dies: producers announce again.
+	var pid uint32
+	if err := other.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the key is free", func() bool {
+		return e.count(t, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1650814062`) == 0
+	})
+	ids = append(ids, e.enqueue(t, "orders", map[string]int{"i": 5}, bellhop.EnqueueOptions{}))
+	waitFor(t, 5*time.Second, "delivered after the holder died", func() bool {
+		return len(rec.deliveries()) == len(ids)
+	})
 }
 
 // startOrders registers a consumer of queue "orders", starts a dispatcher
@@ -296,8 +359,8 @@ func TestWakeScanSeesBusyKeys(t *testing.T) {
 	}
 	defer holder.Close(ctx)
 	var held bool
-	err = holder.QueryRow(ctx, queries.BusyHold, pgx.NamedArgs{"app_id": appID, "queue_name": "orders", "idle_ms": 0}).
-		Scan(new(bool), &held)
+	err = holder.QueryRow(ctx, queries.BusyHold, pgx.NamedArgs{"app_id": appID, "queue_name": "orders", "owner": uuid.New(), "idle_ms": 0}).
+		Scan(new(bool), &held, new(int64))
 	if err != nil || !held {
 		t.Fatalf("hold the busy key: %v, %v", held, err)
 	}

@@ -4,7 +4,21 @@
 -- dispatcher holds it, or a producer is testing it at this instant. It is
 -- held until busy_release.sql or the end of the session.
 --
+-- When it gets the key, the same statement tells every dispatcher
+-- ("b:<app_id>:<owner>:<queue_name>", as busy_mark.sql does for a new row),
+-- so that idle ones watch the key until it is free. From here on producers
+-- may skip their notification, and the one dispatcher that knows about it
+-- may die before its next round trip; sent in the same statement, the
+-- notification goes out with the key's grant (the implicit transaction's
+-- commit) or not at all (model/README.md, finding A).
+--
 -- Sets idle_session_timeout so that a hung dispatcher's session, and so its
 -- marks, end: the dispatcher sends keep-alives while it holds marks.
+WITH k AS MATERIALIZED (
+    SELECT pg_try_advisory_lock(1650814062, hashtext(@app_id::text || ':' || @queue_name::text)) AS held
+)
 SELECT set_config('idle_session_timeout', @idle_ms::bigint::text, false) IS NULL AS unset,
-       pg_try_advisory_lock(1650814062, hashtext(@app_id::text || ':' || @queue_name::text)) AS held
+       k.held,
+       (SELECT count(pg_notify('bellhop', 'b:' || @app_id::text || ':' || @owner::text || ':' || @queue_name::text))
+        FROM k WHERE k.held) AS notified
+FROM k

@@ -40,6 +40,7 @@ var ErrClosed = errors.New("busylock: closed")
 // use; they take turns on the one connection.
 type Holder struct {
 	connect func(context.Context) (*pgx.Conn, error)
+	owner   uuid.UUID
 	idle    time.Duration
 	log     zerolog.Logger
 
@@ -51,18 +52,21 @@ type Holder struct {
 }
 
 // New returns a Holder that opens its connection with connect when it
-// first needs one. idle is the session's idle_session_timeout while it
-// holds marks: how long a hung dispatcher keeps them.
-func New(connect func(context.Context) (*pgx.Conn, error), idle time.Duration, log zerolog.Logger) *Holder {
+// first needs one. owner names the dispatcher in the busy notification
+// that a successful Hold sends. idle is the session's idle_session_timeout
+// while it holds marks: how long a hung dispatcher keeps them.
+func New(connect func(context.Context) (*pgx.Conn, error), owner uuid.UUID, idle time.Duration, log zerolog.Logger) *Holder {
 	return &Holder{
-		connect: connect, idle: idle, log: log,
+		connect: connect, owner: owner, idle: idle, log: log,
 		held: map[Key]struct{}{}, lost: map[Key]struct{}{},
 	}
 }
 
 // Hold marks k busy for producers. It reports whether this dispatcher now
 // holds k's key: false if another dispatcher holds it, or a producer was
-// testing it at that instant. It never waits for the lock.
+// testing it at that instant. It never waits for the lock. A new hold
+// also tells the other dispatchers, in the same statement, so that they
+// watch the key (notify.KindBusy).
 func (h *Holder) Hold(ctx context.Context, k Key) (bool, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -80,9 +84,10 @@ func (h *Holder) Hold(ctx context.Context, k Key) (bool, error) {
 		h.conn = c
 	}
 	var unset, held bool
+	var notified int64
 	err := h.conn.QueryRow(ctx, queries.BusyHold, pgx.NamedArgs{
-		"app_id": k.AppID, "queue_name": k.Queue, "idle_ms": h.idle.Milliseconds(),
-	}).Scan(&unset, &held)
+		"app_id": k.AppID, "queue_name": k.Queue, "owner": h.owner, "idle_ms": h.idle.Milliseconds(),
+	}).Scan(&unset, &held, &notified)
 	if err != nil {
 		h.drop()
 		return false, fmt.Errorf("busy lock %s/%s: hold: %w", k.AppID, k.Queue, err)

@@ -40,7 +40,12 @@ func newFixture(t *testing.T) *fixture {
 }
 
 func (f *fixture) holder(t *testing.T, idle time.Duration) *busylock.Holder {
-	return busylock.New(func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, f.dsn) }, idle, zerolog.Nop())
+	return f.holderOf(uuid.New(), idle)
+}
+
+// holderOf is a holder for the dispatcher named owner.
+func (f *fixture) holderOf(owner uuid.UUID, idle time.Duration) *busylock.Holder {
+	return busylock.New(func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, f.dsn) }, owner, idle, zerolog.Nop())
 }
 
 // notifies inserts one message into queue "q" on a fresh connection,
@@ -125,6 +130,64 @@ func TestTriggerSkipsWhileKeyHeld(t *testing.T) {
 	}
 	if !f.notifies(t, pgx.ReadCommitted) {
 		t.Error("no notification after the key was released")
+	}
+}
+
+// A dispatcher that takes a key tells the others in the same statement, so
+// that they watch it even if it dies before writing its queue_busy row. A
+// failed or repeated Hold sends nothing.
+func TestHoldAnnouncesTheKey(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	listener, err := pgx.Connect(ctx, f.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close(ctx)
+	if _, err := listener.Exec(ctx, "LISTEN bellhop"); err != nil {
+		t.Fatal(err)
+	}
+	oa, ob := uuid.New(), uuid.New()
+	a, b := f.holderOf(oa, 10*time.Second), f.holderOf(ob, 10*time.Second)
+	steps := []struct {
+		name string
+		do   func() (bool, error)
+		want bool
+	}{
+		{"a.Hold", func() (bool, error) { return a.Hold(ctx, f.key) }, true},
+		{"a.Hold again", func() (bool, error) { return a.Hold(ctx, f.key) }, true},
+		{"b.Hold while a holds", func() (bool, error) { return b.Hold(ctx, f.key) }, false},
+		{"a.Release", func() (bool, error) { return a.Release(ctx, f.key) }, true},
+		{"b.Hold", func() (bool, error) { return b.Hold(ctx, f.key) }, true},
+	}
+	for _, s := range steps {
+		if ok, err := s.do(); err != nil || ok != s.want {
+			t.Fatalf("%s = %v, %v; want %v", s.name, ok, err, s.want)
+		}
+	}
+	// Notifications arrive in commit order: the sentinel comes last.
+	if _, err := f.admin.Exec(ctx, "SELECT pg_notify('bellhop', 'h:sentinel')"); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"b:" + f.key.AppID.String() + ":" + oa.String() + ":" + f.key.Queue,
+		"b:" + f.key.AppID.String() + ":" + ob.String() + ":" + f.key.Queue,
+	}
+	var got []string
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	for {
+		n, err := listener.WaitForNotification(wctx)
+		if err != nil {
+			t.Fatalf("waiting for the sentinel (got %q so far): %v", got, err)
+		}
+		if n.Payload == "h:sentinel" {
+			break
+		}
+		got = append(got, n.Payload)
+	}
+	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
+		t.Errorf("notifications = %q; want %q", got, want)
 	}
 }
 
