@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Model-checks busymark.pml with spin.  See README.md.
 #
-#   ./check.sh            the quick set (about a minute): the protocol is
-#                         safe and live; every broken variant is caught
-#   ./check.sh full       also the larger configurations (several minutes)
+#   ./check.sh            the quick set (about two minutes on 2 CPUs): the
+#                         protocol is safe and live; every broken variant is
+#                         caught
+#   ./check.sh full       also the larger configurations (about 20 minutes)
 #   ./check.sh trail RUN  replays RUN's shortest counterexample as events
 #   ./check.sh list       lists the runs
 #
@@ -19,34 +20,42 @@ OUT=out
 PAN_M=-m4000000            # search depth limit (never reached: checked below)
 
 # name | expect (pass|fail) | mode (safe|live) | spin -D flags
+# Sizes: NMSG 3 messages unless -DNMSG, NDROP 1 dropped lock session
+# unless -DNDROP (README.md, "Results").
 QUICK='
-safe            |pass|safe|
-safe-impl-fixed |pass|safe|-DMARK_NEXT -DMARK_WATCH -DSYNC_NOTIFY
-live            |pass|live|-DSYNC_NOTIFY
+safe            |pass|safe|-DNMSG=2 -DSYNC_NOTIFY
+safe-impl       |pass|safe|-DMARK_NEXT -DMARK_WATCH -DNMSG=2 -DSYNC_NOTIFY
+safe-async      |pass|safe|-DNMSG=2 -DNDROP=0
+live            |pass|live|-DNMSG=2 -DSYNC_NOTIFY
 flaw-no-lockwait     |fail|safe|-DFLAW_NO_LOCKWAIT -DSYNC_NOTIFY
-flaw-early-read      |fail|safe|-DFLAW_EARLY_READ -DNO_FAILURE -DNO_EXPIRY -DSYNC_NOTIFY
-flaw-stale-now       |fail|safe|-DFLAW_STALE_NOW -DSYNC_NOTIFY
-flaw-no-new-notify   |fail|safe|-DFLAW_NO_NEW_NOTIFY -DSYNC_NOTIFY
-flaw-timer-idle      |fail|safe|-DFLAW_TIMER_IDLE -DSYNC_NOTIFY
-flaw-settle-mark     |fail|safe|-DFLAW_SETTLE_MARK -DNO_MARK_ASSERT -DSYNC_NOTIFY
-flaw-last-pass       |fail|safe|-DFLAW_LAST_PASS -DNMSG=4 -DSTOP_ONLY -DNO_EXPIRY -DSYNC_NOTIFY
-flaw-wake-idle       |fail|safe|-DFLAW_WAKE_IDLE -DSTOP_ONLY -DNO_EXPIRY -DSYNC_NOTIFY
-flaw-skip            |fail|safe|-DFLAW_SKIP -DCRASH_ONLY -DNO_EXPIRY -DSYNC_NOTIFY
-impl-as-designed     |fail|safe|-DMARK_NEXT -DFLAW_LAST_PASS -DFLAW_WAKE_IDLE -DFLAW_SKIP -DSTOP_ONLY -DNO_EXPIRY -DSYNC_NOTIFY
-live-flaw-timer-idle |fail|live|-DFLAW_TIMER_IDLE -DSYNC_NOTIFY
+flaw-early-read      |fail|safe|-DFLAW_EARLY_READ -DNO_FAILURE -DNDROP=0 -DNO_EXPIRY -DSYNC_NOTIFY
+flaw-no-free-check   |fail|safe|-DFLAW_NO_FREE_CHECK -DNMSG=2 -DSYNC_NOTIFY
+flaw-watch-row-only  |fail|safe|-DFLAW_WATCH_ROW_ONLY -DNMSG=2 -DCRASH_ONLY -DNDROP=0 -DSYNC_NOTIFY
+flaw-hold-silent     |fail|safe|-DFLAW_HOLD_SILENT -DMARK_NEXT -DNMSG=2 -DCRASH_ONLY -DNDROP=0 -DNO_EXPIRY -DSYNC_NOTIFY
+flaw-timer-idle      |fail|safe|-DFLAW_TIMER_IDLE -DNMSG=2 -DNDROP=0 -DSYNC_NOTIFY
+flaw-settle-mark     |fail|safe|-DFLAW_SETTLE_MARK -DSYNC_NOTIFY
+flaw-last-pass       |fail|safe|-DFLAW_LAST_PASS -DNMSG=4 -DSTOP_ONLY -DNDROP=0 -DNO_EXPIRY -DSYNC_NOTIFY
+flaw-wake-idle       |fail|safe|-DFLAW_WAKE_IDLE -DSTOP_ONLY -DNDROP=0 -DNO_EXPIRY -DSYNC_NOTIFY
+flaw-skip            |fail|safe|-DFLAW_SKIP -DCRASH_ONLY -DNDROP=0 -DNO_EXPIRY -DSYNC_NOTIFY
+impl-as-designed     |fail|safe|-DMARK_NEXT -DFLAW_LAST_PASS -DFLAW_WAKE_IDLE -DFLAW_SKIP -DSTOP_ONLY -DNDROP=0 -DNO_EXPIRY -DSYNC_NOTIFY
+live-flaw-timer-idle |fail|live|-DFLAW_TIMER_IDLE -DNMSG=2 -DNDROP=0 -DSYNC_NOTIFY
 '
 FULL='
+safe-3          |pass|safe|-DSYNC_NOTIFY
+safe-impl-3     |pass|safe|-DMARK_NEXT -DMARK_WATCH -DSYNC_NOTIFY
+safe-async-drop |pass|safe|-DNMSG=2
+safe-async-3    |pass|safe|-DNDROP=0
+safe-cap2       |pass|safe|-DCAP=2 -DNMSG=4 -DNDROP=0 -DSYNC_NOTIFY
+safe-3prod      |pass|safe|-DNPROD=3 -DNDROP=0 -DSYNC_NOTIFY
+safe-impl-async |pass|safe|-DMARK_NEXT -DMARK_WATCH -DNMSG=2
+live-3          |pass|live|-DSYNC_NOTIFY
+live-impl       |pass|live|-DMARK_NEXT -DMARK_WATCH -DNMSG=2 -DSYNC_NOTIFY
 live-async      |pass|live|-DNMSG=2
-impl-no-failure |pass|safe|-DMARK_NEXT -DFLAW_LAST_PASS -DFLAW_WAKE_IDLE -DFLAW_SKIP -DNO_FAILURE
-safe-4          |pass|safe|-DNMSG=4
-safe-cap2       |pass|safe|-DCAP=2 -DNMSG=4
-safe-3prod      |pass|safe|-DNPROD=3 -DSYNC_NOTIFY
-safe-mark-next  |pass|safe|-DMARK_NEXT
-safe-mark-next-cap2 |pass|safe|-DMARK_NEXT -DCAP=2
-safe-mark-watch |pass|safe|-DMARK_WATCH
-safe-impl-fixed-async |pass|safe|-DMARK_NEXT -DMARK_WATCH
-live-3-async    |pass|live|
-live-impl-fixed |pass|live|-DMARK_NEXT -DMARK_WATCH -DSYNC_NOTIFY
+impl-no-failure |pass|safe|-DMARK_NEXT -DFLAW_LAST_PASS -DFLAW_WAKE_IDLE -DFLAW_SKIP -DNO_FAILURE -DNMSG=2
+no-row-notify   |pass|safe|-DNO_ROW_NOTIFY -DMARK_NEXT -DMARK_WATCH -DNMSG=2 -DSYNC_NOTIFY
+no-row          |pass|safe|-DNO_ROW -DMARK_NEXT -DMARK_WATCH -DSYNC_NOTIFY
+hold-err-forget |pass|safe|-DHOLD_ERR_FORGET -DNMSG=2 -DSYNC_NOTIFY
+settle-mark-no-assert |pass|safe|-DFLAW_SETTLE_MARK -DNO_MARK_ASSERT -DNMSG=2 -DSYNC_NOTIFY
 '
 
 command -v spin >/dev/null || { echo "check.sh: spin not found (apt-get install spin)" >&2; exit 2; }
@@ -69,7 +78,7 @@ build() {
 		cd "$dir"
 		# shellcheck disable=SC2086
 		spin -a $flags "$MODEL" </dev/null >spin.log 2>&1 || { cat spin.log >&2; exit 1; }
-		local cc="-O2 -w -DCOLLAPSE -DNFAIR=3"
+		local cc="-O2 -w -DCOLLAPSE -DNFAIR=4"
 		[ "$mode" = safe ] && cc="$cc -DSAFETY"
 		# shellcheck disable=SC2086
 		gcc $cc $extra $flags -o pan pan.c </dev/null 2>gcc.log || { cat gcc.log >&2; exit 1; }
