@@ -51,9 +51,13 @@ done
 script=$(mktemp)
 printf "INSERT INTO queue_messages (app_id, queue_name, payload) VALUES ('%s', 'q', '{\"a\":1}');\n" "$app" >"$script"
 
+# Bellhop's own trigger, as the migrations left it.
+current=$(psql -c "SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgname = 'queue_messages_notify' AND tgrelid = 'queue_messages'::regclass")
+[ -n "$current" ] || { echo "run.sh: trigger queue_messages_notify is missing; re-create it first" >&2; kill "$holder"; exit 1; }
+
 restore() {
     psql -c "DROP TRIGGER IF EXISTS queue_messages_notify ON queue_messages" \
-         -c "CREATE TRIGGER queue_messages_notify AFTER INSERT ON queue_messages REFERENCING NEW TABLE AS new_messages FOR EACH STATEMENT EXECUTE FUNCTION bellhop_notify_queue_messages()" \
+         -c "$current" \
          -c "DELETE FROM queue_busy WHERE app_id = '$app'" \
          -c "TRUNCATE queue_messages"
     rm -f "$script"
@@ -63,13 +67,10 @@ trap restore EXIT
 
 install() {
     psql -c "DROP TRIGGER IF EXISTS queue_messages_notify ON queue_messages"
+    fn=bench_tc_$1
     case $1 in
     off) ;;
-    current) fn=bellhop_notify_queue_messages ;;
-    *) fn=bench_tc_$1 ;;
-    esac
-    case $1 in
-    off) ;;
+    current) psql -c "$current" ;;
     row_*) psql -c "CREATE TRIGGER queue_messages_notify AFTER INSERT ON queue_messages FOR EACH ROW EXECUTE FUNCTION $fn()" ;;
     before_memo) psql -c "CREATE TRIGGER queue_messages_notify BEFORE INSERT ON queue_messages FOR EACH ROW
                           WHEN (current_setting('bellhop.announced', true) IS DISTINCT FROM NEW.app_id::text || ':' || NEW.queue_name)

@@ -145,8 +145,9 @@ BEGIN
     RETURN NULL;
 END $$;
 
--- The mark as a lock instead of a row (what 0042 adopted as "current"; kept
--- so that the recorded runs can be repeated): a draining dispatcher would hold a
+-- The mark as a lock instead of a row (migration 0042's trigger, before
+-- 0043 moved it into a row trigger's WHEN clause, which is "current" now;
+-- kept so that the recorded runs can be repeated): a draining dispatcher would hold a
 -- session advisory lock on a second key (1650814062) exclusively, and a
 -- producer, after the shared lock of "current", tries that key shared and
 -- lets it go at once; failing means busy. Lock state is not MVCC, so the

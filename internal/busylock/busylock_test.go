@@ -3,6 +3,7 @@ package busylock_test
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -188,6 +189,78 @@ func TestHoldAnnouncesTheKey(t *testing.T) {
 	}
 	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
 		t.Errorf("notifications = %q; want %q", got, want)
+	}
+}
+
+// The trigger decides per row (migrations/0043_notify_when.sql): a
+// multi-row INSERT announces each queue once, and only the queues no
+// dispatcher holds; a statement that fails after a row was checked leaves
+// the producer's session holding no busy key, which would otherwise keep
+// every dispatcher from marking the queue until the producer disconnects.
+func TestTriggerMultiRowStatements(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	listener, err := pgx.Connect(ctx, f.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close(ctx)
+	if _, err := listener.Exec(ctx, "LISTEN bellhop"); err != nil {
+		t.Fatal(err)
+	}
+	// announced runs one INSERT on the producer's connection and returns
+	// the message notifications sent before it returned, in order, and its
+	// error.
+	announced := func(insert string, args ...any) ([]string, error) {
+		t.Helper()
+		_, ierr := f.admin.Exec(ctx, insert, args...)
+		if _, err := f.admin.Exec(ctx, "SELECT pg_notify('bellhop', 'h:sentinel')"); err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		var got []string
+		for {
+			n, err := listener.WaitForNotification(wctx)
+			if err != nil {
+				t.Fatalf("waiting for the sentinel: %v", err)
+			}
+			if n.Payload == "h:sentinel" {
+				return got, ierr
+			}
+			if strings.HasPrefix(n.Payload, "q:") { // not Hold's "b:"
+				got = append(got, n.Payload)
+			}
+		}
+	}
+	q := "q:" + f.key.AppID.String() + ":q"
+	r := "q:" + f.key.AppID.String() + ":r"
+	const both = `INSERT INTO queue_messages (app_id, queue_name, payload)
+		SELECT $1, n, '{}' FROM unnest(ARRAY['q', 'q', 'r', 'q', 'r']) AS n`
+
+	got, err := announced(both, f.key.AppID)
+	if err != nil || len(got) != 2 || got[0] != q || got[1] != r {
+		t.Errorf("5 rows to q and r, no key held: notifications %q, %v; want [%q %q]", got, err, q, r)
+	}
+
+	got, err = announced(`INSERT INTO queue_messages (app_id, queue_name, payload) VALUES ($1, 'q', '{}'), ($2, 'q', '{}')`,
+		f.key.AppID, uuid.New())
+	if err == nil || len(got) != 0 {
+		t.Fatalf("INSERT with an unknown app: notifications %q, error %v; want none and an error", got, err)
+	}
+	var keys int
+	err = f.admin.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()`).Scan(&keys)
+	if err != nil || keys != 0 {
+		t.Fatalf("the producer's session holds %d advisory locks after its INSERT failed (%v); want 0", keys, err)
+	}
+
+	h := f.holder(t, 10*time.Second)
+	if ok, err := h.Hold(ctx, f.key); err != nil || !ok {
+		t.Fatalf("Hold after the failed INSERT = %v, %v; want true", ok, err)
+	}
+	got, err = announced(both, f.key.AppID)
+	if err != nil || len(got) != 1 || got[0] != r {
+		t.Errorf("5 rows to q and r, q's key held: notifications %q, %v; want [%q]", got, err, r)
 	}
 }
 
