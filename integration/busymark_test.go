@@ -182,24 +182,8 @@ func TestBusyMarkOfHungDispatcher(t *testing.T) {
 
 	// The hung dispatcher: its busy key, held by a session that the server
 	// ends after 4s of silence, as internal/busylock holds it.
-	ctx := context.Background()
-	var appID uuid.UUID
-	if err := e.pool.QueryRow(ctx, "SELECT id FROM apps WHERE name = 'app'").Scan(&appID); err != nil {
-		t.Fatal(err)
-	}
-	hung, err := pgx.Connect(ctx, e.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hung.Close(ctx)
 	const idle = 4 * time.Second
-	var held bool
-	err = hung.QueryRow(ctx, queries.BusyHold, pgx.NamedArgs{
-		"app_id": appID, "queue_name": "orders", "owner": uuid.New(), "idle_ms": idle.Milliseconds(),
-	}).Scan(new(bool), &held, new(int64))
-	if err != nil || !held {
-		t.Fatalf("hold the busy key: %v, %v", held, err)
-	}
+	hung, _ := holdOrdersKey(t, e, idle)
 	sessionEnd := time.Now().Add(idle)
 	// Its row, whose lease ends long before the session does.
 	leaseEnd := deadMark(t, e, 200*time.Millisecond)
@@ -223,7 +207,7 @@ func TestBusyMarkOfHungDispatcher(t *testing.T) {
 	waitFor(t, time.Until(sessionEnd)+3*time.Second, "the server ends the hung session and its key", func() bool {
 		return e.count(t, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1650814062`) == 0
 	})
-	if err := hung.Ping(ctx); err == nil {
+	if err := hung.Ping(context.Background()); err == nil {
 		t.Error("the hung session still answers after its idle_session_timeout")
 	}
 }
@@ -241,23 +225,7 @@ func TestBusyKeyWithoutRow(t *testing.T) {
 	passes := claims.ended.Load()
 
 	ctx := context.Background()
-	var appID uuid.UUID
-	if err := e.pool.QueryRow(ctx, "SELECT id FROM apps WHERE name = 'app'").Scan(&appID); err != nil {
-		t.Fatal(err)
-	}
-	other, err := pgx.Connect(ctx, e.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close(ctx)
-	var held bool
-	var notified int64
-	err = other.QueryRow(ctx, queries.BusyHold, pgx.NamedArgs{
-		"app_id": appID, "queue_name": "orders", "owner": uuid.New(), "idle_ms": time.Hour.Milliseconds(),
-	}).Scan(new(bool), &held, &notified)
-	if err != nil || !held || notified != 1 {
-		t.Fatalf("hold the busy key: held %v, notified %d, %v", held, notified, err)
-	}
+	other, _ := holdOrdersKey(t, e, time.Hour)
 	if n := e.count(t, "SELECT count(*) FROM queue_busy"); n != 0 {
 		t.Fatalf("%d queue_busy rows; the test needs none", n)
 	}
@@ -289,6 +257,33 @@ func TestBusyKeyWithoutRow(t *testing.T) {
 	waitFor(t, 5*time.Second, "delivered after the holder died", func() bool {
 		return len(rec.deliveries()) == len(ids)
 	})
+}
+
+// holdOrdersKey takes the busy key of app "app"'s queue "orders" on a new
+// session, as internal/busylock does, with idle as its
+// idle_session_timeout (0: none), and checks that the hold was announced.
+// It returns the session, closed when the test ends, and the app's id.
+func holdOrdersKey(t *testing.T, e *env, idle time.Duration) (*pgx.Conn, uuid.UUID) {
+	t.Helper()
+	ctx := context.Background()
+	var appID uuid.UUID
+	if err := e.pool.QueryRow(ctx, "SELECT id FROM apps WHERE name = 'app'").Scan(&appID); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, e.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	var held bool
+	var notified int64
+	err = conn.QueryRow(ctx, queries.BusyHold, pgx.NamedArgs{
+		"app_id": appID, "queue_name": "orders", "owner": uuid.New(), "idle_ms": idle.Milliseconds(),
+	}).Scan(new(bool), &held, &notified)
+	if err != nil || !held || notified != 1 {
+		t.Fatalf("hold the busy key: held %v, notified %d, %v", held, notified, err)
+	}
+	return conn, appID
 }
 
 // startOrders registers a consumer of queue "orders", starts a dispatcher
@@ -353,22 +348,12 @@ func TestWakeScanSeesBusyKeys(t *testing.T) {
 	if got := scan(); len(got) != 0 {
 		t.Fatalf("wake scan of idle queues = %v, want none", got)
 	}
-	holder, err := pgx.Connect(ctx, e.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Close(ctx)
-	var held bool
-	err = holder.QueryRow(ctx, queries.BusyHold, pgx.NamedArgs{"app_id": appID, "queue_name": "orders", "owner": uuid.New(), "idle_ms": 0}).
-		Scan(new(bool), &held, new(int64))
-	if err != nil || !held {
-		t.Fatalf("hold the busy key: %v, %v", held, err)
-	}
+	holder, appID := holdOrdersKey(t, e, 0)
 	if got := scan(); len(got) != 1 || got[0] != orders.ID {
 		t.Errorf("wake scan while the key of %q is held = %v, want [%s]", "orders", got, orders.ID)
 	}
 	var released bool
-	err = holder.QueryRow(ctx, queries.BusyRelease, pgx.NamedArgs{"app_id": appID, "queue_name": "orders", "idle_ms": 0}).
+	err := holder.QueryRow(ctx, queries.BusyRelease, pgx.NamedArgs{"app_id": appID, "queue_name": "orders", "idle_ms": 0}).
 		Scan(new(bool), &released)
 	if err != nil || !released {
 		t.Fatalf("release the busy key: %v, %v", released, err)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -63,8 +64,15 @@ func runBusy(ctx context.Context, e *env, run int) error {
 	if e.p.Quick {
 		backlog /= 10
 	}
+	// Even runs take the modes in reverse order, so that a drift within
+	// a run (autovacuum, the machine's load) does not always fall on the
+	// same mode.
+	modes := slices.Clone(busyModes)
+	if run%2 == 0 {
+		slices.Reverse(modes)
+	}
 	for _, s := range []shape{{8, true}, {32, true}, {32, false}} {
-		for _, m := range busyModes {
+		for _, m := range modes {
 			name := busyCase(s.producers, s.backlog, m.label)
 			verb := "DISABLE"
 			if m.trigger {
@@ -85,6 +93,11 @@ func runBusy(ctx context.Context, e *env, run int) error {
 				if _, err := setup.Exec(ctx, "VACUUM ANALYZE queue_messages"); err != nil {
 					return err
 				}
+			}
+			// The prefill's WAL would otherwise bring a checkpoint, and its
+			// full-page writes, into whichever case comes next.
+			if _, err := setup.Exec(ctx, "CHECKPOINT"); err != nil {
+				return err
 			}
 			r, err := produceWhileDraining(ctx, e, db, s.producers, m.disableMarks)
 			if err != nil {
@@ -107,7 +120,7 @@ func runBusy(ctx context.Context, e *env, run int) error {
 	if _, err := setup.Exec(ctx, "ALTER TABLE queue_messages ENABLE TRIGGER queue_messages_notify"); err != nil {
 		return err
 	}
-	e.res.Note("busy", "one queue with a consumer served by a no-op Go handler (max in-flight 10) in a dispatcher in this process; producers as in scenario 6 for %s per case; busy marks disabled with DispatcherConfig.DisableBusyMarks; the trigger disabled with ALTER TABLE ... DISABLE TRIGGER", e.p.producerDuration)
+	e.res.Note("busy", "one queue with a consumer served by a no-op Go handler (max in-flight 10) in a dispatcher in this process; producers as in scenario 6 for %s per case, each case after TRUNCATE (and the backlog, if any) and CHECKPOINT, the modes in reverse order in even runs; busy marks disabled with DispatcherConfig.DisableBusyMarks; the trigger disabled with ALTER TABLE ... DISABLE TRIGGER", e.p.producerDuration)
 	e.res.Note("busy", "'draining': %d messages enqueued (EnqueueMany, then VACUUM ANALYZE) before the dispatcher starts, so that it claims throughout in every mode; 'backlog left' counts those still there when the producers stop (0 would mean the dispatcher ran dry). 'keeping up': no backlog; with the trigger off the dispatcher only finds messages at its fallback poll, so it does no work and that row is an upper bound", backlog)
 	return nil
 }

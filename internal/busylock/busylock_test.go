@@ -49,20 +49,54 @@ func (f *fixture) holderOf(owner uuid.UUID, idle time.Duration) *busylock.Holder
 	return busylock.New(func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, f.dsn) }, owner, idle, zerolog.Nop())
 }
 
-// notifies inserts one message into queue "q" on a fresh connection,
-// under the given isolation level, and reports whether the notify trigger
-// announced it.
-func (f *fixture) notifies(t *testing.T, iso pgx.TxIsoLevel) bool {
+// listen returns a connection listening on the bellhop channel, closed
+// when the test ends.
+func (f *fixture) listen(t *testing.T) *pgx.Conn {
 	t.Helper()
 	ctx := context.Background()
 	listener, err := pgx.Connect(ctx, f.dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer listener.Close(ctx)
+	t.Cleanup(func() { listener.Close(context.Background()) })
 	if _, err := listener.Exec(ctx, "LISTEN bellhop"); err != nil {
 		t.Fatal(err)
 	}
+	return listener
+}
+
+// sent returns, in order, the payloads starting with prefix that listener
+// received before a sentinel that sent sends now: notifications arrive in
+// commit order, so these are all that were committed before.
+func (f *fixture) sent(t *testing.T, listener *pgx.Conn, prefix string) []string {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := f.admin.Exec(ctx, "SELECT pg_notify('bellhop', 'h:sentinel')"); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var got []string
+	for {
+		n, err := listener.WaitForNotification(wctx)
+		if err != nil {
+			t.Fatalf("waiting for the sentinel (got %q so far): %v", got, err)
+		}
+		if n.Payload == "h:sentinel" {
+			return got
+		}
+		if strings.HasPrefix(n.Payload, prefix) {
+			got = append(got, n.Payload)
+		}
+	}
+}
+
+// notifies inserts one message into queue "q" under the given isolation
+// level, and reports whether the notify trigger announced it.
+func (f *fixture) notifies(t *testing.T, iso pgx.TxIsoLevel) bool {
+	t.Helper()
+	ctx := context.Background()
+	listener := f.listen(t)
 	tx, err := f.admin.BeginTx(ctx, pgx.TxOptions{IsoLevel: iso})
 	if err != nil {
 		t.Fatal(err)
@@ -75,26 +109,8 @@ func (f *fixture) notifies(t *testing.T, iso pgx.TxIsoLevel) bool {
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// Notifications arrive in commit order: a sentinel sent after the
-	// commit comes after the trigger's notification, if there is one.
-	if _, err := f.admin.Exec(ctx, "SELECT pg_notify('bellhop', 'h:sentinel')"); err != nil {
-		t.Fatal(err)
-	}
-	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	announced := false
-	for {
-		n, err := listener.WaitForNotification(wctx)
-		if err != nil {
-			t.Fatalf("waiting for the sentinel: %v", err)
-		}
-		switch n.Payload {
-		case "h:sentinel":
-			return announced
-		case "q:" + f.key.AppID.String() + ":" + f.key.Queue:
-			announced = true
-		}
-	}
+	got := f.sent(t, listener, "q:")
+	return len(got) == 1 && got[0] == "q:"+f.key.AppID.String()+":"+f.key.Queue
 }
 
 func TestTriggerSkipsWhileKeyHeld(t *testing.T) {
@@ -140,14 +156,7 @@ func TestTriggerSkipsWhileKeyHeld(t *testing.T) {
 func TestHoldAnnouncesTheKey(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	listener, err := pgx.Connect(ctx, f.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer listener.Close(ctx)
-	if _, err := listener.Exec(ctx, "LISTEN bellhop"); err != nil {
-		t.Fatal(err)
-	}
+	listener := f.listen(t)
 	oa, ob := uuid.New(), uuid.New()
 	a, b := f.holderOf(oa, 10*time.Second), f.holderOf(ob, 10*time.Second)
 	steps := []struct {
@@ -166,27 +175,11 @@ func TestHoldAnnouncesTheKey(t *testing.T) {
 			t.Fatalf("%s = %v, %v; want %v", s.name, ok, err, s.want)
 		}
 	}
-	// Notifications arrive in commit order: the sentinel comes last.
-	if _, err := f.admin.Exec(ctx, "SELECT pg_notify('bellhop', 'h:sentinel')"); err != nil {
-		t.Fatal(err)
-	}
 	want := []string{
 		"b:" + f.key.AppID.String() + ":" + oa.String() + ":" + f.key.Queue,
 		"b:" + f.key.AppID.String() + ":" + ob.String() + ":" + f.key.Queue,
 	}
-	var got []string
-	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	for {
-		n, err := listener.WaitForNotification(wctx)
-		if err != nil {
-			t.Fatalf("waiting for the sentinel (got %q so far): %v", got, err)
-		}
-		if n.Payload == "h:sentinel" {
-			break
-		}
-		got = append(got, n.Payload)
-	}
+	got := f.sent(t, listener, "")
 	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
 		t.Errorf("notifications = %q; want %q", got, want)
 	}
@@ -200,38 +193,14 @@ func TestHoldAnnouncesTheKey(t *testing.T) {
 func TestTriggerMultiRowStatements(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	listener, err := pgx.Connect(ctx, f.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer listener.Close(ctx)
-	if _, err := listener.Exec(ctx, "LISTEN bellhop"); err != nil {
-		t.Fatal(err)
-	}
+	listener := f.listen(t)
 	// announced runs one INSERT on the producer's connection and returns
-	// the message notifications sent before it returned, in order, and its
-	// error.
+	// the message notifications sent before it returned, in order (not
+	// Hold's "b:"), and its error.
 	announced := func(insert string, args ...any) ([]string, error) {
 		t.Helper()
-		_, ierr := f.admin.Exec(ctx, insert, args...)
-		if _, err := f.admin.Exec(ctx, "SELECT pg_notify('bellhop', 'h:sentinel')"); err != nil {
-			t.Fatal(err)
-		}
-		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		var got []string
-		for {
-			n, err := listener.WaitForNotification(wctx)
-			if err != nil {
-				t.Fatalf("waiting for the sentinel: %v", err)
-			}
-			if n.Payload == "h:sentinel" {
-				return got, ierr
-			}
-			if strings.HasPrefix(n.Payload, "q:") { // not Hold's "b:"
-				got = append(got, n.Payload)
-			}
-		}
+		_, err := f.admin.Exec(ctx, insert, args...)
+		return f.sent(t, listener, "q:"), err
 	}
 	q := "q:" + f.key.AppID.String() + ":q"
 	r := "q:" + f.key.AppID.String() + ":r"
