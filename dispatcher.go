@@ -78,6 +78,16 @@ type DispatcherConfig struct {
 	// DisableBusyMarks makes every producer notify, as if no dispatcher
 	// were ever busy. For comparison; there is no other reason to set it.
 	DisableBusyMarks bool
+	// LeaseAtInsert lets producers lease new messages to this dispatcher
+	// in their own transaction (docs/lease-at-insert.md): a queue that has
+	// gone idle leaves an offer, the next producer's trigger leases its
+	// message under the offer's token and sends the message, payload
+	// included, on a channel whose name only this dispatcher and the
+	// bellhop_offers table know, and the handler starts without a claim
+	// round trip. Producers of idle queues then pay for the lease's write.
+	// A lease whose notification is lost is found by its token on the next
+	// reconnect or poll, or comes back after its visibility timeout.
+	LeaseAtInsert bool
 }
 
 // Outcome is what became of a delivery.
@@ -139,8 +149,12 @@ type Dispatcher struct {
 	lastFired   map[uuid.UUID]bool
 	lastFiredMu sync.Mutex
 
-	// owner names this dispatcher's busy marks.
+	// owner names this dispatcher's busy marks and offers.
 	owner uuid.UUID
+	// leaseChannel receives leases made at INSERT (offers.go); empty
+	// unless LeaseAtInsert.
+	leaseChannel string
+	offers       offerBook
 }
 
 type queueKey struct {
@@ -225,6 +239,10 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 		byQueue:   map[queueKey]*lane{},
 		lastFired: map[uuid.UUID]bool{},
 		owner:     uuid.New(),
+		offers:    offerBook{byToken: map[uuid.UUID]*offer{}},
+	}
+	if cfg.LeaseAtInsert {
+		d.leaseChannel = newLeaseChannel()
 	}
 	// NewWithConfig does not connect yet; Run does.
 	db, err := pgxpool.NewWithConfig(context.Background(), pc)
@@ -250,6 +268,8 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 		Logger:           d.log,
 		ReconnectDelay:   cfg.ReconnectDelay,
 		HeartbeatTimeout: cfg.HeartbeatTimeout,
+		LeaseChannel:     d.leaseChannel,
+		OnLease:          d.onLease,
 	})
 	return d, nil
 }
@@ -300,6 +320,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		handlersCancel()
 		<-done
 	}
+	octx, ocancel := context.WithTimeout(context.Background(), 5*time.Second)
+	d.closeOffers(octx)
+	ocancel()
 	d.complete.Close()
 	bg.Wait()
 	cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -406,6 +429,10 @@ func (d *Dispatcher) control(ctx context.Context) {
 			}
 			if wakeAll {
 				d.wakeAfterConnect(ctx)
+				// Leases made while the listener was away announced
+				// themselves to nobody.
+				live, unheard := d.offerTokens(time.Now())
+				d.recoverLeases(ctx, append(live, unheard...))
 			}
 		case <-poll.C:
 			d.poll(ctx)
@@ -477,12 +504,20 @@ func (d *Dispatcher) poll(ctx context.Context) {
 
 	token := d.listener.ExpectHeartbeat()
 	var sent bool
-	var queueReady, invokeReady []uuid.UUID
+	var queueReady, invokeReady, liveOffers []uuid.UUID
 	var nextExpiry *time.Time
+	pollSent := time.Now()
+	offers, unheard := d.offerTokens(pollSent)
+	if offers == nil {
+		offers = []uuid.UUID{}
+	}
 	err := d.db.QueryRow(ctx, queries.Poll, pgx.NamedArgs{
 		"heartbeat":       "h:" + token,
 		"default_vt_secs": int(d.cfg.DefaultVisibilityTimeout / time.Second),
-	}).Scan(&sent, &queueReady, &invokeReady, &nextExpiry)
+		"owner":           d.owner,
+		"offers":          offers,
+		"offer_ttl_ms":    d.offerTTL().Milliseconds(),
+	}).Scan(&sent, &queueReady, &invokeReady, &nextExpiry, &liveOffers)
 	if err != nil {
 		d.listener.ForgetHeartbeat(token)
 		if ctx.Err() == nil {
@@ -493,6 +528,8 @@ func (d *Dispatcher) poll(ctx context.Context) {
 	if nextExpiry != nil {
 		d.reclaim.Observe(*nextExpiry)
 	}
+	d.recoverLeases(ctx, unheard)
+	d.afterPoll(ctx, pollSent, offers, liveOffers)
 	missed := 0
 	wake := func(l *lane) {
 		b := before[l]

@@ -74,6 +74,15 @@ type lane struct {
 	// the queue, so this lane must watch it even if its next pass comes
 	// too late to see the mark.
 	watchHint atomic.Bool
+
+	// Leasing at INSERT (offers.go). claimReq is set by poke: the next
+	// wake-up claims; offerPoke wakes the lane only to offer again.
+	// offered: a token of this lane is on offer. pending holds leased
+	// messages waiting for a free slot.
+	claimReq atomic.Bool
+	offered  atomic.Bool
+	pendMu   sync.Mutex
+	pending  []*claim.Message
 }
 
 func newLane(ctx context.Context, d *Dispatcher, st *consumerState, t claim.Target) *lane {
@@ -90,6 +99,21 @@ func newLane(ctx context.Context, d *Dispatcher, st *consumerState, t claim.Targ
 // poke wakes the lane for one more claim pass, starting its goroutine if
 // it has none; it never blocks.
 func (l *lane) poke() {
+	l.claimReq.Store(true)
+	l.offerPoke()
+}
+
+// reoffer wakes the lane to make an offer if it has none: a slot was
+// freed, and a full lane makes none.
+func (l *lane) reoffer() {
+	if l.d.cfg.LeaseAtInsert && l.target.Source == claim.Queue && !l.offered.Load() {
+		l.offerPoke()
+	}
+}
+
+// offerPoke wakes the lane without asking for a claim pass: it makes an
+// offer if it wants one (offers.go).
+func (l *lane) offerPoke() {
 	select {
 	case l.wake <- struct{}{}:
 	default:
@@ -146,23 +170,33 @@ func (l *lane) run() {
 			continue
 		}
 		byTimer := l.fired.Swap(false)
-		l.draining.Store(true)
-		l.passes.Add(1)
-		next, claimed := l.drain(ctx)
-		l.watched.Store(l.watching || l.busy)
-		l.draining.Store(false)
-		// A due time that has already passed by our clock but found
-		// nothing ready means the database's clock is behind ours:
-		// back off instead of spinning.
-		if byTimer && !claimed && !next.IsZero() && !next.After(time.Now()) {
-			l.emptyTimerWakes++
-			next = time.Now().Add(min(time.Second, time.Millisecond<<min(l.emptyTimerWakes, 10)))
-		} else if claimed || byTimer {
-			l.emptyTimerWakes = 0
+		if l.claimReq.Swap(false) || byTimer {
+			l.pass(ctx, byTimer)
 		}
-		if !next.IsZero() {
-			l.timer.Reset(time.Until(next))
+		if l.wantsOffer() {
+			l.makeOffer(ctx)
 		}
+	}
+}
+
+// pass runs one wake-up's claims and sets the timer.
+func (l *lane) pass(ctx context.Context, byTimer bool) {
+	l.draining.Store(true)
+	l.passes.Add(1)
+	next, claimed := l.drain(ctx)
+	l.watched.Store(l.watching || l.busy)
+	l.draining.Store(false)
+	// A due time that has already passed by our clock but found
+	// nothing ready means the database's clock is behind ours:
+	// back off instead of spinning.
+	if byTimer && !claimed && !next.IsZero() && !next.After(time.Now()) {
+		l.emptyTimerWakes++
+		next = time.Now().Add(min(time.Second, time.Millisecond<<min(l.emptyTimerWakes, 10)))
+	} else if claimed || byTimer {
+		l.emptyTimerWakes = 0
+	}
+	if !next.IsZero() {
+		l.timer.Reset(time.Until(next))
 	}
 }
 
@@ -176,6 +210,7 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 		st := l.state.Load()
 		if !st.Enabled {
 			l.dropMark(ctx)
+			l.withdraw(ctx)
 			return time.Time{}, claimed
 		}
 		if l.inFlight.Load() > 0 {
@@ -211,10 +246,20 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 			// one other dispatchers see.
 			l.hold(ctx)
 		}
+		// Take the free slots for the pass: a message leased to us at
+		// INSERT meanwhile waits for one of those the pass leaves.
+		if free = l.reserve(st.MaxInFlight); free == 0 {
+			l.backlog.Store(true)
+			if free = l.reserve(st.MaxInFlight); free == 0 {
+				return time.Time{}, claimed
+			}
+			l.backlog.Store(false)
+		}
 		sent := time.Now()
 		pass, err := claim.ClaimPass(ctx, l.d.db, l.target, free,
 			claim.Busy{Owner: l.d.owner, Mark: mark, Lease: l.d.cfg.BusyLease, Held: l.held()})
 		if err != nil {
+			l.freeSlots(free)
 			return l.retry(ctx, st, err), claimed
 		}
 		if mark {
@@ -237,10 +282,10 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 			l.d.fired(st.ID)
 		}
 		for i := range msgs {
-			l.inFlight.Add(1)
 			l.d.inFlight.Add(1)
 			go l.deliver(st, &msgs[i])
 		}
+		l.freeSlots(free - len(msgs))
 		if len(msgs) == free {
 			if marks {
 				// A backlog: mark the queue from the next pass on, so that
@@ -404,6 +449,9 @@ func (l *lane) deliver(st *consumerState, cm *claim.Message) {
 	if obs != nil {
 		obs.Delivered(m)
 	}
+	// A lane whose offer this message took (or that was full) offers
+	// again, now that nothing is left to do before the handler starts.
+	l.reoffer()
 	start := time.Now()
 	err := safeHandle(hctx, st.handler, m)
 	handled := time.Since(start)
@@ -447,7 +495,8 @@ func (l *lane) deliver(st *consumerState, cm *claim.Message) {
 	if obs != nil {
 		obs.Finished(m)
 	}
-	l.inFlight.Add(-1)
+	l.freeSlots(1)
+	l.reoffer()
 	if l.backlog.Swap(false) {
 		l.poke()
 	}
@@ -472,7 +521,8 @@ func (l *lane) releaseUnstarted(st *consumerState, cm *claim.Message) {
 			log.Error().Err(err).Msg("could not release an undelivered message; it comes back after its lease")
 		}
 	}})
-	l.inFlight.Add(-1)
+	l.freeSlots(1)
+	l.reoffer()
 	if l.backlog.Swap(false) {
 		l.poke()
 	}

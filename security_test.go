@@ -17,13 +17,17 @@ import (
 )
 
 // runDispatcher runs a Dispatcher on connString until the test ends.
-func runDispatcher(t *testing.T, connString string, r bellhop.Resolver) *bellhop.Dispatcher {
+func runDispatcher(t *testing.T, connString string, r bellhop.Resolver, tweaks ...func(*bellhop.DispatcherConfig)) *bellhop.Dispatcher {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(connString)
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := bellhop.NewDispatcher(cfg, bellhop.DispatcherConfig{Resolver: r, Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel), PollInterval: time.Hour})
+	dc := bellhop.DispatcherConfig{Resolver: r, Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel), PollInterval: time.Hour}
+	for _, tw := range tweaks {
+		tw(&dc)
+	}
+	d, err := bellhop.NewDispatcher(cfg, dc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,8 +199,9 @@ func (e *fxEnv) uuid(sql string, args ...any) uuid.UUID {
 }
 
 // TestLeastPrivilegeRoles applies docs/roles.sql and shows that a producer
-// can enqueue but cannot read, change or delete messages, and that a
-// dispatcher logged in with only bellhop_dispatcher delivers.
+// can enqueue but cannot read, change or delete messages, nor read offers,
+// and that a dispatcher logged in with only bellhop_dispatcher delivers,
+// polls, and has messages leased to it at INSERT by the producer.
 func TestLeastPrivilegeRoles(t *testing.T) {
 	e := fxNew(t)
 	a := e.app("shop")
@@ -230,6 +235,7 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 		`DELETE FROM queue_messages`,
 		`UPDATE queue_messages SET attempt = 0`,
 		`SELECT * FROM dead_letters`,
+		`SELECT * FROM bellhop_offers`,
 		`INSERT INTO queue_messages (app_id, queue_name, payload) VALUES ('` + a.ID.String() + `', 'orders', '{}') RETURNING payload`,
 		`DELETE FROM apps`,
 	}
@@ -256,7 +262,7 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 		t.Fatal(err)
 	}
 	var handled sync.WaitGroup
-	handled.Add(2)
+	handled.Add(3)
 	mux := bellhop.NewMux()
 	mux.Handle("shop", "orders", bellhop.HandlerFunc(func(context.Context, *bellhop.Message) error {
 		handled.Done()
@@ -264,9 +270,50 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	}))
 	cfg := e.pool.Config().ConnConfig.Copy()
 	cfg.User = login
-	runDispatcher(t, cfg.ConnString()+" user="+login, mux)
-	waitGroupTimeout(t, &handled, 15*time.Second)
+	d := runDispatcher(t, cfg.ConnString()+" user="+login, mux, func(c *bellhop.DispatcherConfig) {
+		c.LeaseAtInsert, c.PollInterval = true, 200*time.Millisecond
+	})
+	// Once the two are delivered the queue is idle and the lane offers;
+	// the polls extend the offer.
 	deadline := time.Now().Add(10 * time.Second)
+	for e.int64(`SELECT count(*) FROM bellhop_offers WHERE expires_at > now()`) != 1 || e.int64(`SELECT count(*) FROM queue_messages`) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the dispatcher role made no offer")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := conn.Exec(e.ctx, "SET ROLE bellhop_producer"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(e.ctx, allowed[0]); err != nil {
+		t.Fatalf("producer: %v", err)
+	}
+	if _, err := conn.Exec(e.ctx, "RESET ROLE"); err != nil {
+		t.Fatal(err)
+	}
+	waitGroupTimeout(t, &handled, 15*time.Second)
+	if st := d.LeaseStats(); st.Leased != 1 {
+		t.Errorf("LeaseStats = %+v; want the producer's third message leased", st)
+	}
+	// The lane's new offer, which the polls extend.
+	var first time.Time
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		var until *time.Time
+		if err := e.pool.QueryRow(e.ctx, `SELECT max(expires_at) FROM bellhop_offers`).Scan(&until); err != nil {
+			t.Fatal(err)
+		}
+		if until != nil && first.IsZero() {
+			first = *until
+		} else if until != nil && until.After(first) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the dispatcher role's polls did not extend its offer")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	deadline = time.Now().Add(10 * time.Second)
 	for e.int64(`SELECT count(*) FROM queue_messages`) != 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("the dispatcher role could not ack")

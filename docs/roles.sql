@@ -35,3 +35,9 @@ GRANT UPDATE (last_fired_at) ON queue_trigger_details TO bellhop_dispatcher;
 -- watch. The busy keys (0042) are advisory locks, which, like pg_notify
 -- and pg_locks, every role may use: neither role needs a grant for them.
 GRANT SELECT, INSERT, UPDATE, DELETE ON queue_busy TO bellhop_dispatcher;
+-- Offers (migrations/0044_lease_at_insert.sql): the dispatcher's poll
+-- extends and deletes them, and a dispatcher with LeaseAtInsert makes
+-- them. Producers need no grant: the notify trigger that takes them is
+-- SECURITY DEFINER. Nobody else may read them: an offer names the
+-- channel its lease, payload included, is sent on.
+GRANT SELECT, INSERT, UPDATE, DELETE ON bellhop_offers TO bellhop_dispatcher;

@@ -208,11 +208,18 @@ func (r *recorder) deliveries() []delivery {
 }
 
 // claimCounter is a pgx tracer that counts statements that claim rows:
-// every one whose SQL holds "FOR UPDATE SKIP LOCKED", run alone or in a
+// every one for which isClaim holds, run alone or in a
 // batch (the claim statements run in a batch, which a QueryTracer alone
 // does not see). ended counts the batches holding one that have finished.
 // claimCounter counts claim passes (and wake scans) as a pgx tracer.
-type claimCounter struct{ n, ended, scans atomic.Int64 }
+// queue counts the queue claims alone (sql/claim_queue.sql), without the
+// reclaim passes.
+type claimCounter struct{ n, ended, scans, queue atomic.Int64 }
+
+// isQueueClaim tells sql/claim_queue.sql from the other statements.
+func isQueueClaim(sql string) bool {
+	return strings.Contains(sql, "SET claim_token = gen_random_uuid()") && strings.Contains(sql, "FROM queue_messages AS c")
+}
 
 // wakeScanMarker is in the statement a dispatcher runs after it connects
 // to find the lanes to wake (sql/wake_scan.sql).
@@ -237,11 +244,21 @@ func (c *claimCounter) waitQuiet(t *testing.T, timeout, quiet time.Duration, wha
 
 const claimMarker = "FOR UPDATE SKIP LOCKED"
 
+// isClaim tells the claim and reclaim statements from the others that lock
+// with SKIP LOCKED: the poll and the offers' statements
+// (migrations/0044_lease_at_insert.sql), which name bellhop_offers.
+func isClaim(sql string) bool {
+	return strings.Contains(sql, claimMarker) && !strings.Contains(sql, "bellhop_offers")
+}
+
 type claimBatchKey struct{}
 
 func (c *claimCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if strings.Contains(d.SQL, claimMarker) {
+	if isClaim(d.SQL) {
 		c.n.Add(1)
+	}
+	if isQueueClaim(d.SQL) {
+		c.queue.Add(1)
 	}
 	if strings.Contains(d.SQL, wakeScanMarker) {
 		return context.WithValue(ctx, wakeScanKey{}, true)
@@ -260,9 +277,12 @@ func (c *claimCounter) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.Tra
 func (c *claimCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
 	claims := false
 	for _, q := range d.Batch.QueuedQueries {
-		if strings.Contains(q.SQL, claimMarker) {
+		if isClaim(q.SQL) {
 			c.n.Add(1)
 			claims = true
+		}
+		if isQueueClaim(q.SQL) {
+			c.queue.Add(1)
 		}
 	}
 	return context.WithValue(ctx, claimBatchKey{}, claims)

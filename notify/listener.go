@@ -51,6 +51,12 @@ type Config struct {
 	// HeartbeatTimeout is how long a heartbeat may take to come back
 	// before the connection is considered hung and replaced. Default 5s.
 	HeartbeatTimeout time.Duration
+	// LeaseChannel, if set, is also listened on, and its notifications,
+	// parsed by ParseLease, go to OnLease (on the listener's goroutine:
+	// route, don't work). Handler.Connected runs once both channels are
+	// listened on.
+	LeaseChannel string
+	OnLease      func(Lease)
 }
 
 // Stats are counters for metrics.
@@ -76,6 +82,8 @@ type Listener struct {
 	mu             sync.Mutex
 	pendingBeat    string
 	lastGarbledLog time.Time
+	// listened counts the channels listened on since the last connect.
+	listened atomic.Int32
 }
 
 // New returns a Listener; call Run to start it.
@@ -103,6 +111,9 @@ func (l *Listener) Run(ctx context.Context) error {
 			ReconnectDelay: l.cfg.ReconnectDelay,
 		}
 		pl.Handle(Channel, handler{l})
+		if l.cfg.LeaseChannel != "" {
+			pl.Handle(l.cfg.LeaseChannel, leaseHandler{handler{l}})
+		}
 		done := make(chan error, 1)
 		go func() { done <- pl.Listen(lctx) }()
 
@@ -195,6 +206,7 @@ func (l *Listener) ForgetHeartbeat(token string) {
 
 func (l *Listener) connect(ctx context.Context) (*pgx.Conn, error) {
 	l.connected.Store(false)
+	l.listened.Store(0)
 	cfg := l.cfg.ConnConfig.Copy()
 	// TCP keepalive notices a dead network path in about 25s instead of
 	// the kernel's two hours; the heartbeat covers a hung server.
@@ -259,12 +271,38 @@ func (h handler) HandleNotification(_ context.Context, n *pgconn.Notification, _
 	return nil
 }
 
-// HandleBacklog runs after every LISTEN, so it marks the connection live
-// and lets the dispatcher catch up on what it could not hear.
+// HandleBacklog runs after every LISTEN; once every channel is listened
+// on, it marks the connection live and lets the dispatcher catch up on
+// what it could not hear.
 func (h handler) HandleBacklog(context.Context, string, *pgx.Conn) error {
+	channels := int32(1)
+	if h.l.cfg.LeaseChannel != "" {
+		channels = 2
+	}
+	if h.l.listened.Add(1) != channels {
+		return nil
+	}
 	h.l.connected.Store(true)
 	h.l.connects.Add(1)
 	h.l.cfg.Logger.Info().Msg("listening for notifications")
 	h.l.cfg.Handler.Connected()
+	return nil
+}
+
+// leaseHandler receives the lease channel's notifications.
+type leaseHandler struct{ handler }
+
+func (h leaseHandler) HandleNotification(_ context.Context, n *pgconn.Notification, _ *pgx.Conn) error {
+	l := h.l
+	lease, err := ParseLease(n.Payload)
+	if err != nil {
+		l.garbled.Add(1)
+		l.cfg.Logger.Warn().Err(ErrGarbled).Msg("ignoring a malformed notification on the lease channel")
+		return nil
+	}
+	l.notifications.Add(1)
+	if l.cfg.OnLease != nil {
+		l.cfg.OnLease(lease)
+	}
 	return nil
 }

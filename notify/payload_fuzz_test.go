@@ -49,3 +49,33 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseLease does for lease notifications what FuzzParse does for the
+// shared channel: whoever learns a dispatcher's lease channel may send it
+// anything.
+func FuzzParseLease(f *testing.F) {
+	for _, s := range []string{
+		"l:9b2f4a4e-3c1d-4e55-8a77-0c5d4f1b2a3c:1c6a2b3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d:1:3:1764547200000000:1764547200001000::{}",
+		"l:9b2f4a4e-3c1d-4e55-8a77-0c5d4f1b2a3c:1c6a2b3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d:2:5:-5:7:9b2f4a4e-3c1d-4e55-8a77-0c5d4f1b2a3c:{\"a\":\"b:c\"}",
+		"l:9b2f4a4e-3c1d-4e55-8a77-0c5d4f1b2a3c:1c6a2b3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d:01:3:1:1::{}",
+		"l:9b2f4a4e-3c1d-4e55-8a77-0c5d4f1b2a3c:1c6a2b3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d:1:3:1:1::",
+		"l::::::::", "l:", "q:9b2f4a4e-3c1d-4e55-8a77-0c5d4f1b2a3c:orders", "",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, payload string) {
+		l, err := ParseLease(payload)
+		if err != nil {
+			if l.Token != [16]byte{} || l.Payload != nil {
+				t.Fatalf("ParseLease(%q) returned %+v with error %v", payload, l, err)
+			}
+			return
+		}
+		if got := l.String(); got != payload {
+			t.Fatalf("ParseLease(%q).String() = %q", payload, got)
+		}
+		if l.Attempt < 1 || l.MaxAttempts < 1 {
+			t.Fatalf("accepted attempt %d of %d", l.Attempt, l.MaxAttempts)
+		}
+	})
+}

@@ -5,8 +5,28 @@
 --     outbox, holds a message claimable now (one EXISTS probe each on the
 --     dispatch partial indexes, stopping at the first ready row);
 --   * reports when the next live lease expires, so the reclaim timer also
---     covers claims made by other dispatchers, crashed ones included.
--- Read-only apart from the NOTIFY, which is delivered at commit.
+--     covers claims made by other dispatchers, crashed ones included;
+--   * extends the dispatcher's offers (migrations/0044_lease_at_insert.sql)
+--     of @offers, deletes its others (a stopped or paused lane's) and
+--     those of dispatchers gone for an hour, and returns the tokens still
+--     on offer: one of @offers missing from them was taken, or lost with
+--     the UNLOGGED table. Both skip offers a producer has locked, since
+--     that producer is taking the offer and may not commit for a while.
+-- It writes only offers, and sends the NOTIFY, delivered at commit.
+WITH refreshed AS (
+    UPDATE bellhop_offers AS o
+    SET expires_at = now() + make_interval(secs => @offer_ttl_ms::float8 / 1000)
+    WHERE o.token IN (SELECT token FROM bellhop_offers
+                      WHERE owner = @owner AND token = ANY(@offers::uuid[])
+                      FOR UPDATE SKIP LOCKED)
+    RETURNING o.token
+), forgotten AS (
+    DELETE FROM bellhop_offers AS o
+    WHERE o.token IN (SELECT token FROM bellhop_offers
+                      WHERE (owner = @owner AND NOT token = ANY(@offers::uuid[]))
+                         OR expires_at < now() - interval '1 hour'
+                      FOR UPDATE SKIP LOCKED)
+)
 SELECT pg_notify('bellhop', @heartbeat::text) IS NULL AS sent,
        ARRAY(
            SELECT c.id
@@ -26,4 +46,5 @@ SELECT pg_notify('bellhop', @heartbeat::text) IS NULL AS sent,
                            AND m.claim_token IS NULL
                            AND (m.deliver_after IS NULL OR m.deliver_after <= now()))
        ) AS invoke_ready,
-       bellhop_next_lease_expiry(@default_vt_secs) AS next_lease_expiry
+       bellhop_next_lease_expiry(@default_vt_secs) AS next_lease_expiry,
+       ARRAY(SELECT token FROM refreshed) AS live_offers

@@ -160,6 +160,21 @@ var NextDueQueue string
 //go:embed next_lease_expiry.sql
 var NextLeaseExpiry string
 
+// OfferDrop is offer_drop.sql.
+//
+//go:embed offer_drop.sql
+var OfferDrop string
+
+// OfferMake is offer_make.sql.
+//
+//go:embed offer_make.sql
+var OfferMake string
+
+// OfferRecover is offer_recover.sql.
+//
+//go:embed offer_recover.sql
+var OfferRecover string
+
 // Poll is poll.sql.
 //
 //go:embed poll.sql

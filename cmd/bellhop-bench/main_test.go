@@ -233,3 +233,36 @@ func TestIsQueueClaim(t *testing.T) {
 		}
 	}
 }
+
+// TestLeaseTargets: the latency targets are evaluated for the leasing case
+// too, and only when it was measured.
+func TestLeaseTargets(t *testing.T) {
+	p := fullParams()
+	r := newResults()
+	r.Add(Metric{Scenario: "latency", Case: caseGo, Name: "p50"}, 1800)
+	r.Add(Metric{Scenario: "floor", Case: caseFloorInsertNotify, Name: "p50"}, 700)
+	r.Add(Metric{Scenario: "floor", Case: "SELECT 1 round trip (unix socket)", Name: "p50"}, 50)
+	for _, tg := range evaluateTargets(r, p) {
+		if strings.Contains(tg.Name, "leasing at INSERT") {
+			t.Fatalf("lease target without the lease case: %+v", tg)
+		}
+	}
+	r.Add(Metric{Scenario: "latency", Case: caseGoLease, Name: "p50"}, 950)
+	r.Add(Metric{Scenario: "latency", Case: caseGoLease, Name: "p99"}, 2100)
+	r.Add(Metric{Scenario: "river", Case: riverLatencyCase(riverFetches[1]), Name: "p50"}, 2000)
+	verdict := map[string]string{}
+	for _, tg := range evaluateTargets(r, p) {
+		verdict[tg.Name] = tg.Verdict()
+	}
+	want := map[string]string{
+		"latency p50 vs physical floor, leasing at INSERT": "PASS", // 950 ≤ 1.3 × 750
+		"latency p99, leasing at INSERT":                   "FAIL", // 2100 > 2000
+		"latency p50 vs River, leasing at INSERT":          "PASS", // 950 ≤ 1500
+		"latency p50 vs River":                             "FAIL", // 1800 > 1500
+	}
+	for name, v := range want {
+		if verdict[name] != v {
+			t.Errorf("%s: %s, want %s (all: %v)", name, verdict[name], v, verdict)
+		}
+	}
+}

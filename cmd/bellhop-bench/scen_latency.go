@@ -19,6 +19,7 @@ const (
 	caseGo        = "Go handler"
 	caseHTTP      = "HTTP push (httptest server)"
 	caseGoNoMarks = "Go handler, busy marks disabled"
+	caseGoLease   = "Go handler, leasing at INSERT"
 )
 
 // runLatency: an idle dispatcher gets messages one per transaction,
@@ -29,7 +30,7 @@ func runLatency(ctx context.Context, e *env, run int) error {
 	// issue 7 asks that busy marks keep idle latency as it was. Even runs
 	// take the cases in reverse order, so that the load a previous
 	// scenario leaves behind does not always fall on the same case.
-	cases := []string{caseGo, caseHTTP, caseGoNoMarks}
+	cases := []string{caseGo, caseHTTP, caseGoNoMarks, caseGoLease}
 	if run%2 == 0 {
 		slices.Reverse(cases)
 	}
@@ -40,14 +41,17 @@ func runLatency(ctx context.Context, e *env, run int) error {
 		}
 		addLatency(e.res, "latency", cas, st, true)
 	}
-	if err := enqueueAlone(ctx, e); err != nil {
-		return fmt.Errorf("Enqueue without a dispatcher: %w", err)
+	for _, offer := range []bool{false, true} {
+		if err := enqueueAlone(ctx, e, offer); err != nil {
+			return fmt.Errorf("Enqueue without a dispatcher: %w", err)
+		}
 	}
 	e.res.Note("latency", "'claim pass round trip': each of the dispatcher's claim passes (one batch: claim, next due time, busy marks) from pgx sending it to its results and commit, by a pgx tracer on the dispatcher's pool, while messages were produced")
 	e.res.Note("latency", "'Enqueue call' is how long Client.Enqueue took (INSERT, trigger, commit with its WAL flush); 'Enqueue returned → handler' is the rest, from its return to the handler's start (the dispatcher's share, give or take the NOTIFY's travel, which overlaps the return of the commit)")
 	e.res.Note("latency", "%d messages to one queue, one Client.Enqueue (one transaction) every %s by the schedule; timed from just before Enqueue to the first line of the handler (Go) or of the HTTP endpoint's handler (push); consumer defaults (max in-flight %d)",
 		e.p.latencyN, e.p.latencyInterval, bellhop.DefaultMaxInFlight)
-	e.res.Note("latency", "the cases run Go handler, HTTP push, Go handler with busy marks disabled, in reverse order in even runs")
+	e.res.Note("latency", "the cases run Go handler, HTTP push, Go handler with busy marks disabled, Go handler with DispatcherConfig.LeaseAtInsert, in reverse order in even runs")
+	e.res.Note("latency", "'%s': the dispatcher leaves an offer once the queue is idle, and each producer's trigger leases its message to it and sends it in the notification (docs/lease-at-insert.md); the claim pass figures of this case count only passes not replaced by a lease", caseGoLease)
 	return nil
 }
 
@@ -77,7 +81,7 @@ func latencyOnce(ctx context.Context, e *env, cas string, run int) (latencyStats
 			return h
 		})
 	}
-	h := &hooks{disableMarks: cas == caseGoNoMarks, claims: &claimTracer{}}
+	h := &hooks{disableMarks: cas == caseGoNoMarks, leaseAtInsert: cas == caseGoLease, claims: &claimTracer{}}
 	if db.s.pss && run == 1 {
 		h.settled = func(time.Duration) { _ = db.resetStatements(ctx) }
 		h.delivered = func() {
@@ -97,19 +101,26 @@ func latencyOnce(ctx context.Context, e *env, cas string, run int) (latencyStats
 	return st, nil
 }
 
-// caseEnqueueAlone names the producer-only measurement.
-const caseEnqueueAlone = "no dispatcher: Enqueue call"
+// caseEnqueueAlone names the producer-only measurement; caseEnqueueLeasing
+// the same with an offer out before each message.
+const (
+	caseEnqueueAlone   = "no dispatcher: Enqueue call"
+	caseEnqueueLeasing = "no dispatcher, an offer out before each: Enqueue call"
+)
 
 // enqueueAlone times Client.Enqueue as the latency cases send it, with no
 // dispatcher running, to tell the producer's own cost from contention
-// with a dispatcher on the same machine.
-func enqueueAlone(ctx context.Context, e *env) error {
+// with a dispatcher on the same machine. With offer, an offer of the queue
+// is written before each message, off the timed path, as a leasing
+// dispatcher leaves one, so that each Enqueue leases its message at
+// commit: the producer's cost of leasing at INSERT.
+func enqueueAlone(ctx context.Context, e *env, offer bool) error {
 	db, setup, err := e.queueDB(ctx, "latency", "lat")
 	if err != nil {
 		return err
 	}
 	defer db.drop()
-	setup.Close()
+	defer setup.Close()
 	prod, err := openPool(ctx, db.DSN, 1, map[string]string{"application_name": "bench-producer"})
 	if err != nil {
 		return err
@@ -118,6 +129,13 @@ func enqueueAlone(ctx context.Context, e *env) error {
 	client := bellhop.NewClient(prod)
 	rec := newRecorder(e.base, e.p.latencyN)
 	_, _, err = pace(ctx, e.p.latencyN, e.p.latencyInterval, 0, 1, func(ctx context.Context, i int) error {
+		if offer {
+			if _, err := setup.Exec(ctx, `INSERT INTO bellhop_offers (token, app_id, queue_name, owner, channel, expires_at)
+			    SELECT gen_random_uuid(), id, 'lat', gen_random_uuid(), 'bellhop_l_bench', now() + interval '1 hour'
+			    FROM apps WHERE name = $1`, benchApp); err != nil {
+				return err
+			}
+		}
 		body, t := rec.payload(i)
 		_, err := client.Enqueue(ctx, benchApp, "lat", body, bellhop.EnqueueOptions{})
 		rec.enqueued(i, t)
@@ -128,8 +146,20 @@ func enqueueAlone(ctx context.Context, e *env) error {
 		return err
 	}
 	enq, _ := rec.split()
-	addLatency(e.res, "latency", caseEnqueueAlone, enq, false)
-	e.res.Note("latency", "'%s': the same %d Client.Enqueue calls, %s apart, into a queue with a consumer but with no dispatcher running (nobody LISTENs)", caseEnqueueAlone, e.p.latencyN, e.p.latencyInterval)
+	if !offer {
+		addLatency(e.res, "latency", caseEnqueueAlone, enq, false)
+		e.res.Note("latency", "'%s': the same %d Client.Enqueue calls, %s apart, into a queue with a consumer but with no dispatcher running (nobody LISTENs)", caseEnqueueAlone, e.p.latencyN, e.p.latencyInterval)
+		return nil
+	}
+	var leased int
+	if err := setup.QueryRow(ctx, `SELECT count(*) FROM queue_messages WHERE claim_token IS NOT NULL`).Scan(&leased); err != nil {
+		return err
+	}
+	if leased != e.p.latencyN {
+		return fmt.Errorf("%s: %d of %d messages leased", caseEnqueueLeasing, leased, e.p.latencyN)
+	}
+	addLatency(e.res, "latency", caseEnqueueLeasing, enq, false)
+	e.res.Note("latency", "'%s': as '%s', with an offer of the queue written before each message (on another connection, off the timed path), so that every message is leased at its commit, as with a leasing dispatcher; the notifications go to a channel nobody LISTENs on", caseEnqueueLeasing, caseEnqueueAlone)
 	return nil
 }
 
@@ -137,6 +167,8 @@ func enqueueAlone(ctx context.Context, e *env) error {
 type hooks struct {
 	// disableMarks starts the dispatcher with DisableBusyMarks.
 	disableMarks bool
+	// leaseAtInsert starts the dispatcher with LeaseAtInsert.
+	leaseAtInsert bool
 	// beforeStart runs after setup, just before the dispatcher starts.
 	beforeStart func() error
 	// whileRunning runs in a goroutine while messages are produced; its
@@ -188,7 +220,7 @@ func latencyRunRate(ctx context.Context, e *env, db *database, queues []string, 
 	if h.claims != nil {
 		tracer = h.claims
 	}
-	d, err := e.startDispatcherWith(db.DSN, bellhop.DispatcherConfig{Resolver: res, DisableBusyMarks: h.disableMarks}, tracer)
+	d, err := e.startDispatcherWith(db.DSN, bellhop.DispatcherConfig{Resolver: res, DisableBusyMarks: h.disableMarks, LeaseAtInsert: h.leaseAtInsert}, tracer)
 	if err != nil {
 		return latencyStats{}, 0, err
 	}

@@ -82,6 +82,15 @@ func evaluateTargets(r *Results, p params) []Target {
 	add("latency p50 vs River", "Bellhop p50 ≤ 0.75 × River(2ms cooldown) p50", "µs", p50, 0.75*riverP50, true,
 		fmt.Sprintf("River p50 %s µs", num(riverP50)))
 
+	// The same three with DispatcherConfig.LeaseAtInsert, when measured.
+	if lp50, lp99 := get("latency", caseGoLease, "p50"), get("latency", caseGoLease, "p99"); !math.IsNaN(lp50) {
+		add("latency p50 vs physical floor, leasing at INSERT", "as above, with DispatcherConfig.LeaseAtInsert", "µs",
+			lp50, 1.3*(insNotify+sel), true, fmt.Sprintf("INSERT + NOTIFY %s µs + SELECT 1 %s µs", num(insNotify), num(sel)))
+		add("latency p99, leasing at INSERT", "as above, with DispatcherConfig.LeaseAtInsert", "µs", lp99, 2000, true, "Go handler, 10 ms apart")
+		add("latency p50 vs River, leasing at INSERT", "as above, with DispatcherConfig.LeaseAtInsert", "µs", lp50, 0.75*riverP50, true,
+			fmt.Sprintf("River p50 %s µs", num(riverP50)))
+	}
+
 	small := 0
 	if len(p.throughputSizes) > 0 {
 		small = p.throughputSizes[0]

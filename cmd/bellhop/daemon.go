@@ -34,6 +34,7 @@ func runCommand(d *deps) *cli.Command {
 			&cli.DurationFlag{Name: "poll-interval", Value: bellhop.DefaultPollInterval, Usage: "fallback poll period (catches lost notifications only)", Sources: env("POLL_INTERVAL")},
 			&cli.DurationFlag{Name: "shutdown-grace", Value: bellhop.DefaultShutdownGrace, Usage: "on SIGINT/SIGTERM, how long in-flight deliveries may finish", Sources: env("SHUTDOWN_GRACE")},
 			&cli.StringSliceFlag{Name: "allowed-hosts", Usage: "if set, only push to these hosts (exact, or *.suffix)", Sources: env("ALLOWED_HOSTS")},
+			&cli.BoolFlag{Name: "lease-at-insert", Usage: "let producers lease new messages of idle queues to this dispatcher, saving a claim round trip (docs/lease-at-insert.md)", Sources: env("LEASE_AT_INSERT")},
 		},
 		Action: func(ctx context.Context, cmd *cli.Command) error {
 			log, err := d.logger(cmd)
@@ -57,7 +58,10 @@ func runCommand(d *deps) *cli.Command {
 			ctx, stop := signalContext(ctx, log)
 			defer stop()
 			pusher := httppush.New(httppush.Options{AllowedHosts: cmd.StringSlice("allowed-hosts"), Logger: log})
-			return serve(ctx, log, cfg, ln, pusher, cmd.Duration("poll-interval"), cmd.Duration("shutdown-grace"))
+			return serve(ctx, log, cfg, ln, pusher, bellhop.DispatcherConfig{
+				PollInterval: cmd.Duration("poll-interval"), ShutdownGrace: cmd.Duration("shutdown-grace"),
+				LeaseAtInsert: cmd.Bool("lease-at-insert"),
+			})
 		},
 	}
 }
@@ -102,7 +106,9 @@ func (r pushResolver) Resolve(c bellhop.Consumer) bellhop.Handler {
 }
 
 // serve runs a dispatcher and the HTTP endpoints until ctx is cancelled.
-func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.Listener, pusher *httppush.Pusher, poll, grace time.Duration) error {
+// dc holds the dispatcher's settings from flags; serve adds the resolver,
+// the logger and the observer.
+func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.Listener, pusher *httppush.Pusher, dc bellhop.DispatcherConfig) error {
 	reg := prometheus.NewRegistry()
 	var disp *bellhop.Dispatcher
 	client, pool, err := openClient(ctx, cfg)
@@ -117,10 +123,9 @@ func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.
 	}
 	rec := metrics.New(reg, func() notify.Stats { return disp.ListenerStats() },
 		func(ctx context.Context) ([]bellhop.QueueInfo, error) { return client.Queues(ctx, "") })
-	disp, err = bellhop.NewDispatcher(cfg, bellhop.DispatcherConfig{
-		Resolver: pushResolver{pusher: pusher, log: log}, Logger: log, Observer: rec,
-		PollInterval: poll, ShutdownGrace: grace,
-	})
+	metrics.RegisterLeases(reg, func() bellhop.LeaseStats { return disp.LeaseStats() })
+	dc.Resolver, dc.Logger, dc.Observer = pushResolver{pusher: pusher, log: log}, log, rec
+	disp, err = bellhop.NewDispatcher(cfg, dc)
 	if err != nil {
 		ln.Close()
 		return err

@@ -253,3 +253,41 @@ func filterMetrics(text string) string {
 	}
 	return b.String()
 }
+
+// TestLeaseAtInsertDaemon: `bellhop run --lease-at-insert` pushes messages
+// that producers leased to it at INSERT, signed as usual, and counts them
+// in /metrics.
+func TestLeaseAtInsertDaemon(t *testing.T) {
+	t.Parallel()
+	dsn, h, _ := setup(t)
+	d := startDaemon(t, dsn, "--lease-at-insert")
+	pool := db(t, dsn)
+	const n = 5
+	for i := range n {
+		// The first goes the usual way; the lane then offers, and each
+		// next one waits for the offer so that it is leased.
+		if i > 0 {
+			waitFor(t, 10*time.Second, "an offer", func() bool {
+				return queryInt(t, pool, "SELECT count(*) FROM bellhop_offers") == 1
+			})
+		}
+		if r := exe(t, dsn, "", "enqueue", "--app", "shop", "--queue", "orders", fmt.Sprintf(`{"n":%d,"s":"a:b"}`, i)); r.code != 0 {
+			t.Fatalf("enqueue: %s", r)
+		}
+		h.waitCount(t, i+1, 10*time.Second)
+	}
+	for i, got := range h.deliveries() {
+		if want := fmt.Sprintf(`{"n": %d, "s": "a:b"}`, i); string(got.body) != want || got.verify != nil {
+			t.Errorf("delivery %d: body %s (signature: %v), want %s, signed", i, got.body, got.verify, want)
+		}
+	}
+	var text string
+	waitFor(t, 10*time.Second, "the leases counted", func() bool {
+		_, text = d.get(t, "/metrics")
+		v, found := metric(text, "bellhop_leased_at_insert_total", `found="notification"`)
+		return found && v == n-1
+	})
+	if v, found := metric(text, "bellhop_offers_total"); !found || v < n-1 {
+		t.Errorf("bellhop_offers_total = %v (present %t), want at least %d", v, found, n-1)
+	}
+}

@@ -165,3 +165,30 @@ func (c *depthCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(oldestDesc, prometheus.GaugeValue, q.OldestReady.Seconds(), q.App, q.Queue)
 	}
 }
+
+// RegisterLeases adds the counters of leasing at INSERT
+// (bellhop.DispatcherConfig.LeaseAtInsert), read from stats at scrape time.
+func RegisterLeases(reg prometheus.Registerer, stats func() bellhop.LeaseStats) {
+	reg.MustRegister(&leaseCollector{stats: stats})
+}
+
+type leaseCollector struct{ stats func() bellhop.LeaseStats }
+
+var (
+	offersDesc = prometheus.NewDesc("bellhop_offers_total", "Offers made by idle queues for producers to lease their next message to this dispatcher.", nil, nil)
+	leasedDesc = prometheus.NewDesc("bellhop_leased_at_insert_total",
+		"Messages producers leased to this dispatcher, by how it learned of them: notification, or recovered by token after a missed notification.",
+		[]string{"found"}, nil)
+)
+
+func (c *leaseCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- offersDesc
+	ch <- leasedDesc
+}
+
+func (c *leaseCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.stats()
+	ch <- prometheus.MustNewConstMetric(offersDesc, prometheus.CounterValue, float64(s.Offers))
+	ch <- prometheus.MustNewConstMetric(leasedDesc, prometheus.CounterValue, float64(s.Leased), "notification")
+	ch <- prometheus.MustNewConstMetric(leasedDesc, prometheus.CounterValue, float64(s.Recovered), "recovered")
+}

@@ -1,0 +1,361 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/bellhopq/bellhop"
+)
+
+// offers counts the live offers of queue "orders".
+func (e *env) offers(t *testing.T) int {
+	return e.count(t, `SELECT count(*) FROM bellhop_offers WHERE queue_name = 'orders' AND expires_at > now()`)
+}
+
+// startLeasing starts a dispatcher with LeaseAtInsert serving "orders"
+// with h, and waits until its lane has an offer out: the first message
+// goes the usual way (notification, claim), and the lane offers once it is
+// idle again.
+func startLeasing(t *testing.T, e *env, spec bellhop.ConsumerSpec, h bellhop.Handler, cfg bellhop.DispatcherConfig) (*running, *claimCounter) {
+	t.Helper()
+	spec.Queue = "orders"
+	e.consumer(t, spec)
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", h)
+	claims := &claimCounter{}
+	cfg.Resolver, cfg.LeaseAtInsert = mux, true
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = time.Hour
+	}
+	d := startDispatcher(t, e.dsn, cfg, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = claims })
+	e.enqueue(t, "orders", map[string]string{"first": "claimed"}, bellhop.EnqueueOptions{})
+	waitFor(t, 10*time.Second, "an offer after the first delivery", func() bool { return e.offers(t) == 1 })
+	return d, claims
+}
+
+// TestLeaseAtInsert: once a queue is idle, each message is leased by its
+// producer's trigger and handed to the handler from its notification, with
+// its payload, attempt and principal, and no claim statement; the leases
+// are acked like claims; a clean stop withdraws the offer.
+func TestLeaseAtInsert(t *testing.T) {
+	e := newEnv(t)
+	rec := &recorder{}
+	d, claims := startLeasing(t, e, bellhop.ConsumerSpec{}, rec, bellhop.DispatcherConfig{})
+	waitFor(t, 5*time.Second, "the first message acked", func() bool {
+		return e.count(t, `SELECT count(*) FROM queue_messages`) == 0
+	})
+	claims.waitQuiet(t, 5*time.Second, 200*time.Millisecond, "the first pass done")
+	passes := claims.queue.Load()
+
+	principal, err := e.client.CreatePrincipal(context.Background(), "app", "writer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 20
+	sent := map[uuid.UUID]string{}
+	for i := range n {
+		body := map[string]any{"i": i, "colons": "a:b:c", "text": strings.Repeat("x", i*100)}
+		id := e.enqueue(t, "orders", body, bellhop.EnqueueOptions{Principal: principal})
+		b, _ := json.Marshal(body)
+		sent[id] = string(b)
+		waitFor(t, 5*time.Second, "the lease delivered and a new offer out", func() bool {
+			return int(rec.n.Load()) == i+2 && e.offers(t) == 1
+		})
+	}
+	waitFor(t, 5*time.Second, "every lease acked", func() bool {
+		return e.count(t, `SELECT count(*) FROM queue_messages`) == 0
+	})
+	if got := claims.queue.Load(); got != passes {
+		t.Errorf("%d claim statements for %d messages leased at INSERT; want none", got-passes, n)
+	}
+	if st := d.LeaseStats(); st.Leased != n || st.Recovered != 0 || st.Offers < n+1 {
+		t.Errorf("LeaseStats = %+v; want %d leased, none recovered, at least %d offers", st, n, n+1)
+	}
+	for _, got := range rec.deliveries()[1:] {
+		want, ok := sent[got.ID]
+		if !ok {
+			t.Fatalf("delivered %s, which was not sent", got.ID)
+		}
+		var a, b any
+		_ = json.Unmarshal(got.Payload, &a)
+		_ = json.Unmarshal([]byte(want), &b)
+		if ja, _ := json.Marshal(a); string(ja) != mustJSON(b) || got.Attempt != 1 {
+			t.Errorf("message %s delivered as attempt %d with %s; want attempt 1 with %s", got.ID, got.Attempt, got.Payload, want)
+		}
+	}
+	d.stop()
+	if n := e.count(t, `SELECT count(*) FROM bellhop_offers`); n != 0 {
+		t.Errorf("%d offers left after a clean stop; want none", n)
+	}
+}
+
+// TestLeaseAtInsertFallsBack: a message that must not or cannot be leased
+// at INSERT (a future deliver_after, a payload too large for a
+// notification) leaves the offer alone and goes the usual way.
+func TestLeaseAtInsertFallsBack(t *testing.T) {
+	e := newEnv(t)
+	rec := &recorder{}
+	d, claims := startLeasing(t, e, bellhop.ConsumerSpec{}, rec, bellhop.DispatcherConfig{})
+	claims.waitQuiet(t, 5*time.Second, 200*time.Millisecond, "the first pass done")
+	passes := claims.queue.Load()
+
+	e.enqueue(t, "orders", map[string]string{"big": strings.Repeat("y", 8000)}, bellhop.EnqueueOptions{})
+	due := time.Now().Add(700 * time.Millisecond)
+	e.enqueue(t, "orders", map[string]string{"later": "yes"}, bellhop.EnqueueOptions{DeliverAfter: due})
+	waitFor(t, 5*time.Second, "both delivered", func() bool { return rec.n.Load() == 3 })
+	if st := d.LeaseStats(); st.Leased != 0 {
+		t.Errorf("%d messages leased at INSERT; want none (too large, not yet due)", st.Leased)
+	}
+	if claims.queue.Load() == passes {
+		t.Error("no claim pass delivered the messages that were not leased")
+	}
+	if n := e.offers(t); n != 1 {
+		t.Errorf("%d offers; want the one the lane made, still there", n)
+	}
+	for _, got := range rec.deliveries() {
+		if strings.Contains(string(got.Payload), "later") && got.Start.Before(due) {
+			t.Errorf("delayed message delivered at %s, before it was due at %s", got.Start, due)
+		}
+	}
+}
+
+// TestLeaseAtInsertLostNotification: a lease made while the dispatcher's
+// listener is away reaches nobody; the dispatcher finds it by its token
+// when the listener is back, long before the lease or the poll would.
+func TestLeaseAtInsertLostNotification(t *testing.T) {
+	e := newEnv(t)
+	rec := &recorder{}
+	d, _ := startLeasing(t, e, bellhop.ConsumerSpec{VisibilityTimeout: time.Minute}, rec,
+		bellhop.DispatcherConfig{ReconnectDelay: 500 * time.Millisecond})
+	waitFor(t, 5*time.Second, "the first message delivered", func() bool { return rec.n.Load() == 1 })
+
+	if n := e.count(t, `SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+	                    WHERE application_name = 'bellhop-listener' AND datname = current_database()) AS k`); n != 1 {
+		t.Fatalf("terminated %d listeners; want 1", n)
+	}
+	waitFor(t, 5*time.Second, "the listener gone", func() bool { return d.Ready(context.Background()) != nil })
+	id := e.enqueue(t, "orders", map[string]string{"while": "away"}, bellhop.EnqueueOptions{})
+	if n := e.count(t, `SELECT count(*) FROM queue_messages WHERE id = $1 AND claim_token IS NOT NULL`, id); n != 1 {
+		t.Fatalf("the message was not leased at INSERT (%d rows leased); the test needs it to be", n)
+	}
+	start := time.Now()
+	waitFor(t, 10*time.Second, "the lost lease delivered", func() bool { return rec.n.Load() == 2 })
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("the lost lease took %s to be delivered; want about the reconnect delay", took)
+	}
+	if st := d.LeaseStats(); st.Recovered != 1 {
+		t.Errorf("LeaseStats = %+v; want 1 recovered", st)
+	}
+	waitFor(t, 5*time.Second, "an offer again", func() bool { return e.offers(t) == 1 })
+}
+
+// TestLeaseAtInsertDeadOffer: an offer left by a dispatcher that died
+// leases one message to nobody; the lease runs out and a live dispatcher
+// delivers the message, once.
+func TestLeaseAtInsertDeadOffer(t *testing.T) {
+	e := newEnv(t)
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", VisibilityTimeout: 2 * time.Second})
+	rec := &recorder{}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", rec)
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: 500 * time.Millisecond}, nil)
+	if _, err := e.pool.Exec(context.Background(), `INSERT INTO bellhop_offers
+	    (token, app_id, queue_name, owner, channel, expires_at)
+	    SELECT gen_random_uuid(), id, 'orders', gen_random_uuid(), 'bellhop_l_dead', now() + interval '1 hour'
+	    FROM apps WHERE name = 'app'`); err != nil {
+		t.Fatal(err)
+	}
+	id := e.enqueue(t, "orders", 1, bellhop.EnqueueOptions{})
+	if n := e.count(t, `SELECT count(*) FROM queue_messages WHERE id = $1 AND claim_token IS NOT NULL`, id); n != 1 {
+		t.Fatalf("the message was not leased to the dead offer")
+	}
+	start := time.Now()
+	waitFor(t, 10*time.Second, "the message delivered after its lease ran out", func() bool { return rec.n.Load() == 1 })
+	if took := time.Since(start); took < 1500*time.Millisecond {
+		t.Errorf("delivered %s after the INSERT, inside the dead dispatcher's lease", took)
+	}
+	if got := rec.deliveries()[0]; got.ID != id || got.Attempt != 2 {
+		t.Errorf("delivered %s as attempt %d; want %s as attempt 2 (the lease that ran out counted one)", got.ID, got.Attempt, id)
+	}
+	holdsFor(t, 300*time.Millisecond, "one delivery", func() bool { return rec.n.Load() == 1 })
+}
+
+// TestLeaseAtInsertMaxInFlight: a lease that arrives while the consumer's
+// only slot is busy waits for it, and a lane whose slot is busy makes no
+// offer; the handler never runs twice at once.
+func TestLeaseAtInsertMaxInFlight(t *testing.T) {
+	e := newEnv(t)
+	var running, most atomic.Int32
+	release := make(chan struct{})
+	rec := &recorder{result: func(ctx context.Context, m *bellhop.Message) error {
+		n := running.Add(1)
+		defer running.Add(-1)
+		for {
+			old := most.Load()
+			if n <= old || most.CompareAndSwap(old, n) {
+				break
+			}
+		}
+		if string(m.Payload) == `"blocker"` {
+			<-release
+		}
+		return nil
+	}}
+	d, _ := startLeasing(t, e, bellhop.ConsumerSpec{MaxInFlight: 1}, rec, bellhop.DispatcherConfig{})
+	waitFor(t, 5*time.Second, "the first message delivered", func() bool { return rec.n.Load() == 1 })
+	// Not due yet, so not leased: the lane's timer claims it, and it
+	// holds the only slot while the offer stays out.
+	e.enqueue(t, "orders", "blocker", bellhop.EnqueueOptions{Delay: 300 * time.Millisecond})
+	waitFor(t, 5*time.Second, "the blocker running", func() bool { return running.Load() == 1 })
+	if n := e.offers(t); n != 1 {
+		t.Fatalf("%d offers while the slot is busy; want the one made while idle", n)
+	}
+	id := e.enqueue(t, "orders", "leased", bellhop.EnqueueOptions{})
+	waitFor(t, 5*time.Second, "the lease made", func() bool { return d.LeaseStats().Leased == 1 })
+	holdsFor(t, 200*time.Millisecond, "the lease waiting for the slot", func() bool {
+		return rec.n.Load() == 1 && running.Load() == 1
+	})
+	if n := e.offers(t); n != 0 {
+		t.Errorf("%d offers while the slot is busy and a lease waits; want none", n)
+	}
+	close(release)
+	waitFor(t, 5*time.Second, "both delivered", func() bool { return rec.n.Load() == 3 })
+	if got := rec.deliveries()[2]; got.ID != id || got.Attempt != 1 {
+		t.Errorf("third delivery %s attempt %d; want the leased %s, attempt 1", got.ID, got.Attempt, id)
+	}
+	if m := most.Load(); m != 1 {
+		t.Errorf("%d handlers ran at once with MaxInFlight 1", m)
+	}
+	waitFor(t, 5*time.Second, "an offer once the slot is free", func() bool { return e.offers(t) == 1 })
+}
+
+// TestLeaseAtInsertPaused: pausing a consumer withdraws its offer, so no
+// message is leased to a paused consumer; resuming delivers them.
+func TestLeaseAtInsertPaused(t *testing.T) {
+	e := newEnv(t)
+	rec := &recorder{}
+	startLeasing(t, e, bellhop.ConsumerSpec{}, rec, bellhop.DispatcherConfig{})
+	c, err := e.client.ConsumerOf(context.Background(), "app", "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.client.SetConsumerEnabled(context.Background(), "app", c.ID, false); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the offer withdrawn", func() bool { return e.offers(t) == 0 })
+	id := e.enqueue(t, "orders", 2, bellhop.EnqueueOptions{})
+	holdsFor(t, 300*time.Millisecond, "the message unleased and undelivered", func() bool {
+		return rec.n.Load() == 1 && e.count(t, `SELECT count(*) FROM queue_messages WHERE id = $1 AND claim_token IS NULL`, id) == 1
+	})
+	if err := e.client.SetConsumerEnabled(context.Background(), "app", c.ID, true); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "delivered after the resume", func() bool { return rec.n.Load() == 2 })
+}
+
+// TestLeaseAtInsertIsolation: only READ COMMITTED producers lease. A
+// REPEATABLE READ or SERIALIZABLE producer whose snapshot predates the
+// offer's last extension commits normally, and its message goes the
+// usual way, leaving the offer.
+func TestLeaseAtInsertIsolation(t *testing.T) {
+	e := newEnv(t)
+	rec := &recorder{}
+	d, _ := startLeasing(t, e, bellhop.ConsumerSpec{}, rec, bellhop.DispatcherConfig{})
+	ctx := context.Background()
+	for i, iso := range []pgx.TxIsoLevel{pgx.RepeatableRead, pgx.Serializable} {
+		tx, err := e.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: iso})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM apps`).Scan(&n); err != nil { // takes the snapshot
+			t.Fatal(err)
+		}
+		// As the dispatcher's poll does, after the producer's snapshot.
+		if _, err := e.pool.Exec(ctx, `UPDATE bellhop_offers SET expires_at = expires_at + interval '1 second'`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.client.EnqueueTx(ctx, tx, "app", "orders", []byte(`{"iso":"`+string(iso)+`"}`), bellhop.EnqueueOptions{}); err != nil {
+			t.Fatalf("%s: %v", iso, err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatalf("%s producer's commit: %v", iso, err)
+		}
+		waitFor(t, 5*time.Second, "delivered", func() bool { return int(rec.n.Load()) == i+2 })
+	}
+	if st := d.LeaseStats(); st.Leased != 0 {
+		t.Errorf("%d messages leased at INSERT by REPEATABLE READ or SERIALIZABLE producers; want none", st.Leased)
+	}
+	if n := e.offers(t); n != 1 {
+		t.Errorf("%d offers; want the one, left alone", n)
+	}
+}
+
+// TestLeaseAtInsertStartsAtCommit: the lease starts when the producer
+// commits, not when it inserted, so a transaction that stays open for
+// longer than the visibility timeout still hands its message over by the
+// notification, on its first attempt. A row the transaction deleted before
+// committing leaves the offer alone.
+func TestLeaseAtInsertStartsAtCommit(t *testing.T) {
+	e := newEnv(t)
+	rec := &recorder{}
+	d, claims := startLeasing(t, e, bellhop.ConsumerSpec{VisibilityTimeout: time.Second}, rec, bellhop.DispatcherConfig{})
+	waitFor(t, 5*time.Second, "the first message acked", func() bool {
+		return e.count(t, `SELECT count(*) FROM queue_messages`) == 0
+	})
+	ctx := context.Background()
+
+	// A row deleted by its own transaction: nothing to lease, and the
+	// offer stays.
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone, err := e.client.EnqueueTx(ctx, tx, "app", "orders", []byte(`"deleted"`), bellhop.EnqueueOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM queue_messages WHERE id = $1`, gone); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.offers(t); n != 1 {
+		t.Errorf("%d offers after a transaction deleted its row; want the one, left alone", n)
+	}
+	claims.waitQuiet(t, 5*time.Second, 200*time.Millisecond, "passes done")
+	passes := claims.queue.Load()
+
+	tx, err = e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := e.client.EnqueueTx(ctx, tx, "app", "orders", []byte(`"slow"`), bellhop.EnqueueOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond) // the producer's slow transaction, longer than the lease
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "delivered", func() bool { return rec.n.Load() == 2 })
+	if got := rec.deliveries()[1]; got.ID != id || got.Attempt != 1 {
+		t.Errorf("delivered %s as attempt %d; want %s as attempt 1", got.ID, got.Attempt, id)
+	}
+	if st := d.LeaseStats(); st.Leased != 1 {
+		t.Errorf("LeaseStats = %+v; want the slow transaction's message leased", st)
+	}
+	if got := claims.queue.Load(); got != passes {
+		t.Errorf("%d claim statements; want none (a lease that had run out would be released and claimed)", got-passes)
+	}
+	waitFor(t, 5*time.Second, "a new offer", func() bool { return e.offers(t) == 1 })
+}

@@ -1,0 +1,447 @@
+package bellhop
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/bellhopq/bellhop/claim"
+	"github.com/bellhopq/bellhop/notify"
+	queries "github.com/bellhopq/bellhop/sql"
+)
+
+// LeaseStats counts what leasing at INSERT did (DispatcherConfig.LeaseAtInsert).
+type LeaseStats struct {
+	// Offers counts the offers made.
+	Offers uint64
+	// Leased counts messages that producers leased to this dispatcher
+	// and that it heard of by their notification.
+	Leased uint64
+	// Recovered counts messages leased to this dispatcher whose
+	// notification it did not hear, found by their token after a
+	// reconnect or a poll.
+	Recovered uint64
+}
+
+// offer is one token this dispatcher put on offer (docs/lease-at-insert.md).
+type offer struct {
+	lane   *lane
+	sentAt time.Time // our clock just before the offer was sent
+	// ahead bounds how far the database's clock is ahead of ours, from
+	// the offer's own round trip; known once its result came back.
+	ahead      time.Duration
+	aheadKnown bool
+	// live: on offer as far as we know. A token no longer on offer that
+	// we have not heard of may still be taken by a producer that locked
+	// it and commits later; we keep it until forget.
+	live   bool
+	forget time.Time
+}
+
+// offerBook holds the dispatcher's tokens. A token leaves the book exactly
+// once, with the message leased under it: from its notification, or from
+// a recovery; whichever comes second finds nothing.
+type offerBook struct {
+	mu      sync.Mutex
+	byToken map[uuid.UUID]*offer
+	// closed: the dispatcher has stopped; leases are no longer taken.
+	closed bool
+	stats  LeaseStats
+}
+
+// newLeaseChannel returns a fresh channel name: 128 random bits, known only
+// to this dispatcher and to bellhop_offers.
+func newLeaseChannel() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return "bellhop_l_" + hex.EncodeToString(b[:])
+}
+
+// offerTTL is how long an offer lives without its dispatcher's poll: three
+// polls, so that one failed poll does not end it.
+func (d *Dispatcher) offerTTL() time.Duration { return 3 * d.cfg.PollInterval }
+
+// makeOffer puts one token of l's queue on offer. It runs on l's goroutine.
+// The lane's offered flag is set before the offer is sent, since its lease
+// may be heard of before the offer's result comes back.
+func (l *lane) makeOffer(ctx context.Context) {
+	d := l.d
+	token := uuid.New()
+	o := &offer{lane: l, sentAt: time.Now(), live: true}
+	d.offers.mu.Lock()
+	if d.offers.closed {
+		d.offers.mu.Unlock()
+		return
+	}
+	d.offers.byToken[token] = o
+	d.offers.stats.Offers++
+	d.offers.mu.Unlock()
+	l.offered.Store(true)
+
+	var dbNow time.Time
+	err := d.db.QueryRow(ctx, queries.OfferMake, pgx.NamedArgs{
+		"token": token, "app_id": l.target.AppID, "queue_name": l.target.Queue, "owner": d.owner,
+		"channel": d.leaseChannel, "ttl_ms": d.offerTTL().Milliseconds(),
+	}).Scan(&dbNow)
+	d.offers.mu.Lock()
+	defer d.offers.mu.Unlock()
+	if err != nil {
+		// The offer may or may not exist: keep the token until a poll
+		// tells, as for a taken one, but let the lane offer again.
+		o.live, o.forget = false, time.Now().Add(d.offerTTL())
+		l.offered.Store(false)
+		if ctx.Err() == nil {
+			d.log.Debug().Err(err).Str("app_id", l.target.AppID.String()).Str("queue", l.target.Queue).
+				Msg("could not make an offer; the queue is claimed after notifications as usual")
+		}
+		return
+	}
+	o.ahead, o.aheadKnown = dbNow.Sub(o.sentAt), true
+}
+
+// wantsOffer reports whether the lane should have a token on offer: it is
+// an enabled queue lane with a free slot, not draining a busy queue, not
+// settling, not watching another dispatcher's mark. Lane goroutine only.
+func (l *lane) wantsOffer() bool {
+	if !l.d.cfg.LeaseAtInsert || l.target.Source != claim.Queue || l.offered.Load() ||
+		l.busy || l.settle || l.watching {
+		return false
+	}
+	st := l.state.Load()
+	return st.Enabled && int(l.inFlight.Load()) < st.MaxInFlight
+}
+
+// withdraw takes the lane's offers back (a paused consumer). An offer a
+// producer is taking cannot be withdrawn; its lease is released when it
+// arrives.
+func (l *lane) withdraw(ctx context.Context) {
+	if !l.offered.Swap(false) {
+		return
+	}
+	d := l.d
+	var mine []uuid.UUID
+	d.offers.mu.Lock()
+	for t, o := range d.offers.byToken {
+		if o.lane == l && o.live {
+			mine = append(mine, t)
+			o.live, o.forget = false, time.Now().Add(d.offerTTL())
+		}
+	}
+	d.offers.mu.Unlock()
+	d.dropOffers(ctx, mine)
+}
+
+// dropOffers deletes the given offers of ours, or all of them (nil), and
+// forgets the tokens it deleted: nobody can lease under those any more.
+func (d *Dispatcher) dropOffers(ctx context.Context, tokens []uuid.UUID) {
+	var arg any
+	if tokens != nil {
+		arg = tokens
+	}
+	rows, err := d.db.Query(ctx, queries.OfferDrop, pgx.NamedArgs{"owner": d.owner, "tokens": arg})
+	if err != nil {
+		d.log.Debug().Err(err).Msg("could not withdraw offers; they expire")
+		return
+	}
+	gone, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		d.log.Debug().Err(err).Msg("could not withdraw offers; they expire")
+		return
+	}
+	d.offers.mu.Lock()
+	for _, t := range gone {
+		delete(d.offers.byToken, t)
+	}
+	d.offers.mu.Unlock()
+}
+
+// onLease routes a lease notification. It runs on the listener's
+// goroutine, so it only hands the message on.
+func (d *Dispatcher) onLease(ls notify.Lease) {
+	d.offers.mu.Lock()
+	o := d.offers.byToken[ls.Token]
+	if o == nil || d.offers.closed {
+		d.offers.mu.Unlock()
+		// A token we never issued, or one recovered already: the claim
+		// token fences it either way.
+		d.log.Debug().Str("message_id", ls.ID.String()).Msg("ignoring a lease under a token not on offer")
+		return
+	}
+	delete(d.offers.byToken, ls.Token)
+	d.offers.stats.Leased++
+	live := o.live
+	d.offers.mu.Unlock()
+	cm := &claim.Message{
+		Source: claim.Queue, ID: ls.ID, Token: ls.Token, Payload: ls.Payload, EnqueuedAt: ls.EnqueuedAt,
+		Attempt: ls.Attempt, MaxAttempts: ls.MaxAttempts, EnqueuedBy: ls.EnqueuedBy,
+		LeasedAt: o.leasedAt(ls.ClaimedAt),
+	}
+	if live {
+		// The lane offers again once the handler has started (deliver):
+		// offering now would compete with the delivery, and with the
+		// producer's commit, for this machine's CPUs.
+		o.lane.offered.Store(false)
+	}
+	o.lane.leased(cm)
+}
+
+// leasedAt turns a lease's claimed_at, on the database's clock, into ours:
+// never later than the lease really began, so that a lease measured from
+// it ends no later than the reclaimer thinks it does. The lease began
+// after the offer was sent; and claimed_at minus the most the database's
+// clock can be ahead of ours is earlier still than the lease's start.
+func (o *offer) leasedAt(claimedAt time.Time) time.Time {
+	if !o.aheadKnown {
+		return o.sentAt
+	}
+	return latest(o.sentAt, claimedAt.Add(-o.ahead))
+}
+
+func latest(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// leased delivers a message a producer leased to this lane, as soon as a
+// slot is free; until then it waits, and its lease runs.
+func (l *lane) leased(cm *claim.Message) {
+	st := l.state.Load()
+	if !st.Enabled || l.ctx.Err() != nil {
+		l.d.releaseLeased(cm)
+		return
+	}
+	if end := cm.LeasedAt.Add(st.VisibilityTimeout); time.Now().Before(end) {
+		l.d.reclaim.Observe(end)
+	} // else deliver releases it at once, and the reclaimer need not race it
+	l.d.fired(st.ID)
+	l.pendMu.Lock()
+	l.pending = append(l.pending, cm)
+	l.pendMu.Unlock()
+	l.startPending()
+}
+
+// startPending starts waiting leased messages while slots are free.
+func (l *lane) startPending() {
+	l.pendMu.Lock()
+	defer l.pendMu.Unlock()
+	for len(l.pending) > 0 {
+		st := l.state.Load()
+		if !l.acquire(st.MaxInFlight) {
+			return
+		}
+		cm := l.pending[0]
+		l.pending = l.pending[1:]
+		// stop cancels ctx under runMu before the dispatcher waits for
+		// deliveries, so none starts after that wait began.
+		l.runMu.Lock()
+		stopped := l.ctx.Err() != nil
+		if !stopped {
+			l.d.inFlight.Add(1)
+		}
+		l.runMu.Unlock()
+		if stopped {
+			l.inFlight.Add(-1)
+			l.d.releaseLeased(cm)
+			continue
+		}
+		go l.deliver(st, cm)
+	}
+}
+
+// acquire takes one slot if fewer than max are taken.
+func (l *lane) acquire(max int) bool {
+	for {
+		n := l.inFlight.Load()
+		if int(n) >= max {
+			return false
+		}
+		if l.inFlight.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// reserve takes every free slot of max at once, for a claim pass, and
+// returns how many it took.
+func (l *lane) reserve(max int) int {
+	for {
+		n := l.inFlight.Load()
+		if int(n) >= max {
+			return 0
+		}
+		if l.inFlight.CompareAndSwap(n, int32(max)) {
+			return max - int(n)
+		}
+	}
+}
+
+// freeSlots gives back n slots and starts waiting leased messages.
+func (l *lane) freeSlots(n int) {
+	if n > 0 {
+		l.inFlight.Add(-int32(n))
+	}
+	l.startPending()
+}
+
+// releaseLeased gives back a leased message this dispatcher will not
+// deliver (its lane stopped or is paused): the attempt is refunded and the
+// queue woken, as for any release. Once the dispatcher has stopped, the
+// lease runs out instead.
+func (d *Dispatcher) releaseLeased(cm *claim.Message) {
+	d.offers.mu.Lock()
+	closed := d.offers.closed
+	d.offers.mu.Unlock()
+	if closed {
+		return
+	}
+	d.complete.Submit(claim.Outcome{Message: cm, Verdict: claim.Release, Done: func(_ bool, err error) {
+		if err != nil {
+			d.log.Warn().Err(err).Str("message_id", cm.ID.String()).
+				Msg("could not release a leased message; it comes back after its lease")
+		}
+	}})
+}
+
+// offerTokens returns the tokens of ours that should stay on offer (their
+// lane runs), and those we have not heard of since they left the offer.
+func (d *Dispatcher) offerTokens(now time.Time) (live, unheard []uuid.UUID) {
+	d.offers.mu.Lock()
+	defer d.offers.mu.Unlock()
+	for t, o := range d.offers.byToken {
+		if o.live && o.lane.ctx.Err() != nil {
+			// Its lane stopped (the consumer was removed): the poll
+			// deletes the offer unless a producer is taking it.
+			o.live, o.forget = false, now.Add(d.offerTTL()+o.lane.state.Load().VisibilityTimeout)
+		}
+		switch {
+		case o.live:
+			live = append(live, t)
+		case now.After(o.forget):
+			// Whoever took it never committed, or its lease was
+			// reclaimed: nothing more can come of it.
+			delete(d.offers.byToken, t)
+		default:
+			unheard = append(unheard, t)
+		}
+	}
+	return live, unheard
+}
+
+// afterPoll learns from the poll which of the offers it extended are still
+// on offer. The others were taken (their lease may be on its way, or was
+// lost) or lost with the UNLOGGED table: their lanes offer again, and the
+// leases are looked for.
+func (d *Dispatcher) afterPoll(ctx context.Context, sent time.Time, asked, stillLive []uuid.UUID) {
+	on := make(map[uuid.UUID]bool, len(stillLive))
+	for _, t := range stillLive {
+		on[t] = true
+	}
+	var gone []uuid.UUID
+	d.offers.mu.Lock()
+	for _, t := range asked {
+		o := d.offers.byToken[t]
+		if o == nil || on[t] || !o.live || o.sentAt.After(sent) {
+			continue
+		}
+		o.live, o.forget = false, time.Now().Add(d.offerTTL()+o.lane.state.Load().VisibilityTimeout)
+		o.lane.offered.Store(false)
+		o.lane.offerPoke()
+		gone = append(gone, t)
+	}
+	d.offers.mu.Unlock()
+	if len(gone) > 0 {
+		d.recoverLeases(ctx, gone)
+	}
+}
+
+// recoverLeases finds the messages leased under the given tokens whose
+// notifications we have not heard, and delivers them like leases heard of.
+func (d *Dispatcher) recoverLeases(ctx context.Context, tokens []uuid.UUID) {
+	if len(tokens) == 0 {
+		return
+	}
+	rows, err := d.db.Query(ctx, queries.OfferRecover, pgx.NamedArgs{"tokens": tokens})
+	if err != nil {
+		if ctx.Err() == nil {
+			d.log.Warn().Err(err).Msg("could not look for leases whose notification was missed; they come back after their lease")
+		}
+		return
+	}
+	type found struct {
+		m         claim.Message
+		claimedAt time.Time
+	}
+	var fs []found
+	for rows.Next() {
+		var f found
+		if err := rows.Scan(&f.m.ID, &f.m.Payload, &f.m.EnqueuedAt, &f.m.Token, &f.m.Attempt, &f.m.MaxAttempts,
+			&f.m.EnqueuedBy, &f.claimedAt); err != nil {
+			rows.Close()
+			d.log.Warn().Err(err).Msg("could not read leases whose notification was missed")
+			return
+		}
+		fs = append(fs, f)
+	}
+	if err := rows.Err(); err != nil {
+		d.log.Warn().Err(err).Msg("could not read leases whose notification was missed")
+		return
+	}
+	for i := range fs {
+		f := &fs[i]
+		d.offers.mu.Lock()
+		o := d.offers.byToken[f.m.Token]
+		if o != nil {
+			delete(d.offers.byToken, f.m.Token)
+			d.offers.stats.Recovered++
+		}
+		d.offers.mu.Unlock()
+		if o == nil {
+			continue // its notification came meanwhile
+		}
+		if o.live {
+			o.lane.offered.Store(false)
+		}
+		f.m.Source = claim.Queue
+		f.m.LeasedAt = o.leasedAt(f.claimedAt)
+		d.log.Info().Str("app_id", o.lane.target.AppID.String()).Str("queue", o.lane.target.Queue).
+			Str("message_id", f.m.ID.String()).Int("attempt", f.m.Attempt).
+			Msg("found a message leased to us whose notification was missed")
+		o.lane.leased(&f.m)
+	}
+}
+
+// closeOffers ends leasing at INSERT when the dispatcher stops: it deletes
+// our offers, releases the messages leased under tokens we have not heard
+// of, and ignores leases from then on (those run out and are reclaimed).
+// It runs after the last delivery finished and before the completer
+// closes.
+func (d *Dispatcher) closeOffers(ctx context.Context) {
+	if !d.cfg.LeaseAtInsert {
+		return
+	}
+	d.dropOffers(ctx, nil)
+	var tokens []uuid.UUID
+	d.offers.mu.Lock()
+	for t := range d.offers.byToken {
+		tokens = append(tokens, t)
+	}
+	d.offers.mu.Unlock()
+	d.recoverLeases(ctx, tokens) // every lane has stopped: leased releases them
+	d.offers.mu.Lock()
+	d.offers.closed = true
+	d.offers.mu.Unlock()
+}
+
+// LeaseStats returns the counters of leasing at INSERT.
+func (d *Dispatcher) LeaseStats() LeaseStats {
+	d.offers.mu.Lock()
+	defer d.offers.mu.Unlock()
+	return d.offers.stats
+}
