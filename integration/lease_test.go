@@ -359,3 +359,50 @@ func TestLeaseAtInsertStartsAtCommit(t *testing.T) {
 	}
 	waitFor(t, 5*time.Second, "a new offer", func() bool { return e.offers(t) == 1 })
 }
+
+// TestLeaseAtInsertPollKeepsBook: the fallback poll extends the live
+// offer, deletes offers of this dispatcher that it no longer holds and
+// those of dispatchers long gone, and notices an offer that vanished (the
+// UNLOGGED table emptied by a crash), after which the lane offers anew.
+func TestLeaseAtInsertPollKeepsBook(t *testing.T) {
+	e := newEnv(t)
+	rec := &recorder{}
+	startLeasing(t, e, bellhop.ConsumerSpec{}, rec, bellhop.DispatcherConfig{PollInterval: 300 * time.Millisecond})
+	ctx := context.Background()
+	var token, owner uuid.UUID
+	var until time.Time
+	if err := e.pool.QueryRow(ctx, `SELECT token, owner, expires_at FROM bellhop_offers`).Scan(&token, &owner, &until); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the offer extended by a poll", func() bool {
+		var now time.Time
+		_ = e.pool.QueryRow(ctx, `SELECT expires_at FROM bellhop_offers WHERE token = $1`, token).Scan(&now)
+		return now.After(until)
+	})
+	// One of ours that we do not hold (made ten seconds ago), one of a
+	// dispatcher gone for two hours, and one of a live stranger.
+	if _, err := e.pool.Exec(ctx, `INSERT INTO bellhop_offers (token, app_id, queue_name, owner, channel, expires_at)
+	    SELECT gen_random_uuid(), id, 'orders', $1, 'bellhop_l_x', now() + interval '0.9 seconds' - interval '10 seconds' FROM apps
+	    UNION ALL SELECT gen_random_uuid(), id, 'orders', gen_random_uuid(), 'bellhop_l_y', now() - interval '2 hours' FROM apps
+	    UNION ALL SELECT gen_random_uuid(), id, 'other', gen_random_uuid(), 'bellhop_l_z', now() + interval '1 hour' FROM apps`, owner); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the poll to delete the two", func() bool {
+		return e.count(t, `SELECT count(*) FROM bellhop_offers`) == 2
+	})
+	if n := e.count(t, `SELECT count(*) FROM bellhop_offers WHERE token = $1 OR queue_name = 'other'`, token); n != 2 {
+		t.Fatalf("the poll deleted the live offer or the stranger's (%d of 2 left)", n)
+	}
+	// The table loses our offer behind our back.
+	if _, err := e.pool.Exec(ctx, `DELETE FROM bellhop_offers WHERE token = $1`, token); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "a new offer after the poll found ours gone", func() bool {
+		return e.count(t, `SELECT count(*) FROM bellhop_offers WHERE queue_name = 'orders' AND token <> $1`, token) == 1
+	})
+	id := e.enqueue(t, "orders", "after", bellhop.EnqueueOptions{})
+	waitFor(t, 5*time.Second, "delivered", func() bool { return rec.n.Load() == 2 })
+	if got := rec.deliveries()[1]; got.ID != id {
+		t.Errorf("delivered %s, want %s", got.ID, id)
+	}
+}

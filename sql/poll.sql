@@ -7,7 +7,9 @@
 --   * reports when the next live lease expires, so the reclaim timer also
 --     covers claims made by other dispatchers, crashed ones included;
 --   * extends the dispatcher's offers (migrations/0044_lease_at_insert.sql)
---     of @offers, deletes its others (a stopped or paused lane's) and
+--     of @offers, deletes its others (a stopped or paused lane's; not
+--     those younger than a few seconds, which it may have made after
+--     listing @offers) and
 --     those of dispatchers gone for an hour, and returns the tokens still
 --     on offer: one of @offers missing from them was taken, or lost with
 --     the UNLOGGED table. Both skip offers a producer has locked, since
@@ -23,7 +25,11 @@ WITH refreshed AS (
 ), forgotten AS (
     DELETE FROM bellhop_offers AS o
     WHERE o.token IN (SELECT token FROM bellhop_offers
-                      WHERE (owner = @owner AND NOT token = ANY(@offers::uuid[]))
+                      -- Ours that we no longer hold, unless made in the
+                      -- last seconds: the dispatcher may have made it
+                      -- after it listed @offers.
+                      WHERE (owner = @owner AND NOT token = ANY(@offers::uuid[])
+                             AND expires_at < now() + make_interval(secs => @offer_ttl_ms::float8 / 1000) - interval '5 seconds')
                          OR expires_at < now() - interval '1 hour'
                       FOR UPDATE SKIP LOCKED)
 )
