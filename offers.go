@@ -163,31 +163,42 @@ func (d *Dispatcher) dropOffers(ctx context.Context, tokens []uuid.UUID) {
 // onLease routes a lease notification. It runs on the listener's
 // goroutine, so it only hands the message on.
 func (d *Dispatcher) onLease(ls notify.Lease) {
-	d.offers.mu.Lock()
-	o := d.offers.byToken[ls.Token]
-	if o == nil || d.offers.closed {
-		d.offers.mu.Unlock()
+	o := d.useToken(ls.Token, false)
+	if o == nil {
 		// A token we never issued, or one recovered already: the claim
 		// token fences it either way.
 		d.log.Debug().Str("message_id", ls.ID.String()).Msg("ignoring a lease under a token not on offer")
 		return
 	}
-	delete(d.offers.byToken, ls.Token)
-	d.offers.stats.Leased++
-	live := o.live
-	d.offers.mu.Unlock()
-	cm := &claim.Message{
+	o.lane.leased(&claim.Message{
 		Source: claim.Queue, ID: ls.ID, Token: ls.Token, Payload: ls.Payload, EnqueuedAt: ls.EnqueuedAt,
 		Attempt: ls.Attempt, MaxAttempts: ls.MaxAttempts, EnqueuedBy: ls.EnqueuedBy,
 		LeasedAt: o.leasedAt(ls.ClaimedAt),
+	})
+}
+
+// useToken takes token out of the book, once: it returns nil if the token
+// is not there (never issued, or used already) or the dispatcher has
+// stopped. A lane whose live offer it was may offer again; it does so once
+// the handler has started (deliver), since offering now would compete with
+// the delivery, and with the producer's commit, for the machine's CPUs.
+func (d *Dispatcher) useToken(token uuid.UUID, recovered bool) *offer {
+	d.offers.mu.Lock()
+	defer d.offers.mu.Unlock()
+	o := d.offers.byToken[token]
+	if o == nil || d.offers.closed {
+		return nil
 	}
-	if live {
-		// The lane offers again once the handler has started (deliver):
-		// offering now would compete with the delivery, and with the
-		// producer's commit, for this machine's CPUs.
+	delete(d.offers.byToken, token)
+	if recovered {
+		d.offers.stats.Recovered++
+	} else {
+		d.offers.stats.Leased++
+	}
+	if o.live {
 		o.lane.offered.Store(false)
 	}
-	o.lane.leased(cm)
+	return o
 }
 
 // leasedAt turns a lease's claimed_at, on the database's clock, into ours:
@@ -311,6 +322,8 @@ func (d *Dispatcher) releaseLeased(cm *claim.Message) {
 
 // offerTokens returns the tokens of ours that should stay on offer (their
 // lane runs), and those we have not heard of since they left the offer.
+// On the way it retires the offers of stopped lanes and forgets tokens
+// whose time is up.
 func (d *Dispatcher) offerTokens(now time.Time) (live, unheard []uuid.UUID) {
 	d.offers.mu.Lock()
 	defer d.offers.mu.Unlock()
@@ -395,18 +408,9 @@ func (d *Dispatcher) recoverLeases(ctx context.Context, tokens []uuid.UUID) {
 	}
 	for i := range fs {
 		f := &fs[i]
-		d.offers.mu.Lock()
-		o := d.offers.byToken[f.m.Token]
-		if o != nil {
-			delete(d.offers.byToken, f.m.Token)
-			d.offers.stats.Recovered++
-		}
-		d.offers.mu.Unlock()
+		o := d.useToken(f.m.Token, true)
 		if o == nil {
 			continue // its notification came meanwhile
-		}
-		if o.live {
-			o.lane.offered.Store(false)
 		}
 		f.m.Source = claim.Queue
 		f.m.LeasedAt = o.leasedAt(f.claimedAt)
