@@ -241,8 +241,10 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 		owner:     uuid.New(),
 		offers:    offerBook{byToken: map[uuid.UUID]*offer{}},
 	}
+	var onConnect func(context.Context, *pgx.Conn) error
 	if cfg.LeaseAtInsert {
 		d.leaseChannel = newLeaseChannel()
+		onConnect = d.holdLeaseKey
 	}
 	// NewWithConfig does not connect yet; Run does.
 	db, err := pgxpool.NewWithConfig(context.Background(), pc)
@@ -270,6 +272,7 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 		HeartbeatTimeout: cfg.HeartbeatTimeout,
 		LeaseChannel:     d.leaseChannel,
 		OnLease:          d.onLease,
+		OnConnect:        onConnect,
 	})
 	return d, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"sync"
 	"time"
 
@@ -60,6 +61,36 @@ func newLeaseChannel() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	return "bellhop_l_" + hex.EncodeToString(b[:])
+}
+
+// holdLeaseKey takes the lease key (sql/lease_key_hold.sql) on a new
+// listener connection, before it LISTENs: producers look for offers only
+// while the key is held. A producer holds the key for the instant of its
+// test, so a failed try is retried for a second. If the key stays taken
+// (a session that kept it exclusively, which the producers' test never
+// does), the dispatcher goes on without it: its offers then mostly go
+// unused and its messages come by claims, as without leasing, until the
+// next connection tries again.
+func (d *Dispatcher) holdLeaseKey(ctx context.Context, conn *pgx.Conn) error {
+	deadline := time.Now().Add(time.Second)
+	for {
+		var held bool
+		if err := conn.QueryRow(ctx, queries.LeaseKeyHold).Scan(&held); err != nil {
+			return fmt.Errorf("take the lease key: %w", err)
+		}
+		if held {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			d.log.Warn().Msg("another session holds the lease key exclusively; producers will seldom lease to this dispatcher until the listener reconnects")
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
 }
 
 // offerTTL is how long an offer lives without its dispatcher's poll: three

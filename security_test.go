@@ -13,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/internal/pgdsn"
 	"github.com/bellhopq/bellhop/internal/pgtest"
 )
 
@@ -268,9 +269,11 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 		handled.Done()
 		return nil
 	}))
-	cfg := e.pool.Config().ConnConfig.Copy()
-	cfg.User = login
-	d := runDispatcher(t, cfg.ConnString()+" user="+login, mux, func(c *bellhop.DispatcherConfig) {
+	dsn, err := pgdsn.WithUser(e.pool.Config().ConnConfig.ConnString(), login)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := runDispatcher(t, dsn, mux, func(c *bellhop.DispatcherConfig) {
 		c.LeaseAtInsert, c.PollInterval = true, 200*time.Millisecond
 	})
 	// Once the two are delivered the queue is idle and the lane offers;

@@ -37,7 +37,8 @@ GRANT UPDATE (last_fired_at) ON queue_trigger_details TO bellhop_dispatcher;
 GRANT SELECT, INSERT, UPDATE, DELETE ON queue_busy TO bellhop_dispatcher;
 -- Offers (migrations/0044_lease_at_insert.sql): the dispatcher's poll
 -- extends and deletes them, and a dispatcher with LeaseAtInsert makes
--- them. Producers need no grant: the notify trigger that takes them is
--- SECURITY DEFINER. Nobody else may read them: an offer names the
--- channel its lease, payload included, is sent on.
+-- them. Producers need no grant: the notify trigger takes them through
+-- bellhop_lease_message (0045), which is SECURITY DEFINER. Nobody else may
+-- read them: an offer names the channel its lease, payload included, is
+-- sent on. The lease key (0045) is an advisory lock: no grant either.
 GRANT SELECT, INSERT, UPDATE, DELETE ON bellhop_offers TO bellhop_dispatcher;

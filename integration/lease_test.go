@@ -20,6 +20,31 @@ func (e *env) offers(t *testing.T) int {
 	return e.count(t, `SELECT count(*) FROM bellhop_offers WHERE queue_name = 'orders' AND expires_at > now()`)
 }
 
+// holdLeaseKey takes the lease key (migrations/0045_lease_key.sql) on a
+// connection of its own until the test ends, as another leasing
+// dispatcher's listener would: producers then look for offers whatever
+// the dispatchers under test do.
+func (e *env) holdLeaseKey(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, e.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock_shared(1650814063, 0)`); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// leaseKeyHolders counts the sessions holding the lease key, by their
+// application_name.
+func (e *env) leaseKeyHolders(t *testing.T, app string) int {
+	return e.count(t, `SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+	    WHERE l.locktype = 'advisory' AND l.classid = 1650814063 AND l.objid = 0 AND l.objsubid = 2
+	      AND l.granted AND l.mode = 'ShareLock' AND a.application_name = $1`, app)
+}
+
 // startLeasing starts a dispatcher with LeaseAtInsert serving "orders"
 // with h, and waits until its lane has an offer out: the first message
 // goes the usual way (notification, claim), and the lane offers once it is
@@ -128,10 +153,13 @@ func TestLeaseAtInsertFallsBack(t *testing.T) {
 }
 
 // TestLeaseAtInsertLostNotification: a lease made while the dispatcher's
-// listener is away reaches nobody; the dispatcher finds it by its token
-// when the listener is back, long before the lease or the poll would.
+// listener is away (producers still lease, since another leasing
+// dispatcher holds the lease key) reaches nobody; the dispatcher finds it
+// by its token when the listener is back, long before the lease or the
+// poll would.
 func TestLeaseAtInsertLostNotification(t *testing.T) {
 	e := newEnv(t)
+	e.holdLeaseKey(t)
 	rec := &recorder{}
 	d, _ := startLeasing(t, e, bellhop.ConsumerSpec{VisibilityTimeout: time.Minute}, rec,
 		bellhop.DispatcherConfig{ReconnectDelay: 500 * time.Millisecond})
@@ -157,11 +185,13 @@ func TestLeaseAtInsertLostNotification(t *testing.T) {
 	waitFor(t, 5*time.Second, "an offer again", func() bool { return e.offers(t) == 1 })
 }
 
-// TestLeaseAtInsertDeadOffer: an offer left by a dispatcher that died
-// leases one message to nobody; the lease runs out and a live dispatcher
-// delivers the message, once.
+// TestLeaseAtInsertDeadOffer: an offer left by a dispatcher that died,
+// while another leasing dispatcher holds the lease key, leases one message
+// to nobody; the lease runs out and a live dispatcher delivers the
+// message, once.
 func TestLeaseAtInsertDeadOffer(t *testing.T) {
 	e := newEnv(t)
+	e.holdLeaseKey(t)
 	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", VisibilityTimeout: 2 * time.Second})
 	rec := &recorder{}
 	mux := bellhop.NewMux()
@@ -405,4 +435,95 @@ func TestLeaseAtInsertPollKeepsBook(t *testing.T) {
 	if got := rec.deliveries()[1]; got.ID != id {
 		t.Errorf("delivered %s, want %s", got.ID, id)
 	}
+}
+
+// TestLeaseKey: producers lease only while a session holds the lease key,
+// which a leasing dispatcher holds on its listener connection, exactly
+// while that connection lives; without it, an offer in the table is left
+// alone and the message goes the q: way. The lease function refuses to
+// run outside a trigger.
+func TestLeaseKey(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	if n := e.count(t, `SELECT count(*) FROM pg_proc WHERE proname = 'bellhop_notify_queue_message'
+	                    AND NOT prosecdef AND proconfig IS NULL`); n != 1 {
+		t.Errorf("the notify trigger's function is SECURITY DEFINER or sets a search_path; want neither")
+	}
+	offer := func() uuid.UUID {
+		t.Helper()
+		var token uuid.UUID
+		if err := e.pool.QueryRow(ctx, `INSERT INTO bellhop_offers (token, app_id, queue_name, owner, channel, expires_at)
+		    SELECT gen_random_uuid(), id, 'spare', gen_random_uuid(), 'bellhop_l_test', now() + interval '1 hour'
+		    FROM apps WHERE name = 'app' RETURNING token`).Scan(&token); err != nil {
+			t.Fatal(err)
+		}
+		return token
+	}
+	leased := func(id uuid.UUID) bool {
+		return e.count(t, `SELECT count(*) FROM queue_messages WHERE id = $1 AND claim_token IS NOT NULL`, id) == 1
+	}
+
+	token := offer()
+	id := e.enqueue(t, "spare", 1, bellhop.EnqueueOptions{})
+	if leased(id) || e.count(t, `SELECT count(*) FROM bellhop_offers WHERE token = $1`, token) != 1 {
+		t.Fatal("leased with nobody holding the lease key")
+	}
+	var ok bool
+	if err := e.pool.QueryRow(ctx, `SELECT bellhop_lease_message(id, app_id, queue_name) FROM queue_messages WHERE id = $1`, id).Scan(&ok); err != nil {
+		t.Fatal(err)
+	}
+	if ok || leased(id) {
+		t.Fatal("bellhop_lease_message leased a message when called outside a trigger")
+	}
+
+	holder, err := pgx.Connect(ctx, e.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close(ctx)
+	if _, err := holder.Exec(ctx, `SELECT pg_advisory_lock_shared(1650814063, 0)`); err != nil {
+		t.Fatal(err)
+	}
+	id = e.enqueue(t, "spare", 2, bellhop.EnqueueOptions{})
+	if n := e.count(t, `SELECT count(*) FROM queue_messages WHERE id = $1 AND claim_token = $2`, id, token); n != 1 {
+		t.Fatal("not leased to the offer while the lease key was held")
+	}
+	if _, err := holder.Exec(ctx, `SELECT pg_advisory_unlock_shared(1650814063, 0)`); err != nil {
+		t.Fatal(err)
+	}
+	offer()
+	if id = e.enqueue(t, "spare", 3, bellhop.EnqueueOptions{}); leased(id) {
+		t.Fatal("leased after the lease key was let go")
+	}
+
+	rec := &recorder{}
+	d, claims := startLeasing(t, e, bellhop.ConsumerSpec{}, rec,
+		bellhop.DispatcherConfig{ReconnectDelay: 300 * time.Millisecond})
+	if n := e.leaseKeyHolders(t, "bellhop-listener"); n != 1 {
+		t.Fatalf("%d listeners hold the lease key; want the leasing dispatcher's", n)
+	}
+	claims.waitQuiet(t, 5*time.Second, 200*time.Millisecond, "the first pass done")
+	passes := claims.queue.Load()
+	if n := e.count(t, `SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+	                    WHERE application_name = 'bellhop-listener' AND datname = current_database()) AS k`); n != 1 {
+		t.Fatalf("terminated %d listeners; want 1", n)
+	}
+	waitFor(t, 5*time.Second, "the key let go with the listener", func() bool {
+		return e.leaseKeyHolders(t, "bellhop-listener") == 0
+	})
+	id = e.enqueue(t, "orders", "while away", bellhop.EnqueueOptions{})
+	if leased(id) {
+		t.Fatal("leased to an offer whose dispatcher had no listener")
+	}
+	waitFor(t, 10*time.Second, "delivered by a claim after the reconnect", func() bool { return rec.n.Load() == 2 })
+	if claims.queue.Load() == passes {
+		t.Error("no claim pass after the reconnect; the message came another way")
+	}
+	if n := e.leaseKeyHolders(t, "bellhop-listener"); n != 1 {
+		t.Errorf("%d listeners hold the lease key after the reconnect; want 1", n)
+	}
+	d.stop()
+	waitFor(t, 5*time.Second, "the key let go at a clean stop", func() bool {
+		return e.leaseKeyHolders(t, "bellhop-listener") == 0
+	})
 }

@@ -57,6 +57,11 @@ type Config struct {
 	// listened on.
 	LeaseChannel string
 	OnLease      func(Lease)
+	// OnConnect, if set, runs on every new connection before LISTEN, to
+	// set up session state that must live and die with the listener (a
+	// leasing dispatcher's lease key). An error drops the connection, and
+	// the listener tries again after ReconnectDelay.
+	OnConnect func(ctx context.Context, conn *pgx.Conn) error
 }
 
 // Stats are counters for metrics.
@@ -224,7 +229,15 @@ func (l *Listener) connect(ctx context.Context) (*pgx.Conn, error) {
 		cfg.RuntimeParams = map[string]string{}
 	}
 	cfg.RuntimeParams["application_name"] = "bellhop-listener"
-	return pgx.ConnectConfig(ctx, cfg)
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil || l.cfg.OnConnect == nil {
+		return conn, err
+	}
+	if err := l.cfg.OnConnect(ctx, conn); err != nil {
+		_ = conn.Close(ctx)
+		return nil, err
+	}
+	return conn, nil
 }
 
 func (l *Listener) logError(ctx context.Context, err error) {

@@ -140,6 +140,11 @@ var Extend string
 //go:embed invoke.sql
 var Invoke string
 
+// LeaseKeyHold is lease_key_hold.sql.
+//
+//go:embed lease_key_hold.sql
+var LeaseKeyHold string
+
 // Nack is nack.sql.
 //
 //go:embed nack.sql

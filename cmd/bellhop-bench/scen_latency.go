@@ -126,6 +126,19 @@ func enqueueAlone(ctx context.Context, e *env, offer bool) error {
 		return err
 	}
 	defer prod.Close()
+	if offer {
+		// The lease key (migrations/0045_lease_key.sql), held as a leasing
+		// dispatcher's listener holds it: without it producers do not look
+		// for offers.
+		key, err := pgx.Connect(ctx, db.DSN)
+		if err != nil {
+			return err
+		}
+		defer key.Close(context.Background())
+		if _, err := key.Exec(ctx, `SELECT pg_advisory_lock_shared(1650814063, 0)`); err != nil {
+			return err
+		}
+	}
 	client := bellhop.NewClient(prod)
 	rec := newRecorder(e.base, e.p.latencyN)
 	_, _, err = pace(ctx, e.p.latencyN, e.p.latencyInterval, 0, 1, func(ctx context.Context, i int) error {

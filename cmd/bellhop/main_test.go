@@ -14,7 +14,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,6 +29,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/internal/pgdsn"
 	"github.com/bellhopq/bellhop/internal/pgtest"
 )
 
@@ -552,18 +552,11 @@ func emptyDatabase(t *testing.T) string {
 			t.Errorf("drop %s: %v", name, err)
 		}
 	})
-	// The admin DSN is a URL (DATABASE_URL) or keyword/value (throwaway
-	// cluster), where the last dbname wins.
-	admin := pgtest.AdminConnString()
-	if strings.HasPrefix(admin, "postgres://") || strings.HasPrefix(admin, "postgresql://") {
-		u, err := url.Parse(admin)
-		if err != nil {
-			t.Fatal(err)
-		}
-		u.Path = "/" + name
-		return u.String()
+	dsn, err := pgdsn.WithDatabase(pgtest.AdminConnString(), name)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return admin + " dbname=" + name
+	return dsn
 }
 
 // jsonEqual compares two JSON texts as values (jsonb re-spaces payloads).

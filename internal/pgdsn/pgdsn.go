@@ -34,6 +34,30 @@ func WithDatabase(dsn, dbname string) (string, error) {
 	return strings.TrimSpace(dsn + " dbname=" + quoteValue(dbname)), nil
 }
 
+// WithUser returns dsn connecting as user instead of its own user, with
+// everything else unchanged (a password in the DSN is kept).
+func WithUser(dsn, user string) (string, error) {
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return "", fmt.Errorf("parse %q: %w", Redact(dsn), err)
+		}
+		if pw, ok := u.User.Password(); ok {
+			u.User = url.UserPassword(user, pw)
+		} else {
+			u.User = url.User(user)
+		}
+		q := u.Query()
+		q.Del("user")
+		u.RawQuery = q.Encode()
+		return u.String(), nil
+	}
+	if _, err := pgconn.ParseConfig(dsn); err != nil {
+		return "", fmt.Errorf("parse %q: %w", Redact(dsn), err)
+	}
+	return strings.TrimSpace(dsn + " user=" + quoteValue(user)), nil
+}
+
 func quoteValue(v string) string {
 	if v != "" && !strings.ContainsAny(v, " \t\n\r\v\f'\\") {
 		return v

@@ -46,3 +46,24 @@ func TestWithDatabaseExact(t *testing.T) {
 		t.Errorf("kv: %q %v", got, err)
 	}
 }
+
+func TestWithUser(t *testing.T) {
+	for _, tc := range []struct{ dsn, want string }{
+		{"postgres://alice@localhost:5432/db?sslmode=disable", "postgres://bob@localhost:5432/db?sslmode=disable"},
+		{"postgres://alice:secret@localhost/db", "postgres://bob:secret@localhost/db"},
+		{"postgres:///db?host=%2Ftmp&port=5432&user=alice", "postgres://bob@/db?host=%2Ftmp&port=5432"},
+		{"host=/tmp port=5432 user=alice dbname=db", "host=/tmp port=5432 user=alice dbname=db user=bob"},
+	} {
+		got, err := WithUser(tc.dsn, "bob")
+		if err != nil {
+			t.Fatalf("WithUser(%q): %v", tc.dsn, err)
+		}
+		if got != tc.want {
+			t.Errorf("WithUser(%q) = %q; want %q", tc.dsn, got, tc.want)
+		}
+		cfg, err := pgconn.ParseConfig(got)
+		if err != nil || cfg.User != "bob" {
+			t.Errorf("WithUser(%q) = %q, which connects as %q (%v); want bob", tc.dsn, got, cfg.User, err)
+		}
+	}
+}

@@ -183,7 +183,10 @@ func TestDatabaseURL(t *testing.T) {
 	}
 	// A non-default database in the URL checks that the admin DSN is
 	// rewritten to "postgres".
-	url := AdminConnString() + " dbname=template1"
+	url, err := pgdsn.WithDatabase(AdminConnString(), "template1")
+	if err != nil {
+		t.Fatal(err)
+	}
 	var wg sync.WaitGroup
 	for range 2 {
 		wg.Go(func() {
