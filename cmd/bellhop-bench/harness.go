@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,6 +39,7 @@ type env struct {
 	cpuprofile string
 	riverBin   string
 	timeline   bool
+	dump       string // -dump: a folder for per-message CSVs
 }
 
 func (e *env) logf(format string, args ...any) {
@@ -301,6 +303,7 @@ type recorder struct {
 	seen                   []atomic.Bool
 	got                    atomic.Int64
 	dups                   atomic.Int64
+	warm                   atomic.Int64 // warm-up messages delivered
 	bad                    atomic.Int64
 	done                   chan struct{}
 }
@@ -320,10 +323,19 @@ func (r *recorder) payload(seq int) ([]byte, int64) {
 type stamp struct {
 	S int   `json:"s"`
 	T int64 `json:"t"`
+	// W marks a warm-up message (hooks.warmup), counted but not measured.
+	W bool `json:"w,omitempty"`
 }
+
+// warmupBody is the payload of a warm-up message.
+var warmupBody = []byte(`{"w":true}`)
 
 func (r *recorder) record(now int64, body []byte) {
 	var s stamp
+	if err := json.Unmarshal(body, &s); err == nil && s.W {
+		r.warm.Add(1)
+		return
+	}
 	if err := json.Unmarshal(body, &s); err != nil || s.S < 0 || s.S >= len(r.lat) {
 		r.bad.Add(1)
 		return
@@ -422,6 +434,32 @@ func (r *recorder) enqueued(seq int, t int64) {
 	now := int64(time.Since(r.base))
 	r.enq[seq] = now - t
 	r.returned[seq] = now
+}
+
+// dump writes every delivered message of a case run as CSV to the -dump
+// folder, if one was given: when its Enqueue began (µs since base), how
+// long the call took and its latency (µs).
+func (r *recorder) dump(e *env, scenario, cas string, run int) error {
+	if e.dump == "" {
+		return nil
+	}
+	if err := os.MkdirAll(e.dump, 0o755); err != nil {
+		return err
+	}
+	slug := strings.Map(func(c rune) rune {
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' {
+			return c
+		}
+		return '-'
+	}, cas)
+	var b strings.Builder
+	b.WriteString("enqueued_us,enqueue_call_us,latency_us\n")
+	for i := range r.lat {
+		if r.seen[i].Load() {
+			fmt.Fprintf(&b, "%d,%d,%d\n", (r.returned[i]-r.enq[i])/1000, r.enq[i]/1000, r.lat[i]/1000)
+		}
+	}
+	return os.WriteFile(filepath.Join(e.dump, fmt.Sprintf("%s-%s-run%d.csv", scenario, slug, run)), []byte(b.String()), 0o644)
 }
 
 // split returns the Enqueue call durations and the times from the

@@ -158,6 +158,7 @@ type options struct {
 	verbose     bool
 	sequential  bool
 	timeline    bool
+	dump        string
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -179,6 +180,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.riverBin, "river-bin", "", "a prebuilt River benchmark binary (skips the build)")
 	fs.IntVar(&o.poolMax, "pool-max-conns", 20, "the dispatcher's pool size (and River's)")
 	fs.BoolVar(&o.sequential, "sequential", false, "run all runs of a scenario before the next scenario (default: interleaved, run 1 of every scenario, then run 2, ..., so that scenarios compared with each other, Bellhop's and River's, share the machine's changing load)")
+	fs.StringVar(&o.dump, "dump", "", "write every message of each latency and scale case run to DIR/<scenario>-<case>-run<N>.csv (enqueued at, Enqueue call, latency; µs), to see when the slow ones came")
 	fs.BoolVar(&o.timeline, "timeline", false, "print, per second of each load run, how many messages were enqueued and delivered (to stderr)")
 	fs.BoolVar(&o.verbose, "v", false, "log the dispatchers' info messages to stderr (default: warnings)")
 	if err := fs.Parse(args); err != nil {
@@ -311,6 +313,7 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) (int, error)
 		base:       time.Now(),
 		cpuprofile: o.cpuprofile,
 		timeline:   o.timeline,
+		dump:       o.dump,
 	}
 	tmp, err := os.MkdirTemp("", "bellhop-bench")
 	if err != nil {

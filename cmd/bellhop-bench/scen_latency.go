@@ -94,6 +94,9 @@ func latencyOnce(ctx context.Context, e *env, cas string, run int) (latencyStats
 	if err != nil {
 		return st, err
 	}
+	if err := rec.dump(e, "latency", cas, run); err != nil {
+		return st, err
+	}
 	enq, after := rec.split()
 	addLatency(e.res, "latency", cas+": Enqueue call", enq, false)
 	addLatency(e.res, "latency", cas+": Enqueue returned → handler", after, false)
@@ -200,6 +203,12 @@ type hooks struct {
 	// sampleWaits, if set, names the evidence of the wait events of all
 	// the database's sessions, sampled while messages are produced.
 	sampleWaits string
+	// warmup, if set, sends messages at the same rate for this long, and
+	// waits for their delivery, before the measured ones: the producers'
+	// and the dispatcher's pools open their connections lazily, and the
+	// first use of each new server session (forked, its caches cold)
+	// takes milliseconds.
+	warmup time.Duration
 }
 
 func latencyRunRate(ctx context.Context, e *env, db *database, queues []string, spec bellhop.ConsumerSpec,
@@ -246,6 +255,23 @@ func latencyRunRate(ctx context.Context, e *env, db *database, queues []string, 
 	settle, err := settleStatements(ctx, db, time.Second, 5*time.Second+time.Duration(len(queues))*10*time.Millisecond)
 	if err != nil {
 		return latencyStats{}, 0, err
+	}
+	if h.warmup > 0 {
+		warmN := int(h.warmup / interval)
+		sent, _, err := pace(ctx, warmN, interval, 0, producers, func(ctx context.Context, i int) error {
+			_, err := client.Enqueue(ctx, benchApp, queues[rand.N(len(queues))], warmupBody, bellhop.EnqueueOptions{})
+			return err
+		})
+		if err != nil {
+			return latencyStats{}, 0, fmt.Errorf("warm-up: %w", err)
+		}
+		deadline := time.Now().Add(60 * time.Second)
+		for rec.warm.Load() < int64(sent) {
+			if time.Now().After(deadline) {
+				return latencyStats{}, 0, fmt.Errorf("warm-up: %d of %d messages delivered in 60s", rec.warm.Load(), sent)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
 	}
 	if h.settled != nil {
 		h.settled(settle)

@@ -68,6 +68,7 @@ func scaleOnce(ctx context.Context, e *env, run, queues int) error {
 		sample()
 	}
 	h := &hooks{
+		warmup: min(2*time.Second, e.p.scaleDuration/4),
 		beforeStart: func() error {
 			// Everything but the dispatcher exists now: the consumers
 			// are registered, the producers' pool is open and the
@@ -122,6 +123,9 @@ func scaleOnce(ctx context.Context, e *env, run, queues int) error {
 	if stopProfile != nil {
 		stopProfile()
 	}
+	if err := rec.dump(e, "scale", cas, run); err != nil {
+		return err
+	}
 	const mib = 1 << 20
 	addLatency(e.res, "scale", cas, st, true)
 	e.res.Add(Metric{Scenario: "scale", Case: cas, Name: "achieved enqueue rate", Unit: "msgs/s"}, achieved)
@@ -131,8 +135,8 @@ func scaleOnce(ctx context.Context, e *env, run, queues int) error {
 	e.res.Add(Metric{Scenario: "scale", Case: cas, Name: "Go stacks in use at end (whole process)", Unit: "MiB", LowerIsBetter: true}, float64(ms.StackInuse)/mib)
 	e.res.Add(Metric{Scenario: "scale", Case: cas, Name: "Go heap in use at end (whole process)", Unit: "MiB", LowerIsBetter: true}, float64(ms.HeapInuse)/mib)
 	e.res.Add(Metric{Scenario: "scale", Case: cas, Name: "start-up: ready → claims settled", Unit: "s", LowerIsBetter: true}, settle.Seconds())
-	e.res.Note("scale", "%d queues (and, right before it in each run, the same with 1 queue, as the reference), one consumer each (defaults), one no-op Go handler through a Resolver; after the start-up claims settle, %s at %d msgs/s, each to a random queue, one Client.Enqueue per message from %d producer goroutines (who stop at the end of the period whether or not they kept up); latency as in the latency scenario; unix socket",
-		e.p.scaleQueues, e.p.scaleDuration, e.p.scaleRate, producersFor(e.p.scaleRate))
+	e.res.Note("scale", "%d queues (and, right before it in each run, the same with 1 queue, as the reference), one consumer each (defaults), one no-op Go handler through a Resolver; after the start-up claims settle, %s at %d msgs/s, each to a random queue, one Client.Enqueue per message from %d producer goroutines (who stop at the end of the period whether or not they kept up), after a warm-up of %s at the same rate, delivered but not measured (since 2026-11-30: the pools open their connections lazily, and new server sessions are slow at first); latency as in the latency scenario; unix socket",
+		e.p.scaleQueues, e.p.scaleDuration, e.p.scaleRate, producersFor(e.p.scaleRate), min(2*time.Second, e.p.scaleDuration/4))
 	e.res.Note("scale", "RSS: the dispatcher runs in this process; VmRSS from /proc/self/status sampled every 250ms from just before Dispatcher.Run (start-up claims included) to the last delivery, minus a baseline taken just before Dispatcher.Run (after GC and FreeOSMemory; consumers registered, producer pool open, latency arrays allocated); so it includes the latency payloads in flight and Go heap not yet returned to the OS")
 	return nil
 }
