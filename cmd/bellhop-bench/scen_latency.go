@@ -175,7 +175,7 @@ func enqueueAlone(ctx context.Context, e *env, offer bool) error {
 		return fmt.Errorf("%s: %d of %d messages leased", caseEnqueueLeasing, leased, e.p.latencyN)
 	}
 	addLatency(e.res, "latency", caseEnqueueLeasing, enq, false)
-	e.res.Note("latency", "'%s': as '%s', with an offer of the queue written before each message (on another connection, off the timed path), so that every message is leased at its commit, as with a leasing dispatcher; the notifications go to a channel nobody LISTENs on", caseEnqueueLeasing, caseEnqueueAlone)
+	e.res.Note("latency", "'%s': as '%s', with an offer of the queue written before each message (on another connection, off the timed path), and the lease key held by another session (as a leasing dispatcher's listener holds it), so that every message is leased at its commit; the notifications go to a channel nobody LISTENs on. The offer's INSERT right before each Enqueue also wakes the server from its idle pause, which the other cases' Enqueue calls pay", caseEnqueueLeasing, caseEnqueueAlone)
 	return nil
 }
 
