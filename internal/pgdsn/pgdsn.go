@@ -14,48 +14,45 @@ import (
 // WithDatabase returns dsn pointing at dbname instead of its own database,
 // with everything else unchanged.
 func WithDatabase(dsn, dbname string) (string, error) {
-	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
-		u, err := url.Parse(dsn)
-		if err != nil {
-			return "", fmt.Errorf("parse %q: %w", Redact(dsn), err)
-		}
+	// pgx lets a dbname/database query parameter override the path.
+	return rewrite(dsn, "dbname", dbname, func(u *url.URL) {
 		u.Path, u.RawPath = "/"+dbname, ""
-		// pgx lets a dbname/database query parameter override the path.
-		q := u.Query()
-		q.Del("dbname")
-		q.Del("database")
-		u.RawQuery = q.Encode()
-		return u.String(), nil
-	}
-	if _, err := pgconn.ParseConfig(dsn); err != nil {
-		return "", fmt.Errorf("parse %q: %w", Redact(dsn), err)
-	}
-	// In keyword/value form the last occurrence of a keyword wins.
-	return strings.TrimSpace(dsn + " dbname=" + quoteValue(dbname)), nil
+	}, "dbname", "database")
 }
 
 // WithUser returns dsn connecting as user instead of its own user, with
 // everything else unchanged (a password in the DSN is kept).
 func WithUser(dsn, user string) (string, error) {
-	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
-		u, err := url.Parse(dsn)
-		if err != nil {
-			return "", fmt.Errorf("parse %q: %w", Redact(dsn), err)
-		}
+	return rewrite(dsn, "user", user, func(u *url.URL) {
 		if pw, ok := u.User.Password(); ok {
 			u.User = url.UserPassword(user, pw)
 		} else {
 			u.User = url.User(user)
 		}
+	}, "user")
+}
+
+// rewrite sets one connection parameter: in a URL with edit, dropping the
+// query parameters named in drop that would override it; in keyword/value
+// form by appending keyword=value, since the last occurrence wins.
+func rewrite(dsn, keyword, value string, edit func(*url.URL), drop ...string) (string, error) {
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return "", fmt.Errorf("parse %q: %w", Redact(dsn), err)
+		}
+		edit(u)
 		q := u.Query()
-		q.Del("user")
+		for _, k := range drop {
+			q.Del(k)
+		}
 		u.RawQuery = q.Encode()
 		return u.String(), nil
 	}
 	if _, err := pgconn.ParseConfig(dsn); err != nil {
 		return "", fmt.Errorf("parse %q: %w", Redact(dsn), err)
 	}
-	return strings.TrimSpace(dsn + " user=" + quoteValue(user)), nil
+	return strings.TrimSpace(dsn + " " + keyword + "=" + quoteValue(value)), nil
 }
 
 func quoteValue(v string) string {
