@@ -23,8 +23,9 @@ func (e *env) offers(t *testing.T) int {
 // holdLeaseKey takes the lease key (migrations/0045_lease_key.sql) on a
 // connection of its own until the test ends, as another leasing
 // dispatcher's listener would: producers then look for offers whatever
-// the dispatchers under test do.
-func (e *env) holdLeaseKey(t *testing.T) {
+// the dispatchers under test do. It returns the connection, on which
+// pg_advisory_unlock_shared lets the key go early.
+func (e *env) holdLeaseKey(t *testing.T) *pgx.Conn {
 	t.Helper()
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, e.dsn)
@@ -35,6 +36,7 @@ func (e *env) holdLeaseKey(t *testing.T) {
 	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock_shared(1650814063, 0)`); err != nil {
 		t.Fatal(err)
 	}
+	return conn
 }
 
 // leaseKeyHolders counts the sessions holding the lease key, by their
@@ -476,14 +478,7 @@ func TestLeaseKey(t *testing.T) {
 		t.Fatal("bellhop_lease_message leased a message when called outside a trigger")
 	}
 
-	holder, err := pgx.Connect(ctx, e.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Close(ctx)
-	if _, err := holder.Exec(ctx, `SELECT pg_advisory_lock_shared(1650814063, 0)`); err != nil {
-		t.Fatal(err)
-	}
+	holder := e.holdLeaseKey(t)
 	id = e.enqueue(t, "spare", 2, bellhop.EnqueueOptions{})
 	if n := e.count(t, `SELECT count(*) FROM queue_messages WHERE id = $1 AND claim_token = $2`, id, token); n != 1 {
 		t.Fatal("not leased to the offer while the lease key was held")

@@ -332,11 +332,12 @@ var warmupBody = []byte(`{"w":true}`)
 
 func (r *recorder) record(now int64, body []byte) {
 	var s stamp
-	if err := json.Unmarshal(body, &s); err == nil && s.W {
+	err := json.Unmarshal(body, &s)
+	if err == nil && s.W {
 		r.warm.Add(1)
 		return
 	}
-	if err := json.Unmarshal(body, &s); err != nil || s.S < 0 || s.S >= len(r.lat) {
+	if err != nil || s.S < 0 || s.S >= len(r.lat) {
 		r.bad.Add(1)
 		return
 	}
