@@ -522,3 +522,97 @@ func TestLeaseKey(t *testing.T) {
 		return e.leaseKeyHolders(t, "bellhop-listener") == 0
 	})
 }
+
+// TestLeasePlans: the lease reaches its rows by index even where the
+// planner would rather scan, as it would with a table full of offers of
+// one queue, or of its dead ones, and it reaches the message by primary key,
+// not through the queue's unclaimed messages. A transaction that made its
+// row unleasable before committing leaves the offer alone. The lease runs
+// early here (SET CONSTRAINTS ... IMMEDIATE) so that the transaction's own
+// scan counters show what it read.
+func TestLeasePlans(t *testing.T) {
+	e := newEnv(t)
+	e.holdLeaseKey(t)
+	ctx := context.Background()
+	// Messages of the queue, claimed since: their unclaimed versions are
+	// dead entries that a scan of the queue's unclaimed messages reads.
+	for i := 0; i < 200; i++ {
+		e.enqueue(t, "plans", i, bellhop.EnqueueOptions{})
+	}
+	if _, err := e.pool.Exec(ctx, `UPDATE queue_messages SET claim_token = gen_random_uuid(), claimed_at = now(),
+	    attempt = 1 WHERE queue_name = 'plans'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx, `INSERT INTO bellhop_offers (token, app_id, queue_name, owner, channel, expires_at)
+	    SELECT gen_random_uuid(), a.id, 'plans', gen_random_uuid(), 'bellhop_l_test', now() + interval '1 hour'
+	    FROM apps AS a, generate_series(1, 2000) WHERE a.name = 'app'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx, `ANALYZE bellhop_offers, queue_messages`); err != nil {
+		t.Fatal(err)
+	}
+
+	scans := `SELECT pg_stat_get_xact_numscans('bellhop_offers'::regclass),
+	                 pg_stat_get_xact_numscans('bellhop_offers_queue'::regclass),
+	                 pg_stat_get_xact_numscans('idx_queue_messages_dispatch'::regclass),
+	                 pg_stat_get_xact_numscans('queue_messages_pkey'::regclass)`
+	// lease enqueues in a transaction, runs change on it, fires the
+	// deferred trigger and returns the transaction's scan counts.
+	lease := func(change string) (id uuid.UUID, seq, byQueue, dispatch, pkey int) {
+		t.Helper()
+		tx, err := e.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		if id, err = e.client.EnqueueTx(ctx, tx, "app", "plans", []byte(`"now"`), bellhop.EnqueueOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if change != "" {
+			if _, err := tx.Exec(ctx, change, id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var before [4]int
+		if err := tx.QueryRow(ctx, scans).Scan(&before[0], &before[1], &before[2], &before[3]); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `SET CONSTRAINTS queue_messages_notify IMMEDIATE`); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.QueryRow(ctx, scans).Scan(&seq, &byQueue, &dispatch, &pkey); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return id, seq - before[0], byQueue - before[1], dispatch - before[2], pkey - before[3]
+	}
+
+	id, seq, byQueue, dispatch, pkey := lease("")
+	if n := e.count(t, `SELECT count(*) FROM queue_messages m JOIN apps a ON a.id = m.app_id
+	                    WHERE m.id = $1 AND m.attempt = 1 AND m.claim_token IS NOT NULL
+	                      AND m.claim_token NOT IN (SELECT token FROM bellhop_offers)`, id); n != 1 {
+		t.Fatal("not leased, or leased under an offer that is still there")
+	}
+	if seq != 0 || byQueue != 1 {
+		t.Errorf("the offer lookup made %d sequential and %d index scans; want 0 and 1", seq, byQueue)
+	}
+	if dispatch != 0 || pkey == 0 {
+		t.Errorf("the lease read the queue's unclaimed messages %d times and the primary key %d times; want 0 and at least 1",
+			dispatch, pkey)
+	}
+
+	for _, change := range []string{
+		`UPDATE queue_messages SET deliver_after = now() + interval '1 hour' WHERE id = $1`,
+		`UPDATE queue_messages SET payload = to_jsonb(repeat('x', 8000)) WHERE id = $1`,
+	} {
+		id, _, _, _, _ := lease(change)
+		if n := e.count(t, `SELECT count(*) FROM queue_messages WHERE id = $1 AND claim_token IS NULL AND attempt = 0`, id); n != 1 {
+			t.Errorf("after %q: leased a message its transaction made unleasable", change)
+		}
+	}
+	if n := e.count(t, `SELECT count(*) FROM bellhop_offers`); n != 1999 {
+		t.Errorf("%d offers left; want 1,999: one leased, none taken by the unleasable messages", n)
+	}
+}
