@@ -44,11 +44,11 @@ import (
 )
 
 var (
-	soakFlag         = flag.Duration("soak", 0, "TestChaosSoak: run the long form for this long (30m or more; needs -timeout 0 or a larger -timeout); 0 runs the short CI form")
-	soakMessagesFlag = flag.Int("soak.messages", 0, "TestChaosSoak: messages to enqueue (0: 14,000 in the short form, 50,000 in the long form)")
-	soakRaceFlag     = flag.Bool("soak.race", false, "TestChaosSoak: build the bellhop binary with -race too (slower; the test's own code always runs under go test's -race if given)")
-	soakSeedFlag     = flag.Uint64("soak.seed", 0, "TestChaosSoak: seed of the consumer's failure choices and the producer (0: random)")
-	soakLogDirFlag   = flag.String("soak.logdir", "", "TestChaosSoak: keep the dispatchers' logs in this directory (default: a temp dir, removed)")
+	soakFlag         = flag.Duration("soak", 0, "TestChaosSoak and TestChaosSoakLeasing: run the long form for this long (30m or more; needs -timeout 0 or a larger -timeout); 0 runs the short CI form")
+	soakMessagesFlag = flag.Int("soak.messages", 0, "TestChaosSoak and TestChaosSoakLeasing: messages to enqueue (0: 14,000 in the short form, 50,000 in the long form)")
+	soakRaceFlag     = flag.Bool("soak.race", false, "TestChaosSoak and TestChaosSoakLeasing: build the bellhop binary with -race too (slower; the test's own code always runs under go test's -race if given)")
+	soakSeedFlag     = flag.Uint64("soak.seed", 0, "TestChaosSoak and TestChaosSoakLeasing: seed of the consumer's failure choices and the producer (0: random)")
+	soakLogDirFlag   = flag.String("soak.logdir", "", "TestChaosSoak and TestChaosSoakLeasing: keep the dispatchers' logs in this directory (default: a temp dir, removed)")
 )
 
 const (
@@ -83,6 +83,12 @@ const (
 	// may learn of it only at its next fallback poll (2 s, ±10%); a second
 	// covers the claim and the push (and a loaded CI machine).
 	chaosSlack = chaosPoll*11/10 + time.Second
+	// chaosOfferTTL is how long an offer lives without its dispatcher's
+	// poll (Dispatcher.offerTTL: three polls).
+	chaosOfferTTL = 3 * chaosPoll
+	// chaosLeasers is how many of the dispatchers lease at INSERT in
+	// TestChaosSoakLeasing; the others claim after notifications.
+	chaosLeasers = 2
 	// chaosDelayedPct of messages are enqueued with a 0.5-3 s delay.
 	chaosDelayedPct = 10
 )
@@ -326,6 +332,10 @@ type faultRec struct {
 	// FirstOK is the first 2xx delivery that started after End (from the
 	// ledger); zero if none.
 	FirstOK time.Time
+	// offers: a killed dispatcher's offers outlive it by up to this long,
+	// while another leasing dispatcher holds the lease key, and producers
+	// lease messages to it that come back after their lease.
+	offers time.Duration
 }
 
 const (
@@ -339,10 +349,16 @@ const (
 
 // windowHas reports whether a redelivery whose predecessor started at
 // prev and which itself started at cur falls in f's window: the fault came
-// between the two, and the redelivery no later than recovery + vt (+ the
-// reclaim slack).
+// between the two, and the redelivery no later than the window's end.
 func (f *faultRec) windowHas(prev, cur time.Time) bool {
-	return !prev.After(f.Ready) && !cur.Before(f.Start) && !cur.After(f.Ready.Add(chaosVT+chaosSlack))
+	return !prev.After(f.Ready) && !cur.Before(f.Start) && !cur.After(f.windowEnd())
+}
+
+// windowEnd is the latest a redelivery caused by f may start: recovery +
+// vt (+ the reclaim slack), and for a killed leasing dispatcher its offers'
+// life on top (chaosOfferTTL).
+func (f *faultRec) windowEnd() time.Time {
+	return f.Ready.Add(chaosVT + chaosSlack + f.offers)
 }
 
 // chaosRig is everything a soak runs.
@@ -353,9 +369,49 @@ type chaosRig struct {
 	ds       []*daemon
 	consumer *chaosConsumer
 	faults   []*faultRec
+	leasers  int // dispatchers 0 .. leasers-1 lease at INSERT
+	// leased and recovered sum the lease counters of each dispatcher
+	// over its lives (a restart zeroes them): leases heard of by
+	// notification, and leases found by token after a missed one.
+	leased, recovered []float64
 }
 
-func TestChaosSoak(t *testing.T) {
+// countLeases adds dispatcher i's lease counters, as it reports them now,
+// to the sums: before it is killed, and at the end.
+func (r *chaosRig) countLeases(i int) {
+	if r.leased == nil {
+		r.leased, r.recovered = make([]float64, len(r.ds)), make([]float64, len(r.ds))
+	}
+	text, err := r.ds[i].scrape()
+	if err != nil {
+		r.t.Errorf("%s: metrics: %v", r.ds[i].name, err)
+		return
+	}
+	n, okN := metric(text, `bellhop_leased_at_insert_total{found="notification"}`)
+	m, okM := metric(text, `bellhop_leased_at_insert_total{found="recovered"}`)
+	if !okN || !okM {
+		r.t.Errorf("%s: no lease counters in its metrics", r.ds[i].name)
+		return
+	}
+	r.leased[i] += n
+	r.recovered[i] += m
+}
+
+// TestChaosSoak injects faults into three dispatchers and their server
+// while a producer runs, and accounts for every message from the
+// consumer's ledger: none lost, none delivered twice at once under a live
+// lease, every redelivery explained by a fault or a failed delivery, no
+// wake-up lost outside a fault's window.
+func TestChaosSoak(t *testing.T) { runChaosSoak(t, 0) }
+
+// TestChaosSoakLeasing is TestChaosSoak with two of the three dispatchers
+// leasing at INSERT (docs/lease-at-insert.md), the third claiming after
+// notifications: offers made, taken, withdrawn by a poll, lost with the
+// UNLOGGED table in an immediate restart, left by a killed dispatcher, and
+// leases whose notification went to a terminated listener.
+func TestChaosSoakLeasing(t *testing.T) { runChaosSoak(t, chaosLeasers) }
+
+func runChaosSoak(t *testing.T, leasers int) {
 	plan := planSoak()
 	if dl, ok := t.Deadline(); ok && time.Until(dl) < plan.duration+3*time.Minute {
 		t.Fatalf("the soak needs about %s but the test deadline is in %s: pass -timeout 0 (or larger)",
@@ -369,8 +425,8 @@ func TestChaosSoak(t *testing.T) {
 	if plan.long {
 		form = "long"
 	}
-	t.Logf("chaos soak, %s form: %d messages over %s, faults for %s, seed %d (-soak.seed to repeat the consumer's choices)",
-		form, plan.messages, plan.produceFor, plan.duration, seed)
+	t.Logf("chaos soak, %s form: %d messages over %s, faults for %s, %d of %d dispatchers leasing at INSERT, seed %d (-soak.seed to repeat the consumer's choices)",
+		form, plan.messages, plan.produceFor, plan.duration, leasers, chaosDispatchers, seed)
 
 	bin := buildBellhop(t, *soakRaceFlag)
 	cluster := ownCluster(t, nil)
@@ -415,10 +471,13 @@ func TestChaosSoak(t *testing.T) {
 	}
 	cons.secrets.Store(&secrets)
 
-	rig := &chaosRig{t: t, cluster: cluster, admin: admin, consumer: cons}
+	rig := &chaosRig{t: t, cluster: cluster, admin: admin, consumer: cons, leasers: leasers}
 	for i := range chaosDispatchers {
-		d := newDaemon(t, fmt.Sprintf("dispatcher-%d", i+1), bin, dsn,
-			"--poll-interval", chaosPoll.String(), "--log-level", "info")
+		args := []string{"--poll-interval", chaosPoll.String(), "--log-level", "info"}
+		if i < leasers {
+			args = append(args, "--lease-at-insert")
+		}
+		d := newDaemon(t, fmt.Sprintf("dispatcher-%d", i+1), bin, dsn, args...)
 		if *soakLogDirFlag != "" {
 			d.logPath = filepath.Join(*soakLogDirFlag, d.name+".log")
 		}
@@ -508,9 +567,23 @@ faults:
 			t.Errorf("%s was restarted although never killed", d.name)
 		}
 	}
+	for i := range leasers {
+		rig.countLeases(i)
+	}
 	for _, d := range rig.ds {
 		if err := d.stop(15 * time.Second); err != nil {
 			t.Errorf("%s: graceful stop: %v", d.name, err)
+		}
+	}
+	if leasers > 0 {
+		var total float64
+		for i := range leasers {
+			t.Logf("%s leased at INSERT: %.0f heard by notification, %.0f recovered by token",
+				rig.ds[i].name, rig.leased[i], rig.recovered[i])
+			total += rig.leased[i] + rig.recovered[i]
+		}
+		if total == 0 {
+			t.Error("no message was leased at INSERT: the soak did not test leasing")
 		}
 	}
 	ledger, bad := cons.snapshot()
@@ -613,8 +686,13 @@ func (r *chaosRig) inject(kind string, cycle int) {
 	}
 	switch kind {
 	case faultKill:
-		d := r.ds[cycle%len(r.ds)]
+		i := cycle % len(r.ds)
+		d := r.ds[i]
 		f.Detail = d.name
+		if i < r.leasers {
+			f.offers = chaosOfferTTL
+			r.countLeases(i)
+		}
 		f.Start = time.Now()
 		if err := d.kill9(); err != nil {
 			t.Fatal(err)
@@ -737,7 +815,7 @@ func maxBackoff(attempt int) time.Duration {
 // inFaultWindow reports whether [from, to] touches some fault's window.
 func (r *chaosRig) inFaultWindow(from, to time.Time) bool {
 	for _, f := range r.faults {
-		if !to.Before(f.Start) && !from.After(f.Ready.Add(chaosVT+chaosSlack)) {
+		if !to.Before(f.Start) && !from.After(f.windowEnd()) {
 			return true
 		}
 	}
@@ -1012,7 +1090,8 @@ func (rep *soakReport) String() string {
 	for _, d := range rep.overlapDetails {
 		fmt.Fprintf(&b, "    %s\n", d)
 	}
-	fmt.Fprintf(&b, "latest fault-explained redelivery after its fault's recovery (a window allows vt %s + slack %s):", chaosVT, chaosSlack)
+	fmt.Fprintf(&b, "latest fault-explained redelivery after its fault's recovery (a window allows vt %s + slack %s, + offers %s for a killed leasing dispatcher):",
+		chaosVT, chaosSlack, chaosOfferTTL)
 	kinds := make([]string, 0, len(rep.maxLag))
 	for k := range rep.maxLag {
 		kinds = append(kinds, k)
@@ -1117,7 +1196,7 @@ func (r *chaosRig) scanLogs(rep *soakReport) {
 				rep.missedPolls++
 				inside := false
 				for _, f := range r.faults {
-					if !rec.Time.Before(f.Start) && !rec.Time.After(f.Ready.Add(chaosVT+chaosSlack)) {
+					if !rec.Time.Before(f.Start) && !rec.Time.After(f.windowEnd()) {
 						inside = true
 						break
 					}
