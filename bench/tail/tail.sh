@@ -1,0 +1,42 @@
+#!/bin/sh
+# Where the slowest messages of a benchmark run spent their time, from the
+# per-message CSVs that `bellhop-bench -dump DIR` writes.
+#
+#   bench/tail/tail.sh DIR/latency-*.csv
+#
+# Per file: the number of messages; latency, Enqueue call and "after" (the
+# rest: from the return of Enqueue to the handler) at p50 and p99; then, of
+# the messages at or above the p99 latency, how many spent at least half of it inside
+# Enqueue, the median of their Enqueue and after parts, and in how many
+# distinct seconds of the run they came.
+#
+# Percentiles are nearest-rank, as bellhop-bench computes them.
+set -eu
+[ $# -ge 1 ] || { echo "usage: tail.sh FILE.csv ..." >&2; exit 2; }
+printf '%-48s %5s %7s %7s %7s %7s %7s %7s  %s\n' file n lat50 lat99 enq50 enq99 aft50 aft99 'at or above p99: enq>=half, enq50, aft50, seconds'
+for f in "$@"; do
+    # Columns: enqueued_us, enqueue_call_us, latency_us.
+    tail -n +2 "$f" | awk -F, -v name="$(basename "$f" .csv)" '
+    function pct(a, n, p,   k) { k = int(p * n); if (k < p * n) k++; if (k < 1) k = 1; if (k > n) k = n; return a[k] }
+    function sortn(a, n,   i, j, t) {  # insertion sort: a few thousand values
+        for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] > t; j--) a[j + 1] = a[j]; a[j + 1] = t }
+    }
+    { n++; st[n] = $1; enq[n] = $2; lat[n] = $3; aft[n] = $3 - $2 }
+    END {
+        if (n == 0) { printf "%-48s %5d\n", name, 0; exit }
+        for (i = 1; i <= n; i++) { l[i] = lat[i]; e[i] = enq[i]; a[i] = aft[i] }
+        sortn(l, n); sortn(e, n); sortn(a, n)
+        cut = pct(l, n, 0.99)
+        k = 0; half = 0
+        for (i = 1; i <= n; i++) if (lat[i] >= cut) {
+            k++; te[k] = enq[i]; ta[k] = aft[i]
+            if (2 * enq[i] >= lat[i]) half++
+            sec[int(st[i] / 1000000)] = 1
+        }
+        secs = 0; for (s in sec) secs++
+        sortn(te, k); sortn(ta, k)
+        printf "%-48s %5d %7d %7d %7d %7d %7d %7d  %d of %d, %d, %d, %d\n", name, n,
+            pct(l, n, 0.5), cut, pct(e, n, 0.5), pct(e, n, 0.99), pct(a, n, 0.5), pct(a, n, 0.99),
+            half, k, pct(te, k, 0.5), pct(ta, k, 0.5), secs
+    }'
+done
