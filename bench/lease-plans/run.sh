@@ -64,18 +64,7 @@ restore() {
 }
 trap restore EXIT
 
-keyholders() {
-    psql -c "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1650814063 AND objid = 0 AND granted"
-}
-key() { # take | drop
-    if [ "$1" = take ]; then
-        echo "SELECT pg_advisory_lock_shared(1650814063, 0);" >&3
-        until [ "$(keyholders)" -ge 1 ]; do sleep 0.1; done
-    else
-        echo "SELECT pg_advisory_unlock_shared(1650814063, 0);" >&3
-        until [ "$(keyholders)" = 0 ]; do sleep 0.1; done
-    fi
-}
+. "$dir/key.sh"
 
 measure() { # label
     psql -c "DELETE FROM bellhop_offers WHERE app_id = '$app'" -c "VACUUM bellhop_offers" -c "VACUUM queue_messages"

@@ -25,6 +25,7 @@ set -eu
 url=${1:?usage: wal.sh DATABASE_URL [SECONDS] [ROUNDS]}
 secs=${2:-15}
 rounds=${3:-3}
+dir=$(dirname "$0")
 
 psql() { PGOPTIONS="-c client_min_messages=warning" command psql -X -q -At -v ON_ERROR_STOP=1 "$url" "$@"; }
 
@@ -66,18 +67,7 @@ restore() {
 }
 trap restore EXIT
 
-keyholders() {
-    psql -c "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1650814063 AND objid = 0 AND granted"
-}
-key() { # take | drop
-    if [ "$1" = take ]; then
-        echo "SELECT pg_advisory_lock_shared(1650814063, 0);" >&3
-        until [ "$(keyholders)" -ge 1 ]; do sleep 0.1; done
-    else
-        echo "SELECT pg_advisory_unlock_shared(1650814063, 0);" >&3
-        until [ "$(keyholders)" = 0 ]; do sleep 0.1; done
-    fi
-}
+. "$dir/key.sh"
 
 measure() { # label sync
     psql -c "DELETE FROM bellhop_offers WHERE app_id = '$app'" -c "VACUUM bellhop_offers" -c "VACUUM queue_messages" -c "CHECKPOINT"
