@@ -18,8 +18,16 @@ for f in "$@"; do
     # Columns: enqueued_us, enqueue_call_us, latency_us.
     tail -n +2 "$f" | awk -F, -v name="$(basename "$f" .csv)" '
     function pct(a, n, p,   k) { k = int(p * n); if (k < p * n) k++; if (k < 1) k = 1; if (k > n) k = n; return a[k] }
-    function sortn(a, n,   i, j, t) {  # insertion sort: a few thousand values
-        for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] > t; j--) a[j + 1] = a[j]; a[j + 1] = t }
+    function sift(a, i, n,   c, t) {
+        while ((c = 2 * i) <= n) {
+            if (c < n && a[c + 1] > a[c]) c++
+            if (a[i] >= a[c]) return
+            t = a[i]; a[i] = a[c]; a[c] = t; i = c
+        }
+    }
+    function sortn(a, n,   i, t) {  # heapsort, ascending (mawk has no asort)
+        for (i = int(n / 2); i >= 1; i--) sift(a, i, n)
+        for (i = n; i > 1; i--) { t = a[1]; a[1] = a[i]; a[i] = t; sift(a, 1, i - 1) }
     }
     { n++; st[n] = $1; enq[n] = $2; lat[n] = $3; aft[n] = $3 - $2 }
     END {
