@@ -122,9 +122,9 @@ func (l *lane) makeOffer(ctx context.Context) {
 	d.offers.mu.Lock()
 	defer d.offers.mu.Unlock()
 	if err != nil {
-		// The offer may or may not exist: keep the token until a poll
-		// tells, as for a taken one, but let the lane offer again.
-		o.live, o.forget = false, time.Now().Add(d.offerTTL())
+		// The offer may or may not exist: keep the token as for a
+		// taken one, but let the lane offer again.
+		d.retire(o, time.Now())
 		l.offered.Store(false)
 		if ctx.Err() == nil {
 			d.log.Debug().Err(err).Str("app_id", l.target.AppID.String()).Str("queue", l.target.Queue).
@@ -160,7 +160,7 @@ func (l *lane) withdraw(ctx context.Context) {
 	for t, o := range d.offers.byToken {
 		if o.lane == l && o.live {
 			mine = append(mine, t)
-			o.live, o.forget = false, time.Now().Add(d.offerTTL())
+			d.retire(o, time.Now())
 		}
 	}
 	d.offers.mu.Unlock()
@@ -351,6 +351,19 @@ func (d *Dispatcher) releaseLeased(cm *claim.Message) {
 	}})
 }
 
+// retire marks o as no longer on offer, as of now. Its token stays in the
+// book until any lease made under it has run out: the offer, if it is
+// still in the table, expires within the TTL, and a lease made before that
+// runs out within the visibility timeout after it. Until then a lease
+// under it, heard of or found, is delivered; after, it is the reclaimer's.
+// A shorter wait (the TTL alone, as the offer's INSERT error and withdraw
+// once had) left such a lease to wait for its visibility timeout when its
+// notification came after the token was forgotten (model/OFFERS.md,
+// finding A).
+func (d *Dispatcher) retire(o *offer, now time.Time) {
+	o.live, o.forget = false, now.Add(d.offerTTL()+o.lane.state.Load().VisibilityTimeout)
+}
+
 // offerTokens returns the tokens of ours that should stay on offer (their
 // lane runs), and those we have not heard of since they left the offer.
 // On the way it retires the offers of stopped lanes and forgets tokens
@@ -362,7 +375,7 @@ func (d *Dispatcher) offerTokens(now time.Time) (live, unheard []uuid.UUID) {
 		if o.live && o.lane.ctx.Err() != nil {
 			// Its lane stopped (the consumer was removed): the poll
 			// deletes the offer unless a producer is taking it.
-			o.live, o.forget = false, now.Add(d.offerTTL()+o.lane.state.Load().VisibilityTimeout)
+			d.retire(o, now)
 		}
 		switch {
 		case o.live:
@@ -394,7 +407,7 @@ func (d *Dispatcher) afterPoll(ctx context.Context, sent time.Time, asked, still
 		if o == nil || on[t] || !o.live || o.sentAt.After(sent) {
 			continue
 		}
-		o.live, o.forget = false, time.Now().Add(d.offerTTL()+o.lane.state.Load().VisibilityTimeout)
+		d.retire(o, time.Now())
 		o.lane.offered.Store(false)
 		o.lane.offerPoke()
 		gone = append(gone, t)

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Model-checks busymark.pml with spin.  See README.md.
+# Model-checks busymark.pml (README.md) and offers.pml (OFFERS.md) with spin.
 #
-#   ./check.sh            the quick set (about two minutes on 2 CPUs): the
-#                         protocol is safe and live; every broken variant is
-#                         caught
-#   ./check.sh full       also the larger configurations (about 20 minutes)
+#   ./check.sh            the quick set (about four minutes on 2 CPUs): the
+#                         protocols are safe and live; every broken variant
+#                         is caught
+#   ./check.sh full       also the larger configurations (about 25 minutes)
 #   ./check.sh trail RUN  replays RUN's shortest counterexample as events
+#   ./check.sh select RE  the runs whose names match the regex RE, from
+#                         both sets (e.g. 'offers-')
 #   ./check.sh list       lists the runs
 #
 # Runs go in parallel, JOBS at a time (default: the number of CPUs).
@@ -15,13 +17,17 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-MODEL=busymark.pml
 OUT=out
 PAN_M=-m4000000            # search depth limit (never reached: checked below)
 
-# name | expect (pass|fail) | mode (safe|live) | spin -D flags
-# Sizes: NMSG 3 messages unless -DNMSG, NDROP 1 dropped lock session
-# unless -DNDROP (README.md, "Results").
+# name | expect (pass|fail) | mode (safe|live|prog) | spin -D flags [| model]
+# The model is busymark.pml unless named.  Modes: safe, the LTL claim
+# "safe" (pan -N safe, compiled -DSAFETY); live, the LTL claim "liveness"
+# under weak fairness (pan -a -f); prog, non-progress cycles (pan -l,
+# compiled -DNP).
+# busymark.pml sizes: NMSG 3 messages unless -DNMSG, NDROP 1 dropped lock
+# session unless -DNDROP (README.md, "Results").  offers.pml sizes: NMSG 2,
+# NOFF 2, NDROP 1, NEXP 1, NPOLL 1 (OFFERS.md, "Results").
 QUICK='
 safe            |pass|safe|-DNMSG=2 -DSYNC_NOTIFY
 safe-impl       |pass|safe|-DMARK_NEXT -DMARK_WATCH -DNMSG=2 -DSYNC_NOTIFY
@@ -39,6 +45,16 @@ flaw-wake-idle       |fail|safe|-DFLAW_WAKE_IDLE -DSTOP_ONLY -DNDROP=0 -DNO_EXPI
 flaw-skip            |fail|safe|-DFLAW_SKIP -DCRASH_ONLY -DNDROP=0 -DNO_EXPIRY -DSYNC_NOTIFY
 impl-as-designed     |fail|safe|-DMARK_NEXT -DFLAW_LAST_PASS -DFLAW_WAKE_IDLE -DFLAW_SKIP -DSTOP_ONLY -DNDROP=0 -DNO_EXPIRY -DSYNC_NOTIFY
 live-flaw-timer-idle |fail|live|-DFLAW_TIMER_IDLE -DNMSG=2 -DNDROP=0 -DSYNC_NOTIFY
+offers-safe          |pass|safe|-DNO_POLL -DNO_EXPIRY -DNO_FAILURE -DNOFF=1 |offers.pml
+offers-poll          |pass|prog|-DNO_EXPIRY -DNO_FAILURE -DNOFF=1 -DNDROP=0 |offers.pml
+offers-crash         |pass|prog|-DCRASH_ONLY -DNEXP=0 -DNOFF=1 -DNDROP=0 |offers.pml
+offers-stop          |pass|prog|-DSTOP_ONLY -DNEXP=0 -DNOFF=1 -DNDROP=0 |offers.pml
+offers-flaw-token-twice  |fail|safe|-DFLAW_TOKEN_TWICE -DNO_POLL -DNO_EXPIRY -DNO_FAILURE -DNOFF=1 |offers.pml
+offers-flaw-no-recovery  |fail|safe|-DFLAW_NO_RECOVERY -DNO_POLL -DNO_EXPIRY -DNO_FAILURE -DNOFF=1 |offers.pml
+offers-flaw-share-offer  |fail|safe|-DFLAW_SHARE_OFFER -DNO_POLL -DNO_EXPIRY -DNO_FAILURE -DNOFF=1 |offers.pml
+offers-flaw-forget-gone  |fail|prog|-DFLAW_FORGET_GONE -DNO_EXPIRY -DNO_FAILURE -DNOFF=1 -DNDROP=0 |offers.pml
+offers-flaw-short-forget |fail|prog|-DFLAW_SHORT_FORGET -DNO_EXPIRY -DNO_FAILURE -DNOFF=1 -DNDROP=0 |offers.pml
+offers-flaw-late-start   |fail|prog|-DFLAW_LATE_START -DNO_FAILURE -DNOFF=1 -DNDROP=0 |offers.pml
 '
 FULL='
 safe-3          |pass|safe|-DSYNC_NOTIFY
@@ -56,6 +72,9 @@ no-row-notify   |pass|safe|-DNO_ROW_NOTIFY -DMARK_NEXT -DMARK_WATCH -DNMSG=2 -DS
 no-row          |pass|safe|-DNO_ROW -DMARK_NEXT -DMARK_WATCH -DSYNC_NOTIFY
 hold-err-forget |pass|safe|-DHOLD_ERR_FORGET -DNMSG=2 -DSYNC_NOTIFY
 settle-mark-no-assert |pass|safe|-DFLAW_SETTLE_MARK -DNO_MARK_ASSERT -DNMSG=2 -DSYNC_NOTIFY
+offers-safe-2        |pass|safe|-DNO_POLL -DNO_EXPIRY -DNO_FAILURE |offers.pml
+offers-poll-drop     |pass|prog|-DNO_EXPIRY -DNO_FAILURE -DNOFF=1 |offers.pml
+offers-expiry        |pass|prog|-DNO_FAILURE -DNOFF=1 -DNDROP=0 |offers.pml
 '
 
 command -v spin >/dev/null || { echo "check.sh: spin not found (apt-get install spin)" >&2; exit 2; }
@@ -69,51 +88,65 @@ find_run() {  # name -> line
 	runs "$QUICK" "$FULL" | awk -F'|' -v n="$1" '$1 == n { print; found = 1 } END { exit !found }'
 }
 
-# build DIR FLAGS MODE [extra gcc flags]: spin -a and gcc in DIR
+# build DIR FLAGS MODE MODEL [extra gcc flags]: spin -a and gcc in DIR
 build() {
-	local dir=$1 flags=$2 mode=$3 extra=${4:-}
+	local dir=$1 flags=$2 mode=$3 model=$4 extra=${5:-}
 	mkdir -p "$dir"
-	cp "$MODEL" "$dir/"
+	cp "$model" "$dir/"
 	(
 		cd "$dir"
 		# shellcheck disable=SC2086
-		spin -a $flags "$MODEL" </dev/null >spin.log 2>&1 || { cat spin.log >&2; exit 1; }
+		spin -a $flags "$model" </dev/null >spin.log 2>&1 || { cat spin.log >&2; exit 1; }
 		local cc="-O2 -w -DCOLLAPSE -DNFAIR=4"
 		[ "$mode" = safe ] && cc="$cc -DSAFETY"
+		[ "$mode" = prog ] && cc="$cc -DNP"
 		# shellcheck disable=SC2086
 		gcc $cc $extra $flags -o pan pan.c </dev/null 2>gcc.log || { cat gcc.log >&2; exit 1; }
 	)
 }
 
 pan_args() {
-	if [ "$1" = safe ]; then echo "-N safe $PAN_M"; else echo "-a -f -N liveness $PAN_M"; fi
+	case $1 in
+	safe) echo "-N safe $PAN_M" ;;
+	prog) echo "-l $PAN_M" ;;
+	*) echo "-a -f -N liveness $PAN_M" ;;
+	esac
 }
 
-# events DIR FLAGS: the counterexample in DIR as the model's EV lines
+# events DIR FLAGS MODEL: the counterexample in DIR as the model's EV lines
 events() {
+	local what='quiescent, yet a message is unclaimed'
+	local cycle='weak fairness: it repeats forever'
+	if [ "$3" = offers.pml ]; then
+		what='quiescent, yet a message is not acked'
+		cycle='only the idle poll runs from here on, and no message is acked'
+	fi
 	# shellcheck disable=SC2086
-	(cd "$1" && spin -t $2 "$MODEL" 2>&1) | sed -n -e 's/^ *EV /  /p' \
-		-e 's/^.*\(assertion violated\).*/  ** \1: quiescent, yet a message is unclaimed (or the assertion above)/p' \
-		-e 's/^.*\(<<<<<START OF CYCLE>>>>>\).*/  ** \1 (weak fairness: it repeats forever)/p'
+	(cd "$1" && spin -t $2 "$3" 2>&1) | sed -n -e 's/^ *EV /  /p' \
+		-e "s/^spin: _spin_nvr.tmp:.*assertion violated.*/  ** assertion violated: $what/p" \
+		-e '/text of failed assertion: assert(!(!(/d' \
+		-e 's/^spin: text of failed assertion: \(.*\)/  ** assertion violated: \1/p' \
+		-e "s/^.*\\(<<<<<START OF CYCLE>>>>>\\).*/  ** \\1 ($cycle)/p"
 }
 
 do_trail() {
-	local line name expect mode flags dir
+	local line name expect mode flags model dir
 	line=$(find_run "$1") || { echo "no run named $1 (./check.sh list)" >&2; exit 2; }
-	IFS='|' read -r name expect mode flags <<<"$line"
+	IFS='|' read -r name expect mode flags model <<<"$line"
+	model=${model:-busymark.pml}
 	dir=$OUT/$name-bfs
-	if [ "$mode" = safe ]; then build "$dir" "$flags" "$mode" -DBFS; else build "$dir" "$flags" "$mode"; fi
+	if [ "$mode" = safe ]; then build "$dir" "$flags" "$mode" "$model" -DBFS; else build "$dir" "$flags" "$mode" "$model"; fi
 	# shellcheck disable=SC2046
 	(cd "$dir" && ./pan $(pan_args "$mode") </dev/null >pan.log 2>&1) || true
 	grep -E 'errors:|states, stored' "$dir/pan.log" || true
-	echo "spin $flags $MODEL  (./check.sh trail $name):"
-	events "$dir" "$flags"
+	echo "spin $flags $model  (./check.sh trail $name):"
+	events "$dir" "$flags" "$model"
 }
 
-# run_one NAME EXPECT MODE FLAGS: one run; its line of the table goes to
-# $OUT/NAME/result, "ok" first when it gave the expected result
+# run_one NAME EXPECT MODE FLAGS MODEL: one run; its line of the table goes
+# to $OUT/NAME/result, "ok" first when it gave the expected result
 run_one() {
-	local name=$1 expect=$2 mode=$3 flags=$4 bflags dir t0 t1 log errs states verdict
+	local name=$1 expect=$2 mode=$3 flags=$4 model=$5 bflags dir t0 t1 log errs states verdict
 	dir=$OUT/$name
 	rm -rf "$dir"
 	mkdir -p "$dir"
@@ -122,8 +155,8 @@ run_one() {
 	# cost states, so runs that must pass leave them out
 	bflags=$flags
 	[ "$expect" = pass ] && bflags="$flags -DNO_EV"
-	if ! build "$dir" "$bflags" "$mode" 2>"$dir/build.err"; then
-		printf '%-22s %s\n' "$name" "BROKEN: build failed: $(head -3 "$dir/build.err")" >"$dir/result"
+	if ! build "$dir" "$bflags" "$mode" "$model" 2>"$dir/build.err"; then
+		printf '%-26s %s\n' "$name" "BROKEN: build failed: $(head -3 "$dir/build.err")" >"$dir/result"
 		return
 	fi
 	log=$dir/pan.log
@@ -147,29 +180,35 @@ run_one() {
 			verdict="FAILED: caught, but not by an assertion (see $log)"
 		elif [ "$mode" = live ] && ! grep -q 'acceptance cycle' "$log"; then
 			verdict="FAILED: caught, but not as an acceptance cycle (see $log)"
+		elif [ "$mode" = prog ] && ! grep -qE 'non-progress cycle|assertion violated' "$log"; then
+			verdict="FAILED: caught, but not as a non-progress cycle or an assertion (see $log)"
 		else
 			verdict="ok, caught (events: $dir/events.txt)"
-			events "$dir" "$flags" >"$dir/events.txt" || true
+			events "$dir" "$flags" "$model" >"$dir/events.txt" || true
 		fi
 	fi
-	printf '%-22s %-6s %-5s %12s %8.1f  %s\n' "$name" "$expect" "$mode" "${states:-?}" \
+	printf '%-26s %-6s %-5s %12s %8.1f  %s\n' "$name" "$expect" "$mode" "${states:-?}" \
 		"$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')" "$verdict" >"$dir/result"
 }
 
 do_runs() {
-	local jobs=${JOBS:-$(nproc 2>/dev/null || echo 2)} lines line name expect mode flags failures=0
+	local jobs=${JOBS:-$(nproc 2>/dev/null || echo 2)} lines line name expect mode flags model failures=0
 	mapfile -t lines
+	if [ "${#lines[@]}" -eq 0 ]; then
+		echo "check.sh: no run selected (./check.sh list)" >&2
+		return 2
+	fi
 	for line in "${lines[@]}"; do
-		IFS='|' read -r name expect mode flags <<<"$line"
-		run_one "$name" "$expect" "$mode" "$flags" &
+		IFS='|' read -r name expect mode flags model <<<"$line"
+		run_one "$name" "$expect" "$mode" "$flags" "${model:-busymark.pml}" &
 		while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
 	done
 	wait
-	printf '%-22s %-6s %-5s %12s %8s  %s\n' run expect mode states seconds result
+	printf '%-26s %-6s %-5s %12s %8s  %s\n' run expect mode states seconds result
 	for line in "${lines[@]}"; do
 		name=${line%%|*}
 		if [ -f "$OUT/$name/result" ]; then cat "$OUT/$name/result"; else echo "$name: no result"; fi
-		grep -qE '^[^ ]+ +(pass|fail) +(safe|live) +[^ ]+ +[^ ]+  ok' "$OUT/$name/result" 2>/dev/null ||
+		grep -qE '^[^ ]+ +(pass|fail) +(safe|live|prog) +[^ ]+ +[^ ]+  ok' "$OUT/$name/result" 2>/dev/null ||
 			failures=$((failures + 1))
 	done
 	if [ "$failures" -ne 0 ]; then
@@ -183,6 +222,7 @@ case ${1:-quick} in
 quick) runs "$QUICK" | do_runs ;;
 full) runs "$QUICK" "$FULL" | do_runs ;;
 trail) do_trail "${2:?usage: ./check.sh trail RUN}" ;;
+select) runs "$QUICK" "$FULL" | grep -E "^(${2:?usage: ./check.sh select REGEX})" | do_runs ;;
 list) runs "$QUICK" "$FULL" ;;
-*) echo "usage: ./check.sh [quick|full|trail RUN|list]" >&2; exit 2 ;;
+*) echo "usage: ./check.sh [quick|full|trail RUN|select REGEX|list]" >&2; exit 2 ;;
 esac

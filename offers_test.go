@@ -1,0 +1,144 @@
+package bellhop
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+
+	"github.com/bellhopq/bellhop/claim"
+)
+
+// TestRetiredTokenOutlivesItsLease checks the rule found by the model of
+// offers (model/OFFERS.md, finding A): a token that leaves the offer stays
+// in the book, and its leases are still looked for, until any lease made
+// under it has run out: the offer's TTL plus the visibility timeout, on
+// every path that retires a token. Each case fails if its path keeps the
+// token for the TTL alone.
+func TestRetiredTokenOutlivesItsLease(t *testing.T) {
+	const (
+		poll = time.Minute
+		vt   = 30 * time.Second
+		ttl  = 3 * poll // offerTTL
+	)
+	newBook := func(t *testing.T) (*Dispatcher, *lane) {
+		d := &Dispatcher{
+			// LeaseAtInsert off: the lane that afterPoll pokes makes no
+			// offer of its own. The pool refuses every connection, so
+			// the lookups by token fail (and are logged) at once.
+			cfg:    DispatcherConfig{PollInterval: poll},
+			db:     closedPool(t),
+			log:    zerolog.Nop(),
+			offers: offerBook{byToken: map[uuid.UUID]*offer{}},
+		}
+		l := newLane(context.Background(), d, &consumerState{Consumer: Consumer{VisibilityTimeout: vt, Enabled: true,
+			MaxInFlight: 1}}, claim.Target{Source: claim.Queue, AppID: uuid.New(), Queue: "q"})
+		t.Cleanup(func() { l.timer.Stop() })
+		return d, l
+	}
+	// bookAt reports whether token is still in the book at now, and as
+	// what: live, or unheard (looked for by the poll).
+	bookAt := func(d *Dispatcher, token uuid.UUID, now time.Time) (live, unheard bool) {
+		l, u := d.offerTokens(now)
+		for _, x := range l {
+			live = live || x == token
+		}
+		for _, x := range u {
+			unheard = unheard || x == token
+		}
+		return live, unheard
+	}
+
+	tests := []struct {
+		name   string
+		retire func(t *testing.T, d *Dispatcher, l *lane) (uuid.UUID, time.Time)
+	}{
+		{"the poll found it gone (afterPoll)", func(t *testing.T, d *Dispatcher, l *lane) (uuid.UUID, time.Time) {
+			token := uuid.New()
+			d.offers.byToken[token] = &offer{lane: l, live: true, sentAt: time.Now().Add(-time.Second)}
+			at := time.Now()
+			d.afterPoll(context.Background(), at, []uuid.UUID{token}, nil)
+			return token, at
+		}},
+		{"its lane stopped (offerTokens)", func(t *testing.T, d *Dispatcher, l *lane) (uuid.UUID, time.Time) {
+			token := uuid.New()
+			stopped, cancel := context.WithCancel(context.Background())
+			cancel()
+			l.ctx = stopped
+			d.offers.byToken[token] = &offer{lane: l, live: true}
+			at := time.Now()
+			if live, unheard := bookAt(d, token, at); live || !unheard {
+				t.Fatalf("after its lane stopped: live %v, unheard %v; want an unheard token", live, unheard)
+			}
+			return token, at
+		}},
+		{"its consumer was paused (withdraw)", func(t *testing.T, d *Dispatcher, l *lane) (uuid.UUID, time.Time) {
+			token := uuid.New()
+			d.offers.byToken[token] = &offer{lane: l, live: true}
+			l.offered.Store(true)
+			at := time.Now()
+			l.withdraw(context.Background()) // its DELETE fails: the token stays
+			return token, at
+		}},
+		{"its INSERT failed (makeOffer)", func(t *testing.T, d *Dispatcher, l *lane) (uuid.UUID, time.Time) {
+			before := time.Now()
+			l.makeOffer(context.Background())
+			if len(d.offers.byToken) != 1 {
+				t.Fatalf("book holds %d tokens after a failed offer; want 1", len(d.offers.byToken))
+			}
+			if l.offered.Load() {
+				t.Fatal("the lane still counts its failed offer as out; it would never offer again")
+			}
+			var token uuid.UUID
+			for tk := range d.offers.byToken {
+				token = tk
+			}
+			return token, before
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d, l := newBook(t)
+			token, at := tc.retire(t, d, l)
+			// A lease made just before the offer expired (at+ttl) still
+			// holds until at+ttl+vt: the token must still be looked for.
+			if live, unheard := bookAt(d, token, at.Add(ttl+vt/2)); live || !unheard {
+				t.Fatalf("TTL + VT/2 after it left the offer: live %v, unheard %v; want unheard (a lease under it may still hold)",
+					live, unheard)
+			}
+			if live, unheard := bookAt(d, token, at.Add(ttl+vt+5*time.Second)); live || unheard {
+				t.Fatalf("after TTL + VT: live %v, unheard %v; want it forgotten", live, unheard)
+			}
+			if _, ok := d.offers.byToken[token]; ok {
+				t.Fatal("a forgotten token is still in the book")
+			}
+		})
+	}
+}
+
+// closedPool returns a pool whose every connection attempt is refused: a
+// listener opened and closed at once leaves a port nobody answers on.
+func closedPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().(*net.TCPAddr)
+	_ = ln.Close()
+	cfg, err := pgxpool.ParseConfig("postgres://nobody@127.0.0.1/none?connect_timeout=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Port = uint16(addr.Port)
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
