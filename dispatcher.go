@@ -509,6 +509,7 @@ func (d *Dispatcher) poll(ctx context.Context) {
 	var sent bool
 	var queueReady, invokeReady, liveOffers []uuid.UUID
 	var nextExpiry *time.Time
+	var dbNow time.Time
 	pollSent := time.Now()
 	offers, unheard := d.offerTokens(pollSent)
 	if offers == nil {
@@ -520,7 +521,7 @@ func (d *Dispatcher) poll(ctx context.Context) {
 		"owner":           d.owner,
 		"offers":          offers,
 		"offer_ttl_ms":    d.offerTTL().Milliseconds(),
-	}).Scan(&sent, &queueReady, &invokeReady, &nextExpiry, &liveOffers)
+	}).Scan(&sent, &queueReady, &invokeReady, &nextExpiry, &liveOffers, &dbNow)
 	if err != nil {
 		d.listener.ForgetHeartbeat(token)
 		if ctx.Err() == nil {
@@ -532,7 +533,7 @@ func (d *Dispatcher) poll(ctx context.Context) {
 		d.reclaim.Observe(*nextExpiry)
 	}
 	d.recoverLeases(ctx, unheard)
-	d.afterPoll(ctx, pollSent, offers, liveOffers)
+	d.afterPoll(ctx, pollSent, dbNow, offers, liveOffers)
 	missed := 0
 	wake := func(l *lane) {
 		b := before[l]

@@ -33,8 +33,11 @@ type LeaseStats struct {
 type offer struct {
 	lane   *lane
 	sentAt time.Time // our clock just before the offer was sent
-	// ahead bounds how far the database's clock is ahead of ours, from
-	// the offer's own round trip; known once its result came back.
+	// ahead bounds how far the database's clock is ahead of ours: from
+	// the offer's own round trip, then from each poll that finds the
+	// offer still out, so that the bound is never older than one poll
+	// interval however long the offer waits (the two clocks drift).
+	// Known once the offer's result came back. Under offerBook.mu.
 	ahead      time.Duration
 	aheadKnown bool
 	// live: on offer as far as we know. A token no longer on offer that
@@ -53,6 +56,11 @@ type offerBook struct {
 	// closed: the dispatcher has stopped; leases are no longer taken.
 	closed bool
 	stats  LeaseStats
+	// closing is held for reading while a leased message's release is
+	// submitted to the completer, and for writing while closed is set,
+	// so that no release is submitted after closeOffers returns and the
+	// completer closes.
+	closing sync.RWMutex
 }
 
 // newLeaseChannel returns a fresh channel name: 128 random bits, known only
@@ -194,7 +202,7 @@ func (d *Dispatcher) dropOffers(ctx context.Context, tokens []uuid.UUID) {
 // onLease routes a lease notification. It runs on the listener's
 // goroutine, so it only hands the message on.
 func (d *Dispatcher) onLease(ls notify.Lease) {
-	o := d.useToken(ls.Token, false)
+	o, leasedAt := d.useToken(ls.Token, ls.ClaimedAt, false)
 	if o == nil {
 		// A token we never issued, or one recovered already: the claim
 		// token fences it either way.
@@ -204,21 +212,23 @@ func (d *Dispatcher) onLease(ls notify.Lease) {
 	o.lane.leased(&claim.Message{
 		Source: claim.Queue, ID: ls.ID, Token: ls.Token, Payload: ls.Payload, EnqueuedAt: ls.EnqueuedAt,
 		Attempt: ls.Attempt, MaxAttempts: ls.MaxAttempts, EnqueuedBy: ls.EnqueuedBy,
-		LeasedAt: o.leasedAt(ls.ClaimedAt),
+		LeasedAt: leasedAt,
 	})
 }
 
 // useToken takes token out of the book, once: it returns nil if the token
 // is not there (never issued, or used already) or the dispatcher has
-// stopped. A lane whose live offer it was may offer again; it does so once
-// the handler has started (deliver), since offering now would compete with
-// the delivery, and with the producer's commit, for the machine's CPUs.
-func (d *Dispatcher) useToken(token uuid.UUID, recovered bool) *offer {
+// stopped, and otherwise the offer and when the lease under it began by
+// our clock (leasedAt, for its claimed_at). A lane whose live offer it was
+// may offer again; it does so once the handler has started (deliver),
+// since offering now would compete with the delivery, and with the
+// producer's commit, for the machine's CPUs.
+func (d *Dispatcher) useToken(token uuid.UUID, claimedAt time.Time, recovered bool) (*offer, time.Time) {
 	d.offers.mu.Lock()
 	defer d.offers.mu.Unlock()
 	o := d.offers.byToken[token]
 	if o == nil || d.offers.closed {
-		return nil
+		return nil, time.Time{}
 	}
 	delete(d.offers.byToken, token)
 	if recovered {
@@ -229,7 +239,7 @@ func (d *Dispatcher) useToken(token uuid.UUID, recovered bool) *offer {
 	if o.live {
 		o.lane.offered.Store(false)
 	}
-	return o
+	return o, o.leasedAt(claimedAt)
 }
 
 // leasedAt turns a lease's claimed_at, on the database's clock, into ours:
@@ -237,6 +247,7 @@ func (d *Dispatcher) useToken(token uuid.UUID, recovered bool) *offer {
 // it ends no later than the reclaimer thinks it does. The lease began
 // after the offer was sent; and claimed_at minus the most the database's
 // clock can be ahead of ours is earlier still than the lease's start.
+// offerBook.mu must be held: makeOffer and afterPoll write ahead.
 func (o *offer) leasedAt(claimedAt time.Time) time.Time {
 	if !o.aheadKnown {
 		return o.sentAt
@@ -337,6 +348,8 @@ func (l *lane) freeSlots(n int) {
 // queue woken, as for any release. Once the dispatcher has stopped, the
 // lease runs out instead.
 func (d *Dispatcher) releaseLeased(cm *claim.Message) {
+	d.offers.closing.RLock()
+	defer d.offers.closing.RUnlock()
 	d.offers.mu.Lock()
 	closed := d.offers.closed
 	d.offers.mu.Unlock()
@@ -394,8 +407,10 @@ func (d *Dispatcher) offerTokens(now time.Time) (live, unheard []uuid.UUID) {
 // afterPoll learns from the poll which of the offers it extended are still
 // on offer. The others were taken (their lease may be on its way, or was
 // lost) or lost with the UNLOGGED table: their lanes offer again, and the
-// leases are looked for.
-func (d *Dispatcher) afterPoll(ctx context.Context, sent time.Time, asked, stillLive []uuid.UUID) {
+// leases are looked for. dbNow, the database's clock read by the poll
+// after sent, bounds again how far that clock is ahead of ours, for the
+// offers still out.
+func (d *Dispatcher) afterPoll(ctx context.Context, sent, dbNow time.Time, asked, stillLive []uuid.UUID) {
 	on := make(map[uuid.UUID]bool, len(stillLive))
 	for _, t := range stillLive {
 		on[t] = true
@@ -404,6 +419,9 @@ func (d *Dispatcher) afterPoll(ctx context.Context, sent time.Time, asked, still
 	d.offers.mu.Lock()
 	for _, t := range asked {
 		o := d.offers.byToken[t]
+		if o != nil && on[t] && !dbNow.IsZero() {
+			o.ahead, o.aheadKnown = dbNow.Sub(sent), true
+		}
 		if o == nil || on[t] || !o.live || o.sentAt.After(sent) {
 			continue
 		}
@@ -452,12 +470,12 @@ func (d *Dispatcher) recoverLeases(ctx context.Context, tokens []uuid.UUID) {
 	}
 	for i := range fs {
 		f := &fs[i]
-		o := d.useToken(f.m.Token, true)
+		o, leasedAt := d.useToken(f.m.Token, f.claimedAt, true)
 		if o == nil {
 			continue // its notification came meanwhile
 		}
 		f.m.Source = claim.Queue
-		f.m.LeasedAt = o.leasedAt(f.claimedAt)
+		f.m.LeasedAt = leasedAt
 		d.log.Info().Str("app_id", o.lane.target.AppID.String()).Str("queue", o.lane.target.Queue).
 			Str("message_id", f.m.ID.String()).Int("attempt", f.m.Attempt).
 			Msg("found a message leased to us whose notification was missed")
@@ -482,9 +500,13 @@ func (d *Dispatcher) closeOffers(ctx context.Context) {
 	}
 	d.offers.mu.Unlock()
 	d.recoverLeases(ctx, tokens) // every lane has stopped: leased releases them
+	// A lease heard from now on is ignored, and runs out: the completer
+	// closes after this, and a release submitted then would panic.
+	d.offers.closing.Lock()
 	d.offers.mu.Lock()
 	d.offers.closed = true
 	d.offers.mu.Unlock()
+	d.offers.closing.Unlock()
 }
 
 // LeaseStats returns the counters of leasing at INSERT.

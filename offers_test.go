@@ -2,7 +2,9 @@ package bellhop
 
 import (
 	"context"
+	"fmt"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop/claim"
+	"github.com/bellhopq/bellhop/internal/pgtest"
 )
 
 // TestRetiredTokenOutlivesItsLease checks the rule found by the model of
@@ -61,7 +64,7 @@ func TestRetiredTokenOutlivesItsLease(t *testing.T) {
 			token := uuid.New()
 			d.offers.byToken[token] = &offer{lane: l, live: true, sentAt: time.Now().Add(-time.Second)}
 			at := time.Now()
-			d.afterPoll(context.Background(), at, []uuid.UUID{token}, nil)
+			d.afterPoll(context.Background(), at, at.Add(time.Millisecond), []uuid.UUID{token}, nil)
 			return token, at
 		}},
 		{"its lane stopped (offerTokens)", func(t *testing.T, d *Dispatcher, l *lane) (uuid.UUID, time.Time) {
@@ -117,6 +120,92 @@ func TestRetiredTokenOutlivesItsLease(t *testing.T) {
 				t.Fatal("a forgotten token is still in the book")
 			}
 		})
+	}
+}
+
+// TestPollRenewsClockBound checks that a poll that finds an offer still
+// out bounds the database clock's lead again: a lease under an offer made
+// long ago must not be measured with the lead of that day, or a database
+// clock that has since drifted ahead makes the lease look younger than
+// the reclaimer thinks it is (two consumers at once). Found by review of
+// the model of offers (model/OFFERS.md).
+func TestPollRenewsClockBound(t *testing.T) {
+	d := &Dispatcher{
+		cfg:    DispatcherConfig{PollInterval: time.Minute},
+		db:     closedPool(t),
+		log:    zerolog.Nop(),
+		offers: offerBook{byToken: map[uuid.UUID]*offer{}},
+	}
+	l := newLane(context.Background(), d, &consumerState{Consumer: Consumer{VisibilityTimeout: 30 * time.Second,
+		Enabled: true, MaxInFlight: 1}}, claim.Target{Source: claim.Queue, AppID: uuid.New(), Queue: "q"})
+	t.Cleanup(func() { l.timer.Stop() })
+
+	made := time.Now().Add(-48 * time.Hour)
+	token := uuid.New()
+	// When the offer was made, the two clocks agreed.
+	d.offers.byToken[token] = &offer{lane: l, live: true, sentAt: made, ahead: 0, aheadKnown: true}
+	// Now the database's clock is 10 s ahead of ours.
+	const lead = 10 * time.Second
+	sent := time.Now()
+	d.afterPoll(context.Background(), sent, sent.Add(lead+time.Millisecond), []uuid.UUID{token}, []uuid.UUID{token})
+
+	claimedAt := time.Now().Add(lead) // the producer's clock_timestamp(), on the database's clock
+	o, leasedAt := d.useToken(token, claimedAt, false)
+	if o == nil {
+		t.Fatal("the token left the book, though the poll found it still on offer")
+	}
+	if want := claimedAt.Add(-lead); leasedAt.After(want) {
+		t.Fatalf("lease measured from %v after its start by our clock; want no later than it began",
+			leasedAt.Sub(want))
+	}
+}
+
+// TestReleaseRacesClose checks that a leased message released while the
+// dispatcher closes its offers is either submitted before the completer
+// closes or not at all: a submit after it would panic on the closed
+// channel. Found by review of the model of offers (model/OFFERS.md).
+func TestReleaseRacesClose(t *testing.T) {
+	// A real database: the completer retries failed writes, and its
+	// Close waits for them. The releases match no message.
+	pool := pgtest.NewPool(t)
+	for i := range 100 {
+		d := &Dispatcher{
+			cfg:    DispatcherConfig{PollInterval: time.Minute, LeaseAtInsert: true},
+			db:     pool,
+			log:    zerolog.Nop(),
+			offers: offerBook{byToken: map[uuid.UUID]*offer{}},
+		}
+		d.complete = claim.NewCompleter(d.db, zerolog.Nop(), 1, 500)
+		stop := make(chan struct{})
+		panics := make(chan any, 4)
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Go(func() {
+				defer func() {
+					if r := recover(); r != nil {
+						panics <- r
+					}
+				}()
+				m := &claim.Message{Source: claim.Queue, ID: uuid.New(), Token: uuid.New()}
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					d.releaseLeased(m)
+				}
+			})
+		}
+		time.Sleep(time.Duration(i%5) * 100 * time.Microsecond) // vary where the close lands
+		d.closeOffers(context.Background())
+		d.complete.Close()
+		close(stop)
+		wg.Wait()
+		close(panics)
+		for r := range panics {
+			t.Fatalf("round %d: a release after the completer closed: %v", i, fmt.Sprint(r))
+		}
 	}
 }
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Model-checks busymark.pml (README.md) and offers.pml (OFFERS.md) with spin.
 #
-#   ./check.sh            the quick set (about four minutes on 2 CPUs): the
+#   ./check.sh            the quick set (about five minutes on 2 CPUs): the
 #                         protocols are safe and live; every broken variant
 #                         is caught
-#   ./check.sh full       also the larger configurations (about 25 minutes)
+#   ./check.sh full       also the larger configurations (about 30 minutes)
 #   ./check.sh trail RUN  replays RUN's shortest counterexample as events
 #   ./check.sh select RE  the runs whose names match the regex RE, from
 #                         both sets (e.g. 'offers-')
@@ -27,7 +27,7 @@ PAN_M=-m4000000            # search depth limit (never reached: checked below)
 # compiled -DNP).
 # busymark.pml sizes: NMSG 3 messages unless -DNMSG, NDROP 1 dropped lock
 # session unless -DNDROP (README.md, "Results").  offers.pml sizes: NMSG 2,
-# NOFF 2, NDROP 1, NEXP 1, NPOLL 1 (OFFERS.md, "Results").
+# NOFF 2, NDROP 1, NEXP 1, NPOLL 1, NLOSE 0 (OFFERS.md, "Results").
 QUICK='
 safe            |pass|safe|-DNMSG=2 -DSYNC_NOTIFY
 safe-impl       |pass|safe|-DMARK_NEXT -DMARK_WATCH -DNMSG=2 -DSYNC_NOTIFY
@@ -47,6 +47,7 @@ impl-as-designed     |fail|safe|-DMARK_NEXT -DFLAW_LAST_PASS -DFLAW_WAKE_IDLE -D
 live-flaw-timer-idle |fail|live|-DFLAW_TIMER_IDLE -DNMSG=2 -DNDROP=0 -DSYNC_NOTIFY
 offers-safe          |pass|safe|-DNO_POLL -DNO_EXPIRY -DNO_FAILURE -DNOFF=1 |offers.pml
 offers-poll          |pass|prog|-DNO_EXPIRY -DNO_FAILURE -DNOFF=1 -DNDROP=0 |offers.pml
+offers-lose          |pass|prog|-DNLOSE=1 -DNO_EXPIRY -DNO_FAILURE -DNOFF=1 -DNDROP=0 |offers.pml
 offers-crash         |pass|prog|-DCRASH_ONLY -DNEXP=0 -DNOFF=1 -DNDROP=0 |offers.pml
 offers-stop          |pass|prog|-DSTOP_ONLY -DNEXP=0 -DNOFF=1 -DNDROP=0 |offers.pml
 offers-flaw-token-twice  |fail|safe|-DFLAW_TOKEN_TWICE -DNO_POLL -DNO_EXPIRY -DNO_FAILURE -DNOFF=1 |offers.pml

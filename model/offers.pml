@@ -58,7 +58,11 @@
  *   NO_EXPIRY    leases never run out
  *   NO_FAILURE   no dispatcher crashes or stops
  *   CRASH_ONLY, STOP_ONLY   the failure can only be a crash, or a clean stop
- *   NMSG, NOFF, NDROP, NEXP, NPOLL   sizes (defaults 2, 2, 1, 1, 1)
+ *   NMSG, NOFF, NDROP, NEXP, NPOLL   sizes (defaults 2, 2, 1, 1, 1; NPOLL
+ *                counts the polls amid other work of each dispatcher)
+ *   NLOSE        'l:' notifications lost while the listener is connected
+ *                (default 0): a notification the listener could not parse
+ *                (notify.ParseLease), which only the poll brings back
  */
 
 #ifdef NO_EV
@@ -78,6 +82,9 @@
 #endif
 #ifndef NPOLL
 #define NPOLL 1         /* polls that may come amid other work */
+#endif
+#ifndef NLOSE
+#define NLOSE 0         /* 'l:' notifications lost while connected */
 #endif
 #ifndef NEXP
 #define NEXP 1          /* leases of live, listening holders that run out */
@@ -141,7 +148,8 @@ int rset[ND];           /* tokens to look up by offer_recover.sql */
 int fnd[ND];            /* tokens the lookup found, to deliver */
 int gone[ND];           /* tokens the poll asked for and did not get back */
 byte drops;
-byte npoll;
+byte npoll[ND];          /* polls amid other work, per dispatcher */
+byte nlose;
 byte nexp;
 
 #define LIVEPH(d) (ph[d] == P_RUN || ph[d] == P_STOP)
@@ -473,6 +481,19 @@ end_listener:
 		fi;
 		i = 0; t = 0; ok = false
 	   }
+#if NLOSE > 0
+	:: atomic {                          /* an 'l:' lost while connected */
+		ph[d] == P_RUN && lst[d] == L_UP && nnote[d] > 0 && nlose < NLOSE ->
+		t = 1;
+		do
+		:: t < NTOK && lnote[t] && town[t] == d -> break
+		:: t < NTOK && !(lnote[t] && town[t] == d) -> t++
+		od;
+		lnote[t] = false; nnote[d]--; nlose++;
+		EV("EV d%d drops the lease of m%d (token %d) unread\n", d, tmsg[t] - 1, t);
+		t = 0
+	   }
+#endif
 	:: atomic {
 		ph[d] == P_RUN && lst[d] == L_UP && drops < NDROP -> drops++;
 		drop_listener(d);
@@ -543,8 +564,8 @@ end_control:
 	   }
 #ifndef NO_POLL
 	:: atomic {                          /* a poll amid other work */
-		ph[d] == P_RUN && !rc[d] && rset[d] == 0 && fnd[d] == 0 && gone[d] == 0 && npoll < NPOLL ->
-		npoll++;
+		ph[d] == P_RUN && !rc[d] && rset[d] == 0 && fnd[d] == 0 && gone[d] == 0 && npoll[d] < NPOLL ->
+		npoll[d]++;
 		poll(d);
 		t = 0; m = 0; ok = false
 	   }
@@ -601,10 +622,10 @@ end_idler:
 	:: atomic { timeout && ALLDONE -> skip };
 progress_alldone:
 		skip
-	:: atomic {
+	:: atomic {                          /* every running dispatcher polls */
 		timeout && !ALLDONE ->
-		if :: ph[0] == P_RUN -> d = 0 :: ph[1] == P_RUN -> d = 1 fi;
-		poll(d);
+		if :: ph[0] == P_RUN -> d = 0; poll(d) :: else -> skip fi;
+		if :: ph[1] == P_RUN -> d = 1; poll(d) :: else -> skip fi;
 		d = 0; t = 0
 	   }
 	od

@@ -13,7 +13,9 @@
 --     those of dispatchers gone for an hour, and returns the tokens still
 --     on offer: one of @offers missing from them was taken, or lost with
 --     the UNLOGGED table. Both skip offers a producer has locked, since
---     that producer is taking the offer and may not commit for a while.
+--     that producer is taking the offer and may not commit for a while;
+--   * reads the database's clock, which bounds again how far it is ahead
+--     of the dispatcher's for the offers still out (offers.go, afterPoll).
 -- It writes only offers, and sends the NOTIFY, delivered at commit.
 WITH refreshed AS (
     UPDATE bellhop_offers AS o
@@ -53,4 +55,5 @@ SELECT pg_notify('bellhop', @heartbeat::text) IS NULL AS sent,
                            AND (m.deliver_after IS NULL OR m.deliver_after <= now()))
        ) AS invoke_ready,
        bellhop_next_lease_expiry(@default_vt_secs) AS next_lease_expiry,
-       ARRAY(SELECT token FROM refreshed) AS live_offers
+       ARRAY(SELECT token FROM refreshed) AS live_offers,
+       clock_timestamp() AS db_now
