@@ -419,7 +419,7 @@ func (d *Dispatcher) afterPoll(ctx context.Context, sent, dbNow time.Time, asked
 	d.offers.mu.Lock()
 	for _, t := range asked {
 		o := d.offers.byToken[t]
-		if o != nil && on[t] && !dbNow.IsZero() {
+		if o != nil && on[t] {
 			o.ahead, o.aheadKnown = dbNow.Sub(sent), true
 		}
 		if o == nil || on[t] || !o.live || o.sentAt.After(sent) {

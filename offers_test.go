@@ -28,20 +28,11 @@ func TestRetiredTokenOutlivesItsLease(t *testing.T) {
 		vt   = 30 * time.Second
 		ttl  = 3 * poll // offerTTL
 	)
+	// LeaseAtInsert off: the lane that afterPoll pokes makes no offer of
+	// its own. The pool refuses every connection, so the lookups by token
+	// fail (and are logged) at once.
 	newBook := func(t *testing.T) (*Dispatcher, *lane) {
-		d := &Dispatcher{
-			// LeaseAtInsert off: the lane that afterPoll pokes makes no
-			// offer of its own. The pool refuses every connection, so
-			// the lookups by token fail (and are logged) at once.
-			cfg:    DispatcherConfig{PollInterval: poll},
-			db:     closedPool(t),
-			log:    zerolog.Nop(),
-			offers: offerBook{byToken: map[uuid.UUID]*offer{}},
-		}
-		l := newLane(context.Background(), d, &consumerState{Consumer: Consumer{VisibilityTimeout: vt, Enabled: true,
-			MaxInFlight: 1}}, claim.Target{Source: claim.Queue, AppID: uuid.New(), Queue: "q"})
-		t.Cleanup(func() { l.timer.Stop() })
-		return d, l
+		return testBook(t, DispatcherConfig{PollInterval: poll}, closedPool(t), vt)
 	}
 	// bookAt reports whether token is still in the book at now, and as
 	// what: live, or unheard (looked for by the poll).
@@ -130,15 +121,7 @@ func TestRetiredTokenOutlivesItsLease(t *testing.T) {
 // the reclaimer thinks it is (two consumers at once). Found by review of
 // the model of offers (model/OFFERS.md).
 func TestPollRenewsClockBound(t *testing.T) {
-	d := &Dispatcher{
-		cfg:    DispatcherConfig{PollInterval: time.Minute},
-		db:     closedPool(t),
-		log:    zerolog.Nop(),
-		offers: offerBook{byToken: map[uuid.UUID]*offer{}},
-	}
-	l := newLane(context.Background(), d, &consumerState{Consumer: Consumer{VisibilityTimeout: 30 * time.Second,
-		Enabled: true, MaxInFlight: 1}}, claim.Target{Source: claim.Queue, AppID: uuid.New(), Queue: "q"})
-	t.Cleanup(func() { l.timer.Stop() })
+	d, l := testBook(t, DispatcherConfig{PollInterval: time.Minute}, closedPool(t), 30*time.Second)
 
 	made := time.Now().Add(-48 * time.Hour)
 	token := uuid.New()
@@ -169,12 +152,7 @@ func TestReleaseRacesClose(t *testing.T) {
 	// Close waits for them. The releases match no message.
 	pool := pgtest.NewPool(t)
 	for i := range 100 {
-		d := &Dispatcher{
-			cfg:    DispatcherConfig{PollInterval: time.Minute, LeaseAtInsert: true},
-			db:     pool,
-			log:    zerolog.Nop(),
-			offers: offerBook{byToken: map[uuid.UUID]*offer{}},
-		}
+		d, _ := testBook(t, DispatcherConfig{PollInterval: time.Minute, LeaseAtInsert: true}, pool, 30*time.Second)
 		d.complete = claim.NewCompleter(d.db, zerolog.Nop(), 1, 500)
 		stop := make(chan struct{})
 		panics := make(chan any, 4)
@@ -207,6 +185,18 @@ func TestReleaseRacesClose(t *testing.T) {
 			t.Fatalf("round %d: a release after the completer closed: %v", i, fmt.Sprint(r))
 		}
 	}
+}
+
+// testBook returns a dispatcher with an empty offer book and no goroutines,
+// and one enabled queue lane of it with one slot and the given visibility
+// timeout.
+func testBook(t *testing.T, cfg DispatcherConfig, db *pgxpool.Pool, vt time.Duration) (*Dispatcher, *lane) {
+	t.Helper()
+	d := &Dispatcher{cfg: cfg, db: db, log: zerolog.Nop(), offers: offerBook{byToken: map[uuid.UUID]*offer{}}}
+	l := newLane(context.Background(), d, &consumerState{Consumer: Consumer{VisibilityTimeout: vt, Enabled: true,
+		MaxInFlight: 1}}, claim.Target{Source: claim.Queue, AppID: uuid.New(), Queue: "q"})
+	t.Cleanup(func() { l.timer.Stop() })
+	return d, l
 }
 
 // closedPool returns a pool whose every connection attempt is refused: a
