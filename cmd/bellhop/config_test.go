@@ -94,6 +94,17 @@ func TestBadConfiguration(t *testing.T) {
 		{"dead redrive without selector", dsn, nil, []string{"dead", "redrive", "--app", "shop"}, "name a MESSAGE_ID or --queue"},
 		{"dead show bad id", dsn, nil, []string{"dead", "show", "--app", "shop", "xyz"}, `message id "xyz" is not a UUID`},
 		{"demo bad interval", "-", nil, []string{"demo", "--interval", "0s"}, "--interval 0s: must be at least 1ms"},
+		{"--allowed-hosts entry with a port", dsn, nil, []string{"run", "--allowed-hosts", "example.com,127.0.0.1:18282"}, `--allowed-hosts: httppush: allowed host "127.0.0.1:18282": is not a bare hostname`},
+		{"--allowed-hosts entry is a URL", dsn, nil, append(add, "--allowed-hosts", "https://a.example.com"), `allowed host "https://a.example.com": is a URL`},
+		{"--allowed-hosts entry *", dsn, nil, []string{"consumer", "update", "--app", "shop", "--url", "http://a.example.com/", "--allowed-hosts", "*", "00000000-0000-0000-0000-000000000001"}, `allowed host "*": a wildcard`},
+		{"--allowed-hosts blank", dsn, nil, append(add, "--allowed-hosts", " , "), "has only blank entries"},
+		{"BELLHOP_ALLOWED_HOSTS blank", dsn, []string{"BELLHOP_ALLOWED_HOSTS= , "}, []string{"run", "--http-addr", "127.0.0.1:0"}, "has only blank entries"},
+		{"dead purge nil id", dsn, nil, []string{"dead", "purge", "--app", "shop", "00000000-0000-0000-0000-000000000000"}, "message id 00000000-0000-0000-0000-000000000000 is the nil UUID"},
+		{"dead redrive nil id", dsn, nil, []string{"dead", "redrive", "--app", "shop", "--queue", "q", "00000000-0000-0000-0000-000000000000"}, "is the nil UUID"},
+		{"dead show nil id", dsn, nil, []string{"dead", "show", "--app", "shop", "00000000-0000-0000-0000-000000000000"}, "is the nil UUID"},
+		{"dead redrive unknown id", dsn, nil, []string{"dead", "redrive", "--app", "shop", "00000000-0000-0000-0000-000000000001"}, `no dead letter 00000000-0000-0000-0000-000000000001 in app "shop"`},
+		{"dead purge unknown id", dsn, nil, []string{"dead", "purge", "--app", "shop", "00000000-0000-0000-0000-000000000001"}, "no dead letter"},
+		{"dead show unknown id", dsn, nil, []string{"dead", "show", "--app", "shop", "00000000-0000-0000-0000-000000000001"}, "no dead letter"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -129,6 +140,60 @@ func TestBadConfiguration(t *testing.T) {
 	// None of the refused consumers was registered.
 	if out := ok(t, dsn, "consumer", "ls"); strings.Count(strings.TrimSpace(out), "\n") != 0 {
 		t.Errorf("consumers registered despite errors:\n%s", out)
+	}
+}
+
+// TestDatabaseURLPasswordNeverShown: a connection string that does not
+// parse is quoted in the error without its password, in every form that
+// can carry one; so is one that parses but cannot connect.
+func TestDatabaseURLPasswordNeverShown(t *testing.T) {
+	t.Parallel()
+	const secret = "S3CRETpw"
+	tests := []struct {
+		dsn  string
+		code int
+		want string // in the message
+	}{
+		{"host=x password=S3CRETpw port=abc", 2, "cannot parse `host=x password=xxxxx port=abc`: invalid port"},
+		{"host=x password = S3CRETpw port=abc", 2, "cannot parse `host=x password = xxxxx port=abc`"},
+		{"host=x password =S3CRETpw port=abc", 2, "password =xxxxx"},
+		{"host=x password=\tS3CRETpw port=abc", 2, "invalid port"},
+		{"host=x password='S3CRETpw x' port=abc", 2, "password=xxxxx port=abc"},
+		{"host=x password = 'S3CRETpw \\' x' port=abc", 2, "invalid port"},
+		{"host=x password=S3CRETpw\\ x port=abc", 2, "invalid port"},
+		{"host=x password='S3CRETpw port=5", 2, "cannot parse"},
+		{"host=x password S3CRETpw", 2, "cannot parse"},
+		{"host=x sslpassword=S3CRETpw port=abc", 2, "sslpassword=xxxxx"},
+		{"postgres://u:S3CRETpw@host:abc/db", 2, "cannot parse `postgres://u:xxxxx@host:abc/db`: invalid port"},
+		{"postgresql://u:S3CRETpw@host/db?sslmode=bogus", 2, "cannot parse"},
+		{"postgres://u:S3CRETpw%zz@host/db", 2, "cannot parse `postgres://u:xxxxx@host/db`"},
+		{"postgres://u:S3CRET%70w@host:abc/db", 2, "invalid port"},
+		{"postgres://u:S3CR/ETpw@host:abc/db", 2, "cannot parse"},
+		{"postgres://u@host:abc/db?password=S3CRETpw", 2, "?password=xxxxx"},
+		{"postgres://host/db?sslmode=disable&password=S3CRETpw&port=abc", 2, "password=xxxxx"},
+		{"postgres://host:abc/db?pass%77ord=S3CRETpw", 2, "cannot parse"},
+		{"POSTGRES://u:S3CRETpw@host/db", 2, "cannot parse"},
+		{"host=/nonexistent port=1 user=u password=S3CRETpw connect_timeout=2", 1, "connect to the database"},
+		{"postgres://u:S3CRETpw@/db?host=/nonexistent&port=1&connect_timeout=2", 1, "connect to the database"},
+	}
+	for _, tc := range tests {
+		// queues stands for every command that connects; demo parses the
+		// connection string on its own.
+		for _, args := range [][]string{{"queues"}, {"demo"}} {
+			t.Run(args[0]+" "+tc.dsn, func(t *testing.T) {
+				t.Parallel()
+				r := exe(t, tc.dsn, "", args...)
+				if r.code != tc.code || !strings.Contains(r.stderr, tc.want) || strings.Count(strings.TrimRight(r.stderr, "\n"), "\n") != 0 {
+					t.Errorf("want exit %d and one line with %q; got %s", tc.code, tc.want, r)
+				}
+				if strings.Contains(r.stdout+r.stderr, secret) || strings.Contains(r.stdout+r.stderr, "S3CRET") {
+					t.Errorf("the password is in the output:\n%s", r)
+				}
+			})
+			if tc.code == 1 {
+				break // connecting is the same for every command; once is enough
+			}
+		}
 	}
 }
 

@@ -51,13 +51,17 @@ func runCommand(d *deps) *cli.Command {
 			if cmd.Duration("shutdown-grace") <= 0 {
 				return usagef("--shutdown-grace %s: must be positive", cmd.Duration("shutdown-grace"))
 			}
+			hosts, err := allowedHosts(cmd)
+			if err != nil {
+				return err
+			}
 			ln, err := net.Listen("tcp", cmd.String("http-addr"))
 			if err != nil {
 				return usagef("--http-addr %q: %v", cmd.String("http-addr"), err)
 			}
 			ctx, stop := signalContext(ctx, log)
 			defer stop()
-			pusher := httppush.New(httppush.Options{AllowedHosts: cmd.StringSlice("allowed-hosts"), Logger: log})
+			pusher := httppush.New(httppush.Options{AllowedHosts: hosts, Logger: log})
 			return serve(ctx, log, cfg, ln, pusher, bellhop.DispatcherConfig{
 				PollInterval: cmd.Duration("poll-interval"), ShutdownGrace: cmd.Duration("shutdown-grace"),
 				LeaseAtInsert: cmd.Bool("lease-at-insert"),
@@ -99,7 +103,8 @@ func (r pushResolver) Resolve(c bellhop.Consumer) bellhop.Handler {
 	}
 	h, err := r.pusher.Handler(c)
 	if err != nil {
-		r.log.Error().Err(err).Str("app", c.App).Str("queue", c.Queue).Msg("consumer not served")
+		r.log.Error().Err(err).Str("app_id", c.AppID.String()).Str("app", c.App).Str("queue", c.Queue).
+			Str("consumer_id", c.ID.String()).Msg("consumer not served")
 		return nil
 	}
 	return h

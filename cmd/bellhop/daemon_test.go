@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/bellhopq/bellhop/internal/pgtest"
 )
 
 var stoppingRE = regexp.MustCompile(`stopping gracefully`)
@@ -289,5 +291,37 @@ func TestLeaseAtInsertDaemon(t *testing.T) {
 	})
 	if v, found := metric(text, "bellhop_offers_total"); !found || v < n-1 {
 		t.Errorf("bellhop_offers_total = %v (present %t), want at least %d", v, found, n-1)
+	}
+}
+
+// TestConsumerNotServedLog: a consumer the daemon refuses to serve (its
+// host is not allowed) is logged once with the house fields, app_id
+// among them, and the daemon serves on.
+func TestConsumerNotServedLog(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.ConnString(t)
+	m := appCreatedRE.FindStringSubmatch(strings.TrimSpace(ok(t, dsn, "app", "create", "shop")))
+	if m == nil {
+		t.Fatal("app create printed no id")
+	}
+	appID := m[2]
+	consumerID, _ := addConsumer(t, dsn, "--app", "shop", "--queue", "orders", "--url", "http://127.0.0.1:9/hook")
+	d := startDaemon(t, dsn, "--allowed-hosts", "hooks.example.com")
+	line := d.waitLine(true, regexp.MustCompile(`^\{.*"message":"consumer not served".*$`), 20*time.Second)[0]
+	var got map[string]any
+	if err := json.Unmarshal([]byte(line), &got); err != nil {
+		t.Fatalf("log line %q: %v", line, err)
+	}
+	want := map[string]any{"level": "error", "app_id": appID, "app": "shop", "queue": "orders", "consumer_id": consumerID}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("log field %s = %v, want %v (line %s)", k, got[k], v, line)
+		}
+	}
+	if e, _ := got["error"].(string); !strings.Contains(e, `host "127.0.0.1" is not in the allowed hosts`) {
+		t.Errorf("log error %q does not say why", e)
+	}
+	if code, _ := d.get(t, "/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz: %d", code)
 	}
 }

@@ -297,7 +297,7 @@ func TestResponseCodes(t *testing.T) {
 		t.Errorf("%d dead letters left after redrive", n)
 	}
 	// A dead letter that is not there: an error, not "redrove 0".
-	if r := exe(t, dsn, "", "dead", "redrive", "--app", "shop", reject); r.code == 0 || !strings.Contains(r.stderr, "no dead letter") {
+	if r := exe(t, dsn, "", "dead", "redrive", "--app", "shop", reject); r.code != 2 || !strings.Contains(r.stderr, "no dead letter") {
 		t.Errorf("redrive of a gone dead letter: %s", r)
 	}
 }
@@ -354,7 +354,7 @@ func TestDeadQueueOperations(t *testing.T) {
 	if out := ok(t, dsn, "dead", "purge", "--app", "shop", id); out != "purged 1 dead letters\n" {
 		t.Errorf("purge %s printed %q", id, out)
 	}
-	if r := exe(t, dsn, "", "dead", "show", "--app", "shop", id); r.code != 1 || !strings.Contains(r.stderr, "no dead letter") {
+	if r := exe(t, dsn, "", "dead", "show", "--app", "shop", id); r.code != 2 || !strings.Contains(r.stderr, "no dead letter") {
 		t.Errorf("dead show of a purged letter: %s", r)
 	}
 }

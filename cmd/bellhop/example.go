@@ -8,52 +8,181 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v3"
 
 	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/internal/httppush"
+	"github.com/bellhopq/bellhop/internal/validate"
 )
 
 // setupDemoCommand prepares the docker-compose demo: it creates the app if
-// needed and (re)registers the queue's consumer, writing the new signing
-// secret to a file the example consumer reads.
+// needed and makes sure the queue has a push consumer at --url whose
+// signing secret is in --secret-file, for the example consumer to read.
+// It is safe to re-run: a consumer at that URL whose secret the file holds
+// is kept as it is, so that re-running neither rotates the secret under a
+// running consumer nor dead-letters the deliveries signed with the old one.
 func setupDemoCommand(d *deps) *cli.Command {
 	return &cli.Command{
-		Name:  "setup-demo",
-		Usage: "create an app if missing and (re)register a push consumer, writing its secret to a file (for docker-compose)",
+		Name: "setup-demo",
+		Usage: "create an app if missing and make sure a queue has a push consumer at a URL with its secret in a file " +
+			"(for docker-compose; re-runnable: keeps a consumer whose secret the file holds)",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "app", Required: true, Usage: "app name"},
 			&cli.StringFlag{Name: "queue", Required: true, Usage: "queue name"},
 			&cli.StringFlag{Name: "url", Required: true, Usage: "consumer URL"},
-			&cli.StringFlag{Name: "secret-file", Required: true, Usage: "where to write the signing secret (mode 0600)"},
+			&cli.StringFlag{Name: "secret-file", Required: true, Usage: "where to write the signing secret (mode 0600, replaced atomically)"},
 		},
 		Action: func(ctx context.Context, cmd *cli.Command) error {
+			app, queue, url, path := cmd.String("app"), cmd.String("queue"), cmd.String("url"), cmd.String("secret-file")
+			// Everything that can be checked without the database is, before
+			// anything changes: a failure halfway would leave the queue
+			// without a consumer, or with one whose secret nobody has.
+			if err := validate.Name("app", app); err != nil {
+				return usageError{err}
+			}
+			if err := validate.QueueName(queue); err != nil {
+				return usageError{err}
+			}
+			if err := validate.PushURL(url); err != nil {
+				return usagef("--url: %w", err)
+			}
+			if err := httppush.New(httppush.Options{}).CheckURL(url); err != nil {
+				return usagef("--url: %w", err)
+			}
+			secret, err := newSecretFile(path)
+			if err != nil {
+				return err
+			}
+			defer secret.discard()
+
 			c, pool, err := client(ctx, cmd)
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			app, queue := cmd.String("app"), cmd.String("queue")
 			if _, err := c.CreateApp(ctx, app); err != nil && !errors.Is(err, bellhop.ErrAppExists) {
 				return err
 			}
-			if old, err := c.ConsumerOf(ctx, app, queue); err == nil {
+			old, err := c.ConsumerOf(ctx, app, queue)
+			switch {
+			case errors.Is(err, bellhop.ErrUnknownConsumer):
+			case err != nil:
+				return err
+			case old.URL == url:
+				kept, err := secretMatches(ctx, pool, old.ID, path)
+				if err != nil {
+					return err
+				}
+				if kept {
+					fmt.Fprintf(d.stdout, "consumer %s of %s/%s is registered already; kept it and its secret in %s\n", old.ID, app, queue, path)
+					return nil
+				}
+				fallthrough
+			default:
 				if err := c.RemoveConsumer(ctx, app, old.ID); err != nil {
 					return err
 				}
 			}
-			con, err := c.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: app, Queue: queue, URL: cmd.String("url")})
+			con, err := c.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: app, Queue: queue, URL: url})
 			if err != nil {
 				return err
 			}
-			if err := os.WriteFile(cmd.String("secret-file"), []byte(con.Secret), 0o600); err != nil {
-				return fmt.Errorf("write secret: %w", err)
+			if err := secret.commit(con.Secret); err != nil {
+				return fmt.Errorf("consumer %s registered for %s/%s, but its secret was not written (re-run setup-demo to register it again): %w", con.ID, app, queue, err)
 			}
-			fmt.Fprintf(d.stdout, "consumer %s registered for %s/%s; secret written to %s\n", con.ID, app, queue, cmd.String("secret-file"))
+			fmt.Fprintf(d.stdout, "consumer %s registered for %s/%s; secret written to %s\n", con.ID, app, queue, path)
 			return nil
 		},
+	}
+}
+
+// secretMatches reports whether the file at path holds the signing secret
+// of consumer id. The comparison is done by the database, so the secret
+// is not read into this process; the library has no call for it because
+// its listings never carry secrets. A missing or unreadable file does not
+// match: the consumer is then registered again, with a secret written
+// anew.
+func secretMatches(ctx context.Context, pool *pgxpool.Pool, id uuid.UUID, path string) (bool, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return false, nil
+	}
+	held := strings.TrimSpace(string(b))
+	if held == "" {
+		return false, nil
+	}
+	var match bool
+	if err := pool.QueryRow(ctx, "SELECT coalesce(push_secret = $2, false) FROM queue_consumers WHERE id = $1", id, held).Scan(&match); err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			return false, nil // removed meanwhile
+		}
+		return false, fmt.Errorf("compare consumer %s's secret with %s: %w", id, path, err)
+	}
+	return match, nil
+}
+
+// secretFile replaces a secret file atomically: a temporary file in the
+// same directory, created up front so that an unwritable path is refused
+// before anything else changes, is renamed over it once written. Readers
+// see the old secret or the new one, never a part.
+type secretFile struct {
+	path string
+	tmp  *os.File // nil once committed or discarded
+}
+
+// newSecretFile prepares the replacement of path. Its errors are usage
+// errors: the path is wrong, not the database.
+func newSecretFile(path string) (*secretFile, error) {
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		return nil, usagef("--secret-file %q is a directory", path)
+	}
+	dir, base := filepath.Split(path)
+	if dir == "" {
+		dir = "."
+	}
+	// os.CreateTemp creates the file with mode 0600.
+	tmp, err := os.CreateTemp(dir, "."+base+".tmp-*")
+	if err != nil {
+		return nil, usagef("--secret-file %q: cannot write in its directory: %w", path, err)
+	}
+	return &secretFile{path: path, tmp: tmp}, nil
+}
+
+// commit writes secret to the temporary file and renames it over the
+// secret file.
+func (f *secretFile) commit(secret string) error {
+	tmp := f.tmp
+	f.tmp = nil
+	_, err := tmp.WriteString(secret)
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), f.path)
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+		return fmt.Errorf("write %s: %w", f.path, err)
+	}
+	return nil
+}
+
+// discard removes the temporary file unless commit renamed it.
+func (f *secretFile) discard() {
+	if f.tmp != nil {
+		f.tmp.Close()
+		os.Remove(f.tmp.Name())
+		f.tmp = nil
 	}
 }
 

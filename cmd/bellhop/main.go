@@ -2,8 +2,10 @@
 // from the command line: migrations, apps, consumers, enqueueing, queue and
 // dead-letter inspection, and a one-command demo.
 //
-// Configuration comes from flags, then environment variables (each flag's
-// help names its variable). A bad configuration, a bad flag or input that
+// Configuration comes from flags, then environment variables: DATABASE_URL
+// for --database-url, and BELLHOP_<FLAG> for the logging flags, --app,
+// --allowed-hosts and bellhop run's flags. A flag's help names its
+// variable; other flags have none. A bad configuration, a bad flag or input that
 // can never succeed (an invalid name, payload or option, an unknown app or
 // consumer) exits with status 2 and one line naming the problem; other
 // failures (the database is unreachable, a conflict) exit with status 1.
@@ -17,13 +19,13 @@ import (
 	"os"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 	"github.com/urfave/cli/v3"
 
 	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/internal/pgdsn"
 )
 
 func main() {
@@ -206,12 +208,10 @@ func poolConfig(cmd *cli.Command) (*pgxpool.Config, error) {
 }
 
 // redactErr keeps a connection string's password out of an error message.
+// The string is mostly one that did not parse, so its password cannot be
+// taken from a parsed config: pgdsn finds it in the text.
 func redactErr(err error, url string) string {
-	msg := err.Error()
-	if cfg, perr := pgx.ParseConfig(url); perr == nil && cfg.Password != "" {
-		msg = strings.ReplaceAll(msg, cfg.Password, "xxxxx")
-	}
-	return msg
+	return pgdsn.RedactError(err, url).Error()
 }
 
 // client opens a pool and a Client for one command.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -17,10 +18,12 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v3"
 
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/httppush"
+	"github.com/bellhopq/bellhop/internal/validate"
 	"github.com/bellhopq/bellhop/migrations"
 )
 
@@ -102,6 +105,17 @@ func oneArg(cmd *cli.Command, what string) (string, error) {
 		return "", usagef("%s takes exactly one argument, %s", cmd.FullName(), what)
 	}
 	return cmd.Args().First(), nil
+}
+
+// allowedHosts reads --allowed-hosts (or BELLHOP_ALLOWED_HOSTS) and
+// refuses an entry that can never match, and a list of blank entries,
+// which httppush would take as allowing no host at all.
+func allowedHosts(cmd *cli.Command) ([]string, error) {
+	hosts := cmd.StringSlice("allowed-hosts")
+	if err := httppush.CheckAllowedHosts(hosts); err != nil {
+		return nil, usagef("--allowed-hosts: %w", err)
+	}
+	return hosts, nil
 }
 
 // Consumer flag defaults are the library's defaults.
@@ -198,7 +212,11 @@ func consumerCommand(d *deps) *cli.Command {
 				if err := checkGivenSettings(cmd); err != nil {
 					return err
 				}
-				if err := httppush.New(httppush.Options{AllowedHosts: cmd.StringSlice("allowed-hosts")}).CheckURL(cmd.String("url")); err != nil {
+				hosts, err := allowedHosts(cmd)
+				if err != nil {
+					return err
+				}
+				if err := httppush.New(httppush.Options{AllowedHosts: hosts}).CheckURL(cmd.String("url")); err != nil {
 					return usageError{err}
 				}
 				c, pool, err := client(ctx, cmd)
@@ -263,10 +281,14 @@ func consumerCommand(d *deps) *cli.Command {
 				if err != nil {
 					return err
 				}
+				hosts, err := allowedHosts(cmd)
+				if err != nil {
+					return err
+				}
 				var u bellhop.ConsumerUpdate
 				if cmd.IsSet("url") {
 					url := cmd.String("url")
-					if err := httppush.New(httppush.Options{AllowedHosts: cmd.StringSlice("allowed-hosts")}).CheckURL(url); err != nil {
+					if err := httppush.New(httppush.Options{AllowedHosts: hosts}).CheckURL(url); err != nil {
 						return usageError{err}
 					}
 					u.URL = &url
@@ -326,12 +348,18 @@ func consumerCommand(d *deps) *cli.Command {
 	}
 }
 
+// enqueueBatch is how many stdin lines go to the database per statement;
+// every batch of a stream shares one transaction.
 const enqueueBatch = 500
+
+// maxLine bounds one stdin line: twice the payload limit leaves room for
+// surrounding white space, and a longer line cannot be a payload.
+const maxLine = 2 * validate.MaxPayloadBytes
 
 func enqueueCommand(d *deps) *cli.Command {
 	return &cli.Command{
 		Name:      "enqueue",
-		Usage:     "enqueue one JSON message, or with - one JSON value per line from stdin",
+		Usage:     "enqueue one JSON message, or with - one JSON value per line from stdin (all or nothing)",
 		ArgsUsage: "JSON|-",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "app", Usage: "app name", Required: true, Sources: env("APP")},
@@ -377,25 +405,48 @@ func enqueueCommand(d *deps) *cli.Command {
 				fmt.Fprintln(d.stdout, id)
 				return nil
 			}
-			return enqueueStream(ctx, c, app, queue, opts, d.stdin, d.stdout)
+			return enqueueStream(ctx, c, pool, app, queue, opts, d.stdin, d.stdout)
 		},
 	}
 }
 
-// enqueueStream reads one JSON value per line and inserts them in batches.
-// Each batch is all-or-nothing; on a bad line nothing of its batch is
-// written and the error names the line.
-func enqueueStream(ctx context.Context, c *bellhop.Client, app, queue string, opts bellhop.EnqueueOptions, in io.Reader, out io.Writer) error {
+// enqueueStream reads one JSON value per line and inserts them in batches,
+// all in one transaction: a bad line, or any other failure, writes nothing,
+// so that the stream can be fixed and re-run without duplicates. The
+// messages become visible, and their consumers are notified, at the end.
+func enqueueStream(ctx context.Context, c *bellhop.Client, pool *pgxpool.Pool, app, queue string, opts bellhop.EnqueueOptions, in io.Reader, out io.Writer) error {
+	// What is the same for every line is checked once, up front: it would
+	// otherwise surface only with the first batch, as a position in it.
+	if err := validate.QueueName(queue); err != nil {
+		return usageError{err}
+	}
+	if err := validate.MaxAttemptsOption(opts.MaxAttempts); err != nil {
+		return usageError{err}
+	}
+	if _, err := validate.DeliverAt(time.Now(), opts.DeliverAfter, opts.Delay); err != nil {
+		return usageError{err}
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("enqueue from stdin: begin: %w", err)
+	}
+	// After Commit this is a no-op; before, it undoes every batch.
+	defer tx.Rollback(context.Background())
+
 	sc := bufio.NewScanner(in)
-	sc.Buffer(make([]byte, 64*1024), 2<<20)
-	var batch []bellhop.NewMessage
-	line, total := 0, 0
+	sc.Buffer(make([]byte, 64*1024), maxLine)
+	var (
+		batch      []bellhop.NewMessage
+		batchStart int // line of batch[0]
+		line       int
+		total      int
+	)
 	flush := func() error {
 		if len(batch) == 0 {
 			return nil
 		}
-		if _, err := c.EnqueueMany(ctx, app, batch); err != nil {
-			return fmt.Errorf("batch ending at line %d (%d messages before it were written): %w", line, total, err)
+		if _, err := c.EnqueueManyTx(ctx, tx, app, batch); err != nil {
+			return fmt.Errorf("lines %d to %d: %w; nothing was enqueued", batchStart, line, err)
 		}
 		total += len(batch)
 		batch = batch[:0]
@@ -403,25 +454,37 @@ func enqueueStream(ctx context.Context, c *bellhop.Client, app, queue string, op
 	}
 	for sc.Scan() {
 		line++
-		text := strings.TrimSpace(sc.Text())
-		if text == "" {
+		text := bytes.TrimSpace(sc.Bytes())
+		if len(text) == 0 {
 			continue
 		}
-		if !json.Valid([]byte(text)) {
-			return usagef("line %d is not a JSON value (%d messages before its batch were written)", line, total)
+		if err := validate.Payload(text); err != nil {
+			return usagef("line %d: %w; nothing was enqueued", line, err)
 		}
-		batch = append(batch, bellhop.NewMessage{Queue: queue, Payload: []byte(text), Options: opts})
+		if len(batch) == 0 {
+			batchStart = line
+		}
+		// The scanner reuses its buffer: the payload needs its own copy.
+		batch = append(batch, bellhop.NewMessage{Queue: queue, Payload: bytes.Clone(text), Options: opts})
 		if len(batch) == enqueueBatch {
 			if err := flush(); err != nil {
 				return err
 			}
 		}
 	}
-	if err := sc.Err(); err != nil {
-		return fmt.Errorf("read stdin at line %d: %w", line+1, err)
+	if err := sc.Err(); errors.Is(err, bufio.ErrTooLong) {
+		return usagef("line %d is longer than the %d-byte limit of a line (a payload is at most %d bytes); nothing was enqueued",
+			line+1, maxLine, validate.MaxPayloadBytes)
+	} else if err != nil {
+		return fmt.Errorf("read stdin at line %d: %w; nothing was enqueued", line+1, err)
 	}
 	if err := flush(); err != nil {
 		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		// A commit that fails in transit may still have happened: no
+		// claim that nothing was enqueued here.
+		return fmt.Errorf("enqueue from stdin: commit %d messages: %w", total, err)
 	}
 	fmt.Fprintf(out, "enqueued %d messages\n", total)
 	return nil
@@ -484,6 +547,26 @@ func queuesCommand(d *deps) *cli.Command {
 	}
 }
 
+// messageID parses a dead letter's id. The nil UUID is refused: the
+// library reads it as "no id", so `dead purge` with it would act on every
+// dead letter of the queue, or of the app, instead of on none.
+func messageID(s string) (uuid.UUID, error) {
+	id, err := uuid.Parse(s)
+	if err != nil {
+		return uuid.Nil, usagef("message id %q is not a UUID", s)
+	}
+	if id == uuid.Nil {
+		return uuid.Nil, usagef("message id %s is the nil UUID, which is no message's id", s)
+	}
+	return id, nil
+}
+
+// noDeadLetter is the error for an id that names no dead letter of app:
+// like an unknown consumer, input that a retry cannot fix (exit status 2).
+func noDeadLetter(id uuid.UUID, app string) error {
+	return usagef("no dead letter %s in app %q", id, app)
+}
+
 func deadCommand(d *deps) *cli.Command {
 	appFlag := &cli.StringFlag{Name: "app", Usage: "app name", Required: true, Sources: env("APP")}
 	selector := func(cmd *cli.Command) (string, uuid.UUID, error) {
@@ -494,8 +577,8 @@ func deadCommand(d *deps) *cli.Command {
 		}
 		if s := cmd.Args().First(); s != "" {
 			var err error
-			if id, err = uuid.Parse(s); err != nil {
-				return "", uuid.Nil, usagef("message id %q is not a UUID", s)
+			if id, err = messageID(s); err != nil {
+				return "", uuid.Nil, err
 			}
 		}
 		if queue == "" && id == uuid.Nil {
@@ -519,7 +602,7 @@ func deadCommand(d *deps) *cli.Command {
 				return err
 			}
 			if n == 0 && id != uuid.Nil {
-				return fmt.Errorf("no dead letter %s in app %s", id, cmd.String("app"))
+				return noDeadLetter(id, cmd.String("app"))
 			}
 			fmt.Fprintf(d.stdout, "%s %d dead letters\n", verb, n)
 			return nil
@@ -569,9 +652,9 @@ func deadCommand(d *deps) *cli.Command {
 				if err != nil {
 					return err
 				}
-				id, err := uuid.Parse(s)
+				id, err := messageID(s)
 				if err != nil {
-					return usagef("message id %q is not a UUID", s)
+					return err
 				}
 				c, pool, err := client(ctx, cmd)
 				if err != nil {
@@ -583,7 +666,7 @@ func deadCommand(d *deps) *cli.Command {
 					return err
 				}
 				if len(ds) == 0 {
-					return errors.New("no dead letter " + id.String() + " in app " + cmd.String("app"))
+					return noDeadLetter(id, cmd.String("app"))
 				}
 				enc := json.NewEncoder(d.stdout)
 				enc.SetIndent("", "  ")

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,8 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/pgtest"
+	"github.com/bellhopq/bellhop/internal/validate"
 )
 
 // consumerRow parses `bellhop consumer ls` and returns the row of id by
@@ -226,8 +230,10 @@ func TestQueuesWatch(t *testing.T) {
 }
 
 // TestEnqueueStdin: `enqueue -` reads one JSON value per line, skips
-// blank lines, inserts in batches, and on a bad line names it, having
-// written the batches before it and nothing of its own batch.
+// blank lines and inserts in batches, all or nothing: on a bad line, a
+// line too long to read or any other failure, wherever it is in the
+// stream, it names the problem and writes nothing, so that a re-run does
+// not duplicate messages.
 func TestEnqueueStdin(t *testing.T) {
 	t.Parallel()
 	dsn := pgtest.ConnString(t)
@@ -261,10 +267,21 @@ func TestEnqueueStdin(t *testing.T) {
 		{name: "empty input", stdin: "", wantOut: "enqueued 0 messages\n"},
 		{name: "many batches", stdin: lines(1201, 0), wantOut: "enqueued 1201 messages\n", wantRows: 1201},
 		{name: "delayed", stdin: "1\n2\n", flags: []string{"--delay", "1h"}, wantOut: "enqueued 2 messages\n", wantRows: 2, wantDelayed: true},
-		// The bad line (1103rd input line with the blank ones) is in the
-		// third batch: two batches of 500 are written.
-		{name: "bad line", stdin: lines(1200, 1092), wantCode: 2, wantErr: "line 1102 is not a JSON value (1000 messages before its batch were written)", wantRows: 1000},
-		{name: "bad first line", stdin: "nope\n{}\n", wantCode: 2, wantErr: "line 1 is not a JSON value (0 messages", wantRows: 0},
+		// The bad line (1102nd input line with the blank ones) is in the
+		// third batch: the two batches before it are not kept.
+		{name: "bad line", stdin: lines(1200, 1092), wantCode: 2, wantErr: "line 1102: payload is not a JSON value: invalid character 'o' looking for beginning of object key string; nothing was enqueued"},
+		{name: "bad first line", stdin: "nope\n{}\n", wantCode: 2, wantErr: "line 1: payload is not a JSON value"},
+		{name: "bad last line", stdin: lines(600, 0) + "[1,\n", wantCode: 2, wantErr: "line 607: payload is not a JSON value"},
+		{name: "payload too large", stdin: lines(600, 0) + `"` + strings.Repeat("x", validate.MaxPayloadBytes) + `"` + "\n", wantCode: 2,
+			wantErr: "line 607: payload too large: 1048578 bytes, more than the 1048576-byte limit; nothing was enqueued"},
+		{name: "line too long", stdin: lines(600, 0) + `"` + strings.Repeat("x", maxLine) + `"` + "\n{}\n", wantCode: 2,
+			wantErr: "line 607 is longer than the 2097152-byte limit of a line (a payload is at most 1048576 bytes); nothing was enqueued"},
+		{name: "payload nested too deep", stdin: lines(600, 0) + strings.Repeat("[", 200) + strings.Repeat("]", 200) + "\n", wantCode: 2, wantErr: "line 607: payload is not a JSON value: nested 200 deep"},
+		{name: "bad --max-attempts", stdin: lines(600, 0), flags: []string{"--max-attempts", "1001"}, wantCode: 2, wantErr: "max attempts 1001 is outside 1..1000"},
+		{name: "--at too far ahead", stdin: lines(600, 0), flags: []string{"--at", "2999-01-01T00:00:00Z"}, wantCode: 2, wantErr: "deliver-after 2999-01-01T00:00:00Z is more than"},
+		// The app is checked by the database, with the first batch.
+		{name: "unknown app", stdin: lines(600, 0), flags: []string{"--app", "nope"}, wantCode: 2,
+			wantErr: `lines 1 to 504: enqueue 500 messages to app nope: unknown app "nope"; nothing was enqueued`},
 	}
 	for i, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -294,8 +311,9 @@ func TestEnqueueStdin(t *testing.T) {
 }
 
 // TestComposeFlow runs what docker-compose.yml runs, without Docker:
-// migrate, setup-demo (twice: it must be re-runnable), run, the example
-// consumer and a producer that INSERTs with plain SQL.
+// migrate, setup-demo (twice: it must be re-runnable, keeping the consumer
+// and its secret), run, the example consumer and a producer that INSERTs
+// with plain SQL.
 func TestComposeFlow(t *testing.T) {
 	t.Parallel()
 	dsn := emptyDatabase(t)
@@ -308,23 +326,26 @@ func TestComposeFlow(t *testing.T) {
 	addr := consumer.waitLine(false, regexp.MustCompile(`^example consumer listening on (\S+)$`), 20*time.Second)[1]
 	setupArgs := []string{"setup-demo", "--app", "demo", "--queue", "orders", "--url", "http://" + addr + "/hook", "--secret-file", secretFile}
 	var ids []string
-	for range 2 {
+	for _, re := range []string{
+		`^consumer (\S+) registered for demo/orders; secret written to `,
+		`^consumer (\S+) of demo/orders is registered already; kept it and its secret in `,
+	} {
 		out := ok(t, dsn, setupArgs...)
-		m := regexp.MustCompile(`^consumer (\S+) registered for demo/orders; secret written to `).FindStringSubmatch(out)
+		m := regexp.MustCompile(re).FindStringSubmatch(out)
 		if m == nil {
-			t.Fatalf("setup-demo printed %q", out)
+			t.Fatalf("setup-demo printed %q, want a match for %q", out, re)
 		}
 		ids = append(ids, m[1])
 	}
-	if ids[0] == ids[1] {
-		t.Error("the second setup-demo did not re-register the consumer")
+	if ids[0] != ids[1] {
+		t.Error("the second setup-demo replaced the consumer")
 	}
 	fi, err := os.Stat(secretFile)
 	if err != nil || fi.Mode().Perm() != 0o600 || fi.Size() != 64 {
 		t.Errorf("secret file: %v, mode %v, %d bytes; want 0600 and 64 bytes", err, fi.Mode().Perm(), fi.Size())
 	}
-	if out := ok(t, dsn, "consumer", "ls"); strings.Count(strings.TrimSpace(out), "\n") != 1 || !strings.Contains(out, ids[1]) {
-		t.Errorf("want exactly the second consumer:\n%s", out)
+	if out := ok(t, dsn, "consumer", "ls"); strings.Count(strings.TrimSpace(out), "\n") != 1 || !strings.Contains(out, ids[0]) {
+		t.Errorf("want exactly the first consumer:\n%s", out)
 	}
 
 	startDaemon(t, dsn)
@@ -346,5 +367,154 @@ func TestComposeFlow(t *testing.T) {
 	consumer.signal(os.Interrupt)
 	if code := consumer.wait(10 * time.Second); code != 0 {
 		t.Errorf("example-consumer exited %d on SIGINT", code)
+	}
+}
+
+// TestSetupDemo: setup-demo checks its input before it changes anything,
+// keeps a consumer whose secret the file holds, registers the consumer
+// again otherwise, and always leaves the file holding the secret of the
+// queue's consumer, replaced whole, mode 0600.
+func TestSetupDemo(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.ConnString(t)
+	pool := db(t, dsn)
+	dir := t.TempDir()
+	secretFile := filepath.Join(dir, "orders")
+	notADir := filepath.Join(dir, "plain")
+	if err := os.WriteFile(notADir, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const url = "http://127.0.0.1:9/hook"
+	// state is what the test knows of the queue's consumer.
+	type state struct{ id, secret string }
+	read := func() state {
+		t.Helper()
+		var s state
+		err := pool.QueryRow(t.Context(), `SELECT id::text, push_secret FROM queue_consumers WHERE app_name = 'demo' AND queue_name = 'orders'`).Scan(&s.id, &s.secret)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			t.Fatal(err)
+		}
+		return s
+	}
+	tests := []struct {
+		name    string
+		url     string // default: url
+		file    string // default: secretFile
+		before  func() // changes made before the run
+		code    int
+		want    string // in stdout (exit 0) or stderr
+		replace bool   // a new consumer is registered (exit 0 only)
+	}{
+		{name: "URL without a host, before the app exists", url: "http://:9/hook", code: 2, want: `--url: invalid option: URL "http://:9/hook" has no host`},
+		{name: "first run", code: 0, want: "registered for demo/orders; secret written to " + secretFile, replace: true},
+		{name: "re-run keeps the consumer and secret", code: 0, want: "is registered already; kept it and its secret in " + secretFile},
+		{name: "bad URL leaves the consumer", url: "ftp://127.0.0.1/hook", code: 2, want: "scheme must be http or https"},
+		{name: "missing directory leaves the consumer", file: filepath.Join(dir, "missing", "orders"), code: 2, want: "cannot write in its directory"},
+		{name: "file under a file leaves the consumer", file: filepath.Join(notADir, "orders"), code: 2, want: "cannot write in its directory"},
+		{name: "directory leaves the consumer", file: dir, code: 2, want: "is a directory"},
+		{name: "re-run after the failures keeps the consumer", code: 0, want: "is registered already"},
+		{name: "lost secret file", before: func() { os.Remove(secretFile) }, code: 0, want: "secret written to", replace: true},
+		{name: "file with another secret", before: func() { os.WriteFile(secretFile, []byte(strings.Repeat("0", 64)), 0o644) }, code: 0, want: "secret written to", replace: true},
+		{name: "new URL", url: "http://127.0.0.1:10/hook", code: 0, want: "secret written to", replace: true},
+		{name: "re-run with the new URL keeps it", url: "http://127.0.0.1:10/hook", code: 0, want: "is registered already"},
+	}
+	var prev state
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			u, file := tc.url, tc.file
+			if u == "" {
+				u = url
+			}
+			if file == "" {
+				file = secretFile
+			}
+			if tc.before != nil {
+				tc.before()
+			}
+			r := exe(t, dsn, "", "setup-demo", "--app", "demo", "--queue", "orders", "--url", u, "--secret-file", file)
+			out := r.stdout
+			if tc.code != 0 {
+				out = r.stderr
+			}
+			if r.code != tc.code || !strings.Contains(out, tc.want) {
+				t.Fatalf("want exit %d and %q; got %s", tc.code, tc.want, r)
+			}
+			if strings.Contains(r.stdout+r.stderr, prev.secret) && prev.secret != "" {
+				t.Error("setup-demo printed the signing secret")
+			}
+			now := read()
+			switch {
+			case tc.code != 0 && prev.id == "" && (now.id != "" || queryInt(t, pool, "SELECT count(*) FROM apps") != 0):
+				t.Errorf("a failed first run created the app or registered consumer %q", now.id)
+			case tc.code != 0 && now != prev:
+				t.Errorf("a failed run changed the consumer: %+v -> %+v", prev, now)
+			case tc.code == 0 && tc.replace && (now.id == prev.id || now.secret == prev.secret):
+				t.Errorf("the consumer was not registered again: %+v -> %+v", prev, now)
+			case tc.code == 0 && !tc.replace && now != prev:
+				t.Errorf("the consumer was replaced: %+v -> %+v", prev, now)
+			}
+			if tc.code == 0 {
+				b, err := os.ReadFile(secretFile)
+				fi, serr := os.Stat(secretFile)
+				if err != nil || serr != nil || string(b) != now.secret || fi.Mode().Perm() != 0o600 {
+					t.Errorf("secret file: %v %v, mode %v; holds the consumer's secret: %t", err, serr, fi.Mode().Perm(), string(b) == now.secret)
+				}
+			}
+			if tc.code == 0 && tc.replace {
+				if got := queryInt(t, pool, "SELECT count(*) FROM queue_consumers WHERE app_name = 'demo' AND push_url = $1", u); got != 1 {
+					t.Errorf("%d consumers at %s, want 1", got, u)
+				}
+			}
+			prev = now
+		})
+	}
+	// No temporary file is left behind, whatever failed.
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if e.Name() != "orders" && e.Name() != "plain" {
+			t.Errorf("%s left in the secret file's directory", e.Name())
+		}
+	}
+	if n := queryInt(t, pool, "SELECT count(*) FROM apps WHERE name = 'demo'"); n != 1 {
+		t.Errorf("%d demo apps", n)
+	}
+}
+
+// TestDeadRefusesNilID: the nil UUID names no dead letter; given as one,
+// it used to select every dead letter of the queue or app.
+func TestDeadRefusesNilID(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.ConnString(t)
+	ok(t, dsn, "app", "create", "shop")
+	pool := db(t, dsn)
+	if _, err := pool.Exec(t.Context(), `
+		INSERT INTO dead_letters (id, source, app_id, queue_name, payload, enqueued_at, attempt, max_attempts, last_error)
+		SELECT gen_random_uuid(), 'queue', id, 'orders', jsonb_build_object('n', g), now(), 3, 3, 'boom'
+		FROM apps, generate_series(1, 3) AS g WHERE name = 'shop'`); err != nil {
+		t.Fatal(err)
+	}
+	const nilID = "00000000-0000-0000-0000-000000000000"
+	for _, args := range [][]string{
+		{"dead", "purge", "--app", "shop", nilID},
+		{"dead", "purge", "--app", "shop", "--queue", "orders", nilID},
+		{"dead", "redrive", "--app", "shop", nilID},
+		{"dead", "redrive", "--app", "shop", "--queue", "orders", nilID},
+		{"dead", "show", "--app", "shop", nilID},
+	} {
+		t.Run(strings.Join(args[:2], " ")+" "+strings.Join(args[2:len(args)-1], " "), func(t *testing.T) {
+			r := exe(t, dsn, "", args...)
+			if r.code != 2 || r.stdout != "" || !strings.Contains(r.stderr, "message id "+nilID+" is the nil UUID") {
+				t.Errorf("want exit 2 naming the nil UUID; got %s", r)
+			}
+			if n := queryInt(t, pool, "SELECT count(*) FROM dead_letters"); n != 3 {
+				t.Errorf("%d dead letters left, want 3", n)
+			}
+			if n := queryInt(t, pool, "SELECT count(*) FROM queue_messages"); n != 0 {
+				t.Errorf("%d messages redriven, want 0", n)
+			}
+		})
 	}
 }

@@ -14,11 +14,12 @@
 //	Bellhop-Max-Attempts  attempts before the message is dead-lettered
 //	Bellhop-Enqueued-At   RFC 3339 UTC, nanoseconds
 //	Bellhop-Consumer-Id   consumer id
+//	Bellhop-Source        "queue", or "invoke" for Client.InvokeAsync deliveries
 //	Bellhop-Timestamp     unix seconds when this request was signed
 //	Bellhop-Signature     v1=<hex HMAC-SHA256(secret, "<timestamp>.<body>")>
 //
-// Consumers check the signature with Verify (or its equivalent in their
-// language). The response decides:
+// Consumers check the signature and timestamp with bellhop.VerifyPush (or
+// its equivalent in their language). The response decides:
 //
 //	2xx                          ack: the message is deleted
 //	429, 503 with Retry-After    retry after that long (capped at 12h)
@@ -39,6 +40,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -85,6 +87,11 @@ type Options struct {
 	// as written ("10.0.0.1", "::1"). Matching is by name only: it is a
 	// guard against typos and misuse of the CLI, not against DNS that
 	// points an allowed name at an internal address.
+	//
+	// Blank entries are ignored. Check the list with CheckAllowedHosts
+	// first: New does not, and fails closed instead, so an entry that is
+	// no hostname (a URL, a host with a port, "*") matches nothing, and a
+	// list of blank entries only allows no host at all.
 	AllowedHosts []string
 	// MaxResponseBody bounds how much of a response body is read; 0 (or
 	// less) means DefaultMaxResponseBody. A longer body is cut off and its
@@ -105,13 +112,14 @@ type Options struct {
 // consumer of a daemon so that they share one connection pool; it is safe
 // for concurrent use.
 type Pusher struct {
-	client    *http.Client
-	allowed   []string // normalised: lower case, no trailing dot, no brackets
-	timeout   time.Duration
-	maxBody   int64
-	log       zerolog.Logger
-	userAgent string
-	now       func() time.Time // replaced in tests for deterministic dates
+	client     *http.Client
+	restricted bool     // Options.AllowedHosts was not empty
+	allowed    []string // normalised: lower case, no trailing dot, no brackets
+	timeout    time.Duration
+	maxBody    int64
+	log        zerolog.Logger
+	userAgent  string
+	now        func() time.Time // replaced in tests for deterministic dates
 }
 
 // New returns a Pusher configured by opts.
@@ -129,6 +137,7 @@ func New(opts Options) *Pusher {
 	if p.userAgent == "" {
 		p.userAgent = DefaultUserAgent
 	}
+	p.restricted = len(opts.AllowedHosts) > 0
 	for _, h := range opts.AllowedHosts {
 		if h = normalizeHost(h); h != "" {
 			p.allowed = append(p.allowed, h)
@@ -198,7 +207,7 @@ func (p *Pusher) parseURL(raw string) (*url.URL, error) {
 }
 
 func (p *Pusher) hostAllowed(host string) bool {
-	if len(p.allowed) == 0 {
+	if !p.restricted {
 		return true
 	}
 	host = normalizeHost(host)
@@ -212,6 +221,61 @@ func (p *Pusher) hostAllowed(host string) bool {
 		}
 	}
 	return false
+}
+
+// CheckAllowedHosts returns an error naming the first entry of hosts that
+// can never match a URL's hostname (see Options.AllowedHosts): a URL, a
+// host with a port, a wildcard other than a leading "*.", or anything else
+// that is not a hostname or IP literal. A list with entries that are all
+// blank is an error too: taken as "no list" it would allow every host,
+// which is not what whoever set it meant. An empty list is fine.
+func CheckAllowedHosts(hosts []string) error {
+	blank := true
+	for _, raw := range hosts {
+		h := normalizeHost(raw)
+		if h == "" {
+			continue
+		}
+		blank = false
+		if err := checkAllowedHost(h); err != nil {
+			return fmt.Errorf("httppush: allowed host %s: %w", quote(strings.TrimSpace(raw)), err)
+		}
+	}
+	if blank && len(hosts) > 0 {
+		return fmt.Errorf("httppush: allowed hosts %q has only blank entries; to allow every host, give none", hosts)
+	}
+	return nil
+}
+
+// checkAllowedHost checks one normalised entry.
+func checkAllowedHost(h string) error {
+	if _, err := netip.ParseAddr(h); err == nil {
+		return nil
+	}
+	name, wild := strings.CutPrefix(h, "*.")
+	switch {
+	case strings.Contains(h, "://"):
+		return errors.New("is a URL: give only its hostname")
+	case strings.Contains(name, "*"):
+		return errors.New(`a wildcard matches only as a leading "*.", as in *.example.com`)
+	case strings.ContainsAny(h, ":/"):
+		return errors.New("is not a bare hostname: give it without scheme, port or path (ports are not matched)")
+	case wild && name == "":
+		return errors.New(`"*." needs a domain after it`)
+	}
+	for _, label := range strings.Split(name, ".") {
+		if label == "" || len(label) > 63 {
+			return errors.New("is not a hostname: a label is empty or longer than 63 bytes")
+		}
+		for _, r := range label {
+			// Letters beyond ASCII are allowed: url.Parse keeps an
+			// internationalised hostname as written.
+			if !(r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r)) {
+				return fmt.Errorf("is not a hostname: it contains %q", r)
+			}
+		}
+	}
+	return nil
 }
 
 // normalizeHost makes hostnames comparable: lower case, without the

@@ -462,7 +462,13 @@ func TestAllowList(t *testing.T) {
 		{url: "http://10.0.0.2/x"},
 		{url: "http://[::1]:9000/x", ok: true},
 		{url: "http://anything.test/x", allowed: []string{}, ok: true},
-		{url: "http://anything.test/x", allowed: []string{" ", ""}, ok: true},
+		// Only blank entries (CheckAllowedHosts refuses them) fail closed.
+		{url: "http://anything.test/x", allowed: []string{" ", ""}},
+		// An entry that can never match (CheckAllowedHosts refuses it) does not.
+		{url: "http://127.0.0.1:18282/x", allowed: []string{"127.0.0.1:18282"}},
+		{url: "https://a.example.com/x", allowed: []string{"https://a.example.com"}},
+		{url: "https://a.example.com/x", allowed: []string{"*"}},
+		{url: "https://a.example.com/x", allowed: []string{" ", "a.example.com", ""}, ok: true},
 		// Shape checks apply with or without a list.
 		{url: "", allowed: []string{}},
 		{url: "ftp://hooks.example.com/x"},
@@ -488,6 +494,52 @@ func TestAllowList(t *testing.T) {
 		}
 		if err != nil && strings.Contains(err.Error(), "pw@") {
 			t.Errorf("error %q shows URL credentials", err)
+		}
+	}
+}
+
+// TestCheckAllowedHosts: an allow-list entry that can never match a URL's
+// hostname, and a list of only blank entries, are refused, naming the
+// entry; every entry form that does match is accepted.
+func TestCheckAllowedHosts(t *testing.T) {
+	tests := []struct {
+		hosts []string
+		want  string // in the error; "" for none
+	}{
+		{hosts: nil},
+		{hosts: []string{}},
+		{hosts: []string{"hooks.example.com", "*.svc.example.net", "EXACT.Example.ORG.", "10.0.0.1", "::1", "[::1]", "consumer", "my_consumer", "bücher.example"}},
+		{hosts: []string{"a.example.com", " ", ""}},
+		{hosts: []string{" b.example.com "}},
+		{hosts: []string{""}, want: "only blank entries"},
+		{hosts: []string{" ", " "}, want: "only blank entries"},
+		{hosts: []string{"127.0.0.1:18282"}, want: `allowed host "127.0.0.1:18282": is not a bare hostname`},
+		{hosts: []string{"a.example.com:443"}, want: `"a.example.com:443": is not a bare hostname`},
+		{hosts: []string{"[::1]:80"}, want: `"[::1]:80": is not a bare hostname`},
+		{hosts: []string{"ok.example.com", "https://a.example.com"}, want: `allowed host "https://a.example.com": is a URL`},
+		{hosts: []string{"a.example.com/hook"}, want: `"a.example.com/hook": is not a bare hostname`},
+		{hosts: []string{"*"}, want: `allowed host "*": a wildcard matches only as a leading "*."`},
+		{hosts: []string{"*."}, want: `allowed host "*."`},
+		{hosts: []string{"a.*.example.com"}, want: `"a.*.example.com": a wildcard`},
+		{hosts: []string{"*.*.example.com"}, want: `"*.*.example.com": a wildcard`},
+		{hosts: []string{"*example.com"}, want: `"*example.com": a wildcard`},
+		{hosts: []string{"a..example.com"}, want: `"a..example.com": is not a hostname`},
+		{hosts: []string{".example.com"}, want: `".example.com": is not a hostname`},
+		{hosts: []string{"exa mple.com"}, want: `"exa mple.com": is not a hostname`},
+		{hosts: []string{"u@example.com"}, want: `"u@example.com": is not a hostname`},
+		{hosts: []string{"a,b.example.com"}, want: `"a,b.example.com": is not a hostname`},
+		{hosts: []string{strings.Repeat("a", 64) + ".example.com"}, want: "longer than 63 bytes"},
+	}
+	for _, tt := range tests {
+		err := CheckAllowedHosts(tt.hosts)
+		switch {
+		case tt.want == "" && err != nil:
+			t.Errorf("CheckAllowedHosts(%q) = %v, want nil", tt.hosts, err)
+		case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+			t.Errorf("CheckAllowedHosts(%q) = %v, want an error with %q", tt.hosts, err, tt.want)
+		}
+		if err != nil && strings.Contains(err.Error(), "\n") {
+			t.Errorf("CheckAllowedHosts(%q): error %q is not one line", tt.hosts, err)
 		}
 	}
 }

@@ -1,15 +1,20 @@
-// Package pgdsn rewrites PostgreSQL connection strings, in URL or
-// keyword/value form, for the tools that create databases on a server: the
-// test harness and the benchmark.
+// Package pgdsn rewrites and redacts PostgreSQL connection strings, in URL
+// or keyword/value form: the rewriting is for the tools that create
+// databases on a server (the test harness and the benchmark), the
+// redaction for every error message that would otherwise quote one.
 package pgdsn
 
 import (
+	"errors"
 	"fmt"
 	"net/url"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
+
+// mask replaces a password wherever one is hidden.
+const mask = "xxxxx"
 
 // WithDatabase returns dsn pointing at dbname instead of its own database,
 // with everything else unchanged.
@@ -39,7 +44,7 @@ func rewrite(dsn, keyword, value string, edit func(*url.URL), drop ...string) (s
 	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
 		u, err := url.Parse(dsn)
 		if err != nil {
-			return "", fmt.Errorf("parse %q: %w", Redact(dsn), err)
+			return "", fmt.Errorf("parse connection string: %w", RedactError(err, dsn))
 		}
 		edit(u)
 		q := u.Query()
@@ -50,7 +55,7 @@ func rewrite(dsn, keyword, value string, edit func(*url.URL), drop ...string) (s
 		return u.String(), nil
 	}
 	if _, err := pgconn.ParseConfig(dsn); err != nil {
-		return "", fmt.Errorf("parse %q: %w", Redact(dsn), err)
+		return "", fmt.Errorf("parse connection string: %w", RedactError(err, dsn))
 	}
 	return strings.TrimSpace(dsn + " " + keyword + "=" + quoteValue(value)), nil
 }
@@ -62,13 +67,220 @@ func quoteValue(v string) string {
 	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(v) + "'"
 }
 
-// Redact hides a connection string's password, for error messages.
+// Redact returns dsn with every password in it replaced by xxxxx, for
+// error messages. It works on text, not on a parse, because the strings
+// that end up in errors are mostly the ones that do not parse; where
+// their structure is ambiguous it hides too much rather than too little:
+//
+//   - in a URL, everything between the first ':' of the user info and the
+//     last '@' of the string (pgx ends the user info at the first '@',
+//     net/url at the last one before the path, and a password may hold
+//     '/', '?' or an escape that does not decode), and the value of
+//     every query parameter whose name holds "password" (sslpassword,
+//     percent-encoded names) or does not decode;
+//   - in keyword/value form, the value of every keyword holding
+//     "password", quoted or not, with or without spaces around the '=',
+//     and the whole rest of the string from the first keyword/value pair
+//     that is malformed.
 func Redact(dsn string) string {
-	if u, err := url.Parse(dsn); err == nil && u.User != nil {
-		return u.Redacted()
-	}
-	if strings.Contains(dsn, "password") {
-		return "<dsn with password>"
-	}
-	return dsn
+	out, _ := redact(dsn)
+	return out
 }
+
+// redact is Redact that also returns the hidden values, raw and decoded,
+// so that RedactError can find them in error text that quotes them.
+func redact(dsn string) (string, []string) {
+	lead := len(dsn) - len(strings.TrimLeft(dsn, spaces))
+	lower := strings.ToLower(dsn[lead:])
+	for _, scheme := range []string{"postgresql://", "postgres://"} {
+		// Upper-case schemes are keyword/value strings to pgx, but a
+		// reader still sees a URL: redact them as one.
+		if strings.HasPrefix(lower, scheme) {
+			n := lead + len(scheme)
+			rest, secrets := redactURL(dsn[n:])
+			return dsn[:n] + rest, secrets
+		}
+	}
+	return redactKV(dsn)
+}
+
+// spaces are the white space characters of libpq's keyword/value syntax.
+const spaces = " \t\n\r\v\f"
+
+// redactURL redacts what follows a URL's scheme.
+func redactURL(s string) (string, []string) {
+	var secrets []string
+	if at := strings.LastIndexByte(s, '@'); at >= 0 {
+		if colon := strings.IndexByte(s[:at], ':'); colon >= 0 {
+			secrets = appendSecret(secrets, s[colon+1:at], true)
+			s = s[:colon+1] + mask + s[at:]
+		}
+	}
+	q := strings.IndexByte(s, '?')
+	if q < 0 {
+		return s, secrets
+	}
+	pairs := strings.Split(s[q+1:], "&")
+	for i, pair := range pairs {
+		rawKey, value, found := strings.Cut(pair, "=")
+		if !found {
+			continue
+		}
+		key, err := url.PathUnescape(rawKey)
+		if err != nil || strings.Contains(strings.ToLower(key), "password") {
+			secrets = appendSecret(secrets, value, true)
+			pairs[i] = rawKey + "=" + mask
+		}
+	}
+	return s[:q+1] + strings.Join(pairs, "&"), secrets
+}
+
+// redactKV redacts a keyword/value string, tokenised as libpq does.
+func redactKV(s string) (string, []string) {
+	var (
+		out     strings.Builder
+		secrets []string
+	)
+	for {
+		rest := strings.TrimLeft(s, spaces)
+		out.WriteString(s[:len(s)-len(rest)])
+		s = rest
+		if s == "" {
+			return out.String(), secrets
+		}
+		eq := strings.IndexByte(s, '=')
+		if eq < 0 || strings.TrimSpace(s[:eq]) == "" || strings.ContainsAny(strings.TrimRight(s[:eq], spaces), spaces+"@") {
+			// Malformed: whatever follows may be a mistyped password.
+			secrets = appendSecret(secrets, s, false)
+			out.WriteString(mask)
+			return out.String(), secrets
+		}
+		key := strings.TrimRight(s[:eq], spaces)
+		afterEq := s[eq+1:]
+		value := strings.TrimLeft(afterEq, spaces)
+		out.WriteString(s[:eq+1] + afterEq[:len(afterEq)-len(value)])
+		end, ok := kvValueEnd(value)
+		if !ok {
+			secrets = appendSecret(secrets, value, false)
+			out.WriteString(mask)
+			return out.String(), secrets
+		}
+		if strings.Contains(strings.ToLower(key), "password") {
+			secrets = appendSecret(secrets, value[:end], false)
+			out.WriteString(mask)
+		} else {
+			out.WriteString(value[:end])
+		}
+		s = value[end:]
+	}
+}
+
+// kvValueEnd returns the length of the keyword/value value at the start
+// of s, quoted or not, and false if a quote is left open.
+func kvValueEnd(s string) (int, bool) {
+	if strings.HasPrefix(s, "'") {
+		for i := 1; i < len(s); i++ {
+			switch s[i] {
+			case '\\':
+				i++
+			case '\'':
+				return i + 1, true
+			}
+		}
+		return 0, false
+	}
+	i := 0
+	for ; i < len(s) && !strings.ContainsRune(spaces, rune(s[i])); i++ {
+		if s[i] == '\\' {
+			i++
+		}
+	}
+	return min(i, len(s)), true
+}
+
+// appendSecret adds a hidden value to secrets together with its decoded
+// form: percent-decoded for URL parts, unquoted and unescaped for
+// keyword/value ones, as pgx would quote it.
+func appendSecret(secrets []string, raw string, isURL bool) []string {
+	if raw == "" {
+		return secrets
+	}
+	secrets = append(secrets, raw)
+	if isURL {
+		if dec, err := url.PathUnescape(raw); err == nil && dec != raw {
+			secrets = append(secrets, dec)
+		}
+		return secrets
+	}
+	dec := strings.TrimPrefix(raw, "'")
+	if len(dec) < len(raw) {
+		dec = strings.TrimSuffix(dec, "'")
+	}
+	var b strings.Builder
+	for i := 0; i < len(dec); i++ {
+		if dec[i] == '\\' && i+1 < len(dec) {
+			i++
+		}
+		b.WriteByte(dec[i])
+	}
+	if b.String() != raw {
+		secrets = append(secrets, b.String())
+	}
+	return secrets
+}
+
+// minScrub is the shortest hidden value RedactError searches error text
+// for: shorter strings turn up in any text by chance, and hiding them
+// would garble the message without keeping anything secret.
+const minScrub = 3
+
+// RedactError returns err with dsn's passwords hidden from its text, for
+// errors from parsing or connecting with dsn. pgx redacts its own parse
+// errors only on a best-effort basis (it misses "password = x", with
+// spaces), and net/url quotes the whole URL: both are replaced by their
+// Redact form, and any remaining copy of a password, raw or decoded, is
+// masked. The result unwraps to err, so errors.Is and errors.As still
+// work; its text is safe to print, err's own may not be. nil stays nil.
+func RedactError(err error, dsn string) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	_, secrets := redact(dsn)
+	var pce *pgconn.ParseConfigError
+	if errors.As(err, &pce) {
+		clean := *pce
+		var more []string
+		clean.ConnString, more = redact(pce.ConnString)
+		secrets = append(secrets, more...)
+		msg = strings.ReplaceAll(msg, pce.Error(), clean.Error())
+	}
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		clean := *ue
+		var more []string
+		clean.URL, more = redact(ue.URL)
+		secrets = append(secrets, more...)
+		var esc url.EscapeError
+		if errors.As(ue.Err, &esc) {
+			// The bad escape it quotes may be part of a password.
+			clean.Err = errors.New("invalid URL escape")
+		}
+		msg = strings.ReplaceAll(msg, ue.Error(), clean.Error())
+	}
+	for _, s := range secrets {
+		if len(s) >= minScrub {
+			msg = strings.ReplaceAll(msg, s, mask)
+		}
+	}
+	return &redactedError{msg: msg, err: err}
+}
+
+// redactedError is an error whose text has been redacted.
+type redactedError struct {
+	msg string
+	err error
+}
+
+func (e *redactedError) Error() string { return e.msg }
+func (e *redactedError) Unwrap() error { return e.err }

@@ -187,7 +187,9 @@ func PushURL(s string) error {
 		return fmt.Errorf("%w: URL %s: %v", ErrOption, quote(s), err)
 	case u.Scheme != "http" && u.Scheme != "https":
 		return fmt.Errorf("%w: URL %s: scheme must be http or https", ErrOption, quote(s))
-	case u.Host == "":
+	case u.Hostname() == "":
+		// Hostname, not Host: "http://:9/x" has a Host (":9") but nothing
+		// to connect to, and the daemon refuses to serve it.
 		return fmt.Errorf("%w: URL %s has no host", ErrOption, quote(s))
 	case u.User != nil:
 		return fmt.Errorf("%w: URL %s carries credentials; use the signing secret instead", ErrOption, quote(s))

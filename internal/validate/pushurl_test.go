@@ -1,0 +1,54 @@
+package validate_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/bellhopq/bellhop/internal/httppush"
+	"github.com/bellhopq/bellhop/internal/validate"
+)
+
+// TestPushURL: the library's check of a consumer URL agrees with the
+// daemon's (httppush, without an allow-list), so that a URL accepted at
+// registration is one the daemon serves, and the other way round.
+func TestPushURL(t *testing.T) {
+	tests := []struct {
+		url  string
+		want string // in PushURL's error; "" for none
+	}{
+		{url: "http://consumer:8080/hook"},
+		{url: "https://hooks.example.com/x?token=1"},
+		{url: "http://[::1]:9000/x"},
+		{url: "http://10.0.0.1/"},
+		{url: "http://:9/x", want: "has no host"},
+		{url: "https://:443", want: "has no host"},
+		{url: "http://[]:9/x", want: "invalid host"},
+		{url: "https:///x", want: "has no host"},
+		{url: "http://", want: "has no host"},
+		{url: "hooks.example.com/x", want: "scheme must be http or https"},
+		{url: "ftp://hooks.example.com/x", want: "scheme must be http or https"},
+		{url: "", want: "scheme must be http or https"},
+		{url: "http://u:pw@hooks.example.com/", want: "carries credentials"},
+		{url: "http://[::1/x", want: "missing ']' in host"},
+		{url: "http://a b.example.com/", want: "invalid character"},
+	}
+	daemon := httppush.New(httppush.Options{})
+	for _, tt := range tests {
+		err := validate.PushURL(tt.url)
+		switch {
+		case tt.want == "" && err != nil:
+			t.Errorf("PushURL(%q) = %v, want nil", tt.url, err)
+		case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+			t.Errorf("PushURL(%q) = %v, want an error with %q", tt.url, err, tt.want)
+		case err != nil && !errors.Is(err, validate.ErrOption):
+			t.Errorf("PushURL(%q) = %v, not an ErrOption", tt.url, err)
+		}
+		if derr := daemon.CheckURL(tt.url); (derr == nil) != (err == nil) {
+			t.Errorf("%q: PushURL says %v, the daemon says %v", tt.url, err, derr)
+		}
+	}
+	if err := validate.PushURL("https://a.example.com/" + strings.Repeat("x", 2048)); err == nil {
+		t.Error("PushURL accepted a URL over 2048 bytes")
+	}
+}
