@@ -138,6 +138,10 @@ type Dispatcher struct {
 	mu      sync.RWMutex
 	lanes   map[uuid.UUID]*consumerLanes // by consumer id
 	byQueue map[queueKey]*lane
+	// tidying holds the queue lanes stopped while the dispatcher runs
+	// until they have given up their busy mark and offers: a new lane of
+	// the same queue shares both keys, and waits (lane.after).
+	tidying map[queueKey]*lane
 
 	// handlers is the parent context of every handler's context; it is
 	// cancelled when a stop's grace period runs out.
@@ -167,10 +171,11 @@ type consumerLanes struct {
 	cancel        context.CancelFunc // the lanes' context
 }
 
-// stop stops both lanes; no lane goroutine of theirs starts afterwards.
-func (cl *consumerLanes) stop() {
-	cl.queue.stop(cl.cancel)
-	cl.invoke.stop(cl.cancel)
+// stop stops both lanes; no lane goroutine of theirs starts afterwards
+// except, with tidy, one that gives up the queue's busy mark and offers.
+func (cl *consumerLanes) stop(tidy bool) {
+	cl.queue.stop(cl.cancel, tidy)
+	cl.invoke.stop(cl.cancel, tidy)
 }
 
 // NewDispatcher returns a Dispatcher with its own pool, made from poolCfg,
@@ -237,6 +242,7 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 		reload:    make(chan bool, 1),
 		lanes:     map[uuid.UUID]*consumerLanes{},
 		byQueue:   map[queueKey]*lane{},
+		tidying:   map[queueKey]*lane{},
 		lastFired: map[uuid.UUID]bool{},
 		owner:     uuid.New(),
 		offers:    offerBook{byToken: map[uuid.UUID]*offer{}},
@@ -294,7 +300,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	var handlersCancel context.CancelFunc
 	d.handlers, handlersCancel = context.WithCancel(context.WithoutCancel(ctx))
 	defer handlersCancel()
-	if err := d.loadConsumers(ctx); err != nil {
+	if _, err := d.loadConsumers(ctx); err != nil {
 		return fmt.Errorf("dispatcher: %w", err)
 	}
 
@@ -422,7 +428,8 @@ func (d *Dispatcher) control(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case wakeAll := <-d.reload:
-			if err := d.loadConsumers(ctx); err != nil {
+			added, err := d.loadConsumers(ctx)
+			if err != nil {
 				if ctx.Err() != nil {
 					return
 				}
@@ -430,8 +437,13 @@ func (d *Dispatcher) control(ctx context.Context) {
 				time.AfterFunc(time.Second, func() { d.requestReload(wakeAll) })
 				continue
 			}
-			if wakeAll {
+			if wakeAll || added > 0 {
+				// A new consumer's queue may hold messages whose
+				// notifications found no lane. One statement finds the
+				// lanes with work, rather than a claim for each new one.
 				d.wakeAfterConnect(ctx)
+			}
+			if wakeAll {
 				// Leases made while the listener was away announced
 				// themselves to nobody.
 				live, unheard := d.offerTokens(time.Now())
@@ -564,22 +576,23 @@ func (d *Dispatcher) poll(ctx context.Context) {
 }
 
 // loadConsumers reads every consumer and starts, updates or stops lanes
-// to match.
-func (d *Dispatcher) loadConsumers(ctx context.Context) error {
+// to match. It returns how many consumers it started lanes for.
+func (d *Dispatcher) loadConsumers(ctx context.Context) (added int, err error) {
 	rows, err := d.db.Query(ctx, queries.ConsumerList, pgx.NamedArgs{"app_name": nil, "with_secret": true})
 	if err != nil {
-		return fmt.Errorf("load consumers: %w", err)
+		return 0, fmt.Errorf("load consumers: %w", err)
 	}
 	consumers, err := pgx.CollectRows(rows, scanConsumer)
 	if err != nil {
-		return fmt.Errorf("load consumers: %w", err)
+		return 0, fmt.Errorf("load consumers: %w", err)
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.stopped {
-		return nil
+		return 0, nil
 	}
 	seen := make(map[uuid.UUID]bool, len(consumers))
+	var fresh []*lane // queue lanes started
 	for _, c := range consumers {
 		h := d.cfg.Resolver.Resolve(c)
 		if h == nil {
@@ -609,15 +622,36 @@ func (d *Dispatcher) loadConsumers(ctx context.Context) error {
 		d.lanes[c.ID] = cl
 		d.byQueue[queueKey{c.AppID, c.Queue}] = cl.queue
 		// No goroutines yet: the first wake-up starts them.
+		fresh = append(fresh, cl.queue)
 	}
 	for id, cl := range d.lanes {
 		if !seen[id] {
-			cl.stop()
+			cl.stop(true)
 			delete(d.lanes, id)
-			delete(d.byQueue, queueKey{cl.queue.target.AppID, cl.queue.target.Queue})
+			// A consumer replaced in one reload (removed and registered
+			// again under a new id) has its new lane here already.
+			k := queueKey{cl.queue.target.AppID, cl.queue.target.Queue}
+			if d.byQueue[k] == cl.queue {
+				delete(d.byQueue, k)
+			}
+			d.tidying[k] = cl.queue
 		}
 	}
-	return nil
+	for _, l := range fresh {
+		l.after = d.tidying[queueKey{l.target.AppID, l.target.Queue}]
+	}
+	return len(fresh), nil
+}
+
+// tidied forgets l once it has given up its busy mark and offers.
+func (d *Dispatcher) tidied(l *lane) {
+	d.mu.Lock()
+	k := queueKey{l.target.AppID, l.target.Queue}
+	if d.tidying[k] == l {
+		delete(d.tidying, k)
+	}
+	d.mu.Unlock()
+	close(l.tidied)
 }
 
 // stopLanes stops every lane's claiming and waits until no lane can
@@ -626,7 +660,9 @@ func (d *Dispatcher) stopLanes() {
 	d.mu.Lock()
 	d.stopped = true
 	for id, cl := range d.lanes {
-		cl.stop()
+		// Run clears this dispatcher's marks and offers at once, and
+		// closing the lock connection frees its busy keys.
+		cl.stop(false)
 		delete(d.lanes, id)
 	}
 	clear(d.byQueue)

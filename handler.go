@@ -71,8 +71,10 @@ func (m *Message) LeaseDeadline() time.Time {
 
 // ExtendLease renews the message's lease for another visibility timeout
 // from now, and moves the handler context's end with it, for work that
-// takes longer than one timeout (like SQS's ChangeMessageVisibility). It
-// returns ErrLeaseLost if the lease already expired.
+// takes longer than one timeout (like SQS's ChangeMessageVisibility). The
+// timeout is the consumer's as the renewal reads it, so a changed timeout
+// applies from the next renewal on. It returns ErrLeaseLost if the lease
+// already expired.
 func (m *Message) ExtendLease(ctx context.Context) error {
 	if m.lease == nil {
 		return errors.New("bellhop: ExtendLease on a message not being delivered")
@@ -83,10 +85,11 @@ func (m *Message) ExtendLease(ctx context.Context) error {
 // lease tracks a delivery's lease and cancels its handler before the
 // lease runs out.
 type lease struct {
-	db     *pgxpool.Pool
-	msg    *claim.Message
-	vt     time.Duration
-	cancel context.CancelCauseFunc
+	db        *pgxpool.Pool
+	msg       *claim.Message
+	vt        time.Duration // under mu
+	defaultVT time.Duration // the reclaim's timeout for a queue without a consumer
+	cancel    context.CancelCauseFunc
 
 	mu    sync.Mutex
 	end   time.Time
@@ -98,8 +101,8 @@ type lease struct {
 // that the handler's outcome is written while the lease still holds.
 func leaseMargin(vt time.Duration) time.Duration { return min(vt/5, 5*time.Second) }
 
-func newLease(db *pgxpool.Pool, m *claim.Message, vt time.Duration, cancel context.CancelCauseFunc) *lease {
-	l := &lease{db: db, msg: m, vt: vt, cancel: cancel}
+func newLease(db *pgxpool.Pool, m *claim.Message, vt, defaultVT time.Duration, cancel context.CancelCauseFunc) *lease {
+	l := &lease{db: db, msg: m, vt: vt, defaultVT: defaultVT, cancel: cancel}
 	l.end = m.LeasedAt.Add(vt - leaseMargin(vt))
 	l.timer = time.AfterFunc(time.Until(l.end), func() { cancel(ErrLeaseLost) })
 	return l
@@ -113,21 +116,32 @@ func (l *lease) deadline() time.Time {
 
 func (l *lease) extend(ctx context.Context) error {
 	start := time.Now()
-	ok, err := claim.Extend(ctx, l.db, l.msg.ID, l.msg.Token)
+	ok, vt, err := claim.Extend(ctx, l.db, l.msg.ID, l.msg.Token)
 	if err != nil {
 		return err
 	}
 	if !ok {
 		return fmt.Errorf("extend lease of %s: %w", l.msg.ID, ErrLeaseLost)
 	}
+	if vt <= 0 {
+		vt = l.defaultVT // the consumer was removed
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.vt = vt
 	l.end = start.Add(l.vt - leaseMargin(l.vt))
 	l.timer.Reset(time.Until(l.end))
 	return nil
 }
 
 func (l *lease) stop() { l.timer.Stop() }
+
+// timeout is the visibility timeout the lease is measured with now.
+func (l *lease) timeout() time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.vt
+}
 
 // RetryAfter makes a handler's delivery fail and be retried after d
 // (counting as an attempt), instead of after the consumer's backoff.

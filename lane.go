@@ -39,6 +39,13 @@ type lane struct {
 	// starts after the dispatcher waits for them.
 	runMu   sync.Mutex
 	running bool
+	tidy    bool // set by stop: the lane gives up its mark and offers
+	// tidied is closed once a lane stopped with tidy has done so. after,
+	// set before the lane first runs, is the stopped lane of the same
+	// queue whose tidying this one waits for: they share the busy key
+	// and mark.
+	tidied chan struct{}
+	after  *lane
 	// timer wakes the lane at the time its last pass asked for; fired
 	// tells the pass that it was started by the timer.
 	timer *time.Timer
@@ -86,7 +93,7 @@ type lane struct {
 }
 
 func newLane(ctx context.Context, d *Dispatcher, st *consumerState, t claim.Target) *lane {
-	l := &lane{d: d, target: t, wake: make(chan struct{}, 1), ctx: ctx}
+	l := &lane{d: d, target: t, wake: make(chan struct{}, 1), ctx: ctx, tidied: make(chan struct{})}
 	l.state.Store(st)
 	l.timer = time.AfterFunc(time.Hour, func() {
 		l.fired.Store(true)
@@ -129,12 +136,46 @@ func (l *lane) offerPoke() {
 }
 
 // stop ends the lane's claiming: cancel must cancel its ctx. Once stop
-// returns, no new goroutine starts.
-func (l *lane) stop(cancel context.CancelFunc) {
+// returns, no new goroutine starts, except that with tidy a lane that
+// has no goroutine starts one to give up its busy mark and offers (tidy);
+// a running one does that as it exits.
+func (l *lane) stop(cancel context.CancelFunc, tidy bool) {
 	l.runMu.Lock()
 	cancel()
+	l.tidy = tidy
+	if tidy && !l.running {
+		l.running = true
+		l.d.lanesRun.Add(1)
+		go func() {
+			defer l.d.lanesRun.Done()
+			l.tidyUp()
+		}()
+	}
 	l.runMu.Unlock()
 	l.timer.Stop()
+}
+
+// tidyUp runs on the lane's goroutine once its consumer is gone while the
+// dispatcher runs on: a busy key kept would silence the queue's producers
+// for as long as the process lives, and a mark or offer would outlive
+// the lane until its lease or TTL ran out.
+func (l *lane) tidyUp() {
+	if l.target.Source != claim.Queue {
+		return
+	}
+	defer l.d.tidied(l)
+	if l.after != nil {
+		// Never ran: the lane it waited for tidies its own.
+		select {
+		case <-l.after.tidied:
+		default:
+			return
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	l.dropMark(ctx)
+	l.withdraw(ctx)
 }
 
 // quiet reports whether the lane is idle with nothing to wait for:
@@ -152,16 +193,31 @@ func (l *lane) quiet() (bool, uint64) {
 func (l *lane) run() {
 	defer l.d.lanesRun.Done()
 	ctx := l.ctx
+	if l.after != nil {
+		select {
+		case <-l.after.tidied:
+			l.after = nil
+		case <-ctx.Done():
+			l.exitStopped()
+			return
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
+			l.exitStopped()
 			return
 		case <-l.wake:
 		default:
 			// Exit, unless a poke came in since the select: poke sends
 			// before it looks at running, both under runMu here.
 			l.runMu.Lock()
-			if len(l.wake) == 0 || ctx.Err() != nil {
+			if ctx.Err() != nil {
+				l.runMu.Unlock()
+				l.exitStopped()
+				return
+			}
+			if len(l.wake) == 0 {
 				l.running = false
 				l.runMu.Unlock()
 				return
@@ -176,6 +232,17 @@ func (l *lane) run() {
 		if l.wantsOffer() {
 			l.makeOffer(ctx)
 		}
+	}
+}
+
+// exitStopped ends the goroutine of a stopped lane. running stays set,
+// so that stop starts no second goroutine to tidy up.
+func (l *lane) exitStopped() {
+	l.runMu.Lock()
+	tidy := l.tidy
+	l.runMu.Unlock()
+	if tidy {
+		l.tidyUp()
 	}
 }
 
@@ -256,14 +323,22 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 			l.backlog.Store(false)
 		}
 		sent := time.Now()
-		pass, err := claim.ClaimPass(ctx, l.d.db, l.target, free,
-			claim.Busy{Owner: l.d.owner, Mark: mark, Lease: l.d.cfg.BusyLease, Held: l.held()})
+		pass, err := l.claimPass(ctx, free, mark)
 		if err != nil {
 			l.freeSlots(free)
 			return l.retry(ctx, st, err), claimed
 		}
 		if mark {
 			l.marked, l.markedAt = true, sent
+		}
+		if ctx.Err() != nil {
+			// Stopped while the claim ran: give its messages back now,
+			// attempts refunded, rather than deliver after the stop.
+			for i := range pass.Messages {
+				l.d.complete.Submit(claim.Outcome{Message: &pass.Messages[i], Verdict: claim.Release})
+			}
+			l.freeSlots(free)
+			return time.Time{}, claimed
 		}
 		now := time.Now()
 		// A steady stream: this pass found messages soon after the last
@@ -278,7 +353,7 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 		msgs := pass.Messages
 		if len(msgs) > 0 {
 			claimed = true
-			l.d.reclaim.Observe(msgs[0].LeasedAt.Add(st.VisibilityTimeout))
+			l.d.reclaim.Observe(msgs[0].LeasedAt.Add(leaseTimeout(st, &msgs[0], l.d.cfg.DefaultVisibilityTimeout)))
 			l.d.fired(st.ID)
 		}
 		for i := range msgs {
@@ -362,6 +437,31 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 	return time.Time{}, claimed
 }
 
+// claimStopWait is how long a stop lets a claim already sent finish.
+const claimStopWait = 5 * time.Second
+
+// claimPass runs one claim pass. A stop does not cut it short at once:
+// cancelling a claim that has committed but whose answer is still on its
+// way drops the answer, and its messages would stay leased, each with an
+// attempt spent, until the lease ran out (dead-lettering one that was on
+// its last attempt, undelivered). Only a claim still running
+// claimStopWait after the stop is cancelled.
+func (l *lane) claimPass(ctx context.Context, free int, mark bool) (claim.Pass, error) {
+	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	defer context.AfterFunc(ctx, func() {
+		t := time.NewTimer(claimStopWait)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel()
+		case <-cctx.Done():
+		}
+	})()
+	return claim.ClaimPass(cctx, l.d.db, l.target, free,
+		claim.Busy{Owner: l.d.owner, Mark: mark, Lease: l.d.cfg.BusyLease, Held: l.held()})
+}
+
 // retry logs a failed statement and says when to try again.
 func (l *lane) retry(ctx context.Context, st *consumerState, err error) time.Time {
 	if ctx.Err() == nil {
@@ -431,11 +531,27 @@ func earliest(a, b time.Time) time.Time {
 	return a
 }
 
+// leaseTimeout is the visibility timeout cm's lease is measured with: the
+// consumer's as the lease's own transaction read it (or, for a lease
+// found by its token, a later one), which the reclaimer honours even if
+// the timeout is lowered or the consumer removed later (migration 0047).
+// The dispatcher's loaded copy may be one reload behind, so it serves
+// only to bound the default.
+func leaseTimeout(st *consumerState, cm *claim.Message, defaultVT time.Duration) time.Duration {
+	if cm.VisibilityTimeout > 0 {
+		return cm.VisibilityTimeout
+	}
+	// The queue had no consumer as the lease was read: the reclaimer
+	// measures it with the default.
+	return min(st.VisibilityTimeout, defaultVT)
+}
+
 // deliver runs the handler on one message and submits its outcome.
 func (l *lane) deliver(st *consumerState, cm *claim.Message) {
 	defer l.d.inFlight.Done()
-	if !time.Now().Before(cm.LeasedAt.Add(st.VisibilityTimeout - leaseMargin(st.VisibilityTimeout))) {
-		l.releaseUnstarted(st, cm)
+	vt := leaseTimeout(st, cm, l.d.cfg.DefaultVisibilityTimeout)
+	if !time.Now().Before(cm.LeasedAt.Add(vt - leaseMargin(vt))) {
+		l.releaseUnstarted(st, cm, vt)
 		return
 	}
 	m := &Message{
@@ -444,7 +560,7 @@ func (l *lane) deliver(st *consumerState, cm *claim.Message) {
 		Attempt: cm.Attempt, MaxAttempts: cm.MaxAttempts, EnqueuedBy: cm.EnqueuedBy, Principal: st.PrincipalID,
 	}
 	hctx, cancel := context.WithCancelCause(l.d.handlers)
-	m.lease = newLease(l.d.db, cm, st.VisibilityTimeout, cancel)
+	m.lease = newLease(l.d.db, cm, vt, l.d.cfg.DefaultVisibilityTimeout, cancel)
 	obs := l.d.cfg.Observer
 	if obs != nil {
 		obs.Delivered(m)
@@ -511,10 +627,10 @@ func (l *lane) deliver(st *consumerState, cm *claim.Message) {
 // refunds the attempt and makes the message claimable at once (and wakes
 // the dispatchers); the claim token fences it as usual. No Observer event:
 // nothing was delivered.
-func (l *lane) releaseUnstarted(st *consumerState, cm *claim.Message) {
+func (l *lane) releaseUnstarted(st *consumerState, cm *claim.Message, vt time.Duration) {
 	log := l.d.log.With().Str("app_id", st.AppID.String()).Str("queue", st.Queue).
 		Str("message_id", cm.ID.String()).Int("attempt", cm.Attempt).Logger()
-	log.Warn().Dur("claim_took", time.Since(cm.LeasedAt)).Dur("visibility_timeout", st.VisibilityTimeout).
+	log.Warn().Dur("claim_took", time.Since(cm.LeasedAt)).Dur("visibility_timeout", vt).
 		Msg("the claim returned after the lease had run out; releasing the message undelivered")
 	l.d.complete.Submit(claim.Outcome{Message: cm, Verdict: claim.Release, Done: func(_ bool, err error) {
 		if err != nil {
@@ -554,7 +670,7 @@ func (l *lane) decide(st *consumerState, m *Message, err, cause error) claim.Out
 		return claim.Outcome{Verdict: claim.Release}
 	}
 	if errors.Is(cause, ErrLeaseLost) {
-		err = fmt.Errorf("handler ran past its lease (%s visibility timeout): %w", st.VisibilityTimeout, err)
+		err = fmt.Errorf("handler ran past its lease (%s visibility timeout): %w", m.lease.timeout(), err)
 	}
 	if m.Attempt >= m.MaxAttempts {
 		return claim.Outcome{Verdict: claim.DeadLetter, Queue: st.Queue,

@@ -212,7 +212,7 @@ func (d *Dispatcher) onLease(ls notify.Lease) {
 	o.lane.leased(&claim.Message{
 		Source: claim.Queue, ID: ls.ID, Token: ls.Token, Payload: ls.Payload, EnqueuedAt: ls.EnqueuedAt,
 		Attempt: ls.Attempt, MaxAttempts: ls.MaxAttempts, EnqueuedBy: ls.EnqueuedBy,
-		LeasedAt: leasedAt,
+		LeasedAt: leasedAt, VisibilityTimeout: ls.VisibilityTimeout,
 	})
 }
 
@@ -270,7 +270,7 @@ func (l *lane) leased(cm *claim.Message) {
 		l.d.releaseLeased(cm)
 		return
 	}
-	if end := cm.LeasedAt.Add(st.VisibilityTimeout); time.Now().Before(end) {
+	if end := cm.LeasedAt.Add(leaseTimeout(st, cm, l.d.cfg.DefaultVisibilityTimeout)); time.Now().Before(end) {
 		l.d.reclaim.Observe(end)
 	} // else deliver releases it at once, and the reclaimer need not race it
 	l.d.fired(st.ID)
@@ -456,11 +456,15 @@ func (d *Dispatcher) recoverLeases(ctx context.Context, tokens []uuid.UUID) {
 	var fs []found
 	for rows.Next() {
 		var f found
+		var vtSecs *int32
 		if err := rows.Scan(&f.m.ID, &f.m.Payload, &f.m.EnqueuedAt, &f.m.Token, &f.m.Attempt, &f.m.MaxAttempts,
-			&f.m.EnqueuedBy, &f.claimedAt); err != nil {
+			&f.m.EnqueuedBy, &f.claimedAt, &vtSecs); err != nil {
 			rows.Close()
 			d.log.Warn().Err(err).Msg("could not read leases whose notification was missed")
 			return
+		}
+		if vtSecs != nil {
+			f.m.VisibilityTimeout = time.Duration(*vtSecs) * time.Second
 		}
 		fs = append(fs, f)
 	}

@@ -47,6 +47,10 @@ type Message struct {
 	// never later than the database's claimed_at, so a lease measured
 	// from it ends no later than the reclaimer thinks it does.
 	LeasedAt time.Time
+	// VisibilityTimeout is the consumer's timeout as the claim's
+	// transaction read it, which the reclaimer honours for this lease even
+	// if the timeout is lowered later (zero: not read, or no consumer).
+	VisibilityTimeout time.Duration
 }
 
 // Target names what to claim from: a queue, or a consumer's invoke
@@ -157,7 +161,8 @@ func ClaimPass(ctx context.Context, db *pgxpool.Pool, t Target, max int, b Busy)
 	}
 	var due, foreign *time.Time
 	var readyLeft bool
-	if err := br.QueryRow().Scan(&due, &foreign, &readyLeft); err != nil {
+	var vtSecs *int32
+	if err := br.QueryRow().Scan(&due, &foreign, &readyLeft, &vtSecs); err != nil {
 		return fail("next due: ", err)
 	}
 	// The batch is one implicit transaction that commits at its Sync:
@@ -167,6 +172,11 @@ func ClaimPass(ctx context.Context, db *pgxpool.Pool, t Target, max int, b Busy)
 	// reclaimed.
 	if err := br.Close(); err != nil {
 		return fail("", err)
+	}
+	if vtSecs != nil {
+		for i := range msgs {
+			msgs[i].VisibilityTimeout = time.Duration(*vtSecs) * time.Second
+		}
 	}
 	p := Pass{Messages: sortByEnqueued(msgs), ReadyLeft: readyLeft}
 	if due != nil {
@@ -238,12 +248,18 @@ func sortByEnqueued(ms []Message) []Message {
 }
 
 // Extend renews one lease for another visibility timeout from now. It
-// returns false if the lease was lost: the token no longer matches.
-func Extend(ctx context.Context, db *pgxpool.Pool, id, token uuid.UUID) (bool, error) {
+// returns false if the lease was lost: the token no longer matches. vt is
+// the consumer's timeout as the renewal read it, to measure the renewed
+// lease with (zero: the queue has no consumer).
+func Extend(ctx context.Context, db *pgxpool.Pool, id, token uuid.UUID) (ok bool, vt time.Duration, err error) {
 	var n int64
-	err := db.QueryRow(ctx, queries.Extend, pgx.NamedArgs{"id": id, "token": token}).Scan(&n)
+	var vtSecs *int32
+	err = db.QueryRow(ctx, queries.Extend, pgx.NamedArgs{"id": id, "token": token}).Scan(&n, &vtSecs)
 	if err != nil {
-		return false, fmt.Errorf("extend lease of %s: %w", id, err)
+		return false, 0, fmt.Errorf("extend lease of %s: %w", id, err)
 	}
-	return n > 0, nil
+	if vtSecs != nil {
+		vt = time.Duration(*vtSecs) * time.Second
+	}
+	return n > 0, vt, nil
 }

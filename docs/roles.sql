@@ -42,3 +42,6 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON queue_busy TO bellhop_dispatcher;
 -- read them: an offer names the channel its lease, payload included, is
 -- sent on. The lease key (0045) is an advisory lock: no grant either.
 GRANT SELECT, INSERT, UPDATE, DELETE ON bellhop_offers TO bellhop_dispatcher;
+-- Visibility timeout floors (migrations/0047_vt_floor.sql): the reclaim
+-- reads them; triggers write them through a SECURITY DEFINER function.
+GRANT SELECT ON bellhop_vt_floors TO bellhop_dispatcher;

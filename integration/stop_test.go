@@ -2,10 +2,17 @@ package integration
 
 import (
 	"context"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/claim"
@@ -173,4 +180,126 @@ func TestCleanStopHandsOver(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestStopDuringClaim: a stop that comes while a committed claim's answer
+// is still on its way waits for the answer and releases what it claimed,
+// attempt refunded. Cutting the claim short dropped the answer: the
+// message stayed leased, its only attempt spent, until its lease ran out,
+// and was then dead-lettered undelivered.
+func TestStopDuringClaim(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "work", MaxAttempts: 1})
+	rec := &recorder{}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "work", rec)
+	// Once the dispatcher is up, every answer from the server reaches it
+	// half a second late, as from a distant database: a claim committed on the
+	// server is seen there long before the dispatcher reads its rows.
+	var slow atomic.Bool
+	link := slowLink(t, e.dsn, 500*time.Millisecond, &slow)
+	r := startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour}, link)
+	slow.Store(true)
+	id := e.enqueue(t, "work", 1, bellhop.EnqueueOptions{})
+	waitFor(t, 10*time.Second, "the claim committed", func() bool {
+		return e.count(t, `SELECT count(*) FROM queue_messages WHERE id = $1 AND claim_token IS NOT NULL`, id) == 1
+	})
+	r.stop()
+
+	if n := rec.n.Load(); n != 0 {
+		t.Fatalf("%d deliveries; the stop came before the claim's answer, want none", n)
+	}
+	var token *uuid.UUID
+	var attempt int
+	err := e.pool.QueryRow(ctx, `SELECT claim_token, attempt FROM queue_messages WHERE id = $1`, id).Scan(&token, &attempt)
+	if err != nil {
+		t.Fatalf("message not in queue_messages after the stop: %v", err)
+	}
+	if token != nil || attempt != 0 {
+		t.Fatalf("after the stop: claim_token %v, attempt %d; want NULL and 0 (released, refunded)", token, attempt)
+	}
+}
+
+// slowLink returns a pool tweak that routes the pool's connections through
+// a local proxy to dsn's server, which holds back every byte from the
+// server for delay while slow is set.
+func slowLink(t *testing.T, dsn string, delay time.Duration, slow *atomic.Bool) func(*pgxpool.Config) {
+	t.Helper()
+	pc, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	network, addr := "tcp", net.JoinHostPort(pc.ConnConfig.Host, strconv.Itoa(int(pc.ConnConfig.Port)))
+	if strings.HasPrefix(pc.ConnConfig.Host, "/") {
+		network, addr = "unix", pc.ConnConfig.Host+"/.s.PGSQL."+strconv.Itoa(int(pc.ConnConfig.Port))
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns sync.WaitGroup
+	t.Cleanup(func() { l.Close(); conns.Wait() })
+	go func() {
+		for {
+			client, err := l.Accept()
+			if err != nil {
+				return
+			}
+			server, err := net.Dial(network, addr)
+			if err != nil {
+				client.Close()
+				continue
+			}
+			conns.Go(func() {
+				io.Copy(server, client)
+				server.Close()
+			})
+			conns.Go(func() { delayCopy(client, server, delay, slow) })
+		}
+	}()
+	port := l.Addr().(*net.TCPAddr).Port
+	return func(c *pgxpool.Config) {
+		c.ConnConfig.Host, c.ConnConfig.Port = "127.0.0.1", uint16(port)
+		c.ConnConfig.TLSConfig, c.ConnConfig.Fallbacks = nil, nil
+	}
+}
+
+// delayCopy copies from src to dst, each chunk delay after it was read
+// while slow is set.
+func delayCopy(dst, src net.Conn, delay time.Duration, slow *atomic.Bool) {
+	type chunk struct {
+		due time.Time
+		b   []byte
+	}
+	q := make(chan chunk, 1024)
+	var w sync.WaitGroup
+	w.Go(func() {
+		defer dst.Close()
+		for c := range q {
+			time.Sleep(time.Until(c.due)) // the latency being simulated
+			if _, err := dst.Write(c.b); err != nil {
+				src.Close() // ends the reader, which closes q
+				for range q {
+				}
+				return
+			}
+		}
+	})
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			due := time.Now()
+			if slow.Load() {
+				due = due.Add(delay)
+			}
+			q <- chunk{due, append([]byte(nil), buf[:n]...)}
+		}
+		if err != nil {
+			break
+		}
+	}
+	close(q)
+	w.Wait()
 }

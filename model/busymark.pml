@@ -613,7 +613,8 @@ end_post:
 
 /* At most one dispatcher failure, at any moment: a crash (its row stays
  * until the lease ends; its uncommitted pass rolls back) or a clean stop
- * (Dispatcher.Stop: busy_clear.sql deletes its rows; no lock wait).  Either
+ * (a stop, Run's context cancelled: busy_clear.sql deletes its rows; no
+ * lock wait).  Either
  * way its lock session ends, and the backend may hold B a while longer. */
 inline fail(f) {
 	dead[f] = true;

@@ -13,9 +13,11 @@ import (
 // under one of the dispatcher's offer tokens (migrations/0044_lease_at_insert.sql)
 // and sent it, payload included, on the dispatcher's own channel:
 //
-//	l:<token>:<id>:<attempt>:<max_attempts>:<enqueued_at µs>:<claimed_at µs>:<principal>:<payload>
+//	l:<token>:<id>:<attempt>:<max_attempts>:<enqueued_at µs>:<claimed_at µs>:<principal>:<vt secs>:<payload>
 //
-// The principal is empty when the message has none.
+// The principal is empty when the message has none; the visibility
+// timeout is the consumer's as the producer's transaction read it
+// (migrations/0047_vt_floor.sql), empty when the queue had no consumer.
 type Lease struct {
 	Token       uuid.UUID
 	ID          uuid.UUID
@@ -26,7 +28,10 @@ type Lease struct {
 	// message: the start of the lease by the reclaimer's reckoning.
 	ClaimedAt  time.Time
 	EnqueuedBy *uuid.UUID
-	Payload    []byte
+	// VisibilityTimeout is the one the lease is measured with (zero: the
+	// queue had no consumer).
+	VisibilityTimeout time.Duration
+	Payload           []byte
 }
 
 // ParseLease reads a payload sent on a dispatcher's lease channel. The
@@ -38,8 +43,8 @@ func ParseLease(payload string) (Lease, error) {
 	if kind != "l" {
 		return Lease{}, garbled(payload, "unknown kind")
 	}
-	// Seven fields, then the payload, which may hold colons of its own.
-	var f [7]string
+	// Eight fields, then the payload, which may hold colons of its own.
+	var f [8]string
 	for i := range f {
 		var ok bool
 		f[i], rest, ok = strings.Cut(rest, ":")
@@ -74,6 +79,13 @@ func ParseLease(payload string) (Lease, error) {
 		}
 		l.EnqueuedBy = &p
 	}
+	if f[7] != "" {
+		vt, err := strconv.Atoi(f[7])
+		if err != nil || vt < 1 || vt > maxVTSecs || strconv.Itoa(vt) != f[7] {
+			return Lease{}, garbled(payload, "bad visibility timeout")
+		}
+		l.VisibilityTimeout = time.Duration(vt) * time.Second
+	}
 	if !json.Valid([]byte(rest)) {
 		return Lease{}, garbled(payload, "payload is not JSON")
 	}
@@ -83,11 +95,18 @@ func ParseLease(payload string) (Lease, error) {
 
 // String prints the payload form of l; ParseLease(l.String()) returns l.
 func (l Lease) String() string {
-	by := ""
+	by, vt := "", ""
 	if l.EnqueuedBy != nil {
 		by = l.EnqueuedBy.String()
 	}
+	if l.VisibilityTimeout > 0 {
+		vt = strconv.Itoa(int(l.VisibilityTimeout / time.Second))
+	}
 	return "l:" + l.Token.String() + ":" + l.ID.String() + ":" + strconv.Itoa(l.Attempt) + ":" +
 		strconv.Itoa(l.MaxAttempts) + ":" + strconv.FormatInt(l.EnqueuedAt.UnixMicro(), 10) + ":" +
-		strconv.FormatInt(l.ClaimedAt.UnixMicro(), 10) + ":" + by + ":" + string(l.Payload)
+		strconv.FormatInt(l.ClaimedAt.UnixMicro(), 10) + ":" + by + ":" + vt + ":" + string(l.Payload)
 }
+
+// maxVTSecs is the longest visibility timeout a consumer may have
+// (migrations/0038_constraints.sql).
+const maxVTSecs = 43200

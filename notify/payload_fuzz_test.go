@@ -3,6 +3,7 @@ package notify
 import (
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 )
 
@@ -55,11 +56,13 @@ func FuzzParse(f *testing.F) {
 // anything.
 func FuzzParseLease(f *testing.F) {
 	for _, s := range []string{
-		"l:9b2f4a4e-3c1d-4e55-8a77-0c5d4f1b2a3c:1c6a2b3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d:1:3:1764547200000000:1764547200001000::{}",
-		"l:9b2f4a4e-3c1d-4e55-8a77-0c5d4f1b2a3c:1c6a2b3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d:2:5:-5:7:9b2f4a4e-3c1d-4e55-8a77-0c5d4f1b2a3c:{\"a\":\"b:c\"}",
-		"l:9b2f4a4e-3c1d-4e55-8a77-0c5d4f1b2a3c:1c6a2b3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d:01:3:1:1::{}",
-		"l:9b2f4a4e-3c1d-4e55-8a77-0c5d4f1b2a3c:1c6a2b3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d:1:3:1:1::",
-		"l::::::::", "l:", "q:9b2f4a4e-3c1d-4e55-8a77-0c5d4f1b2a3c:orders", "",
+		"l:9b2f4a4e-3c1d-4e55-8a77-0c5d4f1b2a3c:1c6a2b3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d:1:3:1764547200000000:1764547200001000::30:{}",
+		"l:9b2f4a4e-3c1d-4e55-8a77-0c5d4f1b2a3c:1c6a2b3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d:2:5:-5:7:9b2f4a4e-3c1d-4e55-8a77-0c5d4f1b2a3c::{\"a\":\"b:c\"}",
+		"l:9b2f4a4e-3c1d-4e55-8a77-0c5d4f1b2a3c:1c6a2b3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d:01:3:1:1::30:{}",
+		"l:9b2f4a4e-3c1d-4e55-8a77-0c5d4f1b2a3c:1c6a2b3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d:1:3:1:1::030:{}",
+		"l:9b2f4a4e-3c1d-4e55-8a77-0c5d4f1b2a3c:1c6a2b3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d:1:3:1:1::43201:{}",
+		"l:9b2f4a4e-3c1d-4e55-8a77-0c5d4f1b2a3c:1c6a2b3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d:1:3:1:1::30:",
+		"l:::::::::", "l:", "q:9b2f4a4e-3c1d-4e55-8a77-0c5d4f1b2a3c:orders", "",
 	} {
 		f.Add(s)
 	}
@@ -76,6 +79,9 @@ func FuzzParseLease(f *testing.F) {
 		}
 		if l.Attempt < 1 || l.MaxAttempts < 1 {
 			t.Fatalf("accepted attempt %d of %d", l.Attempt, l.MaxAttempts)
+		}
+		if l.VisibilityTimeout < 0 || l.VisibilityTimeout > 12*time.Hour || l.VisibilityTimeout%time.Second != 0 {
+			t.Fatalf("accepted visibility timeout %s", l.VisibilityTimeout)
 		}
 	})
 }

@@ -3,7 +3,15 @@
 -- of: their notifications were sent while its listener was away, or are
 -- still on their way. Each token leases at most one message. Read-only;
 -- the claim token fences whatever the dispatcher then does with them.
+-- vt_secs is the consumer's visibility timeout now, to measure the lease
+-- with: if it was lowered since the lease began, the shorter one is safe;
+-- if it is lowered later, the reclaim keeps this one as the queue's floor
+-- for as long (migration 0047).
 SELECT m.id, m.payload, m.enqueued_at, m.claim_token, m.attempt, m.max_attempts,
-       m.enqueued_by_principal, m.claimed_at
+       m.enqueued_by_principal, m.claimed_at,
+       (SELECT min(d.visibility_timeout_secs)
+        FROM queue_trigger_details AS d
+        JOIN triggers AS t ON t.id = d.trigger_id
+        WHERE d.queue_name = m.queue_name AND t.app_id = m.app_id AND t.kind = 'queue') AS vt_secs
 FROM queue_messages AS m
 WHERE m.claim_token = ANY(@tokens::uuid[])

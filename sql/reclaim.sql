@@ -2,7 +2,10 @@
 -- than its consumer's visibility timeout (default_vt_secs when the queue
 -- has no consumer) is released, or moved to dead_letters when it has used
 -- all its attempts, and its queue is woken with a notification so that
--- every dispatcher, not only this one, looks again.
+-- every dispatcher, not only this one, looks again. A timeout lowered
+-- lately, or that of a consumer removed lately, still counts at its old
+-- length (bellhop_reclaim_vt, migration 0047): leases taken under it last
+-- that long.
 --
 -- Safe under concurrency: candidates are locked FOR UPDATE SKIP LOCKED, so
 -- two reclaimers never take the same row and a reclaimer never waits on a
@@ -15,14 +18,16 @@ WITH stale_q AS (
     FROM queue_messages m
     LEFT JOIN queue_consumers c ON c.app_id = m.app_id AND c.queue_name = m.queue_name
     WHERE m.claim_token IS NOT NULL
-      AND m.claimed_at < now() - make_interval(secs => coalesce(c.visibility_timeout_secs, @default_vt_secs))
+      AND m.claimed_at < now() - make_interval(secs => bellhop_reclaim_vt(m.app_id, m.queue_name,
+                                                   coalesce(c.visibility_timeout_secs, @default_vt_secs)))
     FOR UPDATE OF m SKIP LOCKED
 ), stale_o AS (
     SELECT m.id, c.queue_name
     FROM outbox m
     LEFT JOIN queue_consumers c ON c.id = m.trigger_id
     WHERE m.claim_token IS NOT NULL
-      AND m.claimed_at < now() - make_interval(secs => coalesce(c.visibility_timeout_secs, @default_vt_secs))
+      AND m.claimed_at < now() - make_interval(secs => bellhop_reclaim_vt(m.app_id, c.queue_name,
+                                                   coalesce(c.visibility_timeout_secs, @default_vt_secs)))
     FOR UPDATE OF m SKIP LOCKED
 ), released_q AS (
     UPDATE queue_messages m SET claim_token = NULL, claimed_at = NULL

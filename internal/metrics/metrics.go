@@ -1,6 +1,7 @@
 // Package metrics exposes a dispatcher's activity as Prometheus metrics.
-// Recorder implements bellhop.Observer; Register adds collectors that read
-// the listener's counters and the queue list at scrape time.
+// Recorder implements bellhop.Observer. New makes one and also registers
+// collectors that read the listener's counters and the queue list at scrape
+// time; RegisterLeases adds the counters of leasing at INSERT.
 package metrics
 
 import (

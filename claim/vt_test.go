@@ -1,0 +1,184 @@
+package claim_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+
+	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/claim"
+	"github.com/bellhopq/bellhop/reclaim"
+)
+
+// TestChangedTimeoutKeepsLeases: a lease is measured with the consumer's
+// visibility timeout as its claim read it, and neither lowering the
+// timeout nor removing or replacing the consumer lets the reclaimer cut
+// short the leases taken under the old one (migration 0047). A renewal
+// reads the timeout of the moment; once the old one has passed, the
+// reclaimer uses the new one.
+func TestChangedTimeoutKeepsLeases(t *testing.T) {
+	const defaultVT = 5 * time.Second // the reclaim's, for a queue without a consumer
+	changes := []struct {
+		name    string
+		change  func(t *testing.T, c *bellhop.Client, cons bellhop.Consumer)
+		renewVT time.Duration // what a renewal reads afterwards
+	}{
+		{"lowered", func(t *testing.T, c *bellhop.Client, cons bellhop.Consumer) {
+			vt := 2 * time.Second
+			if err := c.UpdateConsumer(context.Background(), "app", cons.ID, bellhop.ConsumerUpdate{VisibilityTimeout: &vt}); err != nil {
+				t.Fatal(err)
+			}
+		}, 2 * time.Second},
+		{"removed", func(t *testing.T, c *bellhop.Client, cons bellhop.Consumer) {
+			if err := c.RemoveConsumer(context.Background(), "app", cons.ID); err != nil {
+				t.Fatal(err)
+			}
+		}, 0},
+		{"replaced", func(t *testing.T, c *bellhop.Client, cons bellhop.Consumer) {
+			if err := c.RemoveConsumer(context.Background(), "app", cons.ID); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.RegisterConsumer(context.Background(), bellhop.ConsumerSpec{App: "app", Queue: "q", VisibilityTimeout: 3 * time.Second}); err != nil {
+				t.Fatal(err)
+			}
+		}, 3 * time.Second},
+	}
+	for _, src := range []claim.Source{claim.Queue, claim.Invoke} {
+		for _, ch := range changes {
+			if src == claim.Invoke && ch.name != "lowered" {
+				continue // a removed consumer's invoke deliveries go with it
+			}
+			t.Run(src.String()+"/"+ch.name, func(t *testing.T) {
+				ctx := context.Background()
+				pool, c, appID := setup(t)
+				cons, err := c.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "app", Queue: "q", VisibilityTimeout: 20 * time.Second})
+				if err != nil {
+					t.Fatal(err)
+				}
+				target := claim.Target{Source: src, AppID: appID, Queue: "q", TriggerID: cons.ID}
+				table := "queue_messages"
+				var id uuid.UUID
+				if src == claim.Invoke {
+					table = "outbox"
+					id, err = c.InvokeAsync(ctx, cons.ID, []byte(`1`), bellhop.EnqueueOptions{})
+				} else {
+					id, err = c.Enqueue(ctx, "app", "q", []byte(`1`), bellhop.EnqueueOptions{})
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				m := claimOne(t, pool, target, id)
+				if m.VisibilityTimeout != 20*time.Second {
+					t.Fatalf("claim read a visibility timeout of %s, want 20s", m.VisibilityTimeout)
+				}
+
+				ch.change(t, c, cons)
+				floor, until := vtFloor(t, pool, appID, "q")
+				if floor != 20 || until < 20*time.Second || until > 26*time.Second {
+					t.Fatalf("floor %ds, for %s from now; want 20s, for 25s", floor, until.Round(time.Second))
+				}
+
+				// Ten seconds into the lease: past the new timeout (and the
+				// default), within the old one.
+				backdate := `UPDATE ` + table + ` SET claimed_at = now() - interval '10 seconds' WHERE id = $1`
+				if _, err := pool.Exec(ctx, backdate, id); err != nil {
+					t.Fatal(err)
+				}
+				var released int64
+				r := reclaim.New(pool, zerolog.Nop(), defaultVT, func(res reclaim.Result) { released += res.Released })
+				if _, err := r.Pass(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if released != 0 {
+					t.Fatalf("the reclaim released %d lease(s) taken under the old 20s timeout after 10s", released)
+				}
+
+				ok, got, err := claim.Extend(ctx, pool, m.ID, m.Token)
+				if err != nil || !ok {
+					t.Fatalf("extend: ok %v, err %v", ok, err)
+				}
+				if got != ch.renewVT {
+					t.Fatalf("the renewal read a visibility timeout of %s, want %s", got, ch.renewVT)
+				}
+
+				// The floor over: the new timeout applies to every lease.
+				if _, err := pool.Exec(ctx, `UPDATE bellhop_vt_floors SET until = now() - interval '1 second'`); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := pool.Exec(ctx, backdate, id); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := r.Pass(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if released != 1 {
+					t.Fatalf("once the floor was over, the reclaim released %d lease(s) 10s old, want 1", released)
+				}
+			})
+		}
+	}
+}
+
+// vtFloor returns the live floor of app's queue and how long it has left
+// (zero, zero: none).
+func vtFloor(t *testing.T, pool *pgxpool.Pool, appID uuid.UUID, queue string) (int, time.Duration) {
+	t.Helper()
+	var secs int
+	var left float64
+	err := pool.QueryRow(context.Background(), `SELECT coalesce(max(vt_secs), 0), coalesce(max(extract(epoch FROM until - now())), 0)::float8
+		FROM bellhop_vt_floors WHERE app_id = $1 AND queue_name = $2 AND until > now()`, appID, queue).Scan(&secs, &left)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return secs, time.Duration(left * float64(time.Second))
+}
+
+// TestTimeoutFloor: the floor keeps the longest timeout any live lease can
+// have been taken under, for as long as such a lease can last; raising the
+// timeout leaves it alone.
+func TestTimeoutFloor(t *testing.T) {
+	ctx := context.Background()
+	pool, c, appID := setup(t)
+	cons, err := c.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "app", Queue: "q", VisibilityTimeout: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := []struct {
+		set   int // the new timeout, seconds
+		floor int // the floor after it (0: none)
+		left  int // the floor's time left, seconds, ±2
+	}{
+		{set: 30},                            // raised: no floor
+		{set: 10, floor: 30, left: 35},       // lowered: the old timeout, for as long plus 5s
+		{set: 40, floor: 30, left: 35},       // raised: the floor stays
+		{set: 5, floor: 40, left: 45},        // lowered again: the longer of the two
+		{set: 1, floor: 40, left: 45},        // lowered from 5: the live floor is longer
+		{set: 3600, floor: 40, left: 45},     // raised above the floor: it stays, and no longer counts
+		{set: 2, floor: 3600, left: 3605},    // lowered from an hour
+		{set: 2, floor: 3600, left: 3605},    // unchanged
+		{set: 4000, floor: 3600, left: 3605}, // raised
+	}
+	for i, s := range steps {
+		vt := time.Duration(s.set) * time.Second
+		if err := c.UpdateConsumer(ctx, "app", cons.ID, bellhop.ConsumerUpdate{VisibilityTimeout: &vt}); err != nil {
+			t.Fatal(err)
+		}
+		floor, left := vtFloor(t, pool, appID, "q")
+		var reclaimVT int
+		if err := pool.QueryRow(ctx, `SELECT bellhop_reclaim_vt($1, 'q', $2)`, appID, s.set).Scan(&reclaimVT); err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case floor != s.floor:
+			t.Fatalf("step %d (set %ds): floor %ds, want %ds", i, s.set, floor, s.floor)
+		case s.floor != 0 && (left < time.Duration(s.left-2)*time.Second || left > time.Duration(s.left+2)*time.Second):
+			t.Fatalf("step %d (set %ds): floor ends in %s, want about %ds", i, s.set, left.Round(100*time.Millisecond), s.left)
+		case reclaimVT != max(s.set, s.floor):
+			t.Fatalf("step %d (set %ds): the reclaim measures leases with %ds, want %ds", i, s.set, reclaimVT, max(s.set, s.floor))
+		}
+	}
+}

@@ -1,0 +1,284 @@
+package integration
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/bellhopq/bellhop"
+	queries "github.com/bellhopq/bellhop/sql"
+)
+
+// seenResolver is a Mux that records every consumer a reload resolved, so
+// that a test can tell when the dispatcher has read a change: a reload
+// resolves every consumer and applies them under the lock that routes
+// notifications.
+type seenResolver struct {
+	*bellhop.Mux
+	mu   sync.Mutex
+	seen map[uuid.UUID]bool
+}
+
+func (r *seenResolver) Resolve(c bellhop.Consumer) bellhop.Handler {
+	r.mu.Lock()
+	r.seen[c.ID] = true
+	r.mu.Unlock()
+	return r.Mux.Resolve(c)
+}
+
+func (r *seenResolver) resolved(id uuid.UUID) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.seen[id]
+}
+
+// TestReplacedConsumerKeepsNotifications: a consumer removed and registered
+// again in one transaction, so that one reload sees both, keeps receiving
+// its queue's notifications. With an hour's fallback poll, only a
+// notification can deliver the messages enqueued after the reload.
+func TestReplacedConsumerKeepsNotifications(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	old := e.consumer(t, bellhop.ConsumerSpec{Queue: "orders"})
+	rec := &recorder{}
+	r := &seenResolver{Mux: bellhop.NewMux(), seen: map[uuid.UUID]bool{}}
+	r.Handle("app", "orders", rec)
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: r, PollInterval: time.Hour}, nil)
+
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `DELETE FROM triggers WHERE id = $1`, old.ID); err != nil {
+		t.Fatal(err)
+	}
+	var newID uuid.UUID
+	err = tx.QueryRow(ctx, `WITH t AS (
+		INSERT INTO triggers (app_id, kind, principal_id) VALUES ($1, 'queue', $2) RETURNING id)
+		INSERT INTO queue_trigger_details (trigger_id, queue_name) SELECT id, 'orders' FROM t RETURNING trigger_id`,
+		old.AppID, old.PrincipalID).Scan(&newID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the reload that reads the new consumer", func() bool { return r.resolved(newID) })
+
+	for i := range 3 {
+		e.enqueue(t, "orders", map[string]int{"n": i}, bellhop.EnqueueOptions{})
+	}
+	waitFor(t, 10*time.Second, "3 messages enqueued after the consumer was replaced", func() bool { return rec.n.Load() == 3 })
+}
+
+// TestConsumerRegisteredOnBacklog: messages enqueued while their queue had
+// no consumer are delivered as soon as a consumer is registered on a
+// running dispatcher, not at its next fallback poll (an hour here).
+func TestConsumerRegisteredOnBacklog(t *testing.T) {
+	e := newEnv(t)
+	rec := &recorder{}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", rec)
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour}, nil)
+	for i := range 3 {
+		e.enqueue(t, "orders", map[string]int{"n": i}, bellhop.EnqueueOptions{})
+	}
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders"})
+	waitFor(t, 10*time.Second, "the 3 messages enqueued before their consumer", func() bool { return rec.n.Load() == 3 })
+}
+
+// TestRemovedBusyConsumerFreesItsQueue: a consumer removed while its
+// dispatcher drains a backlog (the queue marked busy, so that producers
+// skip their notifications) gives up the busy key and its mark at once.
+// Otherwise producers would stay silent for as long as the dispatcher
+// runs, and a consumer registered again would only see the backlog at the
+// fallback poll.
+func TestRemovedBusyConsumerFreesItsQueue(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	cons := e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", MaxInFlight: 1})
+	rec := &recorder{result: func(ctx context.Context, _ *bellhop.Message) error {
+		select {
+		case <-time.After(5 * time.Millisecond): // a backlog that lasts
+		case <-ctx.Done():
+		}
+		return nil
+	}}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", rec)
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour}, nil)
+
+	msgs := make([]bellhop.NewMessage, 300)
+	for i := range msgs {
+		msgs[i] = bellhop.NewMessage{Queue: "orders", Payload: []byte(`{}`)}
+	}
+	if _, err := e.client.EnqueueMany(ctx, "app", msgs); err != nil {
+		t.Fatal(err)
+	}
+	const keys = `SELECT count(*) FROM pg_locks
+		WHERE locktype = 'advisory' AND classid = 1650814062 AND objsubid = 2 AND granted`
+	waitFor(t, 10*time.Second, "the queue marked busy", func() bool { return e.count(t, keys) == 1 })
+	if err := e.client.RemoveConsumer(ctx, "app", cons.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the busy key and mark given up", func() bool {
+		return e.count(t, keys) == 0 && e.count(t, `SELECT count(*) FROM queue_busy`) == 0
+	})
+	var free bool
+	err := e.pool.QueryRow(ctx, `SELECT pg_try_advisory_lock_shared(1650814062, hashtext($1::text || ':orders'))
+		AND pg_advisory_unlock_shared(1650814062, hashtext($1::text || ':orders'))`, cons.AppID).Scan(&free)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !free {
+		t.Fatal("a producer of app/orders would still skip its notification")
+	}
+	left := e.count(t, `SELECT count(*) FROM queue_messages WHERE queue_name = 'orders'`)
+	if left == 0 {
+		t.Fatal("the backlog was drained before the removal took effect; the test proves nothing")
+	}
+
+	// The backlog's claims made before the removal are still leased; the
+	// rest go to the consumer registered again, woken at once.
+	delivered := int(rec.n.Load())
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", MaxInFlight: 10})
+	waitFor(t, 10*time.Second, "deliveries to the consumer registered again", func() bool {
+		return int(rec.n.Load()) > delivered
+	})
+}
+
+// TestLoweredVisibilityTimeout: lowering a consumer's visibility timeout
+// while its handler runs, or replacing the consumer with one whose
+// timeout is shorter, does not hand the message to a second handler: the
+// reclaimer honours the timeout the lease was taken under. The fallback
+// poll runs every 300ms, so that the reclaimer learns at once when leases
+// expire.
+func TestLoweredVisibilityTimeout(t *testing.T) {
+	short := time.Second
+	for _, c := range []struct {
+		name   string
+		change func(t *testing.T, e *env, cons bellhop.Consumer)
+	}{
+		{"lowered", func(t *testing.T, e *env, cons bellhop.Consumer) {
+			if err := e.client.UpdateConsumer(context.Background(), "app", cons.ID, bellhop.ConsumerUpdate{VisibilityTimeout: &short}); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"replaced", func(t *testing.T, e *env, cons bellhop.Consumer) {
+			if err := e.client.RemoveConsumer(context.Background(), "app", cons.ID); err != nil {
+				t.Fatal(err)
+			}
+			e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", VisibilityTimeout: short})
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t)
+			cons := e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", VisibilityTimeout: 30 * time.Second})
+			var running, most atomic.Int32
+			release := make(chan struct{})
+			rec := &recorder{result: func(ctx context.Context, _ *bellhop.Message) error {
+				n := running.Add(1)
+				defer running.Add(-1)
+				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+				}
+				select {
+				case <-release:
+				case <-ctx.Done():
+				}
+				return nil
+			}}
+			mux := bellhop.NewMux()
+			mux.Handle("app", "orders", rec)
+			startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: 300 * time.Millisecond}, nil)
+			e.enqueue(t, "orders", 1, bellhop.EnqueueOptions{})
+			waitFor(t, 10*time.Second, "the handler started", func() bool { return running.Load() == 1 })
+
+			c.change(t, e, cons)
+			holdsFor(t, 3*time.Second, "one handler at a time, 3s after the timeout went to 1s", func() bool {
+				return most.Load() == 1 && e.count(t, `SELECT count(*) FROM queue_messages WHERE claim_token IS NOT NULL`) == 1
+			})
+			close(release)
+			waitFor(t, 10*time.Second, "the message acked", func() bool {
+				return e.count(t, `SELECT count(*) FROM queue_messages`) == 0
+			})
+			if n := rec.n.Load(); n != 1 {
+				t.Fatalf("%d deliveries, want 1", n)
+			}
+		})
+	}
+}
+
+// slowReload is a pgx tracer that holds back the dispatcher's consumer
+// reloads while armed, until gate is closed.
+type slowReload struct {
+	armed atomic.Bool
+	gate  chan struct{}
+	held  atomic.Int32
+}
+
+func (s *slowReload) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if d.SQL == queries.ConsumerList && s.armed.Load() {
+		s.held.Add(1)
+		select {
+		case <-s.gate: // the slow reload being simulated
+		case <-time.After(30 * time.Second):
+		}
+	}
+	return ctx
+}
+
+func (s *slowReload) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestLeaseAtInsertAfterChange: with leasing at INSERT, a message leased
+// by a producer that committed after its consumer's visibility timeout was
+// lowered is delivered under the new timeout, however slowly the
+// dispatcher reloads: the lease notification carries the timeout the
+// producer's transaction read. Under the old timeout the handler would
+// outlast what the reclaimer honours once the floor ends.
+func TestLeaseAtInsertAfterChange(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	cons := e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", VisibilityTimeout: 30 * time.Second})
+	left := make(chan time.Duration, 2) // each delivery's lease left at its start
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", bellhop.HandlerFunc(func(_ context.Context, m *bellhop.Message) error {
+		left <- time.Until(m.LeaseDeadline())
+		return nil
+	}))
+	slow := &slowReload{gate: make(chan struct{})}
+	d := startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, LeaseAtInsert: true, PollInterval: time.Hour},
+		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = slow })
+	var open sync.Once
+	openGate := func() { open.Do(func() { close(slow.gate) }) }
+	t.Cleanup(openGate) // before the dispatcher's stop, which waits for the reload
+	e.enqueue(t, "orders", 1, bellhop.EnqueueOptions{})
+	<-left
+	waitFor(t, 10*time.Second, "an offer after the first delivery", func() bool { return e.offers(t) == 1 })
+
+	slow.armed.Store(true)
+	vt := 2 * time.Second
+	if err := e.client.UpdateConsumer(ctx, "app", cons.ID, bellhop.ConsumerUpdate{VisibilityTimeout: &vt}); err != nil {
+		t.Fatal(err)
+	}
+	e.enqueue(t, "orders", 2, bellhop.EnqueueOptions{})
+	select {
+	case got := <-left:
+		if got > vt {
+			t.Fatalf("delivered with %s of lease left after the timeout was lowered to %s", got.Round(time.Millisecond), vt)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the second message was not delivered")
+	}
+	if n := d.LeaseStats().Leased; n != 1 {
+		t.Fatalf("%d messages leased at INSERT, want 1: the test proves nothing", n)
+	}
+	openGate()
+	waitFor(t, 10*time.Second, "the reload that was held back", func() bool { return slow.held.Load() > 0 })
+}
