@@ -600,6 +600,11 @@ func (d *Dispatcher) loadConsumers(ctx context.Context) (added int, err error) {
 		}
 		seen[c.ID] = true
 		st := &consumerState{Consumer: c, handler: h}
+		if cl := d.lanes[c.ID]; cl != nil && cl.queue.target.Queue != c.Queue {
+			// Moved to another queue (by SQL; the API cannot): new lanes.
+			d.dropLanes(cl)
+			delete(d.lanes, c.ID)
+		}
 		if cl := d.lanes[c.ID]; cl != nil {
 			old := cl.queue.state.Swap(st)
 			cl.invoke.state.Store(st)
@@ -626,21 +631,27 @@ func (d *Dispatcher) loadConsumers(ctx context.Context) (added int, err error) {
 	}
 	for id, cl := range d.lanes {
 		if !seen[id] {
-			cl.stop(true)
+			d.dropLanes(cl)
 			delete(d.lanes, id)
-			// A consumer replaced in one reload (removed and registered
-			// again under a new id) has its new lane here already.
-			k := queueKey{cl.queue.target.AppID, cl.queue.target.Queue}
-			if d.byQueue[k] == cl.queue {
-				delete(d.byQueue, k)
-			}
-			d.tidying[k] = cl.queue
 		}
 	}
 	for _, l := range fresh {
 		l.after = d.tidying[queueKey{l.target.AppID, l.target.Queue}]
 	}
 	return len(fresh), nil
+}
+
+// dropLanes stops the lanes of a consumer gone while the dispatcher
+// runs on. d.mu must be held.
+func (d *Dispatcher) dropLanes(cl *consumerLanes) {
+	cl.stop(true)
+	// A consumer replaced in one reload (removed and registered again
+	// under a new id) has its new lane here already.
+	k := queueKey{cl.queue.target.AppID, cl.queue.target.Queue}
+	if d.byQueue[k] == cl.queue {
+		delete(d.byQueue, k)
+	}
+	d.tidying[k] = cl.queue
 }
 
 // tidied forgets l once it has given up its busy mark and offers.

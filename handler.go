@@ -74,7 +74,8 @@ func (m *Message) LeaseDeadline() time.Time {
 // takes longer than one timeout (like SQS's ChangeMessageVisibility). The
 // timeout is the consumer's as the renewal reads it, so a changed timeout
 // applies from the next renewal on. It returns ErrLeaseLost if the lease
-// already expired.
+// already expired, and ErrNoConsumer, leaving the lease as it was, if the
+// message's consumer has been removed.
 func (m *Message) ExtendLease(ctx context.Context) error {
 	if m.lease == nil {
 		return errors.New("bellhop: ExtendLease on a message not being delivered")
@@ -85,11 +86,10 @@ func (m *Message) ExtendLease(ctx context.Context) error {
 // lease tracks a delivery's lease and cancels its handler before the
 // lease runs out.
 type lease struct {
-	db        *pgxpool.Pool
-	msg       *claim.Message
-	vt        time.Duration // under mu
-	defaultVT time.Duration // the reclaim's timeout for a queue without a consumer
-	cancel    context.CancelCauseFunc
+	db     *pgxpool.Pool
+	msg    *claim.Message
+	vt     time.Duration // under mu
+	cancel context.CancelCauseFunc
 
 	mu    sync.Mutex
 	end   time.Time
@@ -101,8 +101,8 @@ type lease struct {
 // that the handler's outcome is written while the lease still holds.
 func leaseMargin(vt time.Duration) time.Duration { return min(vt/5, 5*time.Second) }
 
-func newLease(db *pgxpool.Pool, m *claim.Message, vt, defaultVT time.Duration, cancel context.CancelCauseFunc) *lease {
-	l := &lease{db: db, msg: m, vt: vt, defaultVT: defaultVT, cancel: cancel}
+func newLease(db *pgxpool.Pool, m *claim.Message, vt time.Duration, cancel context.CancelCauseFunc) *lease {
+	l := &lease{db: db, msg: m, vt: vt, cancel: cancel}
 	l.end = m.LeasedAt.Add(vt - leaseMargin(vt))
 	l.timer = time.AfterFunc(time.Until(l.end), func() { cancel(ErrLeaseLost) })
 	return l
@@ -116,15 +116,15 @@ func (l *lease) deadline() time.Time {
 
 func (l *lease) extend(ctx context.Context) error {
 	start := time.Now()
-	ok, vt, err := claim.Extend(ctx, l.db, l.msg.ID, l.msg.Token)
+	held, vt, err := claim.Extend(ctx, l.db, l.msg.ID, l.msg.Token)
 	if err != nil {
 		return err
 	}
-	if !ok {
+	if !held {
 		return fmt.Errorf("extend lease of %s: %w", l.msg.ID, ErrLeaseLost)
 	}
 	if vt <= 0 {
-		vt = l.defaultVT // the consumer was removed
+		return fmt.Errorf("extend lease of %s: %w", l.msg.ID, ErrNoConsumer)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()

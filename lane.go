@@ -165,12 +165,10 @@ func (l *lane) tidyUp() {
 	}
 	defer l.d.tidied(l)
 	if l.after != nil {
-		// Never ran: the lane it waited for tidies its own.
-		select {
-		case <-l.after.tidied:
-		default:
-			return
-		}
+		// Never ran, so it holds nothing; but a lane started after it
+		// waits for it, and must still wait for the one it waited for.
+		<-l.after.tidied
+		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -353,7 +351,7 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 		msgs := pass.Messages
 		if len(msgs) > 0 {
 			claimed = true
-			l.d.reclaim.Observe(msgs[0].LeasedAt.Add(leaseTimeout(st, &msgs[0], l.d.cfg.DefaultVisibilityTimeout)))
+			l.d.reclaim.Observe(msgs[0].LeasedAt.Add(leaseTimeout(st, &msgs[0])))
 			l.d.fired(st.ID)
 		}
 		for i := range msgs {
@@ -532,24 +530,22 @@ func earliest(a, b time.Time) time.Time {
 }
 
 // leaseTimeout is the visibility timeout cm's lease is measured with: the
-// consumer's as the lease's own transaction read it (or, for a lease
-// found by its token, a later one), which the reclaimer honours even if
-// the timeout is lowered or the consumer removed later (migration 0047).
-// The dispatcher's loaded copy may be one reload behind, so it serves
-// only to bound the default.
-func leaseTimeout(st *consumerState, cm *claim.Message, defaultVT time.Duration) time.Duration {
+// consumer's as the transaction that took the lease read it (or, for a
+// lease found by its token, as the lookup read it), which the reclaimer
+// honours even if the timeout is lowered or the consumer removed later
+// (migration 0047). The dispatcher's loaded copy may be one reload behind
+// a change, so it only stands in should a message carry none.
+func leaseTimeout(st *consumerState, cm *claim.Message) time.Duration {
 	if cm.VisibilityTimeout > 0 {
 		return cm.VisibilityTimeout
 	}
-	// The queue had no consumer as the lease was read: the reclaimer
-	// measures it with the default.
-	return min(st.VisibilityTimeout, defaultVT)
+	return st.VisibilityTimeout
 }
 
 // deliver runs the handler on one message and submits its outcome.
 func (l *lane) deliver(st *consumerState, cm *claim.Message) {
 	defer l.d.inFlight.Done()
-	vt := leaseTimeout(st, cm, l.d.cfg.DefaultVisibilityTimeout)
+	vt := leaseTimeout(st, cm)
 	if !time.Now().Before(cm.LeasedAt.Add(vt - leaseMargin(vt))) {
 		l.releaseUnstarted(st, cm, vt)
 		return
@@ -560,7 +556,7 @@ func (l *lane) deliver(st *consumerState, cm *claim.Message) {
 		Attempt: cm.Attempt, MaxAttempts: cm.MaxAttempts, EnqueuedBy: cm.EnqueuedBy, Principal: st.PrincipalID,
 	}
 	hctx, cancel := context.WithCancelCause(l.d.handlers)
-	m.lease = newLease(l.d.db, cm, vt, l.d.cfg.DefaultVisibilityTimeout, cancel)
+	m.lease = newLease(l.d.db, cm, vt, cancel)
 	obs := l.d.cfg.Observer
 	if obs != nil {
 		obs.Delivered(m)

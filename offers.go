@@ -270,7 +270,7 @@ func (l *lane) leased(cm *claim.Message) {
 		l.d.releaseLeased(cm)
 		return
 	}
-	if end := cm.LeasedAt.Add(leaseTimeout(st, cm, l.d.cfg.DefaultVisibilityTimeout)); time.Now().Before(end) {
+	if end := cm.LeasedAt.Add(leaseTimeout(st, cm)); time.Now().Before(end) {
 		l.d.reclaim.Observe(end)
 	} // else deliver releases it at once, and the reclaimer need not race it
 	l.d.fired(st.ID)
@@ -480,6 +480,11 @@ func (d *Dispatcher) recoverLeases(ctx context.Context, tokens []uuid.UUID) {
 		}
 		f.m.Source = claim.Queue
 		f.m.LeasedAt = leasedAt
+		if f.m.VisibilityTimeout == 0 {
+			// The queue has no consumer now: nothing measures the lease.
+			d.releaseLeased(&f.m)
+			continue
+		}
 		d.log.Info().Str("app_id", o.lane.target.AppID.String()).Str("queue", o.lane.target.Queue).
 			Str("message_id", f.m.ID.String()).Int("attempt", f.m.Attempt).
 			Msg("found a message leased to us whose notification was missed")

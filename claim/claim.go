@@ -47,9 +47,9 @@ type Message struct {
 	// never later than the database's claimed_at, so a lease measured
 	// from it ends no later than the reclaimer thinks it does.
 	LeasedAt time.Time
-	// VisibilityTimeout is the consumer's timeout as the claim's
-	// transaction read it, which the reclaimer honours for this lease even
-	// if the timeout is lowered later (zero: not read, or no consumer).
+	// VisibilityTimeout is the consumer's timeout as the transaction that
+	// took the lease read it, which the reclaimer honours for this lease
+	// even if the timeout is lowered or the consumer removed later.
 	VisibilityTimeout time.Duration
 }
 
@@ -107,7 +107,8 @@ type Pass struct {
 	ReadyLeft bool
 }
 
-// ClaimPass leases up to max ready messages of t, oldest first, and reads
+// ClaimPass leases up to max ready messages of t, oldest first (none if
+// t's queue has no consumer), and reads
 // what the caller needs to sleep well: the next due time and other
 // dispatchers' busy marks. With b.Mark it also sets b.Owner's mark. It is
 // one round trip and one transaction.
@@ -150,10 +151,12 @@ func ClaimPass(ctx context.Context, db *pgxpool.Pool, t Target, max int, b Busy)
 	msgs := make([]Message, 0, max)
 	for rows.Next() {
 		m := Message{Source: t.Source, LeasedAt: leasedAt}
-		if err := rows.Scan(&m.ID, &m.Payload, &m.EnqueuedAt, &m.Token, &m.Attempt, &m.MaxAttempts, &m.EnqueuedBy); err != nil {
+		var vtSecs int32
+		if err := rows.Scan(&m.ID, &m.Payload, &m.EnqueuedAt, &m.Token, &m.Attempt, &m.MaxAttempts, &m.EnqueuedBy, &vtSecs); err != nil {
 			rows.Close()
 			return fail("scan: ", err)
 		}
+		m.VisibilityTimeout = time.Duration(vtSecs) * time.Second
 		msgs = append(msgs, m)
 	}
 	if err := rows.Err(); err != nil {
@@ -161,8 +164,7 @@ func ClaimPass(ctx context.Context, db *pgxpool.Pool, t Target, max int, b Busy)
 	}
 	var due, foreign *time.Time
 	var readyLeft bool
-	var vtSecs *int32
-	if err := br.QueryRow().Scan(&due, &foreign, &readyLeft, &vtSecs); err != nil {
+	if err := br.QueryRow().Scan(&due, &foreign, &readyLeft); err != nil {
 		return fail("next due: ", err)
 	}
 	// The batch is one implicit transaction that commits at its Sync:
@@ -172,11 +174,6 @@ func ClaimPass(ctx context.Context, db *pgxpool.Pool, t Target, max int, b Busy)
 	// reclaimed.
 	if err := br.Close(); err != nil {
 		return fail("", err)
-	}
-	if vtSecs != nil {
-		for i := range msgs {
-			msgs[i].VisibilityTimeout = time.Duration(*vtSecs) * time.Second
-		}
 	}
 	p := Pass{Messages: sortByEnqueued(msgs), ReadyLeft: readyLeft}
 	if due != nil {
@@ -247,19 +244,18 @@ func sortByEnqueued(ms []Message) []Message {
 	return ms
 }
 
-// Extend renews one lease for another visibility timeout from now. It
-// returns false if the lease was lost: the token no longer matches. vt is
-// the consumer's timeout as the renewal read it, to measure the renewed
-// lease with (zero: the queue has no consumer).
-func Extend(ctx context.Context, db *pgxpool.Pool, id, token uuid.UUID) (ok bool, vt time.Duration, err error) {
-	var n int64
+// Extend renews one lease for another visibility timeout from now, the
+// consumer's as the renewal reads it (vt). held is false if the lease was
+// lost: the token no longer matches. A lease whose queue has no consumer
+// any more is not renewed (held, vt zero): nothing would measure it.
+func Extend(ctx context.Context, db *pgxpool.Pool, id, token uuid.UUID) (held bool, vt time.Duration, err error) {
 	var vtSecs *int32
-	err = db.QueryRow(ctx, queries.Extend, pgx.NamedArgs{"id": id, "token": token}).Scan(&n, &vtSecs)
+	err = db.QueryRow(ctx, queries.Extend, pgx.NamedArgs{"id": id, "token": token}).Scan(&held, &vtSecs)
 	if err != nil {
 		return false, 0, fmt.Errorf("extend lease of %s: %w", id, err)
 	}
 	if vtSecs != nil {
 		vt = time.Duration(*vtSecs) * time.Second
 	}
-	return n > 0, vt, nil
+	return held, vt, nil
 }

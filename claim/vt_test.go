@@ -104,6 +104,13 @@ func TestChangedTimeoutKeepsLeases(t *testing.T) {
 				if got != ch.renewVT {
 					t.Fatalf("the renewal read a visibility timeout of %s, want %s", got, ch.renewVT)
 				}
+				var age float64
+				if err := pool.QueryRow(ctx, `SELECT extract(epoch FROM now() - claimed_at)::float8 FROM `+table+` WHERE id = $1`, id).Scan(&age); err != nil {
+					t.Fatal(err)
+				}
+				if renewed := age < 5; renewed != (ch.renewVT > 0) {
+					t.Fatalf("lease %.1fs old after the renewal; renewed %v, want %v", age, renewed, ch.renewVT > 0)
+				}
 
 				// The floor over: the new timeout applies to every lease.
 				if _, err := pool.Exec(ctx, `UPDATE bellhop_vt_floors SET until = now() - interval '1 second'`); err != nil {
@@ -180,5 +187,63 @@ func TestTimeoutFloor(t *testing.T) {
 		case reclaimVT != max(s.set, s.floor):
 			t.Fatalf("step %d (set %ds): the reclaim measures leases with %ds, want %ds", i, s.set, reclaimVT, max(s.set, s.floor))
 		}
+	}
+}
+
+// TestNoConsumerNoLease: a queue without a consumer is not claimed from:
+// nothing would measure the lease.
+func TestNoConsumerNoLease(t *testing.T) {
+	ctx := context.Background()
+	pool, c, appID := setup(t)
+	cons, err := c.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "app", Queue: "q"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.RemoveConsumer(ctx, "app", cons.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Enqueue(ctx, "app", "q", []byte(`1`), bellhop.EnqueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	msgs, _, err := claim.Claim(ctx, pool, claim.Target{Source: claim.Queue, AppID: appID, Queue: "q"}, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(msgs) != 0 {
+		t.Fatalf("claimed %d messages of a queue without a consumer", len(msgs))
+	}
+	msgs, _, err = claim.Claim(ctx, pool, claim.Target{Source: claim.Invoke, AppID: appID, TriggerID: cons.ID}, 10)
+	if err != nil || len(msgs) != 0 {
+		t.Fatalf("claimed %d invoke deliveries of a removed consumer (%v)", len(msgs), err)
+	}
+}
+
+// TestFloorStartsAtCommit: a floor lasts the old timeout from the commit
+// of the change, not from its statement, however long the transaction
+// stays open after it.
+func TestFloorStartsAtCommit(t *testing.T) {
+	ctx := context.Background()
+	pool, c, appID := setup(t)
+	cons, err := c.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "app", Queue: "q", VisibilityTimeout: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `UPDATE queue_trigger_details SET visibility_timeout_secs = 1 WHERE trigger_id = $1`, cons.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT pg_sleep(2)`); err != nil { // the transaction held open
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	floor, left := vtFloor(t, pool, appID, "q")
+	if floor != 20 || left < 24*time.Second || left > 25*time.Second+500*time.Millisecond {
+		t.Fatalf("floor %ds for %s from the commit; want 20s for 25s", floor, left.Round(100*time.Millisecond))
 	}
 }

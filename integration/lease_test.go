@@ -447,6 +447,7 @@ func TestLeaseAtInsertPollKeepsBook(t *testing.T) {
 func TestLeaseKey(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "spare"}) // a queue without one leases nothing
 	if n := e.count(t, `SELECT count(*) FROM pg_proc WHERE proname = 'bellhop_notify_queue_message'
 	                    AND NOT prosecdef AND proconfig IS NULL`); n != 1 {
 		t.Errorf("the notify trigger's function is SECURITY DEFINER or sets a search_path; want neither")
@@ -534,6 +535,7 @@ func TestLeasePlans(t *testing.T) {
 	e := newEnv(t)
 	e.holdLeaseKey(t)
 	ctx := context.Background()
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "plans"}) // a queue without one leases nothing
 	// Messages of the queue, claimed since: their unclaimed versions are
 	// dead entries that a scan of the queue's unclaimed messages reads.
 	for i := 0; i < 200; i++ {

@@ -1,18 +1,25 @@
 -- Renews one message's lease for another full visibility timeout from
--- now, if the caller still holds it (claim_token matches), and returns the
--- consumer's timeout as this statement reads it (NULL: no consumer), to
--- measure the renewed lease with (see next_due_queue.sql). The reclaim
--- statement locks the same row and re-checks claimed_at, so a renewal and
--- a reclaim never both win.
+-- now, if the caller still holds it (claim_token matches) and its queue
+-- still has a consumer, and returns whether it is held and the consumer's
+-- timeout as this statement reads it, which the renewed lease is measured
+-- with (migration 0047; NULL: not renewed). The reclaim statement locks
+-- the same row and re-checks claimed_at, so a renewal and a reclaim never
+-- both win. min(): should a queue ever have two consumers, the shorter
+-- timeout is the one the reclaim uses.
 WITH q AS (
-    UPDATE queue_messages SET claimed_at = now()
-    WHERE id = @id AND claim_token = @token
-    RETURNING app_id, queue_name
+    UPDATE queue_messages AS m SET claimed_at = now()
+    FROM (SELECT min(c.visibility_timeout_secs) AS vt_secs
+          FROM queue_messages AS k
+          JOIN queue_consumers AS c ON c.app_id = k.app_id AND c.queue_name = k.queue_name
+          WHERE k.id = @id) AS c
+    WHERE m.id = @id AND m.claim_token = @token AND c.vt_secs IS NOT NULL
+    RETURNING c.vt_secs
 ), o AS (
-    UPDATE outbox SET claimed_at = now()
-    WHERE id = @id AND claim_token = @token
-    RETURNING trigger_id
+    UPDATE outbox AS m SET claimed_at = now()
+    FROM queue_consumers AS c
+    WHERE m.id = @id AND m.claim_token = @token AND c.id = m.trigger_id
+    RETURNING c.visibility_timeout_secs AS vt_secs
 )
-SELECT (SELECT count(*) FROM q) + (SELECT count(*) FROM o),
-       coalesce((SELECT min(c.visibility_timeout_secs) FROM q JOIN queue_consumers c USING (app_id, queue_name)),
-                (SELECT min(c.visibility_timeout_secs) FROM o JOIN queue_consumers c ON c.id = o.trigger_id))
+SELECT EXISTS (SELECT 1 FROM queue_messages WHERE id = @id AND claim_token = @token)
+       OR EXISTS (SELECT 1 FROM outbox WHERE id = @id AND claim_token = @token),
+       (SELECT vt_secs FROM q UNION ALL SELECT vt_secs FROM o LIMIT 1)

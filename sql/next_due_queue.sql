@@ -14,13 +14,7 @@
 --   * whether ready, unclaimed messages remain: after a claim that did not
 --     fill its slots, they are rows another claim had locked (SKIP LOCKED
 --     passed them over); if that claim dies, nobody announces them again,
---     so the dispatcher looks again shortly;
---   * the consumer's visibility timeout as this transaction reads it,
---     which the claimed messages' leases are measured with: the reclaim
---     honours it even if the timeout is lowered or the consumer removed
---     meanwhile (migration 0047), while the dispatcher's copy may be one
---     reload behind. min(): should a queue ever have two consumers, the
---     shorter timeout is the one the reclaim would use.
+--     so the dispatcher looks again shortly.
 -- The last is written as the oldest such row, not EXISTS, so that it walks
 -- the dispatch index in order instead of scanning claimed rows.
 -- Read-only; a stale answer only makes the dispatcher look again early.
@@ -45,8 +39,4 @@ SELECT (SELECT min(deliver_after)
                  AND claim_token IS NULL
                  AND (deliver_after IS NULL OR deliver_after <= now())
         ORDER BY enqueued_at
-        LIMIT 1) IS NOT NULL,
-       (SELECT min(d.visibility_timeout_secs)
-        FROM queue_trigger_details d
-        JOIN triggers t ON t.id = d.trigger_id
-        WHERE d.queue_name = @queue_name AND t.app_id = @app_id AND t.kind = 'queue')
+        LIMIT 1) IS NOT NULL

@@ -1,9 +1,11 @@
 #!/bin/sh
-# What a producer's lease at INSERT costs it, with 0045's lease function
-# and with the current one (0046: by index whatever the statistics say),
-# on a clean server and with an old snapshot open elsewhere.
+# What a producer's lease at INSERT costs it, with an earlier migration's
+# lease function (OLD, default 0046: by index whatever the statistics say;
+# 0045 before it) and with the current one (0047: it also reads the
+# consumer's visibility timeout), on a clean server and with an old
+# snapshot open elsewhere.
 #
-#   bench/lease-plans/run.sh DATABASE_URL [SECONDS] [ROUNDS] [SNAPSHOT]
+#   bench/lease-plans/run.sh DATABASE_URL [SECONDS] [ROUNDS] [SNAPSHOT] [OLD]
 #
 # DATABASE_URL names a scratch database that this script migrates (with
 # `go run ./cmd/bellhop migrate`, so run it from the repository root).
@@ -14,7 +16,7 @@
 # (default 20), writes an offer for the queue, inserts a message with
 # synchronous_commit off (the producer's lease happens at its commit) and
 # deletes it by id, as an ack would. Each line gives the INSERT's mean
-# latency, commit and lease included, for: 0045's function, the current
+# latency, commit and lease included, for: OLD's function, the current
 # one, and the key let go (no lease; the trigger sends q: instead), and how
 # many offers were left unleased (none in the lease cases, one per message
 # with the key free).
@@ -30,16 +32,24 @@ url=${1:?usage: run.sh DATABASE_URL [SECONDS] [ROUNDS] [SNAPSHOT]}
 secs=${2:-20}
 rounds=${3:-3}
 snapshot=${4:-none}
+oldmig=${5:-0046}
 dir=$(dirname "$0")
 
 psql() { PGOPTIONS="-c client_min_messages=warning" command psql -X -q -At -v ON_ERROR_STOP=1 "$url" "$@"; }
 
 go run ./cmd/bellhop --database-url "$url" migrate >/dev/null
 app=$(psql -c "INSERT INTO apps (name) VALUES ('lease-plans') ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name RETURNING id")
+# The queue's consumer: since 0047 a queue without one leases nothing.
+principal=$(psql -c "INSERT INTO principals (app_id, name) VALUES ('$app', 'lease-plans') ON CONFLICT (app_id, name) DO UPDATE SET name = EXCLUDED.name RETURNING id")
+psql -c "WITH t AS (INSERT INTO triggers (app_id, kind, principal_id)
+                    SELECT '$app', 'queue', '$principal'
+                    WHERE NOT EXISTS (SELECT 1 FROM queue_consumers WHERE app_id = '$app' AND queue_name = 'q')
+                    RETURNING id)
+         INSERT INTO queue_trigger_details (trigger_id, queue_name) SELECT id, 'q' FROM t"
 current=$(psql -c "SELECT pg_get_functiondef('bellhop_lease_message(uuid, uuid, text)'::regprocedure)")
-old=$(sed -n '/^CREATE FUNCTION bellhop_lease_message/,/^\$\$;/p' "$dir/../../migrations/0045_lease_key.sql" |
+old=$(sed -n '/^CREATE \(OR REPLACE \)\{0,1\}FUNCTION bellhop_lease_message/,/^\$\$;/p' "$dir"/../../migrations/"$oldmig"_*.sql |
     sed 's/^CREATE FUNCTION/CREATE OR REPLACE FUNCTION/')
-[ -n "$old" ] || { echo "run.sh: 0045's bellhop_lease_message not found" >&2; exit 1; }
+[ -n "$old" ] || { echo "run.sh: $oldmig's bellhop_lease_message not found" >&2; exit 1; }
 
 work=$(mktemp -d)
 script=$work/lease.sql
@@ -86,7 +96,7 @@ round=1
 while [ "$round" -le "$rounds" ]; do
     key take
     printf '%s\n' "$old" | psql
-    measure "0045's function"
+    measure "$oldmig's function"
     printf '%s\n' "$current;" | psql
     measure "current function"
     key drop
