@@ -620,7 +620,7 @@ func (d *Dispatcher) loadConsumers(ctx context.Context) (added int, err error) {
 		}
 		lctx, cancel := context.WithCancel(context.Background())
 		cl := &consumerLanes{
-			queue:  newLane(lctx, d, st, claim.Target{Source: claim.Queue, AppID: c.AppID, Queue: c.Queue}),
+			queue:  newLane(lctx, d, st, claim.Target{Source: claim.Queue, AppID: c.AppID, Queue: c.Queue, TriggerID: c.ID}),
 			invoke: newLane(lctx, d, st, claim.Target{Source: claim.Invoke, AppID: c.AppID, TriggerID: c.ID}),
 			cancel: cancel,
 		}

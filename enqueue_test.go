@@ -263,14 +263,6 @@ func fxCheckReadyNow(t *testing.T, e *fxEnv, app uuid.UUID, queue string, id uui
 	if n := e.int64("SELECT depth_pending($1, $2)", app, queue); n != 1 {
 		t.Fatalf("depth_pending = %d, want 1", n)
 	}
-	// A consumer: a queue without one is not claimed from.
-	var appName string
-	if err := e.pool.QueryRow(e.ctx, "SELECT name FROM apps WHERE id = $1", app).Scan(&appName); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: appName, Queue: queue}); err != nil {
-		t.Fatal(err)
-	}
 	rows, err := e.pool.Query(e.ctx, queries.ClaimQueue, pgx.NamedArgs{"app_id": app, "queue_name": queue, "max_messages": 10})
 	if err != nil {
 		t.Fatal(err)

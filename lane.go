@@ -354,11 +354,23 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 			l.d.reclaim.Observe(msgs[0].LeasedAt.Add(leaseTimeout(st, &msgs[0])))
 			l.d.fired(st.ID)
 		}
+		orphans := 0
 		for i := range msgs {
+			if msgs[i].VisibilityTimeout == 0 {
+				// Our consumer no longer serves the queue (removed or
+				// replaced since the lane loaded it): nothing measures
+				// the lease. Give it back; the reload stops this lane.
+				l.d.complete.Submit(claim.Outcome{Message: &msgs[i], Verdict: claim.Release})
+				orphans++
+				continue
+			}
 			l.d.inFlight.Add(1)
 			go l.deliver(st, &msgs[i])
 		}
-		l.freeSlots(free - len(msgs))
+		l.freeSlots(free - len(msgs) + orphans)
+		if orphans > 0 {
+			return time.Time{}, claimed
+		}
 		if len(msgs) == free {
 			if marks {
 				// A backlog: mark the queue from the next pass on, so that

@@ -125,7 +125,7 @@ func (l *lane) makeOffer(ctx context.Context) {
 	var dbNow time.Time
 	err := d.db.QueryRow(ctx, queries.OfferMake, pgx.NamedArgs{
 		"token": token, "app_id": l.target.AppID, "queue_name": l.target.Queue, "owner": d.owner,
-		"channel": d.leaseChannel, "ttl_ms": d.offerTTL().Milliseconds(),
+		"channel": d.leaseChannel, "ttl_ms": d.offerTTL().Milliseconds(), "consumer_id": l.target.TriggerID,
 	}).Scan(&dbNow)
 	d.offers.mu.Lock()
 	defer d.offers.mu.Unlock()

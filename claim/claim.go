@@ -49,17 +49,20 @@ type Message struct {
 	LeasedAt time.Time
 	// VisibilityTimeout is the consumer's timeout as the transaction that
 	// took the lease read it, which the reclaimer honours for this lease
-	// even if the timeout is lowered or the consumer removed later.
+	// even if the timeout is lowered or the consumer removed later (zero:
+	// t.TriggerID no longer serves the queue; release the message).
 	VisibilityTimeout time.Duration
 }
 
 // Target names what to claim from: a queue, or a consumer's invoke
 // deliveries.
 type Target struct {
-	Source    Source
-	AppID     uuid.UUID
-	Queue     string    // Source Queue
-	TriggerID uuid.UUID // Source Invoke
+	Source Source
+	AppID  uuid.UUID
+	Queue  string // Source Queue
+	// TriggerID is the consumer: whose invoke deliveries to claim, or,
+	// for a queue, whose visibility timeout the leases are measured with.
+	TriggerID uuid.UUID
 }
 
 func (t Target) String() string {
@@ -107,8 +110,7 @@ type Pass struct {
 	ReadyLeft bool
 }
 
-// ClaimPass leases up to max ready messages of t, oldest first (none if
-// t's queue has no consumer), and reads
+// ClaimPass leases up to max ready messages of t, oldest first, and reads
 // what the caller needs to sleep well: the next due time and other
 // dispatchers' busy marks. With b.Mark it also sets b.Owner's mark. It is
 // one round trip and one transaction.
@@ -121,7 +123,7 @@ func ClaimPass(ctx context.Context, db *pgxpool.Pool, t Target, max int, b Busy)
 	} else {
 		claimSQL, infoSQL = queries.ClaimQueue, queries.NextDueQueue
 		args = pgx.NamedArgs{"app_id": t.AppID, "queue_name": t.Queue, "max_messages": max, "owner": b.Owner,
-			"held": b.Held, "lease_ms": b.Lease.Milliseconds()}
+			"held": b.Held, "lease_ms": b.Lease.Milliseconds(), "consumer_id": t.TriggerID}
 	}
 	leasedAt := time.Now()
 	batch := &pgx.Batch{}
@@ -151,12 +153,10 @@ func ClaimPass(ctx context.Context, db *pgxpool.Pool, t Target, max int, b Busy)
 	msgs := make([]Message, 0, max)
 	for rows.Next() {
 		m := Message{Source: t.Source, LeasedAt: leasedAt}
-		var vtSecs int32
-		if err := rows.Scan(&m.ID, &m.Payload, &m.EnqueuedAt, &m.Token, &m.Attempt, &m.MaxAttempts, &m.EnqueuedBy, &vtSecs); err != nil {
+		if err := rows.Scan(&m.ID, &m.Payload, &m.EnqueuedAt, &m.Token, &m.Attempt, &m.MaxAttempts, &m.EnqueuedBy); err != nil {
 			rows.Close()
 			return fail("scan: ", err)
 		}
-		m.VisibilityTimeout = time.Duration(vtSecs) * time.Second
 		msgs = append(msgs, m)
 	}
 	if err := rows.Err(); err != nil {
@@ -164,8 +164,14 @@ func ClaimPass(ctx context.Context, db *pgxpool.Pool, t Target, max int, b Busy)
 	}
 	var due, foreign *time.Time
 	var readyLeft bool
-	if err := br.QueryRow().Scan(&due, &foreign, &readyLeft); err != nil {
+	var vtSecs *int32
+	if err := br.QueryRow().Scan(&due, &foreign, &readyLeft, &vtSecs); err != nil {
 		return fail("next due: ", err)
+	}
+	if vtSecs != nil {
+		for i := range msgs {
+			msgs[i].VisibilityTimeout = time.Duration(*vtSecs) * time.Second
+		}
 	}
 	// The batch is one implicit transaction that commits at its Sync:
 	// until Close reports success the leases may not exist, and a message

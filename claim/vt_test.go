@@ -190,31 +190,32 @@ func TestTimeoutFloor(t *testing.T) {
 	}
 }
 
-// TestNoConsumerNoLease: a queue without a consumer is not claimed from:
-// nothing would measure the lease.
-func TestNoConsumerNoLease(t *testing.T) {
+// TestClaimWithoutConsumer: a claim for a consumer that no longer serves
+// the queue reads no visibility timeout, and the dispatcher gives back
+// what it claimed: nothing would measure the lease.
+func TestClaimWithoutConsumer(t *testing.T) {
 	ctx := context.Background()
 	pool, c, appID := setup(t)
 	cons, err := c.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "app", Queue: "q"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	for range 2 {
+		if _, err := c.Enqueue(ctx, "app", "q", []byte(`1`), bellhop.EnqueueOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	target := claim.Target{Source: claim.Queue, AppID: appID, Queue: "q", TriggerID: cons.ID}
+	msgs, _, err := claim.Claim(ctx, pool, target, 1)
+	if err != nil || len(msgs) != 1 || msgs[0].VisibilityTimeout != bellhop.DefaultVisibilityTimeout {
+		t.Fatalf("claim with the consumer: %d messages, timeout %v, err %v", len(msgs), msgs, err)
+	}
 	if err := c.RemoveConsumer(ctx, "app", cons.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Enqueue(ctx, "app", "q", []byte(`1`), bellhop.EnqueueOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	msgs, _, err := claim.Claim(ctx, pool, claim.Target{Source: claim.Queue, AppID: appID, Queue: "q"}, 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(msgs) != 0 {
-		t.Fatalf("claimed %d messages of a queue without a consumer", len(msgs))
-	}
-	msgs, _, err = claim.Claim(ctx, pool, claim.Target{Source: claim.Invoke, AppID: appID, TriggerID: cons.ID}, 10)
-	if err != nil || len(msgs) != 0 {
-		t.Fatalf("claimed %d invoke deliveries of a removed consumer (%v)", len(msgs), err)
+	msgs, _, err = claim.Claim(ctx, pool, target, 1)
+	if err != nil || len(msgs) != 1 || msgs[0].VisibilityTimeout != 0 {
+		t.Fatalf("claim after the consumer was removed: %d messages, %+v, err %v; want one with no timeout", len(msgs), msgs, err)
 	}
 }
 

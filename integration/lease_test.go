@@ -200,9 +200,9 @@ func TestLeaseAtInsertDeadOffer(t *testing.T) {
 	mux.Handle("app", "orders", rec)
 	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: 500 * time.Millisecond}, nil)
 	if _, err := e.pool.Exec(context.Background(), `INSERT INTO bellhop_offers
-	    (token, app_id, queue_name, owner, channel, expires_at)
-	    SELECT gen_random_uuid(), id, 'orders', gen_random_uuid(), 'bellhop_l_dead', now() + interval '1 hour'
-	    FROM apps WHERE name = 'app'`); err != nil {
+	    (token, app_id, queue_name, owner, channel, expires_at, consumer_id)
+	    SELECT gen_random_uuid(), c.app_id, 'orders', gen_random_uuid(), 'bellhop_l_dead', now() + interval '1 hour', c.id
+	    FROM queue_consumers AS c WHERE c.app_name = 'app' AND c.queue_name = 'orders'`); err != nil {
 		t.Fatal(err)
 	}
 	id := e.enqueue(t, "orders", 1, bellhop.EnqueueOptions{})
@@ -455,9 +455,9 @@ func TestLeaseKey(t *testing.T) {
 	offer := func() uuid.UUID {
 		t.Helper()
 		var token uuid.UUID
-		if err := e.pool.QueryRow(ctx, `INSERT INTO bellhop_offers (token, app_id, queue_name, owner, channel, expires_at)
-		    SELECT gen_random_uuid(), id, 'spare', gen_random_uuid(), 'bellhop_l_test', now() + interval '1 hour'
-		    FROM apps WHERE name = 'app' RETURNING token`).Scan(&token); err != nil {
+		if err := e.pool.QueryRow(ctx, `INSERT INTO bellhop_offers (token, app_id, queue_name, owner, channel, expires_at, consumer_id)
+		    SELECT gen_random_uuid(), c.app_id, 'spare', gen_random_uuid(), 'bellhop_l_test', now() + interval '1 hour', c.id
+		    FROM queue_consumers AS c WHERE c.app_name = 'app' AND c.queue_name = 'spare' RETURNING token`).Scan(&token); err != nil {
 			t.Fatal(err)
 		}
 		return token
@@ -545,9 +545,9 @@ func TestLeasePlans(t *testing.T) {
 	    attempt = 1 WHERE queue_name = 'plans'`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.pool.Exec(ctx, `INSERT INTO bellhop_offers (token, app_id, queue_name, owner, channel, expires_at)
-	    SELECT gen_random_uuid(), a.id, 'plans', gen_random_uuid(), 'bellhop_l_test', now() + interval '1 hour'
-	    FROM apps AS a, generate_series(1, 2000) WHERE a.name = 'app'`); err != nil {
+	if _, err := e.pool.Exec(ctx, `INSERT INTO bellhop_offers (token, app_id, queue_name, owner, channel, expires_at, consumer_id)
+	    SELECT gen_random_uuid(), c.app_id, 'plans', gen_random_uuid(), 'bellhop_l_test', now() + interval '1 hour', c.id
+	    FROM queue_consumers AS c, generate_series(1, 2000) WHERE c.app_name = 'app' AND c.queue_name = 'plans'`); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e.pool.Exec(ctx, `ANALYZE bellhop_offers, queue_messages`); err != nil {

@@ -5,9 +5,10 @@
 -- second handler while the first still runs.
 --
 -- So each lease is measured with the timeout read in the transaction that
--- took or renewed it (claims: claim_queue.sql, claim_invoke.sql; renewals:
--- extend.sql; leases at INSERT: the lease notification, below), and none
--- is taken or renewed for a queue without a consumer. The reclaim never
+-- took or renewed it (claims: next_due_*.sql, in the claim's transaction;
+-- renewals: extend.sql; leases at INSERT: the lease notification, below),
+-- and none is delivered, renewed or leased at INSERT for a queue without
+-- a consumer. The reclaim never
 -- uses a shorter timeout than such a lease can have: when a timeout is
 -- lowered, or its consumer removed (its queue then falls back to the
 -- dispatcher's default, or to a new consumer's timeout), the old timeout
@@ -125,6 +126,11 @@ LANGUAGE sql STABLE AS $$
          WHERE m.claim_token IS NOT NULL))
 $$;
 
+-- An offer names the consumer of the lane that made it (offer_make.sql);
+-- offers made before this migration name none, lease nothing, and are
+-- replaced at the next poll.
+ALTER TABLE bellhop_offers ADD COLUMN consumer_id UUID NULL;
+
 -- The lease notification carries the timeout read in the producer's
 -- transaction, after the principal:
 --   l:<token>:<id>:<attempt>:<max_attempts>:<enqueued_at µs>:<claimed_at µs>:<principal>:<vt secs>:<payload>
@@ -149,11 +155,11 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    -- No lease for a queue without a consumer: nothing to measure it with.
-    SELECT min(d.visibility_timeout_secs) INTO vt_secs
+    -- No lease unless the offer's consumer still serves the queue: nothing
+    -- else would measure it. By primary key, from the offer.
+    SELECT d.visibility_timeout_secs INTO vt_secs
     FROM queue_trigger_details AS d
-    JOIN triggers AS t ON t.id = d.trigger_id
-    WHERE d.queue_name = p_queue_name AND t.app_id = p_app_id AND t.kind = 'queue';
+    WHERE d.trigger_id = offer.consumer_id AND d.queue_name = p_queue_name;
     IF vt_secs IS NULL THEN
         RETURN false;
     END IF;

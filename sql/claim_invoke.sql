@@ -2,16 +2,10 @@
 -- consumer. Same concurrency argument as claim_queue.sql: FOR UPDATE SKIP
 -- LOCKED in the inner SELECT, re-check of claim_token IS NULL once locked.
 -- Uses idx_outbox_dispatch (trigger_id, enqueued_at) WHERE claim_token IS NULL.
--- Returns the consumer's visibility timeout, and claims nothing without a
--- consumer, as claim_queue.sql does.
-WITH c AS (
-    SELECT visibility_timeout_secs AS vt_secs FROM queue_trigger_details WHERE trigger_id = @trigger_id
-)
 UPDATE outbox AS m
 SET claim_token = gen_random_uuid(),
     claimed_at  = now(),
     attempt     = m.attempt + 1
-FROM c
 WHERE m.id IN (
     SELECT c.id
     FROM outbox AS c
@@ -23,4 +17,4 @@ WHERE m.id IN (
     LIMIT @max_messages
     FOR UPDATE SKIP LOCKED
 )
-RETURNING m.id, m.payload, m.enqueued_at, m.claim_token, m.attempt, m.max_attempts, NULL::uuid, c.vt_secs
+RETURNING m.id, m.payload, m.enqueued_at, m.claim_token, m.attempt, m.max_attempts, NULL::uuid

@@ -5,20 +5,23 @@
 -- with (migration 0047; NULL: not renewed). The reclaim statement locks
 -- the same row and re-checks claimed_at, so a renewal and a reclaim never
 -- both win. min(): should a queue ever have two consumers, the shorter
--- timeout is the one the reclaim uses.
+-- timeout is the one the reclaim uses. The consumer is found by the
+-- queue's name, then its app by primary key (triggers has no index on
+-- app_id alone).
 WITH q AS (
     UPDATE queue_messages AS m SET claimed_at = now()
-    FROM (SELECT min(c.visibility_timeout_secs) AS vt_secs
+    FROM (SELECT min(d.visibility_timeout_secs) AS vt_secs
           FROM queue_messages AS k
-          JOIN queue_consumers AS c ON c.app_id = k.app_id AND c.queue_name = k.queue_name
-          WHERE k.id = @id) AS c
+          JOIN queue_trigger_details AS d ON d.queue_name = k.queue_name
+          WHERE k.id = @id
+            AND (SELECT t.app_id FROM triggers AS t WHERE t.id = d.trigger_id AND t.kind = 'queue') = k.app_id) AS c
     WHERE m.id = @id AND m.claim_token = @token AND c.vt_secs IS NOT NULL
     RETURNING c.vt_secs
 ), o AS (
     UPDATE outbox AS m SET claimed_at = now()
-    FROM queue_consumers AS c
-    WHERE m.id = @id AND m.claim_token = @token AND c.id = m.trigger_id
-    RETURNING c.visibility_timeout_secs AS vt_secs
+    FROM queue_trigger_details AS d
+    WHERE m.id = @id AND m.claim_token = @token AND d.trigger_id = m.trigger_id
+    RETURNING d.visibility_timeout_secs AS vt_secs
 )
 SELECT EXISTS (SELECT 1 FROM queue_messages WHERE id = @id AND claim_token = @token)
        OR EXISTS (SELECT 1 FROM outbox WHERE id = @id AND claim_token = @token),

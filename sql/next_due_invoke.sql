@@ -1,6 +1,6 @@
 -- The earliest future deliver_after of a consumer's unclaimed invoke_async
--- deliveries, and whether ready, unclaimed ones remain (see
--- next_due_queue.sql). Invoke deliveries are always announced, so there is
+-- deliveries, whether ready, unclaimed ones remain, and the consumer's
+-- visibility timeout (see next_due_queue.sql). Invoke deliveries are always announced, so there is
 -- no busy mark to report.
 SELECT (SELECT min(deliver_after)
         FROM outbox
@@ -16,4 +16,5 @@ SELECT (SELECT min(deliver_after)
                  AND claim_token IS NULL
                  AND (deliver_after IS NULL OR deliver_after <= now())
         ORDER BY enqueued_at
-        LIMIT 1) IS NOT NULL
+        LIMIT 1) IS NOT NULL,
+       (SELECT visibility_timeout_secs FROM queue_trigger_details WHERE trigger_id = @trigger_id)

@@ -14,7 +14,14 @@
 --   * whether ready, unclaimed messages remain: after a claim that did not
 --     fill its slots, they are rows another claim had locked (SKIP LOCKED
 --     passed them over); if that claim dies, nobody announces them again,
---     so the dispatcher looks again shortly.
+--     so the dispatcher looks again shortly;
+--   * the visibility timeout of the dispatcher's consumer of the queue
+--     (@consumer_id), which the claimed messages' leases are measured with
+--     (NULL if it no longer serves the queue: the dispatcher releases what
+--     it claimed). Read after the claim, it is one the reclaim honours for
+--     them even if the timeout is lowered or the consumer removed later
+--     (migration 0047), while the dispatcher's copy may be one reload
+--     behind. By primary key: this statement is planned on every call.
 -- The last is written as the oldest such row, not EXISTS, so that it walks
 -- the dispatch index in order instead of scanning claimed rows.
 -- Read-only; a stale answer only makes the dispatcher look again early.
@@ -39,4 +46,6 @@ SELECT (SELECT min(deliver_after)
                  AND claim_token IS NULL
                  AND (deliver_after IS NULL OR deliver_after <= now())
         ORDER BY enqueued_at
-        LIMIT 1) IS NOT NULL
+        LIMIT 1) IS NOT NULL,
+       (SELECT visibility_timeout_secs FROM queue_trigger_details
+        WHERE trigger_id = @consumer_id AND queue_name = @queue_name)

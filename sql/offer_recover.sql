@@ -6,12 +6,13 @@
 -- vt_secs is the consumer's visibility timeout now, to measure the lease
 -- with: if it was lowered since the lease began, the shorter one is safe;
 -- if it is lowered later, the reclaim keeps this one as the queue's floor
--- for as long (migration 0047).
+-- for as long (migration 0047). The consumer is found by the queue's
+-- name, then its app by primary key, as in bellhop_lease_message.
 SELECT m.id, m.payload, m.enqueued_at, m.claim_token, m.attempt, m.max_attempts,
        m.enqueued_by_principal, m.claimed_at,
        (SELECT min(d.visibility_timeout_secs)
         FROM queue_trigger_details AS d
-        JOIN triggers AS t ON t.id = d.trigger_id
-        WHERE d.queue_name = m.queue_name AND t.app_id = m.app_id AND t.kind = 'queue') AS vt_secs
+        WHERE d.queue_name = m.queue_name
+          AND (SELECT t.app_id FROM triggers AS t WHERE t.id = d.trigger_id AND t.kind = 'queue') = m.app_id) AS vt_secs
 FROM queue_messages AS m
 WHERE m.claim_token = ANY(@tokens::uuid[])

@@ -39,13 +39,7 @@ psql() { PGOPTIONS="-c client_min_messages=warning" command psql -X -q -At -v ON
 
 go run ./cmd/bellhop --database-url "$url" migrate >/dev/null
 app=$(psql -c "INSERT INTO apps (name) VALUES ('lease-plans') ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name RETURNING id")
-# The queue's consumer: since 0047 a queue without one leases nothing.
-principal=$(psql -c "INSERT INTO principals (app_id, name) VALUES ('$app', 'lease-plans') ON CONFLICT (app_id, name) DO UPDATE SET name = EXCLUDED.name RETURNING id")
-psql -c "WITH t AS (INSERT INTO triggers (app_id, kind, principal_id)
-                    SELECT '$app', 'queue', '$principal'
-                    WHERE NOT EXISTS (SELECT 1 FROM queue_consumers WHERE app_id = '$app' AND queue_name = 'q')
-                    RETURNING id)
-         INSERT INTO queue_trigger_details (trigger_id, queue_name) SELECT id, 'q' FROM t"
+. "$dir/consumer.sh"
 current=$(psql -c "SELECT pg_get_functiondef('bellhop_lease_message(uuid, uuid, text)'::regprocedure)")
 old=$(sed -n '/^CREATE \(OR REPLACE \)\{0,1\}FUNCTION bellhop_lease_message/,/^\$\$;/p' "$dir"/../../migrations/"$oldmig"_*.sql |
     sed 's/^CREATE FUNCTION/CREATE OR REPLACE FUNCTION/')
@@ -54,7 +48,7 @@ old=$(sed -n '/^CREATE \(OR REPLACE \)\{0,1\}FUNCTION bellhop_lease_message/,/^\
 work=$(mktemp -d)
 script=$work/lease.sql
 cat >"$script" <<EOF
-INSERT INTO bellhop_offers (token, app_id, queue_name, owner, channel, expires_at) VALUES (gen_random_uuid(), '$app', 'q', gen_random_uuid(), 'bellhop_l_bench', now() + interval '1 minute');
+INSERT INTO bellhop_offers (token, app_id, queue_name, owner, channel, expires_at, consumer_id) SELECT gen_random_uuid(), '$app', 'q', gen_random_uuid(), 'bellhop_l_bench', now() + interval '1 minute', id FROM queue_consumers WHERE app_id = '$app' AND queue_name = 'q';
 SET synchronous_commit = off;
 INSERT INTO queue_messages (app_id, queue_name, payload) VALUES ('$app', 'q', '{"a":1}') RETURNING id \gset
 DELETE FROM queue_messages WHERE id = ':id';

@@ -31,6 +31,7 @@ psql() { PGOPTIONS="-c client_min_messages=warning" command psql -X -q -At -v ON
 
 go run ./cmd/bellhop --database-url "$url" migrate >/dev/null
 app=$(psql -c "INSERT INTO apps (name) VALUES ('lease-wal') ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name RETURNING id")
+. "$dir/consumer.sh"
 current=$(psql -c "SELECT pg_get_functiondef('bellhop_lease_message(uuid, uuid, text)'::regprocedure)")
 # The UPDATE ... RETURNING ... INTO m becomes a SELECT of the same values
 # INTO m: the lease's every other statement stays.
@@ -47,7 +48,7 @@ noupdate=$(printf '%s\n' "$current" | awk '
 work=$(mktemp -d)
 for sc in on off; do
     cat >"$work/lease_$sc.sql" <<SQL
-INSERT INTO bellhop_offers (token, app_id, queue_name, owner, channel, expires_at) VALUES (gen_random_uuid(), '$app', 'q', gen_random_uuid(), 'bellhop_l_bench', now() + interval '1 minute');
+INSERT INTO bellhop_offers (token, app_id, queue_name, owner, channel, expires_at, consumer_id) SELECT gen_random_uuid(), '$app', 'q', gen_random_uuid(), 'bellhop_l_bench', now() + interval '1 minute', id FROM queue_consumers WHERE app_id = '$app' AND queue_name = 'q';
 SET synchronous_commit = $sc;
 INSERT INTO queue_messages (app_id, queue_name, payload) VALUES ('$app', 'q', '{"a":1}') RETURNING id \gset
 SET synchronous_commit = off;

@@ -150,9 +150,9 @@ func enqueueAlone(ctx context.Context, e *env, offer bool) error {
 	// other cases, and the offer's INSERT does not wake it for the
 	// producer.
 	makeOffer := func(ctx context.Context) error {
-		_, err := setup.Exec(ctx, `INSERT INTO bellhop_offers (token, app_id, queue_name, owner, channel, expires_at)
-		    SELECT gen_random_uuid(), id, 'lat', gen_random_uuid(), 'bellhop_l_bench', now() + interval '1 hour'
-		    FROM apps WHERE name = $1`, benchApp)
+		_, err := setup.Exec(ctx, `INSERT INTO bellhop_offers (token, app_id, queue_name, owner, channel, expires_at, consumer_id)
+		    SELECT gen_random_uuid(), c.app_id, 'lat', gen_random_uuid(), 'bellhop_l_bench', now() + interval '1 hour', c.id
+		    FROM queue_consumers AS c WHERE c.app_name = $1 AND c.queue_name = 'lat'`, benchApp)
 		return err
 	}
 	if offer {
