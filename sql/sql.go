@@ -95,6 +95,11 @@ var ConsumerList string
 //go:embed consumer_lock.sql
 var ConsumerLock string
 
+// ConsumerSecretMatches is consumer_secret_matches.sql.
+//
+//go:embed consumer_secret_matches.sql
+var ConsumerSecretMatches string
+
 // ConsumerUpdate is consumer_update.sql.
 //
 //go:embed consumer_update.sql

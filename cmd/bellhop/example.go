@@ -20,6 +20,7 @@ import (
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/httppush"
 	"github.com/bellhopq/bellhop/internal/validate"
+	queries "github.com/bellhopq/bellhop/sql"
 )
 
 // setupDemoCommand prepares the docker-compose demo: it creates the app if
@@ -119,7 +120,7 @@ func secretMatches(ctx context.Context, pool *pgxpool.Pool, id uuid.UUID, path s
 		return false, nil
 	}
 	var match bool
-	if err := pool.QueryRow(ctx, "SELECT coalesce(push_secret = $2, false) FROM queue_consumers WHERE id = $1", id, held).Scan(&match); err != nil {
+	if err := pool.QueryRow(ctx, queries.ConsumerSecretMatches, pgx.NamedArgs{"id": id, "secret": held}).Scan(&match); err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			return false, nil // removed meanwhile
 		}
