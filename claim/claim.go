@@ -113,7 +113,8 @@ type Pass struct {
 // ClaimPass leases up to max ready messages of t, oldest first, and reads
 // what the caller needs to sleep well: the next due time and other
 // dispatchers' busy marks. With b.Mark it also sets b.Owner's mark. It is
-// one round trip and one transaction.
+// one round trip and one transaction, whose statements run with their
+// generic plans (generic_plans.sql).
 func ClaimPass(ctx context.Context, db *pgxpool.Pool, t Target, max int, b Busy) (Pass, error) {
 	var claimSQL, infoSQL string
 	var args pgx.NamedArgs
@@ -127,6 +128,7 @@ func ClaimPass(ctx context.Context, db *pgxpool.Pool, t Target, max int, b Busy)
 	}
 	leasedAt := time.Now()
 	batch := &pgx.Batch{}
+	batch.Queue(queries.GenericPlans)
 	mark := b.Mark && t.Source == Queue
 	if mark {
 		batch.Queue(queries.BusyMark, pgx.NamedArgs{
@@ -140,6 +142,9 @@ func ClaimPass(ctx context.Context, db *pgxpool.Pool, t Target, max int, b Busy)
 
 	fail := func(what string, err error) (Pass, error) {
 		return Pass{}, fmt.Errorf("claim %s: %s%w", t, what, err)
+	}
+	if _, err := br.Exec(); err != nil {
+		return fail("plan mode: ", err)
 	}
 	if mark {
 		if _, err := br.Exec(); err != nil {

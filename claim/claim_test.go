@@ -3,14 +3,17 @@ package claim_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/claim"
 	"github.com/bellhopq/bellhop/internal/pgtest"
 	queries "github.com/bellhopq/bellhop/sql"
 )
@@ -28,70 +31,118 @@ func setup(t *testing.T) (*pgxpool.Pool, *bellhop.Client, uuid.UUID) {
 	return pool, c, app.ID
 }
 
-// TestClaimPlan: the claim statements find ready messages through their
+// TestClaimPlan: the claim-pass statements find messages through their
 // dispatch partial indexes, never by scanning the table, whether the
 // server plans them with the values (a custom plan) or once for any
-// values (the generic plan a cached prepared statement can switch to).
+// values (the generic plan that ClaimPass asks for). Two shapes of data:
+// messages spread over many queues, and one queue holding everything,
+// where the planner expects a generic claim to lock a tenth of the table
+// (LIMIT with a parameter) and a semi-join form of the claim hashed the
+// whole table (4 times slower in BenchmarkClaim).
 func TestClaimPlan(t *testing.T) {
-	ctx := context.Background()
-	pool, client, appID := setup(t)
-	other, err := client.CreateApp(ctx, "other")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var consumers []uuid.UUID
-	for q := range 20 {
-		c, err := client.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "app", Queue: fmt.Sprintf("q%d", q)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		consumers = append(consumers, c.ID)
-	}
-	// 40,000 messages over two apps and 20 queues: a tenth delayed, a
-	// seventh in flight; and 20,000 invoke deliveries over 20 consumers.
-	if _, err := pool.Exec(ctx, `
-		INSERT INTO queue_messages (app_id, queue_name, payload, enqueued_at, deliver_after, claim_token, claimed_at, attempt)
-		SELECT CASE WHEN g % 2 = 0 THEN $1::uuid ELSE $2::uuid END, 'q' || (g % 20), jsonb_build_object('g', g),
-		       now() - g * interval '1 ms',
-		       CASE WHEN g % 10 = 0 THEN now() + interval '1 hour' END,
-		       CASE WHEN g % 7 = 0 THEN gen_random_uuid() END,
-		       CASE WHEN g % 7 = 0 THEN now() END,
-		       CASE WHEN g % 7 = 0 THEN 1 ELSE 0 END
-		FROM generate_series(1, 40000) g`, appID, other.ID); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, `
-		INSERT INTO outbox (app_id, source_kind, trigger_id, payload, enqueued_at, claim_token, claimed_at, attempt)
-		SELECT $1::uuid, 'invoke', ($2::uuid[])[1 + g % 20], jsonb_build_object('g', g), now() - g * interval '1 ms',
-		       CASE WHEN g % 7 = 0 THEN gen_random_uuid() END,
-		       CASE WHEN g % 7 = 0 THEN now() END,
-		       CASE WHEN g % 7 = 0 THEN 1 ELSE 0 END
-		FROM generate_series(1, 20000) g`, appID, consumers); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, `ANALYZE queue_messages; ANALYZE outbox`); err != nil {
-		t.Fatal(err)
-	}
-
-	statements := []struct {
-		name, sql, index string
-		types            string            // PREPARE's parameter types, in $n order
-		params           map[string]string // @name -> $n
-		values           map[string]string // @name -> literal
+	shapes := []struct {
+		name           string
+		queues, apps   int
+		delayed, taken int // every delayed-th message is delayed, every taken-th in flight
 	}{
-		{
-			name: "claim_queue.sql", sql: queries.ClaimQueue, index: "idx_queue_messages_dispatch",
-			types:  "uuid, text, int",
-			params: map[string]string{"@app_id": "$1", "@queue_name": "$2", "@max_messages": "$3"},
-			values: map[string]string{"@app_id": "'" + appID.String() + "'", "@queue_name": "'q7'", "@max_messages": "10"},
-		},
-		{
-			name: "claim_invoke.sql", sql: queries.ClaimInvoke, index: "idx_outbox_dispatch",
-			types:  "uuid, int",
-			params: map[string]string{"@trigger_id": "$1", "@max_messages": "$2"},
-			values: map[string]string{"@trigger_id": "'" + consumers[7].String() + "'", "@max_messages": "10"},
-		},
+		{name: "spread", queues: 20, apps: 2, delayed: 10, taken: 7},
+		{name: "one queue", queues: 1, apps: 1, delayed: 100, taken: 50},
 	}
+	for _, shape := range shapes {
+		t.Run(shape.name, func(t *testing.T) {
+			ctx := context.Background()
+			pool, client, appID := setup(t)
+			other, err := client.CreateApp(ctx, "other")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var consumers []uuid.UUID
+			for q := range shape.queues {
+				c, err := client.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "app", Queue: fmt.Sprintf("q%d", q)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				consumers = append(consumers, c.ID)
+			}
+			// 40,000 messages and 20,000 invoke deliveries.
+			if _, err := pool.Exec(ctx, `
+				INSERT INTO queue_messages (app_id, queue_name, payload, enqueued_at, deliver_after, claim_token, claimed_at, attempt)
+				SELECT CASE WHEN g % $3 = 0 THEN $1::uuid ELSE $2::uuid END, 'q' || (g % $4), jsonb_build_object('g', g),
+				       now() - g * interval '1 ms',
+				       CASE WHEN g % $5 = 0 THEN now() + interval '1 hour' END,
+				       CASE WHEN g % $6 = 0 THEN gen_random_uuid() END,
+				       CASE WHEN g % $6 = 0 THEN now() END,
+				       CASE WHEN g % $6 = 0 THEN 1 ELSE 0 END
+				FROM generate_series(1, 40000) g`, appID, other.ID, shape.apps, shape.queues, shape.delayed, shape.taken); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := pool.Exec(ctx, `
+				INSERT INTO outbox (app_id, source_kind, trigger_id, payload, enqueued_at, claim_token, claimed_at, attempt)
+				SELECT $1::uuid, 'invoke', ($2::uuid[])[1 + g % cardinality($2::uuid[])], jsonb_build_object('g', g), now() - g * interval '1 ms',
+				       CASE WHEN g % $3 = 0 THEN gen_random_uuid() END,
+				       CASE WHEN g % $3 = 0 THEN now() END,
+				       CASE WHEN g % $3 = 0 THEN 1 ELSE 0 END
+				FROM generate_series(1, 20000) g`, appID, consumers, shape.taken); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := pool.Exec(ctx, `ANALYZE queue_messages; ANALYZE outbox`); err != nil {
+				t.Fatal(err)
+			}
+			q := len(consumers) - 1
+			app := "'" + appID.String() + "'"
+			queue := fmt.Sprintf("'q%d'", q)
+			consumer := "'" + consumers[q].String() + "'"
+			// Settling: one message of each table, by id and token.
+			var qID, qToken, oID, oToken uuid.UUID
+			if err := pool.QueryRow(ctx, `SELECT (SELECT id FROM queue_messages WHERE claim_token IS NOT NULL LIMIT 1),
+				(SELECT claim_token FROM queue_messages WHERE claim_token IS NOT NULL LIMIT 1),
+				(SELECT id FROM outbox WHERE claim_token IS NOT NULL LIMIT 1),
+				(SELECT claim_token FROM outbox WHERE claim_token IS NOT NULL LIMIT 1)`).Scan(&qID, &qToken, &oID, &oToken); err != nil {
+				t.Fatal(err)
+			}
+			ids := func(u uuid.UUID) string { return "'{" + u.String() + "}'" }
+			settle := []planArg{{"q_ids", "uuid[]", ids(qID)}, {"q_tokens", "uuid[]", ids(qToken)}}
+			outbox := []planArg{{"o_ids", "uuid[]", ids(oID)}, {"o_tokens", "uuid[]", ids(oToken)}}
+			pkeys := []string{"queue_messages_pkey", "outbox_pkey"}
+			checkPlans(t, pool, []planCase{
+				{name: "claim_queue.sql", sql: queries.ClaimQueue, indexes: []string{"idx_queue_messages_dispatch", "queue_messages_pkey"},
+					args: []planArg{{"app_id", "uuid", app}, {"queue_name", "text", queue}, {"max_messages", "int", "10"}}},
+				{name: "claim_invoke.sql", sql: queries.ClaimInvoke, indexes: []string{"idx_outbox_dispatch", "outbox_pkey"},
+					args: []planArg{{"trigger_id", "uuid", consumer}, {"max_messages", "int", "10"}}},
+				{name: "next_due_queue.sql", sql: queries.NextDueQueue, indexes: []string{"idx_queue_messages_dispatch", "idx_queue_messages_delayed"},
+					args: []planArg{{"app_id", "uuid", app}, {"queue_name", "text", queue}, {"owner", "uuid", "'" + uuid.NewString() + "'"},
+						{"held", "bool", "true"}, {"lease_ms", "int", "30000"}, {"consumer_id", "uuid", consumer}}},
+				{name: "next_due_invoke.sql", sql: queries.NextDueInvoke, indexes: []string{"idx_outbox_dispatch", "idx_outbox_delayed"},
+					args: []planArg{{"trigger_id", "uuid", consumer}}},
+				{name: "ack.sql", sql: queries.Ack, indexes: pkeys, args: slices.Concat(settle, outbox)},
+				{name: "nack.sql", sql: queries.Nack, indexes: pkeys, args: slices.Concat(settle, []planArg{{"q_delays_ms", "bigint[]", "'{1000}'"}},
+					outbox, []planArg{{"o_delays_ms", "bigint[]", "'{1000}'"}})},
+				{name: "dead_letter.sql", sql: queries.DeadLetter, indexes: pkeys, args: slices.Concat(settle, []planArg{{"q_errors", "text[]", "'{boom}'"}},
+					outbox, []planArg{{"o_errors", "text[]", "'{boom}'"}, {"o_queue_names", "text[]", "'{q}'"}})},
+				// Its sort is of the queues to wake, at most one per message.
+				{name: "release.sql", sql: queries.Release, indexes: pkeys, sorts: true, args: slices.Concat(settle, outbox)},
+			})
+		})
+	}
+}
+
+// planCase is a statement whose plans checkPlans checks.
+type planCase struct {
+	name, sql string
+	indexes   []string  // indexes every plan must use
+	sorts     bool      // whether a plan may sort
+	args      []planArg // every @name of sql, in the order PREPARE numbers them
+}
+
+// planArg is one named argument of a planCase.
+type planArg struct{ name, typ, value string }
+
+// checkPlans checks that each statement's plans, with literal values, as
+// a custom plan and as a generic plan, use its indexes, never scan a
+// table and (unless allowed) never sort.
+func checkPlans(t *testing.T, pool *pgxpool.Pool, statements []planCase) {
+	t.Helper()
+	ctx := context.Background()
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -99,17 +150,25 @@ func TestClaimPlan(t *testing.T) {
 	defer conn.Release()
 	defer conn.Exec(ctx, "RESET plan_cache_mode; DEALLOCATE ALL")
 	for i, st := range statements {
-		literal := substitute(t, st.sql, st.values)
-		prepared := substitute(t, st.sql, st.params)
-		var args []string
-		for _, k := range sortedByParam(st.params) {
-			args = append(args, st.values[k])
+		literal, prepared := st.sql, st.sql
+		var types, values []string
+		for n, a := range st.args {
+			if !strings.Contains(st.sql, "@"+a.name) {
+				t.Fatalf("%s has no @%s", st.name, a.name)
+			}
+			literal = strings.ReplaceAll(literal, "@"+a.name, a.value)
+			prepared = strings.ReplaceAll(prepared, "@"+a.name, fmt.Sprintf("$%d", n+1))
+			types = append(types, a.typ)
+			values = append(values, a.value)
+		}
+		if strings.Contains(literal, "@") {
+			t.Fatalf("%s: named argument left in:\n%s", st.name, literal)
 		}
 		name := fmt.Sprintf("claim_plan_%d", i)
-		if _, err := conn.Exec(ctx, fmt.Sprintf("PREPARE %s (%s) AS %s", name, st.types, prepared)); err != nil {
+		if _, err := conn.Exec(ctx, fmt.Sprintf("PREPARE %s (%s) AS %s", name, strings.Join(types, ", "), prepared)); err != nil {
 			t.Fatalf("%s: prepare: %v", st.name, err)
 		}
-		explainExecute := fmt.Sprintf("EXPLAIN EXECUTE %s (%s)", name, strings.Join(args, ", "))
+		explainExecute := fmt.Sprintf("EXPLAIN EXECUTE %s (%s)", name, strings.Join(values, ", "))
 		for _, c := range []struct{ name, mode, explain string }{
 			{"literal values", "auto", "EXPLAIN " + literal},
 			{"prepared, custom plan", "force_custom_plan", explainExecute},
@@ -120,15 +179,17 @@ func TestClaimPlan(t *testing.T) {
 					t.Fatal(err)
 				}
 				plan := explain(t, conn.Conn(), c.explain)
-				if !strings.Contains(plan, st.index) {
-					t.Errorf("plan does not use %s:\n%s", st.index, plan)
+				for _, index := range st.indexes {
+					if !strings.Contains(plan, index) {
+						t.Errorf("plan does not use %s:\n%s", index, plan)
+					}
 				}
 				if strings.Contains(plan, "Seq Scan") {
 					t.Errorf("plan scans a table:\n%s", plan)
 				}
 				// The index returns enqueued_at order: a sort would read
 				// every ready message of the queue to claim the first few.
-				if strings.Contains(plan, "Sort") {
+				if !st.sorts && strings.Contains(plan, "Sort") {
 					t.Errorf("plan sorts instead of reading the index in order:\n%s", plan)
 				}
 				if t.Failed() || testing.Verbose() {
@@ -137,33 +198,6 @@ func TestClaimPlan(t *testing.T) {
 			})
 		}
 	}
-}
-
-// substitute replaces every @name of sql by its value, and checks that
-// no named argument is left.
-func substitute(t *testing.T, sql string, values map[string]string) string {
-	t.Helper()
-	for k, v := range values {
-		if !strings.Contains(sql, k) {
-			t.Fatalf("statement has no %s", k)
-		}
-		sql = strings.ReplaceAll(sql, k, v)
-	}
-	if strings.Contains(sql, "@") {
-		t.Fatalf("named argument left in:\n%s", sql)
-	}
-	return sql
-}
-
-// sortedByParam returns the keys of params in $n order.
-func sortedByParam(params map[string]string) []string {
-	keys := make([]string, len(params))
-	for k, v := range params {
-		var n int
-		fmt.Sscanf(v, "$%d", &n)
-		keys[n-1] = k
-	}
-	return keys
 }
 
 func explain(t *testing.T, conn *pgx.Conn, sql string) string {
@@ -177,4 +211,93 @@ func explain(t *testing.T, conn *pgx.Conn, sql string) string {
 		t.Fatalf("%s: %v", sql, err)
 	}
 	return strings.Join(lines, "\n")
+}
+
+// TestClaimPassGenericPlans: a claim pass and a settlement run their
+// statements with their generic plans, planned once per session rather
+// than on every call, and the setting ends with their transactions.
+func TestClaimPassGenericPlans(t *testing.T) {
+	ctx := context.Background()
+	shared, client, appID := setup(t)
+	c, err := client.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "app", Queue: "q"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgxpool.ParseConfig(shared.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1 // every pass and the checks below on one session
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	targets := []claim.Target{
+		{Source: claim.Queue, AppID: appID, Queue: "q", TriggerID: c.ID},
+		{Source: claim.Invoke, AppID: appID, TriggerID: c.ID},
+	}
+	const passes = 8 // more than the 5 custom plans the server tries first
+	for i := range passes {
+		if _, err := client.Enqueue(ctx, "app", "q", []byte(fmt.Sprintf(`{"n":%d}`, i)), bellhop.EnqueueOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		for _, tg := range targets {
+			p, err := claim.ClaimPass(ctx, pool, tg, 1, claim.Busy{Owner: uuid.New(), Mark: i%2 == 0, Lease: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tg.Source == claim.Queue {
+				if len(p.Messages) != 1 {
+					t.Fatalf("pass %d claimed %d messages, want 1", i, len(p.Messages))
+				}
+				applied, err := claim.Write(ctx, pool, []claim.Outcome{{Message: &p.Messages[0], Verdict: claim.Ack}})
+				if err != nil || !applied[p.Messages[0].ID] {
+					t.Fatalf("ack of pass %d: applied %v, %v", i, applied, err)
+				}
+			}
+		}
+	}
+	rows, err := pool.Query(ctx, `SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type stats struct{ generic, custom int64 }
+	seen := map[string]stats{}
+	for rows.Next() {
+		var stmt string
+		var s stats
+		if err := rows.Scan(&stmt, &s.generic, &s.custom); err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []struct{ name, sql string }{
+			{"claim_queue.sql", queries.ClaimQueue}, {"next_due_queue.sql", queries.NextDueQueue},
+			{"claim_invoke.sql", queries.ClaimInvoke}, {"next_due_invoke.sql", queries.NextDueInvoke},
+			{"busy_mark.sql", queries.BusyMark}, {"ack.sql", queries.Ack},
+		} {
+			// pgx sends the text with $n for @name; the comments lead both.
+			if strings.HasPrefix(stmt, want.sql[:strings.Index(want.sql, "\n")]) {
+				seen[want.name] = s
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"claim_queue.sql", "next_due_queue.sql", "claim_invoke.sql", "next_due_invoke.sql", "busy_mark.sql", "ack.sql"} {
+		s, ok := seen[name]
+		switch {
+		case !ok:
+			t.Errorf("%s: not among the session's prepared statements", name)
+		case s.custom != 0 || s.generic == 0:
+			t.Errorf("%s: %d generic and %d custom plans, want only generic ones", name, s.generic, s.custom)
+		}
+	}
+	var mode string
+	if err := pool.QueryRow(ctx, "SHOW plan_cache_mode").Scan(&mode); err != nil {
+		t.Fatal(err)
+	}
+	if mode != "auto" {
+		t.Errorf("plan_cache_mode after the passes is %q, want auto: it leaked out of the claim pass", mode)
+	}
 }

@@ -134,7 +134,8 @@ func (c *Completer) flush(batch []Outcome) {
 	}
 }
 
-// Write applies outcomes in one round trip (one implicit transaction) and
+// Write applies outcomes in one round trip (one implicit transaction, its
+// statements run with their generic plans: generic_plans.sql) and
 // returns the ids whose tokens still matched. Outcomes whose tokens are
 // stale change nothing and are simply absent from the result.
 func Write(ctx context.Context, db *pgxpool.Pool, outcomes []Outcome) (map[uuid.UUID]bool, error) {
@@ -153,6 +154,7 @@ func Write(ctx context.Context, db *pgxpool.Pool, outcomes []Outcome) (map[uuid.
 		}
 	}
 	b := &pgx.Batch{}
+	b.Queue(queries.GenericPlans)
 	if acks.n > 0 {
 		b.Queue(queries.Ack, pgx.NamedArgs{
 			"q_ids": acks.q.ids, "q_tokens": acks.q.tokens,
@@ -179,7 +181,11 @@ func Write(ctx context.Context, db *pgxpool.Pool, outcomes []Outcome) (map[uuid.
 	}
 	applied := make(map[uuid.UUID]bool, len(outcomes))
 	br := db.SendBatch(ctx, b)
-	for range b.Len() {
+	if _, err := br.Exec(); err != nil {
+		br.Close()
+		return nil, fmt.Errorf("settle %d messages: %w", len(outcomes), err)
+	}
+	for range b.Len() - 1 {
 		rows, err := br.Query()
 		if err != nil {
 			br.Close()

@@ -6,7 +6,7 @@ UPDATE outbox AS m
 SET claim_token = gen_random_uuid(),
     claimed_at  = now(),
     attempt     = m.attempt + 1
-WHERE m.id IN (
+WHERE m.id = ANY (ARRAY(
     SELECT c.id
     FROM outbox AS c
     WHERE c.trigger_id = @trigger_id
@@ -16,5 +16,5 @@ WHERE m.id IN (
     ORDER BY c.enqueued_at
     LIMIT @max_messages
     FOR UPDATE SKIP LOCKED
-)
+))
 RETURNING m.id, m.payload, m.enqueued_at, m.claim_token, m.attempt, m.max_attempts, NULL::uuid

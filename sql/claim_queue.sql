@@ -13,7 +13,7 @@ UPDATE queue_messages AS m
 SET claim_token = gen_random_uuid(),
     claimed_at  = now(),
     attempt     = m.attempt + 1
-WHERE m.id IN (
+WHERE m.id = ANY (ARRAY(
     SELECT c.id
     FROM queue_messages AS c
     WHERE c.app_id = @app_id
@@ -23,5 +23,5 @@ WHERE m.id IN (
     ORDER BY c.enqueued_at
     LIMIT @max_messages
     FOR UPDATE SKIP LOCKED
-)
+))
 RETURNING m.id, m.payload, m.enqueued_at, m.claim_token, m.attempt, m.max_attempts, m.enqueued_by_principal

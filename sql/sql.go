@@ -140,6 +140,11 @@ var EnqueueOne string
 //go:embed extend.sql
 var Extend string
 
+// GenericPlans is generic_plans.sql.
+//
+//go:embed generic_plans.sql
+var GenericPlans string
+
 // Invoke is invoke.sql.
 //
 //go:embed invoke.sql
