@@ -2,6 +2,8 @@
 -- consumer. Same concurrency argument as claim_queue.sql: FOR UPDATE SKIP
 -- LOCKED in the inner SELECT, re-check of claim_token IS NULL once locked.
 -- Uses idx_outbox_dispatch (trigger_id, enqueued_at) WHERE claim_token IS NULL.
+-- The locked rows are found as id = ANY(ARRAY(...)) for the reason
+-- claim_queue.sql gives: a generic plan that probes the primary key.
 UPDATE outbox AS m
 SET claim_token = gen_random_uuid(),
     claimed_at  = now(),

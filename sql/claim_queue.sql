@@ -9,6 +9,13 @@
 -- once locked (EvalPlanQual) and dropped. The scan uses the partial index
 -- idx_queue_messages_dispatch (app_id, queue_name, enqueued_at) WHERE
 -- claim_token IS NULL; deliver_after is a filter on it.
+--
+-- The outer UPDATE finds the locked rows as id = ANY(ARRAY(...)), not as
+-- id IN (...): a claim pass runs this statement with its generic plan
+-- (generic_plans.sql), which costs LIMIT @max_messages as a tenth of the
+-- queue. As a semi-join that plan hashed the whole table when one queue
+-- held most of it (4 times slower); the array is probed through the
+-- primary key whatever the estimate (TestClaimPlan).
 UPDATE queue_messages AS m
 SET claim_token = gen_random_uuid(),
     claimed_at  = now(),

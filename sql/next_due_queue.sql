@@ -21,7 +21,7 @@
 --     it claimed). Read after the claim, it is one the reclaim honours for
 --     them even if the timeout is lowered or the consumer removed later
 --     (migration 0047), while the dispatcher's copy may be one reload
---     behind. By primary key: this statement is planned on every call.
+--     behind. By primary key, so it costs next to nothing.
 -- The last is written as the oldest such row, not EXISTS, so that it walks
 -- the dispatch index in order instead of scanning claimed rows.
 -- Read-only; a stale answer only makes the dispatcher look again early.
