@@ -1,11 +1,13 @@
 -- Makes the rest of the transaction run cached prepared statements with
 -- their generic plans, planned once per session, instead of planning
--- them for every call's values: the claim-pass statements take less time
--- to run (0.05 – 0.2 ms) than to plan (0.2 – 0.3 ms), and the server
--- never picks their generic plans on its own, because a LIMIT with a
--- parameter is costed as a tenth of the queue. Their generic plans read
--- the same indexes in the same order as the custom ones (TestClaimPlan
--- checks both, with messages spread over many queues and all in one).
+-- them for every call's values. A claim pass and a settlement (ack, nack,
+-- dead-letter, release) open their batches with it: the claim-pass
+-- statements take less time to run (0.05 – 0.2 ms) than to plan (0.2 –
+-- 0.3 ms), and the server never picks the claim's generic plan on its
+-- own, because a LIMIT with a parameter is costed as a tenth of the
+-- queue. Their generic plans read the same indexes as the custom ones
+-- (TestClaimPlan checks both, with messages spread over many queues and
+-- all in one).
 -- Local to the transaction (the third argument), so it never outlives
 -- the batch it opens.
 SELECT set_config('plan_cache_mode', 'force_generic_plan', true)
