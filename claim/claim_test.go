@@ -262,6 +262,11 @@ func TestClaimPassGenericPlans(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	watched := []struct{ name, sql string }{
+		{"claim_queue.sql", queries.ClaimQueue}, {"next_due_queue.sql", queries.NextDueQueue},
+		{"claim_invoke.sql", queries.ClaimInvoke}, {"next_due_invoke.sql", queries.NextDueInvoke},
+		{"busy_mark.sql", queries.BusyMark}, {"ack.sql", queries.Ack},
+	}
 	type stats struct{ generic, custom int64 }
 	seen := map[string]stats{}
 	for rows.Next() {
@@ -270,11 +275,7 @@ func TestClaimPassGenericPlans(t *testing.T) {
 		if err := rows.Scan(&stmt, &s.generic, &s.custom); err != nil {
 			t.Fatal(err)
 		}
-		for _, want := range []struct{ name, sql string }{
-			{"claim_queue.sql", queries.ClaimQueue}, {"next_due_queue.sql", queries.NextDueQueue},
-			{"claim_invoke.sql", queries.ClaimInvoke}, {"next_due_invoke.sql", queries.NextDueInvoke},
-			{"busy_mark.sql", queries.BusyMark}, {"ack.sql", queries.Ack},
-		} {
+		for _, want := range watched {
 			// pgx sends the text with $n for @name; the comments lead both.
 			if strings.HasPrefix(stmt, want.sql[:strings.Index(want.sql, "\n")]) {
 				seen[want.name] = s
@@ -284,7 +285,8 @@ func TestClaimPassGenericPlans(t *testing.T) {
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"claim_queue.sql", "next_due_queue.sql", "claim_invoke.sql", "next_due_invoke.sql", "busy_mark.sql", "ack.sql"} {
+	for _, w := range watched {
+		name := w.name
 		s, ok := seen[name]
 		switch {
 		case !ok:
