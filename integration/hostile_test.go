@@ -43,8 +43,11 @@ const garbledLogMsg = "ignoring a malformed notification"
 // channel. Thousands of garbled payloads (empty, 7999 bytes, control
 // characters, forged log lines, bad UUIDs, bad queue names, extra fields)
 // and a flood of well-formed but meaningless ones neither crash nor stall
-// a dispatcher: messages enqueued right after the garbage are delivered
-// within 100ms, the listener keeps its connection, counts every garbled
+// a dispatcher: a message enqueued right behind the garbage is delivered
+// within a second (a stall would take longer: a lost connection is
+// redialled after 2s, and the fallback poll is an hour away), those
+// enqueued after it within 100ms, the listener keeps its connection,
+// counts every garbled
 // payload, and logs about them once (at most once a minute), in one
 // well-formed JSON line.
 func TestHostileNotify(t *testing.T) {
@@ -110,22 +113,23 @@ func TestHostileNotify(t *testing.T) {
 	})
 	waitFor(t, 10*time.Second, "dispatcher ready", func() bool { return d.Ready(ctx) == nil })
 
-	// deliverFast enqueues one message and checks it reaches the handler
-	// within 100ms of the enqueue's commit.
-	// within 100ms of the enqueue (measured from before the call: the
-	// handler may start before the commit's reply reaches the producer).
-	deliverFast := func(what string) time.Duration {
+	// deliverWithin enqueues one message and checks it reaches the
+	// handler within limit of the enqueue (measured from before the call:
+	// the handler may start before the commit's reply reaches the
+	// producer).
+	deliverWithin := func(what string, limit time.Duration) time.Duration {
 		t.Helper()
 		sent := time.Now()
 		id := e.enqueue(t, "orders", map[string]string{"what": what}, bellhop.EnqueueOptions{})
 		waitFor(t, 5*time.Second, "delivery "+what, func() bool { _, ok := startedAt(id); return ok })
 		at, _ := startedAt(id)
 		lat := at.Sub(sent)
-		if lat >= 100*time.Millisecond {
-			t.Errorf("%s: delivered %s after the enqueue; want < 100ms", what, lat)
+		if lat >= limit {
+			t.Errorf("%s: delivered %s after the enqueue; want < %s", what, lat, limit)
 		}
 		return lat
 	}
+	deliverFast := func(what string) time.Duration { return deliverWithin(what, 100*time.Millisecond) }
 	deliverFast("before the garbage")
 
 	// Garbled payloads, each distinct (PostgreSQL folds identical
@@ -181,9 +185,10 @@ func TestHostileNotify(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Right behind the burst, in the same notification stream: the
-	// listener must chew through all of it first.
+	// listener must read all of it first, which took up to about 100ms
+	// under -race on two shared cores (hence not deliverFast's limit).
 	garbledBefore := d.ListenerStats().Garbled
-	lat := deliverFast("right after the burst")
+	lat := deliverWithin("right after the burst", time.Second)
 	t.Logf("delivered %s after its enqueue, queued behind %d garbled notifications (%d of them already read when it was sent)",
 		lat, len(garbage)+burst, garbledBefore)
 
