@@ -612,7 +612,11 @@ func (l *lane) deliver(st *consumerState, cm *claim.Message) {
 		}
 	}
 	if err != nil && out.Verdict == claim.Nack {
-		log.Info().Err(err).Dur("retry_in", out.Delay).Msg("handler failed; will retry")
+		retryIn := out.Delay
+		if out.HoldLease > 0 {
+			retryIn = max(retryIn, time.Until(m.lease.deadline().Add(leaseMargin(out.HoldLease))))
+		}
+		log.Info().Err(err).Dur("retry_in", retryIn).Msg("handler failed; will retry")
 	}
 	l.d.complete.Submit(out)
 
@@ -677,17 +681,23 @@ func (l *lane) decide(st *consumerState, m *Message, err, cause error) claim.Out
 		// Cancelled by a stop whose grace ran out: not the message's fault.
 		return claim.Outcome{Verdict: claim.Release}
 	}
+	// A handler abandoned when its lease ran short may still be running
+	// (an HTTP consumer does not see that we stopped waiting): the retry
+	// waits for the end of the lease it was given, not only its delay.
+	var hold time.Duration
 	if errors.Is(cause, ErrLeaseLost) {
-		err = fmt.Errorf("handler ran past its lease (%s visibility timeout): %w", m.lease.timeout(), err)
+		hold = m.lease.timeout()
+		err = fmt.Errorf("handler ran past its lease (%s visibility timeout): %w", hold, err)
 	}
 	if m.Attempt >= m.MaxAttempts {
 		return claim.Outcome{Verdict: claim.DeadLetter, Queue: st.Queue,
 			Error: fmt.Sprintf("attempts exhausted (%d of %d): %v", m.Attempt, m.MaxAttempts, err)}
 	}
+	delay := backoff.Delay(m.Attempt, st.BackoffBase, st.BackoffCap)
 	if errors.As(err, &retry) {
-		return claim.Outcome{Verdict: claim.Nack, Delay: retry.d}
+		delay = retry.d
 	}
-	return claim.Outcome{Verdict: claim.Nack, Delay: backoff.Delay(m.Attempt, st.BackoffBase, st.BackoffCap)}
+	return claim.Outcome{Verdict: claim.Nack, Delay: delay, HoldLease: hold}
 }
 
 // safeHandle runs h, turning a panic into an error.

@@ -115,8 +115,9 @@ func TestClaimPlan(t *testing.T) {
 				{name: "next_due_invoke.sql", sql: queries.NextDueInvoke, indexes: []string{"idx_outbox_dispatch", "idx_outbox_delayed"},
 					args: []planArg{{"trigger_id", "uuid", consumer}}},
 				{name: "ack.sql", sql: queries.Ack, indexes: pkeys, args: slices.Concat(settle, outbox)},
-				{name: "nack.sql", sql: queries.Nack, indexes: pkeys, args: slices.Concat(settle, []planArg{{"q_delays_ms", "bigint[]", "'{1000}'"}},
-					outbox, []planArg{{"o_delays_ms", "bigint[]", "'{1000}'"}})},
+				{name: "nack.sql", sql: queries.Nack, indexes: pkeys, args: slices.Concat(
+					settle, []planArg{{"q_delays_ms", "bigint[]", "'{1000}'"}, {"q_holds_ms", "bigint[]", "'{0}'"}},
+					outbox, []planArg{{"o_delays_ms", "bigint[]", "'{1000}'"}, {"o_holds_ms", "bigint[]", "'{0}'"}})},
 				{name: "dead_letter.sql", sql: queries.DeadLetter, indexes: pkeys, args: slices.Concat(settle, []planArg{{"q_errors", "text[]", "'{boom}'"}},
 					outbox, []planArg{{"o_errors", "text[]", "'{boom}'"}, {"o_queue_names", "text[]", "'{q}'"}})},
 				// Its sort is of the queues to wake, at most one per message.

@@ -39,8 +39,12 @@ type Outcome struct {
 	Message *Message
 	Verdict Verdict
 	Delay   time.Duration // Nack: how long until the next attempt
-	Error   string        // DeadLetter: the last error, kept with the dead letter
-	Queue   string        // DeadLetter of an Invoke delivery: its consumer's queue
+	// HoldLease, for a Nack, keeps the message invisible until its lease
+	// of this length would have ended (from claimed_at), if that is later
+	// than Delay: its handler was abandoned before the lease ran out.
+	HoldLease time.Duration
+	Error     string // DeadLetter: the last error, kept with the dead letter
+	Queue     string // DeadLetter of an Invoke delivery: its consumer's queue
 	// Done, if set, is called once the outcome is written (applied: the
 	// token still matched) or could not be written (err != nil; the lease
 	// then expires and the message is delivered again).
@@ -163,8 +167,8 @@ func Write(ctx context.Context, db *pgxpool.Pool, outcomes []Outcome) (map[uuid.
 	}
 	if nacks.n > 0 {
 		b.Queue(queries.Nack, pgx.NamedArgs{
-			"q_ids": nacks.q.ids, "q_tokens": nacks.q.tokens, "q_delays_ms": nacks.q.delays,
-			"o_ids": nacks.o.ids, "o_tokens": nacks.o.tokens, "o_delays_ms": nacks.o.delays,
+			"q_ids": nacks.q.ids, "q_tokens": nacks.q.tokens, "q_delays_ms": nacks.q.delays, "q_holds_ms": nacks.q.holds,
+			"o_ids": nacks.o.ids, "o_tokens": nacks.o.tokens, "o_delays_ms": nacks.o.delays, "o_holds_ms": nacks.o.holds,
 		})
 	}
 	if dead.n > 0 {
@@ -223,6 +227,7 @@ type columns struct {
 	// then a parse), a fifth of the dispatcher's CPU in burn-downs.
 	ids, tokens [][16]byte
 	delays      []int64
+	holds       []int64
 	errors      []string
 	queues      []string
 }
@@ -236,6 +241,7 @@ func (s *settle) add(o *Outcome) {
 	c.ids = append(c.ids, [16]byte(o.Message.ID))
 	c.tokens = append(c.tokens, [16]byte(o.Message.Token))
 	c.delays = append(c.delays, o.Delay.Milliseconds())
+	c.holds = append(c.holds, o.HoldLease.Milliseconds())
 	c.errors = append(c.errors, o.Error)
 	c.queues = append(c.queues, o.Queue)
 }

@@ -156,3 +156,66 @@ func deadLetterCount(t *testing.T, pool *pgxpool.Pool, id uuid.UUID) int {
 	}
 	return n
 }
+
+// TestNackHoldLease: a nack's deliver_after is now() plus its delay, or
+// the end of the lease it holds (claimed_at + HoldLease) if that is later.
+// Both tables.
+func TestNackHoldLease(t *testing.T) {
+	ctx := context.Background()
+	pool, client, appID := setup(t)
+	for i, c := range []struct {
+		name        string
+		delay, hold time.Duration
+		// want is deliver_after less claimed_at, give or take the time
+		// between the claim and the nack.
+		want time.Duration
+	}{
+		{"no hold", time.Minute, 0, time.Minute},
+		{"hold ends later", time.Millisecond, time.Hour, time.Hour},
+		{"delay ends later", 2 * time.Hour, time.Hour, 2 * time.Hour},
+	} {
+		for _, source := range []claim.Source{claim.Queue, claim.Invoke} {
+			t.Run(fmt.Sprintf("%s/%s", source, c.name), func(t *testing.T) {
+				queue := fmt.Sprintf("hold-%d-%s", i, source)
+				table := "queue_messages"
+				target := claim.Target{Source: claim.Queue, AppID: appID, Queue: queue}
+				var id uuid.UUID
+				var err error
+				if source == claim.Invoke {
+					cons, err := client.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "app", Queue: queue})
+					if err != nil {
+						t.Fatal(err)
+					}
+					table, target = "outbox", claim.Target{Source: claim.Invoke, AppID: appID, TriggerID: cons.ID}
+					id, err = client.InvokeAsync(ctx, cons.ID, []byte(`{"n":1}`), bellhop.EnqueueOptions{})
+				} else {
+					id, err = client.Enqueue(ctx, "app", queue, []byte(`{"n":1}`), bellhop.EnqueueOptions{})
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				m := claimOne(t, pool, target, id)
+				var claimedAt time.Time
+				if err := pool.QueryRow(ctx, `SELECT claimed_at FROM `+table+` WHERE id = $1`, id).Scan(&claimedAt); err != nil {
+					t.Fatal(err)
+				}
+				applied, err := claim.Write(ctx, pool, []claim.Outcome{{Message: &m, Verdict: claim.Nack, Delay: c.delay, HoldLease: c.hold}})
+				if err != nil || !applied[id] {
+					t.Fatalf("nack: applied %v, %v", applied[id], err)
+				}
+				var due time.Time
+				var token *uuid.UUID
+				if err := pool.QueryRow(ctx, `SELECT deliver_after, claim_token FROM `+table+` WHERE id = $1`, id).Scan(&due, &token); err != nil {
+					t.Fatal(err)
+				}
+				if token != nil {
+					t.Errorf("claim_token %s after the nack, want NULL", token)
+				}
+				// The nack ran within a few seconds of the claim.
+				if got := due.Sub(claimedAt); got < c.want || got > c.want+5*time.Second {
+					t.Errorf("deliver_after is claimed_at + %s, want %s (+ up to 5s)", got, c.want)
+				}
+			})
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -150,5 +151,76 @@ func checkDead(t *testing.T, e *env, id uuid.UUID, wantError string, attempt, ma
 		if !strings.Contains(dl.LastError, wantError) {
 			t.Errorf("dead letter's last_error %q does not contain %q", dl.LastError, wantError)
 		}
+	}
+}
+
+// TestAbandonedHandlerKeepsItsLease: a handler still running when its
+// lease runs short is abandoned a fifth of the visibility timeout early,
+// and its retry waits for the end of that lease even when the backoff or
+// RetryAfter is shorter. An HTTP consumer does not learn that the
+// dispatcher stopped waiting, so an earlier retry could overlap the
+// request it is still serving.
+func TestAbandonedHandlerKeepsItsLease(t *testing.T) {
+	const vt = time.Second
+	for _, c := range []struct {
+		name string
+		fail func(ctx context.Context) error // attempt 1's result once abandoned
+	}{
+		{"backoff", func(ctx context.Context) error { return ctx.Err() }},
+		{"RetryAfter", func(context.Context) error { return bellhop.RetryAfter(time.Millisecond) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t)
+			e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", VisibilityTimeout: vt,
+				BackoffBase: time.Millisecond, BackoffCap: time.Millisecond, MaxAttempts: 3})
+			type attempt struct {
+				start, claimedAt time.Time
+				cause            error
+			}
+			var mu sync.Mutex
+			var attempts []attempt
+			mux := bellhop.NewMux()
+			mux.Handle("app", "orders", bellhop.HandlerFunc(func(ctx context.Context, m *bellhop.Message) error {
+				a := attempt{start: time.Now()}
+				// The lease as the server measures it: from claimed_at.
+				if err := e.pool.QueryRow(context.Background(),
+					`SELECT claimed_at FROM queue_messages WHERE id = $1`, m.ID).Scan(&a.claimedAt); err != nil {
+					t.Errorf("attempt %d: read claimed_at: %v", m.Attempt, err)
+				}
+				if m.Attempt == 1 {
+					<-ctx.Done()
+					a.cause = context.Cause(ctx)
+				}
+				mu.Lock()
+				attempts = append(attempts, a)
+				mu.Unlock()
+				if m.Attempt == 1 {
+					return c.fail(ctx)
+				}
+				return nil
+			}))
+			startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour}, nil)
+			e.enqueue(t, "orders", 1, bellhop.EnqueueOptions{})
+			waitFor(t, 10*time.Second, "the second attempt", func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return len(attempts) == 2
+			})
+			mu.Lock()
+			first, second := attempts[0], attempts[1]
+			mu.Unlock()
+			if !errors.Is(first.cause, bellhop.ErrLeaseLost) {
+				t.Errorf("attempt 1's context ended with %v, want ErrLeaseLost", first.cause)
+			}
+			leaseEnd := first.claimedAt.Add(vt)
+			t.Logf("attempt 1 claimed at %s, abandoned, attempt 2 started %s after its lease's end",
+				first.claimedAt.Format("15:04:05.000"), second.start.Sub(leaseEnd))
+			if second.start.Before(leaseEnd) {
+				t.Errorf("attempt 2 started %s before attempt 1's lease ended", leaseEnd.Sub(second.start))
+			}
+			waitFor(t, 10*time.Second, "the message acked", func() bool {
+				return e.count(t, `SELECT count(*) FROM queue_messages`) == 0
+			})
+		})
 	}
 }
