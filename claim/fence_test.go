@@ -35,23 +35,7 @@ func TestFencing(t *testing.T) {
 				t.Run(fmt.Sprintf("%s/%s/%s", source, staleness, v), func(t *testing.T) {
 					n++
 					queue := fmt.Sprintf("fence-%d", n)
-					table := "queue_messages"
-					target := claim.Target{Source: claim.Queue, AppID: appID, Queue: queue}
-					var id uuid.UUID
-					var err error
-					if source == claim.Invoke {
-						c, err := client.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "app", Queue: queue})
-						if err != nil {
-							t.Fatal(err)
-						}
-						table, target = "outbox", claim.Target{Source: claim.Invoke, AppID: appID, TriggerID: c.ID}
-						id, err = client.InvokeAsync(ctx, c.ID, []byte(`{"n":1}`), bellhop.EnqueueOptions{MaxAttempts: 5})
-					} else {
-						id, err = client.Enqueue(ctx, "app", queue, []byte(`{"n":1}`), bellhop.EnqueueOptions{MaxAttempts: 5})
-					}
-					if err != nil {
-						t.Fatal(err)
-					}
+					id, table, target := newMessage(t, client, appID, source, queue)
 					old := claimOne(t, pool, target, id)
 
 					// Expire the lease and let the reclaimer take it back.
@@ -74,7 +58,7 @@ func TestFencing(t *testing.T) {
 						t.Fatal("message gone after the reclaim")
 					}
 
-					out := claim.Outcome{Message: &old, Verdict: v, Delay: time.Hour, Error: "stale outcome", Queue: queue}
+					out := claim.Outcome{Message: &old, Verdict: v, Delay: time.Hour, HoldLease: time.Minute, Error: "stale outcome", Queue: queue}
 					applied, err := claim.Write(ctx, pool, []claim.Outcome{out})
 					if err != nil {
 						t.Fatal(err)
@@ -124,6 +108,31 @@ func TestFencing(t *testing.T) {
 }
 
 // claimOne claims target and checks that it got exactly message id.
+// newMessage enqueues one message (5 attempts) to queue, or invokes a
+// consumer of queue with one (source Invoke), and returns its id, its
+// table and what claims it.
+func newMessage(t *testing.T, client *bellhop.Client, appID uuid.UUID, source claim.Source, queue string) (uuid.UUID, string, claim.Target) {
+	t.Helper()
+	ctx := context.Background()
+	opts := bellhop.EnqueueOptions{MaxAttempts: 5}
+	if source == claim.Invoke {
+		c, err := client.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "app", Queue: queue})
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, err := client.InvokeAsync(ctx, c.ID, []byte(`{"n":1}`), opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id, "outbox", claim.Target{Source: claim.Invoke, AppID: appID, TriggerID: c.ID}
+	}
+	id, err := client.Enqueue(ctx, "app", queue, []byte(`{"n":1}`), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id, "queue_messages", claim.Target{Source: claim.Queue, AppID: appID, Queue: queue}
+}
+
 func claimOne(t *testing.T, pool *pgxpool.Pool, target claim.Target, id uuid.UUID) claim.Message {
 	t.Helper()
 	msgs, _, err := claim.Claim(context.Background(), pool, target, 10)
@@ -177,23 +186,7 @@ func TestNackHoldLease(t *testing.T) {
 		for _, source := range []claim.Source{claim.Queue, claim.Invoke} {
 			t.Run(fmt.Sprintf("%s/%s", source, c.name), func(t *testing.T) {
 				queue := fmt.Sprintf("hold-%d-%s", i, source)
-				table := "queue_messages"
-				target := claim.Target{Source: claim.Queue, AppID: appID, Queue: queue}
-				var id uuid.UUID
-				var err error
-				if source == claim.Invoke {
-					cons, err := client.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "app", Queue: queue})
-					if err != nil {
-						t.Fatal(err)
-					}
-					table, target = "outbox", claim.Target{Source: claim.Invoke, AppID: appID, TriggerID: cons.ID}
-					id, err = client.InvokeAsync(ctx, cons.ID, []byte(`{"n":1}`), bellhop.EnqueueOptions{})
-				} else {
-					id, err = client.Enqueue(ctx, "app", queue, []byte(`{"n":1}`), bellhop.EnqueueOptions{})
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
+				id, table, target := newMessage(t, client, appID, source, queue)
 				m := claimOne(t, pool, target, id)
 				var claimedAt time.Time
 				if err := pool.QueryRow(ctx, `SELECT claimed_at FROM `+table+` WHERE id = $1`, id).Scan(&claimedAt); err != nil {
