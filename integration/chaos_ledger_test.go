@@ -1,6 +1,8 @@
 package integration
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -130,5 +132,43 @@ func TestChaosLedgerAnalysis(t *testing.T) {
 	}
 	if rep.dead != 2 || rep.acked != 13 {
 		t.Errorf("dead %d, acked %d; want 2, 13", rep.dead, rep.acked)
+	}
+}
+
+// TestChaosLinesAbout: a failed soak's report quotes, for each finding,
+// every dispatcher's log lines that name its message, and says so when
+// none does.
+func TestChaosLinesAbout(t *testing.T) {
+	dir := t.TempDir()
+	named, silent := uuid.New(), uuid.New()
+	logs := map[string]string{
+		"dispatcher-1": `{"message_id":"` + named.String() + `","message":"handler failed; will retry"}` + "\n" +
+			`{"message_id":"` + uuid.NewString() + `","message":"someone else"}` + "\n",
+		"dispatcher-2": `{"message_id":"` + named.String() + `","message":"lease was lost"}` + "\n",
+	}
+	rig := &chaosRig{t: t}
+	for _, name := range []string{"dispatcher-1", "dispatcher-2"} {
+		d := &daemon{name: name, logPath: filepath.Join(dir, name+".log")}
+		if err := os.WriteFile(d.logPath, []byte(logs[name]), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		rig.ds = append(rig.ds, d)
+	}
+	got := rig.linesAbout([]string{
+		"concurrent deliveries under a live lease: " + named.String() + ": attempt 2/3 overlaps attempt 1/3",
+		silent.String() + ": attempt number went back",
+		"no id in this one",
+	})
+	for _, want := range []string{
+		"dispatcher-1 " + strings.TrimSuffix(strings.SplitN(logs["dispatcher-1"], "\n", 2)[0], "\n"),
+		"dispatcher-2 " + strings.TrimSuffix(logs["dispatcher-2"], "\n"),
+		silent.String() + ":\n    (nothing)",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("missing %q in:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "someone else") {
+		t.Errorf("quoted a line about another message:\n%s", got)
 	}
 }

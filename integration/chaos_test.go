@@ -26,6 +26,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -606,6 +607,50 @@ faults:
 		t.Errorf("%d requests failed signature verification, e.g. %s", len(bad), bad[0])
 	}
 	rep.check(t)
+	if n := min(len(rep.unexplained), 10); n > 0 {
+		t.Logf("what the dispatchers logged about the first %d unexplained redeliveries (info and up; a delivery that went well logs nothing):\n%s",
+			n, rig.linesAbout(rep.unexplained[:n]))
+	}
+}
+
+// uuidPattern finds a message id in a ledger finding.
+var uuidPattern = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
+
+// linesAbout returns every dispatcher's log lines that name the message
+// each finding is about (its first id), so that a failed soak says which
+// dispatcher did what to it, even when its logs were in a removed temp
+// dir.
+func (r *chaosRig) linesAbout(findings []string) string {
+	logs := make([][]string, len(r.ds))
+	for i, d := range r.ds {
+		b, err := os.ReadFile(d.logPath)
+		if err != nil {
+			r.t.Errorf("read %s: %v", d.logPath, err)
+			continue
+		}
+		logs[i] = strings.Split(string(b), "\n")
+	}
+	var b strings.Builder
+	for _, f := range findings {
+		id := uuidPattern.FindString(f)
+		if id == "" {
+			continue
+		}
+		fmt.Fprintf(&b, "  %s:\n", id)
+		found := 0
+		for i, lines := range logs {
+			for _, line := range lines {
+				if found < 20 && strings.Contains(line, id) {
+					fmt.Fprintf(&b, "    %s %s\n", r.ds[i].name, line)
+					found++
+				}
+			}
+		}
+		if found == 0 {
+			b.WriteString("    (nothing)\n")
+		}
+	}
+	return b.String()
 }
 
 // wasKilled reports whether dispatcher i was kill -9'd.
