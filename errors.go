@@ -41,3 +41,11 @@ var (
 	// removed, and left the lease to end when it would have.
 	ErrNoConsumer = errors.New("the queue has no consumer; lease not renewed")
 )
+
+// ErrAbandoned, wrapped in a handler's error, says that the handler gave up
+// waiting for work that may still be running, as an HTTP push does when the
+// consumer does not answer within its timeout. The retry then waits for the
+// end of the message's lease as well as for its backoff, so that it cannot
+// overlap that work. A handler whose lease ran short is treated the same
+// way without it.
+var ErrAbandoned = errors.New("abandoned")

@@ -681,13 +681,16 @@ func (l *lane) decide(st *consumerState, m *Message, err, cause error) claim.Out
 		// Cancelled by a stop whose grace ran out: not the message's fault.
 		return claim.Outcome{Verdict: claim.Release}
 	}
-	// A handler abandoned when its lease ran short may still be running
-	// (an HTTP consumer does not see that we stopped waiting): the retry
-	// waits for the end of the lease it was given, not only its delay.
+	// A handler abandoned when its lease ran short, or one that gave up on
+	// work that may still run, may still be running (an HTTP consumer does
+	// not see that we stopped waiting): the retry waits for the end of the
+	// lease it was given, not only its delay.
 	var hold time.Duration
 	if errors.Is(cause, ErrLeaseLost) {
+		err = fmt.Errorf("handler ran past its lease (%s visibility timeout): %w", m.lease.timeout(), err)
+	}
+	if errors.Is(cause, ErrLeaseLost) || errors.Is(err, ErrAbandoned) {
 		hold = m.lease.timeout()
-		err = fmt.Errorf("handler ran past its lease (%s visibility timeout): %w", hold, err)
 	}
 	if m.Attempt >= m.MaxAttempts {
 		return claim.Outcome{Verdict: claim.DeadLetter, Queue: st.Queue,

@@ -157,17 +157,26 @@ func checkDead(t *testing.T, e *env, id uuid.UUID, wantError string, attempt, ma
 // TestAbandonedHandlerKeepsItsLease: a handler still running when its
 // lease runs short is abandoned a fifth of the visibility timeout early,
 // and its retry waits for the end of that lease even when the backoff or
-// RetryAfter is shorter. An HTTP consumer does not learn that the
-// dispatcher stopped waiting, so an earlier retry could overlap the
-// request it is still serving.
+// RetryAfter is shorter; so does the retry of a handler whose error wraps
+// ErrAbandoned. An HTTP consumer does not learn that the dispatcher
+// stopped waiting, so an earlier retry could overlap the request it is
+// still serving.
 func TestAbandonedHandlerKeepsItsLease(t *testing.T) {
 	const vt = time.Second
 	for _, c := range []struct {
 		name string
-		fail func(ctx context.Context) error // attempt 1's result once abandoned
+		// untilLease: attempt 1 runs until its context ends (the lease
+		// runs short); otherwise it fails at once.
+		untilLease bool
+		fail       func(ctx context.Context) error // attempt 1's result
 	}{
-		{"backoff", func(ctx context.Context) error { return ctx.Err() }},
-		{"RetryAfter", func(context.Context) error { return bellhop.RetryAfter(time.Millisecond) }},
+		{"backoff", true, func(ctx context.Context) error { return ctx.Err() }},
+		{"RetryAfter", true, func(context.Context) error { return bellhop.RetryAfter(time.Millisecond) }},
+		// A handler that gives up on work that may still run, as an HTTP
+		// push without a response does, says so with ErrAbandoned.
+		{"ErrAbandoned", false, func(context.Context) error {
+			return fmt.Errorf("no answer within 10ms: %w", bellhop.ErrAbandoned)
+		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			e := newEnv(t)
@@ -187,7 +196,7 @@ func TestAbandonedHandlerKeepsItsLease(t *testing.T) {
 					`SELECT claimed_at FROM queue_messages WHERE id = $1`, m.ID).Scan(&a.claimedAt); err != nil {
 					t.Errorf("attempt %d: read claimed_at: %v", m.Attempt, err)
 				}
-				if m.Attempt == 1 {
+				if m.Attempt == 1 && c.untilLease {
 					<-ctx.Done()
 					a.cause = context.Cause(ctx)
 				}
@@ -209,11 +218,11 @@ func TestAbandonedHandlerKeepsItsLease(t *testing.T) {
 			mu.Lock()
 			first, second := attempts[0], attempts[1]
 			mu.Unlock()
-			if !errors.Is(first.cause, bellhop.ErrLeaseLost) {
+			if c.untilLease && !errors.Is(first.cause, bellhop.ErrLeaseLost) {
 				t.Errorf("attempt 1's context ended with %v, want ErrLeaseLost", first.cause)
 			}
 			leaseEnd := first.claimedAt.Add(vt)
-			t.Logf("attempt 1 claimed at %s, abandoned, attempt 2 started %s after its lease's end",
+			t.Logf("attempt 1 claimed at %s, abandoned; attempt 2 started %s after its lease's end",
 				first.claimedAt.Format("15:04:05.000"), second.start.Sub(leaseEnd))
 			if second.start.Before(leaseEnd) {
 				t.Errorf("attempt 2 started %s before attempt 1's lease ended", leaseEnd.Sub(second.start))

@@ -2,11 +2,11 @@
 -- so it can be claimed again once deliver_after = now() + its delay has
 -- passed. Fenced by the token exactly as ack.sql; a stale nack changes
 -- nothing. The attempt already counted at claim time stays counted.
--- A message whose handler was abandoned when its lease ran short (hold_ms,
--- its visibility timeout; 0 otherwise) stays invisible until its lease
--- would have ended, claimed_at + hold_ms, as a reclaim would keep it: the
--- dispatcher gives up a fifth of the timeout early, and an HTTP consumer
--- may still be working on the request it no longer waits for.
+-- A message whose handler was abandoned (its lease ran short, or it gave
+-- up on work that may still run: ErrAbandoned) has hold_ms, its visibility
+-- timeout (0 otherwise), and stays invisible until its lease would have
+-- ended, claimed_at + hold_ms, as a reclaim would keep it: an HTTP
+-- consumer may still be working on the request we no longer wait for.
 -- It sends no notification: the dispatcher that nacked runs a claim pass
 -- once this commits, which reads the new deliver_after as its queue's
 -- next due time and arms its timer (lane.go).

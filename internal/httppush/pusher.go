@@ -408,7 +408,9 @@ func (h *handler) transportError(ctx, rctx context.Context, err error) error {
 		// inspects.
 		return fmt.Errorf("push to %s abandoned: %w", h.host, context.Cause(ctx))
 	case errors.Is(context.Cause(rctx), errRequestTimeout):
-		return fmt.Errorf("push to %s: no response within %s: %w", h.host, h.timeout, context.DeadlineExceeded)
+		// The consumer may still be working on it: bellhop.ErrAbandoned
+		// keeps the retry from starting before the lease would have ended.
+		return fmt.Errorf("push to %s: no response within %s: %w: %w", h.host, h.timeout, bellhop.ErrAbandoned, context.DeadlineExceeded)
 	}
 	var ue *url.Error
 	if errors.As(err, &ue) {

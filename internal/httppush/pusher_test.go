@@ -176,6 +176,9 @@ func TestResponseMapping(t *testing.T) {
 			if got := kind(err); got != tt.want {
 				t.Fatalf("result %v is %s, want %s", err, got, tt.want)
 			}
+			if errors.Is(err, bellhop.ErrAbandoned) {
+				t.Errorf("a response marked abandoned: %v", err)
+			}
 			if tt.want == "retry-after" {
 				if d := retryDelay(t, err); d != tt.delay {
 					t.Errorf("retry after %s, want %s", d, tt.delay)
@@ -236,8 +239,8 @@ func TestTimeout(t *testing.T) {
 			start := time.Now()
 			err := deliver(t, New(tt.opts), c)
 			elapsed := time.Since(start)
-			if kind(err) != "retry" || !errors.Is(err, context.DeadlineExceeded) {
-				t.Fatalf("err %v (%s), want an ordinary timeout error", err, kind(err))
+			if kind(err) != "retry" || !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, bellhop.ErrAbandoned) {
+				t.Fatalf("err %v (%s), want an ordinary timeout error, marked abandoned", err, kind(err))
 			}
 			if !strings.Contains(err.Error(), "no response within") {
 				t.Errorf("error %q does not say it timed out", err)
@@ -302,8 +305,8 @@ func TestConnectionRefused(t *testing.T) {
 	addr := l.Addr().String()
 	l.Close()
 	err = deliver(t, New(Options{}), consumerFor("http://"+addr+"/hook?token=QUERY-TOKEN"))
-	if kind(err) != "retry" {
-		t.Fatalf("err %v (%s), want an ordinary error", err, kind(err))
+	if kind(err) != "retry" || errors.Is(err, bellhop.ErrAbandoned) {
+		t.Fatalf("err %v (%s), want an ordinary error, not marked abandoned (nothing was sent)", err, kind(err))
 	}
 	if strings.Contains(err.Error(), "QUERY-TOKEN") || strings.Contains(err.Error(), "/hook") {
 		t.Errorf("error %q shows the URL's path or query", err)
