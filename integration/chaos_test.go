@@ -841,7 +841,8 @@ type soakReport struct {
 	missedPollsOutside      []string       // ... outside every fault window
 	// waits are, for deliveries whose readiness and start both fall
 	// outside every fault window, how long after the message became
-	// ready (committed and due, or its retry backoff over) the delivery
+	// ready (committed and due, or its retry backoff over and, after a
+	// hang, its lease) the delivery
 	// started; late lists those that waited over lateAfter.
 	waits []time.Duration
 	late  []string
@@ -1009,7 +1010,16 @@ func (r *chaosRig) analyse(ledger []ledgerEntry, prod *chaosProducer, dead map[u
 		}
 		for i := 1; i < len(es); i++ {
 			if prev, cur := es[i-1], es[i]; cur.Attempt == prev.Attempt+1 && !prev.ok() {
-				rep.wait(r, cur, prev.End.Add(maxBackoff(prev.Attempt)), "retry backoff over")
+				ready, what := prev.End.Add(maxBackoff(prev.Attempt)), "retry backoff over"
+				if prev.Hang {
+					// An abandoned push is retried once its lease is
+					// over too (nack.sql); it started a little after
+					// its claim, so this is a little late, not early.
+					if end := prev.Start.Add(chaosVT); end.After(ready) {
+						ready, what = end, "the hung attempt's lease over"
+					}
+				}
+				rep.wait(r, cur, ready, what)
 			}
 		}
 
