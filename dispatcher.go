@@ -30,7 +30,8 @@ const (
 	// notification was lost.
 	DefaultPollInterval = time.Minute
 	// DefaultShutdownGrace is how long a stopping dispatcher lets
-	// in-flight handlers finish before it cancels them.
+	// in-flight handlers finish before it cancels them and releases
+	// their messages (see Dispatcher.Run).
 	DefaultShutdownGrace = 10 * time.Second
 	// DefaultBusyLease: see DispatcherConfig.BusyLease.
 	DefaultBusyLease = 2 * time.Second
@@ -285,8 +286,10 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 
 // Run delivers until ctx is cancelled, then stops cleanly: it claims no
 // more, lets in-flight handlers finish for up to ShutdownGrace, cancels
-// the rest and releases their messages at once, writes every outcome and
-// returns. It returns an error only if it cannot start.
+// the rest and releases their messages with their attempts refunded,
+// writes every outcome and returns. A released message is claimable at
+// once, unless its handler's error wraps ErrAbandoned: then at the end of
+// its lease. It returns an error only if it cannot start.
 func (d *Dispatcher) Run(ctx context.Context) error {
 	defer d.db.Close()
 	if err := d.db.Ping(ctx); err != nil {

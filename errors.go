@@ -44,8 +44,10 @@ var (
 
 // ErrAbandoned, wrapped in a handler's error, says that the handler gave up
 // waiting for work that may still be running, as an HTTP push does when the
-// consumer does not answer within its timeout. The retry then waits for the
-// end of the message's lease as well as for its backoff, so that it cannot
-// overlap that work. A handler whose lease ran short is treated the same
-// way without it.
+// consumer does not answer within its timeout, or when the handler's context
+// ends before it answers. The retry then waits for the end of the message's
+// lease as well as for its backoff, so that it cannot overlap that work;
+// that holds, too, for a handler cancelled by a stopping dispatcher, whose
+// message is otherwise released for another dispatcher at once. A handler
+// whose lease ran short is treated the same way without it.
 var ErrAbandoned = errors.New("abandoned")

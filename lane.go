@@ -611,12 +611,16 @@ func (l *lane) deliver(st *consumerState, cm *claim.Message) {
 			}
 		}
 	}
-	if err != nil && out.Verdict == claim.Nack {
+	if err != nil && (out.Verdict == claim.Nack || out.Verdict == claim.Release) {
 		retryIn := out.Delay
 		if out.HoldLease > 0 {
 			retryIn = max(retryIn, time.Until(m.lease.deadline().Add(leaseMargin(out.HoldLease))))
 		}
-		log.Info().Err(err).Dur("retry_in", retryIn).Msg("handler failed; will retry")
+		msg := "handler failed; will retry"
+		if out.Verdict == claim.Release {
+			msg = "handler cancelled by the stop; message released, attempt refunded"
+		}
+		log.Info().Err(err).Dur("retry_in", retryIn).Msg(msg)
 	}
 	l.d.complete.Submit(out)
 
@@ -678,8 +682,15 @@ func (l *lane) decide(st *consumerState, m *Message, err, cause error) claim.Out
 	case errors.As(err, &perm):
 		return claim.Outcome{Verdict: claim.DeadLetter, Error: err.Error(), Queue: st.Queue}
 	case l.d.handlers.Err() != nil && !errors.Is(cause, ErrLeaseLost):
-		// Cancelled by a stop whose grace ran out: not the message's fault.
-		return claim.Outcome{Verdict: claim.Release}
+		// Cancelled by a stop whose grace ran out: not the message's
+		// fault, so its attempt is refunded. It is claimable at once,
+		// unless the handler gave up on work that may still run (an HTTP
+		// push cut short): then, as below, not before its lease's end.
+		out := claim.Outcome{Verdict: claim.Release}
+		if errors.Is(err, ErrAbandoned) {
+			out.HoldLease = m.lease.timeout()
+		}
+		return out
 	}
 	// A handler abandoned when its lease ran short, or one that gave up on
 	// work that may still run, may still be running (an HTTP consumer does

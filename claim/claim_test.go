@@ -121,7 +121,8 @@ func TestClaimPlan(t *testing.T) {
 				{name: "dead_letter.sql", sql: queries.DeadLetter, indexes: pkeys, args: slices.Concat(settle, []planArg{{"q_errors", "text[]", "'{boom}'"}},
 					outbox, []planArg{{"o_errors", "text[]", "'{boom}'"}, {"o_queue_names", "text[]", "'{q}'"}})},
 				// Its sort is of the queues to wake, at most one per message.
-				{name: "release.sql", sql: queries.Release, indexes: pkeys, sorts: true, args: slices.Concat(settle, outbox)},
+				{name: "release.sql", sql: queries.Release, indexes: pkeys, sorts: true, args: slices.Concat(
+					settle, []planArg{{"q_holds_ms", "bigint[]", "'{0}'"}}, outbox, []planArg{{"o_holds_ms", "bigint[]", "'{0}'"}})},
 			})
 		})
 	}

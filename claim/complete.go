@@ -24,9 +24,10 @@ const (
 	Nack
 	// DeadLetter moves it to dead_letters.
 	DeadLetter
-	// Release gives it back at once, with its attempt refunded: its
-	// handler was interrupted by a clean stop, or its delivery never
-	// started because the claim returned after the lease had run out.
+	// Release gives it back with its attempt refunded: its handler was
+	// interrupted by a clean stop, or its delivery never started because
+	// the claim returned after the lease had run out. It is claimable at
+	// once unless HoldLease keeps it.
 	Release
 )
 
@@ -39,9 +40,10 @@ type Outcome struct {
 	Message *Message
 	Verdict Verdict
 	Delay   time.Duration // Nack: how long until the next attempt
-	// HoldLease, for a Nack, keeps the message invisible until its lease
-	// of this length would have ended (from claimed_at), if that is later
-	// than Delay: its handler was abandoned before the lease ran out.
+	// HoldLease, for a Nack or a Release, keeps the message invisible
+	// until its lease of this length would have ended (from claimed_at),
+	// if that is later than Delay: its handler was abandoned before the
+	// lease ran out, and the work it gave up on may still be running.
 	HoldLease time.Duration
 	Error     string // DeadLetter: the last error, kept with the dead letter
 	Queue     string // DeadLetter of an Invoke delivery: its consumer's queue
@@ -179,8 +181,8 @@ func Write(ctx context.Context, db *pgxpool.Pool, outcomes []Outcome) (map[uuid.
 	}
 	if release.n > 0 {
 		b.Queue(queries.Release, pgx.NamedArgs{
-			"q_ids": release.q.ids, "q_tokens": release.q.tokens,
-			"o_ids": release.o.ids, "o_tokens": release.o.tokens,
+			"q_ids": release.q.ids, "q_tokens": release.q.tokens, "q_holds_ms": release.q.holds,
+			"o_ids": release.o.ids, "o_tokens": release.o.tokens, "o_holds_ms": release.o.holds,
 		})
 	}
 	applied := make(map[uuid.UUID]bool, len(outcomes))

@@ -107,7 +107,6 @@ func TestFencing(t *testing.T) {
 	}
 }
 
-// claimOne claims target and checks that it got exactly message id.
 // newMessage enqueues one message (5 attempts) to queue, or invokes a
 // consumer of queue with one (source Invoke), and returns its id, its
 // table and what claims it.
@@ -133,6 +132,7 @@ func newMessage(t *testing.T, client *bellhop.Client, appID uuid.UUID, source cl
 	return id, "queue_messages", claim.Target{Source: claim.Queue, AppID: appID, Queue: queue}
 }
 
+// claimOne claims target and checks that it got exactly message id.
 func claimOne(t *testing.T, pool *pgxpool.Pool, target claim.Target, id uuid.UUID) claim.Message {
 	t.Helper()
 	msgs, _, err := claim.Claim(context.Background(), pool, target, 10)
@@ -166,22 +166,28 @@ func deadLetterCount(t *testing.T, pool *pgxpool.Pool, id uuid.UUID) int {
 	return n
 }
 
-// TestNackHoldLease: a nack's deliver_after is now() plus its delay, or
-// the end of the lease it holds (claimed_at + HoldLease) if that is later.
-// Both tables.
-func TestNackHoldLease(t *testing.T) {
+// TestHoldLease: a nack's deliver_after is now() plus its delay, or the
+// end of the lease it holds (claimed_at + HoldLease) if that is later. A
+// release refunds the attempt and leaves the message ready (deliver_after
+// as enqueued: NULL), or holds it to the end of its lease likewise. Both
+// tables.
+func TestHoldLease(t *testing.T) {
 	ctx := context.Background()
 	pool, client, appID := setup(t)
 	for i, c := range []struct {
 		name        string
+		verdict     claim.Verdict
 		delay, hold time.Duration
 		// want is deliver_after less claimed_at, give or take the time
-		// between the claim and the nack.
-		want time.Duration
+		// between the claim and the outcome; ready: deliver_after NULL.
+		want  time.Duration
+		ready bool
 	}{
-		{"no hold", time.Minute, 0, time.Minute},
-		{"hold ends later", time.Millisecond, time.Hour, time.Hour},
-		{"delay ends later", 2 * time.Hour, time.Hour, 2 * time.Hour},
+		{name: "nack, no hold", verdict: claim.Nack, delay: time.Minute, want: time.Minute},
+		{name: "nack, hold ends later", verdict: claim.Nack, delay: time.Millisecond, hold: time.Hour, want: time.Hour},
+		{name: "nack, delay ends later", verdict: claim.Nack, delay: 2 * time.Hour, hold: time.Hour, want: 2 * time.Hour},
+		{name: "release, no hold", verdict: claim.Release, ready: true},
+		{name: "release, hold", verdict: claim.Release, hold: time.Hour, want: time.Hour},
 	} {
 		for _, source := range []claim.Source{claim.Queue, claim.Invoke} {
 			t.Run(fmt.Sprintf("%s/%s", source, c.name), func(t *testing.T) {
@@ -192,21 +198,35 @@ func TestNackHoldLease(t *testing.T) {
 				if err := pool.QueryRow(ctx, `SELECT claimed_at FROM `+table+` WHERE id = $1`, id).Scan(&claimedAt); err != nil {
 					t.Fatal(err)
 				}
-				applied, err := claim.Write(ctx, pool, []claim.Outcome{{Message: &m, Verdict: claim.Nack, Delay: c.delay, HoldLease: c.hold}})
+				applied, err := claim.Write(ctx, pool, []claim.Outcome{{Message: &m, Verdict: c.verdict, Delay: c.delay, HoldLease: c.hold}})
 				if err != nil || !applied[id] {
-					t.Fatalf("nack: applied %v, %v", applied[id], err)
+					t.Fatalf("%s: applied %v, %v", c.verdict, applied[id], err)
 				}
-				var due time.Time
+				var due *time.Time
 				var token *uuid.UUID
-				if err := pool.QueryRow(ctx, `SELECT deliver_after, claim_token FROM `+table+` WHERE id = $1`, id).Scan(&due, &token); err != nil {
+				var attempt int
+				if err := pool.QueryRow(ctx, `SELECT deliver_after, claim_token, attempt FROM `+table+` WHERE id = $1`, id).Scan(&due, &token, &attempt); err != nil {
 					t.Fatal(err)
 				}
 				if token != nil {
-					t.Errorf("claim_token %s after the nack, want NULL", token)
+					t.Errorf("claim_token %s after the %s, want NULL", token, c.verdict)
 				}
-				// The nack ran within a few seconds of the claim.
-				if got := due.Sub(claimedAt); got < c.want || got > c.want+5*time.Second {
-					t.Errorf("deliver_after is claimed_at + %s, want %s (+ up to 5s)", got, c.want)
+				// A nack keeps the attempt counted; a release refunds it.
+				if wantAttempt := map[claim.Verdict]int{claim.Nack: 1, claim.Release: 0}[c.verdict]; attempt != wantAttempt {
+					t.Errorf("attempt %d after the %s, want %d", attempt, c.verdict, wantAttempt)
+				}
+				switch {
+				case c.ready:
+					if due != nil {
+						t.Errorf("deliver_after %s after the %s, want NULL (ready at once)", due, c.verdict)
+					}
+				case due == nil:
+					t.Errorf("deliver_after NULL after the %s, want claimed_at + %s", c.verdict, c.want)
+				default:
+					// The outcome was written within a few seconds of the claim.
+					if got := due.Sub(claimedAt); got < c.want || got > c.want+5*time.Second {
+						t.Errorf("deliver_after is claimed_at + %s, want %s (+ up to 5s)", got, c.want)
+					}
 				}
 			})
 		}

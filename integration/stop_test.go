@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"strconv"
@@ -21,7 +22,8 @@ import (
 // TestCleanStop: cancelling Run while a handler is mid-delivery lets it
 // finish within ShutdownGrace; past the grace its context is cancelled and
 // its message released at once: claimable again, its attempt refunded, not
-// left to its visibility timeout (30s here).
+// left to its visibility timeout (30s here). (A handler that says its work
+// may still be running is held to its lease: TestCleanStopHandsOver.)
 func TestCleanStop(t *testing.T) {
 	const grace = 200 * time.Millisecond
 	cases := []struct {
@@ -128,28 +130,48 @@ func TestCleanStop(t *testing.T) {
 
 // TestCleanStopHandsOver: the messages a stopping dispatcher releases go
 // to the dispatchers still running at once, not at their next fallback
-// poll (an hour away); queue messages and invoke deliveries alike.
+// poll (an hour away); queue messages and invoke deliveries alike. A
+// message whose handler gave up on work that may still run (ErrAbandoned,
+// as an HTTP push cut short by the stop returns) goes to them when its
+// lease would have ended, and no earlier: the consumer may still be
+// working on it.
 func TestCleanStopHandsOver(t *testing.T) {
-	for _, invoke := range []bool{false, true} {
-		name := "queue"
-		if invoke {
-			name = "invoke"
-		}
-		t.Run(name, func(t *testing.T) {
+	const vt = 2 * time.Second
+	for _, c := range []struct {
+		name              string
+		invoke, abandoned bool
+	}{
+		{name: "queue"},
+		{name: "invoke", invoke: true},
+		{name: "queue, abandoned", abandoned: true},
+		{name: "invoke, abandoned", invoke: true, abandoned: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
 			e := newEnv(t)
-			cons := e.consumer(t, bellhop.ConsumerSpec{Queue: "work"})
-			started := make(chan struct{}, 1)
+			cons := e.consumer(t, bellhop.ConsumerSpec{Queue: "work", VisibilityTimeout: vt})
+			table := "queue_messages"
+			if c.invoke {
+				table = "outbox"
+			}
+			started := make(chan time.Time, 1) // the lease's start, claimed_at
 			leaving := bellhop.NewMux()
 			leaving.Handle("app", "work", bellhop.HandlerFunc(func(ctx context.Context, m *bellhop.Message) error {
-				started <- struct{}{}
+				var claimedAt time.Time
+				if err := e.pool.QueryRow(context.Background(), `SELECT claimed_at FROM `+table+` WHERE id = $1`, m.ID).Scan(&claimedAt); err != nil {
+					t.Errorf("read claimed_at: %v", err)
+				}
+				started <- claimedAt
 				<-ctx.Done()
+				if c.abandoned {
+					return fmt.Errorf("no response yet: %w: %w", bellhop.ErrAbandoned, ctx.Err())
+				}
 				return ctx.Err()
 			}))
 			a := startDispatcher(t, e.dsn, bellhop.DispatcherConfig{
 				Resolver: leaving, PollInterval: time.Hour, ShutdownGrace: 100 * time.Millisecond,
 			}, nil)
 			var id uuid.UUID
-			if invoke {
+			if c.invoke {
 				var err error
 				if id, err = e.client.InvokeAsync(context.Background(), cons.ID, []byte(`1`), bellhop.EnqueueOptions{}); err != nil {
 					t.Fatal(err)
@@ -157,8 +179,9 @@ func TestCleanStopHandsOver(t *testing.T) {
 			} else {
 				id = e.enqueue(t, "work", 1, bellhop.EnqueueOptions{})
 			}
+			var claimedAt time.Time
 			select {
-			case <-started:
+			case claimedAt = <-started:
 			case <-time.After(5 * time.Second):
 				t.Fatal("handler did not start")
 			}
@@ -173,10 +196,20 @@ func TestCleanStopHandsOver(t *testing.T) {
 			}
 			stopping := time.Now()
 			a.stop()
-			waitFor(t, 2*time.Second, "the released message delivered by the other dispatcher", func() bool { return rec.n.Load() == 1 })
-			t.Logf("handed over %s after the cancel", time.Since(stopping).Round(time.Millisecond))
-			if d := rec.deliveries()[0]; d.ID != id || d.Attempt != 1 || d.Invoked != invoke {
-				t.Errorf("delivered %s at attempt %d (invoked %v); want %s at attempt 1", d.ID, d.Attempt, d.Invoked, id)
+			// Ready at once, or at the lease's end; either way well before
+			// the fallback poll.
+			ready, limit := stopping, 2*time.Second
+			if c.abandoned {
+				ready, limit = claimedAt.Add(vt), time.Until(claimedAt.Add(vt))+2*time.Second
+			}
+			waitFor(t, limit, "the released message delivered by the other dispatcher", func() bool { return rec.n.Load() == 1 })
+			d := rec.deliveries()[0]
+			t.Logf("handed over %s after the cancel, %s after it was ready", d.Start.Sub(stopping).Round(time.Millisecond), d.Start.Sub(ready).Round(time.Millisecond))
+			if d.ID != id || d.Attempt != 1 || d.Invoked != c.invoke {
+				t.Errorf("delivered %s at attempt %d (invoked %v); want %s at attempt 1 (refunded)", d.ID, d.Attempt, d.Invoked, id)
+			}
+			if c.abandoned && d.Start.Before(ready) {
+				t.Errorf("delivered %s before the abandoned attempt's lease ended", ready.Sub(d.Start))
 			}
 		})
 	}

@@ -19,8 +19,9 @@ import (
 var stoppingRE = regexp.MustCompile(`stopping gracefully`)
 
 // TestGracefulStop: SIGTERM during a delivery lets it finish (or, past
-// the grace period, releases its message at once); a second signal exits
-// at once.
+// the grace period, releases its message, attempt refunded, to be retried
+// when its lease would have ended: the consumer never answered and may
+// still be working on it); a second signal exits at once.
 func TestGracefulStop(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -78,9 +79,12 @@ func TestGracefulStop(t *testing.T) {
 
 			pool := db(t, dsn)
 			var rows, claimed, attempt int
+			var dueIn float64 // seconds from now to deliver_after
 			if err := pool.QueryRow(context.Background(),
-				`SELECT count(*), count(claim_token), coalesce(max(attempt), 0) FROM queue_messages WHERE id = $1`, id).
-				Scan(&rows, &claimed, &attempt); err != nil {
+				`SELECT count(*), count(claim_token), coalesce(max(attempt), 0),
+				        coalesce(extract(epoch FROM max(deliver_after) - now())::float8, 0)
+				 FROM queue_messages WHERE id = $1`, id).
+				Scan(&rows, &claimed, &attempt, &dueIn); err != nil {
 				t.Fatal(err)
 			}
 			switch {
@@ -88,6 +92,11 @@ func TestGracefulStop(t *testing.T) {
 				t.Errorf("message not acked: %d rows", rows)
 			case tc.wantReleased && (rows != 1 || claimed != 0 || attempt != 0):
 				t.Errorf("message not released: rows %d, claimed %d, attempt %d (want 1, 0, 0)", rows, claimed, attempt)
+			case tc.wantReleased && (dueIn < 30 || dueIn > 60):
+				// The consumer may still be working on the request the
+				// stop cut short: the message waits for the end of its
+				// 60s lease, which began before the signal.
+				t.Errorf("released message is due in %.1fs, want at its lease's end (30 - 60s from now)", dueIn)
 			case tc.second && took > 3*time.Second:
 				t.Errorf("second signal: exit took %s", took)
 			}

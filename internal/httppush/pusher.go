@@ -27,6 +27,11 @@
 //	other 4xx, and 3xx           dead-letter at once: retrying cannot help
 //	timeout, connection error    retry with the consumer's backoff
 //
+// A request that may have reached the consumer but got no answer (a
+// timeout, or the dispatcher stopping or its lease running short) is
+// retried no earlier than the end of the message's lease, however short
+// the backoff: the consumer may still be working on it.
+//
 // Redirects are never followed: the allow-list is checked against the
 // registered URL only, so following a redirect would let a consumer send
 // signed payloads to a host the operator never allowed.
@@ -40,10 +45,12 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -366,8 +373,13 @@ func (h *handler) push(ctx context.Context, m *bellhop.Message) (int, error) {
 	rctx, cancel := context.WithTimeoutCause(ctx, h.timeout, errRequestTimeout)
 	defer cancel()
 
+	// Whether the request may have reached the consumer: once a
+	// connection is ours, it is on its way, and a consumer that got it
+	// may still be working on it after we stop waiting.
+	var sent atomic.Bool
+	tctx := httptrace.WithClientTrace(rctx, &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { sent.Store(true) }})
 	body := []byte(m.Payload)
-	req, err := http.NewRequestWithContext(rctx, http.MethodPost, h.url, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(tctx, http.MethodPost, h.url, bytes.NewReader(body))
 	if err != nil {
 		return 0, fmt.Errorf("push to %s: %w", h.host, err)
 	}
@@ -389,7 +401,7 @@ func (h *handler) push(ctx context.Context, m *bellhop.Message) (int, error) {
 
 	resp, err := h.p.client.Do(req)
 	if err != nil {
-		return 0, h.transportError(ctx, rctx, err)
+		return 0, h.transportError(ctx, rctx, err, sent.Load())
 	}
 	// Read (a bounded part of) the body whatever the status, so that the
 	// connection goes back to the pool; its start becomes the snippet.
@@ -399,18 +411,23 @@ func (h *handler) push(ctx context.Context, m *bellhop.Message) (int, error) {
 }
 
 // transportError describes a request that got no response. It never
-// wraps *url.Error, whose text holds the full URL.
-func (h *handler) transportError(ctx, rctx context.Context, err error) error {
+// wraps *url.Error, whose text holds the full URL. A request given up
+// after it may have reached the consumer (sent) wraps bellhop.ErrAbandoned:
+// the consumer may still be working on it, so its retry waits for the end
+// of the lease.
+func (h *handler) transportError(ctx, rctx context.Context, err error, sent bool) error {
 	switch {
-	case ctx.Err() != nil:
+	case ctx.Err() != nil && sent:
 		// The handler context ended (lease about to run out, or the
 		// dispatcher stopping): report its cause, which the dispatcher
 		// inspects.
-		return fmt.Errorf("push to %s abandoned: %w", h.host, context.Cause(ctx))
+		return fmt.Errorf("push to %s: stopped waiting for a response (%w): %w", h.host, bellhop.ErrAbandoned, context.Cause(ctx))
+	case ctx.Err() != nil:
+		return fmt.Errorf("push to %s: stopped before the request was sent: %w", h.host, context.Cause(ctx))
+	case errors.Is(context.Cause(rctx), errRequestTimeout) && sent:
+		return fmt.Errorf("push to %s: no response within %s (%w): %w", h.host, h.timeout, bellhop.ErrAbandoned, context.DeadlineExceeded)
 	case errors.Is(context.Cause(rctx), errRequestTimeout):
-		// The consumer may still be working on it: bellhop.ErrAbandoned
-		// keeps the retry from starting before the lease would have ended.
-		return fmt.Errorf("push to %s: no response within %s: %w: %w", h.host, h.timeout, bellhop.ErrAbandoned, context.DeadlineExceeded)
+		return fmt.Errorf("push to %s: no connection within %s: %w", h.host, h.timeout, context.DeadlineExceeded)
 	}
 	var ue *url.Error
 	if errors.As(err, &ue) {

@@ -221,15 +221,18 @@ func TestTimeout(t *testing.T) {
 	defer srv.Close()
 
 	for _, tt := range []struct {
-		name string
-		opts Options
-		c    func(bellhop.Consumer) bellhop.Consumer
+		name   string
+		opts   Options
+		c      func(bellhop.Consumer) bellhop.Consumer
+		noConn bool
 	}{
 		{name: "consumer timeout", c: func(c bellhop.Consumer) bellhop.Consumer { c.Timeout = 150 * time.Millisecond; return c }},
 		{name: "default timeout", opts: Options{Timeout: 150 * time.Millisecond}},
 		{name: "consumer timeout wins", opts: Options{Timeout: time.Hour},
 			c: func(c bellhop.Consumer) bellhop.Consumer { c.Timeout = 150 * time.Millisecond; return c }},
 		{name: "visibility timeout", c: func(c bellhop.Consumer) bellhop.Consumer { c.VisibilityTimeout = 250 * time.Millisecond; return c }},
+		// Nothing reached the consumer: its retry need not wait for the lease.
+		{name: "no connection", opts: Options{Timeout: 150 * time.Millisecond, Client: stuckDialClient()}, noConn: true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			c := consumerFor(srv.URL)
@@ -239,11 +242,15 @@ func TestTimeout(t *testing.T) {
 			start := time.Now()
 			err := deliver(t, New(tt.opts), c)
 			elapsed := time.Since(start)
-			if kind(err) != "retry" || !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, bellhop.ErrAbandoned) {
-				t.Fatalf("err %v (%s), want an ordinary timeout error, marked abandoned", err, kind(err))
+			if kind(err) != "retry" || !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, bellhop.ErrAbandoned) != !tt.noConn {
+				t.Fatalf("err %v (%s), want an ordinary timeout error, marked abandoned unless no connection was made", err, kind(err))
 			}
-			if !strings.Contains(err.Error(), "no response within") {
-				t.Errorf("error %q does not say it timed out", err)
+			want := "no response within"
+			if tt.noConn {
+				want = "no connection within"
+			}
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("error %q does not say %q", err, want)
 			}
 			if elapsed < 100*time.Millisecond || elapsed > 3*time.Second {
 				t.Errorf("returned after %s", elapsed)
@@ -278,23 +285,54 @@ func TestRequestTimeout(t *testing.T) {
 	}
 }
 
+// TestHandlerContextEnds: when the handler's context ends (the lease runs
+// short, or the dispatcher stops) the error carries its cause, and is
+// marked abandoned if the request may have reached the consumer, which
+// may still be working on it; not if no connection was made.
 func TestHandlerContextEnds(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(hang))
 	defer srv.Close()
-	h, err := New(Options{}).Handler(consumerFor(srv.URL))
-	if err != nil {
-		t.Fatal(err)
+	for _, tt := range []struct {
+		name          string
+		cause         error
+		client        *http.Client
+		wantAbandoned bool
+	}{
+		{name: "lease runs short", cause: bellhop.ErrLeaseLost, wantAbandoned: true},
+		{name: "dispatcher stops", cause: context.Canceled, wantAbandoned: true},
+		{name: "dispatcher stops while dialling", cause: context.Canceled, client: stuckDialClient()},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h, err := New(Options{Client: tt.client}).Handler(consumerFor(srv.URL))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancelCause(context.Background())
+			time.AfterFunc(100*time.Millisecond, func() { cancel(tt.cause) })
+			start := time.Now()
+			err = h.Handle(ctx, newMessage(t))
+			if kind(err) != "retry" || !errors.Is(err, tt.cause) {
+				t.Fatalf("err %v (%s), want an ordinary error wrapping %v", err, kind(err), tt.cause)
+			}
+			if got := errors.Is(err, bellhop.ErrAbandoned); got != tt.wantAbandoned {
+				t.Errorf("err %v: marked abandoned %v, want %v", err, got, tt.wantAbandoned)
+			}
+			if d := time.Since(start); d > 3*time.Second {
+				t.Errorf("returned after %s", d)
+			}
+		})
 	}
-	ctx, cancel := context.WithCancelCause(context.Background())
-	time.AfterFunc(100*time.Millisecond, func() { cancel(bellhop.ErrLeaseLost) })
-	start := time.Now()
-	err = h.Handle(ctx, newMessage(t))
-	if kind(err) != "retry" || !errors.Is(err, bellhop.ErrLeaseLost) {
-		t.Fatalf("err %v (%s), want an ordinary error wrapping ErrLeaseLost", err, kind(err))
-	}
-	if d := time.Since(start); d > 3*time.Second {
-		t.Errorf("returned after %s", d)
-	}
+}
+
+// stuckDialClient's connections never connect: its dial waits for the
+// request's context to end, as one to a host that drops packets does.
+func stuckDialClient() *http.Client {
+	return &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			<-ctx.Done()
+			return nil, ctx.Err()
+		},
+	}}
 }
 
 func TestConnectionRefused(t *testing.T) {
