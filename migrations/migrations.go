@@ -5,6 +5,15 @@
 // the seed assumed, 0034 is the seed itself, word for word). tern wants a
 // gap-free sequence, so the files are appended to the migrator in number
 // order and tern's version counts how many of them have been applied.
+//
+// Indexes are built with a plain CREATE INDEX, inside the file's
+// transaction, which holds off writes to the table while it builds (the
+// outbox and the message tables are meant to stay short). CREATE INDEX
+// CONCURRENTLY would deadlock with a second process migrating at the same
+// time: it waits for every transaction with an older snapshot to end,
+// and the other process's statement waiting for tern's advisory lock is
+// one of them (golang-migrate/migrate#960 and coder/coder#8353 report the
+// deadlock).
 package migrations
 
 import (

@@ -28,7 +28,7 @@ const testSecret = "whsec-7f3a9c-DO-NOT-LEAK"
 
 var testPayload = json.RawMessage(`{"card":"PAYLOAD-MARKER-4111"}`)
 
-func newMessage(t *testing.T) *bellhop.Message {
+func newMessage(t testing.TB) *bellhop.Message {
 	t.Helper()
 	m := &bellhop.Message{
 		App: "shop", Queue: "orders.created", Attempt: 2, MaxAttempts: 5,
