@@ -112,7 +112,9 @@ type Observer interface {
 	// reported.
 	Settled(m *Message, o Outcome, handled time.Duration)
 	// Polled is called after every fallback poll with the number of idle
-	// queues it found holding ready work (missed notifications).
+	// queues it found holding work ready for a second or more (missed
+	// notifications; work that came due just now is woken but not
+	// counted, since a timer may be taking it at that moment).
 	Polled(missed int)
 	// Reclaimed is called after a reclaim pass that changed something.
 	Reclaimed(released, deadLettered int64)
@@ -500,6 +502,16 @@ func (d *Dispatcher) wakeAll() {
 	}
 }
 
+// missedGrace is how long work must have been ready for a fallback poll
+// that finds it on a quiet lane to count it as a missed notification.
+// Work that came due just now is on its way: another dispatcher's timer
+// for a nack's or a delayed message's due time fires at that moment (in
+// soaks, polls caught such work 10 - 15 ms after it came due), or its
+// notification is in flight. The poll wakes the lane either way; a
+// notification lost for work enqueued less than this before a poll goes
+// uncounted.
+const missedGrace = time.Second
+
 // poll runs the fallback poll: one statement that also carries the
 // listener's heartbeat and the next lease expiry.
 func (d *Dispatcher) poll(ctx context.Context) {
@@ -522,7 +534,7 @@ func (d *Dispatcher) poll(ctx context.Context) {
 
 	token := d.listener.ExpectHeartbeat()
 	var sent bool
-	var queueReady, invokeReady, liveOffers []uuid.UUID
+	var queueReady, queueStale, invokeReady, invokeStale, liveOffers []uuid.UUID
 	var nextExpiry *time.Time
 	var dbNow time.Time
 	pollSent := time.Now()
@@ -536,7 +548,8 @@ func (d *Dispatcher) poll(ctx context.Context) {
 		"owner":           d.owner,
 		"offers":          offers,
 		"offer_ttl_ms":    d.offerTTL().Milliseconds(),
-	}).Scan(&sent, &queueReady, &invokeReady, &nextExpiry, &liveOffers, &dbNow)
+		"grace_ms":        missedGrace.Milliseconds(),
+	}).Scan(&sent, &queueReady, &queueStale, &invokeReady, &invokeStale, &nextExpiry, &liveOffers, &dbNow)
 	if err != nil {
 		d.listener.ForgetHeartbeat(token)
 		if ctx.Err() == nil {
@@ -549,11 +562,19 @@ func (d *Dispatcher) poll(ctx context.Context) {
 	}
 	d.recoverLeases(ctx, unheard)
 	d.afterPoll(ctx, pollSent, dbNow, offers, liveOffers)
+	set := func(ids []uuid.UUID) map[uuid.UUID]bool {
+		m := make(map[uuid.UUID]bool, len(ids))
+		for _, id := range ids {
+			m[id] = true
+		}
+		return m
+	}
+	staleQueue, staleInvoke := set(queueStale), set(invokeStale)
 	missed := 0
-	wake := func(l *lane) {
+	wake := func(l *lane, stale bool) {
 		b := before[l]
 		q, n := l.quiet()
-		if b.quiet && q && n == b.passes {
+		if stale && b.quiet && q && n == b.passes {
 			missed++
 		}
 		l.poke()
@@ -561,12 +582,12 @@ func (d *Dispatcher) poll(ctx context.Context) {
 	d.mu.RLock()
 	for _, id := range queueReady {
 		if cl := d.lanes[id]; cl != nil {
-			wake(cl.queue)
+			wake(cl.queue, staleQueue[id])
 		}
 	}
 	for _, id := range invokeReady {
 		if cl := d.lanes[id]; cl != nil {
-			wake(cl.invoke)
+			wake(cl.invoke, staleInvoke[id])
 		}
 	}
 	d.mu.RUnlock()

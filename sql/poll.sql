@@ -3,7 +3,13 @@
 --     listener's watchdog can tell a live connection from a hung one;
 --   * lists the enabled queue consumers whose queue, or whose invoke_async
 --     outbox, holds a message claimable now (one EXISTS probe each on the
---     dispatch partial indexes, stopping at the first ready row);
+--     dispatch partial indexes, stopping at the first ready row), and of
+--     those the ones with a message claimable for @grace_ms already (its
+--     deliver_after, or its enqueued_at if it has none, that long ago): only
+--     these count as missed notifications. Work that came due just now may
+--     be on its way to another dispatcher, whose own timer for a nack's or
+--     a delayed message's due time fires at that moment, or whose
+--     notification is still in flight;
 --   * reports when the next live lease expires, so the reclaim timer also
 --     covers claims made by other dispatchers, crashed ones included;
 --   * extends the dispatcher's offers (migrations/0044_lease_at_insert.sql)
@@ -24,6 +30,22 @@ WITH refreshed AS (
                       WHERE owner = @owner AND token = ANY(@offers::uuid[])
                       FOR UPDATE SKIP LOCKED)
     RETURNING o.token
+), queue_ready AS (
+    SELECT c.id, c.app_id, c.queue_name
+    FROM queue_consumers c
+    WHERE c.enabled
+      AND EXISTS (SELECT 1 FROM queue_messages m
+                  WHERE m.app_id = c.app_id AND m.queue_name = c.queue_name
+                    AND m.claim_token IS NULL
+                    AND (m.deliver_after IS NULL OR m.deliver_after <= now()))
+), invoke_ready AS (
+    SELECT c.id
+    FROM queue_consumers c
+    WHERE c.enabled
+      AND EXISTS (SELECT 1 FROM outbox m
+                  WHERE m.trigger_id = c.id AND m.source_kind = 'invoke'
+                    AND m.claim_token IS NULL
+                    AND (m.deliver_after IS NULL OR m.deliver_after <= now()))
 ), forgotten AS (
     DELETE FROM bellhop_offers AS o
     WHERE o.token IN (SELECT token FROM bellhop_offers
@@ -36,24 +58,20 @@ WITH refreshed AS (
                       FOR UPDATE SKIP LOCKED)
 )
 SELECT pg_notify('bellhop', @heartbeat::text) IS NULL AS sent,
-       ARRAY(
-           SELECT c.id
-           FROM queue_consumers c
-           WHERE c.enabled
-             AND EXISTS (SELECT 1 FROM queue_messages m
-                         WHERE m.app_id = c.app_id AND m.queue_name = c.queue_name
-                           AND m.claim_token IS NULL
-                           AND (m.deliver_after IS NULL OR m.deliver_after <= now()))
-       ) AS queue_ready,
-       ARRAY(
-           SELECT c.id
-           FROM queue_consumers c
-           WHERE c.enabled
-             AND EXISTS (SELECT 1 FROM outbox m
-                         WHERE m.trigger_id = c.id AND m.source_kind = 'invoke'
-                           AND m.claim_token IS NULL
-                           AND (m.deliver_after IS NULL OR m.deliver_after <= now()))
-       ) AS invoke_ready,
+       ARRAY(SELECT id FROM queue_ready) AS queue_ready,
+       ARRAY(SELECT r.id FROM queue_ready r
+             WHERE EXISTS (SELECT 1 FROM queue_messages m
+                           WHERE m.app_id = r.app_id AND m.queue_name = r.queue_name
+                             AND m.claim_token IS NULL
+                             AND coalesce(m.deliver_after, m.enqueued_at) <= now() - @grace_ms * interval '1 millisecond')
+       ) AS queue_stale,
+       ARRAY(SELECT id FROM invoke_ready) AS invoke_ready,
+       ARRAY(SELECT r.id FROM invoke_ready r
+             WHERE EXISTS (SELECT 1 FROM outbox m
+                           WHERE m.trigger_id = r.id AND m.source_kind = 'invoke'
+                             AND m.claim_token IS NULL
+                             AND coalesce(m.deliver_after, m.enqueued_at) <= now() - @grace_ms * interval '1 millisecond')
+       ) AS invoke_stale,
        bellhop_next_lease_expiry(@default_vt_secs) AS next_lease_expiry,
        ARRAY(SELECT token FROM refreshed) AS live_offers,
        clock_timestamp() AS db_now

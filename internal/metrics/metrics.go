@@ -53,7 +53,7 @@ func New(reg prometheus.Registerer, stats func() notify.Stats, queues func(conte
 		polls: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "bellhop_fallback_polls_total", Help: "Fallback polls run."}),
 		pollsFound: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "bellhop_fallback_polls_found_work_total", Help: "Fallback polls that found ready work on idle queues: non-zero means notifications were missed."}),
+			Name: "bellhop_fallback_polls_found_work_total", Help: "Fallback polls that found work ready for a second or more on idle queues: non-zero means notifications were missed."}),
 	}
 	reg.MustRegister(r.delivered, r.settled, r.reclaimed, r.inFlight, r.toStart, r.toAck, r.handler, r.polls, r.pollsFound,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
