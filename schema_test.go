@@ -365,6 +365,13 @@ func TestConstraintsRejectPlainSQL(t *testing.T) {
 		{"visibility_timeout_secs 0", insertDetails, []any{trigger, "orders", 0}, "queue_trigger_details_visibility_timeout_check"},
 		{"visibility_timeout_secs 43201", insertDetails, []any{trigger, "orders", 43201}, "queue_trigger_details_visibility_timeout_check"},
 		{"consumer queue name with a space", insertDetails, []any{trigger, "a b", 30}, "queue_trigger_details_queue_name_check"},
+		// Neither claimable nor reclaimable: never delivered (0050).
+		{"claim_token without claimed_at", `INSERT INTO queue_messages (app_id, queue_name, payload, claim_token)
+			VALUES ($1, 'orders', '{}', gen_random_uuid())`, []any{app.ID}, "queue_messages_claim_pair_check"},
+		{"claimed_at without claim_token", `INSERT INTO queue_messages (app_id, queue_name, payload, claimed_at)
+			VALUES ($1, 'orders', '{}', now())`, []any{app.ID}, "queue_messages_claim_pair_check"},
+		{"invoke delivery with claim_token without claimed_at", `INSERT INTO outbox (app_id, source_kind, trigger_id, payload, claim_token)
+			VALUES ($1, 'invoke', $2, '{}', gen_random_uuid())`, []any{app.ID, trigger}, "outbox_claim_pair_check"},
 	}
 	for _, tc := range cases {
 		t.Run("rejects "+tc.name, func(t *testing.T) {
@@ -407,6 +414,11 @@ func TestConstraintsRejectPlainSQL(t *testing.T) {
 		},
 		{"visibility_timeout_secs 1", insertDetails, []any{trigger, "orders", 1}, "queue_trigger_details"},
 		{"visibility_timeout_secs 43200", insertDetails, []any{newTrigger(), "orders", 43200}, "queue_trigger_details"},
+		{"a claimed message", `INSERT INTO queue_messages (app_id, queue_name, payload, claim_token, claimed_at, attempt)
+			VALUES ($1, 'orders', '{}', gen_random_uuid(), now(), 1)`, []any{app.ID}, "queue_messages"},
+		// The base system's outbox rows keep their own rules.
+		{"an event row with claim_token only", `INSERT INTO outbox (app_id, source_kind, trigger_id, payload, claim_token)
+			VALUES ($1, 'event', $2, '{}', gen_random_uuid())`, []any{app.ID, trigger}, "outbox"},
 	}
 	for _, tc := range accepted {
 		t.Run("accepts "+tc.name, func(t *testing.T) {

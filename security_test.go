@@ -15,6 +15,7 @@ import (
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/pgdsn"
 	"github.com/bellhopq/bellhop/internal/pgtest"
+	"github.com/bellhopq/bellhop/migrations"
 )
 
 // runDispatcher runs a Dispatcher on connString until the test ends.
@@ -238,6 +239,10 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 		`SELECT * FROM dead_letters`,
 		`SELECT * FROM bellhop_offers`,
 		`INSERT INTO queue_messages (app_id, queue_name, payload) VALUES ('` + a.ID.String() + `', 'orders', '{}') RETURNING payload`,
+		// The dispatcher's columns: a message cannot arrive leased or
+		// with attempts used.
+		`INSERT INTO queue_messages (app_id, queue_name, payload, claim_token, claimed_at) VALUES ('` + a.ID.String() + `', 'orders', '{}', gen_random_uuid(), now())`,
+		`INSERT INTO queue_messages (app_id, queue_name, payload, attempt) VALUES ('` + a.ID.String() + `', 'orders', '{}', 2)`,
 		`DELETE FROM apps`,
 	}
 	for _, sql := range denied {
@@ -272,6 +277,17 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	dsn, err := pgdsn.WithUser(e.pool.Config().ConnConfig.ConnString(), login)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// `bellhop run` reads the schema version before it starts.
+	dpool, err := pgxpool.New(e.ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var version int
+	err = dpool.QueryRow(e.ctx, `SELECT version FROM `+migrations.VersionTable).Scan(&version)
+	dpool.Close()
+	if err != nil || version == 0 {
+		t.Errorf("the dispatcher role reads schema version %d: %v", version, err)
 	}
 	d := runDispatcher(t, dsn, mux, func(c *bellhop.DispatcherConfig) {
 		c.LeaseAtInsert, c.PollInterval = true, 200*time.Millisecond

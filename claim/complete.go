@@ -3,8 +3,10 @@ package claim
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -45,8 +47,11 @@ type Outcome struct {
 	// if that is later than Delay: its handler was abandoned before the
 	// lease ran out, and the work it gave up on may still be running.
 	HoldLease time.Duration
-	Error     string // DeadLetter: the last error, kept with the dead letter
-	Queue     string // DeadLetter of an Invoke delivery: its consumer's queue
+	// Error, for a DeadLetter, is the last error, kept with the dead
+	// letter as valid UTF-8 with no NUL bytes, cut to MaxErrorBytes
+	// (lastError): text PostgreSQL refuses would fail the whole batch.
+	Error string
+	Queue string // DeadLetter of an Invoke delivery: its consumer's queue
 	// Done, if set, is called once the outcome is written (applied: the
 	// token still matched) or could not be written (err != nil; the lease
 	// then expires and the message is delivered again).
@@ -244,6 +249,30 @@ func (s *settle) add(o *Outcome) {
 	c.tokens = append(c.tokens, [16]byte(o.Message.Token))
 	c.delays = append(c.delays, o.Delay.Milliseconds())
 	c.holds = append(c.holds, o.HoldLease.Milliseconds())
-	c.errors = append(c.errors, o.Error)
+	c.errors = append(c.errors, lastError(o.Error))
 	c.queues = append(c.queues, o.Queue)
+}
+
+// MaxErrorBytes bounds the error text kept with a dead letter. A handler's
+// panic keeps its stack, which fits.
+const MaxErrorBytes = 16 << 10
+
+// lastError makes a handler's error text storable: PostgreSQL rejects a
+// text value with invalid UTF-8 or a NUL byte (SQLSTATE 22021), which
+// would roll back every outcome batched with it. Both become U+FFFD, and
+// the text is cut to MaxErrorBytes on a character boundary.
+func lastError(s string) string {
+	if len(s) <= MaxErrorBytes && utf8.ValidString(s) && !strings.Contains(s, "\x00") {
+		return s
+	}
+	s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+	if len(s) > MaxErrorBytes {
+		const ellipsis = "…"
+		cut := MaxErrorBytes - len(ellipsis)
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut] + ellipsis
+	}
+	return s
 }

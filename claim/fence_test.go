@@ -232,3 +232,91 @@ func TestHoldLease(t *testing.T) {
 		}
 	}
 }
+
+// TestExtendWaitingForTheRow: a renewal that waits for the message's row
+// while another transaction holds it reports what that transaction left:
+// if it took the lease back (a reclaim), the lease is lost, not "held with
+// no consumer"; if it left the token alone, the lease is renewed. Both
+// tables.
+func TestExtendWaitingForTheRow(t *testing.T) {
+	ctx := context.Background()
+	pool, client, appID := setup(t)
+	n := 0
+	for _, source := range []claim.Source{claim.Queue, claim.Invoke} {
+		for _, tc := range []struct {
+			name   string
+			change string // run on the row by the transaction the renewal waits for
+			held   bool
+		}{
+			{"reclaimed", `SET claim_token = NULL, claimed_at = NULL`, false},
+			{"left alone", `SET claimed_at = claimed_at`, true},
+		} {
+			t.Run(source.String()+"/"+tc.name, func(t *testing.T) {
+				n++
+				queue := fmt.Sprintf("extend-%d", n)
+				if source == claim.Queue {
+					if _, err := client.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "app", Queue: queue, VisibilityTimeout: 30 * time.Second}); err != nil {
+						t.Fatal(err)
+					}
+				}
+				id, table, target := newMessage(t, client, appID, source, queue)
+				m := claimOne(t, pool, target, id)
+
+				tx, err := pool.Begin(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer tx.Rollback(ctx)
+				var pid int
+				if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := tx.Exec(ctx, `UPDATE `+table+` `+tc.change+` WHERE id = $1`, id); err != nil {
+					t.Fatal(err)
+				}
+				type result struct {
+					held bool
+					vt   time.Duration
+					err  error
+				}
+				done := make(chan result, 1)
+				go func() {
+					held, vt, err := claim.Extend(ctx, pool, m.ID, m.Token)
+					done <- result{held, vt, err}
+				}()
+				// Commit only once the renewal waits for the row lock.
+				deadline := time.Now().Add(10 * time.Second)
+				for {
+					var waiting bool
+					if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+						WHERE $1 = ANY(pg_blocking_pids(pid)))`, pid).Scan(&waiting); err != nil {
+						t.Fatal(err)
+					}
+					if waiting {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatal("the renewal never waited for the row")
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+				if err := tx.Commit(ctx); err != nil {
+					t.Fatal(err)
+				}
+				r := <-done
+				if r.err != nil {
+					t.Fatal(r.err)
+				}
+				if r.held != tc.held {
+					t.Errorf("held %v, want %v (vt %v)", r.held, tc.held, r.vt)
+				}
+				if tc.held && r.vt != 30*time.Second {
+					t.Errorf("renewed for %v, want the consumer's 30s", r.vt)
+				}
+				if !tc.held && r.vt != 0 {
+					t.Errorf("lost lease renewed for %v", r.vt)
+				}
+			})
+		}
+	}
+}

@@ -21,8 +21,15 @@ GRANT USAGE ON SCHEMA public TO bellhop_producer, bellhop_dispatcher;
 
 -- Producers may add messages, with a plain INSERT (without RETURNING,
 -- which would need SELECT) or with enqueue(), which returns the new id.
--- They cannot read, change or delete messages.
-GRANT INSERT ON queue_messages TO bellhop_producer;
+-- They cannot read, change or delete messages. A plain INSERT may set the
+-- message's own columns only, not the dispatcher's (claim_token,
+-- claimed_at, attempt): a message inserted already leased, or with
+-- attempts used, would wait for a lease nobody holds, or die early. The
+-- REVOKE takes back the whole-table grant of earlier versions of this
+-- script.
+REVOKE INSERT ON queue_messages FROM bellhop_producer;
+GRANT INSERT (id, app_id, queue_name, payload, enqueued_at, deliver_after, max_attempts, enqueued_by_principal)
+    ON queue_messages TO bellhop_producer;
 GRANT EXECUTE ON FUNCTION enqueue(UUID, TEXT, JSONB, TIMESTAMPTZ, INT, UUID) TO bellhop_producer;
 
 -- The dispatcher claims, settles and reclaims messages, reads consumers,
@@ -30,6 +37,9 @@ GRANT EXECUTE ON FUNCTION enqueue(UUID, TEXT, JSONB, TIMESTAMPTZ, INT, UUID) TO 
 GRANT SELECT, UPDATE, DELETE ON queue_messages, outbox TO bellhop_dispatcher;
 GRANT SELECT, INSERT, UPDATE ON dead_letters TO bellhop_dispatcher;
 GRANT SELECT ON apps, principals, triggers, queue_trigger_details, queue_consumers, queue_list TO bellhop_dispatcher;
+-- `bellhop run` reads the schema version before it starts, and refuses a
+-- database older than its migrations.
+GRANT SELECT ON bellhop_schema_version TO bellhop_dispatcher;
 GRANT UPDATE (last_fired_at) ON queue_trigger_details TO bellhop_dispatcher;
 -- Busy marks (migrations/0041_busy_marks.sql): the rows other dispatchers
 -- watch. The busy keys (0042) are advisory locks, which, like pg_notify

@@ -16,7 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/tern/v2/migrate"
 
 	"github.com/bellhopq/bellhop/internal/pgtest"
 	"github.com/bellhopq/bellhop/migrations"
@@ -371,6 +373,84 @@ func TestSeedMigrationIsVerbatim(t *testing.T) {
 		}
 		if s := sha256.Sum256(seed); hex.EncodeToString(s[:]) != seedSHA256 {
 			t.Errorf("seed %s changed: its SHA-256 is %s, the test expects %s", seedPath, hex.EncodeToString(s[:]), seedSHA256)
+		}
+	}
+}
+
+// TestClaimPairRepair: migration 0050 frees the rows that break its CHECK
+// (a claim_token without claimed_at, or the reverse), which nothing could
+// deliver, rather than failing, and leaves leased rows and the base
+// system's outbox rows as they were.
+func TestClaimPairRepair(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	conn := connect(t, ctx, emptyDatabase(t))
+
+	m, err := migrate.NewMigrator(ctx, conn, migrations.VersionTable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := migrations.Files()
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := int32(-1)
+	for i, f := range files {
+		m.AppendMigration(f.Name, f.SQL, "")
+		if f.Number == 50 {
+			before = int32(i) // versions count migrations from 1
+		}
+	}
+	if before < 0 {
+		t.Fatal("no migration 0050")
+	}
+	if err := m.MigrateTo(ctx, before); err != nil {
+		t.Fatal(err)
+	}
+	var app, trigger uuid.UUID
+	if err := conn.QueryRow(ctx, `WITH a AS (INSERT INTO apps (name) VALUES ('shop') RETURNING id),
+		p AS (INSERT INTO principals (app_id, name) SELECT id, 'p' FROM a RETURNING id, app_id)
+		INSERT INTO triggers (app_id, kind, principal_id) SELECT app_id, 'queue', id FROM p RETURNING app_id, id`).Scan(&app, &trigger); err != nil {
+		t.Fatal(err)
+	}
+	rows := []struct {
+		table, kind       string
+		token, claimedAt  bool
+		wantToken, wantAt bool
+	}{
+		{"queue_messages", "", true, false, false, false}, // stuck: freed
+		{"queue_messages", "", false, true, false, false}, // freed
+		{"queue_messages", "", true, true, true, true},    // leased: kept
+		{"outbox", "invoke", true, false, false, false},
+		{"outbox", "event", true, false, true, false}, // the base system's: kept
+	}
+	ids := make([]uuid.UUID, len(rows))
+	for i, r := range rows {
+		q := `INSERT INTO queue_messages (app_id, queue_name, payload, claim_token, claimed_at)
+			VALUES ($1, 'q', '{}', CASE WHEN $2 THEN gen_random_uuid() END, CASE WHEN $3 THEN now() END) RETURNING id`
+		args := []any{app, r.token, r.claimedAt}
+		if r.table == "outbox" {
+			q = `INSERT INTO outbox (app_id, source_kind, trigger_id, payload, claim_token, claimed_at)
+				VALUES ($1, $4, $5, '{}', CASE WHEN $2 THEN gen_random_uuid() END, CASE WHEN $3 THEN now() END) RETURNING id`
+			args = append(args, r.kind, trigger)
+		}
+		if err := conn.QueryRow(ctx, q, args...).Scan(&ids[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := migrations.Migrate(ctx, conn); err != nil {
+		t.Fatalf("Migrate over rows that break the CHECK: %v", err)
+	}
+	for i, r := range rows {
+		var token, at bool
+		if err := conn.QueryRow(ctx, `SELECT claim_token IS NOT NULL, claimed_at IS NOT NULL FROM `+r.table+` WHERE id = $1`,
+			ids[i]).Scan(&token, &at); err != nil {
+			t.Fatalf("row %d (%s): %v", i, r.table, err)
+		}
+		if token != r.wantToken || at != r.wantAt {
+			t.Errorf("row %d (%s %s, token %v, claimed_at %v): token %v, claimed_at %v after 0050; want %v, %v",
+				i, r.table, r.kind, r.token, r.claimedAt, token, at, r.wantToken, r.wantAt)
 		}
 	}
 }

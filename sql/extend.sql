@@ -8,21 +8,33 @@
 -- timeout is the one the reclaim uses. The consumer is found by the
 -- queue's name, then its app by primary key (triggers has no index on
 -- app_id alone).
-WITH q AS (
+--
+-- "Held" comes from the row lock, not from the statement's snapshot: a
+-- reclaim or a settle that commits while this statement waits for the row
+-- is seen by the lock's re-check (EvalPlanQual) and not by the snapshot,
+-- which would report a lease that is gone as held (and, no longer
+-- matching for the UPDATE, as not renewed: "no consumer").
+WITH lq AS (
+    SELECT m.id, m.app_id, m.queue_name FROM queue_messages AS m
+    WHERE m.id = @id AND m.claim_token = @token
+    FOR NO KEY UPDATE
+), q AS (
     UPDATE queue_messages AS m SET claimed_at = now()
-    FROM (SELECT min(d.visibility_timeout_secs) AS vt_secs
-          FROM queue_messages AS k
-          JOIN queue_trigger_details AS d ON d.queue_name = k.queue_name
-          WHERE k.id = @id
-            AND (SELECT t.app_id FROM triggers AS t WHERE t.id = d.trigger_id AND t.kind = 'queue') = k.app_id) AS c
-    WHERE m.id = @id AND m.claim_token = @token AND c.vt_secs IS NOT NULL
+    FROM lq, (SELECT min(d.visibility_timeout_secs) AS vt_secs
+              FROM lq AS k
+              JOIN queue_trigger_details AS d ON d.queue_name = k.queue_name
+              WHERE (SELECT t.app_id FROM triggers AS t WHERE t.id = d.trigger_id AND t.kind = 'queue') = k.app_id) AS c
+    WHERE m.id = lq.id AND c.vt_secs IS NOT NULL
     RETURNING c.vt_secs
+), lo AS (
+    SELECT m.id, m.trigger_id FROM outbox AS m
+    WHERE m.id = @id AND m.claim_token = @token
+    FOR NO KEY UPDATE
 ), o AS (
     UPDATE outbox AS m SET claimed_at = now()
-    FROM queue_trigger_details AS d
-    WHERE m.id = @id AND m.claim_token = @token AND d.trigger_id = m.trigger_id
+    FROM lo JOIN queue_trigger_details AS d ON d.trigger_id = lo.trigger_id
+    WHERE m.id = lo.id
     RETURNING d.visibility_timeout_secs AS vt_secs
 )
-SELECT EXISTS (SELECT 1 FROM queue_messages WHERE id = @id AND claim_token = @token)
-       OR EXISTS (SELECT 1 FROM outbox WHERE id = @id AND claim_token = @token),
+SELECT EXISTS (SELECT 1 FROM lq) OR EXISTS (SELECT 1 FROM lo),
        (SELECT vt_secs FROM q UNION ALL SELECT vt_secs FROM o LIMIT 1)

@@ -5,7 +5,9 @@
 -- every dispatcher, not only this one, looks again. A timeout lowered
 -- lately, or that of a consumer removed lately, still counts at its old
 -- length (bellhop_reclaim_vt, migration 0047): leases taken under it last
--- that long.
+-- that long. Of the outbox it takes only invoke deliveries: its 'event'
+-- and 'cron' rows are the base system's, leased by its own dispatcher
+-- (migration 0049).
 --
 -- Safe under concurrency: candidates are locked FOR UPDATE SKIP LOCKED, so
 -- two reclaimers never take the same row and a reclaimer never waits on a
@@ -25,7 +27,7 @@ WITH stale_q AS (
     SELECT m.id, c.queue_name
     FROM outbox m
     LEFT JOIN queue_consumers c ON c.id = m.trigger_id
-    WHERE m.claim_token IS NOT NULL
+    WHERE m.claim_token IS NOT NULL AND m.source_kind = 'invoke'
       AND m.claimed_at < now() - make_interval(secs => bellhop_reclaim_vt(m.app_id, c.queue_name,
                                                    coalesce(c.visibility_timeout_secs, @default_vt_secs)))
     FOR UPDATE OF m SKIP LOCKED
