@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
@@ -291,7 +293,10 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 // the rest and releases their messages with their attempts refunded,
 // writes every outcome and returns. A released message is claimable at
 // once, unless its handler's error wraps ErrAbandoned: then at the end of
-// its lease. It returns an error only if it cannot start.
+// its lease. A handler that ignores its context's end keeps Run waiting
+// for it to return: its message's outcome is written then, and the token
+// fences it if its lease has run out meanwhile. It returns an error only
+// if it cannot start.
 func (d *Dispatcher) Run(ctx context.Context) error {
 	defer d.db.Close()
 	if err := d.db.Ping(ctx); err != nil {
@@ -306,6 +311,11 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	d.handlers, handlersCancel = context.WithCancel(context.WithoutCancel(ctx))
 	defer handlersCancel()
 	if _, err := d.loadConsumers(ctx); err != nil {
+		d.complete.Close()
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+			return fmt.Errorf("dispatcher: the database has no Bellhop schema (run the migrations first): %w", err)
+		}
 		return fmt.Errorf("dispatcher: %w", err)
 	}
 
@@ -643,11 +653,13 @@ func (d *Dispatcher) loadConsumers(ctx context.Context) (added int, err error) {
 			continue
 		}
 		lctx, cancel := context.WithCancel(context.Background())
+		slots := new(atomic.Int32)
 		cl := &consumerLanes{
-			queue:  newLane(lctx, d, st, claim.Target{Source: claim.Queue, AppID: c.AppID, Queue: c.Queue, TriggerID: c.ID}),
-			invoke: newLane(lctx, d, st, claim.Target{Source: claim.Invoke, AppID: c.AppID, TriggerID: c.ID}),
+			queue:  newLane(lctx, d, st, claim.Target{Source: claim.Queue, AppID: c.AppID, Queue: c.Queue, TriggerID: c.ID}, slots),
+			invoke: newLane(lctx, d, st, claim.Target{Source: claim.Invoke, AppID: c.AppID, TriggerID: c.ID}, slots),
 			cancel: cancel,
 		}
+		cl.queue.sibling, cl.invoke.sibling = cl.invoke, cl.queue
 		d.lanes[c.ID] = cl
 		d.byQueue[queueKey{c.AppID, c.Queue}] = cl.queue
 		// No goroutines yet: the first wake-up starts them.

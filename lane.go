@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,9 +55,13 @@ type lane struct {
 	// due, touched only by the lane's goroutine.
 	emptyTimerWakes int
 
-	inFlight atomic.Int32
+	// inFlight counts the slots taken, shared with sibling, the
+	// consumer's other lane (queue and invoke deliveries): MaxInFlight
+	// bounds the consumer's deliveries from both.
+	inFlight *atomic.Int32
+	sibling  *lane
 	// backlog is set when the lane stopped claiming because all its
-	// slots were busy; the next finished delivery wakes it.
+	// slots were busy; the next slot freed, by either lane, wakes it.
 	backlog atomic.Bool
 	// draining is set while the lane is inside a claim pass; passes
 	// counts the lane's wake-ups, and watched mirrors watching or busy
@@ -92,8 +97,9 @@ type lane struct {
 	pending  []*claim.Message
 }
 
-func newLane(ctx context.Context, d *Dispatcher, st *consumerState, t claim.Target) *lane {
-	l := &lane{d: d, target: t, wake: make(chan struct{}, 1), ctx: ctx, tidied: make(chan struct{})}
+// newLane returns a lane taking its slots from inFlight.
+func newLane(ctx context.Context, d *Dispatcher, st *consumerState, t claim.Target, inFlight *atomic.Int32) *lane {
+	l := &lane{d: d, target: t, wake: make(chan struct{}, 1), ctx: ctx, tidied: make(chan struct{}), inFlight: inFlight}
 	l.state.Store(st)
 	l.timer = time.AfterFunc(time.Hour, func() {
 		l.fired.Store(true)
@@ -577,7 +583,30 @@ func (l *lane) deliver(st *consumerState, cm *claim.Message) {
 	// again, now that nothing is left to do before the handler starts.
 	l.reoffer()
 	start := time.Now()
+	returned := false
+	defer func() {
+		if !returned {
+			// The handler called runtime.Goexit (t.FailNow, say), which
+			// recover does not catch: its goroutine ends once this
+			// returns, so settle the message here, as a failure.
+			l.finish(st, m, cm, hctx, cancel, start, errGoexit)
+		}
+	}()
 	err := safeHandle(hctx, st.handler, m)
+	returned = true
+	l.finish(st, m, cm, hctx, cancel, start, err)
+}
+
+// errGoexit is the result of a handler that ended its goroutine with
+// runtime.Goexit instead of returning.
+var errGoexit = errors.New("handler exited its goroutine (runtime.Goexit) without returning")
+
+// finish settles a delivery once its handler has returned err: it ends
+// the lease's renewals and the handler's context, submits the outcome,
+// and frees the slot.
+func (l *lane) finish(st *consumerState, m *Message, cm *claim.Message, hctx context.Context,
+	cancel context.CancelCauseFunc, start time.Time, err error) {
+	obs := l.d.cfg.Observer
 	handled := time.Since(start)
 	m.lease.stop()
 	cause := context.Cause(hctx)
@@ -597,7 +626,11 @@ func (l *lane) deliver(st *consumerState, cm *claim.Message) {
 				Msg("lease was lost before the outcome was recorded; the message may be delivered again")
 		default:
 			if out.Verdict == claim.DeadLetter {
-				log.Warn().Str("error", out.Error).Msg("message dead-lettered")
+				text := logText(out.Error, err)
+				log.Warn().Str("error", text).Msg("message dead-lettered")
+				if text != out.Error {
+					log.Debug().Str("error", out.Error).Msg("the dead letter's error in full")
+				}
 			}
 			if out.Verdict == claim.Nack {
 				// A nack sends no notification, and the lane's timer was
@@ -620,7 +653,11 @@ func (l *lane) deliver(st *consumerState, cm *claim.Message) {
 		if out.Verdict == claim.Release {
 			msg = "handler cancelled by the stop; message released, attempt refunded"
 		}
-		log.Info().Err(err).Dur("retry_in", retryIn).Msg(msg)
+		text := logText(err.Error(), err)
+		log.Info().Str("error", text).Dur("retry_in", retryIn).Msg(msg)
+		if text != err.Error() {
+			log.Debug().Err(err).Msg("the handler's error in full")
+		}
 	}
 	l.d.complete.Submit(out)
 
@@ -718,8 +755,35 @@ func (l *lane) decide(st *consumerState, m *Message, err, cause error) claim.Out
 func safeHandle(ctx context.Context, h Handler, m *Message) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("handler panicked: %v\n%s", r, debug.Stack())
+			err = &panicError{value: r, stack: debug.Stack()}
 		}
 	}()
 	return h.Handle(ctx, m)
+}
+
+// panicError is a handler's panic: its value and stack. The stack is kept
+// with a dead letter; LogText leaves it out of info and warn logs.
+type panicError struct {
+	value any
+	stack []byte
+}
+
+func (e *panicError) Error() string   { return fmt.Sprintf("handler panicked: %v\n%s", e.value, e.stack) }
+func (e *panicError) LogText() string { return fmt.Sprintf("handler panicked: %v", e.value) }
+
+// logText is text, a handler's error err or a dead letter's text made
+// from it, as info- and warn-level logs show it: the text of an error in
+// err's chain that has a LogText method (an HTTP push's response body, a
+// panic's stack) is replaced by what that returns. The response body may
+// echo the message's payload, which stays out of those logs; the dead
+// letter keeps the whole text, and the debug log has it too.
+func logText(text string, err error) string {
+	var lt interface {
+		error
+		LogText() string
+	}
+	if err == nil || !errors.As(err, &lt) {
+		return text
+	}
+	return strings.Replace(text, lt.Error(), lt.LogText(), 1)
 }

@@ -172,6 +172,12 @@ func (l *lane) withdraw(ctx context.Context) {
 		}
 	}
 	d.offers.mu.Unlock()
+	if len(mine) == 0 {
+		// Retired meanwhile (the poll found it taken or gone): nothing
+		// to delete, and dropOffers(nil) would delete every offer of
+		// the dispatcher.
+		return
+	}
 	d.dropOffers(ctx, mine)
 }
 
@@ -335,12 +341,21 @@ func (l *lane) reserve(max int) int {
 	}
 }
 
-// freeSlots gives back n slots and starts waiting leased messages.
+// freeSlots gives back n slots and starts waiting leased messages. The
+// slots are the sibling lane's too: it starts its own waiting messages,
+// offers again, and claims if it stopped for want of a slot.
 func (l *lane) freeSlots(n int) {
 	if n > 0 {
 		l.inFlight.Add(-int32(n))
 	}
 	l.startPending()
+	if s := l.sibling; s != nil && n > 0 {
+		s.startPending()
+		s.reoffer()
+		if s.backlog.Swap(false) {
+			s.poke()
+		}
+	}
 }
 
 // releaseLeased gives back a leased message this dispatcher will not

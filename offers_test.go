@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -194,7 +195,7 @@ func testBook(t *testing.T, cfg DispatcherConfig, db *pgxpool.Pool, vt time.Dura
 	t.Helper()
 	d := &Dispatcher{cfg: cfg, db: db, log: zerolog.Nop(), offers: offerBook{byToken: map[uuid.UUID]*offer{}}}
 	l := newLane(context.Background(), d, &consumerState{Consumer: Consumer{VisibilityTimeout: vt, Enabled: true,
-		MaxInFlight: 1}}, claim.Target{Source: claim.Queue, AppID: uuid.New(), Queue: "q"})
+		MaxInFlight: 1}}, claim.Target{Source: claim.Queue, AppID: uuid.New(), Queue: "q"}, new(atomic.Int32))
 	t.Cleanup(func() { l.timer.Stop() })
 	return d, l
 }
@@ -220,4 +221,43 @@ func closedPool(t *testing.T) *pgxpool.Pool {
 	}
 	t.Cleanup(pool.Close)
 	return pool
+}
+
+// TestWithdrawKeepsOtherLanesOffers: a lane that thinks it has an offer
+// out when the book holds none of its own (the poll retired it, or a
+// lease used it, between the flag and the lock) withdraws nothing else:
+// the other lanes' offers stay, in the database and in the book. Found by
+// review: an empty list of tokens read as "all of the dispatcher's".
+func TestWithdrawKeepsOtherLanesOffers(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	d, l := testBook(t, DispatcherConfig{PollInterval: time.Minute, LeaseAtInsert: true}, pool, 30*time.Second)
+	d.owner = uuid.New()
+	other := newLane(context.Background(), d, l.state.Load(), claim.Target{Source: claim.Queue, AppID: uuid.New(), Queue: "other"},
+		new(atomic.Int32))
+	t.Cleanup(func() { other.timer.Stop() })
+	token := uuid.New()
+	if _, err := pool.Exec(ctx, `INSERT INTO bellhop_offers (token, app_id, queue_name, owner, channel, expires_at)
+		VALUES ($1, $2, 'other', $3, 'bellhop_l_test', now() + interval '1 minute')`, token, other.target.AppID, d.owner); err != nil {
+		t.Fatal(err)
+	}
+	d.offers.byToken[token] = &offer{lane: other, live: true, sentAt: time.Now()}
+	other.offered.Store(true)
+
+	l.offered.Store(true) // but nothing of l's is in the book
+	l.withdraw(ctx)
+
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM bellhop_offers WHERE token = $1`, token).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Error("withdrawing a lane with no offer of its own deleted another lane's offer")
+	}
+	if _, ok := d.offers.byToken[token]; !ok {
+		t.Error("withdrawing a lane with no offer of its own took another lane's token out of the book")
+	}
+	if l.offered.Load() {
+		t.Error("the lane still counts an offer as out")
+	}
 }

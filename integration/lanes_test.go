@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -125,5 +126,56 @@ func TestBusyWindowMustFitLease(t *testing.T) {
 	}
 	if _, err := bellhop.NewDispatcher(pc, bellhop.DispatcherConfig{Resolver: bellhop.NewMux(), BusyLease: time.Second, BusyWindow: 250 * time.Millisecond}); err != nil {
 		t.Errorf("BusyWindow of a quarter of the lease: %v", err)
+	}
+}
+
+// TestMaxInFlightSpansQueueAndInvoke: a consumer's queue messages and its
+// invoke deliveries share its MaxInFlight slots. With one slot and one of
+// each ready, the second is not claimed while the first runs, whichever
+// comes first, and is delivered as soon as the first finishes.
+func TestMaxInFlightSpansQueueAndInvoke(t *testing.T) {
+	e := newEnv(t)
+	c := e.consumer(t, bellhop.ConsumerSpec{Queue: "jobs", MaxInFlight: 1})
+	first := make(chan *bellhop.Message, 2)
+	release := make(chan struct{})
+	rec := &recorder{result: func(ctx context.Context, m *bellhop.Message) error {
+		first <- m
+		<-release
+		return nil
+	}}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "jobs", rec)
+	e.enqueue(t, "jobs", map[string]int{"n": 1}, bellhop.EnqueueOptions{})
+	if _, err := e.client.InvokeAsync(context.Background(), c.ID, []byte(`{"n":2}`), bellhop.EnqueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Both are ready when the dispatcher starts: its first wake-up runs
+	// both lanes.
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour}, nil)
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free) // before the dispatcher's stop, should the test fail
+	var m *bellhop.Message
+	select {
+	case m = <-first:
+	case <-time.After(10 * time.Second):
+		t.Fatal("nothing delivered")
+	}
+	claimed := func() int {
+		return e.count(t, `SELECT (SELECT count(*) FROM queue_messages WHERE claim_token IS NOT NULL)
+			+ (SELECT count(*) FROM outbox WHERE claim_token IS NOT NULL)`)
+	}
+	holdsFor(t, 500*time.Millisecond, "one message claimed while the only slot is taken (invoked first: "+
+		fmt.Sprint(m.Invoked)+")", func() bool { return claimed() == 1 && len(first) == 0 })
+	free()
+	waitFor(t, 10*time.Second, "the other message delivered once the slot is free", func() bool {
+		return len(rec.deliveries()) == 2
+	})
+	ds := rec.deliveries()
+	if ds[0].Invoked == ds[1].Invoked {
+		t.Fatalf("delivered %+v, want one queue message and one invoke delivery", ds)
+	}
+	if ds[1].Start.Before(ds[0].End) {
+		t.Errorf("the second delivery started %s before the first ended", ds[0].End.Sub(ds[1].Start))
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -17,7 +18,7 @@ import (
 // TestRetriesAndDeadLetters: failed deliveries are retried with growing
 // backoff and dead-lettered after max_attempts; Permanent dead-letters
 // at once; RetryAfter sets the next attempt's time; a panic is a failure
-// whose error is the panic. The fallback poll is an hour away, so every
+// whose error is the panic, and so is a handler's runtime.Goexit. The fallback poll is an hour away, so every
 // retry is driven by the dispatcher itself.
 func TestRetriesAndDeadLetters(t *testing.T) {
 	const (
@@ -94,6 +95,13 @@ func TestRetriesAndDeadLetters(t *testing.T) {
 			name: "panic is a failure with the panic as its error", maxAttempts: 2,
 			handle:    func(context.Context, *bellhop.Message) error { panic("kaboom-7731") },
 			wantCalls: 2, wantError: "handler panicked: kaboom-7731",
+		},
+		{
+			// t.FailNow or testify's require in a handler: recover does
+			// not see it, and the message must not stay leased.
+			name: "runtime.Goexit is a failure", maxAttempts: 2,
+			handle:    func(context.Context, *bellhop.Message) error { runtime.Goexit(); return nil },
+			wantCalls: 2, wantError: "runtime.Goexit",
 		},
 	}
 

@@ -446,28 +446,51 @@ func (h *handler) outcome(resp *http.Response, head []byte) error {
 	case code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable:
 		ra := resp.Header.Get("Retry-After")
 		if ra == "" {
-			return fmt.Errorf("consumer busy: HTTP %d%s", code, snippetSuffix(head))
+			return responseError(fmt.Sprintf("consumer busy: HTTP %d", code), head)
 		}
 		d, ok := parseRetryAfter(ra, h.p.now())
 		if !ok {
-			return fmt.Errorf("consumer busy: HTTP %d with unparsable Retry-After %s%s", code, quote(ra), snippetSuffix(head))
+			return responseError(fmt.Sprintf("consumer busy: HTTP %d with unparsable Retry-After %s", code, quote(ra)), head)
 		}
 		return fmt.Errorf("consumer busy: HTTP %d: %w", code, bellhop.RetryAfter(d))
 	case code == http.StatusRequestTimeout:
-		return fmt.Errorf("consumer timed out reading the request: HTTP %d%s", code, snippetSuffix(head))
+		return responseError(fmt.Sprintf("consumer timed out reading the request: HTTP %d", code), head)
 	case code >= 300 && code <= 499:
-		detail := snippet(head)
 		if code <= 399 {
 			// The body of a redirect is rarely useful; where it points is.
-			detail = "redirect not followed"
+			detail := "redirect not followed"
 			if loc := resp.Header.Get("Location"); loc != "" {
 				detail += " (Location: " + snippet([]byte(loc)) + ")"
 			}
+			return bellhop.Permanent(fmt.Errorf("consumer rejected the message: HTTP %d: %s", code, detail))
 		}
-		return bellhop.Permanent(fmt.Errorf("consumer rejected the message: HTTP %d: %s", code, detail))
+		return bellhop.Permanent(responseError(fmt.Sprintf("consumer rejected the message: HTTP %d", code), head))
 	}
-	return fmt.Errorf("consumer failed: HTTP %d%s", code, snippetSuffix(head))
+	return responseError(fmt.Sprintf("consumer failed: HTTP %d", code), head)
 }
+
+// bodyError is a response the handler fails with: what happened, and the
+// start of the consumer's response body (a snippet), which may echo the
+// message. Its text, kept with a dead letter, has both; LogText, which
+// the dispatcher logs at info and warn, leaves the body out.
+type bodyError struct {
+	what, body string
+}
+
+// responseError returns a bodyError with the snippet of head.
+func responseError(what string, head []byte) error {
+	return &bodyError{what: what, body: snippet(head)}
+}
+
+func (e *bodyError) Error() string {
+	if e.body == "" {
+		return e.what
+	}
+	return e.what + ": " + e.body
+}
+
+// LogText is the error without the response body.
+func (e *bodyError) LogText() string { return e.what }
 
 // parseRetryAfter reads a Retry-After value, delta-seconds or HTTP-date,
 // into a delay from now in [0, MaxRetryAfter].
@@ -511,13 +534,6 @@ func readBody(body io.Reader, limit int64) []byte {
 		io.Copy(io.Discard, lr)
 	}
 	return head
-}
-
-func snippetSuffix(head []byte) string {
-	if s := snippet(head); s != "" {
-		return ": " + s
-	}
-	return ""
 }
 
 // snippet makes untrusted response text safe to log: control and other

@@ -187,6 +187,17 @@ func TestResponseMapping(t *testing.T) {
 			if tt.errSubstr != "" && !strings.Contains(err.Error(), tt.errSubstr) {
 				t.Errorf("error %q does not contain %q", err, tt.errSubstr)
 			}
+			// The body, which may echo the message, stays out of the
+			// dispatcher's info and warn logs (LogText); the error, kept
+			// with a dead letter, has it.
+			var lt interface{ LogText() string }
+			switch {
+			case tt.body == "" || tt.want == "ack":
+			case !errors.As(err, &lt):
+				t.Errorf("error %q with a response body has no LogText", err)
+			case strings.Contains(lt.LogText(), snippet([]byte(tt.body))) || !strings.Contains(lt.LogText(), fmt.Sprintf("HTTP %d", tt.status)):
+				t.Errorf("LogText %q: want the status without the body %q", lt.LogText(), tt.body)
+			}
 			if redirected.Load() != 0 {
 				t.Errorf("redirect target was hit %d times", redirected.Load())
 			}

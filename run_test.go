@@ -1,0 +1,59 @@
+package bellhop_test
+
+import (
+	"context"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/internal/pgtest"
+)
+
+// TestRunFailsToStartCleanly: Run on a database without Bellhop's schema
+// returns an error naming what is missing, and leaves nothing of its own
+// running (the outcome writer is started before the consumers are read).
+func TestRunFailsToStartCleanly(t *testing.T) {
+	ctx := context.Background()
+	name := "bellhop_empty_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+	admin, err := pgx.Connect(ctx, pgtest.AdminConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name+" TEMPLATE template0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)") })
+	cfg, err := pgxpool.ParseConfig(pgtest.AdminConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Database = name
+
+	writers := func() int {
+		buf := make([]byte, 1<<22)
+		return strings.Count(string(buf[:runtime.Stack(buf, true)]), "claim.(*Completer).loop")
+	}
+	before := writers()
+	d, err := bellhop.NewDispatcher(cfg, bellhop.DispatcherConfig{Resolver: bellhop.NewMux()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = d.Run(ctx)
+	if err == nil || !strings.Contains(err.Error(), "no Bellhop schema") {
+		t.Fatalf("Run on an empty database: %v, want an error saying the schema is missing", err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for writers() > before {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d outcome writers still running after Run failed, %d before", writers(), before)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
