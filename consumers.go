@@ -42,7 +42,9 @@ type ConsumerSpec struct {
 	BackoffBase time.Duration
 	BackoffCap  time.Duration
 	// VisibilityTimeout is the lease on a claimed message, whole seconds
-	// from 1s to 12h. The handler's context ends shortly before it.
+	// from 1s to 12h. The handler's context is cancelled, with cause
+	// ErrLeaseLost, a fifth of it (at most 5s) before the lease ends,
+	// unless Message.ExtendLease renews the lease first.
 	VisibilityTimeout time.Duration
 	// MaxInFlight bounds the messages handled at once, per dispatcher
 	// process (1 to 10000).
@@ -317,9 +319,14 @@ func (c *Client) RemoveConsumer(ctx context.Context, app string, id uuid.UUID) e
 }
 
 // Consumers lists the consumers of app, or of every app when app is "".
+// An app that does not exist is ErrUnknownApp (ErrForbidden, for a Client
+// made with As, when it is another app), as in the methods that act on one.
 func (c *Client) Consumers(ctx context.Context, app string) ([]Consumer, error) {
 	var appArg *string
 	if app != "" {
+		if _, _, err := c.resolve(ctx, c.db, app, ""); err != nil {
+			return nil, fmt.Errorf("list consumers: %w", err)
+		}
 		appArg = &app
 	}
 	rows, err := c.db.Query(ctx, queries.ConsumerList, pgx.NamedArgs{"app_name": appArg, "with_secret": false})

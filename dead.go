@@ -9,7 +9,15 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/bellhopq/bellhop/internal/validate"
 	queries "github.com/bellhopq/bellhop/sql"
+)
+
+// Dead letter listing limits: DeadFilter.Limit 0 means DefaultDeadLimit;
+// otherwise it is 1 to MaxDeadLimit.
+const (
+	DefaultDeadLimit = 100
+	MaxDeadLimit     = 10000
 )
 
 // DeadLetter is a message that used up its attempts or that its consumer
@@ -31,8 +39,10 @@ type DeadLetter struct {
 	DiedAt       time.Time
 }
 
-// DeadFilter selects dead letters. Empty fields select everything; Limit 0
-// means 100.
+// DeadFilter selects dead letters. Empty fields select everything: App ""
+// means every app's. A non-empty App must name an app, and Queue, if set,
+// must be a valid queue name. Limit 0 means DefaultDeadLimit; otherwise it
+// is 1 to MaxDeadLimit.
 type DeadFilter struct {
 	App   string
 	Queue string
@@ -48,10 +58,26 @@ func nullable[T comparable](v T) *T {
 	return &v
 }
 
-// DeadLetters lists dead letters, newest first.
+// DeadLetters lists dead letters, newest first. Like Redrive, it fails
+// with ErrUnknownApp for an f.App that names no app (ErrForbidden, for a
+// Client made with As, for another app), with ErrInvalidQueueName for a
+// bad f.Queue and with ErrInvalidOptions for a Limit out of range.
 func (c *Client) DeadLetters(ctx context.Context, f DeadFilter) ([]DeadLetter, error) {
-	if f.Limit <= 0 {
-		f.Limit = 100
+	if f.Limit == 0 {
+		f.Limit = DefaultDeadLimit
+	}
+	if err := validate.Int("dead letter limit", f.Limit, 1, MaxDeadLimit); err != nil {
+		return nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	if f.Queue != "" {
+		if err := validate.QueueName(f.Queue); err != nil {
+			return nil, fmt.Errorf("list dead letters: %w", err)
+		}
+	}
+	if f.App != "" {
+		if _, _, err := c.resolve(ctx, c.db, f.App, ""); err != nil {
+			return nil, fmt.Errorf("list dead letters: %w", err)
+		}
 	}
 	rows, err := c.db.Query(ctx, queries.DeadList, pgx.NamedArgs{
 		"app_name": nullable(f.App), "queue_name": nullable(f.Queue), "id": nullable(f.ID), "max_rows": f.Limit,
@@ -74,7 +100,9 @@ func (c *Client) DeadLetters(ctx context.Context, f DeadFilter) ([]DeadLetter, e
 // Redrive moves app's dead letters back for a fresh round of attempts: the
 // one with id (when id is not uuid.Nil), or all of queue (when queue is
 // not ""), or every one of app's. It returns how many moved. Invoke dead
-// letters whose consumer was removed stay where they are.
+// letters whose consumer was removed stay where they are. An unknown app
+// is ErrUnknownApp, and a queue that is not a valid queue name is
+// ErrInvalidQueueName: neither could select anything.
 func (c *Client) Redrive(ctx context.Context, app, queue string, id uuid.UUID) (int64, error) {
 	return c.deadOp(ctx, "redrive", queries.DeadRedrive, app, queue, id)
 }
@@ -85,6 +113,11 @@ func (c *Client) PurgeDead(ctx context.Context, app, queue string, id uuid.UUID)
 }
 
 func (c *Client) deadOp(ctx context.Context, verb, sql, app, queue string, id uuid.UUID) (int64, error) {
+	if queue != "" {
+		if err := validate.QueueName(queue); err != nil {
+			return 0, fmt.Errorf("%s dead letters: %w", verb, err)
+		}
+	}
 	if _, _, err := c.resolve(ctx, c.db, app, ""); err != nil {
 		return 0, fmt.Errorf("%s dead letters: %w", verb, err)
 	}

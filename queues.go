@@ -26,8 +26,15 @@ type QueueInfo struct {
 	ConsumerEnabled bool
 }
 
-// Queues lists the queues of app, or of every app when app is "".
+// Queues lists the queues of app, or of every app when app is "". An app
+// that does not exist is ErrUnknownApp (ErrForbidden, for a Client made
+// with As, when it is another app), as in the methods that act on one.
 func (c *Client) Queues(ctx context.Context, app string) ([]QueueInfo, error) {
+	if app != "" {
+		if _, _, err := c.resolve(ctx, c.db, app, ""); err != nil {
+			return nil, fmt.Errorf("list queues: %w", err)
+		}
+	}
 	rows, err := c.db.Query(ctx, queries.QueueList, pgx.NamedArgs{"app_name": nullable(app)})
 	if err != nil {
 		return nil, fmt.Errorf("list queues: %w", err)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -78,6 +79,13 @@ func TestBadConfiguration(t *testing.T) {
 		{"empty enqueue", dsn, nil, append(enq, ""), "payload is not a JSON value"},
 		{"unknown app", dsn, nil, []string{"enqueue", "--app", "nope", "--queue", "orders", "{}"}, `unknown app "nope"`},
 		{"unknown app for consumer", dsn, nil, []string{"consumer", "add", "--app", "nope", "--queue", "q", "--url", "http://127.0.0.1:9/"}, `unknown app "nope"`},
+		{"unknown app for queues", dsn, nil, []string{"queues", "--app", "nope"}, `list queues: unknown app "nope"`},
+		{"unknown app for queues --watch", dsn, nil, []string{"queues", "--watch", "--app", "nope"}, `list queues: unknown app "nope"`},
+		{"unknown app for consumer ls", dsn, nil, []string{"consumer", "ls", "--app", "nope"}, `list consumers: unknown app "nope"`},
+		{"unknown app from BELLHOP_APP for consumer ls", dsn, []string{"BELLHOP_APP=nope"}, []string{"consumer", "ls"}, `list consumers: unknown app "nope"`},
+		{"unknown app for dead ls", dsn, nil, []string{"dead", "ls", "--app", "nope"}, `list dead letters: unknown app "nope"`},
+		{"unknown app for dead show", dsn, nil, []string{"dead", "show", "--app", "nope", "00000000-0000-0000-0000-000000000001"}, `list dead letters: unknown app "nope"`},
+		{"unknown app for dead purge", dsn, nil, []string{"dead", "purge", "--app", "nope", "--queue", "q"}, `purge dead letters: unknown app "nope"`},
 		{"--delay and --at", dsn, nil, append(enq, "--delay", "1s", "--at", "2030-01-02T15:04:05Z", "{}"), "use --delay or --at, not both"},
 		{"bad --at", dsn, nil, append(enq, "--at", "tomorrow", "{}"), `--at "tomorrow" is not an RFC 3339 time`},
 		{"negative --delay", dsn, nil, append(enq, "--delay", "-1s", "{}"), "--delay -1s: must not be negative"},
@@ -94,6 +102,15 @@ func TestBadConfiguration(t *testing.T) {
 		{"dead redrive without selector", dsn, nil, []string{"dead", "redrive", "--app", "shop"}, "name a MESSAGE_ID or --queue"},
 		{"dead show bad id", dsn, nil, []string{"dead", "show", "--app", "shop", "xyz"}, `message id "xyz" is not a UUID`},
 		{"demo bad interval", "-", nil, []string{"demo", "--interval", "0s"}, "--interval 0s: must be at least 1ms"},
+		{"dead ls --limit 0", dsn, nil, []string{"dead", "ls", "--app", "shop", "--limit", "0"}, "--limit 0: must be 1 to 10000"},
+		{"dead ls --limit -1", dsn, nil, []string{"dead", "ls", "--app", "shop", "--limit", "-1"}, "--limit -1: must be 1 to 10000"},
+		{"dead ls --limit too high", dsn, nil, []string{"dead", "ls", "--app", "shop", "--limit", "10001"}, "--limit 10001: must be 1 to 10000"},
+		{"dead ls empty --app", dsn, nil, []string{"dead", "ls", "--app", ""}, "--app is empty"},
+		{"dead show empty --app", dsn, nil, []string{"dead", "show", "--app", "", "00000000-0000-0000-0000-000000000001"}, "--app is empty"},
+		{"dead purge bad queue name", dsn, nil, []string{"dead", "purge", "--app", "shop", "--queue", "bad q"}, `purge dead letters: invalid queue name "bad q"`},
+		{"dead redrive bad queue name", dsn, nil, []string{"dead", "redrive", "--app", "shop", "--queue", "a/b"}, `redrive dead letters: invalid queue name "a/b"`},
+		{"dead ls bad queue name", dsn, nil, []string{"dead", "ls", "--app", "shop", "--queue", "bad q"}, `list dead letters: invalid queue name "bad q"`},
+		{"setup-demo bad queue name", dsn, nil, []string{"setup-demo", "--app", "shop", "--queue", "bad q", "--url", "http://127.0.0.1:9/", "--secret-file", "/nonexistent/s"}, `invalid queue name "bad q"`},
 		{"--allowed-hosts entry with a port", dsn, nil, []string{"run", "--allowed-hosts", "example.com,127.0.0.1:18282"}, `--allowed-hosts: httppush: allowed host "127.0.0.1:18282": is not a bare hostname`},
 		{"--allowed-hosts entry is a URL", dsn, nil, append(add, "--allowed-hosts", "https://a.example.com"), `allowed host "https://a.example.com": is a URL`},
 		{"--allowed-hosts entry *", dsn, nil, []string{"consumer", "update", "--app", "shop", "--url", "http://a.example.com/", "--allowed-hosts", "*", "00000000-0000-0000-0000-000000000001"}, `allowed host "*": a wildcard`},
@@ -265,6 +282,15 @@ func TestFlagsOverrideEnv(t *testing.T) {
 	if r.code != 2 || !strings.Contains(r.stderr, "no database") {
 		t.Errorf("--log-format did not override BELLHOP_LOG_FORMAT: %s", r)
 	}
+	// BELLHOP_APP for setup-demo, as for every --app.
+	secret := filepath.Join(t.TempDir(), "secret")
+	r = exeEnv(t, []string{db, "BELLHOP_APP=fromenv"}, "", "setup-demo", "--queue", "orders", "--url", "http://127.0.0.1:9/hook", "--secret-file", secret)
+	if r.code != 0 || !strings.Contains(r.stdout, "registered for fromenv/orders") {
+		t.Errorf("setup-demo did not read BELLHOP_APP: %s", r)
+	}
+	if out := ok(t, dsn, "consumer", "ls", "--app", "fromenv"); !strings.Contains(out, "orders") {
+		t.Errorf("no consumer of fromenv/orders after setup-demo with BELLHOP_APP:\n%s", out)
+	}
 	// --allowed-hosts over BELLHOP_ALLOWED_HOSTS.
 	r = exeEnv(t, []string{db, "BELLHOP_ALLOWED_HOSTS=example.com"}, "", "consumer", "add", "--app", "shop", "--queue", "q",
 		"--url", "http://127.0.0.1:9/", "--allowed-hosts", "127.0.0.1")
@@ -328,6 +354,10 @@ func TestHelpDocumentsFlags(t *testing.T) {
 					t.Errorf("bellhop %s --help: --%s does not name $%s: %q", strings.Join(path, " "), name, env, line)
 				}
 			}
+			// The README promises a variable for --app wherever it is taken.
+			if name == "app" && !slices.Contains(envKeys(f), envPrefix+"APP") {
+				t.Errorf("bellhop %s: --app has no %sAPP variable", strings.Join(path, " "), envPrefix)
+			}
 			// The daemon is configured by environment in containers: all
 			// of its settings must be reachable that way.
 			if (len(path) == 0 || path[0] == "run") && len(envKeys(f)) == 0 && name != "help" {
@@ -341,6 +371,72 @@ func TestHelpDocumentsFlags(t *testing.T) {
 	if checked < 30 {
 		t.Errorf("checked only %d flags", checked)
 	}
+}
+
+// TestNoArgumentCommandsRefuseArguments: every command that takes no
+// arguments (one without ArgsUsage) refuses an extra one with exit 2,
+// naming it, before it does anything; the CLI library would ignore it.
+// No DATABASE_URL is set, so a command that went ahead would fail on
+// that instead.
+func TestNoArgumentCommandsRefuseArguments(t *testing.T) {
+	t.Parallel()
+	root := newApp(strings.NewReader(""), io.Discard, io.Discard)
+	checked := 0
+	walk(root, nil, func(cmd *cli.Command, path []string) {
+		if len(cmd.Commands) > 0 || cmd.ArgsUsage != "" || len(path) == 0 {
+			return
+		}
+		args := slices.Clone(path)
+		for _, f := range cmd.Flags {
+			if rf, ok := f.(cli.RequiredFlag); ok && rf.IsRequired() {
+				args = append(args, "--"+f.Names()[0], "x")
+			}
+		}
+		args = append(args, "extra-arg")
+		checked++
+		t.Run(strings.Join(path, " "), func(t *testing.T) {
+			t.Parallel()
+			r := exe(t, "", "", args...)
+			want := fmt.Sprintf(`unexpected argument "extra-arg": bellhop %s takes no arguments`, strings.Join(path, " "))
+			if r.code != 2 || r.stdout != "" || strings.Count(strings.TrimRight(r.stderr, "\n"), "\n") != 0 || !strings.Contains(r.stderr, want) {
+				t.Errorf("bellhop %q: want exit 2 and one line with %q; got %s", args, want, r)
+			}
+		})
+	})
+	// migrate, run, app ls, consumer add, consumer ls, queues, dead ls,
+	// demo, setup-demo, example-consumer.
+	if checked < 10 {
+		t.Errorf("checked only %d commands", checked)
+	}
+}
+
+// TestReadmeCLIDocumentsFlags: the README's CLI section names every
+// command and every flag that --help shows.
+func TestReadmeCLIDocumentsFlags(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, found := strings.Cut(string(b), "\n## CLI\n")
+	if !found {
+		t.Fatal("README.md has no \"## CLI\" section")
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	flag := func(name string) *regexp.Regexp {
+		return regexp.MustCompile(`--` + regexp.QuoteMeta(name) + `\b`)
+	}
+	root := newApp(strings.NewReader(""), io.Discard, io.Discard)
+	walk(root, nil, func(cmd *cli.Command, path []string) {
+		if len(path) > 0 && !regexp.MustCompile(`\b`+regexp.QuoteMeta(cmd.Name)+`\b`).MatchString(section) {
+			t.Errorf("the README's CLI section does not name bellhop %s", strings.Join(path, " "))
+		}
+		for _, f := range cmd.Flags {
+			if name := f.Names()[0]; name != "help" && !flag(name).MatchString(section) {
+				t.Errorf("the README's CLI section does not mention bellhop %s --%s", strings.Join(path, " "), name)
+			}
+		}
+	})
 }
 
 // TestReadmeQuickStart: the README's first command is the demo (which

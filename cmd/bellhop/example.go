@@ -35,7 +35,7 @@ func setupDemoCommand(d *deps) *cli.Command {
 		Usage: "create an app if missing and make sure a queue has a push consumer at a URL with its secret in a file " +
 			"(for docker-compose; re-runnable: keeps a consumer whose secret the file holds)",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "app", Required: true, Usage: "app name"},
+			&cli.StringFlag{Name: "app", Required: true, Usage: "app name", Sources: env("APP")},
 			&cli.StringFlag{Name: "queue", Required: true, Usage: "queue name"},
 			&cli.StringFlag{Name: "url", Required: true, Usage: "consumer URL"},
 			&cli.StringFlag{Name: "secret-file", Required: true, Usage: "where to write the signing secret (mode 0600, replaced atomically)"},

@@ -75,8 +75,20 @@ func TestHostileInputEveryCommand(t *testing.T) {
 			if r.code != 0 && strings.Count(strings.TrimSpace(r.stderr), "\n") > 0 {
 				t.Errorf("bellhop %q: want a one-line error:\n%s", name, r)
 			}
-			// Listing commands may succeed with empty output for an
-			// unknown app; nothing may ever be written.
+			// No hostile value is an app's or a valid queue name: a listing
+			// refuses it as every other command does. Empty, it means
+			// every app for consumer ls and queues, and every queue for
+			// dead ls, whose --app must not be empty. Nothing may ever be
+			// written.
+			if args[0] == "queues" || args[1] == "ls" {
+				want := 2
+				if h == "" && !(args[0] == "dead" && args[3] == "") {
+					want = 0
+				}
+				if r.code != want {
+					t.Errorf("bellhop %q: exit %d, want %d:\n%s", name, r.code, want, r)
+				}
+			}
 			if after := snapshot(); after != before {
 				t.Fatalf("bellhop %q changed the database: %s -> %s\n%s", name, before, after, r)
 			}

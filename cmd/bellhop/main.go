@@ -156,17 +156,29 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 // strict makes every command of the tree report a bad flag or a missing
 // required flag as one line (the library's default prints the whole help
 // and "Incorrect Usage", and only the root's OnUsageError would apply),
-// and makes a command group refuse an unknown subcommand by name.
+// makes a command group refuse an unknown subcommand by name, and makes a
+// command that takes no arguments (one without ArgsUsage) refuse any,
+// which the library would otherwise ignore.
 func strict(cmd *cli.Command) {
 	cmd.OnUsageError = func(_ context.Context, _ *cli.Command, err error, _ bool) error {
 		return usageError{err}
 	}
-	if len(cmd.Commands) > 0 && cmd.Action == nil {
+	switch {
+	case len(cmd.Commands) > 0 && cmd.Action == nil:
 		cmd.Action = func(ctx context.Context, cmd *cli.Command) error {
 			if cmd.Args().Present() {
 				return usagef("unknown command %q (see %s --help)", cmd.Args().First(), cmd.FullName())
 			}
 			return cli.ShowSubcommandHelp(cmd)
+		}
+	case len(cmd.Commands) == 0 && cmd.Action != nil && cmd.ArgsUsage == "":
+		action := cmd.Action
+		cmd.Action = func(ctx context.Context, cmd *cli.Command) error {
+			if cmd.Args().Present() {
+				return usagef("unexpected argument %q: %s takes no arguments (see %s --help)",
+					cmd.Args().First(), cmd.FullName(), cmd.FullName())
+			}
+			return action(ctx, cmd)
 		}
 	}
 	for _, sub := range cmd.Commands {

@@ -567,6 +567,15 @@ func noDeadLetter(id uuid.UUID, app string) error {
 	return usagef("no dead letter %s in app %q", id, app)
 }
 
+// nonEmptyApp refuses an empty --app where the library would read it as
+// "every app": the dead-letter commands act on one app.
+func nonEmptyApp(cmd *cli.Command) error {
+	if cmd.String("app") == "" {
+		return usagef("--app is empty: name the app whose dead letters to read")
+	}
+	return nil
+}
+
 func deadCommand(d *deps) *cli.Command {
 	appFlag := &cli.StringFlag{Name: "app", Usage: "app name", Required: true, Sources: env("APP")}
 	selector := func(cmd *cli.Command) (string, uuid.UUID, error) {
@@ -615,8 +624,16 @@ func deadCommand(d *deps) *cli.Command {
 			Name:  "ls",
 			Usage: "list dead letters, newest first",
 			Flags: []cli.Flag{appFlag, &cli.StringFlag{Name: "queue", Usage: "only this queue's"},
-				&cli.IntFlag{Name: "limit", Value: 100, Usage: "at most this many"}},
+				&cli.IntFlag{Name: "limit", Value: bellhop.DefaultDeadLimit, Usage: fmt.Sprintf("at most this many (1 to %d)", bellhop.MaxDeadLimit)}},
 			Action: func(ctx context.Context, cmd *cli.Command) error {
+				if err := nonEmptyApp(cmd); err != nil {
+					return err
+				}
+				// The library reads 0 as "the default": given explicitly,
+				// it and a negative limit are mistakes.
+				if n := cmd.Int("limit"); n < 1 || n > bellhop.MaxDeadLimit {
+					return usagef("--limit %d: must be 1 to %d", n, bellhop.MaxDeadLimit)
+				}
 				c, pool, err := client(ctx, cmd)
 				if err != nil {
 					return err
@@ -654,6 +671,9 @@ func deadCommand(d *deps) *cli.Command {
 				}
 				id, err := messageID(s)
 				if err != nil {
+					return err
+				}
+				if err := nonEmptyApp(cmd); err != nil {
 					return err
 				}
 				c, pool, err := client(ctx, cmd)

@@ -518,3 +518,53 @@ func TestDeadRefusesNilID(t *testing.T) {
 		})
 	}
 }
+
+// TestDeadLimitAndBadQueue: dead ls lists at most --limit dead letters
+// (100 by default), and a --queue that is no valid queue name is refused
+// by ls, redrive and purge with exit 2 before any dead letter moves or
+// goes; it used to select nothing and exit 0.
+func TestDeadLimitAndBadQueue(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.ConnString(t)
+	ok(t, dsn, "app", "create", "shop")
+	pool := db(t, dsn)
+	if _, err := pool.Exec(t.Context(), `
+		INSERT INTO dead_letters (id, source, app_id, queue_name, payload, enqueued_at, attempt, max_attempts, last_error)
+		SELECT gen_random_uuid(), 'queue', id, 'orders', jsonb_build_object('n', g), now(), 3, 3, 'boom'
+		FROM apps, generate_series(1, 101) AS g WHERE name = 'shop'`); err != nil {
+		t.Fatal(err)
+	}
+	limits := []struct {
+		flags []string
+		want  int // rows listed
+	}{
+		{nil, 100},
+		{[]string{"--limit", "1"}, 1},
+		{[]string{"--limit", "100"}, 100},
+		{[]string{"--limit", "10000"}, 101},
+	}
+	for _, tc := range limits {
+		t.Run("dead ls "+strings.Join(tc.flags, " "), func(t *testing.T) {
+			out := ok(t, dsn, append([]string{"dead", "ls", "--app", "shop"}, tc.flags...)...)
+			if got := strings.Count(out, "\n") - 1; got != tc.want || !strings.HasPrefix(out, "ID ") {
+				t.Errorf("listed %d dead letters, want %d:\n%s", got, tc.want, out)
+			}
+		})
+	}
+	for _, queue := range []string{"bad q", "orders/x", strings.Repeat("a", 129)} {
+		for _, verb := range []string{"ls", "redrive", "purge"} {
+			t.Run(verb+" --queue "+queue[:min(len(queue), 10)], func(t *testing.T) {
+				r := exe(t, dsn, "", "dead", verb, "--app", "shop", "--queue", queue)
+				if r.code != 2 || r.stdout != "" || !strings.Contains(r.stderr, "invalid queue name") {
+					t.Errorf("want exit 2 naming the invalid queue name; got %s", r)
+				}
+				if n := queryInt(t, pool, "SELECT count(*) FROM dead_letters"); n != 101 {
+					t.Errorf("%d dead letters left, want 101", n)
+				}
+				if n := queryInt(t, pool, "SELECT count(*) FROM queue_messages"); n != 0 {
+					t.Errorf("%d messages redriven, want 0", n)
+				}
+			})
+		}
+	}
+}

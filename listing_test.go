@@ -1,0 +1,205 @@
+package bellhop_test
+
+// Tests of the listing methods (DeadLetters, Queues, Consumers) and of the
+// dead-letter operations' input checks: an app that does not exist is
+// ErrUnknownApp there as in the methods that act on one app, "" still
+// lists every app, and a bad queue name or limit is refused before
+// anything is read or written. Helpers (fxEnv, ...) are in schema_test.go.
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+
+	"github.com/bellhopq/bellhop"
+)
+
+// deadLetter inserts a dead letter of app's queue, as a dispatcher
+// leaves one.
+func (e *fxEnv) deadLetter(app uuid.UUID, queue string) {
+	e.t.Helper()
+	e.exec(`INSERT INTO dead_letters (id, source, app_id, queue_name, payload, enqueued_at, attempt, max_attempts, last_error)
+		VALUES (gen_random_uuid(), 'queue', $1, $2, '{}', now(), 3, 3, 'boom')`, app, queue)
+}
+
+func TestListingsRefuseUnknownApp(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	shop, other := e.app("shop"), e.app("other")
+	for _, a := range []bellhop.App{shop, other} {
+		e.deadLetter(a.ID, "orders")
+		if _, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: a.Name, Queue: "orders"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Each lister returns the apps of the rows it listed, sorted, once each.
+	listers := []struct {
+		name string
+		list func(c *bellhop.Client, app string) ([]string, error)
+	}{
+		{"DeadLetters", func(c *bellhop.Client, app string) ([]string, error) {
+			ds, err := c.DeadLetters(e.ctx, bellhop.DeadFilter{App: app})
+			var apps []string
+			for _, d := range ds {
+				apps = append(apps, d.App)
+			}
+			return apps, err
+		}},
+		{"Queues", func(c *bellhop.Client, app string) ([]string, error) {
+			qs, err := c.Queues(e.ctx, app)
+			var apps []string
+			for _, q := range qs {
+				apps = append(apps, q.App)
+			}
+			return apps, err
+		}},
+		{"Consumers", func(c *bellhop.Client, app string) ([]string, error) {
+			cs, err := c.Consumers(e.ctx, app)
+			var apps []string
+			for _, x := range cs {
+				apps = append(apps, x.App)
+			}
+			return apps, err
+		}},
+	}
+	tests := []struct {
+		name     string
+		client   *bellhop.Client
+		app      string
+		want     error  // nil: success
+		wantText string // in the error
+		wantApps []string
+	}{
+		{name: "unknown app", client: e.client, app: "nosuch", want: bellhop.ErrUnknownApp, wantText: `unknown app "nosuch"`},
+		{name: "not an app name", client: e.client, app: "bad name", want: bellhop.ErrUnknownApp, wantText: `unknown app "bad name"`},
+		{name: "one app", client: e.client, app: "shop", wantApps: []string{"shop"}},
+		{name: "every app", client: e.client, app: "", wantApps: []string{"other", "shop"}},
+		{name: "another app, as a principal", client: e.client.As(other.DefaultPrincipal), app: "shop", want: bellhop.ErrForbidden},
+		{name: "its own app, as a principal", client: e.client.As(other.DefaultPrincipal), app: "other", wantApps: []string{"other"}},
+	}
+	for _, l := range listers {
+		for _, tc := range tests {
+			t.Run(l.name+" "+tc.name, func(t *testing.T) {
+				apps, err := l.list(tc.client, tc.app)
+				if tc.want != nil {
+					if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.wantText) || apps != nil {
+						t.Errorf("got %v, %v; want an error wrapping %v that says %q", apps, err, tc.want, tc.wantText)
+					}
+					return
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				slices.Sort(apps)
+				if apps = slices.Compact(apps); !slices.Equal(apps, tc.wantApps) {
+					t.Errorf("listed apps %v, want %v", apps, tc.wantApps)
+				}
+			})
+		}
+	}
+}
+
+// TestDeadLetterInputChecks: a dead-letter filter or operation with a
+// queue that is no valid queue name, or a listing limit out of range, is
+// refused with its typed error and changes nothing; it used to select
+// nothing (or 100 rows, for a limit below 1) and succeed.
+func TestDeadLetterInputChecks(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	shop := e.app("shop")
+	for range 3 {
+		e.deadLetter(shop.ID, "orders")
+	}
+	list := func(f bellhop.DeadFilter) error {
+		f.App = "shop"
+		_, err := e.client.DeadLetters(e.ctx, f)
+		return err
+	}
+	refused := []struct {
+		name string
+		call func() error
+		want error
+	}{
+		{"DeadLetters limit -1", func() error { return list(bellhop.DeadFilter{Limit: -1}) }, bellhop.ErrInvalidOptions},
+		{"DeadLetters limit over the maximum", func() error { return list(bellhop.DeadFilter{Limit: bellhop.MaxDeadLimit + 1}) }, bellhop.ErrInvalidOptions},
+		{"DeadLetters bad queue", func() error { return list(bellhop.DeadFilter{Queue: "bad q"}) }, bellhop.ErrInvalidQueueName},
+		{"Redrive bad queue", func() error {
+			_, err := e.client.Redrive(e.ctx, "shop", "bad q", uuid.Nil)
+			return err
+		}, bellhop.ErrInvalidQueueName},
+		{"PurgeDead bad queue", func() error {
+			_, err := e.client.PurgeDead(e.ctx, "shop", "orders/x", uuid.Nil)
+			return err
+		}, bellhop.ErrInvalidQueueName},
+		{"PurgeDead 129-byte queue", func() error {
+			_, err := e.client.PurgeDead(e.ctx, "shop", strings.Repeat("a", 129), uuid.Nil)
+			return err
+		}, bellhop.ErrInvalidQueueName},
+	}
+	for _, tc := range refused {
+		t.Run(tc.name, func(t *testing.T) {
+			dead, queued := e.tableState("dead_letters"), e.tableState("queue_messages")
+			if err := tc.call(); !errors.Is(err, tc.want) {
+				t.Errorf("got %v, want %v", err, tc.want)
+			}
+			if got := e.tableState("dead_letters"); got != dead {
+				t.Errorf("dead_letters changed: %s, was %s", got, dead)
+			}
+			if got := e.tableState("queue_messages"); got != queued {
+				t.Errorf("queue_messages changed: %s, was %s", got, queued)
+			}
+		})
+	}
+	accepted := []struct {
+		limit, want int
+	}{
+		{0, 3}, // the default
+		{1, 1},
+		{bellhop.MaxDeadLimit, 3},
+	}
+	for _, tc := range accepted {
+		ds, err := e.client.DeadLetters(e.ctx, bellhop.DeadFilter{App: "shop", Queue: "orders", Limit: tc.limit})
+		if err != nil || len(ds) != tc.want {
+			t.Errorf("DeadLetters limit %d: %d rows, %v; want %d rows", tc.limit, len(ds), err, tc.want)
+		}
+	}
+}
+
+// TestPayloadLimitsWhereChecked pins down the README's account of what is
+// checked where: the client counts the bytes it is given (white space
+// included) and limits nesting; the database measures the size as jsonb
+// text and does not limit nesting.
+func TestPayloadLimitsWhereChecked(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	shop := e.app("shop")
+	// 1500007 bytes as given, 8 as jsonb text ({"a": 1}).
+	padded := []byte(`{"a":` + strings.Repeat(" ", 1500000) + `1}`)
+	deep := strings.Repeat("[", 200) + strings.Repeat("]", 200)
+
+	_, err := e.client.Enqueue(e.ctx, "shop", "orders", padded, bellhop.EnqueueOptions{})
+	if !errors.Is(err, bellhop.ErrPayloadTooLarge) || !strings.Contains(err.Error(), "payload too large: 1500007 bytes") {
+		t.Errorf("client, 1500007 bytes of which 8 as jsonb: got %v, want ErrPayloadTooLarge naming 1500007 bytes", err)
+	}
+	if _, err := e.client.Enqueue(e.ctx, "shop", "orders", []byte(deep), bellhop.EnqueueOptions{}); !errors.Is(err, bellhop.ErrInvalidPayload) {
+		t.Errorf("client, nested 200 deep: got %v, want ErrInvalidPayload", err)
+	}
+	if n := e.int64("SELECT count(*) FROM queue_messages"); n != 0 {
+		t.Fatalf("the client wrote %d messages", n)
+	}
+
+	// The same two payloads pass the database, by plain INSERT and by
+	// enqueue().
+	e.exec(`INSERT INTO queue_messages (app_id, queue_name, payload) VALUES ($1, 'orders', $2::jsonb), ($1, 'orders', $3::jsonb)`,
+		shop.ID, string(padded), deep)
+	e.exec(`SELECT enqueue($1, 'orders', $2::jsonb), enqueue($1, 'orders', $3::jsonb)`, shop.ID, string(padded), deep)
+	if n := e.int64(`SELECT count(*) FROM queue_messages WHERE octet_length(payload::text) = 8`); n != 2 {
+		t.Errorf("%d padded payloads stored as 8 bytes of jsonb text, want 2", n)
+	}
+	if n := e.int64(`SELECT count(*) FROM queue_messages WHERE payload::text = $1`, deep); n != 2 {
+		t.Errorf("%d payloads nested 200 deep stored, want 2", n)
+	}
+}
