@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -70,8 +71,13 @@ func (c *Client) CreateApp(ctx context.Context, name string) (App, error) {
 	return a, nil
 }
 
-// Apps lists every app by name. DefaultPrincipal is not filled in.
+// Apps lists every app by name, or, for a Client made with As, its
+// principal's app. DefaultPrincipal is not filled in.
 func (c *Client) Apps(ctx context.Context) ([]App, error) {
+	own, err := c.listApp(ctx, "")
+	if err != nil {
+		return nil, fmt.Errorf("list apps: %w", err)
+	}
 	rows, err := c.db.Query(ctx, queries.AppList)
 	if err != nil {
 		return nil, fmt.Errorf("list apps: %w", err)
@@ -83,7 +89,25 @@ func (c *Client) Apps(ctx context.Context) ([]App, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list apps: %w", err)
 	}
+	if own != "" {
+		apps = slices.DeleteFunc(apps, func(a App) bool { return a.Name != own })
+	}
 	return apps, nil
+}
+
+// listApp is the app a listing selects: app, or, when app is "", every
+// app ("") for an operator and its principal's own app for a Client made
+// with As, which must not see other apps' queues, consumers or dead
+// letters.
+func (c *Client) listApp(ctx context.Context, app string) (string, error) {
+	if app != "" || c.actor == uuid.Nil {
+		return app, nil
+	}
+	err := c.db.QueryRow(ctx, queries.PrincipalApp, pgx.NamedArgs{"principal_id": c.actor}).Scan(&app)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", fmt.Errorf("%w: principal %s does not exist", ErrForbidden, c.actor)
+	}
+	return app, err
 }
 
 // CreatePrincipal adds a principal named name to app and returns its id.

@@ -47,7 +47,8 @@ type ConsumerSpec struct {
 	// unless Message.ExtendLease renews the lease first.
 	VisibilityTimeout time.Duration
 	// MaxInFlight bounds the messages handled at once, per dispatcher
-	// process (1 to 10000).
+	// process (1 to 10000): the queue's messages and the consumer's invoke
+	// deliveries together.
 	MaxInFlight int
 	// URL makes this an HTTP push consumer: the daemon POSTs each message
 	// there, signed with a secret generated at registration. "" means a
@@ -318,10 +319,15 @@ func (c *Client) RemoveConsumer(ctx context.Context, app string, id uuid.UUID) e
 	return nil
 }
 
-// Consumers lists the consumers of app, or of every app when app is "".
+// Consumers lists the consumers of app, or of every app when app is ""
+// (of its principal's app, for a Client made with As).
 // An app that does not exist is ErrUnknownApp (ErrForbidden, for a Client
 // made with As, when it is another app), as in the methods that act on one.
 func (c *Client) Consumers(ctx context.Context, app string) ([]Consumer, error) {
+	app, err := c.listApp(ctx, app)
+	if err != nil {
+		return nil, fmt.Errorf("list consumers: %w", err)
+	}
 	var appArg *string
 	if app != "" {
 		if _, _, err := c.resolve(ctx, c.db, app, ""); err != nil {

@@ -35,14 +35,18 @@ type DeadLetter struct {
 	Attempt      int
 	MaxAttempts  int
 	EnqueuedBy   *uuid.UUID
-	LastError    string
-	DiedAt       time.Time
+	// LastError says why it died: its handler's last error (for an HTTP
+	// consumer, with the start of the response body), as valid UTF-8 of
+	// at most claim.MaxErrorBytes (16 KiB), or that its last lease ran
+	// out.
+	LastError string
+	DiedAt    time.Time
 }
 
 // DeadFilter selects dead letters. Empty fields select everything: App ""
-// means every app's. A non-empty App must name an app, and Queue, if set,
-// must be a valid queue name. Limit 0 means DefaultDeadLimit; otherwise it
-// is 1 to MaxDeadLimit.
+// means every app's (its principal's app's, for a Client made with As). A
+// non-empty App must name an app, and Queue, if set, must be a valid queue
+// name. Limit 0 means DefaultDeadLimit; otherwise it is 1 to MaxDeadLimit.
 type DeadFilter struct {
 	App   string
 	Queue string
@@ -74,6 +78,11 @@ func (c *Client) DeadLetters(ctx context.Context, f DeadFilter) ([]DeadLetter, e
 			return nil, fmt.Errorf("list dead letters: %w", err)
 		}
 	}
+	app, err := c.listApp(ctx, f.App)
+	if err != nil {
+		return nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	f.App = app
 	if f.App != "" {
 		if _, _, err := c.resolve(ctx, c.db, f.App, ""); err != nil {
 			return nil, fmt.Errorf("list dead letters: %w", err)

@@ -17,7 +17,7 @@ var (
 	// ErrInvalidPayload: the payload is not one JSON value (or nests too
 	// deep, or holds \u0000, which jsonb cannot store).
 	ErrInvalidPayload = validate.ErrPayload
-	// ErrPayloadTooLarge: the payload is over 1 MiB.
+	// ErrPayloadTooLarge: the payload, as given, is over 1 MiB.
 	ErrPayloadTooLarge = validate.ErrTooLarge
 	// ErrInvalidOptions: an option is out of range or contradicts another.
 	ErrInvalidOptions = validate.ErrOption

@@ -21,11 +21,15 @@ import (
 //     consumer's backoff, or dead-lettered once its attempts are used up.
 //   - Returning RetryAfter(d) retries after d instead.
 //   - Returning Permanent(err) dead-letters the message at once.
-//   - A panic nacks, with the panic as the error.
+//   - A panic nacks, with the panic as the error; so does ending the
+//     goroutine with runtime.Goexit (t.FailNow in a test).
 //
-// ctx ends shortly before the message's lease does (see
-// Message.ExtendLease), and when the dispatcher stops hard. Delivery is at
-// least once: a handler must tolerate seeing a message again.
+// ctx has no deadline, since a renewal moves the lease's end: it is
+// cancelled, with cause ErrLeaseLost, at Message.LeaseDeadline, a fifth of
+// the visibility timeout (at most 5s) before the lease ends, unless
+// Message.ExtendLease renews the lease first; and when the dispatcher
+// stops hard. Delivery is at least once: a handler must tolerate seeing a
+// message again.
 type Handler interface {
 	Handle(ctx context.Context, m *Message) error
 }

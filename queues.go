@@ -26,10 +26,15 @@ type QueueInfo struct {
 	ConsumerEnabled bool
 }
 
-// Queues lists the queues of app, or of every app when app is "". An app
+// Queues lists the queues of app, or of every app when app is "" (of its
+// principal's app, for a Client made with As). An app
 // that does not exist is ErrUnknownApp (ErrForbidden, for a Client made
 // with As, when it is another app), as in the methods that act on one.
 func (c *Client) Queues(ctx context.Context, app string) ([]QueueInfo, error) {
+	app, err := c.listApp(ctx, app)
+	if err != nil {
+		return nil, fmt.Errorf("list queues: %w", err)
+	}
 	if app != "" {
 		if _, _, err := c.resolve(ctx, c.db, app, ""); err != nil {
 			return nil, fmt.Errorf("list queues: %w", err)

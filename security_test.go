@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -188,6 +189,71 @@ func TestPrincipalIsolation(t *testing.T) {
 	}
 	if by := e.uuid(`SELECT enqueued_by_principal FROM queue_messages WHERE id = $1`, id); by != a.DefaultPrincipal {
 		t.Errorf("enqueued_by_principal = %s, want %s", by, a.DefaultPrincipal)
+	}
+
+	// Listings that name no app list A's only: B's queue, consumer and
+	// dead letter are not shown. An operator's list every app's.
+	e.exec(`INSERT INTO dead_letters (id, source, app_id, queue_name, payload, enqueued_at, attempt, max_attempts, last_error)
+	        SELECT gen_random_uuid(), 'queue', id, 'orders', '{}', now(), 3, 3, 'x' FROM apps WHERE name = 'alpha'`)
+	listings := []struct {
+		name string
+		list func(c *bellhop.Client) ([]string, error) // the apps of what it lists
+	}{
+		{"apps", func(c *bellhop.Client) ([]string, error) {
+			as, err := c.Apps(e.ctx)
+			var names []string
+			for _, x := range as {
+				names = append(names, x.Name)
+			}
+			return names, err
+		}},
+		{"queues", func(c *bellhop.Client) ([]string, error) {
+			qs, err := c.Queues(e.ctx, "")
+			var names []string
+			for _, x := range qs {
+				names = append(names, x.App)
+			}
+			return names, err
+		}},
+		{"consumers", func(c *bellhop.Client) ([]string, error) {
+			cs, err := c.Consumers(e.ctx, "")
+			var names []string
+			for _, x := range cs {
+				names = append(names, x.App)
+			}
+			return names, err
+		}},
+		{"dead letters", func(c *bellhop.Client) ([]string, error) {
+			ds, err := c.DeadLetters(e.ctx, bellhop.DeadFilter{})
+			var names []string
+			for _, x := range ds {
+				names = append(names, x.App)
+			}
+			return names, err
+		}},
+	}
+	for _, l := range listings {
+		t.Run("list "+l.name, func(t *testing.T) {
+			got, err := l.list(asA)
+			if err != nil {
+				t.Fatal(err)
+			}
+			slices.Sort(got)
+			if got = slices.Compact(got); !slices.Equal(got, []string{"alpha"}) {
+				t.Errorf("a principal of alpha lists %s of apps %v, want alpha's only", l.name, got)
+			}
+			all, err := l.list(e.client)
+			if err != nil {
+				t.Fatal(err)
+			}
+			slices.Sort(all)
+			if all = slices.Compact(all); !slices.Equal(all, []string{"alpha", "beta"}) {
+				t.Errorf("an operator lists %s of apps %v, want both", l.name, all)
+			}
+		})
+	}
+	if _, err := e.client.As(uuid.New()).Queues(e.ctx, ""); !errors.Is(err, bellhop.ErrForbidden) {
+		t.Errorf("a principal that does not exist lists queues: %v, want ErrForbidden", err)
 	}
 }
 

@@ -49,7 +49,7 @@ var (
 	soakMessagesFlag = flag.Int("soak.messages", 0, "TestChaosSoak and TestChaosSoakLeasing: messages to enqueue (0: 14,000 in the short form, 50,000 in the long form)")
 	soakRaceFlag     = flag.Bool("soak.race", false, "TestChaosSoak and TestChaosSoakLeasing: build the bellhop binary with -race too (slower; the test's own code always runs under go test's -race if given)")
 	soakSeedFlag     = flag.Uint64("soak.seed", 0, "TestChaosSoak and TestChaosSoakLeasing: seed of the consumer's failure choices and the producer (0: random)")
-	soakLogDirFlag   = flag.String("soak.logdir", "", "TestChaosSoak and TestChaosSoakLeasing: keep the dispatchers' logs in this directory (default: a temp dir, removed)")
+	soakLogDirFlag   = flag.String("soak.logdir", "", "TestChaosSoak and TestChaosSoakLeasing: keep the dispatchers' logs in this directory, as <test>-<dispatcher>.log, appended to: use an empty one (default: a temp dir, removed)")
 )
 
 const (
@@ -485,7 +485,9 @@ func runChaosSoak(t *testing.T, leasers int) {
 		}
 		d := newDaemon(t, fmt.Sprintf("dispatcher-%d", i+1), bin, dsn, args...)
 		if *soakLogDirFlag != "" {
-			d.logPath = filepath.Join(*soakLogDirFlag, d.name+".log")
+			// One file per test and dispatcher: the two soaks' logs must
+			// not mix, or each would read the other's lines as its own.
+			d.logPath = filepath.Join(*soakLogDirFlag, t.Name()+"-"+d.name+".log")
 		}
 		if err := d.start(); err != nil {
 			t.Fatal(err)

@@ -200,6 +200,11 @@ var Poll string
 //go:embed principal_create.sql
 var PrincipalCreate string
 
+// PrincipalApp is principal_app.sql.
+//
+//go:embed principal_app.sql
+var PrincipalApp string
+
 // PrincipalLookup is principal_lookup.sql.
 //
 //go:embed principal_lookup.sql
