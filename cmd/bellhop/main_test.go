@@ -518,6 +518,17 @@ func db(t *testing.T, dsn string) *pgxpool.Pool {
 	return pool
 }
 
+// seedDeadLetters adds n dead letters to app shop's queue orders.
+func seedDeadLetters(t *testing.T, pool *pgxpool.Pool, n int) {
+	t.Helper()
+	if _, err := pool.Exec(t.Context(), `
+		INSERT INTO dead_letters (id, source, app_id, queue_name, payload, enqueued_at, attempt, max_attempts, last_error)
+		SELECT gen_random_uuid(), 'queue', id, 'orders', jsonb_build_object('n', g), now(), 3, 3, 'boom'
+		FROM apps, generate_series(1, $1::int) AS g WHERE name = 'shop'`, n); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func queryInt(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
 	t.Helper()
 	var n int

@@ -490,12 +490,7 @@ func TestDeadRefusesNilID(t *testing.T) {
 	dsn := pgtest.ConnString(t)
 	ok(t, dsn, "app", "create", "shop")
 	pool := db(t, dsn)
-	if _, err := pool.Exec(t.Context(), `
-		INSERT INTO dead_letters (id, source, app_id, queue_name, payload, enqueued_at, attempt, max_attempts, last_error)
-		SELECT gen_random_uuid(), 'queue', id, 'orders', jsonb_build_object('n', g), now(), 3, 3, 'boom'
-		FROM apps, generate_series(1, 3) AS g WHERE name = 'shop'`); err != nil {
-		t.Fatal(err)
-	}
+	seedDeadLetters(t, pool, 3)
 	const nilID = "00000000-0000-0000-0000-000000000000"
 	for _, args := range [][]string{
 		{"dead", "purge", "--app", "shop", nilID},
@@ -528,12 +523,7 @@ func TestDeadLimitAndBadQueue(t *testing.T) {
 	dsn := pgtest.ConnString(t)
 	ok(t, dsn, "app", "create", "shop")
 	pool := db(t, dsn)
-	if _, err := pool.Exec(t.Context(), `
-		INSERT INTO dead_letters (id, source, app_id, queue_name, payload, enqueued_at, attempt, max_attempts, last_error)
-		SELECT gen_random_uuid(), 'queue', id, 'orders', jsonb_build_object('n', g), now(), 3, 3, 'boom'
-		FROM apps, generate_series(1, 101) AS g WHERE name = 'shop'`); err != nil {
-		t.Fatal(err)
-	}
+	seedDeadLetters(t, pool, 101)
 	limits := []struct {
 		flags []string
 		want  int // rows listed
