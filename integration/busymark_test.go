@@ -217,7 +217,7 @@ func TestBusyMarkOfHungDispatcher(t *testing.T) {
 	}
 	// Not a ping: it would keep the session alive.
 	waitFor(t, time.Until(sessionEnd)+3*time.Second, "the server ends the hung session and its key", func() bool {
-		return e.count(t, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1650814062`) == 0
+		return e.count(t, busyKeyHeld, "orders") == 0
 	})
 	if err := hung.Ping(context.Background()); err == nil {
 		t.Error("the hung session still answers after its idle_session_timeout")
@@ -263,7 +263,7 @@ func TestBusyKeyWithoutRow(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 5*time.Second, "the key is free", func() bool {
-		return e.count(t, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1650814062`) == 0
+		return e.count(t, busyKeyHeld, "orders") == 0
 	})
 	ids = append(ids, e.enqueue(t, "orders", map[string]int{"i": 5}, bellhop.EnqueueOptions{}))
 	waitFor(t, 5*time.Second, "delivered after the holder died", func() bool {
@@ -372,5 +372,49 @@ func TestWakeScanSeesBusyKeys(t *testing.T) {
 	}
 	if got := scan(); len(got) != 0 {
 		t.Errorf("wake scan after the release = %v, want none", got)
+	}
+}
+
+// TestBusyKeysOfCollidingQueues: two queues of one app whose 32-bit
+// hashtext(app_id || ':' || queue) are equal, which shared their busy key
+// before migration 0052 (about one pair in a hundred thousand queues, and
+// easy to make on purpose). While a dispatcher drains A and holds A's
+// busy key, a message enqueued to B is announced and delivered at once;
+// with the shared key, B's producer skipped its notification and nothing
+// woke B's lane (the fallback poll is an hour away).
+func TestBusyKeysOfCollidingQueues(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	var a, b string
+	if err := e.pool.QueryRow(ctx, `
+		WITH app AS (SELECT id::text AS id FROM apps WHERE name = 'app'),
+		     h AS (SELECT 'q' || i AS q, hashtext(app.id || ':q' || i) AS k FROM app, generate_series(1, 400000) AS i)
+		SELECT min(q), max(q) FROM h GROUP BY k HAVING count(*) = 2 LIMIT 1`).Scan(&a, &b); err != nil {
+		t.Fatalf("no pair of colliding queue names among 400,000: %v", err)
+	}
+	t.Logf("queues %s and %s share their 32-bit hash", a, b)
+	e.consumer(t, bellhop.ConsumerSpec{Queue: a, MaxInFlight: 1})
+	e.consumer(t, bellhop.ConsumerSpec{Queue: b})
+	slow := &recorder{result: func(context.Context, *bellhop.Message) error {
+		time.Sleep(20 * time.Millisecond) // A's work: long enough to keep it busy
+		return nil
+	}}
+	recB := &recorder{}
+	mux := bellhop.NewMux()
+	mux.Handle("app", a, slow)
+	mux.Handle("app", b, recB)
+	claims := &claimCounter{}
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour},
+		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = claims })
+	claims.waitQuiet(t, 10*time.Second, 300*time.Millisecond, "start-up passes done")
+
+	for i := range 60 {
+		e.enqueue(t, a, map[string]int{"i": i}, bellhop.EnqueueOptions{})
+	}
+	waitFor(t, 10*time.Second, "A's busy key held", func() bool { return e.count(t, busyKeyHeld, a) == 1 })
+	e.enqueue(t, b, map[string]string{"to": "B"}, bellhop.EnqueueOptions{})
+	waitFor(t, 10*time.Second, "B's message delivered while A is busy", func() bool { return len(recB.deliveries()) == 1 })
+	if n := len(slow.deliveries()); n == 60 {
+		t.Errorf("A had drained before B's delivery: the test did not make them overlap")
 	}
 }

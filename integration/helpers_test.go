@@ -46,6 +46,14 @@ func newEnv(t *testing.T) *env {
 	return e
 }
 
+// busyKeyHeld counts the sessions holding the busy key of app's queue
+// (busy_hold.sql), a one-bigint advisory key (migration 0052).
+const busyKeyHeld = `SELECT count(*) FROM pg_locks
+	WHERE locktype = 'advisory' AND objsubid = 1 AND granted
+	  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+	  AND ((classid::bigint << 32) | objid::bigint) =
+	      hashtextextended((SELECT id FROM apps WHERE name = 'app')::text || ':' || $1::text, 1650814062)`
+
 // consumer registers the consumer of app's queue.
 func (e *env) consumer(t *testing.T, spec bellhop.ConsumerSpec) bellhop.Consumer {
 	t.Helper()

@@ -122,18 +122,16 @@ func TestRemovedBusyConsumerFreesItsQueue(t *testing.T) {
 	if _, err := e.client.EnqueueMany(ctx, "app", msgs); err != nil {
 		t.Fatal(err)
 	}
-	const keys = `SELECT count(*) FROM pg_locks
-		WHERE locktype = 'advisory' AND classid = 1650814062 AND objsubid = 2 AND granted`
-	waitFor(t, 10*time.Second, "the queue marked busy", func() bool { return e.count(t, keys) == 1 })
+	waitFor(t, 10*time.Second, "the queue marked busy", func() bool { return e.count(t, busyKeyHeld, "orders") == 1 })
 	if err := e.client.RemoveConsumer(ctx, "app", cons.ID); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "the busy key and mark given up", func() bool {
-		return e.count(t, keys) == 0 && e.count(t, `SELECT count(*) FROM queue_busy`) == 0
+		return e.count(t, busyKeyHeld, "orders") == 0 && e.count(t, `SELECT count(*) FROM queue_busy`) == 0
 	})
 	var free bool
-	err := e.pool.QueryRow(ctx, `SELECT pg_try_advisory_lock_shared(1650814062, hashtext($1::text || ':orders'))
-		AND pg_advisory_unlock_shared(1650814062, hashtext($1::text || ':orders'))`, cons.AppID).Scan(&free)
+	err := e.pool.QueryRow(ctx, `SELECT pg_try_advisory_lock_shared(hashtextextended($1::text || ':orders', 1650814062))
+		AND pg_advisory_unlock_shared(hashtextextended($1::text || ':orders', 1650814062))`, cons.AppID).Scan(&free)
 	if err != nil {
 		t.Fatal(err)
 	}

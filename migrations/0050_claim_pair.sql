@@ -10,6 +10,14 @@
 --
 -- Rows that already break it are freed first, so that none is stuck and
 -- the constraint can be added: they were never leased by Bellhop.
+--
+-- Both tables are locked first, in one order, for the whole migration: the
+-- ALTERs need ACCESS EXCLUSIVE, and asking for it only after the UPDATEs'
+-- weaker locks could deadlock with a dispatcher's statement that holds one
+-- table and wants the other. Producers and dispatchers wait while the
+-- tables, which hold the backlog and pending invoke deliveries, are read.
+LOCK TABLE queue_messages, outbox IN ACCESS EXCLUSIVE MODE;
+
 UPDATE queue_messages SET claim_token = NULL, claimed_at = NULL
 WHERE (claim_token IS NULL) <> (claimed_at IS NULL);
 

@@ -15,7 +15,7 @@
 -- Sets idle_session_timeout so that a hung dispatcher's session, and so its
 -- marks, end: the dispatcher sends keep-alives while it holds marks.
 WITH k AS MATERIALIZED (
-    SELECT pg_try_advisory_lock(1650814062, hashtext(@app_id::text || ':' || @queue_name::text)) AS held
+    SELECT pg_try_advisory_lock(hashtextextended(@app_id::text || ':' || @queue_name::text, 1650814062)) AS held
 )
 SELECT set_config('idle_session_timeout', @idle_ms::bigint::text, false) IS NULL AS unset,
        k.held,

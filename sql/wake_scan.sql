@@ -13,8 +13,10 @@
 -- queues, twenty thousand statements for a few that have work.
 -- Read-only.
 WITH busy_keys AS MATERIALIZED (
-    SELECT objid FROM pg_locks
-    WHERE locktype = 'advisory' AND classid = 1650814062 AND objsubid = 2 AND granted
+    -- A one-bigint advisory key shows as its high and low halves.
+    SELECT (classid::bigint << 32) | objid::bigint AS key FROM pg_locks
+    WHERE locktype = 'advisory' AND objsubid = 1 AND granted
+      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 )
 SELECT ARRAY(
            SELECT c.id
@@ -27,7 +29,7 @@ SELECT ARRAY(
                              WHERE b.app_id = c.app_id AND b.queue_name = c.queue_name
                                AND b.owner <> @owner AND b.lease_until > clock_timestamp())
                   OR EXISTS (SELECT 1 FROM busy_keys k
-                             WHERE k.objid = hashtext(c.app_id::text || ':' || c.queue_name)::oid))
+                             WHERE k.key = hashtextextended(c.app_id::text || ':' || c.queue_name, 1650814062)))
        ) AS queue_lanes,
        ARRAY(
            SELECT c.id
