@@ -54,10 +54,14 @@ type App struct {
 	DefaultPrincipal uuid.UUID
 }
 
-// CreateApp creates an app and its "default" principal.
+// CreateApp creates an app and its "default" principal. Only an operator
+// Client may: one made with As gets ErrForbidden.
 func (c *Client) CreateApp(ctx context.Context, name string) (App, error) {
 	if err := validate.Name("app", name); err != nil {
 		return App{}, fmt.Errorf("create app: %w", err)
+	}
+	if c.actor != uuid.Nil {
+		return App{}, fmt.Errorf("create app %q: %w: principal %s may act on its own app only", printable(name), ErrForbidden, c.actor)
 	}
 	var a App
 	err := c.db.QueryRow(ctx, queries.AppCreate, pgx.NamedArgs{"name": name}).
@@ -111,9 +115,15 @@ func (c *Client) listApp(ctx context.Context, app string) (string, error) {
 }
 
 // CreatePrincipal adds a principal named name to app and returns its id.
+// A Client made with As may add one to its own app only (ErrForbidden).
 func (c *Client) CreatePrincipal(ctx context.Context, app, name string) (uuid.UUID, error) {
 	if err := validate.Name("principal", name); err != nil {
 		return uuid.Nil, fmt.Errorf("create principal: %w", err)
+	}
+	if c.actor != uuid.Nil {
+		if _, _, err := c.resolve(ctx, c.db, app, ""); err != nil {
+			return uuid.Nil, fmt.Errorf("create principal %q: %w", name, err)
+		}
 	}
 	var id uuid.UUID
 	err := c.db.QueryRow(ctx, queries.PrincipalCreate, pgx.NamedArgs{"app_name": app, "principal_name": name}).Scan(&id)

@@ -60,6 +60,9 @@ type lane struct {
 	// bounds the consumer's deliveries from both.
 	inFlight *atomic.Int32
 	sibling  *lane
+	// delivering counts this lane's own deliveries, started and not yet
+	// finished (quiet).
+	delivering atomic.Int32
 	// backlog is set when the lane stopped claiming because all its
 	// slots were busy; the next slot freed, by either lane, wakes it.
 	backlog atomic.Bool
@@ -183,13 +186,18 @@ func (l *lane) tidyUp() {
 }
 
 // quiet reports whether the lane is idle with nothing to wait for:
-// nothing in flight, not claiming, no wake-up pending, not busy, and not
-// watching another dispatcher's busy mark (producers are silent by design
-// then).
+// nothing of its own in flight or waiting for a slot, not stopped for want
+// of one (the sibling lane may hold them all), not claiming, no wake-up
+// pending, not busy, and not watching another dispatcher's busy mark
+// (producers are silent by design then).
 // It also returns the lane's pass count, to tell later whether the lane
 // ran in between.
 func (l *lane) quiet() (bool, uint64) {
-	idle := l.inFlight.Load() == 0 && !l.draining.Load() && len(l.wake) == 0 && !l.watched.Load()
+	l.pendMu.Lock()
+	waiting := len(l.pending)
+	l.pendMu.Unlock()
+	idle := l.delivering.Load() == 0 && waiting == 0 && !l.backlog.Load() && !l.draining.Load() &&
+		len(l.wake) == 0 && !l.watched.Load()
 	return idle, l.passes.Load()
 }
 
@@ -371,6 +379,7 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 				continue
 			}
 			l.d.inFlight.Add(1)
+			l.delivering.Add(1)
 			go l.deliver(st, &msgs[i])
 		}
 		l.freeSlots(free - len(msgs) + orphans)
@@ -563,6 +572,7 @@ func leaseTimeout(st *consumerState, cm *claim.Message) time.Duration {
 // deliver runs the handler on one message and submits its outcome.
 func (l *lane) deliver(st *consumerState, cm *claim.Message) {
 	defer l.d.inFlight.Done()
+	defer l.delivering.Add(-1)
 	vt := leaseTimeout(st, cm)
 	if !time.Now().Before(cm.LeasedAt.Add(vt - leaseMargin(vt))) {
 		l.releaseUnstarted(st, cm, vt)

@@ -310,6 +310,7 @@ func (l *lane) startPending() {
 			l.d.releaseLeased(cm)
 			continue
 		}
+		l.delivering.Add(1)
 		go l.deliver(st, cm)
 	}
 }

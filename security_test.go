@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
@@ -158,6 +159,18 @@ func TestPrincipalIsolation(t *testing.T) {
 			_, err := asA.Enqueue(e.ctx, "beta", "orders", []byte(`{}`), bellhop.EnqueueOptions{})
 			return err
 		}, bellhop.ErrForbidden},
+		{"add a principal to B", func() error {
+			_, err := asA.CreatePrincipal(e.ctx, "beta", "intruder")
+			return err
+		}, bellhop.ErrForbidden},
+		{"create an app", func() error {
+			_, err := asA.CreateApp(e.ctx, "gamma")
+			return err
+		}, bellhop.ErrForbidden},
+		{"look up B's consumer", func() error {
+			_, err := asA.ConsumerOf(e.ctx, "beta", "orders")
+			return err
+		}, bellhop.ErrForbidden},
 		{"invoke B's consumer", func() error {
 			_, err := asA.InvokeAsync(e.ctx, cb.ID, []byte(`{}`), bellhop.EnqueueOptions{})
 			return err
@@ -175,7 +188,14 @@ func TestPrincipalIsolation(t *testing.T) {
 		t.Fatalf("B's data changed:\nbefore %s\nafter  %s", before, after)
 	}
 
+	if n := e.int64(`SELECT count(*) FROM principals WHERE name = 'intruder'`) + e.int64(`SELECT count(*) FROM apps WHERE name = 'gamma'`); n != 0 {
+		t.Errorf("%d principals or apps created through A", n)
+	}
+
 	// The same principal may act on its own app, and is recorded.
+	if _, err := asA.CreatePrincipal(e.ctx, "alpha", "worker"); err != nil {
+		t.Errorf("add a principal to own app: %v", err)
+	}
 	ca, err := asA.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "alpha", Queue: "orders"})
 	if err != nil {
 		t.Fatalf("register in own app: %v", err)
@@ -435,5 +455,125 @@ func waitGroupTimeout(t *testing.T, wg *sync.WaitGroup, d time.Duration) {
 	case <-done:
 	case <-time.After(d):
 		t.Fatalf("not done within %s", d)
+	}
+}
+
+// TestLeaseMessageOnlyOwnRows: bellhop_lease_message, SECURITY DEFINER and
+// callable by every role, leases only a row its calling transaction
+// inserted (migration 0051). A role with no right on queue_messages that
+// calls it from a trigger of its own temporary table, naming another
+// transaction's committed message, leases nothing and locks neither the
+// message nor the offer. A producer's own INSERT is leased; one made under
+// a savepoint is not (it is announced and claimed instead).
+func TestLeaseMessageOnlyOwnRows(t *testing.T) {
+	e := fxNew(t)
+	a := e.app("shop")
+	c, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim, err := e.client.Enqueue(e.ctx, "shop", "orders", []byte(`{"n":1}`), bellhop.EnqueueOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	offer := func() uuid.UUID {
+		return e.uuid(`INSERT INTO bellhop_offers (token, app_id, queue_name, owner, channel, expires_at, consumer_id)
+			VALUES (gen_random_uuid(), $1, 'orders', gen_random_uuid(), 'bellhop_l_test', now() + interval '1 minute', $2)
+			RETURNING token`, a.ID, c.ID)
+	}
+	token := offer()
+	before := e.tableState("queue_messages")
+
+	login := "bh_nobody_" + uuid.NewString()[:8]
+	e.exec(`CREATE ROLE ` + login + ` LOGIN`)
+	t.Cleanup(func() { _, _ = pgxpoolExec(pgtest.AdminConnString(), `DROP ROLE IF EXISTS `+login) })
+	dsn, err := pgdsn.WithUser(e.pool.Config().ConnConfig.ConnString(), login)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nobody, err := pgx.Connect(e.ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nobody.Close(context.Background())
+	tx, err := nobody.Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	for _, sql := range []string{
+		`CREATE TEMP TABLE t (leased boolean)`,
+		`CREATE FUNCTION pg_temp.f() RETURNS trigger LANGUAGE plpgsql AS $$
+		 BEGIN
+		     NEW.leased := public.bellhop_lease_message('` + victim.String() + `', '` + a.ID.String() + `', 'orders');
+		     RETURN NEW;
+		 END $$`,
+		`CREATE TRIGGER f BEFORE INSERT ON t FOR EACH ROW EXECUTE FUNCTION pg_temp.f()`,
+	} {
+		if _, err := tx.Exec(e.ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	var leased bool
+	if err := tx.QueryRow(e.ctx, `INSERT INTO t VALUES (NULL) RETURNING leased`).Scan(&leased); err != nil {
+		t.Fatal(err)
+	}
+	if leased {
+		t.Error("a role with no rights leased another transaction's message")
+	}
+	// Its transaction still open: the message and the offer are free.
+	for what, sql := range map[string]string{
+		"the message": `SELECT 1 FROM queue_messages WHERE id = $1 FOR UPDATE NOWAIT`,
+		"the offer":   `SELECT 1 FROM bellhop_offers WHERE token = $1 FOR UPDATE NOWAIT`,
+	} {
+		id := victim
+		if what == "the offer" {
+			id = token
+		}
+		if err := pgx.BeginFunc(e.ctx, e.pool, func(tx pgx.Tx) error {
+			_, err := tx.Exec(e.ctx, sql, id)
+			return err
+		}); err != nil {
+			t.Errorf("%s is locked by the call: %v", what, err)
+		}
+	}
+	if after := e.tableState("queue_messages"); after != before {
+		t.Errorf("the messages changed:\nbefore %s\nafter  %s", before, after)
+	}
+
+	// A producer's own rows, with a leasing dispatcher connected (the
+	// lease key held shared).
+	key, err := e.pool.Acquire(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer key.Release()
+	if _, err := key.Exec(e.ctx, `SELECT pg_advisory_lock_shared(1650814063, 0)`); err != nil {
+		t.Fatal(err)
+	}
+	defer key.Exec(context.Background(), `SELECT pg_advisory_unlock_shared(1650814063, 0)`)
+	insert := `INSERT INTO queue_messages (app_id, queue_name, payload) VALUES ($1, 'orders', '{}') RETURNING id`
+	var own, saved uuid.UUID
+	if err := pgx.BeginFunc(e.ctx, e.pool, func(tx pgx.Tx) error {
+		return tx.QueryRow(e.ctx, insert, a.ID).Scan(&own)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	second := offer()
+	if err := pgx.BeginFunc(e.ctx, e.pool, func(tx pgx.Tx) error {
+		return pgx.BeginFunc(e.ctx, tx, func(sp pgx.Tx) error { // a savepoint
+			return sp.QueryRow(e.ctx, insert, a.ID).Scan(&saved)
+		})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.uuid(`SELECT coalesce(claim_token, '00000000-0000-0000-0000-000000000000') FROM queue_messages WHERE id = $1`, own); got != token {
+		t.Errorf("the producer's own message has claim token %s, want the offer's %s", got, token)
+	}
+	if n := e.int64(`SELECT count(*) FROM queue_messages WHERE id = $1 AND claim_token IS NULL`, saved); n != 1 {
+		t.Error("a message inserted under a savepoint was leased")
+	}
+	if n := e.int64(`SELECT count(*) FROM bellhop_offers WHERE token = $1`, second); n != 1 {
+		t.Error("the savepoint's insert took the offer")
 	}
 }

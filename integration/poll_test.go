@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -80,4 +81,61 @@ func TestFallbackPollFindsMissedWork(t *testing.T) {
 	if m := obs.missed.Load(); m != 1 {
 		t.Fatalf("polls reported %d missed queues, want 1", m)
 	}
+}
+
+// TestFallbackPollCountsMissedBesideDeliveries: a consumer's lanes share
+// its in-flight slots, but a lane is idle when nothing of its own runs. An
+// invoke delivery whose notification was lost is counted as missed while
+// the same consumer's queue message is still being handled, with slots to
+// spare.
+func TestFallbackPollCountsMissedBesideDeliveries(t *testing.T) {
+	e := newEnv(t)
+	c := e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", MaxInFlight: 10})
+	started := make(chan struct{}, 1)
+	release := make(chan struct{})
+	rec := &recorder{result: func(ctx context.Context, m *bellhop.Message) error {
+		if !m.Invoked {
+			started <- struct{}{}
+			<-release
+		}
+		return nil
+	}}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", rec)
+	obs := &pollObserver{}
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, Observer: obs, PollInterval: time.Second}, nil)
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free) // before the dispatcher's stop
+
+	e.enqueue(t, "orders", map[string]string{"held": "open"}, bellhop.EnqueueOptions{})
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the queue message was not delivered")
+	}
+	ctx := context.Background()
+	if _, err := e.pool.Exec(ctx, `ALTER TABLE outbox DISABLE TRIGGER outbox_notify`); err != nil {
+		t.Fatal(err)
+	}
+	id, err := e.client.InvokeAsync(ctx, c.ID, []byte(`{"lost":"notification"}`),
+		bellhop.EnqueueOptions{DeliverAfter: time.Now().Add(-time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx, `ALTER TABLE outbox ENABLE TRIGGER outbox_notify`); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the poll delivers the unannounced invoke delivery", func() bool {
+		for _, d := range rec.deliveries() {
+			if d.ID == id {
+				return true
+			}
+		}
+		return false
+	})
+	if m := obs.missed.Load(); m != 1 {
+		t.Errorf("polls reported %d missed, want 1: the invoke lane was idle beside the queue's delivery", m)
+	}
+	free()
 }
