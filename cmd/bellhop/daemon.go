@@ -147,7 +147,7 @@ func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.
 		}
 		fmt.Fprintln(w, "ready")
 	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := probeServer(mux)
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error().Err(err).Msg("http server failed")
@@ -159,6 +159,20 @@ func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.
 	defer cancel()
 	_ = srv.Shutdown(sctx)
 	return runErr
+}
+
+// probeServer serves the daemon's /metrics, /healthz and /readyz, which
+// no one authenticates: every read, write and idle connection has a
+// deadline, so that clients that open connections and go quiet cannot
+// hold them, and the daemon's file descriptors, for ever.
+func probeServer(h http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       60 * time.Second,
+	}
 }
 
 // checkSchema refuses to serve a database whose schema is older than this

@@ -228,7 +228,12 @@ func exampleConsumerCommand(d *deps) *cli.Command {
 			if err != nil {
 				return usagef("--addr %q: %v", cmd.String("addr"), err)
 			}
-			srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+			// Deadlines for every read, write and idle connection. Idle
+			// connections are kept longer than the pusher keeps its own
+			// (90 s), so that it is the pusher that closes them: a POST on
+			// a connection the server has just closed fails.
+			srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
+				WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
 			go func() {
 				<-ctx.Done()
 				sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

@@ -78,6 +78,9 @@ const (
 	// maxIdlePerHost keeps enough warm connections for a consumer with a
 	// high max-in-flight, where the default of 2 would churn connections.
 	maxIdlePerHost = 64
+	// maxHeaderBytes bounds a response's headers (the default transport's
+	// only; a caller's Options.Client sets its own).
+	maxHeaderBytes = 64 << 10
 )
 
 // Options configures a Pusher. The zero value works.
@@ -91,7 +94,10 @@ type Options struct {
 	// hostname case-insensitively: "example.com" matches exactly that
 	// host, "*.example.com" matches any subdomain of it at any depth (but
 	// not example.com itself; list both to allow both). IP literals match
-	// as written ("10.0.0.1", "::1"). Matching is by name only: it is a
+	// as written ("10.0.0.1", "::1"). Entries and hostnames must be ASCII
+	// (an internationalised name in its xn-- form): net/http dials the
+	// IDNA form of a name, which need not be what it lower-cases to.
+	// Matching is by name only: it is a
 	// guard against typos and misuse of the CLI, not against DNS that
 	// points an allowed name at an internal address.
 	//
@@ -166,6 +172,9 @@ func New(opts Options) *Pusher {
 			IdleConnTimeout:       90 * time.Second,
 			TLSHandshakeTimeout:   10 * time.Second,
 			ExpectContinueTimeout: time.Second,
+			// A consumer's response headers, like its body (maxBody), are
+			// bounded: net/http's default is 10 MiB a response.
+			MaxResponseHeaderBytes: maxHeaderBytes,
 		}
 	}
 	// A 3xx is returned as is and mapped like any other 4xx (see the
@@ -206,6 +215,13 @@ func (p *Pusher) parseURL(raw string) (*url.URL, error) {
 		// Credentials in a URL end up in logs (so this error shows the URL
 		// redacted); the signature authenticates instead.
 		return nil, fmt.Errorf("httppush: URL %s carries credentials", quote(u.Redacted()))
+	}
+	if p.restricted && !isASCII(u.Hostname()) {
+		// Compared as written, a name such as "servİce" would lower-case
+		// to an allowed "service", while net/http dials its IDNA form, a
+		// different domain.
+		return nil, fmt.Errorf("httppush: host %s is not ASCII: with allowed hosts set, give an internationalised name in its xn-- form",
+			quote(u.Hostname()))
 	}
 	if !p.hostAllowed(u.Hostname()) {
 		return nil, fmt.Errorf("httppush: host %s is not in the allowed hosts", quote(u.Hostname()))
@@ -275,14 +291,26 @@ func checkAllowedHost(h string) error {
 			return errors.New("is not a hostname: a label is empty or longer than 63 bytes")
 		}
 		for _, r := range label {
-			// Letters beyond ASCII are allowed: url.Parse keeps an
-			// internationalised hostname as written.
-			if !(r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r)) {
+			switch {
+			case r > unicode.MaxASCII:
+				// Matched as written it could admit a look-alike (see
+				// parseURL); net/http dials the IDNA form.
+				return errors.New("is not ASCII: give an internationalised name in its xn-- form")
+			case !(r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r)):
 				return fmt.Errorf("is not a hostname: it contains %q", r)
 			}
 		}
 	}
 	return nil
+}
+
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] > unicode.MaxASCII {
+			return false
+		}
+	}
+	return true
 }
 
 // normalizeHost makes hostnames comparable: lower case, without the

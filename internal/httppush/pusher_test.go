@@ -560,7 +560,8 @@ func TestCheckAllowedHosts(t *testing.T) {
 	}{
 		{hosts: nil},
 		{hosts: []string{}},
-		{hosts: []string{"hooks.example.com", "*.svc.example.net", "EXACT.Example.ORG.", "10.0.0.1", "::1", "[::1]", "consumer", "my_consumer", "bücher.example"}},
+		{hosts: []string{"hooks.example.com", "*.svc.example.net", "EXACT.Example.ORG.", "10.0.0.1", "::1", "[::1]", "consumer", "my_consumer", "xn--bcher-kva.example"}},
+		{hosts: []string{"bücher.example"}, want: `"bücher.example": is not ASCII`},
 		{hosts: []string{"a.example.com", " ", ""}},
 		{hosts: []string{" b.example.com "}},
 		{hosts: []string{""}, want: "only blank entries"},

@@ -51,4 +51,15 @@ func TestPushURL(t *testing.T) {
 	if err := validate.PushURL("https://a.example.com/" + strings.Repeat("x", 2048)); err == nil {
 		t.Error("PushURL accepted a URL over 2048 bytes")
 	}
+	// The errors never show a password, whatever else is wrong.
+	for _, u := range []string{
+		"http://u:s3cr3t-pw@hooks.example.com/",
+		"ftp://u:s3cr3t-pw@hooks.example.com/",
+		"http://u:s3cr3t-pw@[::1/x",
+		"http://u:s3cr3t-pw@:9/x",
+	} {
+		if err := validate.PushURL(u); err == nil || strings.Contains(err.Error(), "s3cr3t") {
+			t.Errorf("PushURL(%q) = %v, want an error without the password", u, err)
+		}
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net/url"
 	"regexp"
+	"strings"
 	"time"
 )
 
@@ -180,19 +181,32 @@ func Int(what string, n, min, max int) error {
 // up in logs).
 func PushURL(s string) error {
 	u, err := url.Parse(s)
+	// The errors show the URL without a password: they are returned to
+	// callers and may be logged.
+	shown := quote(s)
+	switch {
+	case err == nil:
+		shown = quote(u.Redacted())
+	case strings.Contains(s, "@"):
+		shown = "(not shown: it may carry credentials)"
+	}
 	switch {
 	case len(s) > 2048:
 		return fmt.Errorf("%w: URL is %d bytes, more than 2048", ErrOption, len(s))
 	case err != nil:
-		return fmt.Errorf("%w: URL %s: %v", ErrOption, quote(s), err)
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // its text repeats the URL
+		}
+		return fmt.Errorf("%w: URL %s: %v", ErrOption, shown, err)
 	case u.Scheme != "http" && u.Scheme != "https":
-		return fmt.Errorf("%w: URL %s: scheme must be http or https", ErrOption, quote(s))
+		return fmt.Errorf("%w: URL %s: scheme must be http or https", ErrOption, shown)
 	case u.Hostname() == "":
 		// Hostname, not Host: "http://:9/x" has a Host (":9") but nothing
 		// to connect to, and the daemon refuses to serve it.
-		return fmt.Errorf("%w: URL %s has no host", ErrOption, quote(s))
+		return fmt.Errorf("%w: URL %s has no host", ErrOption, shown)
 	case u.User != nil:
-		return fmt.Errorf("%w: URL %s carries credentials; use the signing secret instead", ErrOption, quote(s))
+		return fmt.Errorf("%w: URL %s carries credentials; use the signing secret instead", ErrOption, shown)
 	}
 	return nil
 }
