@@ -107,6 +107,10 @@ func TestFallbackPollCountsMissedBesideDeliveries(t *testing.T) {
 	var once sync.Once
 	free := func() { once.Do(func() { close(release) }) }
 	t.Cleanup(free) // before the dispatcher's stop
+	// The start-up wake scan (after the listener's first connect) runs
+	// before the first poll, on the same goroutine: once a poll has run,
+	// only a poll can find the unannounced delivery below.
+	waitFor(t, 5*time.Second, "a first poll", func() bool { return obs.polls.Load() >= 1 })
 
 	e.enqueue(t, "orders", map[string]string{"held": "open"}, bellhop.EnqueueOptions{})
 	select {
