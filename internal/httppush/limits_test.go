@@ -46,7 +46,6 @@ func TestResponseHeadersBounded(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Junk", strings.Repeat("a", 1<<20))
 	}))
-	srv.Config.MaxHeaderBytes = 1 << 20
 	defer srv.Close()
 	h, err := New(Options{}).Handler(consumerFor(srv.URL))
 	if err != nil {
