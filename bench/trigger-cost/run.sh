@@ -40,11 +40,15 @@ psql -c "DELETE FROM queue_busy WHERE app_id = '$app'" \
 # draining dispatcher would, until the script kills it (psql itself, not
 # the function's subshell, so that $! is its pid).
 # client_connection_check_interval lets its backend notice and drop the
-# lock.
+# lock. It holds the key in both forms: the variants' (0041, 0042) and the
+# 64-bit one of the current trigger (migration 0052).
 PGOPTIONS="-c client_connection_check_interval=1s" command psql -X -q -At "$url" \
-    -c "SELECT pg_advisory_lock(1650814062, hashtext('$app' || ':q'))" -c "SELECT pg_sleep(86400)" >/dev/null &
+    -c "SELECT pg_advisory_lock(1650814062, hashtext('$app' || ':q')), pg_advisory_lock(hashtextextended('$app' || ':q', 1650814062))" \
+    -c "SELECT pg_sleep(86400)" >/dev/null &
 holder=$!
-until [ "$(psql -c "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1650814062 AND granted")" = 1 ]; do
+until [ "$(psql -c "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
+                      AND ((classid = 1650814062 AND objsubid = 2)
+                           OR (objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = hashtextextended('$app' || ':q', 1650814062)))")" = 2 ]; do
     sleep 0.1
 done
 
