@@ -78,8 +78,9 @@ func (m *Message) LeaseDeadline() time.Time {
 // takes longer than one timeout (like SQS's ChangeMessageVisibility). The
 // timeout is the consumer's as the renewal reads it, so a changed timeout
 // applies from the next renewal on. It returns ErrLeaseLost if the lease
-// already expired, and ErrNoConsumer, leaving the lease as it was, if the
-// message's consumer has been removed.
+// already expired, or if the handler's context has already ended for it,
+// and ErrNoConsumer, leaving the lease as it was, if the message's
+// consumer has been removed.
 func (m *Message) ExtendLease(ctx context.Context) error {
 	if m.lease == nil {
 		return errors.New("bellhop: ExtendLease on a message not being delivered")
@@ -134,6 +135,13 @@ func (l *lease) extend(ctx context.Context) error {
 	defer l.mu.Unlock()
 	l.vt = vt
 	l.end = start.Add(l.vt - leaseMargin(l.vt))
+	if !l.timer.Stop() {
+		// The handler's context has already ended (the timer fired while
+		// the renewal ran, or before it): the dispatcher has given the
+		// delivery up, and a renewal cannot take that back. The lease the
+		// database now holds is what a retry waits for.
+		return fmt.Errorf("extend lease of %s: %w", l.msg.ID, ErrLeaseLost)
+	}
 	l.timer.Reset(time.Until(l.end))
 	return nil
 }
