@@ -23,19 +23,32 @@ import (
 // Client from As acts as one principal and may act only on that
 // principal's app.
 type Client struct {
-	db    *pgxpool.Pool
-	actor uuid.UUID // uuid.Nil: operator
+	db       *pgxpool.Pool
+	operator bool      // made by NewClient
+	actor    uuid.UUID // made by As: the principal acting
 }
 
 // NewClient returns an operator Client that runs its statements on db. The
 // database must be migrated (see package migrations).
-func NewClient(db *pgxpool.Pool) *Client { return &Client{db: db} }
+func NewClient(db *pgxpool.Pool) *Client { return &Client{db: db, operator: true} }
 
 // As returns a Client acting as the principal with id principal. Every
 // operation that names an app then fails with ErrForbidden unless the
 // principal belongs to that app; consumers it registers are registered by
 // it, and messages it enqueues record it as their enqueuing principal.
+// No principal has the id uuid.Nil, so a Client made with it (a failed
+// lookup's zero value, say) is refused everything.
 func (c *Client) As(principal uuid.UUID) *Client { return &Client{db: c.db, actor: principal} }
+
+// principalArg is the acting principal as a statement argument: NULL for
+// an operator, and the principal's id, even uuid.Nil, for As.
+func (c *Client) principalArg() *uuid.UUID {
+	if c.operator {
+		return nil
+	}
+	p := c.actor
+	return &p
+}
 
 // querier is what both a pool and a transaction offer.
 type querier interface {
@@ -60,7 +73,7 @@ func (c *Client) CreateApp(ctx context.Context, name string) (App, error) {
 	if err := validate.Name("app", name); err != nil {
 		return App{}, fmt.Errorf("create app: %w", err)
 	}
-	if c.actor != uuid.Nil {
+	if !c.operator {
 		return App{}, fmt.Errorf("create app %q: %w: principal %s may act on its own app only", printable(name), ErrForbidden, c.actor)
 	}
 	var a App
@@ -104,7 +117,7 @@ func (c *Client) Apps(ctx context.Context) ([]App, error) {
 // with As, which must not see other apps' queues, consumers or dead
 // letters.
 func (c *Client) listApp(ctx context.Context, app string) (string, error) {
-	if app != "" || c.actor == uuid.Nil {
+	if app != "" || c.operator {
 		return app, nil
 	}
 	err := c.db.QueryRow(ctx, queries.PrincipalApp, pgx.NamedArgs{"principal_id": c.actor}).Scan(&app)
@@ -120,7 +133,7 @@ func (c *Client) CreatePrincipal(ctx context.Context, app, name string) (uuid.UU
 	if err := validate.Name("principal", name); err != nil {
 		return uuid.Nil, fmt.Errorf("create principal: %w", err)
 	}
-	if c.actor != uuid.Nil {
+	if !c.operator {
 		if _, _, err := c.resolve(ctx, c.db, app, ""); err != nil {
 			return uuid.Nil, fmt.Errorf("create principal %q: %w", name, err)
 		}
@@ -145,16 +158,22 @@ func (c *Client) resolve(ctx context.Context, q querier, app, principal string) 
 	if principal == "" {
 		principal = "default"
 	}
+	if !storable(app) {
+		return uuid.Nil, uuid.Nil, fmt.Errorf("%w %q", ErrUnknownApp, printable(app))
+	}
+	if !storable(principal) {
+		return uuid.Nil, uuid.Nil, fmt.Errorf("%w %q in app %q", ErrUnknownPrincipal, printable(principal), printable(app))
+	}
 	var pid *uuid.UUID
 	err = q.QueryRow(ctx, queries.PrincipalLookup, pgx.NamedArgs{
-		"app_name": app, "principal_name": principal, "principal_id": nullable(c.actor),
+		"app_name": app, "principal_name": principal, "principal_id": c.principalArg(),
 	}).Scan(&appID, &pid)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return uuid.Nil, uuid.Nil, fmt.Errorf("%w %q", ErrUnknownApp, printable(app))
 	case err != nil:
 		return uuid.Nil, uuid.Nil, err
-	case pid == nil && c.actor != uuid.Nil:
+	case pid == nil && !c.operator:
 		return uuid.Nil, uuid.Nil, fmt.Errorf("%w: principal %s does not belong to app %q", ErrForbidden, c.actor, printable(app))
 	case pid == nil:
 		return uuid.Nil, uuid.Nil, fmt.Errorf("%w %q in app %q", ErrUnknownPrincipal, printable(principal), printable(app))

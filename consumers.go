@@ -362,7 +362,7 @@ func (c *Client) consumerByID(ctx context.Context, app string, id uuid.UUID) (Co
 // ConsumerOf returns the consumer of app's queue, or ErrUnknownConsumer;
 // for a Client made with As, ErrForbidden if app is not its principal's.
 func (c *Client) ConsumerOf(ctx context.Context, app, queue string) (Consumer, error) {
-	if c.actor != uuid.Nil {
+	if !c.operator {
 		if _, _, err := c.resolve(ctx, c.db, app, ""); err != nil {
 			return Consumer{}, fmt.Errorf("consumer of %s/%s: %w", printable(app), printable(queue), err)
 		}

@@ -128,6 +128,10 @@ type Observer interface {
 // Dispatcher delivers messages to handlers. Create it with NewDispatcher
 // and start it with Run.
 type Dispatcher struct {
+	ran atomic.Bool // Run was called
+	// pool is db once Run has made it, for Ready, which may run
+	// concurrently with Run's start.
+	pool     atomic.Pointer[pgxpool.Pool]
 	cfg      DispatcherConfig
 	poolCfg  *pgxpool.Config
 	db       *pgxpool.Pool
@@ -184,8 +188,10 @@ func (cl *consumerLanes) stop(tidy bool) {
 }
 
 // NewDispatcher returns a Dispatcher with its own pool, made from poolCfg,
-// and one more connection, for LISTEN, from its ConnConfig. Run opens the
-// connections and closes them when it returns; a Dispatcher runs once. The pool's
+// and one more connection, for LISTEN, from its ConnConfig. Run makes the
+// pool, opens the connections and closes them when it returns, so a
+// Dispatcher that never runs holds nothing; a Dispatcher runs once, and a
+// second Run returns an error. The pool's
 // sessions run with synchronous_commit off: claims, acks and nacks that a
 // server crash loses only cause a redelivery, which at-least-once
 // delivery allows, and they no longer wait for a WAL flush. Producers'
@@ -194,8 +200,8 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 	if cfg.Resolver == nil {
 		return nil, errors.New("bellhop: DispatcherConfig.Resolver is required")
 	}
-	if poolCfg == nil {
-		return nil, errors.New("bellhop: a pool config is required")
+	if poolCfg == nil || poolCfg.ConnConfig == nil {
+		return nil, errors.New("bellhop: a pool config is required (make it with pgxpool.ParseConfig)")
 	}
 	if cfg.PollInterval <= 0 {
 		cfg.PollInterval = DefaultPollInterval
@@ -257,17 +263,6 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 		d.leaseChannel = newLeaseChannel()
 		onConnect = d.holdLeaseKey
 	}
-	// NewWithConfig does not connect yet; Run does.
-	db, err := pgxpool.NewWithConfig(context.Background(), pc)
-	if err != nil {
-		return nil, fmt.Errorf("dispatcher: pool: %w", err)
-	}
-	d.db = db
-	d.reclaim = reclaim.New(db, d.log, cfg.DefaultVisibilityTimeout, func(r reclaim.Result) {
-		if cfg.Observer != nil {
-			cfg.Observer.Reclaimed(r.Released, r.DeadLettered)
-		}
-	})
 	if !cfg.DisableBusyMarks {
 		lockCfg := pc.ConnConfig.Copy()
 		lockCfg.RuntimeParams["application_name"] = "bellhop-busy-locks"
@@ -298,6 +293,23 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 // fences it if its lease has run out meanwhile. It returns an error only
 // if it cannot start.
 func (d *Dispatcher) Run(ctx context.Context) error {
+	if !d.ran.CompareAndSwap(false, true) {
+		return errors.New("bellhop: Dispatcher.Run called more than once (a Dispatcher runs once; make a new one)")
+	}
+	// The pool is made here, not in NewDispatcher: pgxpool starts a
+	// goroutine at once (and connections, with pool_min_conns), which a
+	// Dispatcher that never runs could not release.
+	db, err := pgxpool.NewWithConfig(context.Background(), d.poolCfg)
+	if err != nil {
+		return fmt.Errorf("dispatcher: pool: %w", err)
+	}
+	d.db = db
+	d.reclaim = reclaim.New(db, d.log, d.cfg.DefaultVisibilityTimeout, func(r reclaim.Result) {
+		if d.cfg.Observer != nil {
+			d.cfg.Observer.Reclaimed(r.Released, r.DeadLettered)
+		}
+	})
+	d.pool.Store(db)
 	defer d.db.Close()
 	if err := d.db.Ping(ctx); err != nil {
 		return fmt.Errorf("dispatcher: connect: %w", err)
@@ -334,7 +346,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 
 	<-ctx.Done()
 	d.log.Info().Msg("dispatcher stopping: no more claims; waiting for in-flight handlers")
-	d.stopLanes()
+	stopped := d.stopLanes()
 	done := make(chan struct{})
 	go func() { d.inFlight.Wait(); close(done) }()
 	select {
@@ -348,13 +360,19 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	d.closeOffers(octx)
 	ocancel()
 	d.complete.Close()
+	d.handOver(stopped)
 	bg.Wait()
 	cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	if err := claim.ClearMarks(cctx, d.db, d.owner); err != nil {
 		d.log.Warn().Err(err).Msg("could not clear busy marks; they expire with their lease")
 	}
 	cancel()
-	d.flushLastFired(context.Background())
+	// Bounded like the other writes of a stop: a lock on a consumer's row
+	// or a frozen server must not keep Run from returning, and the column
+	// is informational.
+	fctx, fcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	d.flushLastFired(fctx)
+	fcancel()
 	d.log.Info().Msg("dispatcher stopped")
 	return nil
 }
@@ -365,7 +383,11 @@ func (d *Dispatcher) Ready(ctx context.Context) error {
 	if !d.listener.Connected() {
 		return errors.New("listener not connected")
 	}
-	if err := d.db.Ping(ctx); err != nil {
+	db := d.pool.Load()
+	if db == nil {
+		return errors.New("dispatcher not running")
+	}
+	if err := db.Ping(ctx); err != nil {
 		return fmt.Errorf("database: %w", err)
 	}
 	return nil
@@ -702,19 +724,54 @@ func (d *Dispatcher) tidied(l *lane) {
 }
 
 // stopLanes stops every lane's claiming and waits until no lane can
-// start another delivery; in-flight deliveries go on.
-func (d *Dispatcher) stopLanes() {
+// start another delivery; in-flight deliveries go on. It returns the
+// lanes it stopped, for handOver.
+func (d *Dispatcher) stopLanes() []*lane {
 	d.mu.Lock()
 	d.stopped = true
+	stopped := make([]*lane, 0, 2*len(d.lanes))
 	for id, cl := range d.lanes {
 		// Run clears this dispatcher's marks and offers at once, and
 		// closing the lock connection frees its busy keys.
 		cl.stop(false)
 		delete(d.lanes, id)
+		stopped = append(stopped, cl.queue, cl.invoke)
 	}
 	clear(d.byQueue)
 	d.mu.Unlock()
 	d.lanesRun.Wait()
+	return stopped
+}
+
+// handOver runs once a stop has written every outcome: it wakes the other
+// dispatchers for each stopped lane that had a due time or had nacked
+// (sql/hand_over.sql), so that the retries whose time only this
+// dispatcher knew are delivered on time and not at a fallback poll.
+func (d *Dispatcher) handOver(lanes []*lane) {
+	seen := make(map[string]bool)
+	var payloads []string
+	for _, l := range lanes {
+		if !l.timed.Load() && !l.nacked.Load() {
+			continue
+		}
+		e := notify.Event{Kind: notify.KindQueue, AppID: l.target.AppID, Queue: l.target.Queue}
+		if l.target.Source == claim.Invoke {
+			e = notify.Event{Kind: notify.KindInvoke, AppID: l.target.AppID, TriggerID: l.target.TriggerID}
+		}
+		if p := e.String(); !seen[p] {
+			seen[p] = true
+			payloads = append(payloads, p)
+		}
+	}
+	if len(payloads) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := d.db.Exec(ctx, queries.HandOver, pgx.NamedArgs{"payloads": payloads}); err != nil {
+		d.log.Warn().Err(err).Int("queues", len(payloads)).
+			Msg("could not wake the other dispatchers for the retries this one had timed; they find them at their fallback poll")
+	}
 }
 
 // fired notes a delivery to consumer id, for last_fired_at.

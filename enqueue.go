@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -51,6 +53,14 @@ func (c *Client) Enqueue(ctx context.Context, app, queue string, payload []byte,
 // EnqueueTx is Enqueue inside the caller's transaction: the message exists,
 // and its consumer is notified, only if tx commits. This is the
 // transactional outbox: write your rows and the message together.
+//
+// The client's own checks (queue name, options, payload size as sent, JSON
+// and UTF-8) run before any statement and leave tx as it was. A few
+// rejections only the database can make (a payload whose jsonb text
+// exceeds 1 MiB, a lone surrogate, a number beyond numeric's range) come
+// back as the same ErrPayloadTooLarge or ErrInvalidPayload, but as a failed
+// statement they abort tx, as in PostgreSQL any error does: roll it back,
+// or wrap the call in a savepoint (tx.Begin) to go on without the message.
 func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, app, queue string, payload []byte, opts EnqueueOptions) (uuid.UUID, error) {
 	ids, err := c.enqueue(ctx, tx, app, []NewMessage{{Queue: queue, Payload: payload, Options: opts}})
 	if err != nil {
@@ -65,12 +75,16 @@ func (c *Client) EnqueueMany(ctx context.Context, app string, msgs []NewMessage)
 	return c.enqueue(ctx, c.db, app, msgs)
 }
 
-// EnqueueManyTx is EnqueueMany inside the caller's transaction.
+// EnqueueManyTx is EnqueueMany inside the caller's transaction. A
+// rejection by the database aborts tx, as for EnqueueTx.
 func (c *Client) EnqueueManyTx(ctx context.Context, tx pgx.Tx, app string, msgs []NewMessage) ([]uuid.UUID, error) {
 	return c.enqueue(ctx, tx, app, msgs)
 }
 
 func (c *Client) enqueue(ctx context.Context, q querier, app string, msgs []NewMessage) ([]uuid.UUID, error) {
+	if !storable(app) {
+		return nil, enqueueError(app, msgs, -1, fmt.Errorf("%w %q", ErrUnknownApp, printable(app)))
+	}
 	if len(msgs) == 0 {
 		return nil, nil
 	}
@@ -106,13 +120,13 @@ func (c *Client) enqueue(ctx context.Context, q querier, app string, msgs []NewM
 			attempts[i] = &v
 		}
 		p := m.Options.Principal
-		if c.actor != uuid.Nil {
+		if !c.operator {
 			if p != uuid.Nil && p != c.actor {
 				return nil, enqueueError(app, msgs, i, fmt.Errorf("%w: a client acting as principal %s cannot enqueue as %s", ErrForbidden, c.actor, p))
 			}
 			p = c.actor
 		}
-		if p != uuid.Nil {
+		if p != uuid.Nil || !c.operator {
 			principals[i] = [16]byte(p)
 		}
 	}
@@ -135,8 +149,8 @@ func (c *Client) enqueue(ctx context.Context, q querier, app string, msgs []NewM
 	case err != nil:
 		return nil, enqueueError(app, msgs, -1, constraintError(err))
 	case !appFound:
-		return nil, enqueueError(app, msgs, -1, fmt.Errorf("%w %q", ErrUnknownApp, app))
-	case foreign > 0 && c.actor != uuid.Nil:
+		return nil, enqueueError(app, msgs, -1, fmt.Errorf("%w %q", ErrUnknownApp, printable(app)))
+	case foreign > 0 && !c.operator:
 		return nil, enqueueError(app, msgs, -1, fmt.Errorf("%w: principal %s does not belong to app %q", ErrForbidden, c.actor, printable(app)))
 	case foreign > 0:
 		return nil, enqueueError(app, msgs, -1, fmt.Errorf("%w: %d message(s) name a principal that is not of app %q", ErrUnknownPrincipal, foreign, app))
@@ -173,6 +187,11 @@ func enqueueError(app string, msgs []NewMessage, i int, err error) error {
 
 // printable keeps untrusted names short and free of control characters in
 // error messages.
+// storable reports whether s can be a name in the database at all: text
+// there is valid UTF-8 without NUL. A name that is not names no app, and
+// sent as a parameter it fails with an encoding error, not a lookup miss.
+func storable(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
+
 func printable(s string) string {
 	if len(s) > 64 {
 		s = s[:64] + "…"

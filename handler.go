@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -99,6 +100,9 @@ type lease struct {
 	mu    sync.Mutex
 	end   time.Time
 	timer *time.Timer
+	// lost is set when the timer fires: the handler's context has ended
+	// for the lease, which no renewal takes back.
+	lost atomic.Bool
 }
 
 // leaseMargin is how long before the lease ends the handler's context is
@@ -109,7 +113,10 @@ func leaseMargin(vt time.Duration) time.Duration { return min(vt/5, 5*time.Secon
 func newLease(db *pgxpool.Pool, m *claim.Message, vt time.Duration, cancel context.CancelCauseFunc) *lease {
 	l := &lease{db: db, msg: m, vt: vt, cancel: cancel}
 	l.end = m.LeasedAt.Add(vt - leaseMargin(vt))
-	l.timer = time.AfterFunc(time.Until(l.end), func() { cancel(ErrLeaseLost) })
+	l.timer = time.AfterFunc(time.Until(l.end), func() {
+		l.lost.Store(true)
+		cancel(ErrLeaseLost)
+	})
 	return l
 }
 
@@ -120,6 +127,11 @@ func (l *lease) deadline() time.Time {
 }
 
 func (l *lease) extend(ctx context.Context) error {
+	// Checked first: a handler that renews with its own context, ended by
+	// this, would otherwise get that context's error from the query.
+	if l.lost.Load() {
+		return fmt.Errorf("extend lease of %s: %w", l.msg.ID, ErrLeaseLost)
+	}
 	start := time.Now()
 	held, vt, err := claim.Extend(ctx, l.db, l.msg.ID, l.msg.Token)
 	if err != nil {
@@ -189,14 +201,23 @@ type Mux struct {
 	handlers map[[2]string]Handler
 }
 
-// NewMux returns an empty Mux.
-func NewMux() *Mux { return &Mux{handlers: map[[2]string]Handler{}} }
+// NewMux returns an empty Mux. The zero Mux is empty too, and ready to use.
+func NewMux() *Mux { return &Mux{} }
 
 // Handle serves app's queue with h. Call it before the dispatcher starts,
-// or expect the handler to be used from the next consumer reload.
+// or expect the handler to be used from the next consumer reload. Like
+// net/http's ServeMux, it panics if h is nil (or a nil HandlerFunc): that
+// is a programming error, which would otherwise show only as every
+// delivery failing.
 func (m *Mux) Handle(app, queue string, h Handler) {
+	if f, ok := h.(HandlerFunc); h == nil || (ok && f == nil) {
+		panic("bellhop: Mux.Handle of " + app + "/" + queue + " with a nil handler")
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.handlers == nil {
+		m.handlers = map[[2]string]Handler{}
+	}
 	m.handlers[[2]string{app, queue}] = h
 }
 

@@ -41,7 +41,7 @@ func (c *Client) InvokeAsync(ctx context.Context, consumer uuid.UUID, payload []
 	var out uuid.UUID
 	err = c.db.QueryRow(ctx, queries.Invoke, pgx.NamedArgs{
 		"id": id, "trigger_id": consumer, "payload": json.RawMessage(payload),
-		"deliver_after": nullable(at), "max_attempts": nullable(opts.MaxAttempts), "actor": nullable(c.actor),
+		"deliver_after": nullable(at), "max_attempts": nullable(opts.MaxAttempts), "actor": c.principalArg(),
 	}).Scan(&out)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fail(ErrUnknownConsumer)

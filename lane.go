@@ -51,6 +51,12 @@ type lane struct {
 	// tells the pass that it was started by the timer.
 	timer *time.Timer
 	fired atomic.Bool
+	// timed is set while the timer is armed for a due time, and nacked
+	// once the lane has nacked a message (whose retry time only this lane
+	// hears of): a stop hands such lanes over to the other dispatchers
+	// (Dispatcher.handOver).
+	timed  atomic.Bool
+	nacked atomic.Bool
 	// emptyTimerWakes counts timer wake-ups in a row that found nothing
 	// due, touched only by the lane's goroutine.
 	emptyTimerWakes int
@@ -274,6 +280,7 @@ func (l *lane) pass(ctx context.Context, byTimer bool) {
 	} else if claimed || byTimer {
 		l.emptyTimerWakes = 0
 	}
+	l.timed.Store(!next.IsZero())
 	if !next.IsZero() {
 		l.timer.Reset(time.Until(next))
 	}
@@ -643,6 +650,7 @@ func (l *lane) finish(st *consumerState, m *Message, cm *claim.Message, hctx con
 				}
 			}
 			if out.Verdict == claim.Nack {
+				l.nacked.Store(true)
 				// A nack sends no notification, and the lane's timer was
 				// set before this message's new deliver_after existed: a
 				// claim pass now reads it (as the next due time) and
@@ -768,7 +776,46 @@ func safeHandle(ctx context.Context, h Handler, m *Message) (err error) {
 			err = &panicError{value: r, stack: debug.Stack()}
 		}
 	}()
-	return h.Handle(ctx, m)
+	return checkedError(h.Handle(ctx, m))
+}
+
+// checkedError returns a handler's err, unless its methods panic, as
+// those of a nil pointer of the handler's own error type do (a non-nil
+// error holding a nil *T). The dispatcher reads err outside any recover
+// (decide, finish's logs), so such an error, which would crash the
+// process, is replaced by one that says what it was: a failure, retried.
+func checkedError(err error) (out error) {
+	if err == nil {
+		return nil
+	}
+	if p, ok := err.(*permanentError); ok && p != nil {
+		// Permanent of a broken error is still permanent.
+		return &permanentError{err: checkedError(p.err)}
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			out = &brokenError{typ: fmt.Sprintf("%T", err), value: r}
+		}
+	}()
+	// What decide and finish ask of it.
+	_ = err.Error()
+	var perm *permanentError
+	var retry *retryAfterError
+	_ = errors.As(err, &perm)
+	_ = errors.As(err, &retry)
+	_ = errors.Is(err, ErrAbandoned)
+	_ = logText("", err)
+	return err
+}
+
+// brokenError replaces a handler's error whose methods panicked.
+type brokenError struct {
+	typ   string
+	value any
+}
+
+func (e *brokenError) Error() string {
+	return fmt.Sprintf("handler returned an error of type %s whose methods panicked (a nil pointer in a non-nil error?): %v", e.typ, e.value)
 }
 
 // panicError is a handler's panic: its value and stack. The stack is kept

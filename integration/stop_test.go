@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -210,6 +211,90 @@ func TestCleanStopHandsOver(t *testing.T) {
 			}
 			if c.abandoned && d.Start.Before(ready) {
 				t.Errorf("delivered %s before the abandoned attempt's lease ended", ready.Sub(d.Start))
+			}
+		})
+	}
+}
+
+// TestCleanStopHandsOverRetries: a retry that a stopping dispatcher
+// nacked is delivered by another dispatcher when it comes due, not at that
+// one's fallback poll. A nack sends no notification, so only the nacking
+// lane's timer knew the retry's time, and the stop cancelled that timer;
+// the stop now wakes the other dispatchers for such lanes
+// (sql/hand_over.sql).
+func TestCleanStopHandsOverRetries(t *testing.T) {
+	const backoff = 2 * time.Second
+	for _, c := range []struct {
+		name   string
+		invoke bool
+	}{
+		{name: "queue"},
+		{name: "invoke", invoke: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t)
+			cons := e.consumer(t, bellhop.ConsumerSpec{Queue: "handover", BackoffBase: backoff, BackoffCap: backoff, MaxAttempts: 5})
+			table := "queue_messages"
+			if c.invoke {
+				table = "outbox"
+			}
+			started := make(chan int, 4)
+			fail := make(chan struct{})
+			leaving := bellhop.NewMux()
+			leaving.Handle("app", "handover", bellhop.HandlerFunc(func(ctx context.Context, m *bellhop.Message) error {
+				started <- m.Attempt
+				<-fail
+				return errors.New("transient failure")
+			}))
+			a := startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: leaving, PollInterval: time.Hour}, nil)
+			var id uuid.UUID
+			if c.invoke {
+				var err error
+				if id, err = e.client.InvokeAsync(context.Background(), cons.ID, []byte(`1`), bellhop.EnqueueOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				id = e.enqueue(t, "handover", 1, bellhop.EnqueueOptions{})
+			}
+			select {
+			case <-started:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the first dispatcher did not deliver")
+			}
+
+			// The second dispatcher starts while the first holds the
+			// message, and its start-up wake scan ends before the nack:
+			// otherwise that scan could find the retry and arm a timer
+			// for it by itself.
+			rec := &recorder{}
+			staying := bellhop.NewMux()
+			staying.Handle("app", "handover", rec)
+			var counter claimCounter
+			startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: staying, PollInterval: time.Hour}, func(pc *pgxpool.Config) {
+				pc.ConnConfig.Tracer = &counter
+			})
+			waitFor(t, 10*time.Second, "the second dispatcher's wake scan", func() bool {
+				return counter.scans.Load() >= 1 && counter.ended.Load() == counter.n.Load()
+			})
+			scans := counter.scans.Load()
+
+			close(fail)
+			waitFor(t, 10*time.Second, "the first dispatcher's nack", func() bool {
+				return e.count(t, `SELECT count(*) FROM `+table+` WHERE id = $1 AND claim_token IS NULL`, id) == 1
+			})
+			var due time.Time
+			if err := e.pool.QueryRow(context.Background(), `SELECT deliver_after FROM `+table+` WHERE id = $1`, id).Scan(&due); err != nil {
+				t.Fatal(err)
+			}
+			a.stop()
+			if time.Now().After(due) || len(started) != 0 || counter.scans.Load() != scans {
+				t.Fatalf("inconclusive: the stop ended after the retry was due, the first dispatcher delivered again (%d), or the second scanned again", len(started))
+			}
+			waitFor(t, time.Until(due)+5*time.Second, "the retry delivered by the other dispatcher", func() bool { return rec.n.Load() == 1 })
+			d := rec.deliveries()[0]
+			t.Logf("retry delivered %s after it was due", d.Start.Sub(due).Round(time.Millisecond))
+			if d.ID != id || d.Attempt != 2 || d.Invoked != c.invoke {
+				t.Errorf("delivered %s at attempt %d (invoked %v); want %s at attempt 2", d.ID, d.Attempt, d.Invoked, id)
 			}
 		})
 	}

@@ -145,6 +145,11 @@ var Extend string
 //go:embed generic_plans.sql
 var GenericPlans string
 
+// HandOver is hand_over.sql.
+//
+//go:embed hand_over.sql
+var HandOver string
+
 // Invoke is invoke.sql.
 //
 //go:embed invoke.sql

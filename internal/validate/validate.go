@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Limits shared with the schema's constraints.
@@ -71,6 +72,11 @@ func Payload(b []byte) error {
 	}
 	if !json.Valid(b) {
 		return fmt.Errorf("%w: %s", ErrPayload, describeJSONError(b))
+	}
+	// encoding/json accepts invalid UTF-8 inside strings; PostgreSQL does
+	// not take it at all.
+	if !utf8.Valid(b) {
+		return fmt.Errorf("%w: it is not valid UTF-8", ErrPayload)
 	}
 	d, nul := scan(b)
 	if d > MaxPayloadDepth {

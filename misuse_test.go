@@ -1,0 +1,357 @@
+package bellhop_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/internal/pgtest"
+)
+
+// nilErr is a handler's own error type whose Error reads a field, so a nil
+// *nilErr in a non-nil error panics when asked for its text.
+type nilErr struct{ msg string }
+
+func (e *nilErr) Error() string { return e.msg }
+
+// TestTypedNilHandlerError: a handler that returns a nil pointer of its own
+// error type (a non-nil error whose Error method panics), alone or inside
+// Permanent, fails its delivery like any error. It crashed the process:
+// the dispatcher read the error's text outside any recover.
+func TestTypedNilHandlerError(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		wrap func(error) error
+	}{
+		{"bare", func(err error) error { return err }},
+		{"permanent", bellhop.Permanent},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := fxNew(t)
+			e.app("shop")
+			if _, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders", MaxAttempts: 1}); err != nil {
+				t.Fatal(err)
+			}
+			mux := bellhop.NewMux()
+			mux.Handle("shop", "orders", bellhop.HandlerFunc(func(context.Context, *bellhop.Message) error {
+				var err *nilErr
+				return c.wrap(err)
+			}))
+			runDispatcher(t, e.pool.Config().ConnString(), mux)
+			id, err := e.client.Enqueue(e.ctx, "shop", "orders", []byte(`1`), bellhop.EnqueueOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitUntil(t, 10*time.Second, "the dead letter", func() bool {
+				return e.int64(`SELECT count(*) FROM dead_letters WHERE id = $1`, id) == 1
+			})
+			ds, err := e.client.DeadLetters(e.ctx, bellhop.DeadFilter{App: "shop", ID: id})
+			if err != nil || len(ds) != 1 {
+				t.Fatalf("dead letter: %v, %v", ds, err)
+			}
+			if !strings.Contains(ds[0].LastError, "*bellhop_test.nilErr") || !strings.Contains(ds[0].LastError, "panicked") {
+				t.Errorf("dead letter's error %q does not say what the handler returned", ds[0].LastError)
+			}
+		})
+	}
+}
+
+// TestAsNilPrincipal: no principal has the id uuid.Nil, so a Client made
+// with it (the zero value of a failed lookup) is refused. It acted as an
+// operator, with rights on every app.
+func TestAsNilPrincipal(t *testing.T) {
+	e := fxNew(t)
+	e.app("shop")
+	cons, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := e.tableState("queue_messages")
+	nobody := e.client.As(uuid.Nil)
+	for _, c := range []struct {
+		name string
+		call func() error
+		want error // ErrForbidden if nil
+	}{
+		{"CreateApp", func() error { _, err := nobody.CreateApp(e.ctx, "vianil"); return err }, nil},
+		{"CreatePrincipal", func() error { _, err := nobody.CreatePrincipal(e.ctx, "shop", "p2"); return err }, nil},
+		{"Enqueue", func() error {
+			_, err := nobody.Enqueue(e.ctx, "shop", "orders", []byte(`1`), bellhop.EnqueueOptions{})
+			return err
+		}, nil},
+		{"EnqueueMany", func() error {
+			_, err := nobody.EnqueueMany(e.ctx, "shop", []bellhop.NewMessage{{Queue: "orders", Payload: []byte(`1`)}})
+			return err
+		}, nil},
+		{"InvokeAsync", func() error { // others' consumers are reported as unknown
+			_, err := nobody.InvokeAsync(e.ctx, cons.ID, []byte(`1`), bellhop.EnqueueOptions{})
+			return err
+		}, bellhop.ErrUnknownConsumer},
+		{"RegisterConsumer", func() error {
+			_, err := nobody.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "other"})
+			return err
+		}, nil},
+		{"ConsumerOf", func() error { _, err := nobody.ConsumerOf(e.ctx, "shop", "orders"); return err }, nil},
+		{"Queues", func() error { _, err := nobody.Queues(e.ctx, ""); return err }, nil},
+	} {
+		want := c.want
+		if want == nil {
+			want = bellhop.ErrForbidden
+		}
+		if err := c.call(); !errors.Is(err, want) {
+			t.Errorf("As(uuid.Nil).%s: %v, want %v", c.name, err, want)
+		}
+	}
+	if n := e.int64(`SELECT count(*) FROM outbox`); n != 0 {
+		t.Error("As(uuid.Nil) invoked")
+	}
+	if n := e.int64(`SELECT count(*) FROM apps WHERE name = 'vianil'`); n != 0 {
+		t.Error("As(uuid.Nil) created an app")
+	}
+	if after := e.tableState("queue_messages"); after != before {
+		t.Error("As(uuid.Nil) enqueued")
+	}
+}
+
+// TestRunOnce: a Dispatcher runs once. A second Run, after the first or
+// beside it, returns an error at once; a concurrent one was accepted and
+// ran a second listener on the first one's pool.
+func TestRunOnce(t *testing.T) {
+	e := fxNew(t)
+	d := runDispatcher(t, e.pool.Config().ConnString(), bellhop.NewMux())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(context.Background()) }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "more than once") {
+			t.Errorf("concurrent second Run: %v, want an error saying a Dispatcher runs once", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a concurrent second Run was accepted and is running")
+	}
+}
+
+// TestNewDispatcherHoldsNothing: a Dispatcher that is made and never run
+// opens no connection and starts no goroutine (there is no Close to
+// release them): with pool_min_conns, pgxpool connected at once.
+func TestNewDispatcherHoldsNothing(t *testing.T) {
+	e := fxNew(t)
+	cfg, err := pgxpool.ParseConfig(e.pool.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MinConns = 2
+	cfg.ConnConfig.RuntimeParams["application_name"] = "never_run"
+	for range 2 {
+		if _, err := bellhop.NewDispatcher(cfg, bellhop.DispatcherConfig{Resolver: bellhop.NewMux()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A pool that connects does so within milliseconds; after this long
+	// its connections would show.
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		if n := e.int64(`SELECT count(*) FROM pg_stat_activity WHERE application_name = 'never_run'`); n != 0 {
+			t.Fatalf("%d connections of dispatchers that never ran", n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := bellhop.NewDispatcher(&pgxpool.Config{}, bellhop.DispatcherConfig{Resolver: bellhop.NewMux()}); err == nil {
+		t.Error("NewDispatcher with a zero pgxpool.Config: no error")
+	}
+}
+
+// TestRunReturnsWithConsumerRowLocked: a stop's writes are bounded. The
+// last one, last_fired_at, had no deadline, so a transaction holding a
+// consumer's row kept Run from returning for as long as it lasted.
+func TestRunReturnsWithConsumerRowLocked(t *testing.T) {
+	e := fxNew(t)
+	e.app("shop")
+	c, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var handled atomic.Int32
+	mux := bellhop.NewMux()
+	mux.Handle("shop", "orders", bellhop.HandlerFunc(func(context.Context, *bellhop.Message) error {
+		handled.Add(1)
+		return nil
+	}))
+	cfg, err := pgxpool.ParseConfig(e.pool.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := bellhop.NewDispatcher(cfg, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	locker, err := pgx.ConnectConfig(e.ctx, e.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Close(context.Background())
+	tx, err := locker.Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	if _, err := tx.Exec(e.ctx, `SELECT 1 FROM queue_trigger_details WHERE trigger_id = $1 FOR UPDATE`, c.ID); err != nil {
+		t.Fatal(err)
+	}
+	for i := int32(1); i <= 2; i++ {
+		if _, err := e.client.Enqueue(e.ctx, "shop", "orders", []byte(`1`), bellhop.EnqueueOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitUntil(t, 10*time.Second, "the delivery", func() bool { return handled.Load() >= i })
+		if i == 1 {
+			waitUntil(t, 10*time.Second, "last_fired_at's update waiting for the row", func() bool {
+				return e.int64(`SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%last_fired_at%'`) > 0
+			})
+		}
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run: %v", err)
+		}
+		done <- nil // for the deferred receive
+	case <-time.After(20 * time.Second):
+		t.Fatal("Run did not return within 20s of its cancel while another transaction held the consumer's row")
+	}
+}
+
+// TestExtendLeaseWithEndedContext: a handler that renews with its own
+// context after the dispatcher ended it for the lease gets ErrLeaseLost,
+// as documented, not that context's error.
+func TestExtendLeaseWithEndedContext(t *testing.T) {
+	e := fxNew(t)
+	e.app("shop")
+	if _, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders", VisibilityTimeout: time.Second, MaxAttempts: 1}); err != nil {
+		t.Fatal(err)
+	}
+	type result struct{ cause, err error }
+	got := make(chan result, 1)
+	mux := bellhop.NewMux()
+	mux.Handle("shop", "orders", bellhop.HandlerFunc(func(ctx context.Context, m *bellhop.Message) error {
+		<-ctx.Done()
+		got <- result{context.Cause(ctx), m.ExtendLease(ctx)}
+		return ctx.Err()
+	}))
+	runDispatcher(t, e.pool.Config().ConnString(), mux)
+	if _, err := e.client.Enqueue(e.ctx, "shop", "orders", []byte(`1`), bellhop.EnqueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-got:
+		if !errors.Is(r.cause, bellhop.ErrLeaseLost) {
+			t.Fatalf("the handler's context ended with %v, not ErrLeaseLost", r.cause)
+		}
+		if !errors.Is(r.err, bellhop.ErrLeaseLost) {
+			t.Errorf("ExtendLease with the ended context: %v, want ErrLeaseLost", r.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler's context did not end")
+	}
+}
+
+// TestUnstorableInput: input that PostgreSQL cannot take as text (invalid
+// UTF-8, NUL) gets the typed error, not an encoding error from the server,
+// and writes nothing.
+func TestUnstorableInput(t *testing.T) {
+	e := fxNew(t)
+	e.app("shop")
+	cons, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := []byte("\"\xff\"") // valid to encoding/json, not UTF-8
+	before := e.tableState("queue_messages")
+	for _, c := range []struct {
+		name string
+		call func() error
+		want error
+	}{
+		{"Enqueue, payload", func() error {
+			_, err := e.client.Enqueue(e.ctx, "shop", "orders", bad, bellhop.EnqueueOptions{})
+			return err
+		}, bellhop.ErrInvalidPayload},
+		{"EnqueueMany, payload", func() error {
+			_, err := e.client.EnqueueMany(e.ctx, "shop", []bellhop.NewMessage{{Queue: "orders", Payload: []byte(`1`)}, {Queue: "orders", Payload: bad}})
+			return err
+		}, bellhop.ErrInvalidPayload},
+		{"InvokeAsync, payload", func() error {
+			_, err := e.client.InvokeAsync(e.ctx, cons.ID, bad, bellhop.EnqueueOptions{})
+			return err
+		}, bellhop.ErrInvalidPayload},
+		{"Enqueue, app with NUL", func() error {
+			_, err := e.client.Enqueue(e.ctx, "sh\x00op", "orders", []byte(`1`), bellhop.EnqueueOptions{})
+			return err
+		}, bellhop.ErrUnknownApp},
+		{"Enqueue, app not UTF-8", func() error {
+			_, err := e.client.Enqueue(e.ctx, "sh\xffop", "orders", []byte(`1`), bellhop.EnqueueOptions{})
+			return err
+		}, bellhop.ErrUnknownApp},
+		{"RegisterConsumer, app not UTF-8", func() error {
+			_, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "sh\xffop", Queue: "orders"})
+			return err
+		}, bellhop.ErrUnknownApp},
+	} {
+		if err := c.call(); !errors.Is(err, c.want) {
+			t.Errorf("%s: %v, want %v", c.name, err, c.want)
+		}
+	}
+	if after := e.tableState("queue_messages"); after != before {
+		t.Error("queue_messages changed")
+	}
+}
+
+// TestZeroMux: like net/http's ServeMux, a zero Mux is ready to use, and
+// a nil handler is refused when registered, not found at delivery.
+func TestZeroMux(t *testing.T) {
+	var m bellhop.Mux
+	h := bellhop.HandlerFunc(func(context.Context, *bellhop.Message) error { return nil })
+	m.Handle("shop", "orders", h)
+	if m.Resolve(bellhop.Consumer{App: "shop", Queue: "orders"}) == nil {
+		t.Error("the zero Mux lost its handler")
+	}
+	for name, nilH := range map[string]bellhop.Handler{"nil": nil, "nil HandlerFunc": bellhop.HandlerFunc(nil)} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("Handle with a %s handler did not panic", name)
+				}
+			}()
+			m.Handle("shop", "other", nilH)
+		}()
+	}
+}
+
+// waitUntil polls cond until it holds or d passes.
+func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+var _ = pgtest.ConnString
