@@ -107,13 +107,30 @@ func (c *Client) DeadLetters(ctx context.Context, f DeadFilter) ([]DeadLetter, e
 }
 
 // Redrive moves app's dead letters back for a fresh round of attempts: the
-// one with id (when id is not uuid.Nil), or all of queue (when queue is
-// not ""), or every one of app's. It returns how many moved. Invoke dead
-// letters whose consumer was removed stay where they are. An unknown app
-// is ErrUnknownApp, and a queue that is not a valid queue name is
+// one with id (when id is not uuid.Nil, and in queue too if queue is not
+// ""), or all of queue (when queue is not ""), or every one of app's. It
+// returns how many moved. Two kinds stay where they are: an invoke dead
+// letter whose consumer was removed, and one whose id a live message has
+// taken again (producers may choose ids); if the selection held any, the
+// error is a *NotRedrivenError (errors.Is ErrNotRedriven) saying how many
+// of each, beside the count of those that moved. An unknown app is
+// ErrUnknownApp, and a queue that is not a valid queue name is
 // ErrInvalidQueueName: neither could select anything.
 func (c *Client) Redrive(ctx context.Context, app, queue string, id uuid.UUID) (int64, error) {
-	return c.deadOp(ctx, "redrive", queries.DeadRedrive, app, queue, id)
+	if err := c.deadCheck(ctx, "redrive", app, queue); err != nil {
+		return 0, err
+	}
+	var moved int64
+	var left NotRedrivenError
+	err := c.db.QueryRow(ctx, queries.DeadRedrive, pgx.NamedArgs{"app_name": app, "queue_name": nullable(queue), "id": nullable(id)}).
+		Scan(&moved, &left.ConsumerGone, &left.IDInUse)
+	if err != nil {
+		return 0, fmt.Errorf("redrive dead letters of %s: %w", printable(app), err)
+	}
+	if left.ConsumerGone+left.IDInUse > 0 {
+		return moved, fmt.Errorf("redrive dead letters of %s: %w", printable(app), &left)
+	}
+	return moved, nil
 }
 
 // PurgeDead deletes app's dead letters for good, selected as in Redrive.
@@ -121,14 +138,23 @@ func (c *Client) PurgeDead(ctx context.Context, app, queue string, id uuid.UUID)
 	return c.deadOp(ctx, "purge", queries.DeadPurge, app, queue, id)
 }
 
-func (c *Client) deadOp(ctx context.Context, verb, sql, app, queue string, id uuid.UUID) (int64, error) {
+// deadCheck refuses what could select no dead letter: a bad queue name,
+// an unknown app, another app's for a Client made with As.
+func (c *Client) deadCheck(ctx context.Context, verb, app, queue string) error {
 	if queue != "" {
 		if err := validate.QueueName(queue); err != nil {
-			return 0, fmt.Errorf("%s dead letters: %w", verb, err)
+			return fmt.Errorf("%s dead letters: %w", verb, err)
 		}
 	}
 	if _, _, err := c.resolve(ctx, c.db, app, ""); err != nil {
-		return 0, fmt.Errorf("%s dead letters: %w", verb, err)
+		return fmt.Errorf("%s dead letters: %w", verb, err)
+	}
+	return nil
+}
+
+func (c *Client) deadOp(ctx context.Context, verb, sql, app, queue string, id uuid.UUID) (int64, error) {
+	if err := c.deadCheck(ctx, verb, app, queue); err != nil {
+		return 0, err
 	}
 	tag, err := c.db.Exec(ctx, sql, pgx.NamedArgs{"app_name": app, "queue_name": nullable(queue), "id": nullable(id)})
 	if err != nil {

@@ -2,6 +2,8 @@ package bellhop
 
 import (
 	"errors"
+	"fmt"
+	"strings"
 
 	"github.com/bellhopq/bellhop/internal/validate"
 )
@@ -40,7 +42,37 @@ var (
 	// ErrNoConsumer: Message.ExtendLease found the message's consumer
 	// removed, and left the lease to end when it would have.
 	ErrNoConsumer = errors.New("the queue has no consumer; lease not renewed")
+	// ErrNotRedriven: some of the dead letters a redrive selected could
+	// not be moved back and are still dead letters; the error is a
+	// *NotRedrivenError, which says how many and why.
+	ErrNotRedriven = errors.New("not redriven")
 )
+
+// NotRedrivenError is Redrive's error for selected dead letters it left
+// where they are. The others moved.
+type NotRedrivenError struct {
+	// ConsumerGone counts invoke dead letters whose consumer was removed:
+	// there is nothing to deliver them to. Purge them.
+	ConsumerGone int64
+	// IDInUse counts dead letters whose id a live message (or invoke
+	// delivery) has taken again: a producer reused it. Redrive them once
+	// that message is gone, or purge them.
+	IDInUse int64
+}
+
+func (e *NotRedrivenError) Error() string {
+	var why []string
+	if e.ConsumerGone > 0 {
+		why = append(why, fmt.Sprintf("%d invoke delivery(ies) whose consumer was removed (purge them)", e.ConsumerGone))
+	}
+	if e.IDInUse > 0 {
+		why = append(why, fmt.Sprintf("%d whose id a live message has taken again (redrive once it is gone, or purge)", e.IDInUse))
+	}
+	return fmt.Sprintf("%d dead letter(s) not redriven: %s", e.ConsumerGone+e.IDInUse, strings.Join(why, "; "))
+}
+
+// Unwrap makes errors.Is(err, ErrNotRedriven) hold.
+func (e *NotRedrivenError) Unwrap() error { return ErrNotRedriven }
 
 // ErrAbandoned, wrapped in a handler's error, says that the handler gave up
 // waiting for work that may still be running, as an HTTP push does when the

@@ -254,7 +254,7 @@ func TestClaimPassGenericPlans(t *testing.T) {
 					t.Fatalf("pass %d claimed %d messages, want 1", i, len(p.Messages))
 				}
 				applied, err := claim.Write(ctx, pool, []claim.Outcome{{Message: &p.Messages[0], Verdict: claim.Ack}})
-				if err != nil || !applied[p.Messages[0].ID] {
+				if err != nil || !applied.Has(&p.Messages[0]) {
 					t.Fatalf("ack of pass %d: applied %v, %v", i, applied, err)
 				}
 			}

@@ -124,7 +124,7 @@ func (c *Completer) loop() {
 // It runs on a context of its own: outcomes must be written even while
 // the dispatcher is stopping.
 func (c *Completer) flush(batch []Outcome) {
-	var applied map[uuid.UUID]bool
+	var applied Applied
 	var err error
 	delay := 50 * time.Millisecond
 	for try := 1; try <= 5; try++ {
@@ -140,16 +140,24 @@ func (c *Completer) flush(batch []Outcome) {
 	}
 	for _, o := range batch {
 		if o.Done != nil {
-			o.Done(applied[o.Message.ID], err)
+			o.Done(applied.Has(o.Message), err)
 		}
 	}
 }
 
+// Applied is the set of outcomes that a Write applied, each known by its
+// message's id and claim token: a batch may hold a stale outcome and the
+// current one for the same message, and only the current one applies.
+type Applied map[[2]uuid.UUID]bool
+
+// Has reports whether the outcome for m, as claimed with m.Token, applied.
+func (a Applied) Has(m *Message) bool { return a[[2]uuid.UUID{m.ID, m.Token}] }
+
 // Write applies outcomes in one round trip (one implicit transaction, its
 // statements run with their generic plans: generic_plans.sql) and
-// returns the ids whose tokens still matched. Outcomes whose tokens are
+// returns those whose tokens still matched. Outcomes whose tokens are
 // stale change nothing and are simply absent from the result.
-func Write(ctx context.Context, db *pgxpool.Pool, outcomes []Outcome) (map[uuid.UUID]bool, error) {
+func Write(ctx context.Context, db *pgxpool.Pool, outcomes []Outcome) (Applied, error) {
 	var acks, nacks, dead, release settle
 	for i := range outcomes {
 		o := &outcomes[i]
@@ -190,7 +198,7 @@ func Write(ctx context.Context, db *pgxpool.Pool, outcomes []Outcome) (map[uuid.
 			"o_ids": release.o.ids, "o_tokens": release.o.tokens, "o_holds_ms": release.o.holds,
 		})
 	}
-	applied := make(map[uuid.UUID]bool, len(outcomes))
+	applied := make(Applied, len(outcomes))
 	br := db.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		br.Close()
@@ -203,13 +211,13 @@ func Write(ctx context.Context, db *pgxpool.Pool, outcomes []Outcome) (map[uuid.
 			return nil, fmt.Errorf("settle %d messages: %w", len(outcomes), err)
 		}
 		for rows.Next() {
-			var id uuid.UUID
-			if err := rows.Scan(&id); err != nil {
+			var id, token uuid.UUID
+			if err := rows.Scan(&id, &token); err != nil {
 				rows.Close()
 				br.Close()
 				return nil, fmt.Errorf("settle %d messages: %w", len(outcomes), err)
 			}
-			applied[id] = true
+			applied[[2]uuid.UUID{id, token}] = true
 		}
 		if err := rows.Err(); err != nil {
 			br.Close()

@@ -42,7 +42,7 @@ func TestDeadLetterErrorText(t *testing.T) {
 				if err != nil {
 					t.Fatalf("write: %v", err)
 				}
-				if !applied[acked] || !applied[dead] {
+				if !applied.Has(&ma) || !applied.Has(&md) {
 					t.Fatalf("applied %v, want both", applied)
 				}
 				if s := snapshot(t, pool, table, acked); s != "" {

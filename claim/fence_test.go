@@ -63,7 +63,7 @@ func TestFencing(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					if applied[id] {
+					if applied.Has(&old) || len(applied) != 0 {
 						t.Errorf("a %s with a stale token was reported applied", v)
 					}
 					if after := snapshot(t, pool, table, id); after != before {
@@ -84,7 +84,7 @@ func TestFencing(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					if !applied[id] {
+					if !applied.Has(current) {
 						t.Errorf("a %s with the current token was not applied", v)
 					}
 					after := snapshot(t, pool, table, id)
@@ -199,8 +199,8 @@ func TestHoldLease(t *testing.T) {
 					t.Fatal(err)
 				}
 				applied, err := claim.Write(ctx, pool, []claim.Outcome{{Message: &m, Verdict: c.verdict, Delay: c.delay, HoldLease: c.hold}})
-				if err != nil || !applied[id] {
-					t.Fatalf("%s: applied %v, %v", c.verdict, applied[id], err)
+				if err != nil || !applied.Has(&m) {
+					t.Fatalf("%s: applied %v, %v", c.verdict, applied.Has(&m), err)
 				}
 				var due *time.Time
 				var token *uuid.UUID
@@ -315,6 +315,47 @@ func TestExtendWaitingForTheRow(t *testing.T) {
 				}
 				if !tc.held && r.vt != 0 {
 					t.Errorf("lost lease renewed for %v", r.vt)
+				}
+			})
+		}
+	}
+}
+
+// TestStaleBesideCurrentInOneBatch: a batch that carries a stale outcome
+// and the current one for the same message (a handler that outlived its
+// lease, and the redelivery's handler, settling together) reports only
+// the current one applied, for every verdict of the stale one. Keyed by
+// message id alone, both were reported applied: a false "dead-lettered"
+// log line and metric for an outcome that changed nothing.
+func TestStaleBesideCurrentInOneBatch(t *testing.T) {
+	ctx := context.Background()
+	pool, client, appID := setup(t)
+	reclaimer := reclaim.New(pool, zerolog.Nop(), 30*time.Second, nil)
+	for i, v := range []claim.Verdict{claim.Ack, claim.Nack, claim.DeadLetter, claim.Release} {
+		for _, source := range []claim.Source{claim.Queue, claim.Invoke} {
+			t.Run(fmt.Sprintf("stale %s, %s", v, source), func(t *testing.T) {
+				queue := fmt.Sprintf("stale-beside-%d-%s", i, source)
+				id, table, target := newMessage(t, client, appID, source, queue)
+				old := claimOne(t, pool, target, id)
+				if _, err := pool.Exec(ctx, `UPDATE `+table+` SET claimed_at = now() - interval '1 hour' WHERE id = $1`, id); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := reclaimer.Pass(ctx); err != nil {
+					t.Fatal(err)
+				}
+				cur := claimOne(t, pool, target, id)
+				applied, err := claim.Write(ctx, pool, []claim.Outcome{
+					{Message: &cur, Verdict: claim.Ack},
+					{Message: &old, Verdict: v, Delay: time.Minute, Error: "stale", Queue: queue},
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !applied.Has(&cur) || applied.Has(&old) || len(applied) != 1 {
+					t.Errorf("applied: current %v, stale %v (%d in all); want only the current", applied.Has(&cur), applied.Has(&old), len(applied))
+				}
+				if deadLetterCount(t, pool, id) != 0 {
+					t.Error("the stale outcome made a dead letter")
 				}
 			})
 		}

@@ -8,23 +8,37 @@ WITH q AS (
     USING unnest(@q_ids::uuid[], @q_tokens::uuid[], @q_errors::text[]) AS a(id, token, err)
     WHERE m.id = a.id AND m.claim_token = a.token
     RETURNING m.id, 'queue'::text AS source, m.app_id, m.queue_name, NULL::uuid AS trigger_id, m.payload,
-              m.enqueued_at, m.deliver_after, m.attempt, m.max_attempts, m.enqueued_by_principal, a.err
+              m.enqueued_at, m.deliver_after, m.attempt, m.max_attempts, m.enqueued_by_principal, a.err, a.token
 ), o AS (
     DELETE FROM outbox AS m
     USING unnest(@o_ids::uuid[], @o_tokens::uuid[], @o_errors::text[], @o_queue_names::text[]) AS a(id, token, err, queue_name)
     WHERE m.id = a.id AND m.claim_token = a.token
     RETURNING m.id, 'invoke'::text AS source, m.app_id, a.queue_name, m.trigger_id, m.payload,
-              m.enqueued_at, m.deliver_after, m.attempt, m.max_attempts, NULL::uuid, a.err
+              m.enqueued_at, m.deliver_after, m.attempt, m.max_attempts, NULL::uuid AS enqueued_by_principal, a.err, a.token
+), moved AS (
+    SELECT id, source, app_id, queue_name, trigger_id, payload, enqueued_at, deliver_after,
+           attempt, max_attempts, enqueued_by_principal, err FROM q
+    UNION ALL
+    SELECT id, source, app_id, queue_name, trigger_id, payload, enqueued_at, deliver_after,
+           attempt, max_attempts, enqueued_by_principal, err FROM o
+), ins AS (
+    INSERT INTO dead_letters (id, source, app_id, queue_name, trigger_id, payload, enqueued_at,
+                              deliver_after, attempt, max_attempts, enqueued_by_principal, last_error)
+    SELECT * FROM moved
+    -- A dead letter is keyed by its message's id. A producer may choose ids,
+    -- and one that reuses the id of a message that is still a dead letter gets,
+    -- if that message dies too, its dead letter in place of the old one: the
+    -- move must not fail (the message would be retried forever), and the table
+    -- holds one row per id. (A redrive cannot cause this: it deletes the dead
+    -- letter, and leaves one whose id is live again where it is.)
+    ON CONFLICT (id) DO UPDATE SET
+        source = EXCLUDED.source, app_id = EXCLUDED.app_id, queue_name = EXCLUDED.queue_name,
+        trigger_id = EXCLUDED.trigger_id, payload = EXCLUDED.payload, enqueued_at = EXCLUDED.enqueued_at,
+        deliver_after = EXCLUDED.deliver_after, attempt = EXCLUDED.attempt, max_attempts = EXCLUDED.max_attempts,
+        enqueued_by_principal = EXCLUDED.enqueued_by_principal, last_error = EXCLUDED.last_error,
+        died_at = EXCLUDED.died_at
+    RETURNING id
 )
-INSERT INTO dead_letters (id, source, app_id, queue_name, trigger_id, payload, enqueued_at,
-                          deliver_after, attempt, max_attempts, enqueued_by_principal, last_error)
-SELECT * FROM q UNION ALL SELECT * FROM o
--- A message id that died before and came back (redrive, or a producer
--- reusing ids) replaces its old dead letter instead of failing the move.
-ON CONFLICT (id) DO UPDATE SET
-    source = EXCLUDED.source, app_id = EXCLUDED.app_id, queue_name = EXCLUDED.queue_name,
-    trigger_id = EXCLUDED.trigger_id, payload = EXCLUDED.payload, enqueued_at = EXCLUDED.enqueued_at,
-    deliver_after = EXCLUDED.deliver_after, attempt = EXCLUDED.attempt, max_attempts = EXCLUDED.max_attempts,
-    enqueued_by_principal = EXCLUDED.enqueued_by_principal, last_error = EXCLUDED.last_error,
-    died_at = EXCLUDED.died_at
-RETURNING id
+-- Each applied outcome as its id and token (ack.sql says why). The
+-- insert runs whether or not its rows are read.
+SELECT id, token FROM q UNION ALL SELECT id, token FROM o

@@ -18,7 +18,7 @@ WITH q AS (
     FROM unnest(@q_ids::uuid[], @q_tokens::uuid[], @q_delays_ms::bigint[], @q_holds_ms::bigint[])
          AS a(id, token, delay_ms, hold_ms)
     WHERE m.id = a.id AND m.claim_token = a.token
-    RETURNING m.id
+    RETURNING m.id, a.token
 ), o AS (
     UPDATE outbox AS m
     SET claim_token = NULL, claimed_at = NULL,
@@ -27,6 +27,6 @@ WITH q AS (
     FROM unnest(@o_ids::uuid[], @o_tokens::uuid[], @o_delays_ms::bigint[], @o_holds_ms::bigint[])
          AS a(id, token, delay_ms, hold_ms)
     WHERE m.id = a.id AND m.claim_token = a.token
-    RETURNING m.id
+    RETURNING m.id, a.token
 )
-SELECT id FROM q UNION ALL SELECT id FROM o
+SELECT id, token FROM q UNION ALL SELECT id, token FROM o

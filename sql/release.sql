@@ -20,7 +20,7 @@ WITH q AS (
                              ELSE m.deliver_after END
     FROM unnest(@q_ids::uuid[], @q_tokens::uuid[], @q_holds_ms::bigint[]) AS a(id, token, hold_ms)
     WHERE m.id = a.id AND m.claim_token = a.token
-    RETURNING m.id, m.app_id, m.queue_name
+    RETURNING m.id, a.token, m.app_id, m.queue_name
 ), o AS (
     UPDATE outbox AS m
     SET claim_token = NULL, claimed_at = NULL, attempt = greatest(m.attempt - 1, 0),
@@ -29,7 +29,7 @@ WITH q AS (
                              ELSE m.deliver_after END
     FROM unnest(@o_ids::uuid[], @o_tokens::uuid[], @o_holds_ms::bigint[]) AS a(id, token, hold_ms)
     WHERE m.id = a.id AND m.claim_token = a.token
-    RETURNING m.id, m.app_id, m.trigger_id
+    RETURNING m.id, a.token, m.app_id, m.trigger_id
 ), wake AS (
     SELECT count(pg_notify('bellhop', w.payload)) AS woken
     FROM (SELECT 'q:' || app_id::text || ':' || queue_name AS payload FROM q
@@ -37,4 +37,4 @@ WITH q AS (
           SELECT 'o:' || app_id::text || ':' || trigger_id::text FROM o) AS w
 )
 -- Joining wake (always one row) makes the notifications part of the result.
-SELECT r.id FROM (SELECT id FROM q UNION ALL SELECT id FROM o) AS r CROSS JOIN wake
+SELECT r.id, r.token FROM (SELECT id, token FROM q UNION ALL SELECT id, token FROM o) AS r CROSS JOIN wake
