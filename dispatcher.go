@@ -17,6 +17,7 @@ import (
 
 	"github.com/bellhopq/bellhop/claim"
 	"github.com/bellhopq/bellhop/internal/busylock"
+	"github.com/bellhopq/bellhop/migrations"
 	"github.com/bellhopq/bellhop/notify"
 	"github.com/bellhopq/bellhop/reclaim"
 	queries "github.com/bellhopq/bellhop/sql"
@@ -291,7 +292,9 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 // its lease. A handler that ignores its context's end keeps Run waiting
 // for it to return: its message's outcome is written then, and the token
 // fences it if its lease has run out meanwhile. It returns an error only
-// if it cannot start.
+// if it cannot start: among those, a database without Bellhop's schema
+// (migrations.ErrNoSchema) or with an older one than this code's
+// (migrations.ErrSchemaBehind); a newer one is fine.
 func (d *Dispatcher) Run(ctx context.Context) error {
 	if !d.ran.CompareAndSwap(false, true) {
 		return errors.New("bellhop: Dispatcher.Run called more than once (a Dispatcher runs once; make a new one)")
@@ -313,6 +316,12 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	defer d.db.Close()
 	if err := d.db.Ping(ctx); err != nil {
 		return fmt.Errorf("dispatcher: connect: %w", err)
+	}
+	// A schema older than this code lacks functions and tables that some
+	// statements need (the reclaimer's, say): those would fail on every
+	// try while the rest seemed to work.
+	if err := migrations.Check(ctx, d.db); err != nil {
+		return fmt.Errorf("dispatcher: %w", err)
 	}
 	// One writer: outcomes that arrive while a write is in flight go in
 	// the next one. A second writer took them at once instead, in twice

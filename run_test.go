@@ -2,6 +2,7 @@ package bellhop_test
 
 import (
 	"context"
+	"errors"
 	"runtime"
 	"strings"
 	"testing"
@@ -10,9 +11,11 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/tern/v2/migrate"
 
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/pgtest"
+	"github.com/bellhopq/bellhop/migrations"
 )
 
 // TestRunFailsToStartCleanly: Run on a database without Bellhop's schema
@@ -55,5 +58,57 @@ func TestRunFailsToStartCleanly(t *testing.T) {
 			t.Fatalf("%d outcome writers still running after Run failed, %d before", writers(), before)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestRunRefusesOlderSchema: Run refuses a database whose schema is older
+// than the code, naming both versions. It used to start, deliver new
+// messages, and fail every reclaim pass on a function the old schema
+// lacks, so a crashed dispatcher's leases were never returned.
+func TestRunRefusesOlderSchema(t *testing.T) {
+	ctx := context.Background()
+	name := "bellhop_old_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+	admin, err := pgx.Connect(ctx, pgtest.AdminConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name+" TEMPLATE template0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)") })
+	cfg, err := pgxpool.ParseConfig(pgtest.AdminConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Database = name
+	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	m, err := migrate.NewMigrator(ctx, conn, migrations.VersionTable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := migrations.Files()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		m.AppendMigration(f.Name, f.SQL, "")
+	}
+	if err := m.MigrateTo(ctx, int32(len(files)-1)); err != nil { // all but the last
+		t.Fatal(err)
+	}
+	d, err := bellhop.NewDispatcher(cfg, bellhop.DispatcherConfig{Resolver: bellhop.NewMux()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	err = d.Run(rctx)
+	if !errors.Is(err, migrations.ErrSchemaBehind) || !strings.Contains(err.Error(), "bellhop migrate") {
+		t.Fatalf("Run on a schema one migration behind: %v, want ErrSchemaBehind telling to run bellhop migrate", err)
 	}
 }
