@@ -129,22 +129,28 @@ func (c *listenerCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // depthCollector reads the queue list once per scrape, and at most once a
-// second however often it is scraped.
+// second however often it is scraped. When the read fails it reports no
+// depths, and bellhop_queue_depths_ok 0: depths kept from an earlier read
+// would look current while the database is gone.
 type depthCollector struct {
 	queues func(context.Context) ([]bellhop.QueueInfo, error)
 	mu     sync.Mutex
 	at     time.Time
 	cached []bellhop.QueueInfo
+	ok     bool
 }
 
 var depthDesc = prometheus.NewDesc("bellhop_queue_messages", "Messages per queue by state: ready, delayed, in_flight, dead.",
 	[]string{"app", "queue", "state"}, nil)
 var oldestDesc = prometheus.NewDesc("bellhop_queue_oldest_ready_seconds", "Age of the oldest ready message.",
 	[]string{"app", "queue"}, nil)
+var depthsOKDesc = prometheus.NewDesc("bellhop_queue_depths_ok",
+	"1 if the last read of the queue depths succeeded; 0 if it failed, and no depths are reported.", nil, nil)
 
 func (c *depthCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- depthDesc
 	ch <- oldestDesc
+	ch <- depthsOKDesc
 }
 
 func (c *depthCollector) Collect(ch chan<- prometheus.Metric) {
@@ -153,12 +159,18 @@ func (c *depthCollector) Collect(ch chan<- prometheus.Metric) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		qs, err := c.queues(ctx)
 		cancel()
-		if err == nil {
-			c.cached, c.at = qs, time.Now()
+		c.cached, c.ok, c.at = qs, err == nil, time.Now()
+		if err != nil {
+			c.cached = nil
 		}
 	}
-	qs := c.cached
+	qs, ok := c.cached, c.ok
 	c.mu.Unlock()
+	up := 0.0
+	if ok {
+		up = 1
+	}
+	ch <- prometheus.MustNewConstMetric(depthsOKDesc, prometheus.GaugeValue, up)
 	for _, q := range qs {
 		for state, v := range map[string]int64{"ready": q.Ready, "delayed": q.Delayed, "in_flight": q.InFlight, "dead": q.Dead} {
 			ch <- prometheus.MustNewConstMetric(depthDesc, prometheus.GaugeValue, float64(v), q.App, q.Queue, state)
