@@ -144,7 +144,7 @@ func (c *Client) CreatePrincipal(ctx context.Context, app, name string) (uuid.UU
 	case errors.Is(err, pgx.ErrNoRows):
 		return uuid.Nil, fmt.Errorf("create principal %q: %w %q", name, ErrUnknownApp, app)
 	case isUniqueViolation(err):
-		return uuid.Nil, fmt.Errorf("create principal %q in app %q: it exists already", name, app)
+		return uuid.Nil, fmt.Errorf("create principal %q in app %q: %w", printable(name), printable(app), ErrPrincipalExists)
 	case err != nil:
 		return uuid.Nil, fmt.Errorf("create principal %q in app %q: %w", name, app, err)
 	}

@@ -219,6 +219,15 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 	if cfg.BusyWindow <= 0 {
 		cfg.BusyWindow = DefaultBusyWindow
 	}
+	// Both go to the database in whole units: a visibility timeout in
+	// seconds, the busy mark's idle_session_timeout in milliseconds, where
+	// 0 turns the timeout off (a hung dispatcher's mark would last).
+	if cfg.DefaultVisibilityTimeout < time.Second {
+		return nil, fmt.Errorf("bellhop: DispatcherConfig.DefaultVisibilityTimeout (%s) must be at least 1s", cfg.DefaultVisibilityTimeout)
+	}
+	if cfg.BusyLease < 10*time.Millisecond {
+		return nil, fmt.Errorf("bellhop: DispatcherConfig.BusyLease (%s) must be at least 10ms", cfg.BusyLease)
+	}
 	if cfg.BusyWindow > cfg.BusyLease/4 {
 		return nil, fmt.Errorf("bellhop: DispatcherConfig.BusyWindow (%s) must be at most a quarter of BusyLease (%s)", cfg.BusyWindow, cfg.BusyLease)
 	}

@@ -29,6 +29,8 @@ var (
 	ErrAppExists = errors.New("app already exists")
 	// ErrUnknownPrincipal: the principal does not exist in that app.
 	ErrUnknownPrincipal = errors.New("unknown principal")
+	// ErrPrincipalExists: the app has a principal of that name already.
+	ErrPrincipalExists = errors.New("principal already exists")
 	// ErrConsumerExists: the queue has a consumer already; a queue has at
 	// most one.
 	ErrConsumerExists = errors.New("queue already has a consumer")

@@ -167,6 +167,17 @@ func TestNewDispatcherHoldsNothing(t *testing.T) {
 	if _, err := bellhop.NewDispatcher(&pgxpool.Config{}, bellhop.DispatcherConfig{Resolver: bellhop.NewMux()}); err == nil {
 		t.Error("NewDispatcher with a zero pgxpool.Config: no error")
 	}
+	// Durations the database would round to 0: a lease of no time, a busy
+	// mark that never times out.
+	for _, dc := range []bellhop.DispatcherConfig{
+		{DefaultVisibilityTimeout: 500 * time.Millisecond},
+		{BusyLease: 900 * time.Microsecond, BusyWindow: 100 * time.Microsecond},
+	} {
+		dc.Resolver = bellhop.NewMux()
+		if _, err := bellhop.NewDispatcher(cfg, dc); err == nil {
+			t.Errorf("NewDispatcher with %+v: no error", dc)
+		}
+	}
 }
 
 // TestRunReturnsWithConsumerRowLocked: a stop's writes are bounded. The
@@ -355,3 +366,17 @@ func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
 }
 
 var _ = pgtest.ConnString
+
+// TestPrincipalExists: a second principal of the same name in an app is
+// ErrPrincipalExists, testable with errors.Is like ErrAppExists; it was
+// text only.
+func TestPrincipalExists(t *testing.T) {
+	e := fxNew(t)
+	e.app("shop")
+	if _, err := e.client.CreatePrincipal(e.ctx, "shop", "worker"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.client.CreatePrincipal(e.ctx, "shop", "worker"); !errors.Is(err, bellhop.ErrPrincipalExists) {
+		t.Errorf("second principal of the same name: %v, want ErrPrincipalExists", err)
+	}
+}
