@@ -114,7 +114,8 @@ type Observer interface {
 	// the handler ran. Outcomes whose lease had already been lost are not
 	// reported.
 	Settled(m *Message, o Outcome, handled time.Duration)
-	// Polled is called after every fallback poll with the number of idle
+	// Polled is called after every fallback poll that could read the
+	// database (a failed one is logged and retried) with the number of idle
 	// queues it found holding work ready for a second or more (missed
 	// notifications; work that came due just now is woken but not
 	// counted, since a timer may be taking it at that moment).
