@@ -1,10 +1,17 @@
 -- Least-privilege roles for Bellhop. Run it as the owner of Bellhop's
 -- tables (the role that ran `bellhop migrate`), in Bellhop's database,
--- after migrating. It is idempotent. The roles are NOLOGIN groups: grant
--- them to login roles, e.g.
+-- after migrating. It is idempotent. Run it again after every `bellhop
+-- migrate`: it grants on the tables that exist when it runs, and new
+-- migrations add tables the roles need (0047 added bellhop_vt_floors,
+-- which the dispatcher's reclaim reads).
+-- The roles are NOLOGIN groups: grant them to login roles, e.g.
 --   CREATE ROLE orders_service LOGIN PASSWORD '...' IN ROLE bellhop_producer;
 --   CREATE ROLE bellhop_daemon LOGIN PASSWORD '...' IN ROLE bellhop_dispatcher;
 -- Migrations, app and consumer management keep to the owner role.
+-- bellhop_producer may read no table, apps included: it cannot look its
+-- app up by name (SELECT ... FROM apps, or the Go client's Enqueue, which
+-- takes an app name). Give each producer its app's id (`bellhop app ls`)
+-- and have it pass that id to INSERT or enqueue().
 
 DO $$
 BEGIN

@@ -19,6 +19,7 @@ package migrations
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"sort"
@@ -78,9 +79,37 @@ func Files() ([]File, error) {
 // session advisory lock while it migrates, and each file runs in its own
 // transaction together with the version bump.
 //
+// A database whose schema is newer than this code's migrations (this code
+// was rolled back after a newer version migrated it) is left as it is, and
+// Migrate returns nil: migrations only add, so older code runs on the newer
+// schema, as Check accepts it. Current tells such a database apart.
+//
+// Everything is created in schema public, whatever conn's search_path:
+// each migration runs with search_path set to public (and pg_temp).
+// Without that, a role that has a schema of its own name (PostgreSQL 15's
+// secure schema usage pattern, with "$user" first on the search_path)
+// would get the tables in its own schema, where the SECURITY DEFINER
+// functions, whose search_path is pinned to public, do not look: migration
+// 0044 failed halfway. tern resets the session's settings after each
+// migration (RESET ALL), so afterwards conn's search_path is its session
+// default, not what it was set to before Migrate.
+//
 // conn must be a session (not a PgBouncer transaction-mode connection),
 // because the advisory lock is session-scoped.
 func Migrate(ctx context.Context, conn *pgx.Conn) error {
+	latest, err := Latest()
+	if err != nil {
+		return err
+	}
+	// Read first, so that a newer schema is not touched at all (tern
+	// refuses a version above its last migration).
+	current, err := Current(ctx, conn)
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	if current > latest {
+		return nil
+	}
 	m, err := migrate.NewMigrator(ctx, conn, VersionTable)
 	if err != nil {
 		return fmt.Errorf("migrate: prepare version table: %w", err)
@@ -90,16 +119,113 @@ func Migrate(ctx context.Context, conn *pgx.Conn) error {
 		return err
 	}
 	for _, f := range fs {
-		m.AppendMigration(f.Name, f.SQL, "")
+		m.AppendMigration(f.Name, pinSearchPath(f.SQL), "")
 	}
 	if err := m.Migrate(ctx); err != nil {
+		// A newer version may have migrated the database since it was
+		// read above: tern then refuses the version it finds.
+		var bad migrate.BadVersionError
+		if errors.As(err, &bad) {
+			if v, cerr := Current(ctx, conn); cerr == nil && v > latest {
+				return nil
+			}
+		}
 		return fmt.Errorf("migrate: %w", err)
 	}
 	return nil
+}
+
+// pinSearchPath puts a SET of search_path to public (and pg_temp) before a
+// migration's SQL: see Migrate. It is a session SET, not SET LOCAL, so that
+// it also holds in a migration that tern runs outside a transaction; tern
+// resets the session's settings after each migration, in its transaction.
+// The SET goes on the file's first line, so that the line numbers of the
+// file's statements are unchanged, unless that line is tern's marker for
+// running the file outside a transaction, which must stay a line of its
+// own.
+func pinSearchPath(sql string) string {
+	const set = "SET search_path = public, pg_temp; "
+	if first, rest, ok := strings.Cut(sql, "\n"); ok && strings.TrimSpace(first) == "---- tern: disable-tx ----" {
+		return first + "\n" + set + rest
+	}
+	return set + sql
 }
 
 // Latest is the schema version that Migrate brings a database to.
 func Latest() (int, error) {
 	fs, err := Files()
 	return len(fs), err
+}
+
+// Queryer is what Current and Check read the version with: a *pgx.Conn, a
+// *pgxpool.Pool or a pgx.Tx.
+type Queryer = interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Current returns the schema version of q's database: how many migrations
+// have been applied, 0 if none (no version table). It may be above Latest,
+// when a newer version of this code migrated the database.
+func Current(ctx context.Context, q Queryer) (int, error) {
+	// to_regclass needs no privilege on the table, and does not fail: a
+	// missing table does not abort the caller's transaction.
+	var exists bool
+	if err := q.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", VersionTable).Scan(&exists); err != nil {
+		return 0, fmt.Errorf("read the schema version: %w", err)
+	}
+	if !exists {
+		return 0, nil
+	}
+	var v int32
+	err := q.QueryRow(ctx, "SELECT version FROM "+VersionTable).Scan(&v)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return 0, nil
+	case err != nil:
+		return 0, fmt.Errorf("read the schema version: %w", err)
+	}
+	return int(v), nil
+}
+
+// ErrNoSchema is Check's error for a database that Bellhop's migrations
+// have never been applied to.
+var ErrNoSchema = errors.New("database has no Bellhop schema: run `bellhop migrate`")
+
+// ErrSchemaBehind is wrapped by Check's error for a database whose schema
+// is older than this code's migrations.
+var ErrSchemaBehind = errors.New("database schema is behind this code's migrations")
+
+// behindError is Check's error for an old schema: it says which versions,
+// and errors.Is finds ErrSchemaBehind in it.
+type behindError struct{ current, latest int }
+
+func (e *behindError) Error() string {
+	return fmt.Sprintf("database schema at version %d, this code needs %d: run `bellhop migrate`", e.current, e.latest)
+}
+
+func (e *behindError) Unwrap() error { return ErrSchemaBehind }
+
+// Check returns nil if q's database has this code's schema: version Latest,
+// or a newer one (migrations only add, and are applied before a rolling
+// upgrade of the code). Otherwise it returns ErrNoSchema, or an error that
+// wraps ErrSchemaBehind and names both versions; or the error of reading
+// the version (e.g. a role without SELECT on the version table, which
+// docs/roles.sql grants).
+func Check(ctx context.Context, q interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}) error {
+	latest, err := Latest()
+	if err != nil {
+		return err
+	}
+	current, err := Current(ctx, q)
+	switch {
+	case err != nil:
+		return err
+	case current == 0:
+		return ErrNoSchema
+	case current < latest:
+		return &behindError{current: current, latest: latest}
+	}
+	return nil
 }

@@ -454,3 +454,210 @@ func TestClaimPairRepair(t *testing.T) {
 		}
 	}
 }
+
+// migrateTo applies the first n migrations to conn's database with tern
+// itself, as an older version of this code would have.
+func migrateTo(t *testing.T, ctx context.Context, conn *pgx.Conn, n int) {
+	t.Helper()
+	m, err := migrate.NewMigrator(ctx, conn, migrations.VersionTable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := migrations.Files()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		m.AppendMigration(f.Name, f.SQL, "")
+	}
+	if err := m.MigrateTo(ctx, int32(n)); err != nil {
+		t.Fatalf("migrate to version %d: %v", n, err)
+	}
+}
+
+// TestMigrateNewerSchema: a database that a newer version of this code
+// migrated (its version is above Latest: this code was rolled back) is
+// left exactly as it is, and Migrate returns nil, as Check accepts such a
+// schema. tern alone refuses it: "current version N is outside the valid
+// versions".
+func TestMigrateNewerSchema(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	conn := connect(t, ctx, emptyDatabase(t))
+	if err := migrations.Migrate(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	newer := latest(t) + 1
+	if _, err := conn.Exec(ctx, "UPDATE "+migrations.VersionTable+" SET version = $1", newer); err != nil {
+		t.Fatal(err)
+	}
+	before := fingerprint(t, ctx, conn)
+	if err := migrations.Migrate(ctx, conn); err != nil {
+		t.Fatalf("Migrate on a schema at version %d, newer than this code's %d: %v", newer, newer-1, err)
+	}
+	if d := diffLines(before, fingerprint(t, ctx, conn)); d != "" {
+		t.Fatalf("Migrate changed a newer schema:\n%s", d)
+	}
+	if v, err := migrations.Current(ctx, conn); err != nil || v != newer {
+		t.Fatalf("Current = %d, %v; want %d", v, err, newer)
+	}
+	if err := migrations.Check(ctx, conn); err != nil {
+		t.Fatalf("Check of a newer schema: %v", err)
+	}
+}
+
+// TestCheck: Check and Current on a database without the schema, with
+// tern's version table at 0, one migration behind, at the latest version
+// and above it; and inside a transaction, which a missing schema must not
+// abort.
+func TestCheck(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	conn := connect(t, ctx, emptyDatabase(t))
+	want := latest(t)
+
+	check := func(wantVersion int, wantErr error) {
+		t.Helper()
+		if v, err := migrations.Current(ctx, conn); err != nil || v != wantVersion {
+			t.Errorf("Current = %d, %v; want %d", v, err, wantVersion)
+		}
+		err := migrations.Check(ctx, conn)
+		if !errors.Is(err, wantErr) || (wantErr == nil) != (err == nil) {
+			t.Errorf("Check at version %d = %v, want %v", wantVersion, err, wantErr)
+		}
+	}
+
+	check(0, migrations.ErrNoSchema)
+	if err := migrations.Check(ctx, conn); err == nil || err.Error() != "database has no Bellhop schema: run `bellhop migrate`" {
+		t.Errorf("Check of an empty database says %q", err)
+	}
+	// In a transaction, which must still work after Check.
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := migrations.Check(ctx, tx); !errors.Is(err, migrations.ErrNoSchema) {
+		t.Errorf("Check in a transaction = %v, want ErrNoSchema", err)
+	}
+	var one int
+	if err := tx.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil {
+		t.Errorf("the transaction after Check: %v", err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	migrateTo(t, ctx, conn, 0) // tern's version table, at 0
+	check(0, migrations.ErrNoSchema)
+
+	migrateTo(t, ctx, conn, want-1)
+	check(want-1, migrations.ErrSchemaBehind)
+	err = migrations.Check(ctx, conn)
+	if errors.Is(err, migrations.ErrNoSchema) {
+		t.Errorf("Check one migration behind is also ErrNoSchema: %v", err)
+	}
+	if msg := fmt.Sprintf("database schema at version %d, this code needs %d: run `bellhop migrate`", want-1, want); err == nil || err.Error() != msg {
+		t.Errorf("Check one migration behind says %q, want %q", err, msg)
+	}
+
+	if err := migrations.Migrate(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	check(want, nil)
+	if _, err := conn.Exec(ctx, "UPDATE "+migrations.VersionTable+" SET version = $1", want+3); err != nil {
+		t.Fatal(err)
+	}
+	check(want+3, nil)
+}
+
+// TestMigrateWithOwnSchemaFirst: a role that owns the database and has a
+// schema of its own name, first on its search_path ("$user", public: the
+// default, and PostgreSQL 15's secure schema usage pattern), migrates
+// everything into public. The migrations used to create the tables in the
+// role's schema, and 0044 failed halfway: its SECURITY DEFINER functions
+// look in public only ("relation bellhop_offers does not exist").
+func TestMigrateWithOwnSchemaFirst(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	b := make([]byte, 6)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	role := "bellhop_owner_" + hex.EncodeToString(b)
+	password := hex.EncodeToString(b) + "pw"
+	admin := connect(t, ctx, func() *pgx.ConnConfig {
+		cfg, err := pgx.ParseConfig(pgtest.AdminConnString())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}())
+	if _, err := admin.Exec(ctx, "CREATE ROLE "+pgx.Identifier{role}.Sanitize()+" LOGIN PASSWORD '"+password+"'"); err != nil {
+		t.Fatalf("create role: %v", err)
+	}
+	t.Cleanup(func() { // after the database's drop, registered below
+		ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, pgtest.AdminConnString())
+		if err != nil {
+			t.Errorf("drop role %s: %v", role, err)
+			return
+		}
+		defer conn.Close(context.Background())
+		if _, err := conn.Exec(ctx, "DROP ROLE IF EXISTS "+pgx.Identifier{role}.Sanitize()); err != nil {
+			t.Errorf("drop role %s: %v", role, err)
+		}
+	})
+	cfg := emptyDatabase(t)
+	if _, err := admin.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{cfg.Database}.Sanitize()+" OWNER TO "+pgx.Identifier{role}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	cfg.User, cfg.Password = role, password
+	conn := connect(t, ctx, cfg)
+	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{role}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	var first string
+	if err := conn.QueryRow(ctx, "SELECT current_schema()").Scan(&first); err != nil || first != role {
+		t.Fatalf("the role's first schema is %q (%v), want its own, %q: the test does not test what it means to", first, err, role)
+	}
+
+	if err := migrations.Migrate(ctx, conn); err != nil {
+		t.Fatalf("Migrate as a role with a schema of its own first on its search_path: %v", err)
+	}
+	if v := version(t, ctx, conn); v != latest(t) {
+		t.Errorf("version %d after Migrate, want %d", v, latest(t))
+	}
+	if err := migrations.Check(ctx, conn); err != nil {
+		t.Errorf("Check after Migrate: %v", err)
+	}
+	var inPublic bool
+	var inOwn int
+	if err := conn.QueryRow(ctx, `SELECT to_regclass('public.queue_messages') IS NOT NULL,
+		(SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1)
+		+ (SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = $1)`,
+		role).Scan(&inPublic, &inOwn); err != nil {
+		t.Fatal(err)
+	}
+	if !inPublic || inOwn != 0 {
+		t.Errorf("queue_messages in public: %v; %d relations and functions in schema %s, want 0", inPublic, inOwn, role)
+	}
+	// The schema works for this role, whose search_path is unchanged.
+	if err := conn.QueryRow(ctx, "SELECT current_schema()").Scan(&first); err != nil || first != role {
+		t.Errorf("after Migrate the role's first schema is %q (%v), want %q", first, err, role)
+	}
+	var id uuid.UUID
+	if _, err := conn.Exec(ctx, "INSERT INTO apps (name) VALUES ('shop')"); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.QueryRow(ctx, `SELECT enqueue(id, 'orders', '{"n": 1}') FROM apps WHERE name = 'shop'`).Scan(&id); err != nil {
+		t.Fatalf("enqueue after Migrate: %v", err)
+	}
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM public.queue_messages WHERE id = $1", id).Scan(&n); err != nil || n != 1 {
+		t.Errorf("%d messages %s in public.queue_messages (%v), want 1", n, id, err)
+	}
+}

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/urfave/cli/v3"
 	"gopkg.in/yaml.v3"
 
@@ -71,6 +73,13 @@ func TestBadConfiguration(t *testing.T) {
 		{"--http-addr in use", dsn, nil, []string{"run", "--http-addr", busy.Addr().String()}, "address already in use"},
 		{"short --poll-interval", dsn, nil, []string{"run", "--poll-interval", "10ms"}, "--poll-interval 10ms: must be at least 1s"},
 		{"zero --shutdown-grace", dsn, nil, []string{"run", "--shutdown-grace", "0s"}, "--shutdown-grace 0s: must be positive"},
+		// An empty address used to listen on a random port.
+		{"empty --http-addr", dsn, nil, []string{"run", "--http-addr", ""}, "--http-addr is empty"},
+		{"empty BELLHOP_HTTP_ADDR", dsn, []string{"BELLHOP_HTTP_ADDR="}, []string{"run"}, "--http-addr is empty"},
+		// VerifyPush reads a window that is not positive as 5 minutes.
+		{"example-consumer empty --addr", "-", nil, []string{"example-consumer", "--addr", "", "--secret-file", "/nonexistent"}, "--addr is empty"},
+		{"example-consumer zero --replay-window", "-", nil, []string{"example-consumer", "--addr", "127.0.0.1:0", "--secret-file", "/nonexistent", "--replay-window", "0s"}, "--replay-window 0s: must be positive"},
+		{"example-consumer negative --replay-window", "-", nil, []string{"example-consumer", "--addr", "127.0.0.1:0", "--secret-file", "/nonexistent", "--replay-window", "-1m"}, "--replay-window -1m0s: must be positive"},
 		{"bad queue name", dsn, nil, []string{"enqueue", "--app", "shop", "--queue", "bad queue", "{}"}, `invalid queue name "bad queue"`},
 		{"bad queue name on add", dsn, nil, []string{"consumer", "add", "--app", "shop", "--queue", "a/b", "--url", "http://127.0.0.1:9/"}, `invalid queue name "a/b"`},
 		{"bad app name", dsn, nil, []string{"app", "create", "bad name"}, `app name "bad name"`},
@@ -100,6 +109,8 @@ func TestBadConfiguration(t *testing.T) {
 		{"consumer id not a UUID", dsn, nil, []string{"consumer", "pause", "--app", "shop", "42"}, `consumer id "42" is not a UUID`},
 		{"unknown consumer", dsn, nil, []string{"consumer", "resume", "--app", "shop", "00000000-0000-0000-0000-000000000001"}, "unknown consumer"},
 		{"dead redrive without selector", dsn, nil, []string{"dead", "redrive", "--app", "shop"}, "name a MESSAGE_ID or --queue"},
+		{"dead redrive id and --queue", dsn, nil, []string{"dead", "redrive", "--app", "shop", "--queue", "q", "00000000-0000-0000-0000-000000000001"}, "give a MESSAGE_ID or --queue, not both"},
+		{"dead purge id and --queue", dsn, nil, []string{"dead", "purge", "--app", "shop", "00000000-0000-0000-0000-000000000001", "--queue", "q"}, "give a MESSAGE_ID or --queue, not both"},
 		{"dead show bad id", dsn, nil, []string{"dead", "show", "--app", "shop", "xyz"}, `message id "xyz" is not a UUID`},
 		{"demo bad interval", "-", nil, []string{"demo", "--interval", "0s"}, "--interval 0s: must be at least 1ms"},
 		{"dead ls --limit 0", dsn, nil, []string{"dead", "ls", "--app", "shop", "--limit", "0"}, "--limit 0: must be 1 to 10000"},
@@ -240,8 +251,8 @@ func TestOperationalErrorsExit1(t *testing.T) {
 		{"unreachable database for run", "host=/nonexistent port=1 user=postgres connect_timeout=2", []string{"run", "--http-addr", "127.0.0.1:0"}, "connect"},
 		{"app exists", dsn, []string{"app", "create", "shop"}, "app already exists"},
 		{"database not migrated", empty, []string{"queues"}, "(is the database migrated? run `bellhop migrate`)"},
-		{"database not migrated for run", empty, []string{"run", "--http-addr", "127.0.0.1:0"}, "the database has no Bellhop schema: run `bellhop migrate` first"},
-		{"database schema behind", behind, []string{"run", "--http-addr", "127.0.0.1:0"}, fmt.Sprintf("the database schema is at version %d, this bellhop needs %d", latest-1, latest)},
+		{"database not migrated for run", empty, []string{"run", "--http-addr", "127.0.0.1:0"}, "database has no Bellhop schema: run `bellhop migrate`"},
+		{"database schema behind", behind, []string{"run", "--http-addr", "127.0.0.1:0"}, fmt.Sprintf("database schema at version %d, this code needs %d: run `bellhop migrate`", latest-1, latest)},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -470,6 +481,45 @@ func TestReadmeQuickStart(t *testing.T) {
 	cmd, _, _ := strings.Cut(first, "#") // a trailing comment explains it
 	if got := strings.Join(strings.Fields(cmd), " "); got != "go run ./cmd/bellhop demo" {
 		t.Errorf("the Quick start's first command is %q, want \"go run ./cmd/bellhop demo\"", got)
+	}
+}
+
+// TestReadmeEnqueueSQL runs the README's `enqueue()` example against a
+// migrated database with an app named shop: it must enqueue one message,
+// delayed by 5 minutes. It read a column apps does not have (app_id).
+func TestReadmeEnqueueSQL(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var example string
+	for _, block := range regexp.MustCompile("(?s)```sql\n(.*?)```").FindAllStringSubmatch(string(b), -1) {
+		if strings.Contains(block[1], "SELECT enqueue(") {
+			example = strings.TrimSpace(block[1])
+		}
+	}
+	if example == "" {
+		t.Fatal("README.md has no ```sql block with SELECT enqueue(")
+	}
+	dsn := pgtest.ConnString(t)
+	ok(t, dsn, "app", "create", "shop")
+	pool := db(t, dsn)
+	rows, err := pool.Query(context.Background(), example)
+	if err != nil {
+		t.Fatalf("the README's example %q: %v", example, err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		t.Fatalf("the README's example %q: %v", example, err)
+	}
+	if len(ids) != 1 {
+		t.Fatalf("the README's example returned %d ids, want 1", len(ids))
+	}
+	if n := queryInt(t, pool, `SELECT count(*) FROM queue_messages m JOIN apps a ON a.id = m.app_id
+		WHERE m.id = $1 AND a.name = 'shop' AND m.queue_name = 'orders'
+		  AND m.deliver_after > now() + interval '4 minutes'`, ids[0]); n != 1 {
+		t.Errorf("the README's example did not enqueue a delayed message to shop/orders")
 	}
 }
 

@@ -41,6 +41,10 @@ func runCommand(d *deps) *cli.Command {
 			if err != nil {
 				return err
 			}
+			// From here on, SIGINT or SIGTERM stops the daemon cleanly,
+			// also while it starts up.
+			ctx, stop := signalContext(ctx, log)
+			defer stop()
 			cfg, err := poolConfig(cmd)
 			if err != nil {
 				return err
@@ -55,17 +59,26 @@ func runCommand(d *deps) *cli.Command {
 			if err != nil {
 				return err
 			}
+			// An empty address would listen on a random port of every
+			// interface, where nobody looks for the probes.
+			if cmd.String("http-addr") == "" {
+				return usagef("--http-addr is empty: give the address for /metrics, /healthz and /readyz, such as :9090")
+			}
 			ln, err := net.Listen("tcp", cmd.String("http-addr"))
 			if err != nil {
 				return usagef("--http-addr %q: %v", cmd.String("http-addr"), err)
 			}
-			ctx, stop := signalContext(ctx, log)
-			defer stop()
 			pusher := httppush.New(httppush.Options{AllowedHosts: hosts, Logger: log})
-			return serve(ctx, log, cfg, ln, pusher, bellhop.DispatcherConfig{
+			err = serve(ctx, log, cfg, ln, pusher, bellhop.DispatcherConfig{
 				PollInterval: cmd.Duration("poll-interval"), ShutdownGrace: cmd.Duration("shutdown-grace"),
 				LeaseAtInsert: cmd.Bool("lease-at-insert"),
 			})
+			if err != nil && stoppedBySignal(ctx, err) {
+				// A signal while starting up (connecting, checking the
+				// schema, loading the consumers) is a normal way to stop.
+				return nil
+			}
+			return err
 		},
 	}
 }
@@ -89,6 +102,16 @@ func signalContext(parent context.Context, log zerolog.Logger) (context.Context,
 		os.Exit(130)
 	}()
 	return ctx, func() { signal.Stop(sigs); cancel() }
+}
+
+// stoppedBySignal reports whether err is what a start-up cut short by
+// signalContext's ctx returns: the context's own error, or a connection's
+// that the cancellation ended.
+func stoppedBySignal(ctx context.Context, err error) bool {
+	if ctx.Err() == nil {
+		return false
+	}
+	return errors.Is(err, context.Canceled) || pgconn.Timeout(err)
 }
 
 // pushResolver serves every consumer that has a URL with HTTP push.
@@ -180,20 +203,5 @@ func probeServer(h http.Handler) *http.Server {
 // the dispatcher fails later, or worse, half works. A newer schema is
 // fine: migrations are applied before a rolling upgrade of the daemons.
 func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
-	latest, err := migrations.Latest()
-	if err != nil {
-		return err
-	}
-	var version int
-	err = pool.QueryRow(ctx, "SELECT version FROM "+migrations.VersionTable).Scan(&version)
-	var pgErr *pgconn.PgError
-	switch {
-	case errors.As(err, &pgErr) && pgErr.Code == "42P01": // undefined_table
-		return errors.New("the database has no Bellhop schema: run `bellhop migrate` first")
-	case err != nil:
-		return fmt.Errorf("read the schema version: %w", err)
-	case version < latest:
-		return fmt.Errorf("the database schema is at version %d, this bellhop needs %d: run `bellhop migrate` first", version, latest)
-	}
-	return nil
+	return migrations.Check(ctx, pool)
 }

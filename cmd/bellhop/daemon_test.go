@@ -5,10 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -332,5 +335,109 @@ func TestConsumerNotServedLog(t *testing.T) {
 	}
 	if code, _ := d.get(t, "/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz: %d", code)
+	}
+}
+
+// TestRunStopsCleanlyWhileStarting: SIGINT while `bellhop run` starts up
+// (connecting, checking the schema, loading the consumers) stops it with
+// status 0 and no error line, as SIGINT once it serves does. It used to
+// exit 1 with "context canceled".
+func TestRunStopsCleanlyWhileStarting(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		// prepare returns the database to run on once something there
+		// will hold up the start-up, and a condition that holds once
+		// the daemon is held up.
+		prepare func(t *testing.T) (dsn string, held func() bool)
+	}{
+		{"connecting", func(t *testing.T) (string, func() bool) {
+			// A server that accepts connections and never answers.
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { ln.Close() })
+			accepted := make(chan struct{}, 1)
+			var mu sync.Mutex
+			var conns []net.Conn
+			t.Cleanup(func() {
+				mu.Lock()
+				defer mu.Unlock()
+				for _, c := range conns {
+					c.Close()
+				}
+			})
+			go func() {
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					mu.Lock()
+					conns = append(conns, c)
+					mu.Unlock()
+					select {
+					case accepted <- struct{}{}:
+					default:
+					}
+				}
+			}()
+			dsn := fmt.Sprintf("postgres://postgres@%s/bellhop?sslmode=disable", ln.Addr())
+			return dsn, func() bool {
+				select {
+				case <-accepted:
+					return true
+				default:
+					return false
+				}
+			}
+		}},
+		{"checking the schema", func(t *testing.T) (string, func() bool) {
+			return lockedTable(t, "bellhop_schema_version")
+		}},
+		{"loading consumers", func(t *testing.T) (string, func() bool) {
+			return lockedTable(t, "queue_consumers")
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			dsn, held := tc.prepare(t)
+			p := start(t, []string{"DATABASE_URL=" + dsn}, "run", "--http-addr", "127.0.0.1:0")
+			waitFor(t, 30*time.Second, "the daemon to be held up "+tc.name, held)
+			p.signal(os.Interrupt)
+			if code := p.wait(15 * time.Second); code != 0 {
+				t.Errorf("exit %d after SIGINT while %s, want 0", code, tc.name)
+			}
+			p.waitLine(true, stoppingRE, time.Second)
+			for _, line := range strings.Split(p.stderr(), "\n") {
+				if strings.HasPrefix(line, "bellhop: ") || strings.Contains(line, "context canceled") {
+					t.Errorf("stderr has an error: %s", line)
+				}
+			}
+		})
+	}
+}
+
+// lockedTable returns a migrated database whose table an open transaction
+// holds in ACCESS EXCLUSIVE mode until the test ends, and a condition that
+// holds once another backend waits for it.
+func lockedTable(t *testing.T, table string) (string, func() bool) {
+	t.Helper()
+	dsn := pgtest.ConnString(t)
+	pool := db(t, dsn)
+	tx, err := pool.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tx.Rollback(context.Background()) })
+	if _, err := tx.Exec(context.Background(), "LOCK TABLE "+table+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	return dsn, func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM pg_locks
+			WHERE NOT granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+			  AND relation = to_regclass($1)`, table) > 0
 	}
 }

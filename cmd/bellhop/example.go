@@ -199,6 +199,16 @@ func exampleConsumerCommand(d *deps) *cli.Command {
 			&cli.DurationFlag{Name: "replay-window", Value: 5 * time.Minute, Usage: "reject requests whose timestamp is further than this from now"},
 		},
 		Action: func(ctx context.Context, cmd *cli.Command) error {
+			// VerifyPush reads a window that is not positive as its
+			// default, 5 minutes: given explicitly, it is a mistake.
+			if w := cmd.Duration("replay-window"); w <= 0 {
+				return usagef("--replay-window %s: must be positive", w)
+			}
+			// An empty address listens on a random port, which no
+			// consumer URL can name.
+			if cmd.String("addr") == "" {
+				return usagef("--addr is empty: give the address to listen on, such as :8080")
+			}
 			ctx, stop := signalContext(ctx, nopLogger())
 			defer stop()
 			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

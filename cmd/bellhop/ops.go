@@ -18,6 +18,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v3"
 
@@ -36,19 +38,55 @@ func migrateCommand(d *deps) *cli.Command {
 			if err != nil {
 				return err
 			}
-			conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
+			// SIGINT or SIGTERM cancels the statement in progress on the
+			// server (a cancel request), and its transaction rolls back;
+			// a second signal exits at once. Without it, the process died
+			// and left its backend queued for the ACCESS EXCLUSIVE lock a
+			// migration takes, which blocks every producer behind it
+			// until the lock is granted.
+			ctx, stop := signalContext(ctx, nopLogger())
+			defer stop()
+			cc := cfg.ConnConfig.Copy()
+			cc.BuildContextWatcherHandler = cancelOnServer
+			conn, err := pgx.ConnectConfig(ctx, cc)
 			if err != nil {
+				if ctx.Err() != nil {
+					return errors.New("interrupted while connecting to the database: nothing was applied")
+				}
 				return fmt.Errorf("connect to the database: %w", err)
 			}
 			defer conn.Close(context.Background())
 			if err := migrations.Migrate(ctx, conn); err != nil {
+				if ctx.Err() != nil {
+					return fmt.Errorf("interrupted: %w; the migration in progress was rolled back, those before it stay applied: run `bellhop migrate` again", err)
+				}
 				return err
 			}
-			n, _ := migrations.Latest()
-			fmt.Fprintf(d.stdout, "database is at schema version %d\n", n)
+			latest, err := migrations.Latest()
+			if err != nil {
+				return err
+			}
+			v, err := migrations.Current(ctx, conn)
+			if err != nil {
+				return err
+			}
+			if v > latest {
+				fmt.Fprintf(d.stdout, "database schema is at version %d, newer than this bellhop's %d: nothing to apply\n", v, latest)
+				return nil
+			}
+			fmt.Fprintf(d.stdout, "database is at schema version %d\n", v)
 			return nil
 		},
 	}
+}
+
+// cancelOnServer makes a cancelled context cancel the connection's
+// statement on the server: pgx sends a cancel request, and closes the
+// connection only if the server has not answered within 5 s. pgx's
+// default only closes the connection, which a backend waiting for a lock
+// does not notice.
+func cancelOnServer(pgConn *pgconn.PgConn) ctxwatch.Handler {
+	return &pgconn.CancelRequestContextWatcherHandler{Conn: pgConn, DeadlineDelay: 5 * time.Second}
 }
 
 func appCommand(d *deps) *cli.Command {
@@ -593,6 +631,11 @@ func deadCommand(d *deps) *cli.Command {
 		if queue == "" && id == uuid.Nil {
 			return "", uuid.Nil, usagef("name a MESSAGE_ID or --queue")
 		}
+		// Both would act on the id only if it is of that queue: a
+		// mistake either way, which is refused rather than guessed at.
+		if queue != "" && id != uuid.Nil {
+			return "", uuid.Nil, usagef("give a MESSAGE_ID or --queue, not both")
+		}
 		return queue, id, nil
 	}
 	bulk := func(verb string, op func(*bellhop.Client, context.Context, string, string, uuid.UUID) (int64, error)) cli.ActionFunc {
@@ -607,6 +650,12 @@ func deadCommand(d *deps) *cli.Command {
 			}
 			defer pool.Close()
 			n, err := op(c, ctx, cmd.String("app"), queue, id)
+			if errors.Is(err, bellhop.ErrNotRedriven) {
+				// Some moved, some cannot until something changes: say
+				// both; the error names what to do (exit status 2).
+				fmt.Fprintf(d.stdout, "%s %d dead letters\n", verb, n)
+				return usagef("%s", oneLine(err))
+			}
 			if err != nil {
 				return err
 			}
@@ -693,12 +742,12 @@ func deadCommand(d *deps) *cli.Command {
 				return enc.Encode(ds[0])
 			},
 		}, {
-			Name: "redrive", Usage: "move dead letters back to their queue: one MESSAGE_ID, or all of --queue",
-			ArgsUsage: "[MESSAGE_ID]", Flags: []cli.Flag{appFlag, &cli.StringFlag{Name: "queue", Usage: "every dead letter of this queue"}},
+			Name: "redrive", Usage: "move dead letters back to their queue: one MESSAGE_ID, or all of --queue (not both)",
+			ArgsUsage: "[MESSAGE_ID]", Flags: []cli.Flag{appFlag, &cli.StringFlag{Name: "queue", Usage: "every dead letter of this queue (instead of a MESSAGE_ID)"}},
 			Action: bulk("redrove", (*bellhop.Client).Redrive),
 		}, {
-			Name: "purge", Usage: "delete dead letters for good: one MESSAGE_ID, or all of --queue",
-			ArgsUsage: "[MESSAGE_ID]", Flags: []cli.Flag{appFlag, &cli.StringFlag{Name: "queue", Usage: "every dead letter of this queue"}},
+			Name: "purge", Usage: "delete dead letters for good: one MESSAGE_ID, or all of --queue (not both)",
+			ArgsUsage: "[MESSAGE_ID]", Flags: []cli.Flag{appFlag, &cli.StringFlag{Name: "queue", Usage: "every dead letter of this queue (instead of a MESSAGE_ID)"}},
 			Action: bulk("purged", (*bellhop.Client).PurgeDead),
 		}},
 	}

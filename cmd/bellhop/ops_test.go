@@ -558,3 +558,45 @@ func TestDeadLimitAndBadQueue(t *testing.T) {
 		}
 	}
 }
+
+// TestDeadRefusesIDWithQueue: redrive and purge take a MESSAGE_ID or
+// --queue, not both; given both, they used to act on the id if it was of
+// that queue and report no dead letter otherwise. Nothing moves or goes.
+func TestDeadRefusesIDWithQueue(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.ConnString(t)
+	ok(t, dsn, "app", "create", "shop")
+	pool := db(t, dsn)
+	seedDeadLetters(t, pool, 3)
+	var id string
+	if err := pool.QueryRow(t.Context(), "SELECT id::text FROM dead_letters LIMIT 1").Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	for _, verb := range []string{"redrive", "purge"} {
+		for _, args := range [][]string{
+			{"--queue", "orders", id},
+			{id, "--queue", "orders"},
+			{"--queue", "other", id},
+		} {
+			t.Run(verb+" "+strings.Join(args, " "), func(t *testing.T) {
+				r := exe(t, dsn, "", append([]string{"dead", verb, "--app", "shop"}, args...)...)
+				if r.code != 2 || r.stdout != "" || strings.TrimSpace(r.stderr) != "bellhop: give a MESSAGE_ID or --queue, not both" {
+					t.Errorf("want exit 2 and \"give a MESSAGE_ID or --queue, not both\"; got %s", r)
+				}
+				if n := queryInt(t, pool, "SELECT count(*) FROM dead_letters"); n != 3 {
+					t.Errorf("%d dead letters left, want 3", n)
+				}
+				if n := queryInt(t, pool, "SELECT count(*) FROM queue_messages"); n != 0 {
+					t.Errorf("%d messages redriven, want 0", n)
+				}
+			})
+		}
+	}
+	// Each alone still works.
+	if out := ok(t, dsn, "dead", "redrive", "--app", "shop", id); out != "redrove 1 dead letters\n" {
+		t.Errorf("redrive %s printed %q", id, out)
+	}
+	if out := ok(t, dsn, "dead", "purge", "--app", "shop", "--queue", "orders"); out != "purged 2 dead letters\n" {
+		t.Errorf("purge --queue orders printed %q", out)
+	}
+}

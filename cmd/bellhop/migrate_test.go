@@ -1,0 +1,103 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/bellhopq/bellhop/internal/pgtest"
+	"github.com/bellhopq/bellhop/migrations"
+)
+
+// TestMigrateNewerSchema: `bellhop migrate` on a database that a newer
+// bellhop migrated (this one was rolled back) changes nothing, says so and
+// exits 0, as `bellhop run` accepts such a schema. It used to fail with
+// tern's "current version N is outside the valid versions".
+func TestMigrateNewerSchema(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.ConnString(t)
+	latest, err := migrations.Latest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := db(t, dsn)
+	if _, err := pool.Exec(context.Background(), "UPDATE "+migrations.VersionTable+" SET version = $1", latest+1); err != nil {
+		t.Fatal(err)
+	}
+	before := schemaSnapshot(t, dsn)
+	r := exe(t, dsn, "", "migrate")
+	want := fmt.Sprintf("database schema is at version %d, newer than this bellhop's %d: nothing to apply\n", latest+1, latest)
+	if r.code != 0 || r.stdout != want || r.stderr != "" {
+		t.Fatalf("want exit 0 and %q; got %s", want, r)
+	}
+	if v := queryInt(t, pool, "SELECT version FROM "+migrations.VersionTable); v != latest+1 {
+		t.Errorf("schema version %d after migrate, want %d", v, latest+1)
+	}
+	if after := schemaSnapshot(t, dsn); strings.Join(before, "\n") != strings.Join(after, "\n") {
+		t.Errorf("migrate changed a newer schema:\nbefore %v\nafter  %v", before, after)
+	}
+}
+
+// TestMigrateInterrupted: SIGINT to a `bellhop migrate` that waits for a
+// lock cancels its statement on the server: no backend is left queued for
+// the ACCESS EXCLUSIVE lock on queue_messages (which would block every
+// producer behind it), the command exits 1 saying it was interrupted, and
+// a later migrate completes. The process used to die at once and leave
+// its backend waiting.
+func TestMigrateInterrupted(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dsn := pgtest.ConnString(t)
+	latest, err := migrations.Latest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := db(t, dsn)
+	// One migration behind: the last one, 0052, drops and re-creates
+	// queue_messages' notify trigger, which takes an ACCESS EXCLUSIVE lock.
+	if _, err := pool.Exec(ctx, "UPDATE "+migrations.VersionTable+" SET version = $1", latest-1); err != nil {
+		t.Fatal(err)
+	}
+	// A reader holds ACCESS SHARE on queue_messages until it ends.
+	reader, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Rollback(context.Background())
+	if _, err := reader.Exec(ctx, "SELECT count(*) FROM queue_messages"); err != nil {
+		t.Fatal(err)
+	}
+	const waiting = `SELECT count(*) FROM pg_locks
+		WHERE NOT granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		  AND relation = 'queue_messages'::regclass`
+
+	p := start(t, []string{"DATABASE_URL=" + dsn}, "migrate")
+	waitFor(t, 30*time.Second, "migrate to wait for the lock on queue_messages", func() bool {
+		return queryInt(t, pool, waiting) > 0
+	})
+	p.signal(os.Interrupt)
+	if code := p.wait(15 * time.Second); code != 1 {
+		t.Errorf("migrate exited %d after SIGINT, want 1", code)
+	}
+	if !regexp.MustCompile(`^bellhop: interrupted: .*rolled back`).MatchString(p.stderr()) {
+		t.Errorf("migrate's stderr does not say it was interrupted:\n%s", p.stderr())
+	}
+	// While the reader still holds its lock, nobody waits behind it.
+	waitFor(t, 5*time.Second, "no backend to wait for a lock on queue_messages", func() bool {
+		return queryInt(t, pool, waiting) == 0
+	})
+	if v := queryInt(t, pool, "SELECT version FROM "+migrations.VersionTable); v != latest-1 {
+		t.Errorf("schema version %d after the interrupted migrate, want %d", v, latest-1)
+	}
+	if err := reader.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if out := ok(t, dsn, "migrate"); out != fmt.Sprintf("database is at schema version %d\n", latest) {
+		t.Errorf("migrate after the interrupted one printed %q", out)
+	}
+}
