@@ -66,9 +66,19 @@ func TestChaosLedgerAnalysis(t *testing.T) {
 	msg("lateAfterFault", 15, true, d{1, 199.9, 0.001, 200, false}, d{2, 230, 0.001, 200, false})
 	// A lost claim (the same attempt again) only an immediate restart explains.
 	msg("sameAttemptInKill", 16, true, d{1, 199.8, 0.001, 200, false}, d{1, 202, 0.001, 200, false})
+	// Dead letters whose last attempt, or every attempt, the consumer never
+	// saw: claimed and never pushed, which only a fault explains.
+	msg("deadTrailingNoFault", 17, true, d{1, 62, 0.001, 500, false}, d{2, 62.2, 0.001, 500, false})
+	msg("deadUnseenNoFault", 18, true)
+	msg("deadTrailingInKill", 19, true, d{1, 199.6, 0.001, 500, false}, d{2, 199.8, 0.001, 500, false})
+	msg("deadUnseenInImmediate", 20, true)
 	dead := map[uuid.UUID]deadRow{
-		ids["deadOK"]:    {attempt: 3, max: 3, seq: 9},
-		ids["deadEarly"]: {attempt: 1, max: 3, seq: 10},
+		ids["deadOK"]:                {attempt: 3, max: 3, seq: 9, diedAt: at(60.601)},
+		ids["deadEarly"]:             {attempt: 1, max: 3, seq: 10, diedAt: at(70.001)},
+		ids["deadTrailingNoFault"]:   {attempt: 3, max: 3, seq: 17, diedAt: at(62.6)},
+		ids["deadUnseenNoFault"]:     {attempt: 3, max: 3, seq: 18, diedAt: at(65)},
+		ids["deadTrailingInKill"]:    {attempt: 3, max: 3, seq: 19, diedAt: at(204)},
+		ids["deadUnseenInImmediate"]: {attempt: 3, max: 3, seq: 20, diedAt: at(105)},
 	}
 
 	rep := rig.analyse(ledger, prod, dead)
@@ -99,17 +109,19 @@ func TestChaosLedgerAnalysis(t *testing.T) {
 		{"unexplained: attempts never seen, no fault", rep.unexplained, "unseenAttempts"},
 		{"unexplained: redelivery long after the fault's window", rep.unexplained, "lateAfterFault"},
 		{"unexplained: a lost claim in a kill -9 window", rep.unexplained, "sameAttemptInKill"},
+		{"unexplained: dead after attempts never seen past the last delivery, no fault", rep.unexplained, "deadTrailingNoFault"},
+		{"unexplained: dead without a delivery, no fault", rep.unexplained, "deadUnseenNoFault"},
 	} {
 		if !has(c.list, c.name) {
 			t.Errorf("%s: %q not reported", c.what, c.name)
 		}
 	}
-	if len(rep.lost) != 1 || len(rep.badDead) != 1 || len(rep.unknowns) != 1 || len(rep.unexplained) != 5 {
-		t.Errorf("lost %d, bad dead %d, strays %d, unexplained %d; want 1, 1, 1, 5:\n%s",
+	if len(rep.lost) != 1 || len(rep.badDead) != 1 || len(rep.unknowns) != 1 || len(rep.unexplained) != 7 {
+		t.Errorf("lost %d, bad dead %d, strays %d, unexplained %d; want 1, 1, 1, 7:\n%s",
 			len(rep.lost), len(rep.badDead), len(rep.unknowns), len(rep.unexplained), strings.Join(rep.unexplained, "\n"))
 	}
 	want := map[string]int{
-		"after HTTP 500 (retry by design)":                                                     3,
+		"after HTTP 500 (retry by design)":                                                     5,
 		"after a hang past the lease (retry by design)":                                        1,
 		"fault window: " + faultKill + ": after a 2xx (ack not recorded)":                      1,
 		"fault window: " + faultKill + ": attempts the consumer never saw":                     1,
@@ -137,8 +149,14 @@ func TestChaosLedgerAnalysis(t *testing.T) {
 	if rep.extras != 1 {
 		t.Errorf("ambiguous commits found: %d, want 1", rep.extras)
 	}
-	if rep.dead != 2 || rep.acked != 13 {
-		t.Errorf("dead %d, acked %d; want 2, 13", rep.dead, rep.acked)
+	if rep.dead != 6 || rep.acked != 13 {
+		t.Errorf("dead %d, acked %d; want 6, 13", rep.dead, rep.acked)
+	}
+	// The dead letters whose unseen attempts a fault explains: counted by
+	// the fault, not reported.
+	if rep.deadUnseen != 2 || rep.deadUnseenCauses[faultKill] != 1 || rep.deadUnseenCauses[faultImmediate] != 1 {
+		t.Errorf("dead letters after unseen attempts in fault windows: %d %v; want 2, one in a kill -9's and one in an immediate restart's",
+			rep.deadUnseen, rep.deadUnseenCauses)
 	}
 }
 

@@ -43,13 +43,13 @@ const garbledLogMsg = "ignoring a malformed notification"
 // channel. Thousands of garbled payloads (empty, 7999 bytes, control
 // characters, forged log lines, bad UUIDs, bad queue names, extra fields)
 // and a flood of well-formed but meaningless ones neither crash nor stall
-// a dispatcher: a message enqueued right behind the garbage is delivered
-// within a second (a stall would take longer: a lost connection is
-// redialled after 2s, and the fallback poll is an hour away), those
-// enqueued after it within 100ms, the listener keeps its connection,
-// counts every garbled
-// payload, and logs about them once (at most once a minute), in one
-// well-formed JSON line.
+// a dispatcher: a message enqueued right behind the garbage, and each one
+// enqueued after it, is delivered within pushLimit, a second (a stall
+// would take longer: a lost connection is redialled after 2s, and the
+// fallback poll is an hour away; the latencies are logged, typically
+// under 10ms after the garbage), the listener keeps its connection,
+// counts every garbled payload, and logs about them once (at most once a
+// minute), in one well-formed JSON line.
 func TestHostileNotify(t *testing.T) {
 	e := newEnv(t)
 	cons := e.consumer(t, bellhop.ConsumerSpec{Queue: "orders"})
@@ -113,24 +113,22 @@ func TestHostileNotify(t *testing.T) {
 	})
 	waitFor(t, 10*time.Second, "dispatcher ready", func() bool { return d.Ready(ctx) == nil })
 
-	// deliverWithin enqueues one message and checks it reaches the
-	// handler within limit of the enqueue (measured from before the call:
-	// the handler may start before the commit's reply reaches the
-	// producer).
-	deliverWithin := func(what string, limit time.Duration) time.Duration {
+	// deliver enqueues one message and checks it reaches the handler
+	// within pushLimit of the enqueue (measured from before the call: the
+	// handler may start before the commit's reply reaches the producer).
+	deliver := func(what string) time.Duration {
 		t.Helper()
 		sent := time.Now()
 		id := e.enqueue(t, "orders", map[string]string{"what": what}, bellhop.EnqueueOptions{})
 		waitFor(t, 5*time.Second, "delivery "+what, func() bool { _, ok := startedAt(id); return ok })
 		at, _ := startedAt(id)
 		lat := at.Sub(sent)
-		if lat >= limit {
-			t.Errorf("%s: delivered %s after the enqueue; want < %s", what, lat, limit)
+		if lat >= pushLimit {
+			t.Errorf("%s: delivered %s after the enqueue; want < %s with the poll at 1h", what, lat, pushLimit)
 		}
 		return lat
 	}
-	deliverFast := func(what string) time.Duration { return deliverWithin(what, 100*time.Millisecond) }
-	deliverFast("before the garbage")
+	t.Logf("before the garbage: delivered %s after its enqueue", deliver("before the garbage"))
 
 	// Garbled payloads, each distinct (PostgreSQL folds identical
 	// payloads sent in one transaction).
@@ -185,10 +183,10 @@ func TestHostileNotify(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Right behind the burst, in the same notification stream: the
-	// listener must read all of it first, which took up to about 100ms
-	// under -race on two shared cores (hence not deliverFast's limit).
+	// listener must read all of it first, which took up to about 150ms
+	// under -race on two shared cores.
 	garbledBefore := d.ListenerStats().Garbled
-	lat := deliverWithin("right after the burst", time.Second)
+	lat := deliver("right after the burst")
 	t.Logf("delivered %s after its enqueue, queued behind %d garbled notifications (%d of them already read when it was sent)",
 		lat, len(garbage)+burst, garbledBefore)
 
@@ -198,10 +196,17 @@ func TestHostileNotify(t *testing.T) {
 	})
 	var lats []time.Duration
 	for i := range 20 {
-		lats = append(lats, deliverFast(fmt.Sprintf("after the garbage #%d", i)))
+		lats = append(lats, deliver(fmt.Sprintf("after the garbage #%d", i)))
 	}
 	slices.Sort(lats)
 	t.Logf("after the garbage: median %s, max %s", lats[len(lats)/2], lats[len(lats)-1])
+	// One at a time, these take under 10ms in the median even under -race
+	// on two cores shared with other packages' tests; a bound twenty-five
+	// times that stays clear of such noise and still catches a listener
+	// that the garbage left slow.
+	if med := lats[len(lats)/2]; med >= 250*time.Millisecond {
+		t.Errorf("after the garbage: median delivery %s after the enqueue; want < 250ms", med)
+	}
 
 	// A second wave within the minute: counted, not logged again.
 	for i := range 10 {
@@ -209,7 +214,7 @@ func TestHostileNotify(t *testing.T) {
 	}
 	wantGarbled += 10
 	waitFor(t, 10*time.Second, "the second wave counted", func() bool { return d.ListenerStats().Garbled >= wantGarbled })
-	deliverFast("after the second wave")
+	t.Logf("after the second wave: delivered %s after its enqueue", deliver("after the second wave"))
 
 	st := d.ListenerStats()
 	if st.Garbled != wantGarbled {

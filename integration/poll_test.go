@@ -67,6 +67,11 @@ func TestFallbackPollFindsMissedWork(t *testing.T) {
 		d := rec.deliveries()
 		return len(d) == 1 && d[0].ID == fresh
 	})
+	// The poll reports (Polled) after it has handed the message on, so it
+	// may not have reported yet: wait for the next report, which is that
+	// poll's or a later one's.
+	polls = obs.polls.Load()
+	waitFor(t, 5*time.Second, "the delivering poll's report", func() bool { return obs.polls.Load() > polls })
 	if m := obs.missed.Load(); m != 0 {
 		t.Fatalf("polls reported %d missed queues for work due under a second, want 0", m)
 	}
@@ -78,6 +83,8 @@ func TestFallbackPollFindsMissedWork(t *testing.T) {
 		d := rec.deliveries()
 		return len(d) == 2 && d[1].ID == stale
 	})
+	// Its report may come after the delivery.
+	waitFor(t, 5*time.Second, "a poll to report the unannounced message as missed", func() bool { return obs.missed.Load() >= 1 })
 	if m := obs.missed.Load(); m != 1 {
 		t.Fatalf("polls reported %d missed queues, want 1", m)
 	}
@@ -138,6 +145,9 @@ func TestFallbackPollCountsMissedBesideDeliveries(t *testing.T) {
 		}
 		return false
 	})
+	// The poll reports after it has handed the delivery on.
+	waitFor(t, 5*time.Second, "a poll to report the invoke delivery as missed (the invoke lane was idle beside the queue's delivery)",
+		func() bool { return obs.missed.Load() >= 1 })
 	if m := obs.missed.Load(); m != 1 {
 		t.Errorf("polls reported %d missed, want 1: the invoke lane was idle beside the queue's delivery", m)
 	}

@@ -15,8 +15,12 @@ import (
 )
 
 // TestPushNotPoll: with the fallback poll an hour away, every message is
-// handled within 100ms of its enqueue, so notifications deliver it; and
-// an idle dispatcher runs no claim statement at all.
+// handled within a second of its enqueue, so notifications (not the poll)
+// deliver it; and an idle dispatcher runs no claim statement at all. The
+// bound only has to tell a notification from the hour-long poll: it is far
+// above the scheduling noise of -race on two cores shared with other
+// packages' tests (a median of 10ms alone, over 100ms under such load).
+// The figures are logged.
 func TestPushNotPoll(t *testing.T) {
 	e := newEnv(t)
 	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders"})
@@ -63,9 +67,9 @@ func TestPushNotPoll(t *testing.T) {
 		lat[i] = started[i].Sub(enqueued[i])
 	}
 	slices.Sort(lat)
-	t.Logf("enqueue → handler start: p50 %s, p99 %s, max %s", lat[n/2], lat[n*99/100-1], lat[n-1])
-	if lat[n-1] >= 100*time.Millisecond {
-		t.Errorf("slowest message took %s from enqueue to handler; want < 100ms with the poll at 1h", lat[n-1])
+	t.Logf("enqueue → handler start: p50 %s, p90 %s, p99 %s, max %s", lat[n/2], lat[n*90/100-1], lat[n*99/100-1], lat[n-1])
+	if lat[n-1] >= pushLimit {
+		t.Errorf("slowest message took %s from enqueue to handler; want < %s with the poll at 1h", lat[n-1], pushLimit)
 	}
 
 	// Idle: once every message is acked, and the lane has stopped polling
@@ -88,6 +92,13 @@ func TestPushNotPoll(t *testing.T) {
 	t.Logf("%d claim statements for %d messages; none in 5s idle", before, n)
 }
 
+// pushLimit bounds the time from an enqueue (or a deliver_after) to the
+// handler's start in the tests that tell a notification or a timer from
+// the fallback poll, which they set an hour away. A second is far below
+// the poll and far above the scheduler's noise under -race on a loaded
+// two-core machine, where single deliveries have taken over 100ms.
+const pushLimit = time.Second
+
 // waitDone waits for wg with a deadline.
 func waitDone(t *testing.T, wg *sync.WaitGroup, timeout time.Duration, what string) {
 	t.Helper()
@@ -101,9 +112,10 @@ func waitDone(t *testing.T, wg *sync.WaitGroup, timeout time.Duration, what stri
 }
 
 // TestDeliverAfter: with the poll an hour away, delayed messages are
-// delivered by the dispatcher's own timer, no earlier than their
-// deliver_after and at most 50ms later, one after the other as each
-// falls due, out of enqueue order.
+// delivered by the dispatcher's own timer as each falls due, out of
+// enqueue order: no earlier than their deliver_after, and less than
+// pushLimit (a second) later, which tells the timer from the poll; the
+// lateness is logged (typically under 10ms).
 func TestDeliverAfter(t *testing.T) {
 	e := newEnv(t)
 	e.consumer(t, bellhop.ConsumerSpec{Queue: "later"})
@@ -146,8 +158,8 @@ func TestDeliverAfter(t *testing.T) {
 		if late < 0 {
 			t.Errorf("%s: delivered %s before its deliver_after", names[d.ID], -late)
 		}
-		if late > 50*time.Millisecond {
-			t.Errorf("%s: delivered %s after its deliver_after; want at most 50ms", names[d.ID], late)
+		if late >= pushLimit {
+			t.Errorf("%s: delivered %s after its deliver_after; want < %s with the poll at 1h", names[d.ID], late, pushLimit)
 		}
 		if d.Attempt != 1 {
 			t.Errorf("%s: attempt %d, want 1", names[d.ID], d.Attempt)

@@ -257,7 +257,11 @@ func TestLeaseAtInsertAfterChange(t *testing.T) {
 	openGate := func() { open.Do(func() { close(slow.gate) }) }
 	t.Cleanup(openGate) // before the dispatcher's stop, which waits for the reload
 	e.enqueue(t, "orders", 1, bellhop.EnqueueOptions{})
-	<-left
+	select {
+	case <-left:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first message was not delivered")
+	}
 	waitFor(t, 10*time.Second, "an offer after the first delivery", func() bool { return e.offers(t) == 1 })
 
 	slow.armed.Store(true)
@@ -277,6 +281,9 @@ func TestLeaseAtInsertAfterChange(t *testing.T) {
 	if n := d.LeaseStats().Leased; n != 1 {
 		t.Fatalf("%d messages leased at INSERT, want 1: the test proves nothing", n)
 	}
+	// The premise, while the gate is still shut: the change's reload was
+	// asked for and is held back, so the delivery above cannot have
+	// learnt the new timeout from it.
+	waitFor(t, 10*time.Second, "the change's reload, held back", func() bool { return slow.held.Load() > 0 })
 	openGate()
-	waitFor(t, 10*time.Second, "the reload that was held back", func() bool { return slow.held.Load() > 0 })
 }

@@ -22,6 +22,10 @@ type fixture struct {
 	dsn   string
 	admin *pgx.Conn
 	key   busylock.Key
+	// notified is notifies' listener, opened on its first call and kept
+	// for the test: tests that call notifies in a loop would otherwise
+	// pile up a session per call.
+	notified *pgx.Conn
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -96,7 +100,12 @@ func (f *fixture) sent(t *testing.T, listener *pgx.Conn, prefix string) []string
 func (f *fixture) notifies(t *testing.T, iso pgx.TxIsoLevel) bool {
 	t.Helper()
 	ctx := context.Background()
-	listener := f.listen(t)
+	if f.notified == nil {
+		f.notified = f.listen(t)
+	}
+	// sent reads up to its own sentinel, so nothing of an earlier call is
+	// left to be read as this one's.
+	listener := f.notified
 	tx, err := f.admin.BeginTx(ctx, pgx.TxOptions{IsoLevel: iso})
 	if err != nil {
 		t.Fatal(err)
@@ -291,6 +300,7 @@ func TestSilentHolderLosesItsMarks(t *testing.T) {
 func TestKeepAlivesKeepMarks(t *testing.T) {
 	f := newFixture(t)
 	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel() // if the test fails before it cancels
 	const idle = 300 * time.Millisecond
 	h := f.holder(t, idle)
 	done := make(chan struct{})
@@ -305,7 +315,11 @@ func TestKeepAlivesKeepMarks(t *testing.T) {
 		}
 	}
 	cancel()
-	<-done
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return within 10s of its cancel")
+	}
 	if !f.notifies(t, pgx.ReadCommitted) {
 		t.Error("the key outlived Run")
 	}
