@@ -23,21 +23,7 @@ import (
 // running (the outcome writer is started before the consumers are read).
 func TestRunFailsToStartCleanly(t *testing.T) {
 	ctx := context.Background()
-	name := "bellhop_empty_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
-	admin, err := pgx.Connect(ctx, pgtest.AdminConnString())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name+" TEMPLATE template0"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)") })
-	cfg, err := pgxpool.ParseConfig(pgtest.AdminConnString())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.Database = name
+	cfg := emptyDatabase(t)
 
 	writers := func() int {
 		buf := make([]byte, 1<<22)
@@ -67,21 +53,7 @@ func TestRunFailsToStartCleanly(t *testing.T) {
 // lacks, so a crashed dispatcher's leases were never returned.
 func TestRunRefusesOlderSchema(t *testing.T) {
 	ctx := context.Background()
-	name := "bellhop_old_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
-	admin, err := pgx.Connect(ctx, pgtest.AdminConnString())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name+" TEMPLATE template0"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)") })
-	cfg, err := pgxpool.ParseConfig(pgtest.AdminConnString())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.Database = name
+	cfg := emptyDatabase(t)
 	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
 	if err != nil {
 		t.Fatal(err)
@@ -111,4 +83,32 @@ func TestRunRefusesOlderSchema(t *testing.T) {
 	if !errors.Is(err, migrations.ErrSchemaBehind) || !strings.Contains(err.Error(), "bellhop migrate") {
 		t.Fatalf("Run on a schema one migration behind: %v, want ErrSchemaBehind telling to run bellhop migrate", err)
 	}
+}
+
+// emptyDatabase creates a database without Bellhop's schema, dropped when
+// the test ends, and returns a pool config for it.
+func emptyDatabase(t *testing.T) *pgxpool.Config {
+	t.Helper()
+	ctx := context.Background()
+	name := "bellhop_bare_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+	admin, err := pgx.Connect(ctx, pgtest.AdminConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name+" TEMPLATE template0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if c, err := pgx.Connect(context.Background(), pgtest.AdminConnString()); err == nil {
+			_, _ = c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+			_ = c.Close(context.Background())
+		}
+	})
+	cfg, err := pgxpool.ParseConfig(pgtest.AdminConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Database = name
+	return cfg
 }

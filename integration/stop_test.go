@@ -65,16 +65,10 @@ func TestCleanStop(t *testing.T) {
 			}, nil)
 
 			ctx := context.Background()
-			var id uuid.UUID
+			id := sendOne(t, e, cons, c.invoke)
 			table, target := "queue_messages", claim.Target{Source: claim.Queue, AppID: cons.AppID, Queue: "work"}
 			if c.invoke {
-				var err error
-				if id, err = e.client.InvokeAsync(ctx, cons.ID, []byte(`1`), bellhop.EnqueueOptions{}); err != nil {
-					t.Fatal(err)
-				}
 				table, target = "outbox", claim.Target{Source: claim.Invoke, AppID: cons.AppID, TriggerID: cons.ID}
-			} else {
-				id = e.enqueue(t, "work", 1, bellhop.EnqueueOptions{})
 			}
 			select {
 			case <-started:
@@ -171,15 +165,7 @@ func TestCleanStopHandsOver(t *testing.T) {
 			a := startDispatcher(t, e.dsn, bellhop.DispatcherConfig{
 				Resolver: leaving, PollInterval: time.Hour, ShutdownGrace: 100 * time.Millisecond,
 			}, nil)
-			var id uuid.UUID
-			if c.invoke {
-				var err error
-				if id, err = e.client.InvokeAsync(context.Background(), cons.ID, []byte(`1`), bellhop.EnqueueOptions{}); err != nil {
-					t.Fatal(err)
-				}
-			} else {
-				id = e.enqueue(t, "work", 1, bellhop.EnqueueOptions{})
-			}
+			id := sendOne(t, e, cons, c.invoke)
 			var claimedAt time.Time
 			select {
 			case claimedAt = <-started:
@@ -247,15 +233,7 @@ func TestCleanStopHandsOverRetries(t *testing.T) {
 				return errors.New("transient failure")
 			}))
 			a := startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: leaving, PollInterval: time.Hour}, nil)
-			var id uuid.UUID
-			if c.invoke {
-				var err error
-				if id, err = e.client.InvokeAsync(context.Background(), cons.ID, []byte(`1`), bellhop.EnqueueOptions{}); err != nil {
-					t.Fatal(err)
-				}
-			} else {
-				id = e.enqueue(t, "handover", 1, bellhop.EnqueueOptions{})
-			}
+			id := sendOne(t, e, cons, c.invoke)
 			select {
 			case <-started:
 			case <-time.After(10 * time.Second):
@@ -298,6 +276,20 @@ func TestCleanStopHandsOverRetries(t *testing.T) {
 			}
 		})
 	}
+}
+
+// sendOne puts one message in cons's queue, or, with invoke, one invoke
+// delivery in its outbox, and returns its id.
+func sendOne(t *testing.T, e *env, cons bellhop.Consumer, invoke bool) uuid.UUID {
+	t.Helper()
+	if !invoke {
+		return e.enqueue(t, cons.Queue, 1, bellhop.EnqueueOptions{})
+	}
+	id, err := e.client.InvokeAsync(context.Background(), cons.ID, []byte(`1`), bellhop.EnqueueOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
 }
 
 // TestStopDuringClaim: a stop that comes while a committed claim's answer
