@@ -5,6 +5,10 @@
 // the seed assumed, 0034 is the seed itself, word for word). tern wants a
 // gap-free sequence, so the files are appended to the migrator in number
 // order and tern's version counts how many of them have been applied.
+// Because that count is all a database records, a released file is never
+// edited, renamed or preceded by a new number: released.sha256 pins each
+// one, and a test fails on any such change. Schema changes go in a new
+// file, with its line added to released.sha256.
 //
 // Indexes are built with a plain CREATE INDEX, inside the file's
 // transaction, which holds off writes to the table while it builds (the
