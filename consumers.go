@@ -55,7 +55,8 @@ type ConsumerSpec struct {
 	// Go handler serves the queue.
 	URL string
 	// Timeout bounds each HTTP push request. 0 means the visibility
-	// timeout minus its margin, so a request ends before its lease.
+	// timeout minus its margin, so a request ends before its lease; a
+	// longer one is refused, since the lease would cut it short.
 	Timeout time.Duration
 }
 
@@ -152,6 +153,17 @@ func checkPush(url *string, timeout *time.Duration) error {
 	return nil
 }
 
+// checkPushFits refuses a push timeout that the lease would cut short: a
+// request is abandoned when its handler's context ends, leaseMargin before
+// the lease does, so a longer timeout would never be waited for.
+func checkPushFits(timeout, vt time.Duration) error {
+	if limit := vt - leaseMargin(vt); timeout > limit {
+		return fmt.Errorf("%w: push timeout %s does not fit the visibility timeout %s: a push ends %s before its lease, so at most %s (or raise the visibility timeout)",
+			ErrInvalidOptions, timeout, vt, leaseMargin(vt), limit)
+	}
+	return nil
+}
+
 // newSecret makes a consumer signing secret: 32 random bytes, hex.
 func newSecret() (string, error) {
 	var b [32]byte
@@ -177,6 +189,9 @@ func (c *Client) RegisterConsumer(ctx context.Context, spec ConsumerSpec) (Consu
 		return fail(err)
 	}
 	if err := checkPush(&spec.URL, &spec.Timeout); err != nil {
+		return fail(err)
+	}
+	if err := checkPushFits(spec.Timeout, spec.VisibilityTimeout); err != nil {
 		return fail(err)
 	}
 	var secret string
@@ -281,12 +296,19 @@ func (c *Client) UpdateConsumer(ctx context.Context, app string, id uuid.UUID, u
 		vt = &v
 	}
 	var n int64
-	err = c.db.QueryRow(ctx, queries.ConsumerUpdate, pgx.NamedArgs{
-		"id": id, "app_id": appID, "enabled": u.Enabled, "max_attempts": u.MaxAttempts,
-		"backoff_base_ms": ms(u.BackoffBase), "backoff_cap_ms": ms(u.BackoffCap),
-		"visibility_timeout_secs": vt, "max_in_flight": u.MaxInFlight,
-		"push_url": u.URL, "push_timeout_ms": ms(u.Timeout),
-	}).Scan(&n)
+	err = pgx.BeginFunc(ctx, c.db, func(tx pgx.Tx) error {
+		if u.Timeout != nil || u.VisibilityTimeout != nil {
+			if err := checkUpdatedTimeouts(ctx, tx, id, appID, u); err != nil {
+				return err
+			}
+		}
+		return tx.QueryRow(ctx, queries.ConsumerUpdate, pgx.NamedArgs{
+			"id": id, "app_id": appID, "enabled": u.Enabled, "max_attempts": u.MaxAttempts,
+			"backoff_base_ms": ms(u.BackoffBase), "backoff_cap_ms": ms(u.BackoffCap),
+			"visibility_timeout_secs": vt, "max_in_flight": u.MaxInFlight,
+			"push_url": u.URL, "push_timeout_ms": ms(u.Timeout),
+		}).Scan(&n)
+	})
 	if err != nil {
 		return fail(constraintError(err))
 	}
@@ -294,6 +316,35 @@ func (c *Client) UpdateConsumer(ctx context.Context, app string, id uuid.UUID, u
 		return fail(ErrUnknownConsumer)
 	}
 	return nil
+}
+
+// checkUpdatedTimeouts checks that the push timeout and visibility timeout
+// that u leaves consumer id with still fit (checkPushFits), reading
+// whichever of the two u keeps from the locked row.
+func checkUpdatedTimeouts(ctx context.Context, tx pgx.Tx, id, appID uuid.UUID, u ConsumerUpdate) error {
+	var (
+		vtSecs    int
+		timeoutMS *int64
+	)
+	err := tx.QueryRow(ctx, queries.ConsumerTimeouts, pgx.NamedArgs{"id": id, "app_id": appID}).Scan(&vtSecs, &timeoutMS)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrUnknownConsumer
+	}
+	if err != nil {
+		return err
+	}
+	vt := time.Duration(vtSecs) * time.Second
+	if u.VisibilityTimeout != nil {
+		vt = *u.VisibilityTimeout
+	}
+	var timeout time.Duration
+	if timeoutMS != nil {
+		timeout = time.Duration(*timeoutMS) * time.Millisecond
+	}
+	if u.Timeout != nil {
+		timeout = *u.Timeout // 0 resets it to the default, which fits
+	}
+	return checkPushFits(timeout, vt)
 }
 
 // SetConsumerEnabled pauses (false) or resumes (true) a consumer. A paused

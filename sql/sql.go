@@ -100,6 +100,11 @@ var ConsumerLock string
 //go:embed consumer_secret_matches.sql
 var ConsumerSecretMatches string
 
+// ConsumerTimeouts is consumer_timeouts.sql.
+//
+//go:embed consumer_timeouts.sql
+var ConsumerTimeouts string
+
 // ConsumerUpdate is consumer_update.sql.
 //
 //go:embed consumer_update.sql

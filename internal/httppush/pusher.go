@@ -28,9 +28,10 @@
 //	timeout, connection error    retry with the consumer's backoff
 //
 // A request that may have reached the consumer but got no answer (a
-// timeout, or the dispatcher stopping or its lease running short) is
-// retried no earlier than the end of the message's lease, however short
-// the backoff: the consumer may still be working on it.
+// timeout, a 504 from a gateway in front of the consumer, or the
+// dispatcher stopping or its lease running short) is retried no earlier
+// than the end of the message's lease, however short the backoff: the
+// consumer may still be working on it.
 //
 // Redirects are never followed: the allow-list is checked against the
 // registered URL only, so following a redirect would let a consumer send
@@ -58,6 +59,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/internal/validate"
 )
 
 const (
@@ -87,7 +89,8 @@ const (
 type Options struct {
 	// Timeout is the per-request timeout for consumers whose own Timeout
 	// is 0. If it is 0 too, a request gets the consumer's visibility
-	// timeout minus the lease margin, so it ends before the lease does.
+	// timeout minus the lease margin, so it ends before the lease does;
+	// that is also the most any request gets.
 	Timeout time.Duration
 	// AllowedHosts, if not empty, limits the hosts a consumer URL may
 	// name. An entry is a hostname without port, matched against the URL's
@@ -204,17 +207,22 @@ func (p *Pusher) parseURL(raw string) (*url.URL, error) {
 		return nil, errors.New("httppush: consumer has no URL")
 	}
 	u, err := url.Parse(raw)
+	// Errors show the URL without its password: they end up in logs.
+	shown := validate.ShownURL(raw)
 	switch {
 	case err != nil:
-		return nil, fmt.Errorf("httppush: invalid URL %s", quote(raw))
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // its text repeats the URL
+		}
+		return nil, fmt.Errorf("httppush: invalid URL %s: %v", shown, err)
 	case u.Scheme != "http" && u.Scheme != "https":
-		return nil, fmt.Errorf("httppush: URL %s: scheme must be http or https", quote(raw))
+		return nil, fmt.Errorf("httppush: URL %s: scheme must be http or https", shown)
 	case u.Hostname() == "":
-		return nil, fmt.Errorf("httppush: URL %s has no host", quote(raw))
+		return nil, fmt.Errorf("httppush: URL %s has no host", shown)
 	case u.User != nil:
-		// Credentials in a URL end up in logs (so this error shows the URL
-		// redacted); the signature authenticates instead.
-		return nil, fmt.Errorf("httppush: URL %s carries credentials", quote(u.Redacted()))
+		// The signature authenticates instead.
+		return nil, fmt.Errorf("httppush: URL %s carries credentials", shown)
 	}
 	if p.restricted && !isASCII(u.Hostname()) {
 		// Compared as written, a name such as "servİce" would lower-case
@@ -345,19 +353,22 @@ func (p *Pusher) Handler(c bellhop.Consumer) (bellhop.Handler, error) {
 }
 
 // requestTimeout picks a request's timeout: the consumer's, else the
-// daemon's default, else whatever fits inside the lease.
+// daemon's default, else whatever fits inside the lease; never more than
+// fits, since the handler's context ends there anyway and a timeout
+// beyond it would only mislead the logs.
 func requestTimeout(c bellhop.Consumer, def time.Duration) time.Duration {
-	switch {
-	case c.Timeout > 0:
-		return c.Timeout
-	case def > 0:
-		return def
-	}
 	vt := c.VisibilityTimeout
 	if vt <= 0 {
 		vt = bellhop.DefaultVisibilityTimeout
 	}
-	return vt - leaseMargin(vt)
+	limit := vt - leaseMargin(vt)
+	switch {
+	case c.Timeout > 0:
+		return min(c.Timeout, limit)
+	case def > 0:
+		return min(def, limit)
+	}
+	return limit
 }
 
 // leaseMargin mirrors the unexported one in package bellhop (a fifth of the
@@ -433,7 +444,13 @@ func (h *handler) push(ctx context.Context, m *bellhop.Message) (int, error) {
 	}
 	// Read (a bounded part of) the body whatever the status, so that the
 	// connection goes back to the pool; its start becomes the snippet.
+	// Closing the body when rctx ends bounds the read in time: for a 101
+	// Switching Protocols, net/http hands over the raw connection as the
+	// body and no longer watches the request's context, so a consumer that
+	// then goes quiet would hold the delivery for ever.
+	stop := context.AfterFunc(rctx, func() { resp.Body.Close() })
 	head := readBody(resp.Body, h.p.maxBody)
+	stop()
 	resp.Body.Close()
 	return resp.StatusCode, h.outcome(resp, head)
 }
@@ -494,6 +511,11 @@ func (h *handler) outcome(resp *http.Response, head []byte) error {
 		}
 		return bellhop.Permanent(responseError(fmt.Sprintf("consumer rejected the message: HTTP %d", code), head))
 	}
+	if code == http.StatusGatewayTimeout {
+		// A gateway stopped waiting for the consumer, which may still be
+		// working on the message, as after a timeout of our own.
+		return &bodyError{what: fmt.Sprintf("consumer's gateway timed out: HTTP %d", code), body: snippet(head), wrap: bellhop.ErrAbandoned}
+	}
 	return responseError(fmt.Sprintf("consumer failed: HTTP %d", code), head)
 }
 
@@ -503,6 +525,7 @@ func (h *handler) outcome(resp *http.Response, head []byte) error {
 // the dispatcher logs at info and warn, leaves the body out.
 type bodyError struct {
 	what, body string
+	wrap       error // what it wraps, if anything (bellhop.ErrAbandoned)
 }
 
 // responseError returns a bodyError with the snippet of head.
@@ -519,6 +542,8 @@ func (e *bodyError) Error() string {
 
 // LogText is the error without the response body.
 func (e *bodyError) LogText() string { return e.what }
+
+func (e *bodyError) Unwrap() error { return e.wrap }
 
 // parseRetryAfter reads a Retry-After value, delta-seconds or HTTP-date,
 // into a delay from now in [0, MaxRetryAfter].

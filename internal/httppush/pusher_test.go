@@ -1,6 +1,7 @@
 package httppush
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -114,6 +115,7 @@ func TestResponseMapping(t *testing.T) {
 		want      string        // ack, permanent, retry-after, retry
 		delay     time.Duration // for retry-after
 		errSubstr string
+		abandoned bool // retried no earlier than the lease's end
 	}{
 		{name: "200", status: 200, body: `{"ok":true}`, want: "ack"},
 		{name: "204", status: 204, want: "ack"},
@@ -146,6 +148,8 @@ func TestResponseMapping(t *testing.T) {
 		{name: "503 without Retry-After", status: 503, body: "maintenance", want: "retry", errSubstr: "HTTP 503: maintenance"},
 		{name: "500", status: 500, body: "boom", want: "retry", errSubstr: "consumer failed: HTTP 500: boom"},
 		{name: "502", status: 502, want: "retry", errSubstr: "HTTP 502"},
+		// A gateway stopped waiting; the consumer behind it may not have.
+		{name: "504", status: 504, body: "upstream timed out", want: "retry", errSubstr: "HTTP 504: upstream timed out", abandoned: true},
 		{name: "500 Retry-After ignored", status: 500, header: map[string]string{"Retry-After": "60"}, want: "retry"},
 		{name: "302 not followed", status: 302, want: "permanent", errSubstr: "HTTP 302: redirect not followed"},
 		{name: "307 not followed", status: 307, want: "permanent", errSubstr: "HTTP 307: redirect not followed"},
@@ -176,8 +180,8 @@ func TestResponseMapping(t *testing.T) {
 			if got := kind(err); got != tt.want {
 				t.Fatalf("result %v is %s, want %s", err, got, tt.want)
 			}
-			if errors.Is(err, bellhop.ErrAbandoned) {
-				t.Errorf("a response marked abandoned: %v", err)
+			if got := errors.Is(err, bellhop.ErrAbandoned); got != tt.abandoned {
+				t.Errorf("result %v: marked abandoned %t, want %t", err, got, tt.abandoned)
 			}
 			if tt.want == "retry-after" {
 				if d := retryDelay(t, err); d != tt.delay {
@@ -288,6 +292,10 @@ func TestRequestTimeout(t *testing.T) {
 		{vt: time.Second, want: 800 * time.Millisecond},
 		{vt: 12 * time.Hour, want: 12*time.Hour - 5*time.Second},
 		{want: bellhop.DefaultVisibilityTimeout - 5*time.Second},
+		// Never past the lease (a consumer stored before registration
+		// refused that, or a default longer than a consumer's lease).
+		{consumer: 2 * time.Minute, vt: 30 * time.Second, want: 25 * time.Second},
+		{def: time.Minute, vt: 10 * time.Second, want: 8 * time.Second},
 	} {
 		c := bellhop.Consumer{Timeout: tt.consumer, VisibilityTimeout: tt.vt}
 		if got := requestTimeout(c, tt.def); got != tt.want {
@@ -332,6 +340,52 @@ func TestHandlerContextEnds(t *testing.T) {
 				t.Errorf("returned after %s", d)
 			}
 		})
+	}
+}
+
+// TestSwitchingProtocolsAndSilence: a consumer that answers 101 Switching
+// Protocols and then says nothing must not hold the delivery past the
+// request's timeout. net/http hands over the raw connection as the body of
+// a 101 and stops watching the request's context, so an unbounded read of
+// that body waited for the consumer for ever, holding an in-flight slot and
+// blocking a clean stop.
+func TestSwitchingProtocolsAndSilence(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	quiet := make(chan struct{})
+	defer close(quiet)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		req, err := http.ReadRequest(bufio.NewReader(c))
+		if err != nil {
+			return
+		}
+		req.Body.Close()
+		c.Write([]byte("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: x\r\n\r\n"))
+		<-quiet
+	}()
+	c := consumerFor("http://" + ln.Addr().String() + "/hook")
+	c.Timeout = 200 * time.Millisecond
+	h, err := New(Options{}).Handler(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- h.Handle(context.Background(), newMessage(t)) }()
+	select {
+	case err := <-done:
+		if kind(err) != "retry" || !strings.Contains(err.Error(), "HTTP 101") {
+			t.Errorf("err %v (%s), want a retry naming HTTP 101", err, kind(err))
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Handle still running 10s after its 200ms request timeout: a 101 then silence holds the delivery")
 	}
 }
 
@@ -527,6 +581,8 @@ func TestAllowList(t *testing.T) {
 		{url: "hooks.example.com/x", allowed: []string{}},
 		{url: "https:///x", allowed: []string{}},
 		{url: "https://user:pw@hooks.example.com/x"},
+		// Unparsable, with a password: the error must not show it.
+		{url: "http://user:pw@host:bad/", allowed: []string{}},
 		{url: "http://[::1/x", allowed: []string{}},
 	}
 	for _, tt := range tests {

@@ -187,15 +187,7 @@ func Int(what string, n, min, max int) error {
 // up in logs).
 func PushURL(s string) error {
 	u, err := url.Parse(s)
-	// The errors show the URL without a password: they are returned to
-	// callers and may be logged.
-	shown := quote(s)
-	switch {
-	case err == nil:
-		shown = quote(u.Redacted())
-	case strings.Contains(s, "@"):
-		shown = "(not shown: it may carry credentials)"
-	}
+	shown := ShownURL(s)
 	switch {
 	case len(s) > 2048:
 		return fmt.Errorf("%w: URL is %d bytes, more than 2048", ErrOption, len(s))
@@ -215,6 +207,20 @@ func PushURL(s string) error {
 		return fmt.Errorf("%w: URL %s carries credentials; use the signing secret instead", ErrOption, shown)
 	}
 	return nil
+}
+
+// ShownURL is s as errors about it may show it: quoted, with any password
+// redacted, and not at all if it does not parse and has an "@" (a
+// password may be in it). Errors are returned to callers and logged.
+func ShownURL(s string) string {
+	u, err := url.Parse(s)
+	switch {
+	case err == nil:
+		return quote(u.Redacted())
+	case strings.Contains(s, "@"):
+		return "(not shown: it may carry credentials)"
+	}
+	return quote(s)
 }
 
 // quote prints untrusted input safely: quoted, escaped, and cut short.

@@ -1,0 +1,109 @@
+package bellhop_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/bellhopq/bellhop"
+)
+
+// TestPushTimeoutMustFitLease: a push timeout longer than the lease allows
+// (the visibility timeout less its margin) would be cut short by the
+// lease without a word, so registering one, or an update that leaves one
+// (changing either timeout), is refused with ErrInvalidOptions, naming the
+// limit, and changes nothing.
+func TestPushTimeoutMustFitLease(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	e.app("shop")
+	const url = "http://consumer.test/hook"
+	d := func(s string) *time.Duration {
+		v, err := time.ParseDuration(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &v
+	}
+
+	register := []struct {
+		vt, timeout string
+		ok          bool
+	}{
+		{vt: "30s", timeout: "25s", ok: true},
+		{vt: "30s", timeout: "25.001s"},
+		{vt: "30s", timeout: "2m"},
+		{vt: "10s", timeout: "8s", ok: true},
+		{vt: "10s", timeout: "9s"},
+		{vt: "1s", timeout: "800ms", ok: true},
+		{vt: "1s", timeout: "801ms"},
+		{vt: "30s", timeout: "0s", ok: true}, // the default, which fits
+	}
+	for i, tc := range register {
+		spec := bellhop.ConsumerSpec{App: "shop", Queue: "r" + string(rune('a'+i)), URL: url,
+			VisibilityTimeout: *d(tc.vt), Timeout: *d(tc.timeout)}
+		before := e.tableState("queue_trigger_details")
+		_, err := e.client.RegisterConsumer(e.ctx, spec)
+		if tc.ok {
+			if err != nil {
+				t.Errorf("register with visibility timeout %s, push timeout %s: %v", tc.vt, tc.timeout, err)
+			}
+			continue
+		}
+		fxCheckTyped(t, err, bellhop.ErrInvalidOptions)
+		if err != nil && !strings.Contains(err.Error(), "at most") {
+			t.Errorf("register with visibility timeout %s, push timeout %s: error %q does not name the limit", tc.vt, tc.timeout, err)
+		}
+		if after := e.tableState("queue_trigger_details"); after != before {
+			t.Errorf("refused registration changed queue_trigger_details: %s, was %s", after, before)
+		}
+	}
+
+	c, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders", URL: url,
+		VisibilityTimeout: 30 * time.Second, Timeout: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	updates := []struct {
+		name string
+		u    bellhop.ConsumerUpdate
+		ok   bool
+	}{
+		{name: "timeout past the stored lease", u: bellhop.ConsumerUpdate{Timeout: d("26s")}},
+		{name: "lease below the stored timeout", u: bellhop.ConsumerUpdate{VisibilityTimeout: d("20s")}},
+		{name: "both, not fitting", u: bellhop.ConsumerUpdate{VisibilityTimeout: d("10s"), Timeout: d("9s")}},
+		{name: "lease below the stored timeout, with a pause", u: bellhop.ConsumerUpdate{VisibilityTimeout: d("5s"), Enabled: new(bool)}},
+		{name: "both, fitting", u: bellhop.ConsumerUpdate{VisibilityTimeout: d("10s"), Timeout: d("8s")}, ok: true},
+		{name: "lease raised", u: bellhop.ConsumerUpdate{VisibilityTimeout: d("1m")}, ok: true},
+		{name: "timeout up to the new lease", u: bellhop.ConsumerUpdate{Timeout: d("55s")}, ok: true},
+		{name: "timeout reset, then the lease lowered", u: bellhop.ConsumerUpdate{Timeout: d("0s"), VisibilityTimeout: d("2s")}, ok: true},
+	}
+	for _, tc := range updates {
+		before := e.tableState("queue_trigger_details") + e.tableState("triggers")
+		err := e.client.UpdateConsumer(e.ctx, "shop", c.ID, tc.u)
+		if tc.ok {
+			if err != nil {
+				t.Errorf("%s: %v", tc.name, err)
+			}
+			continue
+		}
+		fxCheckTyped(t, err, bellhop.ErrInvalidOptions)
+		if after := e.tableState("queue_trigger_details") + e.tableState("triggers"); after != before {
+			t.Errorf("%s: refused update changed the consumer: %s, was %s", tc.name, after, before)
+		}
+	}
+	got, err := e.client.ConsumerOf(e.ctx, "shop", "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.VisibilityTimeout != 2*time.Second || got.Timeout != 0 || !got.Enabled {
+		t.Errorf("after the updates: visibility timeout %s, push timeout %s, enabled %t; want 2s, 0 (the default), true",
+			got.VisibilityTimeout, got.Timeout, got.Enabled)
+	}
+
+	if err := e.client.UpdateConsumer(e.ctx, "shop", [16]byte{1}, bellhop.ConsumerUpdate{Timeout: d("1s")}); err == nil {
+		t.Error("updating the timeout of an unknown consumer succeeded")
+	} else {
+		fxCheckTyped(t, err, bellhop.ErrUnknownConsumer)
+	}
+}
