@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
@@ -131,9 +132,13 @@ func TestChangedTimeoutKeepsLeases(t *testing.T) {
 }
 
 // vtFloor returns the live floor of app's queue and how long it has left
-// (zero, zero: none).
+// (zero, zero: none), once a reclaim pass has seen it: a floor starts then
+// (migration 0054), which bellhop_start_seen_vt_floors stands in for.
 func vtFloor(t *testing.T, pool *pgxpool.Pool, appID uuid.UUID, queue string) (int, time.Duration) {
 	t.Helper()
+	if _, err := pool.Exec(context.Background(), `SELECT bellhop_start_seen_vt_floors()`); err != nil {
+		t.Fatal(err)
+	}
 	var secs int
 	var left float64
 	err := pool.QueryRow(context.Background(), `SELECT coalesce(max(vt_secs), 0), coalesce(max(extract(epoch FROM until - now())), 0)::float8
@@ -219,32 +224,129 @@ func TestClaimWithoutConsumer(t *testing.T) {
 	}
 }
 
-// TestFloorStartsAtCommit: a floor lasts the old timeout from the commit
-// of the change, not from its statement, however long the transaction
-// stays open after it.
-func TestFloorStartsAtCommit(t *testing.T) {
+// TestFloorStartsWhenSeen: a floor lasts the old timeout from when a
+// reclaim pass first sees it, which can only be once the change's commit
+// is visible: not from the change's statement, however long its
+// transaction stays open, nor from its commit record, which may become
+// visible much later (a synchronous standby that stalls). Until then it
+// is pending and counts in full. A pass never waits for a change that is
+// not yet committed.
+func TestFloorStartsWhenSeen(t *testing.T) {
 	ctx := context.Background()
 	pool, c, appID := setup(t)
 	cons, err := c.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "app", Queue: "q", VisibilityTimeout: 20 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
+	pending := func() bool {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM bellhop_vt_floors WHERE app_id = $1 AND queue_name = 'q' AND until = 'infinity'`, appID).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	}
+	lower := func(tx pgx.Tx, secs int) {
+		if _, err := tx.Exec(ctx, `UPDATE queue_trigger_details SET visibility_timeout_secs = $2 WHERE trigger_id = $1`, cons.ID, secs); err != nil {
+			t.Fatal(err)
+		}
+	}
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `UPDATE queue_trigger_details SET visibility_timeout_secs = 1 WHERE trigger_id = $1`, cons.ID); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, `SELECT pg_sleep(2)`); err != nil { // the transaction held open
+	lower(tx, 10)
+	if _, err := tx.Exec(ctx, `SELECT pg_sleep(1)`); err != nil { // the transaction held open
 		t.Fatal(err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := pool.Exec(ctx, `SELECT pg_sleep(1)`); err != nil { // the commit seen late
+		t.Fatal(err)
+	}
+	if !pending() {
+		t.Fatal("the floor started before any reclaim pass saw it")
+	}
+	var reclaimVT int
+	if err := pool.QueryRow(ctx, `SELECT bellhop_reclaim_vt($1, 'q', 10)`, appID).Scan(&reclaimVT); err != nil || reclaimVT != 20 {
+		t.Fatalf("a pending floor measures leases with %ds (err %v), want the old 20s", reclaimVT, err)
+	}
+	r := reclaim.New(pool, zerolog.Nop(), 5*time.Second, nil)
+	if _, err := r.Pass(ctx); err != nil {
+		t.Fatal(err)
+	}
 	floor, left := vtFloor(t, pool, appID, "q")
 	if floor != 20 || left < 24*time.Second || left > 25*time.Second+500*time.Millisecond {
-		t.Fatalf("floor %ds for %s from the commit; want 20s for 25s", floor, left.Round(100*time.Millisecond))
+		t.Fatalf("floor %ds for %s from the pass that saw it; want 20s for 25s", floor, left.Round(100*time.Millisecond))
+	}
+
+	// A change not yet committed holds the floor's row: the pass goes on
+	// without it, and a later one starts it.
+	tx, err = pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	lower(tx, 5)
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := r.Pass(pctx); err != nil {
+		t.Fatalf("a reclaim pass beside an uncommitted change: %v", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !pending() {
+		t.Fatal("the raised floor is not pending after its change committed")
+	}
+	if _, err := r.Pass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if pending() {
+		t.Fatal("a reclaim pass left a floor it could see pending")
+	}
+}
+
+// TestInvokeFloorAfterRename: a consumer whose queue is renamed while it
+// lowers its timeout (by SQL: 0047's trigger covers renames) keeps the old
+// timeout for its leased invoke deliveries, which are measured under the
+// consumer's current queue name. With the floor kept under the old name
+// only, the reclaim cut a 20s lease short after 10s.
+func TestInvokeFloorAfterRename(t *testing.T) {
+	ctx := context.Background()
+	pool, c, appID := setup(t)
+	cons, err := c.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "app", Queue: "a", VisibilityTimeout: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := c.InvokeAsync(ctx, cons.ID, []byte(`1`), bellhop.EnqueueOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := claimOne(t, pool, claim.Target{Source: claim.Invoke, AppID: appID, TriggerID: cons.ID}, id)
+	if m.VisibilityTimeout != 20*time.Second {
+		t.Fatalf("the claim read a visibility timeout of %s, want 20s", m.VisibilityTimeout)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE queue_trigger_details SET queue_name = 'b', visibility_timeout_secs = 2 WHERE trigger_id = $1`, cons.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE outbox SET claimed_at = now() - interval '10 seconds' WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	var released int64
+	r := reclaim.New(pool, zerolog.Nop(), 5*time.Second, func(res reclaim.Result) { released += res.Released })
+	for range 2 { // the first pass starts the floors, the second measures with them started
+		if _, err := r.Pass(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if released != 0 {
+		t.Fatal("the reclaim released an invoke delivery 10s into its 20s lease, after its consumer's queue was renamed")
+	}
+	for _, q := range []string{"a", "b"} {
+		if floor, _ := vtFloor(t, pool, appID, q); floor != 20 {
+			t.Errorf("floor of queue %q: %ds, want 20s", q, floor)
+		}
 	}
 }

@@ -114,8 +114,8 @@ func (r *Reclaimer) Pass(ctx context.Context) (time.Time, error) {
 	br := r.db.SendBatch(ctx, b)
 	defer br.Close()
 	var res Result
-	var woken int64
-	if err := br.QueryRow().Scan(&res.Released, &res.DeadLettered, &woken); err != nil {
+	var woken, floorsStarted int64
+	if err := br.QueryRow().Scan(&res.Released, &res.DeadLettered, &woken, &floorsStarted); err != nil {
 		return time.Time{}, err
 	}
 	var next *time.Time

@@ -25,14 +25,17 @@ WITH q AS (
     INSERT INTO dead_letters (id, source, app_id, queue_name, trigger_id, payload, enqueued_at,
                               deliver_after, attempt, max_attempts, enqueued_by_principal, last_error)
     SELECT * FROM moved
-    -- A dead letter is keyed by its message's id. A producer may choose ids,
-    -- and one that reuses the id of a message that is still a dead letter gets,
-    -- if that message dies too, its dead letter in place of the old one: the
-    -- move must not fail (the message would be retried forever), and the table
-    -- holds one row per id. (A redrive cannot cause this: it deletes the dead
-    -- letter, and leaves one whose id is live again where it is.)
-    ON CONFLICT (id) DO UPDATE SET
-        source = EXCLUDED.source, app_id = EXCLUDED.app_id, queue_name = EXCLUDED.queue_name,
+    -- A dead letter is keyed by its message's id within its app and source
+    -- (migration 0053), so a queue message and an invoke delivery sharing an
+    -- id each keep theirs, and no app's message touches another's. A
+    -- producer may choose ids, and one that reuses the id of a message of its
+    -- app that is still a dead letter gets, if that message dies too, its
+    -- dead letter in place of the old one: the move must not fail (the
+    -- message would be retried forever), and the table holds one row per
+    -- key. (A redrive cannot cause this: it deletes the dead letter, and
+    -- leaves one whose id is live again where it is.)
+    ON CONFLICT (id, app_id, source) DO UPDATE SET
+        queue_name = EXCLUDED.queue_name,
         trigger_id = EXCLUDED.trigger_id, payload = EXCLUDED.payload, enqueued_at = EXCLUDED.enqueued_at,
         deliver_after = EXCLUDED.deliver_after, attempt = EXCLUDED.attempt, max_attempts = EXCLUDED.max_attempts,
         enqueued_by_principal = EXCLUDED.enqueued_by_principal, last_error = EXCLUDED.last_error,

@@ -11,7 +11,7 @@
 -- may choose ids, and may reuse a dead message's). Moving either would
 -- fail the whole statement and move nothing else.
 WITH sel AS (
-    SELECT d.id,
+    SELECT d.id, d.app_id, d.source,
            d.source = 'invoke' AND NOT EXISTS (SELECT 1 FROM triggers t WHERE t.id = d.trigger_id) AS consumer_gone,
            CASE WHEN d.source = 'queue'
                 THEN EXISTS (SELECT 1 FROM queue_messages m WHERE m.id = d.id)
@@ -24,7 +24,8 @@ WITH sel AS (
 ), moved AS (
     DELETE FROM dead_letters d
     USING sel
-    WHERE d.id = sel.id AND NOT sel.consumer_gone AND NOT sel.id_live
+    WHERE d.id = sel.id AND d.app_id = sel.app_id AND d.source = sel.source
+      AND NOT sel.consumer_gone AND NOT sel.id_live
     RETURNING d.*
 ), q AS (
     INSERT INTO queue_messages (id, app_id, queue_name, payload, enqueued_at, max_attempts, enqueued_by_principal)

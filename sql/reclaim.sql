@@ -9,13 +9,21 @@
 -- and 'cron' rows are the base system's, leased by its own dispatcher
 -- (migration 0049).
 --
+-- It first starts the timeout floors it is the first to see (migration
+-- 0054): a floor lasts from when its change is visible, which a statement
+-- that sees it began after. The floors it reads below are those of the
+-- statement's snapshot, so this pass still counts the ones it starts as
+-- pending, in full.
+--
 -- Safe under concurrency: candidates are locked FOR UPDATE SKIP LOCKED, so
 -- two reclaimers never take the same row and a reclaimer never waits on a
 -- dispatcher that is acking. After the lock the row is re-checked
 -- (EvalPlanQual): one acked, extended or nacked meanwhile no longer
 -- matches and is left alone. A handler that is still running after its
 -- lease was reclaimed holds a stale token, so its ack changes nothing.
-WITH stale_q AS (
+WITH floors AS (
+    SELECT bellhop_start_seen_vt_floors() AS started
+), stale_q AS (
     SELECT m.id
     FROM queue_messages m
     LEFT JOIN queue_consumers c ON c.app_id = m.app_id AND c.queue_name = m.queue_name
@@ -59,8 +67,8 @@ WITH stale_q AS (
     SELECT d.*, 'visibility timeout expired on the last attempt' FROM dead_q d
     UNION ALL
     SELECT d.*, 'visibility timeout expired on the last attempt' FROM dead_o d
-    ON CONFLICT (id) DO UPDATE SET
-        source = EXCLUDED.source, app_id = EXCLUDED.app_id, queue_name = EXCLUDED.queue_name,
+    ON CONFLICT (id, app_id, source) DO UPDATE SET
+        queue_name = EXCLUDED.queue_name,
         trigger_id = EXCLUDED.trigger_id, payload = EXCLUDED.payload, enqueued_at = EXCLUDED.enqueued_at,
         deliver_after = EXCLUDED.deliver_after, attempt = EXCLUDED.attempt, max_attempts = EXCLUDED.max_attempts,
         enqueued_by_principal = EXCLUDED.enqueued_by_principal, last_error = EXCLUDED.last_error,
@@ -73,4 +81,5 @@ WITH stale_q AS (
 )
 SELECT (SELECT count(*) FROM released_q) + (SELECT count(*) FROM released_o) AS released,
        (SELECT count(*) FROM dead) AS dead_lettered,
-       (SELECT count(pg_notify('bellhop', payload)) FROM wake) AS woken
+       (SELECT count(pg_notify('bellhop', payload)) FROM wake) AS woken,
+       (SELECT started FROM floors) AS floors_started

@@ -1,0 +1,24 @@
+-- A dead letter was keyed by its message's id alone, and a message that
+-- died under an id already dead replaced that dead letter (ON CONFLICT
+-- (id) DO UPDATE). Ids are unique within queue_messages and within the
+-- outbox, not across them, nor over time: a producer may choose ids. So:
+--
+-- * a queue message and an invoke delivery with one id, dying in the
+--   same reclaim pass or settlement batch, made the statement fail ("ON
+--   CONFLICT DO UPDATE command cannot affect row a second time"); a
+--   reclaim pass is one statement for the whole database, so every pass
+--   failed, and no expired lease of any app came back;
+-- * a message of one app, dying under the id of another app's dead
+--   letter, overwrote it, app_id included: that app's dead message was
+--   gone from both tables.
+--
+-- The key is now the id within its app and source. A message that dies
+-- under the id of a dead letter of its own app and source still replaces
+-- it (the table keeps one row per key; sql/dead_letter.sql says why the
+-- move must not fail). The id comes first, for lookups by id.
+--
+-- Binaries from before this migration name the old key in their
+-- dead-letter and reclaim statements, which then fail: upgrade every
+-- dispatcher with it (README, "Upgrading").
+ALTER TABLE dead_letters DROP CONSTRAINT dead_letters_pkey;
+ALTER TABLE dead_letters ADD CONSTRAINT dead_letters_pkey PRIMARY KEY (id, app_id, source);
