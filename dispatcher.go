@@ -245,7 +245,8 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 	// message claimed until its lease expires and it is delivered again; a
 	// lost reclaim is redone; a lost claim makes the message claimable
 	// again while its handler may still run (docs/guarantees.md). All of
-	// that is within at-least-once delivery. Producers' inserts run on
+	// that is within at-least-once delivery. Lease renewals are the
+	// exception, and commit durably (sql/extend.sql says why). Producers' inserts run on
 	// their own connections with the server's setting, so a committed
 	// message is never lost.
 	params["synchronous_commit"] = "off"

@@ -7,12 +7,14 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/claim"
 	"github.com/bellhopq/bellhop/reclaim"
+	queries "github.com/bellhopq/bellhop/sql"
 )
 
 // TestFencing: an outcome written with a stale claim token (the lease
@@ -359,5 +361,45 @@ func TestStaleBesideCurrentInOneBatch(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestExtendIsDurable: a renewal's transaction commits with
+// synchronous_commit on, even in a session that has it off, as the
+// dispatcher's do: a renewal a server crash lost would leave the handler
+// running past a lease the reclaim measures from its old start. The
+// setting is read at commit, so the test runs the statement inside a
+// transaction and reads it there; outside one, the statement's own
+// transaction is the one it sets.
+func TestExtendIsDurable(t *testing.T) {
+	ctx := context.Background()
+	pool, c, appID := setup(t)
+	if _, err := c.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "app", Queue: "q"}); err != nil {
+		t.Fatal(err)
+	}
+	id, err := c.Enqueue(ctx, "app", "q", []byte(`1`), bellhop.EnqueueOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := claimOne(t, pool, claim.Target{Source: claim.Queue, AppID: appID, Queue: "q"}, id)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = off`); err != nil {
+		t.Fatal(err)
+	}
+	var held bool
+	var vt *int32
+	if err := tx.QueryRow(ctx, queries.Extend, pgx.NamedArgs{"id": m.ID, "token": m.Token}).Scan(&held, &vt); err != nil {
+		t.Fatal(err)
+	}
+	var setting string
+	if err := tx.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&setting); err != nil {
+		t.Fatal(err)
+	}
+	if !held || vt == nil || setting != "on" {
+		t.Errorf("renewal: held %t, timeout %v; its transaction commits with synchronous_commit %q, want on", held, vt, setting)
 	}
 }

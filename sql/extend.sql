@@ -9,12 +9,22 @@
 -- queue's name, then its app by primary key (triggers has no index on
 -- app_id alone).
 --
+-- A renewal is committed durably, whatever the session's
+-- synchronous_commit (the dispatcher's sessions run with it off): one a
+-- server crash lost would put the lease back to its old start while its
+-- handler, told it was renewed, runs on, and the reclaim would hand the
+-- message to a second handler. set_config(..., true) sets it for this
+-- statement's own transaction, whose commit reads it. Renewals are rare,
+-- so the flush costs little.
+--
 -- "Held" comes from the row lock, not from the statement's snapshot: a
 -- reclaim or a settle that commits while this statement waits for the row
 -- is seen by the lock's re-check (EvalPlanQual) and not by the snapshot,
 -- which would report a lease that is gone as held (and, no longer
 -- matching for the UPDATE, as not renewed: "no consumer").
-WITH lq AS (
+WITH durable AS (
+    SELECT set_config('synchronous_commit', 'on', true)
+), lq AS (
     SELECT m.id, m.app_id, m.queue_name FROM queue_messages AS m
     WHERE m.id = @id AND m.claim_token = @token
     FOR NO KEY UPDATE
@@ -38,3 +48,4 @@ WITH lq AS (
 )
 SELECT EXISTS (SELECT 1 FROM lq) OR EXISTS (SELECT 1 FROM lo),
        (SELECT vt_secs FROM q UNION ALL SELECT vt_secs FROM o LIMIT 1)
+FROM durable
