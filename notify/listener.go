@@ -212,16 +212,13 @@ func (l *Listener) ForgetHeartbeat(token string) {
 func (l *Listener) connect(ctx context.Context) (*pgx.Conn, error) {
 	l.connected.Store(false)
 	l.listened.Store(0)
+	// A heartbeat sent on the connection before this one may never come
+	// back; it must not condemn this one.
+	l.mu.Lock()
+	l.pendingBeat = ""
+	l.mu.Unlock()
 	cfg := l.cfg.ConnConfig.Copy()
-	// TCP keepalive notices a dead network path in about 25s instead of
-	// the kernel's two hours; the heartbeat covers a hung server.
-	dialer := &net.Dialer{
-		Timeout: 10 * time.Second,
-		KeepAliveConfig: net.KeepAliveConfig{
-			Enable: true, Idle: 10 * time.Second, Interval: 5 * time.Second, Count: 3,
-		},
-	}
-	cfg.DialFunc = dialer.DialContext
+	cfg.DialFunc = keepAliveDial(cfg.DialFunc)
 	// pgx buffers notifications only when OnNotification is nil, and
 	// pgxlisten relies on that buffer.
 	cfg.OnNotification = nil
@@ -240,6 +237,31 @@ func (l *Listener) connect(ctx context.Context) (*pgx.Conn, error) {
 	return conn, nil
 }
 
+// keepAliveDial wraps the configured dialer (a cloud connector's, a
+// tunnel's: the pool and the listener must reach the server the same way)
+// with a 10s limit, and sets TCP keepalive so that a dead network path is
+// noticed in about 25s instead of the kernel's two hours; the heartbeat
+// covers a hung server.
+func keepAliveDial(dial pgconn.DialFunc) pgconn.DialFunc {
+	if dial == nil {
+		dial = (&net.Dialer{}).DialContext
+	}
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		conn, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		if tc, ok := conn.(*net.TCPConn); ok {
+			_ = tc.SetKeepAliveConfig(net.KeepAliveConfig{
+				Enable: true, Idle: 10 * time.Second, Interval: 5 * time.Second, Count: 3,
+			})
+		}
+		return conn, nil
+	}
+}
+
 func (l *Listener) logError(ctx context.Context, err error) {
 	if errors.Is(err, context.Canceled) || ctx.Err() != nil {
 		return
@@ -251,17 +273,7 @@ func (l *Listener) logError(ctx context.Context, err error) {
 func (l *Listener) receive(payload string) {
 	ev, err := Parse(payload)
 	if err != nil {
-		n := l.garbled.Add(1)
-		l.mu.Lock()
-		logIt := time.Since(l.lastGarbledLog) > time.Minute
-		if logIt {
-			l.lastGarbledLog = time.Now()
-		}
-		l.mu.Unlock()
-		if logIt {
-			l.cfg.Logger.Warn().Err(err).Uint64("garbled_total", n).
-				Msg("ignoring a malformed notification on the bellhop channel (logged at most once a minute)")
-		}
+		l.discard("bellhop", err)
 		return
 	}
 	l.notifications.Add(1)
@@ -274,6 +286,22 @@ func (l *Listener) receive(payload string) {
 		return
 	}
 	l.cfg.Handler.HandleEvent(ev)
+}
+
+// discard counts a malformed notification, and logs one at most once a
+// minute: whoever can send on a channel could otherwise flood the log.
+func (l *Listener) discard(channel string, err error) {
+	n := l.garbled.Add(1)
+	l.mu.Lock()
+	logIt := time.Since(l.lastGarbledLog) > time.Minute
+	if logIt {
+		l.lastGarbledLog = time.Now()
+	}
+	l.mu.Unlock()
+	if logIt {
+		l.cfg.Logger.Warn().Err(err).Str("channel", channel).Uint64("garbled_total", n).
+			Msg("ignoring a malformed notification (logged at most once a minute)")
+	}
 }
 
 // handler adapts Listener to pgxlisten's Handler and BacklogHandler.
@@ -309,8 +337,7 @@ func (h leaseHandler) HandleNotification(_ context.Context, n *pgconn.Notificati
 	l := h.l
 	lease, err := ParseLease(n.Payload)
 	if err != nil {
-		l.garbled.Add(1)
-		l.cfg.Logger.Warn().Err(ErrGarbled).Msg("ignoring a malformed notification on the lease channel")
+		l.discard("lease", ErrGarbled)
 		return nil
 	}
 	l.notifications.Add(1)

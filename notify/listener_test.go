@@ -1,0 +1,167 @@
+package notify_test
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/rs/zerolog"
+
+	"github.com/bellhopq/bellhop/internal/pgtest"
+	"github.com/bellhopq/bellhop/notify"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// counting is a notify.Handler that counts connects.
+type counting struct{ connects atomic.Int32 }
+
+func (h *counting) HandleEvent(notify.Event) {}
+func (h *counting) Connected()               { h.connects.Add(1) }
+
+// syncBuffer is a log sink safe for the listener's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// run starts l and stops it when t ends.
+func run(t *testing.T, l *notify.Listener) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestListenerUsesConfiguredDialer: the listener dials through the
+// ConnConfig's DialFunc (a cloud connector's or a tunnel's, with a
+// placeholder host), as the pool does. It used to replace it with its own
+// dialer, dialled the placeholder for ever, and every message waited for
+// the fallback poll.
+func TestListenerUsesConfiguredDialer(t *testing.T) {
+	cfg, err := pgx.ParseConfig(pgtest.ConnString(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	real := cfg.DialFunc
+	var dials atomic.Int32
+	// What the connector stands in for; only its dialer knows the way.
+	network, addr := "unix", cfg.Host+"/.s.PGSQL."+strconv.Itoa(int(cfg.Port))
+	if !strings.HasPrefix(cfg.Host, "/") {
+		network, addr = "tcp", net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
+	}
+	cfg.DialFunc = func(ctx context.Context, _, _ string) (net.Conn, error) {
+		dials.Add(1)
+		if _, ok := ctx.Deadline(); !ok {
+			t.Error("the listener's dial has no deadline")
+		}
+		return real(ctx, network, addr)
+	}
+	cfg.Host, cfg.Port = "127.0.0.1", 1
+	cfg.Fallbacks = nil
+	h := &counting{}
+	l := notify.New(notify.Config{ConnConfig: cfg, Handler: h, Logger: zerolog.Nop(), ReconnectDelay: 50 * time.Millisecond})
+	run(t, l)
+	waitUntil(t, "the listener connected through the configured dialer", l.Connected)
+	if dials.Load() == 0 {
+		t.Error("connected without calling the configured dialer")
+	}
+}
+
+// TestHeartbeatOfOldConnection: a heartbeat sent before a reconnect, which
+// the new connection can never hear, does not make the listener tear the
+// new, healthy connection down as hung.
+func TestHeartbeatOfOldConnection(t *testing.T) {
+	cfg, err := pgx.ParseConfig(pgtest.ConnString(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &counting{}
+	l := notify.New(notify.Config{ConnConfig: cfg, Handler: h, Logger: zerolog.Nop(),
+		ReconnectDelay: 50 * time.Millisecond, HeartbeatTimeout: 300 * time.Millisecond})
+	run(t, l)
+	waitUntil(t, "the first connect", func() bool { return h.connects.Load() == 1 })
+	l.ExpectHeartbeat() // never sent: lost with the connection
+	l.Restart()
+	waitUntil(t, "the reconnect", func() bool { return h.connects.Load() == 2 })
+	// Past the heartbeat's timeout, with a margin, checked by polling.
+	deadline := time.Now().Add(900 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		if n := l.Stats().HungRestarts; n != 0 {
+			t.Fatalf("%d hung restart(s) of the new connection, for a heartbeat of the old one", n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := h.connects.Load(); n != 2 {
+		t.Errorf("%d connects, want 2", n)
+	}
+}
+
+// TestGarbledLeaseNotificationsRateLimited: malformed notifications on the
+// lease channel, whose name its listener's session shows to anyone who
+// can read pg_stat_activity, are counted, and logged at most once a
+// minute, as on the main channel.
+func TestGarbledLeaseNotificationsRateLimited(t *testing.T) {
+	cfg, err := pgx.ParseConfig(pgtest.ConnString(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	h := &counting{}
+	const channel = "bellhop_l_test"
+	l := notify.New(notify.Config{ConnConfig: cfg, Handler: h, Logger: zerolog.New(&logs),
+		LeaseChannel: channel, OnLease: func(notify.Lease) {}})
+	run(t, l)
+	waitUntil(t, "the listener connected", l.Connected)
+	conn, err := pgx.ConnectConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	const sent = 50
+	for range sent {
+		if _, err := conn.Exec(context.Background(), `SELECT pg_notify($1, 'garbage')`, channel); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitUntil(t, "every malformed notification counted", func() bool { return l.Stats().Garbled == sent })
+	if n := strings.Count(logs.String(), "malformed notification"); n != 1 {
+		t.Errorf("%d log lines for %d malformed notifications, want 1:\n%s", n, sent, logs.String())
+	}
+}
