@@ -160,6 +160,7 @@ type Dispatcher struct {
 	inFlight sync.WaitGroup
 	lanesRun sync.WaitGroup // lane goroutines
 	stopped  bool           // under mu: no lanes may start
+	stopping chan struct{}  // closed with stopped set
 
 	lastFired   map[uuid.UUID]bool
 	lastFiredMu sync.Mutex
@@ -266,6 +267,7 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 		lanes:     map[uuid.UUID]*consumerLanes{},
 		byQueue:   map[queueKey]*lane{},
 		tidying:   map[queueKey]*lane{},
+		stopping:  make(chan struct{}),
 		lastFired: map[uuid.UUID]bool{},
 		owner:     uuid.New(),
 		offers:    offerBook{byToken: map[uuid.UUID]*offer{}},
@@ -749,6 +751,7 @@ func (d *Dispatcher) tidied(l *lane) {
 func (d *Dispatcher) stopLanes() []*lane {
 	d.mu.Lock()
 	d.stopped = true
+	close(d.stopping)
 	stopped := make([]*lane, 0, 2*len(d.lanes))
 	for id, cl := range d.lanes {
 		// Run clears this dispatcher's marks and offers at once, and
@@ -768,12 +771,29 @@ func (d *Dispatcher) stopLanes() []*lane {
 // (sql/hand_over.sql), so that the retries whose time only this
 // dispatcher knew are delivered on time and not at a fallback poll.
 func (d *Dispatcher) handOver(lanes []*lane) {
+	var due []*lane
+	for _, l := range lanes {
+		if l.timed.Load() || l.nacked.Load() {
+			due = append(due, l)
+		}
+	}
+	if len(due) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := d.wake(ctx, due); err != nil {
+		d.log.Warn().Err(err).Int("lanes", len(due)).
+			Msg("could not wake the other dispatchers for the retries this one had timed; they find them at their fallback poll")
+	}
+}
+
+// wake notifies every dispatcher, this one included, for the targets of
+// lanes (sql/hand_over.sql).
+func (d *Dispatcher) wake(ctx context.Context, lanes []*lane) error {
 	seen := make(map[string]bool)
 	var payloads []string
 	for _, l := range lanes {
-		if !l.timed.Load() && !l.nacked.Load() {
-			continue
-		}
 		e := notify.Event{Kind: notify.KindQueue, AppID: l.target.AppID, Queue: l.target.Queue}
 		if l.target.Source == claim.Invoke {
 			e = notify.Event{Kind: notify.KindInvoke, AppID: l.target.AppID, TriggerID: l.target.TriggerID}
@@ -783,14 +803,26 @@ func (d *Dispatcher) handOver(lanes []*lane) {
 			payloads = append(payloads, p)
 		}
 	}
-	if len(payloads) == 0 {
-		return
+	_, err := d.db.Exec(ctx, queries.HandOver, pgx.NamedArgs{"payloads": payloads})
+	return err
+}
+
+// pokeServing pokes the lane that serves target now, if this dispatcher
+// has one: a nack written after its lane was stopped by a reload (its
+// consumer replaced, paused or moved) sends no notification, and the
+// stopped lane's timer is gone, so nobody else would learn its retry time
+// before the fallback poll.
+func (d *Dispatcher) pokeServing(t claim.Target) {
+	d.mu.RLock()
+	var l *lane
+	if t.Source == claim.Queue {
+		l = d.byQueue[queueKey{t.AppID, t.Queue}]
+	} else if cl := d.lanes[t.TriggerID]; cl != nil {
+		l = cl.invoke
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if _, err := d.db.Exec(ctx, queries.HandOver, pgx.NamedArgs{"payloads": payloads}); err != nil {
-		d.log.Warn().Err(err).Int("queues", len(payloads)).
-			Msg("could not wake the other dispatchers for the retries this one had timed; they find them at their fallback poll")
+	d.mu.RUnlock()
+	if l != nil {
+		l.poke()
 	}
 }
 

@@ -178,17 +178,57 @@ func (l *lane) tidyUp() {
 	if l.target.Source != claim.Queue {
 		return
 	}
-	defer l.d.tidied(l)
 	if l.after != nil {
 		// Never ran, so it holds nothing; but a lane started after it
 		// waits for it, and must still wait for the one it waited for.
 		<-l.after.tidied
+		l.d.tidied(l)
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
 	l.dropMark(ctx)
 	l.withdraw(ctx)
+	cancel()
+	// The lane that replaces this one may start now: it takes the busy
+	// key afresh if it needs it.
+	l.d.tidied(l)
+	if l.settle {
+		l.settleGone()
+	}
+}
+
+// settleGone finishes the settle of a lane stopped while producers may
+// have skipped announcing (they saw its busy key): once every producer
+// that did has committed (the queue lock is free), it wakes every
+// dispatcher for the queue, so that whichever serves it now, here or
+// elsewhere, finds what they committed. The lane serving the queue now
+// may have started before those commits, and would not look again.
+// It gives up when the dispatcher stops.
+func (l *lane) settleGone() {
+	for tries := 0; ; tries++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ok, err := claim.TryBusyLock(ctx, l.d.db, l.target, l.needFree)
+		if ok {
+			err = l.d.wake(ctx, []*lane{l})
+		}
+		cancel()
+		if ok && err == nil {
+			return
+		}
+		if err != nil {
+			l.d.log.Debug().Err(err).Str("app_id", l.target.AppID.String()).Str("queue", l.target.Queue).
+				Msg("settling a stopped lane's queue failed; trying again")
+		}
+		// As a lane's own settle, but backing off to a second: a stream
+		// of producers may keep the lock taken for a while.
+		t := time.NewTimer(min(time.Second, time.Millisecond<<min(tries, 10)))
+		select {
+		case <-l.d.stopping:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // quiet reports whether the lane is idle with nothing to wait for:
@@ -503,16 +543,25 @@ func (l *lane) retry(ctx context.Context, st *consumerState, err error) time.Tim
 	return time.Now().Add(time.Second)
 }
 
-// dropMark deletes the lane's busy mark, if any, when it stops serving:
-// producers announce again at once instead of when the lease ends.
+// dropMark deletes the lane's busy mark, if any, when it stops serving
+// (paused, or its consumer gone): producers announce again at once
+// instead of when the lease ends. Producers that saw the busy key before
+// that may still commit without announcing; settle is left set when they
+// can exist, so that the next pass (after a resume) or settleGone (for a
+// lane gone) waits for them first.
 func (l *lane) dropMark(ctx context.Context) {
+	silenced := l.busy || l.marked || l.held() || l.settle || l.watching || l.needFree
 	l.release(ctx)
 	if l.marked {
 		if _, err := claim.Unmark(ctx, l.d.db, l.target, l.d.owner, false); err == nil {
 			l.marked = false
 		}
 	}
-	l.busy, l.settle, l.watching, l.needFree = false, false, false, false
+	l.busy, l.watching = false, false
+	l.settle = silenced
+	if !silenced {
+		l.needFree = false
+	}
 }
 
 // busyKey names the lane's queue to the busy-lock holder.
@@ -654,8 +703,13 @@ func (l *lane) finish(st *consumerState, m *Message, cm *claim.Message, hctx con
 				// A nack sends no notification, and the lane's timer was
 				// set before this message's new deliver_after existed: a
 				// claim pass now reads it (as the next due time) and
-				// arms the timer, or claims at once if it is due.
+				// arms the timer, or claims at once if it is due. A lane
+				// stopped by a reload meanwhile cannot: the one serving
+				// the queue now does.
 				l.poke()
+				if l.ctx.Err() != nil {
+					l.d.pokeServing(l.target)
+				}
 			}
 			if obs != nil {
 				obs.Settled(m, outcomeOf(out.Verdict), handled)

@@ -1,0 +1,201 @@
+package integration
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/bellhopq/bellhop"
+)
+
+// TestNackAfterReplaceIsRetriedOnTime: a consumer replaced (removed and
+// registered again) while a handler of the old one runs, which then fails
+// with RetryAfter(200ms). nack.sql sends no notification, and the old lane
+// is stopped, so the lane serving the queue now is poked instead: the
+// retry comes on time. It used to come at the fallback poll (never, with
+// an hour's).
+func TestNackAfterReplaceIsRetriedOnTime(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	old := e.consumer(t, bellhop.ConsumerSpec{Queue: "orders"})
+	started := make(chan struct{}, 1)
+	release := make(chan struct{})
+	rec := &recorder{result: func(ctx context.Context, m *bellhop.Message) error {
+		if m.Attempt == 1 {
+			started <- struct{}{}
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+			return bellhop.RetryAfter(200 * time.Millisecond)
+		}
+		return nil
+	}}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", rec)
+	cc := &claimCounter{}
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour},
+		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = cc })
+	waitFor(t, 10*time.Second, "the wake scan after connecting", func() bool { return cc.scans.Load() == 1 })
+
+	e.enqueue(t, "orders", 1, bellhop.EnqueueOptions{})
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("first attempt not delivered")
+	}
+	if err := e.client.RemoveConsumer(ctx, "app", old.ID); err != nil {
+		t.Fatal(err)
+	}
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders"})
+	// The new consumer's reload ends with a wake scan, which finds nothing
+	// unclaimed: the message is still leased to the old consumer's handler.
+	waitFor(t, 10*time.Second, "the wake scan after the new consumer's reload", func() bool { return cc.scans.Load() == 2 })
+	close(release)
+	waitFor(t, 10*time.Second, "the nack written", func() bool {
+		return e.count(t, `SELECT count(*) FROM queue_messages WHERE claim_token IS NULL AND deliver_after IS NOT NULL`) == 1
+	})
+	waitFor(t, 5*time.Second, "the retry, due 200ms after its nack", func() bool { return rec.n.Load() == 2 })
+}
+
+// TestReplacedBusyConsumerLosesNoWakeUp: a producer inserts while the
+// dispatcher holds the queue's busy key (so its WHEN clause queues no
+// notification) and commits only after the consumer has been replaced and
+// the new lane has run its first pass. The old lane, giving up its key
+// and mark, waits for such producers to commit (the queue lock) and then
+// wakes the dispatchers for the queue (lane.settleGone): the message is
+// delivered. It used to wait for the fallback poll.
+func TestReplacedBusyConsumerLosesNoWakeUp(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	old := e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", MaxInFlight: 1})
+	unblock := make(chan struct{})
+	var done sync.Map
+	rec := &recorder{result: func(ctx context.Context, m *bellhop.Message) error {
+		switch string(m.Payload) {
+		case `"first"`:
+			// returns at once: its finish wakes the busy lane, whose next
+			// pass takes the busy key
+		case `"second"`:
+			select {
+			case <-unblock:
+			case <-ctx.Done():
+			}
+		}
+		done.Store(string(m.Payload), true)
+		return nil
+	}}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", rec)
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour}, nil)
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(unblock) }) })
+
+	// One notification; the first pass fills the single slot (busy), the
+	// pass after "first" finishes takes the key and claims "second".
+	if _, err := e.client.EnqueueMany(ctx, "app", []bellhop.NewMessage{
+		{Queue: "orders", Payload: []byte(`"first"`)},
+		{Queue: "orders", Payload: []byte(`"second"`)},
+		{Queue: "orders", Payload: []byte(`"third"`)},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the busy key held", func() bool { return e.count(t, busyKeyHeld, "orders") == 1 })
+
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := e.client.EnqueueTx(ctx, tx, "app", "orders", []byte(`"late"`), bellhop.EnqueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := e.client.RemoveConsumer(ctx, "app", old.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the busy key and mark given up", func() bool {
+		return e.count(t, busyKeyHeld, "orders") == 0 && e.count(t, `SELECT count(*) FROM queue_busy`) == 0
+	})
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", MaxInFlight: 10})
+	waitFor(t, 10*time.Second, "the new consumer's first pass (delivers third)", func() bool {
+		_, ok := done.Load(`"third"`)
+		return ok
+	})
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the message committed after the replacement", func() bool {
+		_, ok := done.Load(`"late"`)
+		return ok
+	})
+}
+
+// TestPausedBusyConsumerLosesNoWakeUp: as above, with a pause and resume
+// instead of a replacement: the paused lane drops its key and mark but
+// keeps its settle (dropMark), so the resumed lane's passes confirm the
+// queue lock, and claim once more after the producer commits.
+func TestPausedBusyConsumerLosesNoWakeUp(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	cons := e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", MaxInFlight: 1})
+	unblock := make(chan struct{})
+	var done sync.Map
+	rec := &recorder{result: func(ctx context.Context, m *bellhop.Message) error {
+		if string(m.Payload) == `"second"` {
+			select {
+			case <-unblock:
+			case <-ctx.Done():
+			}
+		}
+		done.Store(string(m.Payload), true)
+		return nil
+	}}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", rec)
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour}, nil)
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(unblock) }) })
+
+	if _, err := e.client.EnqueueMany(ctx, "app", []bellhop.NewMessage{
+		{Queue: "orders", Payload: []byte(`"first"`)},
+		{Queue: "orders", Payload: []byte(`"second"`)},
+		{Queue: "orders", Payload: []byte(`"third"`)},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the busy key held", func() bool { return e.count(t, busyKeyHeld, "orders") == 1 })
+
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := e.client.EnqueueTx(ctx, tx, "app", "orders", []byte(`"late"`), bellhop.EnqueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	off, on, ten := false, true, 10
+	if err := e.client.UpdateConsumer(ctx, "app", cons.ID, bellhop.ConsumerUpdate{Enabled: &off}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the busy key and mark given up", func() bool {
+		return e.count(t, busyKeyHeld, "orders") == 0 && e.count(t, `SELECT count(*) FROM queue_busy`) == 0
+	})
+	if err := e.client.UpdateConsumer(ctx, "app", cons.ID, bellhop.ConsumerUpdate{Enabled: &on, MaxInFlight: &ten}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the resumed lane's first pass (delivers third)", func() bool {
+		_, ok := done.Load(`"third"`)
+		return ok
+	})
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the message committed after the resume", func() bool {
+		_, ok := done.Load(`"late"`)
+		return ok
+	})
+}
