@@ -99,11 +99,12 @@ type Busy struct {
 // Pass is the result of one claim pass.
 type Pass struct {
 	Messages []Message
-	// NextDue is the next future deliver_after (zero: none).
+	// NextDue is the next future deliver_after (zero: none), on this
+	// process's clock (LocalClock).
 	NextDue time.Time
 	// ForeignLease is the latest lease of a live busy mark another
 	// dispatcher holds on the queue, or Lease from now if another session
-	// holds the queue's busy key (zero: neither).
+	// holds the queue's busy key (zero: neither), on this process's clock.
 	ForeignLease time.Time
 	// ReadyLeft reports that ready, unclaimed messages remained after the
 	// claim: rows another claim had locked, or newly committed ones.
@@ -170,9 +171,11 @@ func ClaimPass(ctx context.Context, db *pgxpool.Pool, t Target, max int, b Busy)
 	var due, foreign *time.Time
 	var readyLeft bool
 	var vtSecs *int32
-	if err := br.QueryRow().Scan(&due, &foreign, &readyLeft, &vtSecs); err != nil {
+	var dbNow time.Time
+	if err := br.QueryRow().Scan(&due, &foreign, &readyLeft, &vtSecs, &dbNow); err != nil {
 		return fail("next due: ", err)
 	}
+	local := LocalClock(dbNow)
 	if vtSecs != nil {
 		for i := range msgs {
 			msgs[i].VisibilityTimeout = time.Duration(*vtSecs) * time.Second
@@ -188,12 +191,22 @@ func ClaimPass(ctx context.Context, db *pgxpool.Pool, t Target, max int, b Busy)
 	}
 	p := Pass{Messages: sortByEnqueued(msgs), ReadyLeft: readyLeft}
 	if due != nil {
-		p.NextDue = *due
+		p.NextDue = local(*due)
 	}
 	if foreign != nil {
-		p.ForeignLease = *foreign
+		p.ForeignLease = local(*foreign)
 	}
 	return p, nil
+}
+
+// LocalClock returns a function that turns a time read from the database
+// into this process's clock, given the database's clock (dbNow) read in
+// the same statement: timers armed on database times would fire early or
+// late by the two clocks' difference. The result errs late by the time
+// the answer took to arrive, never early.
+func LocalClock(dbNow time.Time) func(time.Time) time.Time {
+	now := time.Now()
+	return func(t time.Time) time.Time { return now.Add(t.Sub(dbNow)) }
 }
 
 // Unmark deletes owner's busy mark on t's queue and then tries, once, to

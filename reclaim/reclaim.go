@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
+	"github.com/bellhopq/bellhop/claim"
 	queries "github.com/bellhopq/bellhop/sql"
 )
 
@@ -105,7 +106,7 @@ func (r *Reclaimer) Run(ctx context.Context) {
 }
 
 // Pass returns expired leases now, and reports when the next live lease
-// expires (zero if none), in one round trip.
+// expires, on this process's clock (zero if none), in one round trip.
 func (r *Reclaimer) Pass(ctx context.Context) (time.Time, error) {
 	args := pgx.NamedArgs{"default_vt_secs": int(r.defaultVT / time.Second)}
 	b := &pgx.Batch{}
@@ -119,7 +120,8 @@ func (r *Reclaimer) Pass(ctx context.Context) (time.Time, error) {
 		return time.Time{}, err
 	}
 	var next *time.Time
-	if err := br.QueryRow().Scan(&next); err != nil {
+	var dbNow time.Time
+	if err := br.QueryRow().Scan(&next, &dbNow); err != nil {
 		return time.Time{}, err
 	}
 	if err := br.Close(); err != nil {
@@ -135,7 +137,7 @@ func (r *Reclaimer) Pass(ctx context.Context) (time.Time, error) {
 	if next == nil {
 		return time.Time{}, nil
 	}
-	return *next, nil
+	return claim.LocalClock(dbNow)(*next), nil
 }
 
 func later(a, b time.Time) time.Time {

@@ -1,6 +1,6 @@
 -- The earliest future deliver_after of a consumer's unclaimed invoke_async
 -- deliveries, whether ready, unclaimed ones remain, and the consumer's
--- visibility timeout (see next_due_queue.sql). Invoke deliveries are always announced, so there is
+-- visibility timeout, and the database's clock (see next_due_queue.sql). Invoke deliveries are always announced, so there is
 -- no busy mark to report.
 SELECT (SELECT min(deliver_after)
         FROM outbox
@@ -17,4 +17,5 @@ SELECT (SELECT min(deliver_after)
                  AND (deliver_after IS NULL OR deliver_after <= now())
         ORDER BY enqueued_at
         LIMIT 1) IS NOT NULL,
-       (SELECT visibility_timeout_secs FROM queue_trigger_details WHERE trigger_id = @trigger_id)
+       (SELECT visibility_timeout_secs FROM queue_trigger_details WHERE trigger_id = @trigger_id),
+       clock_timestamp()

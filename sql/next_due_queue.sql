@@ -21,7 +21,10 @@
 --     it claimed). Read after the claim, it is one the reclaim honours for
 --     them even if the timeout is lowered or the consumer removed later
 --     (migration 0047), while the dispatcher's copy may be one reload
---     behind. By primary key, so it costs next to nothing.
+--     behind. By primary key, so it costs next to nothing;
+--   * the database's clock, so that the dispatcher turns the times above
+--     into its own clock's: a timer armed on a database time would fire
+--     as late as the database's clock is ahead of the dispatcher's.
 -- The last is written as the oldest such row, not EXISTS, so that it walks
 -- the dispatch index in order instead of scanning claimed rows.
 -- Read-only; a stale answer only makes the dispatcher look again early.
@@ -48,4 +51,5 @@ SELECT (SELECT min(deliver_after)
         ORDER BY enqueued_at
         LIMIT 1) IS NOT NULL,
        (SELECT visibility_timeout_secs FROM queue_trigger_details
-        WHERE trigger_id = @consumer_id AND queue_name = @queue_name)
+        WHERE trigger_id = @consumer_id AND queue_name = @queue_name),
+       clock_timestamp()
