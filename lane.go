@@ -443,11 +443,14 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 		}
 		// Ready rows left behind by a claim that did not fill its slots
 		// were locked by another claim; if that one dies, nobody announces
-		// them again, so look again shortly.
+		// them again, so look again shortly. Another dispatcher's claim
+		// ends in milliseconds; a lock held for longer (an operator's
+		// transaction) is looked at less and less often, up to once a
+		// second, rather than fifty times a second for as long as it lasts.
 		next = pass.NextDue
 		if pass.ReadyLeft {
 			l.tries++
-			next = earliest(next, time.Now().Add(min(20*time.Millisecond, time.Millisecond<<min(l.tries, 5))))
+			next = earliest(next, time.Now().Add(min(time.Second, time.Millisecond<<min(l.tries, 10))))
 		}
 		if !marks {
 			return next, claimed

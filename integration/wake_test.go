@@ -199,3 +199,45 @@ func TestPausedBusyConsumerLosesNoWakeUp(t *testing.T) {
 		return ok
 	})
 }
+
+// TestLockedReadyRowBacksOff: a ready message that an outside transaction
+// holds locked (an operator's SELECT ... FOR UPDATE) is skipped by the
+// claim, which then looks again, since a dying claim would leave such
+// rows unannounced. The look-agains back off to once a second: they used
+// to stay at 20 ms, fifty claims a second for as long as the lock lasted.
+// Once the lock goes, the message is delivered.
+func TestLockedReadyRowBacksOff(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders"})
+	e.enqueue(t, "orders", 1, bellhop.EnqueueOptions{})
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM queue_messages FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", rec)
+	cc := &claimCounter{}
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour},
+		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = cc })
+	waitFor(t, 10*time.Second, "the first claim", func() bool { return cc.queue.Load() >= 1 })
+	first := time.Now()
+	// Ten more: at 20 ms apart they took about 0.2 s; backing off from
+	// 2 ms, doubling, they take over 2 s.
+	waitFor(t, 30*time.Second, "ten more claims", func() bool { return cc.queue.Load() >= 11 })
+	if d := time.Since(first); d < time.Second {
+		t.Errorf("ten claims of a locked row in %s: not backing off", d.Round(time.Millisecond))
+	}
+	if n := rec.n.Load(); n != 0 {
+		t.Fatalf("%d deliveries of a row another transaction holds locked", n)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the message, once its row is free", func() bool { return rec.n.Load() == 1 })
+}
