@@ -39,7 +39,7 @@ $$;
 -- skipped, for a later pass: the reclaim never waits. The reclaim runs it
 -- in its own statement (sql/reclaim.sql), as the dispatcher's role, which
 -- cannot write the table itself.
-CREATE FUNCTION bellhop_start_seen_vt_floors() RETURNS bigint
+CREATE OR REPLACE FUNCTION bellhop_start_seen_vt_floors() RETURNS bigint
 LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
     WITH seen AS (
         SELECT app_id, queue_name FROM bellhop_vt_floors
