@@ -61,90 +61,22 @@ func TestNackAfterReplaceIsRetriedOnTime(t *testing.T) {
 	waitFor(t, 5*time.Second, "the retry, due 200ms after its nack", func() bool { return rec.n.Load() == 2 })
 }
 
-// TestReplacedBusyConsumerLosesNoWakeUp: a producer inserts while the
-// dispatcher holds the queue's busy key (so its WHEN clause queues no
-// notification) and commits only after the consumer has been replaced and
-// the new lane has run its first pass. The old lane, giving up its key
-// and mark, waits for such producers to commit (the queue lock) and then
-// wakes the dispatchers for the queue (lane.settleGone): the message is
-// delivered. It used to wait for the fallback poll.
-func TestReplacedBusyConsumerLosesNoWakeUp(t *testing.T) {
-	e := newEnv(t)
-	ctx := context.Background()
-	old := e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", MaxInFlight: 1})
-	unblock := make(chan struct{})
-	var done sync.Map
-	rec := &recorder{result: func(ctx context.Context, m *bellhop.Message) error {
-		switch string(m.Payload) {
-		case `"first"`:
-			// returns at once: its finish wakes the busy lane, whose next
-			// pass takes the busy key
-		case `"second"`:
-			select {
-			case <-unblock:
-			case <-ctx.Done():
-			}
-		}
-		done.Store(string(m.Payload), true)
-		return nil
-	}}
-	mux := bellhop.NewMux()
-	mux.Handle("app", "orders", rec)
-	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour}, nil)
-	var once sync.Once
-	t.Cleanup(func() { once.Do(func() { close(unblock) }) })
-
-	// One notification; the first pass fills the single slot (busy), the
-	// pass after "first" finishes takes the key and claims "second".
-	if _, err := e.client.EnqueueMany(ctx, "app", []bellhop.NewMessage{
-		{Queue: "orders", Payload: []byte(`"first"`)},
-		{Queue: "orders", Payload: []byte(`"second"`)},
-		{Queue: "orders", Payload: []byte(`"third"`)},
-	}); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 10*time.Second, "the busy key held", func() bool { return e.count(t, busyKeyHeld, "orders") == 1 })
-
-	tx, err := e.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := e.client.EnqueueTx(ctx, tx, "app", "orders", []byte(`"late"`), bellhop.EnqueueOptions{}); err != nil {
-		t.Fatal(err)
-	}
-
-	if err := e.client.RemoveConsumer(ctx, "app", old.ID); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 10*time.Second, "the busy key and mark given up", func() bool {
-		return e.count(t, busyKeyHeld, "orders") == 0 && e.count(t, `SELECT count(*) FROM queue_busy`) == 0
-	})
-	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", MaxInFlight: 10})
-	waitFor(t, 10*time.Second, "the new consumer's first pass (delivers third)", func() bool {
-		_, ok := done.Load(`"third"`)
-		return ok
-	})
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 5*time.Second, "the message committed after the replacement", func() bool {
-		_, ok := done.Load(`"late"`)
-		return ok
-	})
-}
-
-// TestPausedBusyConsumerLosesNoWakeUp: as above, with a pause and resume
-// instead of a replacement: the paused lane drops its key and mark but
-// keeps its settle (dropMark), so the resumed lane's passes confirm the
-// queue lock, and claim once more after the producer commits.
-func TestPausedBusyConsumerLosesNoWakeUp(t *testing.T) {
+// lateProducerAcrossChange runs a busy queue (one slot, three messages:
+// the dispatcher holds the queue's busy key, so producers' WHEN clauses
+// queue no notification) while a producer inserts and does not commit.
+// change then gives up the lane's key and mark, and must return once the
+// queue is served again; the serving lane's first pass delivers "third".
+// Only then does the producer commit, and its message must be delivered
+// with the fallback poll at an hour.
+func lateProducerAcrossChange(t *testing.T, change func(e *env, cons bellhop.Consumer)) {
 	e := newEnv(t)
 	ctx := context.Background()
 	cons := e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", MaxInFlight: 1})
 	unblock := make(chan struct{})
 	var done sync.Map
 	rec := &recorder{result: func(ctx context.Context, m *bellhop.Message) error {
+		// "first" returns at once: its finish wakes the busy lane, whose
+		// next pass takes the busy key and claims "second", which waits.
 		if string(m.Payload) == `"second"` {
 			select {
 			case <-unblock:
@@ -159,7 +91,6 @@ func TestPausedBusyConsumerLosesNoWakeUp(t *testing.T) {
 	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour}, nil)
 	var once sync.Once
 	t.Cleanup(func() { once.Do(func() { close(unblock) }) })
-
 	if _, err := e.client.EnqueueMany(ctx, "app", []bellhop.NewMessage{
 		{Queue: "orders", Payload: []byte(`"first"`)},
 		{Queue: "orders", Payload: []byte(`"second"`)},
@@ -177,26 +108,57 @@ func TestPausedBusyConsumerLosesNoWakeUp(t *testing.T) {
 	if _, err := e.client.EnqueueTx(ctx, tx, "app", "orders", []byte(`"late"`), bellhop.EnqueueOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	off, on, ten := false, true, 10
-	if err := e.client.UpdateConsumer(ctx, "app", cons.ID, bellhop.ConsumerUpdate{Enabled: &off}); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 10*time.Second, "the busy key and mark given up", func() bool {
-		return e.count(t, busyKeyHeld, "orders") == 0 && e.count(t, `SELECT count(*) FROM queue_busy`) == 0
-	})
-	if err := e.client.UpdateConsumer(ctx, "app", cons.ID, bellhop.ConsumerUpdate{Enabled: &on, MaxInFlight: &ten}); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 10*time.Second, "the resumed lane's first pass (delivers third)", func() bool {
+	change(e, cons)
+	waitFor(t, 10*time.Second, "the serving lane's first pass (delivers third)", func() bool {
 		_, ok := done.Load(`"third"`)
 		return ok
 	})
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "the message committed after the resume", func() bool {
+	waitFor(t, 5*time.Second, "the message committed after the change", func() bool {
 		_, ok := done.Load(`"late"`)
 		return ok
+	})
+}
+
+// keyGivenUp waits until nobody holds the queue's busy key or mark.
+func keyGivenUp(t *testing.T, e *env) {
+	t.Helper()
+	waitFor(t, 10*time.Second, "the busy key and mark given up", func() bool {
+		return e.count(t, busyKeyHeld, "orders") == 0 && e.count(t, `SELECT count(*) FROM queue_busy`) == 0
+	})
+}
+
+// TestReplacedBusyConsumerLosesNoWakeUp: the busy consumer is replaced.
+// The old lane, giving up its key and mark, waits for the producers that
+// saw the key to commit (the queue lock) and then wakes the dispatchers
+// for the queue (lane.settleGone). The message used to wait for the
+// fallback poll.
+func TestReplacedBusyConsumerLosesNoWakeUp(t *testing.T) {
+	lateProducerAcrossChange(t, func(e *env, cons bellhop.Consumer) {
+		if err := e.client.RemoveConsumer(context.Background(), "app", cons.ID); err != nil {
+			t.Fatal(err)
+		}
+		keyGivenUp(t, e)
+		e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", MaxInFlight: 10})
+	})
+}
+
+// TestPausedBusyConsumerLosesNoWakeUp: the busy consumer is paused and
+// resumed. The paused lane drops its key and mark but keeps its settle
+// (dropMark), so the resumed lane's passes confirm the queue lock, and
+// claim once more after the producer commits.
+func TestPausedBusyConsumerLosesNoWakeUp(t *testing.T) {
+	lateProducerAcrossChange(t, func(e *env, cons bellhop.Consumer) {
+		off, on, ten := false, true, 10
+		if err := e.client.UpdateConsumer(context.Background(), "app", cons.ID, bellhop.ConsumerUpdate{Enabled: &off}); err != nil {
+			t.Fatal(err)
+		}
+		keyGivenUp(t, e)
+		if err := e.client.UpdateConsumer(context.Background(), "app", cons.ID, bellhop.ConsumerUpdate{Enabled: &on, MaxInFlight: &ten}); err != nil {
+			t.Fatal(err)
+		}
 	})
 }
 
