@@ -107,3 +107,59 @@ func TestPushTimeoutMustFitLease(t *testing.T) {
 		fxCheckTyped(t, err, bellhop.ErrUnknownConsumer)
 	}
 }
+
+// TestUpdateTimeoutBesidePause: an update of a timeout, which reads and
+// locks the consumer's rows to check the pair it leaves, and a pause of
+// the same consumer, queued behind one lock, both go through. The check
+// locked the details row before the triggers row, the reverse of every
+// other change's order, and one of the two failed with a deadlock.
+func TestUpdateTimeoutBesidePause(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	e.app("shop")
+	c, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiting := func(n int64) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for e.int64(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`) < n {
+			if time.Now().After(deadline) {
+				t.Fatalf("fewer than %d sessions waiting for a lock after 30s", n)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	blocker, err := e.pool.Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blocker.Rollback(e.ctx)
+	if _, err := blocker.Exec(e.ctx, `SELECT 1 FROM queue_trigger_details WHERE trigger_id = $1 FOR UPDATE`, c.ID); err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 2)
+	vt := time.Minute
+	go func() {
+		errs <- e.client.UpdateConsumer(e.ctx, "shop", c.ID, bellhop.ConsumerUpdate{VisibilityTimeout: &vt})
+	}()
+	waiting(1)
+	go func() { errs <- e.client.SetConsumerEnabled(e.ctx, "shop", c.ID, false) }()
+	waiting(2)
+	if err := blocker.Commit(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Errorf("concurrent consumer change: %v", err)
+		}
+	}
+	got, err := e.client.ConsumerOf(e.ctx, "shop", "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.VisibilityTimeout != time.Minute || got.Enabled {
+		t.Errorf("after both: visibility timeout %s, enabled %t; want 1m0s, false", got.VisibilityTimeout, got.Enabled)
+	}
+}

@@ -612,7 +612,7 @@ func (d *Dispatcher) poll(ctx context.Context) {
 		return
 	}
 	if nextExpiry != nil {
-		d.reclaim.Observe(*nextExpiry)
+		d.reclaim.Observe(claim.LocalClock(dbNow)(*nextExpiry))
 	}
 	d.recoverLeases(ctx, unheard)
 	d.afterPoll(ctx, pollSent, dbNow, offers, liveOffers)

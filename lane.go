@@ -453,6 +453,9 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 			next = earliest(next, time.Now().Add(min(time.Second, time.Millisecond<<min(l.tries, 10))))
 		}
 		if !marks {
+			if !pass.ReadyLeft {
+				l.tries = 0
+			}
 			return next, claimed
 		}
 		if stream {

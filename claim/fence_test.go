@@ -365,7 +365,8 @@ func TestStaleBesideCurrentInOneBatch(t *testing.T) {
 }
 
 // TestExtendIsDurable: a renewal's transaction commits with
-// synchronous_commit on, even in a session that has it off, as the
+// synchronous_commit local (flushed, not waiting for a standby), even in a
+// session that has it off, as the
 // dispatcher's do: a renewal a server crash lost would leave the handler
 // running past a lease the reclaim measures from its old start. The
 // setting is read at commit, so the test runs the statement inside a
@@ -399,7 +400,7 @@ func TestExtendIsDurable(t *testing.T) {
 	if err := tx.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&setting); err != nil {
 		t.Fatal(err)
 	}
-	if !held || vt == nil || setting != "on" {
-		t.Errorf("renewal: held %t, timeout %v; its transaction commits with synchronous_commit %q, want on", held, vt, setting)
+	if !held || vt == nil || setting != "local" {
+		t.Errorf("renewal: held %t, timeout %v; its transaction commits with synchronous_commit %q, want local", held, vt, setting)
 	}
 }

@@ -3,7 +3,7 @@
 -- after migrating. It is idempotent. Run it again after every `bellhop
 -- migrate`: it grants on the tables that exist when it runs, and new
 -- migrations add tables the roles need (0047 added bellhop_vt_floors,
--- which the dispatcher's reclaim reads; 0054 a function it calls).
+-- which the dispatcher's reclaim reads).
 -- The roles are NOLOGIN groups: grant them to login roles, e.g.
 --   CREATE ROLE orders_service LOGIN PASSWORD '...' IN ROLE bellhop_producer;
 --   CREATE ROLE bellhop_daemon LOGIN PASSWORD '...' IN ROLE bellhop_dispatcher;
@@ -61,6 +61,5 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON queue_busy TO bellhop_dispatcher;
 GRANT SELECT, INSERT, UPDATE, DELETE ON bellhop_offers TO bellhop_dispatcher;
 -- Visibility timeout floors (migrations/0047_vt_floor.sql): the reclaim
 -- reads them, and starts those it sees (0054) through a SECURITY DEFINER
--- function; triggers write them through another.
+-- function every role may call; triggers write them through another.
 GRANT SELECT ON bellhop_vt_floors TO bellhop_dispatcher;
-GRANT EXECUTE ON FUNCTION bellhop_start_seen_vt_floors() TO bellhop_dispatcher;

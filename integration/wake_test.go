@@ -203,3 +203,53 @@ func TestLockedReadyRowBacksOff(t *testing.T) {
 	}
 	waitFor(t, 5*time.Second, "the message, once its row is free", func() bool { return rec.n.Load() == 1 })
 }
+
+// TestLockedRowBackoffStartsOver: the look-agains' backoff starts over
+// once a pass leaves no ready row behind, on a lane without busy marks
+// too: it used to stay at its longest (a second) for the lane's life after
+// one long lock, so rows a dying claim left behind later waited a second
+// instead of milliseconds.
+func TestLockedRowBackoffStartsOver(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders"})
+	e.enqueue(t, "orders", 1, bellhop.EnqueueOptions{})
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM queue_messages FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", rec)
+	cc := &claimCounter{}
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour, DisableBusyMarks: true},
+		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = cc })
+	waitFor(t, 30*time.Second, "eleven claims of the locked row", func() bool { return cc.queue.Load() >= 11 })
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the first message", func() bool { return rec.n.Load() == 1 })
+
+	// A second episode: a message due in 2s, locked before it is due.
+	id := e.enqueue(t, "orders", 2, bellhop.EnqueueOptions{Delay: 2 * time.Second})
+	tx2, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx2.Rollback(ctx)
+	if _, err := tx2.Exec(ctx, `SELECT 1 FROM queue_messages WHERE id = $1 FOR UPDATE`, id); err != nil {
+		t.Fatal(err)
+	}
+	base := cc.queue.Load()
+	waitFor(t, 10*time.Second, "the claim at the due time", func() bool { return cc.queue.Load() > base })
+	first := time.Now()
+	base = cc.queue.Load()
+	waitFor(t, 30*time.Second, "four more looks", func() bool { return cc.queue.Load() >= base+4 })
+	if d := time.Since(first); d > time.Second {
+		t.Errorf("the second lock's first four look-agains took %s: the backoff did not start over", d.Round(time.Millisecond))
+	}
+}

@@ -36,9 +36,11 @@ $$;
 -- Starts the pending floors that the calling statement can see, which
 -- their changes' commits made visible before it began; returns how many.
 -- Rows another transaction has locked (a change not yet committed) are
--- skipped, for a later pass: the reclaim never waits. The reclaim runs it
--- in its own statement (sql/reclaim.sql), as the dispatcher's role, which
--- cannot write the table itself.
+-- skipped, for a later pass: the reclaim never waits. The reclaim calls it
+-- (sql/reclaim.sql) as the dispatcher's role, which cannot write the table
+-- itself. Every role may call it: starting a visible floor is what the
+-- next pass would do anyway, and a role without a grant would fail every
+-- reclaim pass.
 CREATE OR REPLACE FUNCTION bellhop_start_seen_vt_floors() RETURNS bigint
 LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
     WITH seen AS (
@@ -53,7 +55,6 @@ LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
     )
     SELECT count(*) FROM started
 $$;
-REVOKE EXECUTE ON FUNCTION bellhop_start_seen_vt_floors() FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION bellhop_vt_lowered() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$

@@ -212,11 +212,6 @@ func (l *Listener) ForgetHeartbeat(token string) {
 func (l *Listener) connect(ctx context.Context) (*pgx.Conn, error) {
 	l.connected.Store(false)
 	l.listened.Store(0)
-	// A heartbeat sent on the connection before this one may never come
-	// back; it must not condemn this one.
-	l.mu.Lock()
-	l.pendingBeat = ""
-	l.mu.Unlock()
 	cfg := l.cfg.ConnConfig.Copy()
 	cfg.DialFunc = keepAliveDial(cfg.DialFunc)
 	// pgx buffers notifications only when OnNotification is nil, and
@@ -323,6 +318,11 @@ func (h handler) HandleBacklog(context.Context, string, *pgx.Conn) error {
 	if h.l.listened.Add(1) != channels {
 		return nil
 	}
+	// A heartbeat sent before LISTEN was in place, on the lost connection
+	// or on this one, never comes back; it must not condemn this one.
+	h.l.mu.Lock()
+	h.l.pendingBeat = ""
+	h.l.mu.Unlock()
 	h.l.connected.Store(true)
 	h.l.connects.Add(1)
 	h.l.cfg.Logger.Info().Msg("listening for notifications")

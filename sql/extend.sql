@@ -14,8 +14,10 @@
 -- server crash lost would put the lease back to its old start while its
 -- handler, told it was renewed, runs on, and the reclaim would hand the
 -- message to a second handler. set_config(..., true) sets it for this
--- statement's own transaction, whose commit reads it. Renewals are rare,
--- so the flush costs little.
+-- statement's own transaction, whose commit reads it. 'local' flushes the
+-- server's own WAL and does not wait for a synchronous standby: with one
+-- down, renewals would hang, and long handlers lose their leases.
+-- Renewals are rare, so the flush costs little.
 --
 -- "Held" comes from the row lock, not from the statement's snapshot: a
 -- reclaim or a settle that commits while this statement waits for the row
@@ -23,7 +25,7 @@
 -- which would report a lease that is gone as held (and, no longer
 -- matching for the UPDATE, as not renewed: "no consumer").
 WITH durable AS (
-    SELECT set_config('synchronous_commit', 'on', true)
+    SELECT set_config('synchronous_commit', 'local', true)
 ), lq AS (
     SELECT m.id, m.app_id, m.queue_name FROM queue_messages AS m
     WHERE m.id = @id AND m.claim_token = @token
