@@ -369,6 +369,13 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	<-ctx.Done()
 	d.log.Info().Msg("dispatcher stopping: no more claims; waiting for in-flight handlers")
 	stopped := d.stopLanes()
+	if d.cfg.LeaseAtInsert {
+		// No producer may lease to us while handlers finish: a lease
+		// made now waits for the end of the grace to be released.
+		wctx, wcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		d.dropOffers(wctx, nil)
+		wcancel()
+	}
 	done := make(chan struct{})
 	go func() { d.inFlight.Wait(); close(done) }()
 	select {

@@ -83,7 +83,7 @@ func (d *Dispatcher) holdLeaseKey(ctx context.Context, conn *pgx.Conn) error {
 	deadline := time.Now().Add(time.Second)
 	for {
 		var held bool
-		if err := conn.QueryRow(ctx, queries.LeaseKeyHold).Scan(&held); err != nil {
+		if err := conn.QueryRow(ctx, queries.LeaseKeyHold, pgx.NamedArgs{"owner": d.owner}).Scan(&held); err != nil {
 			return fmt.Errorf("take the lease key: %w", err)
 		}
 		if held {
@@ -196,6 +196,37 @@ func (d *Dispatcher) dropOffers(ctx context.Context, tokens []uuid.UUID) {
 	gone, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 	if err != nil {
 		d.log.Debug().Err(err).Msg("could not withdraw offers; they expire")
+		return
+	}
+	d.offers.mu.Lock()
+	for _, t := range gone {
+		delete(d.offers.byToken, t)
+	}
+	d.offers.mu.Unlock()
+}
+
+// dropAllOffers deletes every offer of ours at a clean stop, waiting for
+// a producer that has one locked to commit or roll back (at most 2s:
+// offer_drop_all_wait.sql), so that offer_recover.sql, run next, sees its
+// lease. If the wait runs out (a producer that fired the trigger early
+// with SET CONSTRAINTS ... IMMEDIATE and keeps its transaction open), it
+// drops the others, skipping the locked ones, as before.
+func (d *Dispatcher) dropAllOffers(ctx context.Context) {
+	var gone []uuid.UUID
+	err := pgx.BeginFunc(ctx, d.db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, queries.OfferDropAllWait); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, queries.OfferDropAll, pgx.NamedArgs{"owner": d.owner})
+		if err != nil {
+			return err
+		}
+		gone, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		return err
+	})
+	if err != nil {
+		d.log.Warn().Err(err).Msg("could not withdraw offers while a producer held one; skipping it")
+		d.dropOffers(ctx, nil)
 		return
 	}
 	d.offers.mu.Lock()
@@ -509,15 +540,16 @@ func (d *Dispatcher) recoverLeases(ctx context.Context, tokens []uuid.UUID) {
 }
 
 // closeOffers ends leasing at INSERT when the dispatcher stops: it deletes
-// our offers, releases the messages leased under tokens we have not heard
-// of, and ignores leases from then on (those run out and are reclaimed).
+// our offers, waiting for a producer taking one (dropAllOffers), releases
+// the messages leased under tokens we have not heard of, and ignores
+// leases from then on (with our listener gone, producers make none).
 // It runs after the last delivery finished and before the completer
 // closes.
 func (d *Dispatcher) closeOffers(ctx context.Context) {
 	if !d.cfg.LeaseAtInsert {
 		return
 	}
-	d.dropOffers(ctx, nil)
+	d.dropAllOffers(ctx)
 	var tokens []uuid.UUID
 	d.offers.mu.Lock()
 	for t := range d.offers.byToken {

@@ -476,10 +476,11 @@ func TestLeaseMessageOnlyOwnRows(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	owner := uuid.New()
 	offer := func() uuid.UUID {
 		return e.uuid(`INSERT INTO bellhop_offers (token, app_id, queue_name, owner, channel, expires_at, consumer_id)
-			VALUES (gen_random_uuid(), $1, 'orders', gen_random_uuid(), 'bellhop_l_test', now() + interval '1 minute', $2)
-			RETURNING token`, a.ID, c.ID)
+			VALUES (gen_random_uuid(), $1, 'orders', $3, 'bellhop_l_test', now() + interval '1 minute', $2)
+			RETURNING token`, a.ID, c.ID, owner)
 	}
 	token := offer()
 	before := e.tableState("queue_messages")
@@ -541,17 +542,19 @@ func TestLeaseMessageOnlyOwnRows(t *testing.T) {
 		t.Errorf("the messages changed:\nbefore %s\nafter  %s", before, after)
 	}
 
-	// A producer's own rows, with a leasing dispatcher connected (the
-	// lease key held shared).
+	// A producer's own rows, with the offers' leasing dispatcher connected
+	// (the lease key and its owner key held shared).
 	key, err := e.pool.Acquire(e.ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer key.Release()
-	if _, err := key.Exec(e.ctx, `SELECT pg_advisory_lock_shared(1650814063, 0)`); err != nil {
+	if _, err := key.Exec(e.ctx, `SELECT pg_advisory_lock_shared(1650814063, 0),
+		pg_advisory_lock_shared(hashtextextended($1::text, 1650814064))`, owner); err != nil {
 		t.Fatal(err)
 	}
-	defer key.Exec(context.Background(), `SELECT pg_advisory_unlock_shared(1650814063, 0)`)
+	defer key.Exec(context.Background(), `SELECT pg_advisory_unlock_shared(1650814063, 0),
+		pg_advisory_unlock_shared(hashtextextended($1::text, 1650814064))`, owner)
 	insert := `INSERT INTO queue_messages (app_id, queue_name, payload) VALUES ($1, 'orders', '{}') RETURNING id`
 	var own, saved uuid.UUID
 	if err := pgx.BeginFunc(e.ctx, e.pool, func(tx pgx.Tx) error {

@@ -328,10 +328,15 @@ proctype producer(byte m) {
 			do
 			:: i >= ntok -> break
 #ifndef FLAW_SHARE_OFFER
+#ifndef FLAW_NO_OWNER_KEY
+			:: i < ntok && orow[i] == O_FREE && key[town[i]] ->
+#else
 			:: i < ntok && orow[i] == O_FREE ->
+#endif
 #else
 			:: i < ntok && orow[i] != O_NONE ->
 #endif
+				assert(ph[town[i]] != P_DEAD);  /* no lease to a crashed dispatcher's offer */
 				plk[m] = i; orow[i] = O_LOCKED; mst[m] = M_LOCK; break
 			:: i < ntok -> i++
 			od;
@@ -348,6 +353,7 @@ proctype producer(byte m) {
 		if
 		:: t != 0 ->
 			assert(tmsg[t] == 0);       /* a token leases one message */
+			assert(ph[town[t]] != P_GONE);  /* no lease outlives a clean stop, its attempt spent */
 			tok[m] = t; tmsg[t] = m + 1; orow[t] = O_NONE;
 			if
 			:: ph[town[t]] == P_RUN && lst[town[t]] == L_UP -> lnote[t] = true; nnote[town[t]]++
@@ -694,7 +700,12 @@ proctype failure() {
 		od;
 		npend[f] = 0
 	   };
+#ifndef FLAW_DROP_SKIP
+#define LOCKEDBYF(m) (mst[m] == M_LOCK && town[plk[m]] == f)
+	   atomic { slot[f] == 0 && !ANYM(LOCKEDBYF) ->  /* and no producer holds one of its offers */
+#else
 	   atomic { slot[f] == 0 ->           /* the running handler finished */
+#endif
 		t = 1;                           /* offer_drop.sql: all of ours */
 		do
 		:: t < NTOK -> if :: town[t] == f && orow[t] == O_FREE -> orow[t] = O_NONE; bk[t] = B_NONE :: else -> skip fi; t++

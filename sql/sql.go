@@ -190,6 +190,16 @@ var NextLeaseExpiry string
 //go:embed offer_drop.sql
 var OfferDrop string
 
+// OfferDropAll is offer_drop_all.sql.
+//
+//go:embed offer_drop_all.sql
+var OfferDropAll string
+
+// OfferDropAllWait is offer_drop_all_wait.sql.
+//
+//go:embed offer_drop_all_wait.sql
+var OfferDropAllWait string
+
 // OfferMake is offer_make.sql.
 //
 //go:embed offer_make.sql
