@@ -57,7 +57,7 @@ offers-flaw-forget-gone  |fail|prog|-DFLAW_FORGET_GONE -DNO_EXPIRY -DNO_FAILURE 
 offers-flaw-short-forget |fail|prog|-DFLAW_SHORT_FORGET -DNO_EXPIRY -DNO_FAILURE -DNOFF=1 -DNDROP=0 |offers.pml
 offers-flaw-late-start   |fail|prog|-DFLAW_LATE_START -DNO_FAILURE -DNOFF=1 -DNDROP=0 |offers.pml
 offers-flaw-drop-skip    |fail|prog|-DFLAW_DROP_SKIP -DSTOP_ONLY -DNEXP=0 -DNOFF=1 -DNDROP=0 |offers.pml
-offers-flaw-no-owner-key |fail|safe|-DFLAW_NO_OWNER_KEY -DCRASH_ONLY -DNO_POLL -DNO_EXPIRY -DNOFF=1 -DNDROP=0 |offers.pml
+offers-flaw-no-owner-key |fail|prog|-DFLAW_NO_OWNER_KEY -DCRASH_ONLY -DNEXP=0 -DNOFF=1 -DNDROP=0 |offers.pml
 '
 FULL='
 safe-3          |pass|safe|-DSYNC_NOTIFY
