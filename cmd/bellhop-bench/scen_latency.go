@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/bellhopq/bellhop"
@@ -129,16 +130,19 @@ func enqueueAlone(ctx context.Context, e *env, offer bool) error {
 		return err
 	}
 	defer prod.Close()
+	owner := uuid.New()
 	if offer {
-		// The lease key (migrations/0045_lease_key.sql), held as a leasing
-		// dispatcher's listener holds it: without it producers do not look
-		// for offers.
+		// The lease key (migrations/0045_lease_key.sql) and the offers'
+		// owner key (0055), held as a leasing dispatcher's listener holds
+		// them: without the first producers do not look for offers, and
+		// without the second they leave the owner's offers alone.
 		key, err := pgx.Connect(ctx, db.DSN)
 		if err != nil {
 			return err
 		}
 		defer key.Close(context.Background())
-		if _, err := key.Exec(ctx, `SELECT pg_advisory_lock_shared(1650814063, 0)`); err != nil {
+		if _, err := key.Exec(ctx, `SELECT pg_advisory_lock_shared(1650814063, 0),
+		    pg_advisory_lock_shared(hashtextextended($1::text, 1650814064))`, owner); err != nil {
 			return err
 		}
 	}
@@ -151,8 +155,8 @@ func enqueueAlone(ctx context.Context, e *env, offer bool) error {
 	// producer.
 	makeOffer := func(ctx context.Context) error {
 		_, err := setup.Exec(ctx, `INSERT INTO bellhop_offers (token, app_id, queue_name, owner, channel, expires_at, consumer_id)
-		    SELECT gen_random_uuid(), c.app_id, 'lat', gen_random_uuid(), 'bellhop_l_bench', now() + interval '1 hour', c.id
-		    FROM queue_consumers AS c WHERE c.app_name = $1 AND c.queue_name = 'lat'`, benchApp)
+		    SELECT gen_random_uuid(), c.app_id, 'lat', $2, 'bellhop_l_bench', now() + interval '1 hour', c.id
+		    FROM queue_consumers AS c WHERE c.app_name = $1 AND c.queue_name = 'lat'`, benchApp, owner)
 		return err
 	}
 	if offer {
