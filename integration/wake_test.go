@@ -244,6 +244,9 @@ func TestLockedRowBackoffStartsOver(t *testing.T) {
 	if _, err := tx2.Exec(ctx, `SELECT 1 FROM queue_messages WHERE id = $1 FOR UPDATE`, id); err != nil {
 		t.Fatal(err)
 	}
+	// The pass the enqueue's notification starts finds nothing due; the
+	// next claim is the timer's, at the due time.
+	cc.waitQuiet(t, 10*time.Second, 300*time.Millisecond, "the pass after the enqueue done")
 	base := cc.queue.Load()
 	waitFor(t, 10*time.Second, "the claim at the due time", func() bool { return cc.queue.Load() > base })
 	first := time.Now()
