@@ -49,6 +49,23 @@ func holdOwnerKey(t *testing.T, conn *pgx.Conn, owner uuid.UUID) {
 	}
 }
 
+// firstAttemptDelivered waits until rec has handled message id, as its
+// first attempt, and fails if it was dead-lettered instead: an attempt
+// spent on a lease nobody heard.
+func firstAttemptDelivered(t *testing.T, e *env, rec *recorder, id uuid.UUID) {
+	t.Helper()
+	waitFor(t, 10*time.Second, "the message delivered or dead-lettered", func() bool {
+		_, dead := e.deadLetterOf(t, id)
+		return rec.n.Load() == 1 || dead
+	})
+	if dl, dead := e.deadLetterOf(t, id); dead {
+		t.Fatalf("dead-lettered without ever being delivered: attempt %d of %d, %q", dl.Attempt, dl.Max, dl.LastError)
+	}
+	if got := rec.deliveries()[0]; got.ID != id || got.Attempt != 1 {
+		t.Errorf("delivered %s as attempt %d; want %s as attempt 1", got.ID, got.Attempt, id)
+	}
+}
+
 // leaseKeyHolders counts the sessions holding the lease key, by their
 // application_name.
 func (e *env) leaseKeyHolders(t *testing.T, app string) int {
@@ -227,16 +244,7 @@ func TestLeaseAtInsertDeadOffer(t *testing.T) {
 	if n := e.count(t, `SELECT count(*) FROM queue_messages WHERE id = $1 AND claim_token IS NOT NULL AND attempt = 1`, id); n != 0 {
 		t.Fatal("the message was leased to the dead dispatcher's offer")
 	}
-	waitFor(t, 10*time.Second, "the message delivered or dead-lettered", func() bool {
-		_, dead := e.deadLetterOf(t, id)
-		return rec.n.Load() == 1 || dead
-	})
-	if dl, dead := e.deadLetterOf(t, id); dead {
-		t.Fatalf("dead-lettered without ever being delivered: attempt %d of %d, %q", dl.Attempt, dl.Max, dl.LastError)
-	}
-	if got := rec.deliveries()[0]; got.ID != id || got.Attempt != 1 {
-		t.Errorf("delivered %s as attempt %d; want %s as attempt 1", got.ID, got.Attempt, id)
-	}
+	firstAttemptDelivered(t, e, rec, id)
 	if n := e.offers(t); n != 1 {
 		t.Errorf("%d offers; want the dead one, unused", n)
 	}
@@ -716,16 +724,7 @@ func TestStopWaitsForLockedOffer(t *testing.T) {
 	mux := bellhop.NewMux()
 	mux.Handle("app", "orders", rec2)
 	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: 500 * time.Millisecond}, nil)
-	waitFor(t, 10*time.Second, "the message delivered or dead-lettered", func() bool {
-		_, dead := e.deadLetterOf(t, id)
-		return rec2.n.Load() == 1 || dead
-	})
-	if dl, dead := e.deadLetterOf(t, id); dead {
-		t.Fatalf("dead-lettered without ever being delivered: attempt %d of %d, %q", dl.Attempt, dl.Max, dl.LastError)
-	}
-	if got := rec2.deliveries()[0]; got.ID != id || got.Attempt != 1 {
-		t.Errorf("delivered %s as attempt %d; want %s as attempt 1", got.ID, got.Attempt, id)
-	}
+	firstAttemptDelivered(t, e, rec2, id)
 }
 
 // TestStopWithdrawsOffersFirst: a stopping dispatcher whose handler is

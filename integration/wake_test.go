@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/bellhopq/bellhop"
@@ -162,13 +163,11 @@ func TestPausedBusyConsumerLosesNoWakeUp(t *testing.T) {
 	})
 }
 
-// TestLockedReadyRowBacksOff: a ready message that an outside transaction
-// holds locked (an operator's SELECT ... FOR UPDATE) is skipped by the
-// claim, which then looks again, since a dying claim would leave such
-// rows unannounced. The look-agains back off to once a second: they used
-// to stay at 20 ms, fifty claims a second for as long as the lock lasted.
-// Once the lock goes, the message is delivered.
-func TestLockedReadyRowBacksOff(t *testing.T) {
+// lockedReadyRow enqueues one message, locks it in a transaction of its
+// own (rolled back when t ends, or by the caller), and starts a dispatcher
+// with cfg (PollInterval an hour) whose claims cc counts.
+func lockedReadyRow(t *testing.T, cfg bellhop.DispatcherConfig) (*env, pgx.Tx, *recorder, *claimCounter) {
+	t.Helper()
 	e := newEnv(t)
 	ctx := context.Background()
 	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders"})
@@ -177,7 +176,7 @@ func TestLockedReadyRowBacksOff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tx.Rollback(ctx)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
 	if _, err := tx.Exec(ctx, `SELECT 1 FROM queue_messages FOR UPDATE`); err != nil {
 		t.Fatal(err)
 	}
@@ -185,8 +184,20 @@ func TestLockedReadyRowBacksOff(t *testing.T) {
 	mux := bellhop.NewMux()
 	mux.Handle("app", "orders", rec)
 	cc := &claimCounter{}
-	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour},
-		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = cc })
+	cfg.Resolver, cfg.PollInterval = mux, time.Hour
+	startDispatcher(t, e.dsn, cfg, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = cc })
+	return e, tx, rec, cc
+}
+
+// TestLockedReadyRowBacksOff: a ready message that an outside transaction
+// holds locked (an operator's SELECT ... FOR UPDATE) is skipped by the
+// claim, which then looks again, since a dying claim would leave such
+// rows unannounced. The look-agains back off to once a second: they used
+// to stay at 20 ms, fifty claims a second for as long as the lock lasted.
+// Once the lock goes, the message is delivered.
+func TestLockedReadyRowBacksOff(t *testing.T) {
+	_, tx, rec, cc := lockedReadyRow(t, bellhop.DispatcherConfig{})
+	ctx := context.Background()
 	waitFor(t, 10*time.Second, "the first claim", func() bool { return cc.queue.Load() >= 1 })
 	first := time.Now()
 	// Ten more: at 20 ms apart they took about 0.2 s; backing off from
@@ -210,24 +221,8 @@ func TestLockedReadyRowBacksOff(t *testing.T) {
 // one long lock, so rows a dying claim left behind later waited a second
 // instead of milliseconds.
 func TestLockedRowBackoffStartsOver(t *testing.T) {
-	e := newEnv(t)
+	e, tx, rec, cc := lockedReadyRow(t, bellhop.DispatcherConfig{DisableBusyMarks: true})
 	ctx := context.Background()
-	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders"})
-	e.enqueue(t, "orders", 1, bellhop.EnqueueOptions{})
-	tx, err := e.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM queue_messages FOR UPDATE`); err != nil {
-		t.Fatal(err)
-	}
-	rec := &recorder{}
-	mux := bellhop.NewMux()
-	mux.Handle("app", "orders", rec)
-	cc := &claimCounter{}
-	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour, DisableBusyMarks: true},
-		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = cc })
 	waitFor(t, 30*time.Second, "eleven claims of the locked row", func() bool { return cc.queue.Load() >= 11 })
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
