@@ -221,7 +221,7 @@ func (l *lane) settleGone() {
 		}
 		// As a lane's own settle, but backing off to a second: a stream
 		// of producers may keep the lock taken for a while.
-		t := time.NewTimer(min(time.Second, time.Millisecond<<min(tries, 10)))
+		t := time.NewTimer(doubling(tries, time.Second))
 		select {
 		case <-l.d.stopping:
 			t.Stop()
@@ -316,7 +316,7 @@ func (l *lane) pass(ctx context.Context, byTimer bool) {
 	// back off instead of spinning.
 	if byTimer && !claimed && !next.IsZero() && !next.After(time.Now()) {
 		l.emptyTimerWakes++
-		next = time.Now().Add(min(time.Second, time.Millisecond<<min(l.emptyTimerWakes, 10)))
+		next = time.Now().Add(doubling(l.emptyTimerWakes, time.Second))
 	} else if claimed || byTimer {
 		l.emptyTimerWakes = 0
 	}
@@ -450,7 +450,7 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 		next = pass.NextDue
 		if pass.ReadyLeft {
 			l.tries++
-			next = earliest(next, time.Now().Add(min(time.Second, time.Millisecond<<min(l.tries, 10))))
+			next = earliest(next, time.Now().Add(doubling(l.tries, time.Second)))
 		}
 		if !marks {
 			if !pass.ReadyLeft {
@@ -499,7 +499,7 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 		if l.settle {
 			// A producer that read a mark has not committed yet.
 			l.tries++
-			return earliest(next, time.Now().Add(min(20*time.Millisecond, time.Millisecond<<min(l.tries, 5)))), claimed
+			return earliest(next, time.Now().Add(doubling(l.tries, 20*time.Millisecond))), claimed
 		}
 		if pass.ForeignLease.IsZero() && l.watching {
 			// The mark we watched is gone or expired; its producers may
@@ -608,6 +608,12 @@ func (l *lane) release(ctx context.Context) {
 	if !confirmed {
 		l.needFree = true
 	}
+}
+
+// doubling is the lanes' look-again delay after n tries in a row: 1ms,
+// doubled per try, at most ceiling.
+func doubling(n int, ceiling time.Duration) time.Duration {
+	return min(ceiling, time.Millisecond<<min(n, 30))
 }
 
 // earliest is the earlier of two times, ignoring zero ones.
