@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"regexp"
 	"strconv"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/bellhopq/bellhop/internal/pgtest"
+	"github.com/rs/zerolog"
 )
 
 var stoppingRE = regexp.MustCompile(`stopping gracefully`)
@@ -439,5 +441,36 @@ func lockedTable(t *testing.T, table string) (string, func() bool) {
 		return queryInt(t, pool, `SELECT count(*) FROM pg_locks
 			WHERE NOT granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 			  AND relation = to_regclass($1)`, table) > 0
+	}
+}
+
+// TestReadyzHidesTheError: /readyz is not authenticated, so a database
+// error, which can name the server, its user and database, is logged and
+// not shown to the caller.
+func TestReadyzHidesTheError(t *testing.T) {
+	t.Parallel()
+	const detail = "failed to connect to `user=bellhop_ops database=orders_prod`: 10.1.2.3:5432"
+	tests := []struct {
+		name     string
+		err      error
+		wantCode int
+		wantBody string
+	}{
+		{"ready", nil, http.StatusOK, "ready\n"},
+		{"database down", fmt.Errorf("database: %s", detail), http.StatusServiceUnavailable, "not ready\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var logs strings.Builder
+			h := readyz(func(context.Context) error { return tt.err }, zerolog.New(&logs))
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+			if rec.Code != tt.wantCode || rec.Body.String() != tt.wantBody {
+				t.Errorf("/readyz = %d %q, want %d %q", rec.Code, rec.Body.String(), tt.wantCode, tt.wantBody)
+			}
+			if tt.err != nil && !strings.Contains(logs.String(), detail) {
+				t.Errorf("the reason is not logged: %q", logs.String())
+			}
+		})
 	}
 }
