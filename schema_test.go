@@ -372,6 +372,13 @@ func TestConstraintsRejectPlainSQL(t *testing.T) {
 			VALUES ($1, 'orders', '{}', now())`, []any{app.ID}, "queue_messages_claim_pair_check"},
 		{"invoke delivery with claim_token without claimed_at", `INSERT INTO outbox (app_id, source_kind, trigger_id, payload, claim_token)
 			VALUES ($1, 'invoke', $2, '{}', gen_random_uuid())`, []any{app.ID, trigger}, "outbox_claim_pair_check"},
+		// Times Go cannot read, which stopped the queue's claims (0056).
+		{"enqueued_at -infinity", `INSERT INTO queue_messages (app_id, queue_name, payload, enqueued_at)
+			VALUES ($1, 'orders', '{}', '-infinity')`, []any{app.ID}, "queue_messages_enqueued_at_finite_check"},
+		{"deliver_after infinity", `INSERT INTO queue_messages (app_id, queue_name, payload, deliver_after)
+			VALUES ($1, 'orders', '{}', 'infinity')`, []any{app.ID}, "queue_messages_deliver_after_finite_check"},
+		{"invoke delivery due at -infinity", `INSERT INTO outbox (app_id, source_kind, trigger_id, payload, deliver_after)
+			VALUES ($1, 'invoke', $2, '{}', '-infinity')`, []any{app.ID, trigger}, "outbox_times_finite_check"},
 	}
 	for _, tc := range cases {
 		t.Run("rejects "+tc.name, func(t *testing.T) {

@@ -386,28 +386,7 @@ func TestClaimPairRepair(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
 	conn := connect(t, ctx, emptyDatabase(t))
-
-	m, err := migrate.NewMigrator(ctx, conn, migrations.VersionTable)
-	if err != nil {
-		t.Fatal(err)
-	}
-	files, err := migrations.Files()
-	if err != nil {
-		t.Fatal(err)
-	}
-	before := int32(-1)
-	for i, f := range files {
-		m.AppendMigration(f.Name, f.SQL, "")
-		if f.Number == 50 {
-			before = int32(i) // versions count migrations from 1
-		}
-	}
-	if before < 0 {
-		t.Fatal("no migration 0050")
-	}
-	if err := m.MigrateTo(ctx, before); err != nil {
-		t.Fatal(err)
-	}
+	migrateTo(t, ctx, conn, versionBefore(t, 50))
 	var app, trigger uuid.UUID
 	if err := conn.QueryRow(ctx, `WITH a AS (INSERT INTO apps (name) VALUES ('shop') RETURNING id),
 		p AS (INSERT INTO principals (app_id, name) SELECT id, 'p' FROM a RETURNING id, app_id)
@@ -453,6 +432,102 @@ func TestClaimPairRepair(t *testing.T) {
 				i, r.table, r.kind, r.token, r.claimedAt, token, at, r.wantToken, r.wantAt)
 		}
 	}
+}
+
+// TestFiniteTimesRepair: migration 0056 mends the infinite times that its
+// CHECKs forbid, in messages, invoke deliveries and dead letters, rather
+// than failing or dropping the rows, and leaves finite times and the base
+// system's outbox rows as they were.
+func TestFiniteTimesRepair(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	conn := connect(t, ctx, emptyDatabase(t))
+	migrateTo(t, ctx, conn, versionBefore(t, 56))
+	var app, trigger uuid.UUID
+	if err := conn.QueryRow(ctx, `WITH a AS (INSERT INTO apps (name) VALUES ('shop') RETURNING id),
+		p AS (INSERT INTO principals (app_id, name) SELECT id, 'p' FROM a RETURNING id, app_id)
+		INSERT INTO triggers (app_id, kind, principal_id) SELECT app_id, 'queue', id FROM p RETURNING app_id, id`).Scan(&app, &trigger); err != nil {
+		t.Fatal(err)
+	}
+	const fixed = "2026-01-02 03:04:05+00"
+	// want: "fixed", "now" (within a minute of the migration), "far"
+	// (3650 days on) or "null".
+	rows := []struct {
+		table, kind           string
+		enqueuedAt, deliverAt string
+		wantEnq, wantDeliver  string
+	}{
+		{"queue_messages", "", "-infinity", "", "now", "null"},
+		{"queue_messages", "", "infinity", fixed, "now", "fixed"},
+		{"queue_messages", "", fixed, "-infinity", "fixed", "null"},
+		{"queue_messages", "", fixed, "infinity", "fixed", "far"},
+		{"queue_messages", "", fixed, fixed, "fixed", "fixed"},
+		{"outbox", "invoke", "-infinity", "infinity", "now", "far"},
+		{"outbox", "event", "-infinity", "infinity", "-infinity", "infinity"}, // the base system's: kept
+		{"dead_letters", "", "infinity", "-infinity", "now", "null"},
+	}
+	ids := make([]uuid.UUID, len(rows))
+	for i, r := range rows {
+		var q string
+		switch r.table {
+		case "queue_messages":
+			q = `INSERT INTO queue_messages (app_id, queue_name, payload, enqueued_at, deliver_after)
+				VALUES ($1, 'q', '{}', $2::timestamptz, nullif($3, '')::timestamptz) RETURNING id`
+		case "outbox":
+			q = `INSERT INTO outbox (app_id, source_kind, trigger_id, payload, enqueued_at, deliver_after)
+				VALUES ($1, $4, $5, '{}', $2::timestamptz, nullif($3, '')::timestamptz) RETURNING id`
+		case "dead_letters":
+			q = `INSERT INTO dead_letters (id, source, app_id, queue_name, payload, enqueued_at, deliver_after, attempt, max_attempts, last_error)
+				VALUES (gen_random_uuid(), 'queue', $1, 'q', '{}', $2::timestamptz, nullif($3, '')::timestamptz, 3, 3, 'failed') RETURNING id`
+		}
+		args := []any{app, r.enqueuedAt, r.deliverAt}
+		if r.table == "outbox" {
+			args = append(args, r.kind, trigger)
+		}
+		if err := conn.QueryRow(ctx, q, args...).Scan(&ids[i]); err != nil {
+			t.Fatalf("row %d (%s): %v", i, r.table, err)
+		}
+	}
+	if err := migrations.Migrate(ctx, conn); err != nil {
+		t.Fatalf("Migrate over infinite times: %v", err)
+	}
+	for i, r := range rows {
+		var got string
+		err := conn.QueryRow(ctx, `SELECT string_agg(CASE
+				WHEN x IS NULL THEN 'null'
+				WHEN x = $2::timestamptz THEN 'fixed'
+				WHEN NOT isfinite(x) THEN x::text
+				WHEN abs(extract(epoch FROM x - now())) < 60 THEN 'now'
+				WHEN abs(extract(epoch FROM x - (now() + interval '3650 days'))) < 60 THEN 'far'
+				ELSE x::text END, ',' ORDER BY n)
+			FROM (SELECT enqueued_at, deliver_after FROM `+r.table+` WHERE id = $1) m,
+			LATERAL (VALUES (1, m.enqueued_at), (2, m.deliver_after)) v(n, x)`, ids[i], fixed).Scan(&got)
+		if err != nil {
+			t.Fatalf("row %d (%s): %v", i, r.table, err)
+		}
+		if want := r.wantEnq + "," + r.wantDeliver; got != want {
+			t.Errorf("row %d (%s %s, enqueued_at %q, deliver_after %q): %s after 0056, want %s",
+				i, r.table, r.kind, r.enqueuedAt, r.deliverAt, got, want)
+		}
+	}
+}
+
+// versionBefore is the schema version just before migration number, which
+// migrateTo takes.
+func versionBefore(t *testing.T, number int) int {
+	t.Helper()
+	files, err := migrations.Files()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, f := range files {
+		if f.Number == number {
+			return i // versions count migrations from 1
+		}
+	}
+	t.Fatalf("no migration %04d", number)
+	return 0
 }
 
 // migrateTo applies the first n migrations to conn's database with tern
