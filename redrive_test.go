@@ -3,17 +3,21 @@ package bellhop_test
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/bellhopq/bellhop"
+	queries "github.com/bellhopq/bellhop/sql"
 )
 
 // TestRedriveLeavesWhatCannotMove: a redrive moves what it can and says why
 // the rest stayed. An invoke dead letter whose consumer was removed was
 // left silently (a redrive by its id reported "no such dead letter"), and
 // one whose id a producer had reused for a live message failed the whole
-// redrive with a bare unique violation, moving nothing.
+// redrive with a bare unique violation, moving nothing. What moves is
+// enqueued anew.
 func TestRedriveLeavesWhatCannotMove(t *testing.T) {
 	e := fxNew(t)
 	shop := e.app("shop")
@@ -25,7 +29,7 @@ func TestRedriveLeavesWhatCannotMove(t *testing.T) {
 		t.Helper()
 		id := uuid.New()
 		e.exec(`INSERT INTO dead_letters (id, source, app_id, queue_name, trigger_id, payload, enqueued_at, attempt, max_attempts, last_error)
-			VALUES ($1, $2, $3, 'orders', $4, '{"n":1}', now(), 3, 3, 'boom')`, id, source, shop.ID, trigger)
+			VALUES ($1, $2, $3, 'orders', $4, '{"n":1}', now() - interval '3 days', 3, 3, 'boom')`, id, source, shop.ID, trigger)
 		return id
 	}
 	plain := dead("queue", nil)
@@ -69,5 +73,115 @@ func TestRedriveLeavesWhatCannotMove(t *testing.T) {
 	}
 	if got := e.int64(`SELECT count(*) FROM queue_messages WHERE id = $1 AND attempt = 0 AND claim_token IS NULL`, plain); got != 1 {
 		t.Error("the redriven message is not back in its queue, fresh")
+	}
+	// Enqueued anew, behind the backlog: not first in line, and not 3
+	// days old in the queue's age and latency figures.
+	if got := e.int64(`SELECT count(*) FROM queue_messages WHERE id = $1 AND enqueued_at > now() - interval '1 minute'`, plain); got != 1 {
+		t.Error("the redriven message kept its first enqueued_at")
+	}
+}
+
+// TestRedriveBesideUncommittedChange: a redrive that meets a change not
+// yet committed (a producer's insert reusing a dead letter's id, or the
+// removal of an invoke dead letter's consumer) waits for it, then moves
+// what it can and counts what stayed as if the change had been there
+// before. It failed the whole redrive with a unique or foreign-key
+// violation, moving nothing, and on a rollback it still moves everything.
+func TestRedriveBesideUncommittedChange(t *testing.T) {
+	t.Parallel()
+	const (
+		produce = iota
+		removeConsumer
+		redrive
+	)
+	for _, c := range []struct {
+		name               string
+		change             int
+		commit             bool
+		moved, gone, inUse int64
+		left, live         int64 // dead letters; messages and deliveries
+	}{
+		{"producer commits", produce, true, 1, 0, 1, 1, 2},
+		{"producer rolls back", produce, false, 2, 0, 0, 0, 2},
+		{"consumer removal commits", removeConsumer, true, 0, 2, 0, 2, 0},
+		{"consumer removal rolls back", removeConsumer, false, 2, 0, 0, 0, 2},
+		// Nothing doubled: the second redrive finds nothing left to move.
+		{"another redrive commits", redrive, true, 0, 0, 0, 0, 2},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e := fxNew(t)
+			shop := e.app("shop")
+			cons, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			source, trigger := "queue", (*uuid.UUID)(nil)
+			if c.change == removeConsumer {
+				source, trigger = "invoke", &cons.ID
+			}
+			ids := []uuid.UUID{uuid.New(), uuid.New()}
+			for _, id := range ids {
+				e.exec(`INSERT INTO dead_letters (id, source, app_id, queue_name, trigger_id, payload, enqueued_at, attempt, max_attempts, last_error)
+					VALUES ($1, $2, $3, 'orders', $4, '{"n":1}', now(), 3, 3, 'boom')`, id, source, shop.ID, trigger)
+			}
+			tx, err := e.pool.Begin(e.ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(e.ctx)
+			change := `INSERT INTO queue_messages (id, app_id, queue_name, payload) VALUES ($1, $2, 'orders', '{"second":"life"}')`
+			args := []any{ids[0], shop.ID}
+			switch c.change {
+			case removeConsumer:
+				change, args = `DELETE FROM triggers WHERE id = $1`, []any{cons.ID}
+			case redrive:
+				change, args = queries.DeadRedrive, []any{pgx.NamedArgs{"app_name": "shop", "queue_name": "orders", "id": nil}}
+			}
+			if _, err := tx.Exec(e.ctx, change, args...); err != nil {
+				t.Fatal(err)
+			}
+			type result struct {
+				n   int64
+				err error
+			}
+			done := make(chan result, 1)
+			go func() {
+				n, err := e.client.Redrive(e.ctx, "shop", "orders", uuid.Nil)
+				done <- result{n, err}
+			}()
+			waitUntil(t, 30*time.Second, "the redrive to wait for the change", func() bool {
+				return e.int64(`SELECT count(*) FROM pg_stat_activity
+					WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%dead_letters%'`) > 0
+			})
+			if c.commit {
+				err = tx.Commit(e.ctx)
+			} else {
+				err = tx.Rollback(e.ctx)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := <-done
+			var nr *bellhop.NotRedrivenError
+			switch {
+			case c.gone+c.inUse == 0 && r.err != nil:
+				t.Fatalf("Redrive: %d, %v; want every dead letter moved", r.n, r.err)
+			case c.gone+c.inUse > 0 && !errors.As(r.err, &nr):
+				t.Fatalf("Redrive: %d, %v; want a NotRedrivenError", r.n, r.err)
+			}
+			if nr == nil {
+				nr = &bellhop.NotRedrivenError{}
+			}
+			if r.n != c.moved || nr.ConsumerGone != c.gone || nr.IDInUse != c.inUse {
+				t.Errorf("moved %d, left %+v; want moved %d, %d consumer gone, %d id in use", r.n, *nr, c.moved, c.gone, c.inUse)
+			}
+			if got := e.int64(`SELECT count(*) FROM dead_letters`); got != c.left {
+				t.Errorf("%d dead letters left, want %d", got, c.left)
+			}
+			if got := e.int64(`SELECT count(*) FROM queue_messages`) + e.int64(`SELECT count(*) FROM outbox`); got != c.live {
+				t.Errorf("%d messages and deliveries, want %d", got, c.live)
+			}
+		})
 	}
 }

@@ -1,43 +1,51 @@
 -- Moves dead letters back for another round of attempts (attempt 0, no
--- claim, deliverable now): 'queue' ones into queue_messages, whose insert
+-- claim, deliverable now, enqueued now: behind the queue's backlog, and
+-- with its age and latency counted from the redrive, not from a first
+-- enqueue that may be days old): 'queue' ones into queue_messages, whose insert
 -- trigger wakes the dispatchers, and 'invoke' ones into the outbox. Selected
--- by id, or by app and queue, or every one of an app. The delete and the
--- inserts are one statement, so nothing is lost or doubled.
+-- by id, or by app and queue, or every one of an app. A dead letter is
+-- deleted only once its message is inserted, in the same statement, so
+-- nothing is lost or doubled.
 --
 -- Two kinds of selected dead letter cannot move and stay where they are,
 -- counted in the result so that the caller can say why: an invoke delivery
 -- whose consumer was removed (its outbox row would have no trigger), and
 -- one whose id is in use again by a live message or delivery (a producer
--- may choose ids, and may reuse a dead message's). Moving either would
--- fail the whole statement and move nothing else.
+-- may choose ids, and may reuse a dead message's). Either would otherwise
+-- fail the whole statement and move nothing else, also when the producer
+-- or the removal has not committed yet: the selected dead letters are
+-- locked, so that a concurrent redrive skips what this one moves; a
+-- consumer that is there is locked against removal until this commits;
+-- and an insert that meets a live id, committed or not, does nothing.
 WITH sel AS (
-    SELECT d.id, d.app_id, d.source,
-           d.source = 'invoke' AND NOT EXISTS (SELECT 1 FROM triggers t WHERE t.id = d.trigger_id) AS consumer_gone,
-           CASE WHEN d.source = 'queue'
-                THEN EXISTS (SELECT 1 FROM queue_messages m WHERE m.id = d.id)
-                ELSE EXISTS (SELECT 1 FROM outbox o WHERE o.id = d.id) END AS id_live
+    SELECT d.id, d.app_id, d.source, d.queue_name, d.trigger_id, d.payload, d.max_attempts, d.enqueued_by_principal,
+           d.source = 'invoke'
+               AND NOT EXISTS (SELECT 1 FROM triggers t WHERE t.id = d.trigger_id FOR KEY SHARE) AS consumer_gone
     FROM dead_letters d
     JOIN apps a ON a.id = d.app_id
     WHERE a.name = @app_name
       AND (@id::uuid IS NULL OR d.id = @id)
       AND (@queue_name::text IS NULL OR d.queue_name = @queue_name)
-), moved AS (
-    DELETE FROM dead_letters d
-    USING sel
-    WHERE d.id = sel.id AND d.app_id = sel.app_id AND d.source = sel.source
-      AND NOT sel.consumer_gone AND NOT sel.id_live
-    RETURNING d.*
+    FOR UPDATE OF d
 ), q AS (
     INSERT INTO queue_messages (id, app_id, queue_name, payload, enqueued_at, max_attempts, enqueued_by_principal)
-    SELECT id, app_id, queue_name, payload, enqueued_at, max_attempts, enqueued_by_principal
-    FROM moved WHERE source = 'queue'
-    RETURNING id
+    SELECT id, app_id, queue_name, payload, now(), max_attempts, enqueued_by_principal
+    FROM sel WHERE source = 'queue'
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id, app_id
 ), o AS (
     INSERT INTO outbox (id, app_id, source_kind, trigger_id, payload, enqueued_at, max_attempts)
-    SELECT id, app_id, 'invoke', trigger_id, payload, enqueued_at, max_attempts
-    FROM moved WHERE source = 'invoke'
-    RETURNING id
+    SELECT id, app_id, 'invoke', trigger_id, payload, now(), max_attempts
+    FROM sel WHERE source = 'invoke' AND NOT consumer_gone
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id, app_id
+), moved AS (
+    DELETE FROM dead_letters d
+    USING (SELECT id, app_id, 'queue'::text AS source FROM q
+           UNION ALL SELECT id, app_id, 'invoke' FROM o) m
+    WHERE d.id = m.id AND d.app_id = m.app_id AND d.source = m.source
+    RETURNING 1
 )
-SELECT (SELECT count(*) FROM q) + (SELECT count(*) FROM o) AS moved,
+SELECT (SELECT count(*) FROM moved) AS moved,
        (SELECT count(*) FROM sel WHERE consumer_gone) AS consumer_gone,
-       (SELECT count(*) FROM sel WHERE id_live AND NOT consumer_gone) AS id_live
+       (SELECT count(*) FROM sel WHERE NOT consumer_gone) - (SELECT count(*) FROM moved) AS id_live
