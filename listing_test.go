@@ -203,3 +203,33 @@ func TestPayloadLimitsWhereChecked(t *testing.T) {
 		t.Errorf("%d payloads nested 200 deep stored, want 2", n)
 	}
 }
+
+// TestQueuesCountEveryDeadLetter: a queue's dead count is what dead ls,
+// redrive and purge select for it, its consumer's invoke deliveries
+// included. It counted the queue's messages only, so invoke deliveries
+// could die unseen by the queue list and its metric.
+func TestQueuesCountEveryDeadLetter(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	shop := e.app("shop")
+	cons, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.deadLetter(shop.ID, "orders")
+	for range 2 {
+		e.exec(`INSERT INTO dead_letters (id, source, app_id, queue_name, trigger_id, payload, enqueued_at, attempt, max_attempts, last_error)
+			VALUES (gen_random_uuid(), 'invoke', $1, 'orders', $2, '{}', now(), 3, 3, 'boom')`, shop.ID, cons.ID)
+	}
+	ds, err := e.client.DeadLetters(e.ctx, bellhop.DeadFilter{App: "shop", Queue: "orders"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	qs, err := e.client.Queues(e.ctx, "shop")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(qs) != 1 || qs[0].Dead != 3 || len(ds) != 3 {
+		t.Errorf("Queues: %+v, DeadLetters: %d; want one queue with 3 dead, and 3 listed", qs, len(ds))
+	}
+}

@@ -19,7 +19,7 @@ type QueueInfo struct {
 	Ready    int64 // claimable now
 	Delayed  int64 // waiting for deliver_after
 	InFlight int64 // leased to a consumer
-	Dead     int64 // in dead_letters
+	Dead     int64 // in dead_letters: its messages' and its consumer's invoke deliveries'
 	// OldestReady is how long the oldest ready message has been ready.
 	OldestReady     time.Duration
 	ConsumerID      *uuid.UUID

@@ -710,7 +710,7 @@ func deadCommand(d *deps) *cli.Command {
 			},
 		}, {
 			Name:      "show",
-			Usage:     "show one dead letter in full, as JSON",
+			Usage:     "show a dead letter in full, as JSON (each one, if a message and an invoke delivery share the id)",
 			ArgsUsage: "MESSAGE_ID",
 			Flags:     []cli.Flag{appFlag},
 			Action: func(ctx context.Context, cmd *cli.Command) error {
@@ -730,7 +730,9 @@ func deadCommand(d *deps) *cli.Command {
 					return err
 				}
 				defer pool.Close()
-				ds, err := c.DeadLetters(ctx, bellhop.DeadFilter{App: cmd.String("app"), ID: id, Limit: 1})
+				// A message and an invoke delivery may share an id, and
+				// redrive and purge act on both: show both.
+				ds, err := c.DeadLetters(ctx, bellhop.DeadFilter{App: cmd.String("app"), ID: id})
 				if err != nil {
 					return err
 				}
@@ -739,7 +741,12 @@ func deadCommand(d *deps) *cli.Command {
 				}
 				enc := json.NewEncoder(d.stdout)
 				enc.SetIndent("", "  ")
-				return enc.Encode(ds[0])
+				for _, x := range ds {
+					if err := enc.Encode(x); err != nil {
+						return err
+					}
+				}
+				return nil
 			},
 		}, {
 			Name: "redrive", Usage: "move dead letters back to their queue: one MESSAGE_ID, or all of --queue (not both)",

@@ -1,6 +1,9 @@
 package main
 
 import (
+	"encoding/json"
+	"io"
+	"slices"
 	"strings"
 	"testing"
 
@@ -32,5 +35,41 @@ func TestRedriveSaysWhatStayed(t *testing.T) {
 	}
 	if n := queryInt(t, pool, "SELECT count(*) FROM queue_messages"); n != 2 {
 		t.Errorf("%d messages queued, want 2 (the live one and the redriven one)", n)
+	}
+}
+
+// TestDeadShowSharedID: dead show prints every dead letter with the id,
+// as redrive and purge act on every one. A queue message and an invoke
+// delivery may share an id; show printed one, and a purge then deleted one
+// the user had not been shown.
+func TestDeadShowSharedID(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.ConnString(t)
+	ok(t, dsn, "app", "create", "shop")
+	pool := db(t, dsn)
+	const id = "0b6e4d7a-1111-4c2b-9a55-2f0c3e7d9a01"
+	if _, err := pool.Exec(t.Context(), `
+		INSERT INTO dead_letters (id, source, app_id, queue_name, trigger_id, payload, enqueued_at, attempt, max_attempts, last_error)
+		SELECT $1, s, a.id, 'orders', CASE WHEN s = 'invoke' THEN gen_random_uuid() END, '{}', now(), 3, 3, 'boom'
+		FROM apps a, unnest(ARRAY['queue', 'invoke']) AS s WHERE a.name = 'shop'`, id); err != nil {
+		t.Fatal(err)
+	}
+	dec := json.NewDecoder(strings.NewReader(ok(t, dsn, "dead", "show", "--app", "shop", id)))
+	var sources []string
+	for {
+		var dl struct{ ID, Source string }
+		if err := dec.Decode(&dl); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatalf("dead show is not a stream of JSON objects: %v", err)
+		}
+		if dl.ID != id {
+			t.Errorf("dead show printed id %s, want %s", dl.ID, id)
+		}
+		sources = append(sources, dl.Source)
+	}
+	slices.Sort(sources)
+	if !slices.Equal(sources, []string{"invoke", "queue"}) {
+		t.Errorf("dead show printed the dead letters of sources %v, want [invoke queue]", sources)
 	}
 }
