@@ -16,8 +16,9 @@ var (
 	// ErrInvalidName: an app or principal name is 1 to 63 bytes of
 	// [A-Za-z0-9._-], starting with a letter or digit.
 	ErrInvalidName = validate.ErrName
-	// ErrInvalidPayload: the payload is not one JSON value (or nests too
-	// deep, or holds \u0000, which jsonb cannot store).
+	// ErrInvalidPayload: the payload is not one JSON value (or nests more
+	// than 128 deep, a limit of this client's, which a plain INSERT or
+	// enqueue() does not apply, or holds \u0000, which jsonb cannot store).
 	ErrInvalidPayload = validate.ErrPayload
 	// ErrPayloadTooLarge: the payload, as given, is over 1 MiB.
 	ErrPayloadTooLarge = validate.ErrTooLarge

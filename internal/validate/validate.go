@@ -1,7 +1,9 @@
 // Package validate checks producer and operator input before it reaches
-// the database. The database enforces the same rules with constraints
-// (see migrations/0038_constraints.sql); checking here first gives callers
-// a typed error that names the problem.
+// the database, which gives callers a typed error that names the problem.
+// The database enforces most of the same rules with constraints, for
+// writers that do not come through here (see migrations/0038_constraints.sql),
+// but not all: it does not limit a payload's nesting, and it measures a
+// payload's size as jsonb text rather than as given.
 package validate
 
 import (
