@@ -21,6 +21,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop/claim"
+	"github.com/bellhopq/bellhop/internal/backoff"
 	queries "github.com/bellhopq/bellhop/sql"
 )
 
@@ -78,6 +79,7 @@ func (r *Reclaimer) fire() {
 // Run performs passes when the timer fires, until ctx is done.
 func (r *Reclaimer) Run(ctx context.Context) {
 	defer r.timer.Stop()
+	var failures, stuck int
 	for {
 		select {
 		case <-ctx.Done():
@@ -87,27 +89,49 @@ func (r *Reclaimer) Run(ctx context.Context) {
 		r.mu.Lock()
 		r.next = time.Time{}
 		r.mu.Unlock()
-		next, err := r.Pass(ctx)
+		res, next, err := r.pass(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
-			r.log.Warn().Err(err).Msg("reclaim pass failed; retrying in 1s")
-			r.Observe(time.Now().Add(time.Second))
+			// A failure that lasts (a revoked grant, a database away)
+			// costs a statement and a log line at 1, 2, 4 ... 30s, not
+			// every second for as long as it lasts.
+			failures++
+			wait := backoff.Delay(failures, time.Second, 30*time.Second)
+			r.log.Warn().Err(err).Dur("retry_in", wait).Msg("reclaim pass failed")
+			r.Observe(time.Now().Add(wait))
 			continue
 		}
-		// Leases still live are re-armed; one whose consumer's timeout
-		// is longer than we knew comes back no sooner than 100ms, so the
-		// timer cannot spin.
-		if !next.IsZero() {
-			r.Observe(later(next, time.Now().Add(100*time.Millisecond)))
+		failures = 0
+		if next.IsZero() {
+			stuck = 0
+			continue
 		}
+		// Leases still live are re-armed, no sooner than 100ms, so that
+		// one whose consumer's timeout is longer than we knew cannot spin
+		// the timer. A lease that has expired and yet was not reclaimed is
+		// on a row another transaction holds locked (the pass skips locked
+		// rows): it is looked at again backing off to once a second, not
+		// ten times a second for as long as the lock lasts.
+		now := time.Now()
+		if res.Released+res.DeadLettered == 0 && !next.After(now) {
+			stuck++
+		} else {
+			stuck = 0
+		}
+		r.Observe(later(next, now.Add(min(time.Second, 100*time.Millisecond<<min(stuck, 4)))))
 	}
 }
 
 // Pass returns expired leases now, and reports when the next live lease
 // expires, on this process's clock (zero if none), in one round trip.
 func (r *Reclaimer) Pass(ctx context.Context) (time.Time, error) {
+	_, next, err := r.pass(ctx)
+	return next, err
+}
+
+func (r *Reclaimer) pass(ctx context.Context) (Result, time.Time, error) {
 	args := pgx.NamedArgs{"default_vt_secs": int(r.defaultVT / time.Second)}
 	b := &pgx.Batch{}
 	b.Queue(queries.Reclaim, args)
@@ -117,15 +141,15 @@ func (r *Reclaimer) Pass(ctx context.Context) (time.Time, error) {
 	var res Result
 	var woken, floorsStarted int64
 	if err := br.QueryRow().Scan(&res.Released, &res.DeadLettered, &woken, &floorsStarted); err != nil {
-		return time.Time{}, err
+		return res, time.Time{}, err
 	}
 	var next *time.Time
 	var dbNow time.Time
 	if err := br.QueryRow().Scan(&next, &dbNow); err != nil {
-		return time.Time{}, err
+		return res, time.Time{}, err
 	}
 	if err := br.Close(); err != nil {
-		return time.Time{}, err
+		return res, time.Time{}, err
 	}
 	if res.Released+res.DeadLettered > 0 {
 		r.log.Info().Int64("released", res.Released).Int64("dead_lettered", res.DeadLettered).
@@ -135,9 +159,9 @@ func (r *Reclaimer) Pass(ctx context.Context) (time.Time, error) {
 		}
 	}
 	if next == nil {
-		return time.Time{}, nil
+		return res, time.Time{}, nil
 	}
-	return claim.LocalClock(dbNow)(*next), nil
+	return res, claim.LocalClock(dbNow)(*next), nil
 }
 
 func later(a, b time.Time) time.Time {

@@ -1,0 +1,153 @@
+package claim_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+
+	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/claim"
+	"github.com/bellhopq/bellhop/reclaim"
+	queries "github.com/bellhopq/bellhop/sql"
+)
+
+// passClock records when each reclaim pass started, as a pool tracer.
+type passClock struct {
+	mu     sync.Mutex
+	starts []time.Time
+}
+
+func (p *passClock) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+
+func (p *passClock) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (p *passClock) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	for _, q := range d.Batch.QueuedQueries {
+		if q.SQL == queries.Reclaim {
+			p.mu.Lock()
+			p.starts = append(p.starts, time.Now())
+			p.mu.Unlock()
+		}
+	}
+	return ctx
+}
+
+func (p *passClock) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+
+func (p *passClock) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// waitPasses waits for n passes and returns their start times.
+func (p *passClock) waitPasses(t *testing.T, n int, within time.Duration) []time.Time {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		p.mu.Lock()
+		starts := append([]time.Time(nil), p.starts...)
+		p.mu.Unlock()
+		if len(starts) >= n {
+			return starts
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d reclaim passes in %s, want %d", len(starts), within, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// runReclaimer runs a reclaimer on a pool of pool's database whose
+// passes clock records, from now until the test ends.
+func runReclaimer(t *testing.T, pool *pgxpool.Pool, onPass func(reclaim.Result)) *passClock {
+	t.Helper()
+	clock := &passClock{}
+	cfg := pool.Config()
+	cfg.ConnConfig.Tracer = clock
+	traced, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := reclaim.New(traced, zerolog.Nop(), 5*time.Second, onPass)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		traced.Close()
+	})
+	r.Observe(time.Now())
+	return clock
+}
+
+// TestReclaimFailureBacksOff: a reclaim pass that keeps failing is retried
+// at 1, 2, 4 ... 30s (each with jitter down to half), not every second for
+// as long as the failure lasts, which cost a statement and a warning a
+// second per dispatcher.
+func TestReclaimFailureBacksOff(t *testing.T) {
+	t.Parallel()
+	pool, _, _ := setup(t)
+	if _, err := pool.Exec(context.Background(), `ALTER FUNCTION bellhop_start_seen_vt_floors() RENAME TO broken`); err != nil {
+		t.Fatal(err)
+	}
+	starts := runReclaimer(t, pool, nil).waitPasses(t, 4, 20*time.Second)
+	// The third retry waits 2 to 4s; every retry waited 1s.
+	if gap := starts[3].Sub(starts[2]); gap < 1800*time.Millisecond {
+		t.Errorf("the third retry of a failing reclaim pass came %s after the second: not backing off", gap.Round(time.Millisecond))
+	}
+}
+
+// TestReclaimLockedLeaseBacksOff: an expired lease on a row another
+// transaction holds locked, which the pass skips, is looked at again
+// backing off to once a second: it was looked at ten times a second for
+// as long as the lock lasted. Once the lock goes, it is reclaimed.
+func TestReclaimLockedLeaseBacksOff(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, c, appID := setup(t)
+	id, err := c.Enqueue(ctx, "app", "q", []byte(`1`), bellhop.EnqueueOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimOne(t, pool, claim.Target{Source: claim.Queue, AppID: appID, Queue: "q"}, id)
+	if _, err := pool.Exec(ctx, `UPDATE queue_messages SET claimed_at = now() - interval '1 hour' WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM queue_messages WHERE id = $1 FOR UPDATE`, id); err != nil {
+		t.Fatal(err)
+	}
+	var released atomic.Int64
+	clock := runReclaimer(t, pool, func(res reclaim.Result) { released.Add(res.Released) })
+	// Six passes: 0.5s at 100ms apart; 200, 400, 800ms, then 1s apart.
+	starts := clock.waitPasses(t, 6, 20*time.Second)
+	if d := starts[5].Sub(starts[0]); d < 1500*time.Millisecond {
+		t.Errorf("six reclaim passes over a locked expired lease in %s: not backing off", d.Round(time.Millisecond))
+	}
+	if released.Load() != 0 {
+		t.Fatal("a lease on a locked row was reclaimed")
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for released.Load() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the lease was not reclaimed within 10s of its row's lock ending")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
