@@ -16,7 +16,9 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop/claim"
+	"github.com/bellhopq/bellhop/internal/backoff"
 	"github.com/bellhopq/bellhop/internal/busylock"
+	"github.com/bellhopq/bellhop/internal/logthrottle"
 	"github.com/bellhopq/bellhop/migrations"
 	"github.com/bellhopq/bellhop/notify"
 	"github.com/bellhopq/bellhop/reclaim"
@@ -165,6 +167,10 @@ type Dispatcher struct {
 	lastFired   map[uuid.UUID]bool
 	lastFiredMu sync.Mutex
 
+	// claimFailLog bounds the lanes' "claim failed" lines: when the
+	// database is away, every lane with work fails.
+	claimFailLog *logthrottle.Throttle
+
 	// owner names this dispatcher's busy marks and offers.
 	owner uuid.UUID
 	// leaseChannel receives leases made at INSERT (offers.go); empty
@@ -260,17 +266,18 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 	// retried anyway, so ping only connections idle for a minute.
 	pc.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool { return p.IdleDuration > time.Minute }
 	d := &Dispatcher{
-		cfg:       cfg,
-		poolCfg:   pc,
-		log:       cfg.Logger,
-		reload:    make(chan bool, 1),
-		lanes:     map[uuid.UUID]*consumerLanes{},
-		byQueue:   map[queueKey]*lane{},
-		tidying:   map[queueKey]*lane{},
-		stopping:  make(chan struct{}),
-		lastFired: map[uuid.UUID]bool{},
-		owner:     uuid.New(),
-		offers:    offerBook{byToken: map[uuid.UUID]*offer{}},
+		cfg:          cfg,
+		poolCfg:      pc,
+		log:          cfg.Logger,
+		reload:       make(chan bool, 1),
+		lanes:        map[uuid.UUID]*consumerLanes{},
+		byQueue:      map[queueKey]*lane{},
+		tidying:      map[queueKey]*lane{},
+		stopping:     make(chan struct{}),
+		lastFired:    map[uuid.UUID]bool{},
+		owner:        uuid.New(),
+		claimFailLog: logthrottle.New(1, 10*time.Second),
+		offers:       offerBook{byToken: map[uuid.UUID]*offer{}},
 	}
 	var onConnect func(context.Context, *pgx.Conn) error
 	if cfg.LeaseAtInsert {
@@ -489,6 +496,7 @@ func (d *Dispatcher) requestReload(wakeAll bool) {
 func (d *Dispatcher) control(ctx context.Context) {
 	poll := time.NewTimer(d.jitter(d.cfg.PollInterval))
 	defer poll.Stop()
+	reloadFailures := 0
 	for {
 		select {
 		case <-ctx.Done():
@@ -499,10 +507,13 @@ func (d *Dispatcher) control(ctx context.Context) {
 				if ctx.Err() != nil {
 					return
 				}
-				d.log.Error().Err(err).Msg("reloading consumers failed; retrying in 1s")
-				time.AfterFunc(time.Second, func() { d.requestReload(wakeAll) })
+				reloadFailures++
+				wait := backoff.Delay(reloadFailures, time.Second, 30*time.Second)
+				d.log.Error().Err(err).Dur("retry_in", wait).Msg("reloading consumers failed")
+				time.AfterFunc(wait, func() { d.requestReload(wakeAll) })
 				continue
 			}
+			reloadFailures = 0
 			if wakeAll || added > 0 {
 				// A new consumer's queue may hold messages whose
 				// notifications found no lane. One statement finds the

@@ -11,9 +11,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/bellhopq/bellhop/claim"
 	"github.com/bellhopq/bellhop/internal/backoff"
 	"github.com/bellhopq/bellhop/internal/busylock"
+	"github.com/bellhopq/bellhop/internal/logthrottle"
 )
 
 // consumerState is a consumer's settings and handler, swapped atomically
@@ -58,8 +61,12 @@ type lane struct {
 	timed  atomic.Bool
 	nacked atomic.Bool
 	// emptyTimerWakes counts timer wake-ups in a row that found nothing
-	// due, touched only by the lane's goroutine.
+	// due, and failures claim statements in a row that failed, touched
+	// only by the lane's goroutine.
 	emptyTimerWakes int
+	failures        int
+	// msgLog bounds the lane's per-message log lines (msgEvent).
+	msgLog *logthrottle.Throttle
 
 	// inFlight counts the slots taken, shared with sibling, the
 	// consumer's other lane (queue and invoke deliveries): MaxInFlight
@@ -108,7 +115,8 @@ type lane struct {
 
 // newLane returns a lane taking its slots from inFlight.
 func newLane(ctx context.Context, d *Dispatcher, st *consumerState, t claim.Target, inFlight *atomic.Int32) *lane {
-	l := &lane{d: d, target: t, wake: make(chan struct{}, 1), ctx: ctx, tidied: make(chan struct{}), inFlight: inFlight}
+	l := &lane{d: d, target: t, wake: make(chan struct{}, 1), ctx: ctx, tidied: make(chan struct{}), inFlight: inFlight,
+		msgLog: logthrottle.New(msgLogBurst, msgLogInterval)}
 	l.state.Store(st)
 	l.timer = time.AfterFunc(time.Hour, func() {
 		l.fired.Store(true)
@@ -387,6 +395,7 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 			l.freeSlots(free)
 			return l.retry(ctx, st, err), claimed
 		}
+		l.failures = 0
 		if mark {
 			l.marked, l.markedAt = true, sent
 		}
@@ -540,13 +549,45 @@ func (l *lane) claimPass(ctx context.Context, free int, mark bool) (claim.Pass, 
 		claim.Busy{Owner: l.d.owner, Mark: mark, Lease: l.d.cfg.BusyLease, Held: l.held()})
 }
 
-// retry logs a failed statement and says when to try again.
+// retry logs a failed statement and says when to try again: backing off
+// from 1s to 30s while the failures last, so that every queue with work
+// does not keep claiming from a database that is away (a notification, or
+// the scan after the listener reconnects, still wakes the lane at once).
+// The line is the dispatcher's to throttle, since a failure of the
+// database is every lane's.
 func (l *lane) retry(ctx context.Context, st *consumerState, err error) time.Time {
+	l.failures++
+	wait := backoff.Delay(l.failures, time.Second, 30*time.Second)
 	if ctx.Err() == nil {
-		l.d.log.Warn().Err(err).Str("app_id", l.target.AppID.String()).Str("queue", st.Queue).
-			Msg("claim failed; retrying in 1s")
+		if ok, held := l.d.claimFailLog.Allow(); ok {
+			l.d.log.Warn().Err(err).Str("app_id", l.target.AppID.String()).Str("queue", st.Queue).
+				Dur("retry_in", wait).Int("held_back", held).
+				Msg("claim failed (logged at most once every 10s for every queue; held_back counts the others)")
+		}
 	}
-	return time.Now().Add(time.Second)
+	return time.Now().Add(wait)
+}
+
+// Per-message log lines (a failed delivery, a dead letter): a lane writes
+// msgLogBurst at once, then one every msgLogInterval; the others go to the
+// debug level and the next line written counts them.
+const (
+	msgLogBurst    = 10
+	msgLogInterval = time.Second
+)
+
+// msgEvent starts a per-message line at level, or at debug level when the
+// lane has written its share of them (logthrottle).
+func (l *lane) msgEvent(log *zerolog.Logger, level zerolog.Level) *zerolog.Event {
+	ok, held := l.msgLog.Allow()
+	if !ok {
+		return log.Debug()
+	}
+	ev := log.WithLevel(level)
+	if held > 0 {
+		ev = ev.Int("held_back", held)
+	}
+	return ev
 }
 
 // dropMark deletes the lane's busy mark, if any, when it stops serving
@@ -700,12 +741,12 @@ func (l *lane) finish(st *consumerState, m *Message, cm *claim.Message, hctx con
 			log.Error().Err(werr).Str("outcome", out.Verdict.String()).
 				Msg("could not record outcome; the message will be delivered again after its lease")
 		case !applied:
-			log.Warn().Str("outcome", out.Verdict.String()).
+			l.msgEvent(&log, zerolog.WarnLevel).Str("outcome", out.Verdict.String()).
 				Msg("lease was lost before the outcome was recorded; the message may be delivered again")
 		default:
 			if out.Verdict == claim.DeadLetter {
 				text := logText(out.Error, err)
-				log.Warn().Str("error", text).Msg("message dead-lettered")
+				l.msgEvent(&log, zerolog.WarnLevel).Str("error", text).Msg("message dead-lettered")
 				if text != out.Error {
 					log.Debug().Str("error", out.Error).Msg("the dead letter's error in full")
 				}
@@ -738,7 +779,7 @@ func (l *lane) finish(st *consumerState, m *Message, cm *claim.Message, hctx con
 			msg = "handler cancelled by the stop; message released, attempt refunded"
 		}
 		text := logText(err.Error(), err)
-		log.Info().Str("error", text).Dur("retry_in", retryIn).Msg(msg)
+		l.msgEvent(&log, zerolog.InfoLevel).Str("error", text).Dur("retry_in", retryIn).Msg(msg)
 		if text != err.Error() {
 			log.Debug().Err(err).Msg("the handler's error in full")
 		}

@@ -105,6 +105,13 @@ type running struct {
 // when t ends, if not before.
 func startDispatcher(t *testing.T, dsn string, cfg bellhop.DispatcherConfig, tweak func(*pgxpool.Config)) *running {
 	t.Helper()
+	cfg.Logger = testLogger(t)
+	return startLogged(t, dsn, cfg, tweak)
+}
+
+// startLogged is startDispatcher with the log cfg.Logger gives.
+func startLogged(t *testing.T, dsn string, cfg bellhop.DispatcherConfig, tweak func(*pgxpool.Config)) *running {
+	t.Helper()
 	pc, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -112,7 +119,6 @@ func startDispatcher(t *testing.T, dsn string, cfg bellhop.DispatcherConfig, twe
 	if tweak != nil {
 		tweak(pc)
 	}
-	cfg.Logger = testLogger(t)
 	d, err := bellhop.NewDispatcher(pc, cfg)
 	if err != nil {
 		t.Fatal(err)

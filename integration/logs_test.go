@@ -3,6 +3,8 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -141,4 +143,98 @@ func TestLogsLeaveOutBodiesAndStacks(t *testing.T) {
 			}
 		})
 	}
+}
+
+// logLines returns the lines of logs whose message is msg, by level.
+func logLines(t *testing.T, logs *syncBuffer, msg string) map[string]int {
+	t.Helper()
+	n := map[string]int{}
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var l struct{ Level, Message string }
+		if err := json.Unmarshal([]byte(line), &l); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		if strings.HasPrefix(l.Message, msg) {
+			n[l.Level]++
+		}
+	}
+	return n
+}
+
+// TestPerMessageLinesThrottled: a queue whose every message fails writes
+// its per-message lines at warn level up to a burst of 10 and then one a
+// second; the rest go to the debug level, none lost there. Every one was
+// a warn line: a consumer that is down with 100,000 messages queued wrote
+// 100,000 of them.
+func TestPerMessageLinesThrottled(t *testing.T) {
+	const n = 300
+	e := newEnv(t)
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", MaxInFlight: 100})
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", bellhop.HandlerFunc(func(context.Context, *bellhop.Message) error {
+		return errors.New("consumer down")
+	}))
+	logs := &syncBuffer{}
+	start := time.Now()
+	startLogged(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour,
+		Logger: zerolog.New(logs).Level(zerolog.DebugLevel)}, nil)
+	if _, err := e.pool.Exec(context.Background(), `INSERT INTO queue_messages (app_id, queue_name, payload, max_attempts)
+		SELECT id, 'orders', '{}', 1 FROM apps, generate_series(1, $1::int)`, n); err != nil {
+		t.Fatal(err)
+	}
+	var lines map[string]int
+	waitFor(t, 60*time.Second, "every dead letter logged", func() bool {
+		lines = logLines(t, logs, "message dead-lettered")
+		return lines["warn"]+lines["debug"] == n
+	})
+	if limit := 10 + int(time.Since(start)/time.Second) + 1; lines["warn"] < 10 || lines["warn"] > limit {
+		t.Errorf("%d of %d dead letters logged at warn level (%v) in %s, want 10 to %d", lines["warn"], n, lines,
+			time.Since(start).Round(time.Millisecond), limit)
+	}
+}
+
+// TestClaimFailuresBackOff: claims that keep failing (here a CHECK that
+// refuses every lease) are retried backing off from 1s, not every second,
+// and the warning is written once for every lane, not once per lane per
+// try. A notification still wakes a lane at once: once the failure ends,
+// the next message of a queue is delivered without waiting out the
+// backoff.
+func TestClaimFailuresBackOff(t *testing.T) {
+	const queues = 4
+	e := newEnv(t)
+	ctx := context.Background()
+	rec := &recorder{}
+	mux := bellhop.NewMux()
+	for i := range queues {
+		q := fmt.Sprintf("q%d", i)
+		e.consumer(t, bellhop.ConsumerSpec{Queue: q})
+		mux.Handle("app", q, rec)
+		e.enqueue(t, q, i, bellhop.EnqueueOptions{})
+	}
+	if _, err := e.pool.Exec(ctx, `ALTER TABLE queue_messages ADD CONSTRAINT no_leases CHECK (claim_token IS NULL) NOT VALID`); err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	cc := &claimCounter{}
+	startLogged(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour,
+		Logger: zerolog.New(logs)}, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = cc })
+	waitFor(t, 10*time.Second, "the first claims", func() bool { return cc.queue.Load() >= queues })
+	first := time.Now()
+	// Four retries each: at 1s apart 4s; backing off, at least
+	// 0.5 + 1 + 2 + 4s.
+	waitFor(t, 40*time.Second, "four retries of every queue", func() bool { return cc.queue.Load() >= 5*queues })
+	if d := time.Since(first); d < 6*time.Second {
+		t.Errorf("four retries of %d failing queues in %s: not backing off", queues, d.Round(time.Millisecond))
+	}
+	if w := logLines(t, logs, "claim failed")["warn"]; w < 1 || w > 1+int(time.Since(first)/(10*time.Second)) {
+		t.Errorf("%d claim-failure warnings in %s, want one every 10s", w, time.Since(first).Round(time.Millisecond))
+	}
+	if rec.n.Load() != 0 {
+		t.Fatal("a delivery while every lease fails")
+	}
+	if _, err := e.pool.Exec(ctx, `ALTER TABLE queue_messages DROP CONSTRAINT no_leases`); err != nil {
+		t.Fatal(err)
+	}
+	e.enqueue(t, "q0", "after", bellhop.EnqueueOptions{})
+	waitFor(t, 500*time.Millisecond, "q0's messages, woken by the notification", func() bool { return rec.n.Load() >= 2 })
 }
