@@ -59,6 +59,12 @@ func TestBadConfiguration(t *testing.T) {
 		{"bad --log-format elsewhere", dsn, nil, []string{"--log-format", "xml", "queues"}, `--log-format "xml"`},
 		{"bad BELLHOP_LOG_FORMAT", dsn, []string{"BELLHOP_LOG_FORMAT=xml"}, []string{"queues"}, `--log-format "xml"`},
 		{"bad --log-level", dsn, nil, []string{"--log-level", "loud", "run"}, `--log-level "loud"`},
+		{"--log-level disabled", dsn, nil, []string{"--log-level", "disabled", "run"}, `--log-level "disabled": use debug, info, warn or error`},
+		{"BELLHOP_LOG_LEVEL trace", dsn, []string{"BELLHOP_LOG_LEVEL=trace"}, []string{"queues"}, `--log-level "trace"`},
+		// pgx ends the user info at the first '@', so the rest of such a
+		// password became a host name, shown in connection errors.
+		{"password with an unescaped @", "postgres://u:P@ss3cretpw@localhost:1/db", nil, []string{"queues"}, "a host name holds '@'"},
+		{"password with an unescaped @ for run", "postgres://u:P@ss3cretpw@localhost:1/db", nil, []string{"run"}, "write an '@' in the user name or password as %40"},
 		{"bad duration", dsn, nil, append(add, "--visibility-timeout", "5x"), `invalid value "5x" for flag -visibility-timeout`},
 		{"bad duration in env", dsn, []string{"BELLHOP_POLL_INTERVAL=5x"}, []string{"run"}, `BELLHOP_POLL_INTERVAL`},
 		{"fractional visibility timeout", dsn, nil, append(add, "--visibility-timeout", "0.5s"), "visibility timeout 500ms is outside 1s..12h"},

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 	"github.com/urfave/cli/v3"
 
@@ -78,9 +77,9 @@ func runDemo(ctx context.Context, d *deps, cmd *cli.Command, log zerolog.Logger)
 		say("PostgreSQL data in %s (removed on exit)", cluster.Dir())
 		url = cluster.ConnString("postgres")
 	}
-	cfg, err := pgxpool.ParseConfig(url)
+	cfg, err := parsePoolConfig(url)
 	if err != nil {
-		return usagef("--database-url: %s", redactErr(err, url))
+		return err
 	}
 	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
 	if err != nil {

@@ -51,7 +51,12 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if err == nil {
 		return 0
 	}
-	fmt.Fprintf(stderr, "bellhop: %s%s\n", oneLine(err), hint(err))
+	// Errors from connecting may quote the connection string.
+	shown := err
+	if url := app.String("database-url"); url != "" {
+		shown = pgdsn.RedactError(err, url)
+	}
+	fmt.Fprintf(stderr, "bellhop: %s%s\n", oneLine(shown), hint(err))
 	if isUsage(err) {
 		return 2
 	}
@@ -188,8 +193,12 @@ func strict(cmd *cli.Command) {
 
 // logger builds the zerolog logger the flags ask for.
 func (d *deps) logger(cmd *cli.Command) (zerolog.Logger, error) {
-	level, err := zerolog.ParseLevel(cmd.String("log-level"))
-	if err != nil || cmd.String("log-level") == "" {
+	// zerolog knows more levels; "disabled", "fatal" and "panic" would
+	// hide the errors, and "trace" is never written.
+	level, ok := map[string]zerolog.Level{
+		"debug": zerolog.DebugLevel, "info": zerolog.InfoLevel, "warn": zerolog.WarnLevel, "error": zerolog.ErrorLevel,
+	}[cmd.String("log-level")]
+	if !ok {
 		return zerolog.Logger{}, usagef("--log-level %q: use debug, info, warn or error", cmd.String("log-level"))
 	}
 	var w io.Writer
@@ -212,9 +221,18 @@ func poolConfig(cmd *cli.Command) (*pgxpool.Config, error) {
 	if url == "" {
 		return nil, usagef("no database: set --database-url or DATABASE_URL")
 	}
+	return parsePoolConfig(url)
+}
+
+// parsePoolConfig parses a connection string, keeping its password out of
+// the error.
+func parsePoolConfig(url string) (*pgxpool.Config, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, usagef("--database-url: %s", redactErr(err, url))
+	}
+	if err := pgdsn.CheckHosts(&cfg.ConnConfig.Config); err != nil {
+		return nil, usagef("--database-url: %v", err)
 	}
 	return cfg, nil
 }

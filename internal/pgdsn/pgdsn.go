@@ -113,6 +113,14 @@ func redactURL(s string) (string, []string) {
 	if at := strings.LastIndexByte(s, '@'); at >= 0 {
 		if colon := strings.IndexByte(s[:at], ':'); colon >= 0 {
 			secrets = appendSecret(secrets, s[colon+1:at], true)
+			// A parser that ends the user info at the first '@' quotes
+			// the rest of a password that holds one as part of the host
+			// ("lookup ss3cret@host"): each part is hidden too.
+			if parts := strings.Split(s[colon+1:at], "@"); len(parts) > 1 {
+				for _, p := range parts {
+					secrets = appendSecret(secrets, p, true)
+				}
+			}
 			s = s[:colon+1] + mask + s[at:]
 		}
 	}
@@ -227,6 +235,24 @@ func appendSecret(secrets []string, raw string, isURL bool) []string {
 		secrets = append(secrets, b.String())
 	}
 	return secrets
+}
+
+// CheckHosts refuses a parsed connection string with a host name that
+// holds '@': the sign of a URL whose password or user name holds an '@'
+// that is not percent-encoded, which pgx takes for the end of the user
+// info. Connecting would fail, and its error would show the rest of the
+// password as a host name, in the daemon's logs too.
+func CheckHosts(cfg *pgconn.Config) error {
+	hosts := []string{cfg.Host}
+	for _, f := range cfg.Fallbacks {
+		hosts = append(hosts, f.Host)
+	}
+	for _, h := range hosts {
+		if strings.ContainsRune(h, '@') {
+			return errors.New("a host name holds '@': write an '@' in the user name or password as %40")
+		}
+	}
+	return nil
 }
 
 // minScrub is the shortest hidden value RedactError searches error text

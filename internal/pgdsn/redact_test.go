@@ -2,6 +2,7 @@ package pgdsn
 
 import (
 	"errors"
+	"fmt"
 	"net/url"
 	"strings"
 	"testing"
@@ -103,6 +104,18 @@ func TestRedactError(t *testing.T) {
 		var ue *url.Error
 		if !errors.As(red, &ue) {
 			t.Errorf("RedactError(url.Parse(%q)) does not unwrap to a *url.Error", dsn)
+		}
+	}
+	// A password with an unescaped '@': pgx ends the user info at the
+	// first '@' and quotes the rest as part of the host, or of a bad
+	// escape.
+	for _, dsn := range []string{"postgres://u:P@S3CRETpw@localhost:1/db", "postgres://u:P@ss%S3CRETpw@localhost:1/db"} {
+		_, err := pgconn.ParseConfig(dsn)
+		if err == nil {
+			err = fmt.Errorf("failed to connect to `host=%s`: hostname resolving error", strings.SplitN(dsn, "@", 2)[1])
+		}
+		if red := RedactError(err, dsn); strings.Contains(red.Error(), "S3CRET") {
+			t.Errorf("RedactError(%q) for %q shows part of the password", red, dsn)
 		}
 	}
 	if RedactError(nil, "x") != nil {
