@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -353,48 +354,7 @@ func TestRunStopsCleanlyWhileStarting(t *testing.T) {
 		// the daemon is held up.
 		prepare func(t *testing.T) (dsn string, held func() bool)
 	}{
-		{"connecting", func(t *testing.T) (string, func() bool) {
-			// A server that accepts connections and never answers.
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { ln.Close() })
-			accepted := make(chan struct{}, 1)
-			var mu sync.Mutex
-			var conns []net.Conn
-			t.Cleanup(func() {
-				mu.Lock()
-				defer mu.Unlock()
-				for _, c := range conns {
-					c.Close()
-				}
-			})
-			go func() {
-				for {
-					c, err := ln.Accept()
-					if err != nil {
-						return
-					}
-					mu.Lock()
-					conns = append(conns, c)
-					mu.Unlock()
-					select {
-					case accepted <- struct{}{}:
-					default:
-					}
-				}
-			}()
-			dsn := fmt.Sprintf("postgres://postgres@%s/bellhop?sslmode=disable", ln.Addr())
-			return dsn, func() bool {
-				select {
-				case <-accepted:
-					return true
-				default:
-					return false
-				}
-			}
-		}},
+		{"connecting", silentServer},
 		{"checking the schema", func(t *testing.T) (string, func() bool) {
 			return lockedTable(t, "bellhop_schema_version")
 		}},
@@ -472,5 +432,69 @@ func TestReadyzHidesTheError(t *testing.T) {
 				t.Errorf("the reason is not logged: %q", logs.String())
 			}
 		})
+	}
+}
+
+// silentServer is a server that accepts connections and never answers: a
+// connection string for it, and a condition that holds once it accepted
+// one.
+func silentServer(t *testing.T) (dsn string, accepted func() bool) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	got := make(chan struct{}, 1)
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			select {
+			case got <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	return fmt.Sprintf("postgres://postgres@%s/bellhop?sslmode=disable", ln.Addr()), func() bool {
+		select {
+		case <-got:
+			return true
+		default:
+			return false
+		}
+	}
+}
+
+// TestSetupDemoStoppedCleansUp: setup-demo stopped by SIGTERM while it
+// waits for the database removes the temporary secret file it made first
+// (docker-compose stops it so during a slow start). It was killed with
+// the file left in the secrets volume.
+func TestSetupDemoStoppedCleansUp(t *testing.T) {
+	t.Parallel()
+	dsn, accepted := silentServer(t)
+	dir := t.TempDir()
+	p := start(t, []string{"DATABASE_URL=" + dsn}, "setup-demo", "--app", "shop", "--queue", "orders",
+		"--url", "http://127.0.0.1:9/hook", "--secret-file", filepath.Join(dir, "orders"))
+	waitFor(t, 30*time.Second, "setup-demo to connect", accepted)
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(15 * time.Second); code == 0 || code == 128+int(syscall.SIGTERM) {
+		t.Errorf("exit %d after SIGTERM, want an error status of its own", code)
+	}
+	if left, _ := os.ReadDir(dir); len(left) != 0 {
+		t.Errorf("left in the secret file's directory: %v", left)
 	}
 }

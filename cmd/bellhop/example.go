@@ -8,8 +8,10 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/google/uuid"
@@ -62,6 +64,12 @@ func setupDemoCommand(d *deps) *cli.Command {
 				return err
 			}
 			defer secret.discard()
+			// Stopped while it waits for the database (docker-compose
+			// stops it so during a slow start), it removes its
+			// temporary file rather than leave one in the secrets
+			// volume each time.
+			ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+			defer stop()
 
 			c, pool, err := client(ctx, cmd)
 			if err != nil {
