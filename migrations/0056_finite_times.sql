@@ -40,10 +40,14 @@ SET enqueued_at = CASE WHEN isfinite(enqueued_at) THEN enqueued_at ELSE now() EN
                          WHEN deliver_after > now() THEN now() + interval '3650 days' END
 WHERE NOT isfinite(enqueued_at) OR NOT isfinite(deliver_after);
 
+-- Dropped first, so that the file can run again, as those since 0052 can.
 ALTER TABLE queue_messages
+    DROP CONSTRAINT IF EXISTS queue_messages_enqueued_at_finite_check,
+    DROP CONSTRAINT IF EXISTS queue_messages_deliver_after_finite_check,
     ADD CONSTRAINT queue_messages_enqueued_at_finite_check CHECK (isfinite(enqueued_at)),
     ADD CONSTRAINT queue_messages_deliver_after_finite_check CHECK (isfinite(deliver_after));
 
 ALTER TABLE outbox
+    DROP CONSTRAINT IF EXISTS outbox_times_finite_check,
     ADD CONSTRAINT outbox_times_finite_check
         CHECK (source_kind <> 'invoke' OR (isfinite(enqueued_at) AND isfinite(deliver_after) IS NOT FALSE));

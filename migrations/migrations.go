@@ -161,6 +161,20 @@ func Latest() (int, error) {
 	return len(fs), err
 }
 
+// Name is the file name of the migration that schema version v applied
+// last (versions count the files applied, in number order), or "none" for
+// version 0 and "unknown" for a version above Latest.
+func Name(v int) string {
+	fs, err := Files()
+	switch {
+	case err != nil || v > len(fs):
+		return "unknown"
+	case v <= 0:
+		return "none"
+	}
+	return fs[v-1].Name
+}
+
 // Queryer is what Current and Check read the version with: a *pgx.Conn, a
 // *pgxpool.Pool or a pgx.Tx.
 type Queryer = interface {

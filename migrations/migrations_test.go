@@ -736,3 +736,27 @@ func TestMigrateWithOwnSchemaFirst(t *testing.T) {
 		t.Errorf("%d messages %s in public.queue_messages (%v), want 1", n, id, err)
 	}
 }
+
+// TestName: a schema version names the file it applied last.
+func TestName(t *testing.T) {
+	t.Parallel()
+	files, err := migrations.Files()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := len(files)
+	for _, tc := range []struct {
+		v    int
+		want string
+	}{
+		{0, "none"},
+		{1, files[0].Name},
+		{versionBefore(t, 34) + 1, "0034_queue_messages.sql"},
+		{n, files[n-1].Name},
+		{n + 1, "unknown"},
+	} {
+		if got := migrations.Name(tc.v); got != tc.want {
+			t.Errorf("Name(%d) = %q, want %q", tc.v, got, tc.want)
+		}
+	}
+}

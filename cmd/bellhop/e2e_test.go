@@ -51,7 +51,7 @@ func TestMigrateOnEmptyDatabase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := fmt.Sprintf("database is at schema version %d\n", latest)
+	want := fmt.Sprintf("database is at schema version %d (%s)\n", latest, migrations.Name(latest))
 
 	if out := ok(t, dsn, "migrate"); out != want {
 		t.Fatalf("first migrate printed %q, want %q", out, want)

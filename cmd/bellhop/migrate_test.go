@@ -111,7 +111,7 @@ func TestMigrateInterrupted(t *testing.T) {
 	if err := reader.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if out := ok(t, dsn, "migrate"); out != fmt.Sprintf("database is at schema version %d\n", latest) {
+	if out := ok(t, dsn, "migrate"); out != fmt.Sprintf("database is at schema version %d (%s)\n", latest, migrations.Name(latest)) {
 		t.Errorf("migrate after the interrupted one printed %q", out)
 	}
 }

@@ -74,7 +74,9 @@ func migrateCommand(d *deps) *cli.Command {
 				fmt.Fprintf(d.stdout, "database schema is at version %d, newer than this bellhop's %d: nothing to apply\n", v, latest)
 				return nil
 			}
-			fmt.Fprintf(d.stdout, "database is at schema version %d\n", v)
+			// The version counts the files applied; the last one's name
+			// is what the README's upgrade notes refer to.
+			fmt.Fprintf(d.stdout, "database is at schema version %d (%s)\n", v, migrations.Name(v))
 			return nil
 		},
 	}
