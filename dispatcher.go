@@ -48,10 +48,14 @@ const (
 type DispatcherConfig struct {
 	// Resolver picks the Handler for each consumer. Required.
 	Resolver Resolver
-	Logger   zerolog.Logger
+	// Logger receives the dispatcher's log lines, with the fields
+	// app_id, queue, message_id and attempt where they apply. The zero
+	// Logger discards them all, errors included: set one.
+	Logger zerolog.Logger
 	// Observer, if set, is told about deliveries, for metrics.
 	Observer Observer
-	// PollInterval: see DefaultPollInterval.
+	// PollInterval: see DefaultPollInterval. At least 100ms: each poll
+	// is a statement, however idle the dispatcher.
 	PollInterval time.Duration
 	// ReconnectDelay is the listener's pause between reconnects (2s).
 	ReconnectDelay time.Duration
@@ -61,7 +65,7 @@ type DispatcherConfig struct {
 	// ShutdownGrace: see DefaultShutdownGrace.
 	ShutdownGrace time.Duration
 	// DefaultVisibilityTimeout applies to leases on queues that have no
-	// consumer (30s).
+	// consumer (30s); whole seconds, at least 1s.
 	DefaultVisibilityTimeout time.Duration
 	// BusyLease is the lease of a busy mark (2s): while the dispatcher
 	// finds a queue busy (see BusyWindow), producers of that queue skip
@@ -94,6 +98,37 @@ type DispatcherConfig struct {
 	// A lease whose notification is lost is found by its token on the next
 	// reconnect or poll, or comes back after its visibility timeout.
 	LeaseAtInsert bool
+}
+
+// newPool is pgxpool.NewWithConfig, with its panic for a config that
+// pgxpool.ParseConfig did not make (which NewDispatcher cannot tell)
+// returned as an error.
+func newPool(cfg *pgxpool.Config) (p *pgxpool.Pool, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			p, err = nil, fmt.Errorf("%v (make the pool config with pgxpool.ParseConfig): %w", r, ErrInvalidOptions)
+		}
+	}()
+	return pgxpool.NewWithConfig(context.Background(), cfg)
+}
+
+// checkSigns refuses negative durations, which would otherwise be taken
+// for "the default" or for an hour-long mistake.
+func (c *DispatcherConfig) checkSigns() error {
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{
+		{"PollInterval", c.PollInterval}, {"ReconnectDelay", c.ReconnectDelay},
+		{"HeartbeatTimeout", c.HeartbeatTimeout}, {"ShutdownGrace", c.ShutdownGrace},
+		{"DefaultVisibilityTimeout", c.DefaultVisibilityTimeout},
+		{"BusyLease", c.BusyLease}, {"BusyWindow", c.BusyWindow},
+	} {
+		if f.d < 0 {
+			return fmt.Errorf("bellhop: DispatcherConfig.%s (%s) must not be negative (0 takes the default): %w", f.name, f.d, ErrInvalidOptions)
+		}
+	}
+	return nil
 }
 
 // Outcome is what became of a delivery.
@@ -197,14 +232,18 @@ func (cl *consumerLanes) stop(tidy bool) {
 }
 
 // NewDispatcher returns a Dispatcher with its own pool, made from poolCfg,
-// and one more connection, for LISTEN, from its ConnConfig. Run makes the
+// which must come from pgxpool.ParseConfig, and one more connection, for
+// LISTEN, from its ConnConfig. Zero fields of cfg take their defaults; a
+// negative duration, or one out of its range, is an error that matches
+// ErrInvalidOptions. Run makes the
 // pool, opens the connections and closes them when it returns, so a
 // Dispatcher that never runs holds nothing; a Dispatcher runs once, and a
 // second Run returns an error. The pool's
 // sessions run with synchronous_commit off: claims, acks and nacks that a
 // server crash loses only cause a redelivery, which at-least-once
 // delivery allows, and they no longer wait for a WAL flush. Producers'
-// inserts, on their own connections, keep the server's setting.
+// inserts, on their own connections, keep the server's setting. The pool's
+// ShouldPing is replaced: see the comment where it is set.
 func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, error) {
 	if cfg.Resolver == nil {
 		return nil, errors.New("bellhop: DispatcherConfig.Resolver is required")
@@ -212,32 +251,41 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 	if poolCfg == nil || poolCfg.ConnConfig == nil {
 		return nil, errors.New("bellhop: a pool config is required (make it with pgxpool.ParseConfig)")
 	}
-	if cfg.PollInterval <= 0 {
+	if err := cfg.checkSigns(); err != nil {
+		return nil, err
+	}
+	if cfg.PollInterval == 0 {
 		cfg.PollInterval = DefaultPollInterval
 	}
-	if cfg.ShutdownGrace <= 0 {
+	if cfg.ShutdownGrace == 0 {
 		cfg.ShutdownGrace = DefaultShutdownGrace
 	}
-	if cfg.DefaultVisibilityTimeout <= 0 {
+	if cfg.DefaultVisibilityTimeout == 0 {
 		cfg.DefaultVisibilityTimeout = DefaultVisibilityTimeout
 	}
-	if cfg.BusyLease <= 0 {
+	windowDefault := ""
+	if cfg.BusyLease == 0 {
 		cfg.BusyLease = DefaultBusyLease
 	}
-	if cfg.BusyWindow <= 0 {
-		cfg.BusyWindow = DefaultBusyWindow
+	if cfg.BusyWindow == 0 {
+		cfg.BusyWindow, windowDefault = DefaultBusyWindow, ", the default"
+	}
+	if cfg.PollInterval < 100*time.Millisecond {
+		return nil, fmt.Errorf("bellhop: DispatcherConfig.PollInterval (%s) must be at least 100ms: %w", cfg.PollInterval, ErrInvalidOptions)
 	}
 	// Both go to the database in whole units: a visibility timeout in
 	// seconds, the busy mark's idle_session_timeout in milliseconds, where
 	// 0 turns the timeout off (a hung dispatcher's mark would last).
-	if cfg.DefaultVisibilityTimeout < time.Second {
-		return nil, fmt.Errorf("bellhop: DispatcherConfig.DefaultVisibilityTimeout (%s) must be at least 1s", cfg.DefaultVisibilityTimeout)
+	if cfg.DefaultVisibilityTimeout < time.Second || cfg.DefaultVisibilityTimeout%time.Second != 0 {
+		return nil, fmt.Errorf("bellhop: DispatcherConfig.DefaultVisibilityTimeout (%s) must be a whole number of seconds, at least 1s: %w",
+			cfg.DefaultVisibilityTimeout, ErrInvalidOptions)
 	}
 	if cfg.BusyLease < 10*time.Millisecond {
-		return nil, fmt.Errorf("bellhop: DispatcherConfig.BusyLease (%s) must be at least 10ms", cfg.BusyLease)
+		return nil, fmt.Errorf("bellhop: DispatcherConfig.BusyLease (%s) must be at least 10ms: %w", cfg.BusyLease, ErrInvalidOptions)
 	}
 	if cfg.BusyWindow > cfg.BusyLease/4 {
-		return nil, fmt.Errorf("bellhop: DispatcherConfig.BusyWindow (%s) must be at most a quarter of BusyLease (%s)", cfg.BusyWindow, cfg.BusyLease)
+		return nil, fmt.Errorf("bellhop: DispatcherConfig.BusyWindow (%s%s) must be at most a quarter of BusyLease (%s): %w",
+			cfg.BusyWindow, windowDefault, cfg.BusyLease, ErrInvalidOptions)
 	}
 	pc := poolCfg.Copy()
 	params := pc.ConnConfig.RuntimeParams
@@ -322,7 +370,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	// The pool is made here, not in NewDispatcher: pgxpool starts a
 	// goroutine at once (and connections, with pool_min_conns), which a
 	// Dispatcher that never runs could not release.
-	db, err := pgxpool.NewWithConfig(context.Background(), d.poolCfg)
+	db, err := newPool(d.poolCfg)
 	if err != nil {
 		return fmt.Errorf("dispatcher: pool: %w", err)
 	}
@@ -432,6 +480,24 @@ func (d *Dispatcher) Ready(ctx context.Context) error {
 // ListenerStats returns the listener's counters, for metrics.
 func (d *Dispatcher) ListenerStats() notify.Stats {
 	return d.listener.Stats()
+}
+
+// resolve asks the Resolver for c's handler. A handler that is a nil
+// pointer or func inside the interface counts as nil, as does a Resolver
+// that panics (logged): either would otherwise fail every delivery, and
+// dead-letter messages that another dispatcher was meant to serve.
+func (d *Dispatcher) resolve(c Consumer) (h Handler) {
+	defer func() {
+		if r := recover(); r != nil {
+			d.log.Error().Str("app_id", c.AppID.String()).Str("queue", c.Queue).Interface("panic", r).
+				Msg("the Resolver panicked; this dispatcher does not serve the consumer")
+			h = nil
+		}
+	}()
+	if h = d.cfg.Resolver.Resolve(c); nilHandler(h) {
+		return nil
+	}
+	return h
 }
 
 // routes receives the listener's events and routes them to lanes without
@@ -690,7 +756,7 @@ func (d *Dispatcher) loadConsumers(ctx context.Context) (added int, err error) {
 	seen := make(map[uuid.UUID]bool, len(consumers))
 	var fresh []*lane // queue lanes started
 	for _, c := range consumers {
-		h := d.cfg.Resolver.Resolve(c)
+		h := d.resolve(c)
 		if h == nil {
 			continue
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -190,7 +191,9 @@ func (e *permanentError) Error() string { return "permanent: " + e.err.Error() }
 func (e *permanentError) Unwrap() error { return e.err }
 
 // Resolver tells a dispatcher which Handler serves a consumer. A nil
-// Handler means this dispatcher does not serve it; another may.
+// Handler means this dispatcher does not serve it; another may. A nil
+// pointer or nil HandlerFunc in the Handler counts as nil. A Resolver
+// that panics is logged and serves nothing.
 type Resolver interface {
 	Resolve(c Consumer) Handler
 }
@@ -204,13 +207,15 @@ type Mux struct {
 // NewMux returns an empty Mux. The zero Mux is empty too, and ready to use.
 func NewMux() *Mux { return &Mux{} }
 
-// Handle serves app's queue with h. Call it before the dispatcher starts,
-// or expect the handler to be used from the next consumer reload. Like
-// net/http's ServeMux, it panics if h is nil (or a nil HandlerFunc): that
-// is a programming error, which would otherwise show only as every
-// delivery failing.
+// Handle serves app's queue with h. Call it before the dispatcher runs: a
+// running dispatcher asks its Resolver again only when it reloads its
+// consumers, which it does when a consumer is registered, changed,
+// paused, resumed or removed, or its listener reconnects, and not on a
+// timer. Like net/http's ServeMux, it panics if h is nil (or a nil
+// HandlerFunc or pointer): that is a programming error, which would
+// otherwise show only as the queue never being served.
 func (m *Mux) Handle(app, queue string, h Handler) {
-	if f, ok := h.(HandlerFunc); h == nil || (ok && f == nil) {
+	if nilHandler(h) {
 		panic("bellhop: Mux.Handle of " + app + "/" + queue + " with a nil handler")
 	}
 	m.mu.Lock()
@@ -226,4 +231,17 @@ func (m *Mux) Resolve(c Consumer) Handler {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	return m.handlers[[2]string{c.App, c.Queue}]
+}
+
+// nilHandler reports whether h is nil, or holds a nil pointer, func, map,
+// slice or channel, which would panic on its first delivery.
+func nilHandler(h Handler) bool {
+	if h == nil {
+		return true
+	}
+	switch v := reflect.ValueOf(h); v.Kind() {
+	case reflect.Pointer, reflect.Func, reflect.Map, reflect.Slice, reflect.Chan:
+		return v.IsNil()
+	}
+	return false
 }

@@ -3,6 +3,7 @@ package bellhop_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -378,5 +379,123 @@ func TestPrincipalExists(t *testing.T) {
 	}
 	if _, err := e.client.CreatePrincipal(e.ctx, "shop", "worker"); !errors.Is(err, bellhop.ErrPrincipalExists) {
 		t.Errorf("second principal of the same name: %v, want ErrPrincipalExists", err)
+	}
+}
+
+// nilishResolver serves "served" with a real handler, returns a nil
+// pointer and a nil HandlerFunc inside the Handler interface for two
+// queues, and panics for a third.
+type nilishResolver struct{ served bellhop.Handler }
+
+type ptrHandler struct{ n int }
+
+func (h *ptrHandler) Handle(context.Context, *bellhop.Message) error { h.n++; return nil }
+
+func (r nilishResolver) Resolve(c bellhop.Consumer) bellhop.Handler {
+	switch c.Queue {
+	case "served":
+		return r.served
+	case "nil-pointer":
+		var h *ptrHandler
+		return h
+	case "nil-func":
+		var f bellhop.HandlerFunc
+		return f
+	case "panics":
+		panic("resolver bug")
+	}
+	return nil
+}
+
+// TestNilishHandlersServeNothing: a Resolver's nil pointer or nil
+// HandlerFunc, and a Resolver's panic, mean "not served here", as a nil
+// Handler does: the message stays for another dispatcher. The nil ones
+// panicked on every delivery, spending attempts until the message was
+// dead-lettered, and the panic crashed the process.
+func TestNilishHandlersServeNothing(t *testing.T) {
+	e := fxNew(t)
+	e.app("shop")
+	queues := []string{"nil-pointer", "nil-func", "panics", "served"}
+	for _, q := range queues {
+		if _, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: q}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.client.Enqueue(e.ctx, "shop", q, []byte(`1`), bellhop.EnqueueOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var served atomic.Int32
+	runDispatcher(t, e.pool.Config().ConnString(), nilishResolver{bellhop.HandlerFunc(func(context.Context, *bellhop.Message) error {
+		served.Add(1)
+		return nil
+	})})
+	waitUntil(t, 10*time.Second, "the served queue's first message", func() bool { return served.Load() == 1 })
+	// One more round trip of the served queue: the others' lanes, woken
+	// with it at the start, have had their turn.
+	if _, err := e.client.Enqueue(e.ctx, "shop", "served", []byte(`2`), bellhop.EnqueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 10*time.Second, "the served queue's second message", func() bool { return served.Load() == 2 })
+	if n := e.int64(`SELECT count(*) FROM queue_messages WHERE attempt = 0 AND claim_token IS NULL`); n != 3 {
+		t.Errorf("%d of the 3 unserved messages are untouched", n)
+	}
+	if n := e.int64(`SELECT count(*) FROM dead_letters`); n != 0 {
+		t.Errorf("%d dead letters", n)
+	}
+}
+
+// TestHandBuiltPoolConfig: a pool config not made by pgxpool.ParseConfig
+// makes Run return an error that says so; pgxpool panicked.
+func TestHandBuiltPoolConfig(t *testing.T) {
+	e := fxNew(t)
+	cc, err := pgx.ParseConfig(e.pool.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := bellhop.NewDispatcher(&pgxpool.Config{ConnConfig: cc, MaxConns: 4}, bellhop.DispatcherConfig{Resolver: bellhop.NewMux()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = d.Run(e.ctx)
+	if !errors.Is(err, bellhop.ErrInvalidOptions) || !strings.Contains(err.Error(), "pgxpool.ParseConfig") {
+		t.Errorf("Run with a hand-built pool config: %v; want ErrInvalidOptions naming pgxpool.ParseConfig", err)
+	}
+}
+
+// TestNewDispatcherRefusesBadConfig: a negative duration, or one out of
+// range, is refused with ErrInvalidOptions, naming the field. Negative
+// durations were taken for the default, a 1ns PollInterval polled a
+// thousand times a second, and a 1.5s visibility timeout became 1s.
+func TestNewDispatcherRefusesBadConfig(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgxpool.ParseConfig("postgres://u@127.0.0.1:1/db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		dc   bellhop.DispatcherConfig
+		want string
+	}{
+		{"negative PollInterval", bellhop.DispatcherConfig{PollInterval: -time.Second}, "PollInterval (-1s) must not be negative"},
+		{"1ns PollInterval", bellhop.DispatcherConfig{PollInterval: time.Nanosecond}, "PollInterval (1ns) must be at least 100ms"},
+		{"negative ShutdownGrace", bellhop.DispatcherConfig{ShutdownGrace: -time.Second}, "ShutdownGrace (-1s) must not be negative"},
+		{"negative ReconnectDelay", bellhop.DispatcherConfig{ReconnectDelay: -time.Second}, "ReconnectDelay (-1s)"},
+		{"negative HeartbeatTimeout", bellhop.DispatcherConfig{HeartbeatTimeout: -time.Second}, "HeartbeatTimeout (-1s)"},
+		{"fractional visibility timeout", bellhop.DispatcherConfig{DefaultVisibilityTimeout: 1500 * time.Millisecond}, "DefaultVisibilityTimeout (1.5s) must be a whole number of seconds"},
+		{"BusyLease at its minimum, default window", bellhop.DispatcherConfig{BusyLease: 10 * time.Millisecond}, "BusyWindow (4ms, the default) must be at most a quarter of BusyLease (10ms)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.dc.Resolver = bellhop.NewMux()
+			_, err := bellhop.NewDispatcher(cfg, tc.dc)
+			if !errors.Is(err, bellhop.ErrInvalidOptions) || !strings.Contains(fmt.Sprint(err), tc.want) {
+				t.Errorf("NewDispatcher: %v; want ErrInvalidOptions saying %q", err, tc.want)
+			}
+		})
+	}
+	// The limits themselves are accepted.
+	if _, err := bellhop.NewDispatcher(cfg, bellhop.DispatcherConfig{Resolver: bellhop.NewMux(), PollInterval: 100 * time.Millisecond,
+		DefaultVisibilityTimeout: time.Second, BusyLease: 16 * time.Millisecond}); err != nil {
+		t.Errorf("NewDispatcher at the limits: %v", err)
 	}
 }
