@@ -304,7 +304,7 @@ func latest(a, b time.Time) time.Time {
 func (l *lane) leased(cm *claim.Message) {
 	st := l.state.Load()
 	if !st.Enabled || l.ctx.Err() != nil {
-		l.d.releaseLeased(cm)
+		l.d.releaseLeased(cm, l.target)
 		return
 	}
 	if end := cm.LeasedAt.Add(leaseTimeout(st, cm)); time.Now().Before(end) {
@@ -338,7 +338,7 @@ func (l *lane) startPending() {
 		l.runMu.Unlock()
 		if stopped {
 			l.inFlight.Add(-1)
-			l.d.releaseLeased(cm)
+			l.d.releaseLeased(cm, l.target)
 			continue
 		}
 		l.delivering.Add(1)
@@ -394,7 +394,7 @@ func (l *lane) freeSlots(n int) {
 // deliver (its lane stopped or is paused): the attempt is refunded and the
 // queue woken, as for any release. Once the dispatcher has stopped, the
 // lease runs out instead.
-func (d *Dispatcher) releaseLeased(cm *claim.Message) {
+func (d *Dispatcher) releaseLeased(cm *claim.Message, t claim.Target) {
 	d.offers.closing.RLock()
 	defer d.offers.closing.RUnlock()
 	d.offers.mu.Lock()
@@ -405,7 +405,8 @@ func (d *Dispatcher) releaseLeased(cm *claim.Message) {
 	}
 	d.complete.Submit(claim.Outcome{Message: cm, Verdict: claim.Release, Done: func(_ bool, err error) {
 		if err != nil {
-			d.log.Warn().Err(err).Str("message_id", cm.ID.String()).
+			d.log.Warn().Err(err).Str("app_id", t.AppID.String()).Str("queue", t.Queue).
+				Str("message_id", cm.ID.String()).Int("attempt", cm.Attempt).
 				Msg("could not release a leased message; it comes back after its lease")
 		}
 	}})
@@ -529,7 +530,7 @@ func (d *Dispatcher) recoverLeases(ctx context.Context, tokens []uuid.UUID) {
 		f.m.LeasedAt = leasedAt
 		if f.m.VisibilityTimeout == 0 {
 			// The queue has no consumer now: nothing measures the lease.
-			d.releaseLeased(&f.m)
+			d.releaseLeased(&f.m, o.lane.target)
 			continue
 		}
 		d.log.Info().Str("app_id", o.lane.target.AppID.String()).Str("queue", o.lane.target.Queue).

@@ -172,7 +172,7 @@ func TestReleaseRacesClose(t *testing.T) {
 						return
 					default:
 					}
-					d.releaseLeased(m)
+					d.releaseLeased(m, claim.Target{})
 				}
 			})
 		}

@@ -503,11 +503,15 @@ func (h *handler) outcome(resp *http.Response, head []byte) error {
 	case code >= 300 && code <= 499:
 		if code <= 399 {
 			// The body of a redirect is rarely useful; where it points is.
-			detail := "redirect not followed"
-			if loc := resp.Header.Get("Location"); loc != "" {
-				detail += " (Location: " + snippet([]byte(loc)) + ")"
+			// A Location may carry a token (a signed URL), so it is kept
+			// with the dead letter but, like a body, out of info and warn
+			// logs.
+			what := fmt.Sprintf("consumer rejected the message: HTTP %d: redirect not followed", code)
+			loc := resp.Header.Get("Location")
+			if loc == "" {
+				return bellhop.Permanent(errors.New(what))
 			}
-			return bellhop.Permanent(fmt.Errorf("consumer rejected the message: HTTP %d: %s", code, detail))
+			return bellhop.Permanent(&bodyError{what: what, body: "Location: " + snippet([]byte(loc))})
 		}
 		return bellhop.Permanent(responseError(fmt.Sprintf("consumer rejected the message: HTTP %d", code), head))
 	}
