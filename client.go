@@ -26,6 +26,17 @@ type Client struct {
 	db       *pgxpool.Pool
 	operator bool      // made by NewClient
 	actor    uuid.UUID // made by As: the principal acting
+	// now is the clock that DeliverAfter is checked against (time.Now if
+	// nil); tests set it to stand for a producer whose clock is off.
+	now func() time.Time
+}
+
+// clock reads c's clock.
+func (c *Client) clock() time.Time {
+	if c.now != nil {
+		return c.now()
+	}
+	return time.Now()
 }
 
 // NewClient returns an operator Client that runs its statements on db. The
@@ -38,7 +49,9 @@ func NewClient(db *pgxpool.Pool) *Client { return &Client{db: db, operator: true
 // it, and messages it enqueues record it as their enqueuing principal.
 // No principal has the id uuid.Nil, so a Client made with it (a failed
 // lookup's zero value, say) is refused everything.
-func (c *Client) As(principal uuid.UUID) *Client { return &Client{db: c.db, actor: principal} }
+func (c *Client) As(principal uuid.UUID) *Client {
+	return &Client{db: c.db, actor: principal, now: c.now}
+}
 
 // principalArg is the acting principal as a statement argument: NULL for
 // an operator, and the principal's id, even uuid.Nil, for As.

@@ -22,8 +22,8 @@ type EnqueueOptions struct {
 	// DeliverAfter holds the message until then. Times in the past mean
 	// now. At most ten years ahead. Exclusive with Delay.
 	DeliverAfter time.Time
-	// Delay holds the message for this long from now. Exclusive with
-	// DeliverAfter.
+	// Delay holds the message for this long from now, as the database's
+	// clock tells it. Exclusive with DeliverAfter.
 	Delay time.Duration
 	// MaxAttempts bounds deliveries, from 1 to 1000; 0 takes the default.
 	MaxAttempts int
@@ -94,13 +94,14 @@ func (c *Client) enqueue(ctx context.Context, q querier, app string, msgs []NewM
 		queues   = make([]string, n)
 		payloads = make([]json.RawMessage, n)
 		deliver  = make([]*time.Time, n)
+		delays   = make([]*int64, n)
 		attempts = make([]*int32, n)
 		// Ids go to pgx as [16]byte: for a uuid.UUID, and above all for
 		// one in a slice, pgx goes through its driver.Valuer (a string, a
 		// failed encode, then a parse).
 		idArgs     = make([][16]byte, n)
 		principals = make([]any, n) // nil or [16]byte
-		now        = time.Now()
+		now        = c.clock()
 	)
 	for i, m := range msgs {
 		if err := checkMessage(now, m); err != nil {
@@ -111,10 +112,7 @@ func (c *Client) enqueue(ctx context.Context, q querier, app string, msgs []NewM
 			return nil, fmt.Errorf("enqueue: make id: %w", err)
 		}
 		ids[i], idArgs[i], queues[i], payloads[i] = id, id, m.Queue, json.RawMessage(m.Payload)
-		at, _ := validate.DeliverAt(now, m.Options.DeliverAfter, m.Options.Delay)
-		if !at.IsZero() {
-			deliver[i] = &at
-		}
+		deliver[i], delays[i] = deliverArgs(now, m.Options)
 		if m.Options.MaxAttempts != 0 {
 			v := int32(m.Options.MaxAttempts)
 			attempts[i] = &v
@@ -136,12 +134,12 @@ func (c *Client) enqueue(ctx context.Context, q querier, app string, msgs []NewM
 	if n == 1 {
 		row = q.QueryRow(ctx, queries.EnqueueOne, pgx.NamedArgs{
 			"app_name": app, "id": idArgs[0], "queue_name": queues[0], "payload": payloads[0],
-			"deliver_after": deliver[0], "max_attempts": attempts[0], "principal": principals[0],
+			"deliver_after": deliver[0], "delay_us": delays[0], "max_attempts": attempts[0], "principal": principals[0],
 		})
 	} else {
 		row = q.QueryRow(ctx, queries.Enqueue, pgx.NamedArgs{
 			"app_name": app, "ids": idArgs, "queue_names": queues, "payloads": payloads,
-			"deliver_after": deliver, "max_attempts": attempts, "principals": principals,
+			"deliver_after": deliver, "delays_us": delays, "max_attempts": attempts, "principals": principals,
 		})
 	}
 	err := row.Scan(&appFound, &foreign, &inserted)
@@ -158,6 +156,22 @@ func (c *Client) enqueue(ctx context.Context, q querier, app string, msgs []NewM
 		return nil, enqueueError(app, msgs, -1, fmt.Errorf("inserted %d of %d messages", inserted, n))
 	}
 	return ids, nil
+}
+
+// deliverArgs is a message's time to deliver as the enqueue statements
+// take it: a DeliverAfter as the time it names, and a Delay in
+// microseconds, which the database adds to its own clock, so that a
+// producer whose clock is off still delays by what it asked. now, the
+// producer's clock, only turns past times into "now". Both nil: now.
+func deliverArgs(now time.Time, o EnqueueOptions) (*time.Time, *int64) {
+	if o.Delay > 0 {
+		us := o.Delay.Microseconds()
+		return nil, &us
+	}
+	if at, _ := validate.DeliverAt(now, o.DeliverAfter, 0); !at.IsZero() {
+		return &at, nil
+	}
+	return nil, nil
 }
 
 func checkMessage(now time.Time, m NewMessage) error {

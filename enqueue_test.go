@@ -540,3 +540,38 @@ func TestEnqueueAcceptsEscapedBackslashBeforeU0000(t *testing.T) {
 		})
 	}
 }
+
+// TestDelayOnDatabaseClock: a Delay counts on the database's clock, for a
+// producer whose own clock is ten minutes slow too: its minute's delay was
+// already over when the message arrived, nine minutes in the past.
+func TestDelayOnDatabaseClock(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	e.app("shop")
+	cons, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slow := bellhop.NewClient(e.pool)
+	bellhop.SetClock(slow, func() time.Time { return time.Now().Add(-10 * time.Minute) })
+	opts := bellhop.EnqueueOptions{Delay: time.Minute}
+	one, err := slow.Enqueue(e.ctx, "shop", "orders", []byte(`1`), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	many, err := slow.EnqueueMany(e.ctx, "shop", []bellhop.NewMessage{{Queue: "orders", Payload: []byte(`2`), Options: opts}, {Queue: "orders", Payload: []byte(`3`), Options: opts}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	invoked, err := slow.InvokeAsync(e.ctx, cons.ID, []byte(`4`), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range append([]uuid.UUID{one, invoked}, many...) {
+		due := e.int64(`SELECT extract(epoch FROM deliver_after - clock_timestamp())::bigint
+			FROM (SELECT id, deliver_after FROM queue_messages UNION ALL SELECT id, deliver_after FROM outbox) m WHERE id = $1`, id)
+		if due < 50 || due > 60 {
+			t.Errorf("message %s is due in %ds by the database's clock, want about 60", id, due)
+		}
+	}
+}

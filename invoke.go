@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -30,10 +29,11 @@ func (c *Client) InvokeAsync(ctx context.Context, consumer uuid.UUID, payload []
 	if err := validate.MaxAttemptsOption(opts.MaxAttempts); err != nil {
 		return fail(err)
 	}
-	at, err := validate.DeliverAt(time.Now(), opts.DeliverAfter, opts.Delay)
-	if err != nil {
+	now := c.clock()
+	if _, err := validate.DeliverAt(now, opts.DeliverAfter, opts.Delay); err != nil {
 		return fail(err)
 	}
+	at, delay := deliverArgs(now, opts)
 	id, err := uuid.NewV7()
 	if err != nil {
 		return fail(err)
@@ -41,7 +41,7 @@ func (c *Client) InvokeAsync(ctx context.Context, consumer uuid.UUID, payload []
 	var out uuid.UUID
 	err = c.db.QueryRow(ctx, queries.Invoke, pgx.NamedArgs{
 		"id": id, "trigger_id": consumer, "payload": json.RawMessage(payload),
-		"deliver_after": nullable(at), "max_attempts": nullable(opts.MaxAttempts), "actor": c.principalArg(),
+		"deliver_after": at, "delay_us": delay, "max_attempts": nullable(opts.MaxAttempts), "actor": c.principalArg(),
 	}).Scan(&out)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fail(ErrUnknownConsumer)

@@ -4,14 +4,16 @@
 -- Nothing is inserted when the app is unknown or when any principal does
 -- not belong to the app; the counts in the result tell the caller which.
 -- Table constraints reject bad queue names, attempts and payload sizes for
--- the whole statement.
+-- the whole statement. A message is due at its deliver_after, or after its
+-- delay (in microseconds) on the database's clock, not the producer's,
+-- which may be off.
 WITH app AS (
     SELECT id FROM apps WHERE name = @app_name
 ), input AS (
     SELECT *
     FROM unnest(@ids::uuid[], @queue_names::text[], @payloads::jsonb[],
-                @deliver_after::timestamptz[], @max_attempts::int[], @principals::uuid[])
-         AS m(id, queue_name, payload, deliver_after, max_attempts, principal)
+                @deliver_after::timestamptz[], @delays_us::bigint[], @max_attempts::int[], @principals::uuid[])
+         AS m(id, queue_name, payload, deliver_after, delay_us, max_attempts, principal)
 ), foreign_principals AS (
     SELECT count(*) AS n
     FROM input i
@@ -22,7 +24,8 @@ WITH app AS (
     -- max_attempts defaults as in bellhop_default_max_attempts(); joined
     -- here rather than called, because a SQL function in this position is
     -- planned again on every call (about half a millisecond).
-    SELECT i.id, app.id, i.queue_name, i.payload, i.deliver_after,
+    SELECT i.id, app.id, i.queue_name, i.payload,
+           coalesce(i.deliver_after, clock_timestamp() + i.delay_us * interval '1 microsecond'),
            coalesce(i.max_attempts, c.max_attempts, 3), i.principal
     FROM input i
     CROSS JOIN app

@@ -14,7 +14,8 @@ WITH app AS (
 ), inserted AS (
     INSERT INTO queue_messages (id, app_id, queue_name, payload, deliver_after, max_attempts, enqueued_by_principal)
     -- max_attempts defaults as in enqueue.sql.
-    SELECT @id::uuid, app.id, @queue_name::text, @payload::jsonb, @deliver_after::timestamptz,
+    SELECT @id::uuid, app.id, @queue_name::text, @payload::jsonb,
+           coalesce(@deliver_after::timestamptz, clock_timestamp() + @delay_us::bigint * interval '1 microsecond'),
            coalesce(@max_attempts::int,
                     (SELECT max_attempts FROM queue_consumers
                      WHERE app_id = app.id AND queue_name = @queue_name::text LIMIT 1),

@@ -1,9 +1,11 @@
 -- Adds one invoke_async delivery for a queue consumer to the outbox. No
 -- row: the consumer is unknown, or the acting principal (when not NULL)
--- belongs to another app.
+-- belongs to another app. A delay (in microseconds) counts on the
+-- database's clock, as in enqueue.sql.
 INSERT INTO outbox (id, app_id, source_kind, trigger_id, payload, deliver_after, max_attempts)
 SELECT @id, t.app_id, 'invoke', t.id, @payload,
-       @deliver_after, coalesce(@max_attempts, t.max_attempts)
+       coalesce(@deliver_after::timestamptz, clock_timestamp() + @delay_us::bigint * interval '1 microsecond'),
+       coalesce(@max_attempts, t.max_attempts)
 FROM triggers t
 WHERE t.id = @trigger_id AND t.kind = 'queue'
   AND (@actor::uuid IS NULL
