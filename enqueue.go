@@ -3,6 +3,7 @@ package bellhop
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -130,6 +131,7 @@ func (c *Client) enqueue(ctx context.Context, q querier, app string, msgs []NewM
 	}
 	var appFound bool
 	var foreign, inserted int64
+	var firstForeign *int64
 	var row pgx.Row
 	if n == 1 {
 		row = q.QueryRow(ctx, queries.EnqueueOne, pgx.NamedArgs{
@@ -142,16 +144,22 @@ func (c *Client) enqueue(ctx context.Context, q querier, app string, msgs []NewM
 			"deliver_after": deliver, "delays_us": delays, "max_attempts": attempts, "principals": principals,
 		})
 	}
-	err := row.Scan(&appFound, &foreign, &inserted)
+	var err error
+	if n == 1 {
+		err = row.Scan(&appFound, &foreign, &inserted)
+	} else {
+		err = row.Scan(&appFound, &foreign, &inserted, &firstForeign)
+	}
 	switch {
 	case err != nil:
-		return nil, enqueueError(app, msgs, -1, constraintError(err))
+		err = constraintError(err)
+		return nil, enqueueError(app, msgs, c.oversized(ctx, err, payloads), err)
 	case !appFound:
 		return nil, enqueueError(app, msgs, -1, fmt.Errorf("%w %q", ErrUnknownApp, printable(app)))
 	case foreign > 0 && !c.operator:
 		return nil, enqueueError(app, msgs, -1, fmt.Errorf("%w: principal %s does not belong to app %q", ErrForbidden, c.actor, printable(app)))
 	case foreign > 0:
-		return nil, enqueueError(app, msgs, -1, fmt.Errorf("%w: %d message(s) name a principal that is not of app %q", ErrUnknownPrincipal, foreign, app))
+		return nil, enqueueError(app, msgs, position(firstForeign), fmt.Errorf("%w: %d message(s) name a principal that is not of app %q", ErrUnknownPrincipal, foreign, app))
 	case inserted != int64(n):
 		return nil, enqueueError(app, msgs, -1, fmt.Errorf("inserted %d of %d messages", inserted, n))
 	}
@@ -188,16 +196,54 @@ func checkMessage(now time.Time, m NewMessage) error {
 	return err
 }
 
+// oversized finds the position of the batch's first payload that is over
+// 1 MiB as jsonb text, after the table's constraint refused the batch for
+// one (err), or returns -1.
+func (c *Client) oversized(ctx context.Context, err error, payloads []json.RawMessage) int {
+	if len(payloads) < 2 || !errors.Is(err, ErrPayloadTooLarge) {
+		return -1
+	}
+	var first *int64
+	// On the pool: an EnqueueTx's transaction is aborted by the refusal.
+	if c.db.QueryRow(ctx, queries.EnqueueOversized, pgx.NamedArgs{"payloads": payloads}).Scan(&first) != nil {
+		return -1
+	}
+	return position(first)
+}
+
+// position turns a statement's 1-based position into an index, -1 for
+// none.
+func position(p *int64) int {
+	if p == nil || *p < 1 {
+		return -1
+	}
+	return int(*p - 1)
+}
+
 // enqueueError adds the app, and the queue or batch position, to err.
 func enqueueError(app string, msgs []NewMessage, i int, err error) error {
 	switch {
 	case len(msgs) == 1:
 		return fmt.Errorf("enqueue %s/%s: %w", printable(app), printable(msgs[0].Queue), err)
-	case i >= 0:
-		return fmt.Errorf("enqueue to app %s: message %d of %d (queue %s): %w", printable(app), i+1, len(msgs), printable(msgs[i].Queue), err)
+	case i >= 0 && i < len(msgs):
+		return &batchError{i: i, err: fmt.Errorf("enqueue to app %s: message %d of %d (queue %s): %w",
+			printable(app), i+1, len(msgs), printable(msgs[i].Queue), err)}
 	}
 	return fmt.Errorf("enqueue %d messages to app %s: %w", len(msgs), printable(app), err)
 }
+
+// batchError is an error of a batch that one message of it caused.
+type batchError struct {
+	i   int
+	err error
+}
+
+func (e *batchError) Error() string { return e.err.Error() }
+func (e *batchError) Unwrap() error { return e.err }
+
+// Position is the index, in the batch, of the message at fault. The CLI
+// finds it with errors.As, to name the line.
+func (e *batchError) Position() int { return e.i }
 
 // printable keeps untrusted names short and free of control characters in
 // error messages.

@@ -7,6 +7,7 @@ package bellhop_test
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -397,6 +398,13 @@ func TestEnqueueManyIsAllOrNothing(t *testing.T) {
 			if after := e.tableState("queue_messages"); after != before {
 				t.Errorf("queue_messages changed: %s, was %s", after, before)
 			}
+			// The error names the message, also when the database found
+			// the fault (the size as jsonb text, the principal).
+			var at interface{ Position() int }
+			if want := fmt.Sprintf("message %d of 5", tc.bad+1); !strings.Contains(fmt.Sprint(err), want) ||
+				!errors.As(err, &at) || at.Position() != tc.bad {
+				t.Errorf("error %q does not name %s by its position", err, want)
+			}
 		})
 	}
 
@@ -495,6 +503,7 @@ func TestEnqueueRejectsPayloadsJSONBCannotStore(t *testing.T) {
 	}{
 		{"lone high surrogate", `"\ud800"`},
 		{"lone low surrogate in an object", `{"k":"\udc00"}`},
+		{"high surrogate, then another escape", `"\ud800\u0041"`},
 		{"number beyond numeric's range", `1e1000000`},
 	}
 	for _, tc := range cases {

@@ -618,7 +618,7 @@ func TestDepthAndQueueList(t *testing.T) {
 	}
 	deadLetter(shop.ID, "orders", "queue")
 	deadLetter(shop.ID, "orders", "queue")
-	deadLetter(shop.ID, "orders", "invoke") // not a queue message: not counted
+	deadLetter(shop.ID, "orders", "invoke") // its consumer's: counted, as dead ls --queue lists it (0057)
 	deadLetter(shop.ID, "graveyard", "queue")
 	// orders has a paused consumer, idle an enabled one and no messages.
 	orders, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders"})
@@ -670,7 +670,7 @@ func TestDepthAndQueueList(t *testing.T) {
 		want := []bellhop.QueueInfo{
 			{App: "shop", Queue: "graveyard", Dead: 1},
 			{App: "shop", Queue: "idle", ConsumerID: &idleID, ConsumerEnabled: true},
-			{App: "shop", Queue: "orders", Ready: 4, Delayed: 2, InFlight: 2, Dead: 2, ConsumerID: &ordersID, ConsumerEnabled: false},
+			{App: "shop", Queue: "orders", Ready: 4, Delayed: 2, InFlight: 2, Dead: 3, ConsumerID: &ordersID, ConsumerEnabled: false},
 		}
 		if len(got) != len(want) {
 			t.Fatalf("Queues(shop) = %+v, want %d rows", got, len(want))

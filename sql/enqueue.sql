@@ -2,7 +2,8 @@
 -- Arguments are parallel arrays, one element per message; the ids are made
 -- by the client so that it knows them without relying on RETURNING order.
 -- Nothing is inserted when the app is unknown or when any principal does
--- not belong to the app; the counts in the result tell the caller which.
+-- not belong to the app; the counts in the result tell the caller which,
+-- and first_foreign the position (from 1) of the first such message.
 -- Table constraints reject bad queue names, attempts and payload sizes for
 -- the whole statement. A message is due at its deliver_after, or after its
 -- delay (in microseconds) on the database's clock, not the producer's,
@@ -13,9 +14,9 @@ WITH app AS (
     SELECT *
     FROM unnest(@ids::uuid[], @queue_names::text[], @payloads::jsonb[],
                 @deliver_after::timestamptz[], @delays_us::bigint[], @max_attempts::int[], @principals::uuid[])
-         AS m(id, queue_name, payload, deliver_after, delay_us, max_attempts, principal)
+         WITH ORDINALITY AS m(id, queue_name, payload, deliver_after, delay_us, max_attempts, principal, ord)
 ), foreign_principals AS (
-    SELECT count(*) AS n
+    SELECT count(*) AS n, min(ord) AS first
     FROM input i
     WHERE i.principal IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM principals p JOIN app ON p.app_id = app.id WHERE p.id = i.principal)
@@ -37,4 +38,5 @@ WITH app AS (
 )
 SELECT EXISTS (SELECT 1 FROM app) AS app_found,
        (SELECT n FROM foreign_principals) AS foreign_principals,
-       (SELECT count(*) FROM inserted) AS inserted
+       (SELECT count(*) FROM inserted) AS inserted,
+       (SELECT first FROM foreign_principals) AS first_foreign

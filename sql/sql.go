@@ -135,6 +135,11 @@ var DeadRedrive string
 //go:embed enqueue.sql
 var Enqueue string
 
+// EnqueueOversized is enqueue_oversized.sql.
+//
+//go:embed enqueue_oversized.sql
+var EnqueueOversized string
+
 // EnqueueOne is enqueue_one.sql.
 //
 //go:embed enqueue_one.sql

@@ -476,20 +476,24 @@ func enqueueStream(ctx context.Context, c *bellhop.Client, pool *pgxpool.Pool, a
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 64*1024), maxLine)
 	var (
-		batch      []bellhop.NewMessage
-		batchStart int // line of batch[0]
-		line       int
-		total      int
+		batch []bellhop.NewMessage
+		lines []int // of batch's messages
+		line  int
+		total int
 	)
 	flush := func() error {
 		if len(batch) == 0 {
 			return nil
 		}
 		if _, err := c.EnqueueManyTx(ctx, tx, app, batch); err != nil {
-			return fmt.Errorf("lines %d to %d: %w; nothing was enqueued", batchStart, line, err)
+			var at interface{ Position() int }
+			if errors.As(err, &at) && at.Position() < len(lines) {
+				return fmt.Errorf("line %d: %w; nothing was enqueued", lines[at.Position()], err)
+			}
+			return fmt.Errorf("lines %d to %d: %w; nothing was enqueued", lines[0], lines[len(lines)-1], err)
 		}
 		total += len(batch)
-		batch = batch[:0]
+		batch, lines = batch[:0], lines[:0]
 		return nil
 	}
 	for sc.Scan() {
@@ -501,11 +505,9 @@ func enqueueStream(ctx context.Context, c *bellhop.Client, pool *pgxpool.Pool, a
 		if err := validate.Payload(text); err != nil {
 			return usagef("line %d: %w; nothing was enqueued", line, err)
 		}
-		if len(batch) == 0 {
-			batchStart = line
-		}
 		// The scanner reuses its buffer: the payload needs its own copy.
 		batch = append(batch, bellhop.NewMessage{Queue: queue, Payload: bytes.Clone(text), Options: opts})
+		lines = append(lines, line)
 		if len(batch) == enqueueBatch {
 			if err := flush(); err != nil {
 				return err

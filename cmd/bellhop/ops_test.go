@@ -276,6 +276,12 @@ func TestEnqueueStdin(t *testing.T) {
 			wantErr: "line 607: payload too large: 1048578 bytes, more than the 1048576-byte limit; nothing was enqueued"},
 		{name: "line too long", stdin: lines(600, 0) + `"` + strings.Repeat("x", maxLine) + `"` + "\n{}\n", wantCode: 2,
 			wantErr: "line 607 is longer than the 2097152-byte limit of a line (a payload is at most 1048576 bytes); nothing was enqueued"},
+		// The database measures the size as jsonb text, with a space
+		// after each ',' and ':'; it refuses the batch, and the error
+		// names the line.
+		{name: "over 1 MiB as jsonb text", stdin: lines(600, 0) + "[" + strings.Repeat(`{"a":1},`, 131070) + `{"a":1}]` + "\n", wantCode: 2,
+			wantErr: "line 607: enqueue to app shop: message 101 of 101"},
+		{name: "lone surrogate", stdin: lines(600, 0) + `"\ud800"` + "\n", wantCode: 2, wantErr: `line 607: payload is not a JSON value: it contains \ud800`},
 		{name: "payload nested too deep", stdin: lines(600, 0) + strings.Repeat("[", 200) + strings.Repeat("]", 200) + "\n", wantCode: 2, wantErr: "line 607: payload is not a JSON value: nested 200 deep"},
 		{name: "bad --max-attempts", stdin: lines(600, 0), flags: []string{"--max-attempts", "1001"}, wantCode: 2, wantErr: "max attempts 1001 is outside 1..1000"},
 		{name: "--at too far ahead", stdin: lines(600, 0), flags: []string{"--at", "2999-01-01T00:00:00Z"}, wantCode: 2, wantErr: "deliver-after 2999-01-01T00:00:00Z is more than"},

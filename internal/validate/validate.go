@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -80,13 +81,19 @@ func Payload(b []byte) error {
 	if !utf8.Valid(b) {
 		return fmt.Errorf("%w: it is not valid UTF-8", ErrPayload)
 	}
-	d, nul := scan(b)
-	if d > MaxPayloadDepth {
-		return fmt.Errorf("%w: nested %d deep, more than %d", ErrPayload, d, MaxPayloadDepth)
+	sc := scan(b)
+	if sc.depth > MaxPayloadDepth {
+		return fmt.Errorf("%w: nested %d deep, more than %d", ErrPayload, sc.depth, MaxPayloadDepth)
 	}
 	// PostgreSQL's jsonb rejects the NUL character even when escaped.
-	if nul {
+	if sc.nul {
 		return fmt.Errorf("%w: it contains \\u0000, which PostgreSQL's jsonb cannot store", ErrPayload)
+	}
+	// encoding/json reads an unpaired surrogate escape as U+FFFD; jsonb
+	// refuses it. JavaScript's JSON.stringify writes one for a string
+	// that was cut through a character.
+	if sc.lone != "" {
+		return fmt.Errorf("%w: it contains %s, half of a UTF-16 surrogate pair, which PostgreSQL's jsonb cannot store", ErrPayload, sc.lone)
 	}
 	return nil
 }
@@ -100,20 +107,41 @@ func describeJSONError(b []byte) string {
 	return err.Error()
 }
 
-// scan walks valid JSON b once and returns its deepest nesting of arrays
-// and objects, and whether a string holds the escape \u0000 (an escaped
-// backslash followed by "u0000" is not one).
-func scan(b []byte) (depth int, nul bool) {
+// scanned is what scan finds in a JSON value.
+type scanned struct {
+	depth int    // deepest nesting of arrays and objects
+	nul   bool   // a string holds the escape \u0000
+	lone  string // the first surrogate escape without its other half, if any
+}
+
+// scan walks valid JSON b once. An escaped backslash followed by "u0000"
+// is not an escape of its own.
+func scan(b []byte) scanned {
+	var sc scanned
 	var cur int
 	inString, escaped := false, false
+	pairedLow := -1 // index of the 'u' of a low surrogate escape paired with the high one before it
 	for i, c := range b {
 		switch {
 		case inString:
 			switch {
 			case escaped:
 				escaped = false
-				if c == 'u' && bytes.HasPrefix(b[i+1:], []byte("0000")) {
-					nul = true
+				if c != 'u' {
+					break
+				}
+				r := hex4(b[i+1 : i+5]) // valid JSON: four hex digits follow
+				switch {
+				case r == 0:
+					sc.nul = true
+				case r >= 0xD800 && r <= 0xDBFF:
+					if j := i + 5; j+6 <= len(b) && b[j] == '\\' && b[j+1] == 'u' && isLowSurrogate(hex4(b[j+2:j+6])) {
+						pairedLow = j + 1
+					} else if sc.lone == "" {
+						sc.lone = `\` + string(b[i:i+5])
+					}
+				case r >= 0xDC00 && r <= 0xDFFF && i != pairedLow && sc.lone == "":
+					sc.lone = `\` + string(b[i:i+5])
 				}
 			case c == '\\':
 				escaped = true
@@ -124,13 +152,21 @@ func scan(b []byte) (depth int, nul bool) {
 			inString = true
 		case c == '[' || c == '{':
 			cur++
-			depth = max(depth, cur)
+			sc.depth = max(sc.depth, cur)
 		case c == ']' || c == '}':
 			cur--
 		}
 	}
-	return depth, nul
+	return sc
 }
+
+// hex4 reads four hex digits.
+func hex4(h []byte) rune {
+	n, _ := strconv.ParseUint(string(h), 16, 32)
+	return rune(n)
+}
+
+func isLowSurrogate(r rune) bool { return r >= 0xDC00 && r <= 0xDFFF }
 
 // MaxAttemptsOption checks an optional max attempts: 0 means "use the
 // default", otherwise 1 to MaxAttempts.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // FuzzQueueName checks QueueName against its definition: 1 to 128 bytes
@@ -26,11 +27,13 @@ func FuzzQueueName(f *testing.F) {
 }
 
 // FuzzPayload checks that Payload never accepts what encoding/json calls
-// invalid, never panics, and that its depth and NUL checks agree with a
-// decode of the value.
+// invalid, never panics, and that its depth, NUL and surrogate checks
+// agree with a decode of the value (which reads a lone surrogate escape as
+// U+FFFD).
 func FuzzPayload(f *testing.F) {
 	for _, s := range []string{`{}`, `[]`, `null`, `1`, `"x"`, `{"a":[1,2,{"b":null}]}`, `{`, ``, ` `, `hello`,
-		`"\u0000"`, `"\\u0000"`, `"\\\u0000"`, strings.Repeat("[", 200) + strings.Repeat("]", 200), `{"a":"]]]]"}`} {
+		`"\u0000"`, `"\\u0000"`, `"\\\u0000"`, strings.Repeat("[", 200) + strings.Repeat("]", 200), `{"a":"]]]]"}`,
+		`"\ud83d\ude00"`, `"\ud800"`, `"\udc00"`, `"\\ud800"`, `"\ud800\ud800\udc00"`, `"\ufffd"`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -53,6 +56,9 @@ func FuzzPayload(f *testing.F) {
 		if hasNUL(v) {
 			t.Fatalf("accepted %q holding a NUL character", b)
 		}
+		if hasRune(v, utf8.RuneError) && !bytes.Contains(b, []byte("\uFFFD")) && !bytes.Contains(bytes.ToLower(b), []byte(`\ufffd`)) {
+			t.Fatalf("accepted %q holding a lone surrogate", b)
+		}
 	})
 }
 
@@ -74,19 +80,22 @@ func decodedDepth(v any) int {
 	return 0
 }
 
-func hasNUL(v any) bool {
+func hasNUL(v any) bool { return hasRune(v, 0) }
+
+// hasRune reports whether a decoded value holds r in a string or a key.
+func hasRune(v any, r rune) bool {
 	switch x := v.(type) {
 	case string:
-		return strings.ContainsRune(x, 0)
+		return strings.ContainsRune(x, r)
 	case []any:
 		for _, e := range x {
-			if hasNUL(e) {
+			if hasRune(e, r) {
 				return true
 			}
 		}
 	case map[string]any:
 		for k, e := range x {
-			if strings.ContainsRune(k, 0) || hasNUL(e) {
+			if strings.ContainsRune(k, r) || hasRune(e, r) {
 				return true
 			}
 		}
