@@ -48,7 +48,9 @@ func NewClient(db *pgxpool.Pool) *Client { return &Client{db: db, operator: true
 // principal belongs to that app; consumers it registers are registered by
 // it, and messages it enqueues record it as their enqueuing principal.
 // No principal has the id uuid.Nil, so a Client made with it (a failed
-// lookup's zero value, say) is refused everything.
+// lookup's zero value, say) is refused everything. The confinement binds
+// what the Client does, not the code that holds it: that code has the
+// pool, and its database role's rights, and may call As again.
 func (c *Client) As(principal uuid.UUID) *Client {
 	return &Client{db: c.db, actor: principal, now: c.now}
 }
