@@ -385,14 +385,7 @@ func TestClaimPairRepair(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
-	conn := connect(t, ctx, emptyDatabase(t))
-	migrateTo(t, ctx, conn, versionBefore(t, 50))
-	var app, trigger uuid.UUID
-	if err := conn.QueryRow(ctx, `WITH a AS (INSERT INTO apps (name) VALUES ('shop') RETURNING id),
-		p AS (INSERT INTO principals (app_id, name) SELECT id, 'p' FROM a RETURNING id, app_id)
-		INSERT INTO triggers (app_id, kind, principal_id) SELECT app_id, 'queue', id FROM p RETURNING app_id, id`).Scan(&app, &trigger); err != nil {
-		t.Fatal(err)
-	}
+	conn, app, trigger := beforeMigration(t, ctx, 50)
 	rows := []struct {
 		table, kind       string
 		token, claimedAt  bool
@@ -442,14 +435,7 @@ func TestFiniteTimesRepair(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
-	conn := connect(t, ctx, emptyDatabase(t))
-	migrateTo(t, ctx, conn, versionBefore(t, 56))
-	var app, trigger uuid.UUID
-	if err := conn.QueryRow(ctx, `WITH a AS (INSERT INTO apps (name) VALUES ('shop') RETURNING id),
-		p AS (INSERT INTO principals (app_id, name) SELECT id, 'p' FROM a RETURNING id, app_id)
-		INSERT INTO triggers (app_id, kind, principal_id) SELECT app_id, 'queue', id FROM p RETURNING app_id, id`).Scan(&app, &trigger); err != nil {
-		t.Fatal(err)
-	}
+	conn, app, trigger := beforeMigration(t, ctx, 56)
 	const fixed = "2026-01-02 03:04:05+00"
 	// want: "fixed", "now" (within a minute of the migration), "far"
 	// (3650 days on) or "null".
@@ -511,6 +497,21 @@ func TestFiniteTimesRepair(t *testing.T) {
 				i, r.table, r.kind, r.enqueuedAt, r.deliverAt, got, want)
 		}
 	}
+}
+
+// beforeMigration connects to a new database migrated up to just before
+// migration number, holding app "shop" and the trigger row of a queue
+// consumer of it.
+func beforeMigration(t *testing.T, ctx context.Context, number int) (conn *pgx.Conn, app, trigger uuid.UUID) {
+	t.Helper()
+	conn = connect(t, ctx, emptyDatabase(t))
+	migrateTo(t, ctx, conn, versionBefore(t, number))
+	if err := conn.QueryRow(ctx, `WITH a AS (INSERT INTO apps (name) VALUES ('shop') RETURNING id),
+		p AS (INSERT INTO principals (app_id, name) SELECT id, 'p' FROM a RETURNING id, app_id)
+		INSERT INTO triggers (app_id, kind, principal_id) SELECT app_id, 'queue', id FROM p RETURNING app_id, id`).Scan(&app, &trigger); err != nil {
+		t.Fatal(err)
+	}
+	return conn, app, trigger
 }
 
 // versionBefore is the schema version just before migration number, which
