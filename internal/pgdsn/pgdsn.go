@@ -248,7 +248,8 @@ func CheckHosts(cfg *pgconn.Config) error {
 		hosts = append(hosts, f.Host)
 	}
 	for _, h := range hosts {
-		if strings.ContainsRune(h, '@') {
+		// A socket directory's path may hold '@'; a host name may not.
+		if !strings.HasPrefix(h, "/") && strings.ContainsRune(h, '@') {
 			return errors.New("a host name holds '@': write an '@' in the user name or password as %40")
 		}
 	}

@@ -67,3 +67,27 @@ func TestWithUser(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckHosts: a host name with '@' comes from an unescaped '@' in a
+// URL's user info, and is refused; a socket directory's path may hold one.
+func TestCheckHosts(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		dsn string
+		ok  bool
+	}{
+		{"postgres://u:pw@db.example.com/x", true},
+		{"postgres://u:p%40w@db.example.com/x", true},
+		{"host=/run/user@1000/pg user=u", true},
+		{"postgres://u:p@ss3cret@db.example.com/x", false},
+		{"postgres://u@a.example.com,b@c.example.com/x", false},
+	} {
+		cfg, err := pgconn.ParseConfig(tc.dsn)
+		if err != nil {
+			t.Fatalf("ParseConfig(%q): %v", tc.dsn, err)
+		}
+		if err := CheckHosts(cfg); (err == nil) != tc.ok {
+			t.Errorf("CheckHosts(%q) = %v, want ok %v", tc.dsn, err, tc.ok)
+		}
+	}
+}
