@@ -565,34 +565,30 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 }
 
 // settleStatements waits until db's statement count in pg_stat_statements
-// stops growing for a second (a starting dispatcher claims once on every
-// lane), at least min and at most max. Without pg_stat_statements it
-// waits max. It returns how long it waited.
+// has not grown for a second (a starting dispatcher claims once on every
+// lane), looking every 100ms, for at least minWait and at most maxWait.
+// It returns when, after its start, the count last grew: how long the
+// statements took, not how long it took to be sure they had ended. Without
+// pg_stat_statements it waits maxWait and returns that.
 func settleStatements(ctx context.Context, db *database, minWait, maxWait time.Duration) (time.Duration, error) {
 	start := time.Now()
 	if !db.s.pss {
 		return maxWait, sleepCtx(ctx, maxWait)
 	}
-	if err := sleepCtx(ctx, minWait); err != nil {
-		return 0, err
-	}
-	last := int64(-1)
+	last, lastChange := int64(-1), start
 	for time.Since(start) < maxWait {
 		st, err := db.statements(ctx)
 		if err != nil {
 			return 0, err
 		}
-		var n int64
-		for _, s := range st {
-			n += s.Calls
-		}
-		if n == last {
+		if n := sumCalls(st); n != last {
+			last, lastChange = n, time.Now()
+		} else if time.Since(lastChange) >= time.Second && time.Since(start) >= minWait {
 			break
 		}
-		last = n
-		if err := sleepCtx(ctx, time.Second); err != nil {
+		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
 			return 0, err
 		}
 	}
-	return time.Since(start), nil
+	return lastChange.Sub(start), nil
 }

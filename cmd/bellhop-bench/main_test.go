@@ -137,6 +137,33 @@ func TestTargets(t *testing.T) {
 	}
 }
 
+// TestScaleTargetNeedsItsLoad: the scale target compares p99s at the rate
+// its rule names; a case whose producers fell behind fails it, however
+// its p99 compares. The 10,000-queue case reached 806 msgs/s of 1,000 and
+// passed.
+func TestScaleTargetNeedsItsLoad(t *testing.T) {
+	p := fullParams()
+	for _, tc := range []struct {
+		manyRate float64
+		want     string
+	}{{1000, "PASS"}, {990, "PASS"}, {806, "FAIL"}} {
+		r := newResults()
+		for q, p99 := range map[int]float64{1: 18000, p.scaleQueues: 35000} {
+			r.Add(Metric{Scenario: "scale", Case: scaleCase(q, p.scaleRate), Name: "p99"}, p99)
+			rate := 1000.0
+			if q != 1 {
+				rate = tc.manyRate
+			}
+			r.Add(Metric{Scenario: "scale", Case: scaleCase(q, p.scaleRate), Name: "achieved enqueue rate"}, rate)
+		}
+		for _, tg := range evaluateTargets(r, p) {
+			if tg.Name == "latency p99, 10k queues vs 1 queue" && tg.Verdict() != tc.want {
+				t.Errorf("at %v msgs/s: %s (%s), want %s", tc.manyRate, tg.Verdict(), tg.Detail, tc.want)
+			}
+		}
+	}
+}
+
 func TestParseFlags(t *testing.T) {
 	o, err := parseFlags([]string{"-only", "latency, river", "-runs", "2", "-quick"}, io.Discard)
 	if err != nil {

@@ -105,7 +105,7 @@ func runFloor(ctx context.Context, e *env, _ int) error {
 	}
 	e.res.Note("floor", "'%s': the same SELECT 1, one every %s as the latency scenario's messages come, so that the server's and this process's CPUs are idle before each, as they are before a dispatcher's claim; the 'latency p50 vs physical floor' target uses the back-to-back SELECT 1, as the issue defines it", caseFloorPacedSelect, e.p.notifyInterval)
 	e.res.Note("floor", "SELECT 1 and INSERT: %d round trips back to back on one connection (after %d warm-up); extended protocol, as the dispatcher uses; the INSERT is into a 3-column scratch table with a bigserial primary key; 'one every 10ms': the same INSERT paced like the latency scenario's messages", n, n/10)
-	e.res.Note("floor", "NOTIFY: %d notifications, one every %s (as in the latency scenario, so the listener is idle when each arrives); from just before `SELECT pg_notify(...)` (autocommit, so it includes the commit and its WAL flush) on one connection to WaitForNotification returning on another", n, e.p.notifyInterval)
+	e.res.Note("floor", "NOTIFY: %d notifications (after %d warm-up), one every %s (as in the latency scenario, so the listener is idle when each arrives); from just before `SELECT pg_notify(...)` (autocommit, so it includes the commit and its WAL flush) on one connection to WaitForNotification returning on another", n, n/10, e.p.notifyInterval)
 	e.res.Note("floor", "INSERT + NOTIFY: the same, with the scratch-table INSERT and the notification in one autocommit statement, `WITH i AS (INSERT INTO scratch ... RETURNING 1) SELECT pg_notify(...) FROM i`, so one transaction and one commit, as the latency scenario's message INSERT and its notify trigger; from just before the statement to WaitForNotification returning on the other connection. It is the floor of the 'latency p50 vs physical floor' target")
 	return nil
 }
@@ -181,9 +181,13 @@ func roundTrips(ctx context.Context, dsn string, n int, interval time.Duration) 
 const caseFloorInsertNotify = "INSERT + NOTIFY in one transaction → receipt (unix socket)"
 
 // notifyRoundTrips sends n notifications, interval apart, from one
-// connection and times each to its receipt on another. send must notify
-// channel bench_floor with payload strconv.Itoa(i) and commit it.
+// connection and times each to its receipt on another, after n/10 more
+// that warm up both connections and are not counted, as the other floor
+// cases do. send must notify channel bench_floor with payload
+// strconv.Itoa(i) and commit it.
 func notifyRoundTrips(ctx context.Context, dsn string, n int, interval time.Duration, send func(ctx context.Context, c *pgx.Conn, i int) error) ([]int64, error) {
+	warm := n / 10
+	n += warm
 	listener, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		return nil, err
@@ -238,9 +242,9 @@ func notifyRoundTrips(ctx context.Context, dsn string, n int, interval time.Dura
 	case <-time.After(30 * time.Second):
 		return nil, fmt.Errorf("notifications missing after 30s")
 	}
-	lat := make([]int64, n)
+	lat := make([]int64, n-warm)
 	for i := range lat {
-		lat[i] = recv[i] - sent[i]
+		lat[i] = recv[warm+i] - sent[warm+i]
 	}
 	return lat, nil
 }
