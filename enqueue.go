@@ -203,8 +203,16 @@ func (c *Client) oversized(ctx context.Context, err error, payloads []json.RawMe
 	if len(payloads) < 2 || !errors.Is(err, ErrPayloadTooLarge) {
 		return -1
 	}
+	// On the pool, since an EnqueueTx's transaction is aborted by the
+	// refusal; and only on an idle connection, briefly: that transaction
+	// may hold the pool's last one, and the position only adds to an
+	// error the caller has anyway.
+	if c.db.Stat().IdleConns() == 0 {
+		return -1
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
 	var first *int64
-	// On the pool: an EnqueueTx's transaction is aborted by the refusal.
 	if c.db.QueryRow(ctx, queries.EnqueueOversized, pgx.NamedArgs{"payloads": payloads}).Scan(&first) != nil {
 		return -1
 	}

@@ -6,6 +6,7 @@ package bellhop_test
 // fxListener, ...) are in schema_test.go.
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/bellhopq/bellhop"
 	queries "github.com/bellhopq/bellhop/sql"
@@ -582,5 +584,41 @@ func TestDelayOnDatabaseClock(t *testing.T) {
 		if due < 50 || due > 60 {
 			t.Errorf("message %s is due in %ds by the database's clock, want about 60", id, due)
 		}
+	}
+}
+
+// TestOversizedBatchInLastConnection: a batch refused for a payload over
+// 1 MiB as jsonb text, sent in a transaction that holds the pool's only
+// connection, returns its error at once. Looking up the message at fault
+// waited for a free connection, for ever without a deadline.
+func TestOversizedBatchInLastConnection(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	e.app("shop")
+	cfg := e.pool.Config()
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(e.ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	tx, err := pool.Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(e.ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := bellhop.NewClient(pool).EnqueueManyTx(context.Background(), tx, "shop",
+			[]bellhop.NewMessage{{Queue: "orders", Payload: []byte(`1`)}, {Queue: "orders", Payload: fxGrowsPastMiB}})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, bellhop.ErrPayloadTooLarge) {
+			t.Errorf("EnqueueManyTx: %v, want ErrPayloadTooLarge", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("EnqueueManyTx did not return within 10s")
 	}
 }

@@ -550,14 +550,16 @@ func (l *lane) claimPass(ctx context.Context, free int, mark bool) (claim.Pass, 
 }
 
 // retry logs a failed statement and says when to try again: backing off
-// from 1s to 30s while the failures last, so that every queue with work
+// from 1s to 10s while the failures last, so that every queue with work
 // does not keep claiming from a database that is away (a notification, or
 // the scan after the listener reconnects, still wakes the lane at once).
+// No more than 10s: when only the pool failed and the listener stayed,
+// nothing else wakes a queue whose messages are already there.
 // The line is the dispatcher's to throttle, since a failure of the
 // database is every lane's.
 func (l *lane) retry(ctx context.Context, st *consumerState, err error) time.Time {
 	l.failures++
-	wait := backoff.Delay(l.failures, time.Second, 30*time.Second)
+	wait := backoff.Delay(l.failures, time.Second, 10*time.Second)
 	if ctx.Err() == nil {
 		if ok, held := l.d.claimFailLog.Allow(); ok {
 			l.d.log.Warn().Err(err).Str("app_id", l.target.AppID.String()).Str("queue", st.Queue).

@@ -185,3 +185,53 @@ func TestRedriveBesideUncommittedChange(t *testing.T) {
 		})
 	}
 }
+
+// TestRedriveBesideDyingReusedID: a redrive that meets a dead letter whose
+// id is live, and whose live message is being dead-lettered at that
+// moment (its delete done, its dead letter not yet written), leaves the
+// dead letter without waiting, and the dead-lettering goes through. The
+// redrive locked the dead letter and then waited for the delete, while the
+// dead-lettering waited for the lock: a deadlock, which could fail a
+// reclaim pass for every app.
+func TestRedriveBesideDyingReusedID(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	shop := e.app("shop")
+	id := uuid.New()
+	e.exec(`INSERT INTO dead_letters (id, source, app_id, queue_name, payload, enqueued_at, attempt, max_attempts, last_error)
+		VALUES ($1, 'queue', $2, 'orders', '{"first":1}', now(), 3, 3, 'boom')`, id, shop.ID)
+	e.exec(`INSERT INTO queue_messages (id, app_id, queue_name, payload) VALUES ($1, $2, 'orders', '{"second":2}')`, id, shop.ID)
+
+	// The dying message, as dead_letter.sql treats it: deleted, then its
+	// dead letter written, in one transaction.
+	dying, err := e.pool.Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dying.Rollback(e.ctx)
+	if _, err := dying.Exec(e.ctx, `DELETE FROM queue_messages WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.client.Redrive(e.ctx, "shop", "", id)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		var nr *bellhop.NotRedrivenError
+		if !errors.As(err, &nr) || nr.IDInUse != 1 {
+			t.Errorf("Redrive: %v; want the dead letter left as id in use", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the redrive waited for the dying message's transaction")
+	}
+	if _, err := dying.Exec(e.ctx, `INSERT INTO dead_letters (id, source, app_id, queue_name, payload, enqueued_at, attempt, max_attempts, last_error)
+		VALUES ($1, 'queue', $2, 'orders', '{"second":2}', now(), 3, 3, 'boom again')
+		ON CONFLICT (id, app_id, source) DO UPDATE SET payload = EXCLUDED.payload, last_error = EXCLUDED.last_error`, id, shop.ID); err != nil {
+		t.Fatalf("the dead-lettering after the redrive: %v", err)
+	}
+	if err := dying.Commit(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -235,6 +236,11 @@ func TestClaimFailuresBackOff(t *testing.T) {
 	if _, err := e.pool.Exec(ctx, `ALTER TABLE queue_messages DROP CONSTRAINT no_leases`); err != nil {
 		t.Fatal(err)
 	}
+	// The lanes' next tries are 4 to 10s away.
 	e.enqueue(t, "q0", "after", bellhop.EnqueueOptions{})
-	waitFor(t, 500*time.Millisecond, "q0's messages, woken by the notification", func() bool { return rec.n.Load() >= 2 })
+	waitFor(t, 2*time.Second, "q0's new message, woken by its notification", func() bool {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		return slices.ContainsFunc(rec.calls, func(d delivery) bool { return string(d.Payload) == `"after"` })
+	})
 }

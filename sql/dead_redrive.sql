@@ -13,19 +13,33 @@
 -- one whose id is in use again by a live message or delivery (a producer
 -- may choose ids, and may reuse a dead message's). Either would otherwise
 -- fail the whole statement and move nothing else, also when the producer
--- or the removal has not committed yet: the selected dead letters are
--- locked, so that a concurrent redrive skips what this one moves; a
--- consumer that is there is locked against removal until this commits;
--- and an insert that meets a live id, committed or not, does nothing.
-WITH sel AS (
-    SELECT d.id, d.app_id, d.source, d.queue_name, d.trigger_id, d.payload, d.max_attempts, d.enqueued_by_principal,
-           d.source = 'invoke'
-               AND NOT EXISTS (SELECT 1 FROM triggers t WHERE t.id = d.trigger_id FOR KEY SHARE) AS consumer_gone
+-- or the removal has not committed yet.
+--
+-- A dead letter whose id is live in the statement's snapshot is left
+-- alone, unlocked: its live message may be dying at this moment, and the
+-- dead-lettering, which deletes the message and then writes its dead
+-- letter, would wait for a lock of ours while ours waited for its delete.
+-- The others are locked, so that a concurrent redrive skips what this one
+-- moves; a consumer that is there is locked against removal until this
+-- commits; and an insert that meets an id that went live since the
+-- snapshot, committed or not, does nothing.
+WITH cand AS (
+    SELECT d.id, d.app_id, d.source,
+           CASE WHEN d.source = 'queue'
+                THEN EXISTS (SELECT 1 FROM queue_messages m WHERE m.id = d.id)
+                ELSE EXISTS (SELECT 1 FROM outbox o WHERE o.id = d.id) END AS id_live
     FROM dead_letters d
     JOIN apps a ON a.id = d.app_id
     WHERE a.name = @app_name
       AND (@id::uuid IS NULL OR d.id = @id)
       AND (@queue_name::text IS NULL OR d.queue_name = @queue_name)
+), sel AS (
+    SELECT d.id, d.app_id, d.source, d.queue_name, d.trigger_id, d.payload, d.max_attempts, d.enqueued_by_principal,
+           d.source = 'invoke'
+               AND NOT EXISTS (SELECT 1 FROM triggers t WHERE t.id = d.trigger_id FOR KEY SHARE) AS consumer_gone
+    FROM dead_letters d
+    JOIN cand c ON c.id = d.id AND c.app_id = d.app_id AND c.source = d.source
+    WHERE NOT c.id_live
     FOR UPDATE OF d
 ), q AS (
     INSERT INTO queue_messages (id, app_id, queue_name, payload, enqueued_at, max_attempts, enqueued_by_principal)
@@ -48,4 +62,5 @@ WITH sel AS (
 )
 SELECT (SELECT count(*) FROM moved) AS moved,
        (SELECT count(*) FROM sel WHERE consumer_gone) AS consumer_gone,
-       (SELECT count(*) FROM sel WHERE NOT consumer_gone) - (SELECT count(*) FROM moved) AS id_live
+       (SELECT count(*) FROM cand WHERE id_live)
+         + (SELECT count(*) FROM sel WHERE NOT consumer_gone) - (SELECT count(*) FROM moved) AS id_live

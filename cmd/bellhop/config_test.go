@@ -60,7 +60,7 @@ func TestBadConfiguration(t *testing.T) {
 		{"bad BELLHOP_LOG_FORMAT", dsn, []string{"BELLHOP_LOG_FORMAT=xml"}, []string{"queues"}, `--log-format "xml"`},
 		{"bad --log-level", dsn, nil, []string{"--log-level", "loud", "run"}, `--log-level "loud"`},
 		{"--log-level disabled", dsn, nil, []string{"--log-level", "disabled", "run"}, `--log-level "disabled": use debug, info, warn or error`},
-		{"BELLHOP_LOG_LEVEL trace", dsn, []string{"BELLHOP_LOG_LEVEL=trace"}, []string{"queues"}, `--log-level "trace"`},
+		{"BELLHOP_LOG_LEVEL trace", dsn, []string{"BELLHOP_LOG_LEVEL=TRACE"}, []string{"queues"}, `--log-level "TRACE"`},
 		// pgx ends the user info at the first '@', so the rest of such a
 		// password became a host name, shown in connection errors.
 		{"password with an unescaped @", "postgres://u:P@ss3cretpw@localhost:1/db", nil, []string{"queues"}, "a host name holds '@'"},
@@ -807,3 +807,16 @@ func missingRequired(cmd *cli.Command, args, env []string) []string {
 type flagError struct{ cmd, what string }
 
 func (e *flagError) Error() string { return e.cmd + ": unknown or bad " + e.what }
+
+// TestLogLevelAnyCase: a log level is read in any case, as it was before
+// the list of levels was narrowed ("INFO" in a deployment's environment).
+func TestLogLevelAnyCase(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.ConnString(t)
+	ok(t, dsn, "migrate")
+	for _, level := range []string{"INFO", "Warn", "debug"} {
+		if r := exeEnv(t, []string{"DATABASE_URL=" + dsn, "BELLHOP_LOG_LEVEL=" + level}, "", "queues"); r.code != 0 {
+			t.Errorf("BELLHOP_LOG_LEVEL=%s: %s", level, r)
+		}
+	}
+}

@@ -197,7 +197,7 @@ func (d *deps) logger(cmd *cli.Command) (zerolog.Logger, error) {
 	// hide the errors, and "trace" is never written.
 	level, ok := map[string]zerolog.Level{
 		"debug": zerolog.DebugLevel, "info": zerolog.InfoLevel, "warn": zerolog.WarnLevel, "error": zerolog.ErrorLevel,
-	}[cmd.String("log-level")]
+	}[strings.ToLower(cmd.String("log-level"))]
 	if !ok {
 		return zerolog.Logger{}, usagef("--log-level %q: use debug, info, warn or error", cmd.String("log-level"))
 	}
