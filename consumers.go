@@ -173,6 +173,13 @@ func newSecret() (string, error) {
 	return hex.EncodeToString(b[:]), nil
 }
 
+// readCommitted is the isolation of the consumer changes' transactions,
+// whatever the database's default: each takes a lock and then reads what
+// the lock guards, which needs a snapshot taken after the lock. Under
+// REPEATABLE READ the snapshot of the first statement, before the lock,
+// let racing registrations make several consumers of one queue.
+var readCommitted = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
+
 // RegisterConsumer registers the consumer of spec.Queue. A queue has at
 // most one consumer: a second registration fails with ErrConsumerExists,
 // even when both race, because registrations of one (app, queue) are
@@ -202,7 +209,7 @@ func (c *Client) RegisterConsumer(ctx context.Context, spec ConsumerSpec) (Consu
 		}
 	}
 	var out Consumer
-	err := pgx.BeginFunc(ctx, c.db, func(tx pgx.Tx) error {
+	err := pgx.BeginTxFunc(ctx, c.db, readCommitted, func(tx pgx.Tx) error {
 		appID, principalID, err := c.resolve(ctx, tx, spec.App, spec.Principal)
 		if err != nil {
 			return err
@@ -296,7 +303,7 @@ func (c *Client) UpdateConsumer(ctx context.Context, app string, id uuid.UUID, u
 		vt = &v
 	}
 	var n int64
-	err = pgx.BeginFunc(ctx, c.db, func(tx pgx.Tx) error {
+	err = pgx.BeginTxFunc(ctx, c.db, readCommitted, func(tx pgx.Tx) error {
 		if u.Timeout != nil || u.VisibilityTimeout != nil {
 			if err := checkUpdatedTimeouts(ctx, tx, id, appID, u); err != nil {
 				return err

@@ -1,9 +1,13 @@
 package bellhop_test
 
 import (
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/bellhopq/bellhop"
 )
@@ -161,5 +165,49 @@ func TestUpdateTimeoutBesidePause(t *testing.T) {
 	}
 	if got.VisibilityTimeout != time.Minute || got.Enabled {
 		t.Errorf("after both: visibility timeout %s, enabled %t; want 1m0s, false", got.VisibilityTimeout, got.Enabled)
+	}
+}
+
+// TestRegisterRaceUnderRepeatableRead: racing registrations of one queue
+// make one consumer, and the others get ErrConsumerExists, also on a
+// database whose default isolation is REPEATABLE READ. The registration's
+// snapshot was taken before its lock there, and eight racers made up to
+// five consumers of one queue.
+func TestRegisterRaceUnderRepeatableRead(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	e.app("shop")
+	e.exec(`DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET default_transaction_isolation = ''repeatable read''', current_database()); END $$`)
+	pool, err := pgxpool.New(e.ctx, e.pool.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var iso string
+	if err := pool.QueryRow(e.ctx, `SHOW default_transaction_isolation`).Scan(&iso); err != nil || iso != "repeatable read" {
+		t.Fatalf("default_transaction_isolation %q (%v), want repeatable read", iso, err)
+	}
+	c := bellhop.NewClient(pool)
+	for round := range 5 {
+		queue := fmt.Sprintf("q%d", round)
+		errs := make(chan error, 8)
+		for range 8 {
+			go func() {
+				_, err := c.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: queue})
+				errs <- err
+			}()
+		}
+		ok := 0
+		for range 8 {
+			switch err := <-errs; {
+			case err == nil:
+				ok++
+			case !errors.Is(err, bellhop.ErrConsumerExists):
+				t.Errorf("%s: %v, want nil or ErrConsumerExists", queue, err)
+			}
+		}
+		if n := e.int64(`SELECT count(*) FROM queue_trigger_details WHERE queue_name = $1`, queue); ok != 1 || n != 1 {
+			t.Errorf("%s: %d registrations succeeded, %d consumers; want 1 and 1", queue, ok, n)
+		}
 	}
 }

@@ -305,6 +305,11 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 	// their own connections with the server's setting, so a committed
 	// message is never lost.
 	params["synchronous_commit"] = "off"
+	// Claims, settles and the reclaim lock rows and then act on what they
+	// read; a database whose default is REPEATABLE READ or SERIALIZABLE
+	// would fail them with serialization errors, or let them act on a
+	// snapshot taken before the lock.
+	params["default_transaction_isolation"] = "read committed"
 	if params["application_name"] == "" {
 		params["application_name"] = "bellhop-dispatcher"
 	}

@@ -183,7 +183,7 @@ func consumerSettingFlags(withDefaults bool) []cli.Flag {
 		&cli.DurationFlag{Name: "visibility-timeout", Value: def(bellhop.DefaultVisibilityTimeout), HideDefault: hide, Usage: "lease on a delivered message (whole seconds, 1s to 12h)"},
 		&cli.IntFlag{Name: "max-attempts", Value: defInt(bellhop.DefaultMaxAttempts), HideDefault: hide, Usage: "deliveries before a message is dead-lettered (1 to 1000); applies to messages enqueued with bellhop enqueue, the Go client or the enqueue() SQL function, while a plain INSERT gets the column default, 3"},
 		&cli.DurationFlag{Name: "backoff-min", Value: def(bellhop.DefaultBackoffBase), HideDefault: hide, Usage: "retry delay after the first failure; doubles per attempt"},
-		&cli.DurationFlag{Name: "backoff-max", Value: def(bellhop.DefaultBackoffCap), HideDefault: hide, Usage: "longest retry delay"},
+		&cli.DurationFlag{Name: "backoff-max", Value: def(bellhop.DefaultBackoffCap), HideDefault: hide, Usage: "longest retry delay (by default, at least --backoff-min)"},
 		&cli.IntFlag{Name: "max-in-flight", Value: defInt(bellhop.DefaultMaxInFlight), HideDefault: hide, Usage: "deliveries at once, per dispatcher process"},
 		&cli.DurationFlag{Name: "timeout", HideDefault: true, Usage: timeoutUsage},
 	}
@@ -264,11 +264,17 @@ func consumerCommand(d *deps) *cli.Command {
 					return err
 				}
 				defer pool.Close()
+				// Unless given, the cap is left to the library, which raises
+				// its default to a larger --backoff-min.
+				backoffCap := time.Duration(0)
+				if cmd.IsSet("backoff-max") {
+					backoffCap = cmd.Duration("backoff-max")
+				}
 				con, err := c.RegisterConsumer(ctx, bellhop.ConsumerSpec{
 					App: cmd.String("app"), Queue: cmd.String("queue"), Principal: cmd.String("principal"),
 					URL: cmd.String("url"), Timeout: cmd.Duration("timeout"),
 					MaxAttempts: int(cmd.Int("max-attempts")), BackoffBase: cmd.Duration("backoff-min"),
-					BackoffCap: cmd.Duration("backoff-max"), VisibilityTimeout: cmd.Duration("visibility-timeout"),
+					BackoffCap: backoffCap, VisibilityTimeout: cmd.Duration("visibility-timeout"),
 					MaxInFlight: int(cmd.Int("max-in-flight")),
 				})
 				if err != nil {
@@ -370,7 +376,7 @@ func consumerCommand(d *deps) *cli.Command {
 			Name: "resume", Usage: "resume deliveries to a paused consumer", ArgsUsage: "CONSUMER_ID",
 			Flags: []cli.Flag{appFlag}, Action: setEnabled(true),
 		}, {
-			Name: "rm", Usage: "remove a consumer (its queue's messages stay)", ArgsUsage: "CONSUMER_ID",
+			Name: "rm", Usage: "remove a consumer (its queue's messages and dead letters stay; its pending invoke deliveries are deleted)", ArgsUsage: "CONSUMER_ID",
 			Flags: []cli.Flag{appFlag},
 			Action: func(ctx context.Context, cmd *cli.Command) error {
 				id, err := idArg(cmd)

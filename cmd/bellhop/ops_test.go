@@ -606,3 +606,17 @@ func TestDeadRefusesIDWithQueue(t *testing.T) {
 		t.Errorf("purge --queue orders printed %q", out)
 	}
 }
+
+// TestConsumerAddBackoffMinAboveDefaultCap: --backoff-min above the
+// default cap raises the cap, as the library does, when --backoff-max is
+// not given; the CLI refused it with the default 10m cap.
+func TestConsumerAddBackoffMinAboveDefaultCap(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.ConnString(t)
+	ok(t, dsn, "app", "create", "shop")
+	ok(t, dsn, "consumer", "add", "--app", "shop", "--queue", "slow", "--url", "http://127.0.0.1:9/hook", "--backoff-min", "1h")
+	pool := db(t, dsn)
+	if n := queryInt(t, pool, `SELECT count(*) FROM queue_consumers WHERE queue_name = 'slow' AND backoff_base_ms = 3600000 AND backoff_cap_ms = 3600000`); n != 1 {
+		t.Errorf("%d consumers with a 1h base and cap, want 1", n)
+	}
+}

@@ -63,3 +63,17 @@ func TestPushURL(t *testing.T) {
 		}
 	}
 }
+
+// TestPushURLSchemeCase: an upper-case scheme, which url.Parse lowers but
+// the table's constraint refuses, gets an error that says what to write.
+func TestPushURLSchemeCase(t *testing.T) {
+	t.Parallel()
+	for _, u := range []string{"HTTP://example.com/x", "Https://example.com/x"} {
+		if err := validate.PushURL(u); err == nil || !strings.Contains(err.Error(), "lower case") {
+			t.Errorf("PushURL(%q) = %v, want an error asking for a lower-case scheme", u, err)
+		}
+	}
+	if err := validate.PushURL("https://example.com/x"); err != nil {
+		t.Errorf("PushURL of a lower-case https URL: %v", err)
+	}
+}

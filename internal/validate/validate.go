@@ -237,6 +237,9 @@ func PushURL(s string) error {
 		return fmt.Errorf("%w: URL %s: %v", ErrOption, shown, err)
 	case u.Scheme != "http" && u.Scheme != "https":
 		return fmt.Errorf("%w: URL %s: scheme must be http or https", ErrOption, shown)
+	case !strings.HasPrefix(s, u.Scheme+"://"):
+		// url.Parse lowers the scheme; the table's constraint does not.
+		return fmt.Errorf("%w: URL %s: write the scheme in lower case, %s://", ErrOption, shown, u.Scheme)
 	case u.Hostname() == "":
 		// Hostname, not Host: "http://:9/x" has a Host (":9") but nothing
 		// to connect to, and the daemon refuses to serve it.
