@@ -204,10 +204,10 @@ func (c *Client) oversized(ctx context.Context, err error, payloads []json.RawMe
 		return -1
 	}
 	// On the pool, since an EnqueueTx's transaction is aborted by the
-	// refusal; and only on an idle connection, briefly: that transaction
-	// may hold the pool's last one, and the position only adds to an
-	// error the caller has anyway.
-	if c.db.Stat().IdleConns() == 0 {
+	// refusal; and only if the pool has a connection to spare, briefly:
+	// that transaction may hold the pool's last one, and the position
+	// only adds to an error the caller has anyway.
+	if st := c.db.Stat(); st.IdleConns() == 0 && st.TotalConns() >= st.MaxConns() {
 		return -1
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
