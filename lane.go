@@ -791,9 +791,20 @@ func (l *lane) finish(st *consumerState, m *Message, cm *claim.Message, hctx con
 	if obs != nil {
 		obs.Finished(m)
 	}
-	l.freeSlots(1)
+	l.slotDone()
+}
+
+// slotDone gives back a delivery's slot. When the sibling lane was waiting
+// for a slot too, the sibling has this one, and this lane waits for the
+// next one the sibling frees (when its delivery ends, or its pass leaves
+// the slot unused): each lane hands the slots its deliveries free to the
+// other. Otherwise the lane that freed the slot, woken last, won nearly
+// every race for it, and at MaxInFlight 1 a queue's backlog held its
+// consumer's invoke deliveries back until it was drained, or the reverse.
+func (l *lane) slotDone() {
+	handed := l.freeSlots(1)
 	l.reoffer()
-	if l.backlog.Swap(false) {
+	if !handed && l.backlog.Swap(false) {
 		l.poke()
 	}
 }
@@ -817,11 +828,7 @@ func (l *lane) releaseUnstarted(st *consumerState, cm *claim.Message, vt time.Du
 			log.Error().Err(err).Msg("could not release an undelivered message; it comes back after its lease")
 		}
 	}})
-	l.freeSlots(1)
-	l.reoffer()
-	if l.backlog.Swap(false) {
-		l.poke()
-	}
+	l.slotDone()
 }
 
 func outcomeOf(v claim.Verdict) Outcome {

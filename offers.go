@@ -375,8 +375,9 @@ func (l *lane) reserve(max int) int {
 
 // freeSlots gives back n slots and starts waiting leased messages. The
 // slots are the sibling lane's too: it starts its own waiting messages,
-// offers again, and claims if it stopped for want of a slot.
-func (l *lane) freeSlots(n int) {
+// offers again, and claims if it stopped for want of a slot, which
+// freeSlots reports.
+func (l *lane) freeSlots(n int) (siblingWoken bool) {
 	if n > 0 {
 		l.inFlight.Add(-int32(n))
 	}
@@ -386,8 +387,10 @@ func (l *lane) freeSlots(n int) {
 		s.reoffer()
 		if s.backlog.Swap(false) {
 			s.poke()
+			return true
 		}
 	}
+	return false
 }
 
 // releaseLeased gives back a leased message this dispatcher will not

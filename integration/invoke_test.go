@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -87,4 +88,37 @@ func mustJSON(v any) string {
 		panic(err)
 	}
 	return string(b)
+}
+
+// TestInvokeBesideQueueBacklog: at MaxInFlight 1, an invoke delivery and
+// a queue backlog of the same consumer take turns at the slot. The queue
+// lane, which freed the slot and was woken last, won nearly every race for
+// it: the invoke waited for the whole backlog (2,900 messages, 8.6s).
+func TestInvokeBesideQueueBacklog(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	cons := e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", MaxInFlight: 1})
+	if _, err := e.pool.Exec(ctx, `INSERT INTO queue_messages (app_id, queue_name, payload)
+		SELECT id, 'orders', '{}' FROM apps, generate_series(1, 1000)`); err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{result: func(context.Context, *bellhop.Message) error {
+		time.Sleep(2 * time.Millisecond) // a handler's work
+		return nil
+	}}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", rec)
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour}, nil)
+	waitFor(t, 10*time.Second, "the backlog under way", func() bool { return rec.n.Load() >= 20 })
+	if _, err := e.client.InvokeAsync(ctx, cons.ID, []byte(`"now"`), bellhop.EnqueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	before := rec.n.Load()
+	waitFor(t, 30*time.Second, "the invoke delivery", func() bool {
+		return slices.ContainsFunc(rec.deliveries(), func(d delivery) bool { return d.Invoked })
+	})
+	// Its notification takes a round trip or two; then it has the next turn.
+	if ahead := rec.n.Load() - before; ahead > 20 {
+		t.Errorf("%d queue messages were delivered before the invoke delivery", ahead)
+	}
 }
