@@ -42,8 +42,8 @@ var (
 	// ErrLeaseLost: the message's lease expired and it may be delivered
 	// again; the handler's work on it no longer counts.
 	ErrLeaseLost = errors.New("lease lost")
-	// ErrNoConsumer: Message.ExtendLease found the message's consumer
-	// removed, and left the lease to end when it would have.
+	// ErrNoConsumer: Message.ExtendLease found the queue message's
+	// consumer removed, and left the lease to end when it would have.
 	ErrNoConsumer = errors.New("the queue has no consumer; lease not renewed")
 	// ErrNotRedriven: some of the dead letters a redrive selected could
 	// not be moved back and are still dead letters; the error is a

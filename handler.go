@@ -81,8 +81,10 @@ func (m *Message) LeaseDeadline() time.Time {
 // timeout is the consumer's as the renewal reads it, so a changed timeout
 // applies from the next renewal on. It returns ErrLeaseLost if the lease
 // already expired, or if the handler's context has already ended for it,
-// and ErrNoConsumer, leaving the lease as it was, if the message's
-// consumer has been removed.
+// and ErrNoConsumer, leaving the lease as it was, if the queue message's
+// consumer has been removed. An invoke delivery (Invoked) is deleted with
+// its consumer: its renewal returns ErrLeaseLost, and its outcome is
+// written nowhere.
 func (m *Message) ExtendLease(ctx context.Context) error {
 	if m.lease == nil {
 		return errors.New("bellhop: ExtendLease on a message not being delivered")

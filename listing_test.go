@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -204,11 +205,11 @@ func TestPayloadLimitsWhereChecked(t *testing.T) {
 	}
 }
 
-// TestQueuesCountEveryDeadLetter: a queue's dead count is what dead ls,
-// redrive and purge select for it, its consumer's invoke deliveries
-// included. It counted the queue's messages only, so invoke deliveries
-// could die unseen by the queue list and its metric.
-func TestQueuesCountEveryDeadLetter(t *testing.T) {
+// TestQueuesCountInvokeDeliveries: a queue's counts take in its
+// consumer's invoke deliveries, pending and dead, as dead ls, redrive and
+// purge select them. It counted the queue's messages only, so invoke
+// deliveries could wait or die unseen by the queue list and its metrics.
+func TestQueuesCountInvokeDeliveries(t *testing.T) {
 	t.Parallel()
 	e := fxNew(t)
 	shop := e.app("shop")
@@ -221,6 +222,14 @@ func TestQueuesCountEveryDeadLetter(t *testing.T) {
 		e.exec(`INSERT INTO dead_letters (id, source, app_id, queue_name, trigger_id, payload, enqueued_at, attempt, max_attempts, last_error)
 			VALUES (gen_random_uuid(), 'invoke', $1, 'orders', $2, '{}', now(), 3, 3, 'boom')`, shop.ID, cons.ID)
 	}
+	if _, err := e.client.InvokeAsync(e.ctx, cons.ID, []byte(`1`), bellhop.EnqueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.client.InvokeAsync(e.ctx, cons.ID, []byte(`2`), bellhop.EnqueueOptions{Delay: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	// The base system's rows are not the queue's.
+	e.exec(`INSERT INTO outbox (app_id, source_kind, trigger_id, payload) VALUES ($1, 'event', $2, '{}')`, shop.ID, cons.ID)
 	ds, err := e.client.DeadLetters(e.ctx, bellhop.DeadFilter{App: "shop", Queue: "orders"})
 	if err != nil {
 		t.Fatal(err)
@@ -229,7 +238,7 @@ func TestQueuesCountEveryDeadLetter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(qs) != 1 || qs[0].Dead != 3 || len(ds) != 3 {
-		t.Errorf("Queues: %+v, DeadLetters: %d; want one queue with 3 dead, and 3 listed", qs, len(ds))
+	if len(qs) != 1 || qs[0].Dead != 3 || qs[0].Ready != 1 || qs[0].Delayed != 1 || len(ds) != 3 {
+		t.Errorf("Queues: %+v, DeadLetters: %d; want one queue with 1 ready, 1 delayed and 3 dead, and 3 listed", qs, len(ds))
 	}
 }

@@ -12,14 +12,15 @@ import (
 )
 
 // QueueInfo is one row of the queue list: a queue that has messages, dead
-// letters or a consumer.
+// letters or a consumer. Its counts take in the invoke deliveries of its
+// consumer (Client.InvokeAsync) with its messages.
 type QueueInfo struct {
 	App      string
 	Queue    string
 	Ready    int64 // claimable now
 	Delayed  int64 // waiting for deliver_after
 	InFlight int64 // leased to a consumer
-	Dead     int64 // in dead_letters: its messages' and its consumer's invoke deliveries'
+	Dead     int64 // in dead_letters
 	// OldestReady is how long the oldest ready message has been ready.
 	OldestReady     time.Duration
 	ConsumerID      *uuid.UUID

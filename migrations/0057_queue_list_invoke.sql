@@ -1,11 +1,19 @@
--- The queue list's dead count takes in every dead letter filed under the
--- queue: its messages' and its consumer's invoke deliveries', which
--- `dead ls`, `redrive` and `purge --queue` select too. It counted the
--- messages' only, so bellhop queues and bellhop_queue_messages{state="dead"}
--- showed 0 while invoke deliveries died, and less than a purge of the queue
--- deletes. Otherwise 0039's view.
+-- The queue list counts everything filed under a queue: its messages and
+-- its consumer's invoke deliveries, pending and dead, as `dead ls`,
+-- `redrive` and `purge --queue` select them. It counted the messages only,
+-- so bellhop queues and bellhop_queue_messages showed an empty queue, and
+-- a dead count of 0, while its consumer's invoke deliveries waited or
+-- died, and less than a purge of the queue deletes. The base system's
+-- outbox rows are not Bellhop's, and are left out. Otherwise 0039's view.
 CREATE OR REPLACE VIEW queue_list AS
-WITH live AS (
+WITH pending AS (
+    SELECT app_id, queue_name, claim_token, deliver_after, enqueued_at FROM queue_messages
+    UNION ALL
+    SELECT o.app_id, d.queue_name, o.claim_token, o.deliver_after, o.enqueued_at
+    FROM outbox o
+    JOIN queue_trigger_details d ON d.trigger_id = o.trigger_id
+    WHERE o.source_kind = 'invoke'
+), live AS (
     SELECT app_id, queue_name,
            count(*) FILTER (WHERE claim_token IS NULL AND (deliver_after IS NULL OR deliver_after <= now())) AS ready,
            count(*) FILTER (WHERE claim_token IS NULL AND deliver_after > now()) AS delayed,
@@ -13,7 +21,7 @@ WITH live AS (
            -- A message is ready from the later of its enqueue and its deliver_after.
            min(greatest(enqueued_at, deliver_after))
                FILTER (WHERE claim_token IS NULL AND (deliver_after IS NULL OR deliver_after <= now())) AS oldest_ready_at
-    FROM queue_messages
+    FROM pending
     GROUP BY app_id, queue_name
 ), dead AS (
     SELECT app_id, queue_name, count(*) AS dead
