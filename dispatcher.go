@@ -363,8 +363,10 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 // writes every outcome and returns. A released message is claimable at
 // once, unless its handler's error wraps ErrAbandoned: then at the end of
 // its lease. A handler that ignores its context's end keeps Run waiting
-// for it to return: its message's outcome is written then, and the token
-// fences it if its lease has run out meanwhile. It returns an error only
+// for it to return: its message's outcome is written then (an error it
+// returns counts as the cancellation's, and releases the message, attempt
+// refunded), and the token fences it if its lease has run out meanwhile.
+// The grace counts from ctx's end. It returns an error only
 // if it cannot start: among those, a database without Bellhop's schema
 // (migrations.ErrNoSchema) or with an older one than this code's
 // (migrations.ErrSchemaBehind); a newer one is fine.
@@ -427,6 +429,14 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	d.log.Info().Dur("poll_interval", d.cfg.PollInterval).Msg("dispatcher started")
 
 	<-ctx.Done()
+	// The grace counts from the stop, not from the end of the waits below
+	// (a claim in flight, offers locked by producers), which could add
+	// seconds to it: a supervisor's own stop timeout is set from it.
+	grace := time.AfterFunc(d.cfg.ShutdownGrace, func() {
+		d.log.Warn().Dur("grace", d.cfg.ShutdownGrace).
+			Msg("shutdown grace over: cancelling any handler still running; its message is released")
+		handlersCancel()
+	})
 	d.log.Info().Msg("dispatcher stopping: no more claims; waiting for in-flight handlers")
 	stopped := d.stopLanes()
 	if d.cfg.LeaseAtInsert {
@@ -436,15 +446,8 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		d.dropOffers(wctx, nil)
 		wcancel()
 	}
-	done := make(chan struct{})
-	go func() { d.inFlight.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(d.cfg.ShutdownGrace):
-		d.log.Warn().Dur("grace", d.cfg.ShutdownGrace).Msg("cancelling handlers still running; their messages are released")
-		handlersCancel()
-		<-done
-	}
+	d.inFlight.Wait()
+	grace.Stop()
 	octx, ocancel := context.WithTimeout(context.Background(), 5*time.Second)
 	d.closeOffers(octx)
 	ocancel()

@@ -413,3 +413,62 @@ func delayCopy(dst, src net.Conn, delay time.Duration, slow *atomic.Bool) {
 	close(q)
 	w.Wait()
 }
+
+// TestGraceCountsFromTheStop: a stop cancels handlers still running when
+// ShutdownGrace has passed since the stop, also when the stop first waits
+// for a claim in flight (here held by a lock on the message table). The
+// grace began after that wait, up to 5s later, past what a supervisor
+// sized from the grace would allow.
+func TestGraceCountsFromTheStop(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "busy"})
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "other"})
+	cancelled := make(chan time.Time, 1)
+	busy := &recorder{result: func(ctx context.Context, _ *bellhop.Message) error {
+		<-ctx.Done()
+		cancelled <- time.Now()
+		return ctx.Err()
+	}}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "busy", busy)
+	mux.Handle("app", "other", &recorder{})
+	const grace = 300 * time.Millisecond
+	d := startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour, ShutdownGrace: grace}, nil)
+	e.enqueue(t, "busy", 1, bellhop.EnqueueOptions{})
+	waitFor(t, 10*time.Second, "the busy handler running", func() bool {
+		return e.count(t, `SELECT count(*) FROM queue_messages WHERE claim_token IS NOT NULL`) == 1
+	})
+
+	// A claim of the other queue, woken by hand, waits behind the lock.
+	locker, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Rollback(ctx)
+	if _, err := locker.Exec(ctx, `LOCK TABLE queue_messages IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx, `SELECT pg_notify('bellhop', 'q:' || id || ':other') FROM apps`); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the other queue's claim waiting for the lock", func() bool {
+		return e.count(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND wait_event_type = 'Lock' AND application_name = 'bellhop-dispatcher'`) > 0
+	})
+	stopAt := time.Now()
+	stopped := make(chan struct{})
+	go func() { d.stop(); close(stopped) }()
+	select {
+	case at := <-cancelled:
+		if late := at.Sub(stopAt); late > grace+time.Second {
+			t.Errorf("the handler was cancelled %s after the stop, with a grace of %s", late.Round(time.Millisecond), grace)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the handler was not cancelled within 20s of the stop")
+	}
+	if err := locker.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-stopped
+}
