@@ -212,11 +212,7 @@ func TestPayloadLimitsWhereChecked(t *testing.T) {
 func TestQueuesCountInvokeDeliveries(t *testing.T) {
 	t.Parallel()
 	e := fxNew(t)
-	shop := e.app("shop")
-	cons, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	shop, cons := e.appConsumer("shop", "orders")
 	e.deadLetter(shop.ID, "orders")
 	for range 2 {
 		e.exec(`INSERT INTO dead_letters (id, source, app_id, queue_name, trigger_id, payload, enqueued_at, attempt, max_attempts, last_error)

@@ -20,11 +20,7 @@ import (
 // enqueued anew.
 func TestRedriveLeavesWhatCannotMove(t *testing.T) {
 	e := fxNew(t)
-	shop := e.app("shop")
-	cons, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	shop, cons := e.appConsumer("shop", "orders")
 	dead := func(source string, trigger *uuid.UUID) uuid.UUID {
 		t.Helper()
 		id := uuid.New()
@@ -111,11 +107,7 @@ func TestRedriveBesideUncommittedChange(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			e := fxNew(t)
-			shop := e.app("shop")
-			cons, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders"})
-			if err != nil {
-				t.Fatal(err)
-			}
+			shop, cons := e.appConsumer("shop", "orders")
 			source, trigger := "queue", (*uuid.UUID)(nil)
 			if c.change == removeConsumer {
 				source, trigger = "invoke", &cons.ID

@@ -54,6 +54,17 @@ func (e *fxEnv) app(name string) bellhop.App {
 	return a
 }
 
+// appConsumer creates app name and registers the consumer of its queue.
+func (e *fxEnv) appConsumer(name, queue string) (bellhop.App, bellhop.Consumer) {
+	e.t.Helper()
+	a := e.app(name)
+	c, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: name, Queue: queue})
+	if err != nil {
+		e.t.Fatalf("register the consumer of %s/%s: %v", name, queue, err)
+	}
+	return a, c
+}
+
 // int64 runs a query that returns one bigint.
 func (e *fxEnv) int64(sql string, args ...any) int64 {
 	e.t.Helper()
