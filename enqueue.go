@@ -144,12 +144,7 @@ func (c *Client) enqueue(ctx context.Context, q querier, app string, msgs []NewM
 			"deliver_after": deliver, "delays_us": delays, "max_attempts": attempts, "principals": principals,
 		})
 	}
-	var err error
-	if n == 1 {
-		err = row.Scan(&appFound, &foreign, &inserted)
-	} else {
-		err = row.Scan(&appFound, &foreign, &inserted, &firstForeign)
-	}
+	err := row.Scan(&appFound, &foreign, &inserted, &firstForeign)
 	switch {
 	case err != nil:
 		err = constraintError(err)

@@ -27,4 +27,5 @@ WITH app AS (
 )
 SELECT EXISTS (SELECT 1 FROM app) AS app_found,
        (SELECT bad FROM foreign_principal)::int::int8 AS foreign_principals,
-       (SELECT count(*) FROM inserted) AS inserted
+       (SELECT count(*) FROM inserted) AS inserted,
+       CASE WHEN (SELECT bad FROM foreign_principal) THEN 1::int8 END AS first_foreign
