@@ -498,3 +498,17 @@ func TestSetupDemoStoppedCleansUp(t *testing.T) {
 		t.Errorf("left in the secret file's directory: %v", left)
 	}
 }
+
+// TestConnectTimesOut: a command against a server that accepts the
+// connection and never answers gives up after the default connect
+// timeout, with exit 1 and a line that says so. It waited until the
+// kernel gave up, about two minutes.
+func TestConnectTimesOut(t *testing.T) {
+	t.Parallel()
+	dsn, _ := silentServer(t)
+	start := time.Now()
+	r := exe(t, dsn, "", "app", "ls")
+	if took := time.Since(start); r.code != 1 || !strings.Contains(r.stderr, "timeout") || took > 30*time.Second {
+		t.Errorf("after %s: %s; want exit 1 naming a timeout within 30s", took.Round(time.Second), r)
+	}
+}

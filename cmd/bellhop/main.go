@@ -18,6 +18,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -234,8 +235,17 @@ func parsePoolConfig(url string) (*pgxpool.Config, error) {
 	if err := pgdsn.CheckHosts(&cfg.ConnConfig.Config); err != nil {
 		return nil, usagef("--database-url: %v", err)
 	}
+	// A server that accepts connections and never answers (a wedged
+	// proxy) held every command until the kernel gave up, minutes later.
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = defaultConnectTimeout
+	}
 	return cfg, nil
 }
+
+// defaultConnectTimeout bounds each connection attempt of a command, the
+// daemon's included, unless the connection string sets connect_timeout.
+const defaultConnectTimeout = 10 * time.Second
 
 // redactErr keeps a connection string's password out of an error message.
 // The string is mostly one that did not parse, so its password cannot be
