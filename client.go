@@ -148,6 +148,9 @@ func (c *Client) CreatePrincipal(ctx context.Context, app, name string) (uuid.UU
 	if err := validate.Name("principal", name); err != nil {
 		return uuid.Nil, fmt.Errorf("create principal: %w", err)
 	}
+	if !storable(app) {
+		return uuid.Nil, fmt.Errorf("create principal %q: %w %q", name, ErrUnknownApp, printable(app))
+	}
 	if !c.operator {
 		if _, _, err := c.resolve(ctx, c.db, app, ""); err != nil {
 			return uuid.Nil, fmt.Errorf("create principal %q: %w", name, err)

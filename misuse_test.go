@@ -323,6 +323,10 @@ func TestUnstorableInput(t *testing.T) {
 			_, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "sh\xffop", Queue: "orders"})
 			return err
 		}, bellhop.ErrUnknownApp},
+		{"CreatePrincipal, app with NUL", func() error {
+			_, err := e.client.CreatePrincipal(e.ctx, "sh\x00op", "ops")
+			return err
+		}, bellhop.ErrUnknownApp},
 	} {
 		if err := c.call(); !errors.Is(err, c.want) {
 			t.Errorf("%s: %v, want %v", c.name, err, c.want)
