@@ -55,10 +55,10 @@ func (c *Client) Enqueue(ctx context.Context, app, queue string, payload []byte,
 // and its consumer is notified, only if tx commits. This is the
 // transactional outbox: write your rows and the message together.
 //
-// The client's own checks (queue name, options, payload size as sent, JSON
-// and UTF-8) run before any statement and leave tx as it was. A few
-// rejections only the database can make (a payload whose jsonb text
-// exceeds 1 MiB, a lone surrogate, a number beyond numeric's range) come
+// The client's own checks (queue name, options, payload size as sent, JSON,
+// UTF-8 and lone surrogates) run before any statement and leave tx as it
+// was. A few rejections only the database can make (a payload whose jsonb
+// text exceeds 1 MiB, a number beyond numeric's range) come
 // back as the same ErrPayloadTooLarge or ErrInvalidPayload, but as a failed
 // statement they abort tx, as in PostgreSQL any error does: roll it back,
 // or wrap the call in a savepoint (tx.Begin) to go on without the message.

@@ -8,8 +8,9 @@ import (
 	"github.com/bellhopq/bellhop/internal/validate"
 )
 
-// Errors returned by Client methods. They are wrapped with context; test
-// for them with errors.Is.
+// Errors returned by Client methods (and ErrInvalidOptions by
+// NewDispatcher and Run too). They are wrapped with context; test for them
+// with errors.Is.
 var (
 	// ErrInvalidQueueName: a queue name is 1 to 128 bytes of [A-Za-z0-9._:-].
 	ErrInvalidQueueName = validate.ErrQueueName
@@ -18,9 +19,11 @@ var (
 	ErrInvalidName = validate.ErrName
 	// ErrInvalidPayload: the payload is not one JSON value (or nests more
 	// than 128 deep, a limit of this client's, which a plain INSERT or
-	// enqueue() does not apply, or holds \u0000, which jsonb cannot store).
+	// enqueue() does not apply, or holds \u0000 or half of a surrogate
+	// pair, which jsonb cannot store).
 	ErrInvalidPayload = validate.ErrPayload
-	// ErrPayloadTooLarge: the payload, as given, is over 1 MiB.
+	// ErrPayloadTooLarge: the payload is over 1 MiB, as given or as the
+	// database prints it (jsonb text).
 	ErrPayloadTooLarge = validate.ErrTooLarge
 	// ErrInvalidOptions: an option is out of range or contradicts another.
 	ErrInvalidOptions = validate.ErrOption

@@ -1,7 +1,8 @@
-// Package pgdsn rewrites and redacts PostgreSQL connection strings, in URL
-// or keyword/value form: the rewriting is for the tools that create
-// databases on a server (the test harness and the benchmark), the
-// redaction for every error message that would otherwise quote one.
+// Package pgdsn rewrites, checks and redacts PostgreSQL connection
+// strings, in URL or keyword/value form: the rewriting is for the tools
+// that create databases on a server (the test harness and the benchmark),
+// the check (CheckHosts) for a URL whose password holds an unescaped '@',
+// the redaction for every error message that would otherwise quote one.
 package pgdsn
 
 import (
