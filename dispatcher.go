@@ -432,7 +432,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	// The grace counts from the stop, not from the end of the waits below
 	// (a claim in flight, offers locked by producers), which could add
 	// seconds to it: a supervisor's own stop timeout is set from it.
+	graceOver := make(chan struct{})
 	grace := time.AfterFunc(d.cfg.ShutdownGrace, func() {
+		defer close(graceOver)
 		d.log.Warn().Dur("grace", d.cfg.ShutdownGrace).
 			Msg("shutdown grace over: cancelling any handler still running; its message is released")
 		handlersCancel()
@@ -447,7 +449,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		wcancel()
 	}
 	d.inFlight.Wait()
-	grace.Stop()
+	if !grace.Stop() {
+		<-graceOver // its line is written before Run goes on, and returns
+	}
 	octx, ocancel := context.WithTimeout(context.Background(), 5*time.Second)
 	d.closeOffers(octx)
 	ocancel()

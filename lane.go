@@ -558,6 +558,12 @@ func (l *lane) claimPass(ctx context.Context, free int, mark bool) (claim.Pass, 
 // The line is the dispatcher's to throttle, since a failure of the
 // database is every lane's.
 func (l *lane) retry(ctx context.Context, st *consumerState, err error) time.Time {
+	// A slot handed to this lane (slotDone) that the failed pass did not
+	// reserve goes back to the sibling, which would otherwise wait for
+	// this lane's retry.
+	if s := l.sibling; s != nil && s.backlog.Swap(false) {
+		s.poke()
+	}
 	l.failures++
 	wait := backoff.Delay(l.failures, time.Second, 10*time.Second)
 	if ctx.Err() == nil {
