@@ -558,11 +558,7 @@ func TestEnqueueAcceptsEscapedBackslashBeforeU0000(t *testing.T) {
 func TestDelayOnDatabaseClock(t *testing.T) {
 	t.Parallel()
 	e := fxNew(t)
-	e.app("shop")
-	cons, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, cons := e.appConsumer("shop", "orders")
 	slow := bellhop.NewClient(e.pool)
 	bellhop.SetClock(slow, func() time.Time { return time.Now().Add(-10 * time.Minute) })
 	opts := bellhop.EnqueueOptions{Delay: time.Minute}
