@@ -366,7 +366,9 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 // for it to return: its message's outcome is written then (an error it
 // returns counts as the cancellation's, and releases the message, attempt
 // refunded), and the token fences it if its lease has run out meanwhile.
-// The grace counts from ctx's end. It returns an error only
+// The grace counts from ctx's end. Nothing is logged after Run returns:
+// when the grace runs out, Run waits for its warning to reach the
+// Logger, so a Logger that blocks delays Run too. It returns an error only
 // if it cannot start: among those, a database without Bellhop's schema
 // (migrations.ErrNoSchema) or with an older one than this code's
 // (migrations.ErrSchemaBehind); a newer one is fine.
@@ -575,38 +577,48 @@ func (d *Dispatcher) control(ctx context.Context) {
 	poll := time.NewTimer(d.jitter(d.cfg.PollInterval))
 	defer poll.Stop()
 	reloadFailures := 0
+	// At most one retry is due at a time: a reload asked for meanwhile
+	// (a notification, a reconnect) replaces it, so failures never start
+	// a second chain of retries.
+	var retry <-chan time.Time
+	retryWake := false
 	for {
+		var wakeAll bool
 		select {
 		case <-ctx.Done():
 			return
-		case wakeAll := <-d.reload:
-			added, err := d.loadConsumers(ctx)
-			if err != nil {
-				if ctx.Err() != nil {
-					return
-				}
-				reloadFailures++
-				wait := backoff.Delay(reloadFailures, time.Second, 30*time.Second)
-				d.log.Error().Err(err).Dur("retry_in", wait).Msg("reloading consumers failed")
-				time.AfterFunc(wait, func() { d.requestReload(wakeAll) })
-				continue
-			}
-			reloadFailures = 0
-			if wakeAll || added > 0 {
-				// A new consumer's queue may hold messages whose
-				// notifications found no lane. One statement finds the
-				// lanes with work, rather than a claim for each new one.
-				d.wakeAfterConnect(ctx)
-			}
-			if wakeAll {
-				// Leases made while the listener was away announced
-				// themselves to nobody.
-				live, unheard := d.offerTokens(time.Now())
-				d.recoverLeases(ctx, append(live, unheard...))
-			}
+		case wakeAll = <-d.reload:
+		case <-retry:
 		case <-poll.C:
 			d.poll(ctx)
 			poll.Reset(d.jitter(d.cfg.PollInterval))
+			continue
+		}
+		wakeAll = wakeAll || retryWake
+		retry, retryWake = nil, false
+		added, err := d.loadConsumers(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			reloadFailures++
+			wait := backoff.Delay(reloadFailures, time.Second, 30*time.Second)
+			d.log.Error().Err(err).Dur("retry_in", wait).Msg("reloading consumers failed")
+			retry, retryWake = time.After(wait), wakeAll
+			continue
+		}
+		reloadFailures = 0
+		if wakeAll || added > 0 {
+			// A new consumer's queue may hold messages whose
+			// notifications found no lane. One statement finds the
+			// lanes with work, rather than a claim for each new one.
+			d.wakeAfterConnect(ctx)
+		}
+		if wakeAll {
+			// Leases made while the listener was away announced
+			// themselves to nobody.
+			live, unheard := d.offerTokens(time.Now())
+			d.recoverLeases(ctx, append(live, unheard...))
 		}
 	}
 }

@@ -10,15 +10,18 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/httppush"
+	queries "github.com/bellhopq/bellhop/sql"
 )
 
 // pushOrMux serves URL consumers by HTTP push, the others from a Mux.
@@ -243,4 +246,118 @@ func TestClaimFailuresBackOff(t *testing.T) {
 		defer rec.mu.Unlock()
 		return slices.ContainsFunc(rec.calls, func(d delivery) bool { return string(d.Payload) == `"after"` })
 	})
+}
+
+// offerDrops counts the dispatcher's withdrawals of offers
+// (sql/offer_drop.sql) that have finished.
+type offerDrops struct{ n atomic.Int32 }
+
+type offerDropKey struct{}
+
+func (o *offerDrops) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if d.SQL == queries.OfferDrop {
+		return context.WithValue(ctx, offerDropKey{}, true)
+	}
+	return ctx
+}
+
+func (o *offerDrops) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	if ctx.Value(offerDropKey{}) != nil {
+		o.n.Add(1)
+	}
+}
+
+// TestLeasedReleaseWarning: a message leased at INSERT whose lease is
+// heard of after its consumer was paused is released; when that release
+// cannot be written (here a trigger refuses it), the warning names the
+// app, the queue, the message and its attempt, like the other
+// per-message lines. It named the message alone, which left whoever read
+// it to find out which queue was affected.
+func TestLeasedReleaseWarning(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	cons := e.consumer(t, bellhop.ConsumerSpec{Queue: "orders"})
+	rec := &recorder{}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", rec)
+	logs := &syncBuffer{}
+	drops := &offerDrops{}
+	d := startLogged(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, LeaseAtInsert: true, PollInterval: time.Hour,
+		Logger: zerolog.New(io.MultiWriter(logs, zerolog.NewTestWriter(t)))},
+		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = drops })
+	e.enqueue(t, "orders", "first", bellhop.EnqueueOptions{})
+	waitFor(t, 10*time.Second, "an offer after the first delivery", func() bool { return e.offers(t) == 1 })
+	// A release clears a leased message's claim_token.
+	for _, sql := range []string{
+		`CREATE FUNCTION refuse_release() RETURNS trigger LANGUAGE plpgsql AS $$
+		 BEGIN RAISE EXCEPTION 'release refused by the test'; END $$`,
+		`CREATE TRIGGER refuse_release BEFORE UPDATE ON queue_messages FOR EACH ROW
+		 WHEN (OLD.claim_token IS NOT NULL AND NEW.claim_token IS NULL) EXECUTE FUNCTION refuse_release()`,
+	} {
+		if _, err := e.pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// A producer leases its message (on its third attempt) under the
+	// offer, and holds the offer until it commits.
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	var id uuid.UUID
+	if err := tx.QueryRow(ctx, `INSERT INTO queue_messages (app_id, queue_name, payload, attempt, max_attempts)
+		VALUES ($1, 'orders', '"paused"', 2, 5) RETURNING id`, cons.AppID).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SET CONSTRAINTS queue_messages_notify IMMEDIATE`); err != nil {
+		t.Fatal(err)
+	}
+	var attempt int
+	if err := tx.QueryRow(ctx, `SELECT attempt FROM queue_messages WHERE id = $1 AND claim_token IS NOT NULL`, id).Scan(&attempt); err != nil || attempt != 3 {
+		t.Fatalf("the producer did not lease its message as attempt 3 (attempt %d, %v); the test needs it to", attempt, err)
+	}
+	if err := e.client.SetConsumerEnabled(ctx, "app", cons.ID, false); err != nil {
+		t.Fatal(err)
+	}
+	// The paused lane withdraws its offer once it has read the pause; the
+	// producer's lock makes the withdrawal skip it.
+	waitFor(t, 10*time.Second, "the paused lane's withdrawal", func() bool { return drops.n.Load() >= 1 })
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	const msg = "could not release a leased message; it comes back after its lease"
+	var warning map[string]any
+	waitFor(t, 20*time.Second, "the warning", func() bool { // the completer tries five times first
+		for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+			var l map[string]any
+			if err := json.Unmarshal([]byte(line), &l); err != nil {
+				t.Fatalf("log line %q: %v", line, err)
+			}
+			if l["message"] == msg {
+				warning = l
+				return true
+			}
+		}
+		return false
+	})
+	for field, want := range map[string]any{
+		"level":      "warn",
+		"app_id":     cons.AppID.String(),
+		"queue":      "orders",
+		"message_id": id.String(),
+		"attempt":    float64(3), // a JSON number
+	} {
+		if got, ok := warning[field]; !ok || got != want {
+			t.Errorf("%s = %v, want %v, in %v", field, got, want, warning)
+		}
+	}
+	if got, _ := warning["error"].(string); !strings.Contains(got, "release refused by the test") {
+		t.Errorf("error %q, want the trigger's", got)
+	}
+	if st := d.LeaseStats(); st.Leased != 1 || rec.n.Load() != 1 {
+		t.Errorf("LeaseStats %+v, %d deliveries; want the lease heard of and not delivered", st, rec.n.Load())
+	}
 }

@@ -287,3 +287,145 @@ func TestLeaseAtInsertAfterChange(t *testing.T) {
 	waitFor(t, 10*time.Second, "the change's reload, held back", func() bool { return slow.held.Load() > 0 })
 	openGate()
 }
+
+// reloadTimes is a claimCounter that also notes when each consumer
+// reload (sql/consumer_list.sql) starts.
+type reloadTimes struct {
+	claimCounter
+	mu     sync.Mutex
+	starts []time.Time
+}
+
+func (r *reloadTimes) TraceQueryStart(ctx context.Context, c *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if d.SQL == queries.ConsumerList {
+		r.mu.Lock()
+		r.starts = append(r.starts, time.Now())
+		r.mu.Unlock()
+	}
+	return r.claimCounter.TraceQueryStart(ctx, c, d)
+}
+
+// reloads returns the start times of the reloads from the nth on.
+func (r *reloadTimes) reloads(n int) []time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if n >= len(r.starts) {
+		return nil
+	}
+	return append([]time.Time(nil), r.starts[n:]...)
+}
+
+// TestReloadFailuresBackOff: consumer reloads that keep failing (here the
+// view they read is renamed away) are retried backing off from 1s,
+// doubling each time with up to half of the wait as jitter, not every
+// second as they were: a database that cannot answer them is not asked
+// the same statement over and over. A notification still reloads at
+// once: once the failure ends, a consumer registered meanwhile is read
+// without waiting out the backoff.
+func TestReloadFailuresBackOff(t *testing.T) {
+	e := newEnv(t)
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders"})
+	rec := &recorder{}
+	r := &seenResolver{Mux: bellhop.NewMux(), seen: map[uuid.UUID]bool{}}
+	r.Handle("app", "orders", rec)
+	r.Handle("app", "late", rec)
+	tr := &reloadTimes{}
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: r, PollInterval: time.Hour},
+		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = tr })
+	// The reload that follows the listener's connect ends with this scan.
+	waitFor(t, 10*time.Second, "the post-connect wake scan", func() bool { return tr.scans.Load() >= 1 })
+	before := len(tr.reloads(0))
+
+	breakReloads(t, e, true)
+	notifyConsumers(t, e)
+	// The failed reload the notification asked for, and four retries.
+	waitFor(t, 40*time.Second, "a failed reload and four retries", func() bool { return len(tr.reloads(before)) >= 5 })
+	starts := tr.reloads(before)
+	// Each retry's wait, after the failure before it; a second more at
+	// most for the failed statement and a loaded machine.
+	for i, w := range []struct{ min, max time.Duration }{
+		{500 * time.Millisecond, time.Second},
+		{time.Second, 2 * time.Second},
+		{2 * time.Second, 4 * time.Second},
+		{4 * time.Second, 8 * time.Second},
+	} {
+		if gap := starts[i+1].Sub(starts[i]); gap < w.min || gap > w.max+time.Second {
+			t.Errorf("retry %d of the reload came %s after the failure before it, want %s to %s",
+				i+1, gap.Round(time.Millisecond), w.min, w.max)
+		}
+	}
+
+	breakReloads(t, e, false)
+	// The next retry is 8 to 16s after the last failure: the
+	// registration's notification reloads before it.
+	late := e.consumer(t, bellhop.ConsumerSpec{Queue: "late"})
+	waitFor(t, 3*time.Second, "the reload that reads the new consumer", func() bool { return r.resolved(late.ID) })
+	e.enqueue(t, "late", 1, bellhop.EnqueueOptions{})
+	waitFor(t, 10*time.Second, "the new consumer's message delivered", func() bool { return rec.n.Load() == 1 })
+
+	// That success reset the backoff: the next failure is retried after
+	// 0.5 to 1s again, not after the 16s or more the count had reached.
+	n := len(tr.reloads(0))
+	breakReloads(t, e, true)
+	notifyConsumers(t, e)
+	waitFor(t, 10*time.Second, "a new failed reload and its retry", func() bool { return len(tr.reloads(n)) >= 2 })
+	again := tr.reloads(n)
+	if gap := again[1].Sub(again[0]); gap < 500*time.Millisecond || gap > 2*time.Second {
+		t.Errorf("after a success, the first retry came %s after the failure, want 500ms to 1s", gap.Round(time.Millisecond))
+	}
+	breakReloads(t, e, false)
+}
+
+// TestReloadRetryReplaced: a reload asked for while a failed one's retry
+// is due replaces that retry. Before, each failure armed a timer of its
+// own, so a notification during an outage started a second chain of
+// retries, and a success left the old timer to reload once more.
+func TestReloadRetryReplaced(t *testing.T) {
+	e := newEnv(t)
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders"})
+	r := bellhop.NewMux()
+	r.Handle("app", "orders", &recorder{})
+	tr := &reloadTimes{}
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: r, PollInterval: time.Hour},
+		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = tr })
+	waitFor(t, 10*time.Second, "the post-connect wake scan", func() bool { return tr.scans.Load() >= 1 })
+	before := len(tr.reloads(0))
+	breakReloads(t, e, true)
+	t.Cleanup(func() { breakReloads(t, e, false) })
+	notifyConsumers(t, e)
+	waitFor(t, 10*time.Second, "the first failed reload", func() bool { return len(tr.reloads(before)) >= 1 })
+	// Its retry is due in 0.5 to 1s; this reload comes first and fails.
+	notifyConsumers(t, e)
+	waitFor(t, 10*time.Second, "the notified reload", func() bool { return len(tr.reloads(before)) >= 2 })
+	waitFor(t, 10*time.Second, "the retry", func() bool { return len(tr.reloads(before)) >= 3 })
+	s := tr.reloads(before)
+	if s[1].Sub(s[0]) >= 500*time.Millisecond {
+		t.Fatalf("the notified reload came %s after the first failure, after its retry was due", s[1].Sub(s[0]))
+	}
+	// One retry, for the second failure (1 to 2s after it); the first
+	// failure's (0.5 to 1s after it) was dropped.
+	if gap := s[2].Sub(s[1]); gap < time.Second {
+		t.Errorf("a reload came %s after the second failure: the first failure's retry still ran", gap.Round(time.Millisecond))
+	}
+}
+
+// breakReloads makes every consumer reload fail (broken) by renaming the
+// view it reads away, or mends them.
+func breakReloads(t *testing.T, e *env, broken bool) {
+	t.Helper()
+	stmt := `ALTER VIEW queue_consumers_away RENAME TO queue_consumers`
+	if broken {
+		stmt = `ALTER VIEW queue_consumers RENAME TO queue_consumers_away`
+	}
+	if _, err := e.pool.Exec(context.Background(), stmt); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// notifyConsumers announces a change of consumers, as a registration does.
+func notifyConsumers(t *testing.T, e *env) {
+	t.Helper()
+	if _, err := e.pool.Exec(context.Background(), `SELECT pg_notify('bellhop', 'c')`); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/claim"
@@ -471,4 +473,123 @@ func TestGraceCountsFromTheStop(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-stopped
+}
+
+// TestGraceWarningBeforeRunReturns: when the grace timer's callback is
+// already under way as the last handler returns, Run waits for it, so
+// that its warning is in the log by the time Run returns and nothing is
+// written after. Run used to stop the timer and go on: the warning could
+// then come after Run had returned, when a supervisor may have closed the
+// log or exited. The handler returns only once the warning has reached
+// the log writer, which holds it until Run has returned (or for holdMax
+// at most): the callback is running when Run is about to return.
+func TestGraceWarningBeforeRunReturns(t *testing.T) {
+	const holdMax = time.Second // Run returns in milliseconds once not held
+	e := newEnv(t)
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "work"})
+	started := make(chan struct{}, 1)
+	release := make(chan struct{})
+	mux := bellhop.NewMux()
+	mux.Handle("app", "work", bellhop.HandlerFunc(func(context.Context, *bellhop.Message) error {
+		started <- struct{}{}
+		<-release // deaf to its context: returns when the test says
+		return nil
+	}))
+	logs := newHeldLog("shutdown grace over", holdMax)
+	d := startLogged(t, e.dsn, bellhop.DispatcherConfig{
+		Resolver: mux, PollInterval: time.Hour, ShutdownGrace: 100 * time.Millisecond, Logger: zerolog.New(logs),
+	}, nil)
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free) // before the dispatcher's stop, should the test fail
+	e.enqueue(t, "work", 1, bellhop.EnqueueOptions{})
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("handler did not start")
+	}
+
+	var atReturn []string // the log as Run returned
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		d.stop()
+		atReturn = logs.lines()
+		close(logs.release)
+	}()
+	select {
+	case <-logs.held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no grace warning within 10s of the stop")
+	}
+	free() // Run's wait for handlers ends while the callback writes its line
+	select {
+	case <-stopped:
+	case <-time.After(40 * time.Second):
+		t.Fatal("Run did not return")
+	}
+	select {
+	case <-logs.written:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the held grace warning was never written")
+	}
+	all := logs.lines()
+	if !slices.ContainsFunc(atReturn, func(l string) bool { return strings.Contains(l, "shutdown grace over") }) {
+		t.Errorf("the grace warning was not in the log when Run returned")
+	}
+	if late := all[len(atReturn):]; len(late) > 0 {
+		t.Errorf("%d lines written after Run returned: %q", len(late), late)
+	}
+	if t.Failed() {
+		t.Logf("log as Run returned: %q", atReturn)
+	}
+}
+
+// heldLog is a log writer that records every line and holds back the
+// first line containing match until release is closed or for max at
+// most: held is closed when that line reaches Write, written once it is
+// recorded.
+type heldLog struct {
+	match                  string
+	max                    time.Duration
+	held, written, release chan struct{}
+	once                   sync.Once
+	mu                     sync.Mutex
+	all                    []string
+}
+
+func newHeldLog(match string, max time.Duration) *heldLog {
+	return &heldLog{match: match, max: max,
+		held: make(chan struct{}), written: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (l *heldLog) Write(p []byte) (int, error) {
+	line := string(p)
+	hold := false
+	if strings.Contains(line, l.match) {
+		l.once.Do(func() { hold = true })
+	}
+	if hold {
+		close(l.held)
+		t := time.NewTimer(l.max)
+		select {
+		case <-l.release:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	l.mu.Lock()
+	l.all = append(l.all, line)
+	l.mu.Unlock()
+	if hold {
+		close(l.written)
+	}
+	return len(p), nil
+}
+
+// lines returns a copy of the lines written so far.
+func (l *heldLog) lines() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.all)
 }
