@@ -359,12 +359,17 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 			return time.Time{}, claimed // a finishing delivery pokes us
 		}
 		l.backlog.Store(false)
+		var settleErr error
 		if l.settle {
 			ok, err := claim.TryBusyLock(ctx, l.d.db, l.target, l.needFree)
-			if err != nil {
-				return l.retry(ctx, st, err), claimed
-			}
-			if ok {
+			switch {
+			case err != nil:
+				// Claim all the same, as while producers still hold the
+				// lock, and confirm on a later pass, backing off as after
+				// a failed claim: a check that keeps failing must not stop
+				// the queue.
+				settleErr = err
+			case ok:
 				l.settle, l.tries, l.needFree = false, 0, false
 			}
 		}
@@ -506,6 +511,9 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 			next = earliest(next, pass.ForeignLease.Add(time.Millisecond))
 		}
 		if l.settle {
+			if settleErr != nil {
+				return earliest(next, l.retry(ctx, st, settleErr)), claimed
+			}
 			// A producer that read a mark has not committed yet.
 			l.tries++
 			return earliest(next, time.Now().Add(doubling(l.tries, 20*time.Millisecond))), claimed
@@ -558,12 +566,6 @@ func (l *lane) claimPass(ctx context.Context, free int, mark bool) (claim.Pass, 
 // The line is the dispatcher's to throttle, since a failure of the
 // database is every lane's.
 func (l *lane) retry(ctx context.Context, st *consumerState, err error) time.Time {
-	// A slot handed to this lane (slotDone) that the failed pass did not
-	// reserve goes back to the sibling, which would otherwise wait for
-	// this lane's retry.
-	if s := l.sibling; s != nil && s.backlog.Swap(false) {
-		s.poke()
-	}
 	l.failures++
 	wait := backoff.Delay(l.failures, time.Second, 10*time.Second)
 	if ctx.Err() == nil {
