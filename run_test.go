@@ -17,7 +17,6 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop"
-	"github.com/bellhopq/bellhop/internal/pgdsn"
 	"github.com/bellhopq/bellhop/internal/pgtest"
 	"github.com/bellhopq/bellhop/migrations"
 )
@@ -139,15 +138,7 @@ func TestRefusedBusyCheckStillDelivers(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.exec(string(script))
-	login := "bh_dispatcher_" + uuid.NewString()[:8]
-	e.exec(`CREATE ROLE ` + login + ` LOGIN IN ROLE bellhop_dispatcher`)
-	// Cleanups run last-in first-out: the role is dropped after the
-	// dispatcher has closed its connections.
-	t.Cleanup(func() { _, _ = pgxpoolExec(pgtest.AdminConnString(), `DROP ROLE IF EXISTS `+login) })
-	dsn, err := pgdsn.WithUser(e.pool.Config().ConnConfig.ConnString(), login)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dsn := e.login("bh_dispatcher_", "bellhop_dispatcher")
 	e.exec(`REVOKE EXECUTE ON FUNCTION pg_try_advisory_xact_lock(bigint) FROM PUBLIC`)
 
 	started := make(chan string, 2)

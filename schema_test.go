@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/internal/pgdsn"
 	"github.com/bellhopq/bellhop/internal/pgtest"
 )
 
@@ -63,6 +64,26 @@ func (e *fxEnv) appConsumer(name, queue string) (bellhop.App, bellhop.Consumer) 
 		e.t.Fatalf("register the consumer of %s/%s: %v", name, queue, err)
 	}
 	return a, c
+}
+
+// login creates a role that logs in, a member of roles (none if empty),
+// and returns a connection string for it. The role is dropped when the
+// test ends; cleanups run last-in first-out, so after any pool or
+// dispatcher started later has closed its connections.
+func (e *fxEnv) login(prefix, roles string) string {
+	e.t.Helper()
+	name := prefix + uuid.NewString()[:8]
+	stmt := `CREATE ROLE ` + name + ` LOGIN`
+	if roles != "" {
+		stmt += ` IN ROLE ` + roles
+	}
+	e.exec(stmt)
+	e.t.Cleanup(func() { _, _ = pgxpoolExec(pgtest.AdminConnString(), `DROP ROLE IF EXISTS `+name) })
+	dsn, err := pgdsn.WithUser(e.pool.Config().ConnConfig.ConnString(), name)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return dsn
 }
 
 // int64 runs a query that returns one bigint.

@@ -15,8 +15,6 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop"
-	"github.com/bellhopq/bellhop/internal/pgdsn"
-	"github.com/bellhopq/bellhop/internal/pgtest"
 	"github.com/bellhopq/bellhop/migrations"
 )
 
@@ -345,11 +343,7 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	}
 
 	// A dispatcher that logs in with only bellhop_dispatcher's rights.
-	login := "bh_dispatcher_" + uuid.NewString()[:8]
-	e.exec(`CREATE ROLE ` + login + ` LOGIN IN ROLE bellhop_dispatcher`)
-	// Cleanups run last-in first-out: the role is dropped after the
-	// dispatcher (registered below) has closed its connections.
-	t.Cleanup(func() { _, _ = pgxpoolExec(pgtest.AdminConnString(), `DROP ROLE IF EXISTS `+login) })
+	dsn := e.login("bh_dispatcher_", "bellhop_dispatcher")
 	if _, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders"}); err != nil {
 		t.Fatal(err)
 	}
@@ -360,10 +354,6 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 		handled.Done()
 		return nil
 	}))
-	dsn, err := pgdsn.WithUser(e.pool.Config().ConnConfig.ConnString(), login)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// `bellhop run` reads the schema version before it starts.
 	dpool, err := pgxpool.New(e.ctx, dsn)
 	if err != nil {
@@ -485,13 +475,7 @@ func TestLeaseMessageOnlyOwnRows(t *testing.T) {
 	token := offer()
 	before := e.tableState("queue_messages")
 
-	login := "bh_nobody_" + uuid.NewString()[:8]
-	e.exec(`CREATE ROLE ` + login + ` LOGIN`)
-	t.Cleanup(func() { _, _ = pgxpoolExec(pgtest.AdminConnString(), `DROP ROLE IF EXISTS `+login) })
-	dsn, err := pgdsn.WithUser(e.pool.Config().ConnConfig.ConnString(), login)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dsn := e.login("bh_nobody_", "")
 	nobody, err := pgx.Connect(e.ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
