@@ -329,12 +329,7 @@ func TestReloadFailuresBackOff(t *testing.T) {
 	r := &seenResolver{Mux: bellhop.NewMux(), seen: map[uuid.UUID]bool{}}
 	r.Handle("app", "orders", rec)
 	r.Handle("app", "late", rec)
-	tr := &reloadTimes{}
-	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: r, PollInterval: time.Hour},
-		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = tr })
-	// The reload that follows the listener's connect ends with this scan.
-	waitFor(t, 10*time.Second, "the post-connect wake scan", func() bool { return tr.scans.Load() >= 1 })
-	before := len(tr.reloads(0))
+	tr, before := startReloadTraced(t, e, r)
 
 	breakReloads(t, e, true)
 	notifyConsumers(t, e)
@@ -385,11 +380,7 @@ func TestReloadRetryReplaced(t *testing.T) {
 	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders"})
 	r := bellhop.NewMux()
 	r.Handle("app", "orders", &recorder{})
-	tr := &reloadTimes{}
-	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: r, PollInterval: time.Hour},
-		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = tr })
-	waitFor(t, 10*time.Second, "the post-connect wake scan", func() bool { return tr.scans.Load() >= 1 })
-	before := len(tr.reloads(0))
+	tr, before := startReloadTraced(t, e, r)
 	breakReloads(t, e, true)
 	t.Cleanup(func() { breakReloads(t, e, false) })
 	notifyConsumers(t, e)
@@ -407,6 +398,19 @@ func TestReloadRetryReplaced(t *testing.T) {
 	if gap := s[2].Sub(s[1]); gap < time.Second {
 		t.Errorf("a reload came %s after the second failure: the first failure's retry still ran", gap.Round(time.Millisecond))
 	}
+}
+
+// startReloadTraced starts a dispatcher serving r whose reloads are
+// timed, and returns once its start-up reload is over, with the number of
+// reloads so far.
+func startReloadTraced(t *testing.T, e *env, r bellhop.Resolver) (*reloadTimes, int) {
+	t.Helper()
+	tr := &reloadTimes{}
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: r, PollInterval: time.Hour},
+		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = tr })
+	// The reload that follows the listener's connect ends with this scan.
+	waitFor(t, 10*time.Second, "the post-connect wake scan", func() bool { return tr.scans.Load() >= 1 })
+	return tr, len(tr.reloads(0))
 }
 
 // breakReloads makes every consumer reload fail (broken) by renaming the
