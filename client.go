@@ -92,7 +92,7 @@ func (c *Client) CreateApp(ctx context.Context, name string) (App, error) {
 		return App{}, fmt.Errorf("create app %q: %w: principal %s may act on its own app only", printable(name), ErrForbidden, c.actor)
 	}
 	var a App
-	err := c.db.QueryRow(ctx, queries.AppCreate, pgx.NamedArgs{"name": name}).
+	err := c.db.QueryRow(ctx, queries.AppCreate, queries.Args{"name": name}).
 		Scan(&a.ID, &a.Name, &a.CreatedAt, &a.DefaultPrincipal)
 	if isUniqueViolation(err) {
 		return App{}, fmt.Errorf("create app %q: %w", name, ErrAppExists)
@@ -135,7 +135,7 @@ func (c *Client) listApp(ctx context.Context, app string) (string, error) {
 	if app != "" || c.operator {
 		return app, nil
 	}
-	err := c.db.QueryRow(ctx, queries.PrincipalApp, pgx.NamedArgs{"principal_id": c.actor}).Scan(&app)
+	err := c.db.QueryRow(ctx, queries.PrincipalApp, queries.Args{"principal_id": c.actor}).Scan(&app)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", fmt.Errorf("%w: principal %s does not exist", ErrForbidden, c.actor)
 	}
@@ -157,7 +157,7 @@ func (c *Client) CreatePrincipal(ctx context.Context, app, name string) (uuid.UU
 		}
 	}
 	var id uuid.UUID
-	err := c.db.QueryRow(ctx, queries.PrincipalCreate, pgx.NamedArgs{"app_name": app, "principal_name": name}).Scan(&id)
+	err := c.db.QueryRow(ctx, queries.PrincipalCreate, queries.Args{"app_name": app, "principal_name": name}).Scan(&id)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return uuid.Nil, fmt.Errorf("create principal %q: %w %q", name, ErrUnknownApp, app)
@@ -183,7 +183,7 @@ func (c *Client) resolve(ctx context.Context, q querier, app, principal string) 
 		return uuid.Nil, uuid.Nil, fmt.Errorf("%w %q in app %q", ErrUnknownPrincipal, printable(principal), printable(app))
 	}
 	var pid *uuid.UUID
-	err = q.QueryRow(ctx, queries.PrincipalLookup, pgx.NamedArgs{
+	err = q.QueryRow(ctx, queries.PrincipalLookup, queries.Args{
 		"app_name": app, "principal_name": principal, "principal_id": c.principalArg(),
 	}).Scan(&appID, &pid)
 	switch {

@@ -214,7 +214,7 @@ func (c *Client) RegisterConsumer(ctx context.Context, spec ConsumerSpec) (Consu
 		if err != nil {
 			return err
 		}
-		args := pgx.NamedArgs{"app_id": appID, "queue_name": spec.Queue}
+		args := queries.Args{"app_id": appID, "queue_name": spec.Queue}
 		if _, err := tx.Exec(ctx, queries.ConsumerLock, args); err != nil {
 			return err
 		}
@@ -232,7 +232,7 @@ func (c *Client) RegisterConsumer(ctx context.Context, spec ConsumerSpec) (Consu
 			VisibilityTimeout: spec.VisibilityTimeout, MaxInFlight: spec.MaxInFlight,
 			URL: spec.URL, Timeout: spec.Timeout, Secret: secret,
 		}
-		return tx.QueryRow(ctx, queries.ConsumerInsert, pgx.NamedArgs{
+		return tx.QueryRow(ctx, queries.ConsumerInsert, queries.Args{
 			"app_id": appID, "principal_id": principalID, "queue_name": spec.Queue,
 			"max_attempts": spec.MaxAttempts, "backoff_base_ms": spec.BackoffBase.Milliseconds(),
 			"backoff_cap_ms":          spec.BackoffCap.Milliseconds(),
@@ -309,7 +309,7 @@ func (c *Client) UpdateConsumer(ctx context.Context, app string, id uuid.UUID, u
 				return err
 			}
 		}
-		return tx.QueryRow(ctx, queries.ConsumerUpdate, pgx.NamedArgs{
+		return tx.QueryRow(ctx, queries.ConsumerUpdate, queries.Args{
 			"id": id, "app_id": appID, "enabled": u.Enabled, "max_attempts": u.MaxAttempts,
 			"backoff_base_ms": ms(u.BackoffBase), "backoff_cap_ms": ms(u.BackoffCap),
 			"visibility_timeout_secs": vt, "max_in_flight": u.MaxInFlight,
@@ -333,7 +333,7 @@ func checkUpdatedTimeouts(ctx context.Context, tx pgx.Tx, id, appID uuid.UUID, u
 		vtSecs    int
 		timeoutMS *int64
 	)
-	err := tx.QueryRow(ctx, queries.ConsumerTimeouts, pgx.NamedArgs{"id": id, "app_id": appID}).Scan(&vtSecs, &timeoutMS)
+	err := tx.QueryRow(ctx, queries.ConsumerTimeouts, queries.Args{"id": id, "app_id": appID}).Scan(&vtSecs, &timeoutMS)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ErrUnknownConsumer
 	}
@@ -366,7 +366,7 @@ func (c *Client) RemoveConsumer(ctx context.Context, app string, id uuid.UUID) e
 	appID, _, err := c.resolve(ctx, c.db, app, "")
 	if err == nil {
 		var gone uuid.UUID
-		err = c.db.QueryRow(ctx, queries.ConsumerDelete, pgx.NamedArgs{"id": id, "app_id": appID}).Scan(&gone)
+		err = c.db.QueryRow(ctx, queries.ConsumerDelete, queries.Args{"id": id, "app_id": appID}).Scan(&gone)
 		if errors.Is(err, pgx.ErrNoRows) {
 			err = ErrUnknownConsumer
 		}
@@ -393,7 +393,7 @@ func (c *Client) Consumers(ctx context.Context, app string) ([]Consumer, error) 
 		}
 		appArg = &app
 	}
-	rows, err := c.db.Query(ctx, queries.ConsumerList, pgx.NamedArgs{"app_name": appArg, "with_secret": false})
+	rows, err := c.db.Query(ctx, queries.ConsumerList, queries.Args{"app_name": appArg, "with_secret": false})
 	if err != nil {
 		return nil, fmt.Errorf("list consumers: %w", err)
 	}
@@ -406,7 +406,7 @@ func (c *Client) Consumers(ctx context.Context, app string) ([]Consumer, error) 
 
 // consumerByID returns the consumer id of app, or ErrUnknownConsumer.
 func (c *Client) consumerByID(ctx context.Context, app string, id uuid.UUID) (Consumer, error) {
-	rows, err := c.db.Query(ctx, queries.ConsumerGet, pgx.NamedArgs{"id": id, "app_name": nil, "queue_name": nil, "with_secret": false})
+	rows, err := c.db.Query(ctx, queries.ConsumerGet, queries.Args{"id": id, "app_name": nil, "queue_name": nil, "with_secret": false})
 	if err != nil {
 		return Consumer{}, err
 	}
@@ -425,7 +425,7 @@ func (c *Client) ConsumerOf(ctx context.Context, app, queue string) (Consumer, e
 			return Consumer{}, fmt.Errorf("consumer of %s/%s: %w", printable(app), printable(queue), err)
 		}
 	}
-	rows, err := c.db.Query(ctx, queries.ConsumerGet, pgx.NamedArgs{"id": nil, "app_name": app, "queue_name": queue, "with_secret": false})
+	rows, err := c.db.Query(ctx, queries.ConsumerGet, queries.Args{"id": nil, "app_name": app, "queue_name": queue, "with_secret": false})
 	if err == nil {
 		var out Consumer
 		out, err = pgx.CollectExactlyOneRow(rows, scanConsumer)

@@ -88,7 +88,7 @@ func (c *Client) DeadLetters(ctx context.Context, f DeadFilter) ([]DeadLetter, e
 			return nil, fmt.Errorf("list dead letters: %w", err)
 		}
 	}
-	rows, err := c.db.Query(ctx, queries.DeadList, pgx.NamedArgs{
+	rows, err := c.db.Query(ctx, queries.DeadList, queries.Args{
 		"app_name": nullable(f.App), "queue_name": nullable(f.Queue), "id": nullable(f.ID), "max_rows": f.Limit,
 	})
 	if err != nil {
@@ -122,7 +122,7 @@ func (c *Client) Redrive(ctx context.Context, app, queue string, id uuid.UUID) (
 	}
 	var moved int64
 	var left NotRedrivenError
-	err := c.db.QueryRow(ctx, queries.DeadRedrive, pgx.NamedArgs{"app_name": app, "queue_name": nullable(queue), "id": nullable(id)}).
+	err := c.db.QueryRow(ctx, queries.DeadRedrive, queries.Args{"app_name": app, "queue_name": nullable(queue), "id": nullable(id)}).
 		Scan(&moved, &left.ConsumerGone, &left.IDInUse)
 	if err != nil {
 		return 0, fmt.Errorf("redrive dead letters of %s: %w", printable(app), err)
@@ -156,7 +156,7 @@ func (c *Client) deadOp(ctx context.Context, verb, sql, app, queue string, id uu
 	if err := c.deadCheck(ctx, verb, app, queue); err != nil {
 		return 0, err
 	}
-	tag, err := c.db.Exec(ctx, sql, pgx.NamedArgs{"app_name": app, "queue_name": nullable(queue), "id": nullable(id)})
+	tag, err := c.db.Exec(ctx, sql, queries.Args{"app_name": app, "queue_name": nullable(queue), "id": nullable(id)})
 	if err != nil {
 		return 0, fmt.Errorf("%s dead letters of %s: %w", verb, printable(app), err)
 	}

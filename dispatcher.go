@@ -633,7 +633,7 @@ func (d *Dispatcher) jitter(p time.Duration) time.Duration {
 // fails.
 func (d *Dispatcher) wakeAfterConnect(ctx context.Context) {
 	var queueLanes, invokeLanes [][16]byte
-	err := d.db.QueryRow(ctx, queries.WakeScan, pgx.NamedArgs{"owner": [16]byte(d.owner)}).Scan(&queueLanes, &invokeLanes)
+	err := d.db.QueryRow(ctx, queries.WakeScan, queries.Args{"owner": [16]byte(d.owner)}).Scan(&queueLanes, &invokeLanes)
 	if err != nil {
 		if ctx.Err() == nil {
 			d.log.Warn().Err(err).Msg("scanning for work after connecting failed; waking every queue")
@@ -704,7 +704,7 @@ func (d *Dispatcher) poll(ctx context.Context) {
 	if offers == nil {
 		offers = []uuid.UUID{}
 	}
-	err := d.db.QueryRow(ctx, queries.Poll, pgx.NamedArgs{
+	err := d.db.QueryRow(ctx, queries.Poll, queries.Args{
 		"heartbeat":       "h:" + token,
 		"default_vt_secs": int(d.cfg.DefaultVisibilityTimeout / time.Second),
 		"owner":           d.owner,
@@ -764,7 +764,7 @@ func (d *Dispatcher) poll(ctx context.Context) {
 // loadConsumers reads every consumer and starts, updates or stops lanes
 // to match. It returns how many consumers it started lanes for.
 func (d *Dispatcher) loadConsumers(ctx context.Context) (added int, err error) {
-	rows, err := d.db.Query(ctx, queries.ConsumerList, pgx.NamedArgs{"app_name": nil, "with_secret": true})
+	rows, err := d.db.Query(ctx, queries.ConsumerList, queries.Args{"app_name": nil, "with_secret": true})
 	if err != nil {
 		return 0, fmt.Errorf("load consumers: %w", err)
 	}
@@ -911,7 +911,7 @@ func (d *Dispatcher) wake(ctx context.Context, lanes []*lane) error {
 			payloads = append(payloads, p)
 		}
 	}
-	_, err := d.db.Exec(ctx, queries.HandOver, pgx.NamedArgs{"payloads": payloads})
+	_, err := d.db.Exec(ctx, queries.HandOver, queries.Args{"payloads": payloads})
 	return err
 }
 
@@ -968,7 +968,7 @@ func (d *Dispatcher) flushLastFired(ctx context.Context) {
 	}
 	clear(d.lastFired)
 	d.lastFiredMu.Unlock()
-	if _, err := d.db.Exec(ctx, queries.TouchLastFired, pgx.NamedArgs{"trigger_ids": ids}); err != nil && ctx.Err() == nil {
+	if _, err := d.db.Exec(ctx, queries.TouchLastFired, queries.Args{"trigger_ids": ids}); err != nil && ctx.Err() == nil {
 		d.log.Debug().Err(err).Msg("updating last_fired_at failed")
 	}
 }

@@ -134,12 +134,12 @@ func (c *Client) enqueue(ctx context.Context, q querier, app string, msgs []NewM
 	var firstForeign *int64
 	var row pgx.Row
 	if n == 1 {
-		row = q.QueryRow(ctx, queries.EnqueueOne, pgx.NamedArgs{
+		row = q.QueryRow(ctx, queries.EnqueueOne, queries.Args{
 			"app_name": app, "id": idArgs[0], "queue_name": queues[0], "payload": payloads[0],
 			"deliver_after": deliver[0], "delay_us": delays[0], "max_attempts": attempts[0], "principal": principals[0],
 		})
 	} else {
-		row = q.QueryRow(ctx, queries.Enqueue, pgx.NamedArgs{
+		row = q.QueryRow(ctx, queries.Enqueue, queries.Args{
 			"app_name": app, "ids": idArgs, "queue_names": queues, "payloads": payloads,
 			"deliver_after": deliver, "delays_us": delays, "max_attempts": attempts, "principals": principals,
 		})
@@ -208,7 +208,7 @@ func (c *Client) oversized(ctx context.Context, err error, payloads []json.RawMe
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	var first *int64
-	if c.db.QueryRow(ctx, queries.EnqueueOversized, pgx.NamedArgs{"payloads": payloads}).Scan(&first) != nil {
+	if c.db.QueryRow(ctx, queries.EnqueueOversized, queries.Args{"payloads": payloads}).Scan(&first) != nil {
 		return -1
 	}
 	return position(first)

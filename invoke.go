@@ -39,7 +39,7 @@ func (c *Client) InvokeAsync(ctx context.Context, consumer uuid.UUID, payload []
 		return fail(err)
 	}
 	var out uuid.UUID
-	err = c.db.QueryRow(ctx, queries.Invoke, pgx.NamedArgs{
+	err = c.db.QueryRow(ctx, queries.Invoke, queries.Args{
 		"id": id, "trigger_id": consumer, "payload": json.RawMessage(payload),
 		"deliver_after": at, "delay_us": delay, "max_attempts": nullable(opts.MaxAttempts), "actor": c.principalArg(),
 	}).Scan(&out)

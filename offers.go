@@ -83,7 +83,7 @@ func (d *Dispatcher) holdLeaseKey(ctx context.Context, conn *pgx.Conn) error {
 	deadline := time.Now().Add(time.Second)
 	for {
 		var held bool
-		if err := conn.QueryRow(ctx, queries.LeaseKeyHold, pgx.NamedArgs{"owner": d.owner}).Scan(&held); err != nil {
+		if err := conn.QueryRow(ctx, queries.LeaseKeyHold, queries.Args{"owner": d.owner}).Scan(&held); err != nil {
 			return fmt.Errorf("take the lease key: %w", err)
 		}
 		if held {
@@ -123,7 +123,7 @@ func (l *lane) makeOffer(ctx context.Context) {
 	l.offered.Store(true)
 
 	var dbNow time.Time
-	err := d.db.QueryRow(ctx, queries.OfferMake, pgx.NamedArgs{
+	err := d.db.QueryRow(ctx, queries.OfferMake, queries.Args{
 		"token": token, "app_id": l.target.AppID, "queue_name": l.target.Queue, "owner": d.owner,
 		"channel": d.leaseChannel, "ttl_ms": d.offerTTL().Milliseconds(), "consumer_id": l.target.TriggerID,
 	}).Scan(&dbNow)
@@ -188,7 +188,7 @@ func (d *Dispatcher) dropOffers(ctx context.Context, tokens []uuid.UUID) {
 	if tokens != nil {
 		arg = tokens
 	}
-	rows, err := d.db.Query(ctx, queries.OfferDrop, pgx.NamedArgs{"owner": d.owner, "tokens": arg})
+	rows, err := d.db.Query(ctx, queries.OfferDrop, queries.Args{"owner": d.owner, "tokens": arg})
 	if err != nil {
 		d.log.Debug().Err(err).Msg("could not withdraw offers; they expire")
 		return
@@ -217,7 +217,7 @@ func (d *Dispatcher) dropAllOffers(ctx context.Context) {
 		if _, err := tx.Exec(ctx, queries.OfferDropAllWait); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, queries.OfferDropAll, pgx.NamedArgs{"owner": d.owner})
+		rows, err := tx.Query(ctx, queries.OfferDropAll, queries.Args{"owner": d.owner})
 		if err != nil {
 			return err
 		}
@@ -493,7 +493,7 @@ func (d *Dispatcher) recoverLeases(ctx context.Context, tokens []uuid.UUID) {
 	if len(tokens) == 0 {
 		return
 	}
-	rows, err := d.db.Query(ctx, queries.OfferRecover, pgx.NamedArgs{"tokens": tokens})
+	rows, err := d.db.Query(ctx, queries.OfferRecover, queries.Args{"tokens": tokens})
 	if err != nil {
 		if ctx.Err() == nil {
 			d.log.Warn().Err(err).Msg("could not look for leases whose notification was missed; they come back after their lease")

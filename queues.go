@@ -41,7 +41,7 @@ func (c *Client) Queues(ctx context.Context, app string) ([]QueueInfo, error) {
 			return nil, fmt.Errorf("list queues: %w", err)
 		}
 	}
-	rows, err := c.db.Query(ctx, queries.QueueList, pgx.NamedArgs{"app_name": nullable(app)})
+	rows, err := c.db.Query(ctx, queries.QueueList, queries.Args{"app_name": nullable(app)})
 	if err != nil {
 		return nil, fmt.Errorf("list queues: %w", err)
 	}

@@ -118,13 +118,13 @@ type Pass struct {
 // generic plans (generic_plans.sql).
 func ClaimPass(ctx context.Context, db *pgxpool.Pool, t Target, max int, b Busy) (Pass, error) {
 	var claimSQL, infoSQL string
-	var args pgx.NamedArgs
+	var args queries.Args
 	if t.Source == Invoke {
 		claimSQL, infoSQL = queries.ClaimInvoke, queries.NextDueInvoke
-		args = pgx.NamedArgs{"trigger_id": t.TriggerID, "max_messages": max}
+		args = queries.Args{"trigger_id": t.TriggerID, "max_messages": max}
 	} else {
 		claimSQL, infoSQL = queries.ClaimQueue, queries.NextDueQueue
-		args = pgx.NamedArgs{"app_id": t.AppID, "queue_name": t.Queue, "max_messages": max, "owner": b.Owner,
+		args = queries.Args{"app_id": t.AppID, "queue_name": t.Queue, "max_messages": max, "owner": b.Owner,
 			"held": b.Held, "lease_ms": b.Lease.Milliseconds(), "consumer_id": t.TriggerID}
 	}
 	leasedAt := time.Now()
@@ -132,7 +132,7 @@ func ClaimPass(ctx context.Context, db *pgxpool.Pool, t Target, max int, b Busy)
 	batch.Queue(queries.GenericPlans)
 	mark := b.Mark && t.Source == Queue
 	if mark {
-		batch.Queue(queries.BusyMark, pgx.NamedArgs{
+		batch.Queue(queries.BusyMark, queries.Args{
 			"app_id": t.AppID, "queue_name": t.Queue, "owner": b.Owner, "lease_ms": b.Lease.Milliseconds(),
 		})
 	}
@@ -216,7 +216,7 @@ func LocalClock(dbNow time.Time) func(time.Time) time.Time {
 // call TryBusyLock again shortly. Release the key (internal/busylock)
 // before calling it.
 func Unmark(ctx context.Context, db *pgxpool.Pool, t Target, owner uuid.UUID, needFree bool) (bool, error) {
-	args := pgx.NamedArgs{"app_id": t.AppID, "queue_name": t.Queue, "owner": owner, "need_free": needFree}
+	args := queries.Args{"app_id": t.AppID, "queue_name": t.Queue, "owner": owner, "need_free": needFree}
 	batch := &pgx.Batch{}
 	batch.Queue(queries.BusyUnmark, args)
 	batch.Queue(queries.BusyLock, args)
@@ -240,7 +240,7 @@ func Unmark(ctx context.Context, db *pgxpool.Pool, t Target, owner uuid.UUID, ne
 // key.
 func TryBusyLock(ctx context.Context, db *pgxpool.Pool, t Target, needFree bool) (bool, error) {
 	var locked bool
-	err := db.QueryRow(ctx, queries.BusyLock, pgx.NamedArgs{
+	err := db.QueryRow(ctx, queries.BusyLock, queries.Args{
 		"app_id": t.AppID, "queue_name": t.Queue, "need_free": needFree,
 	}).Scan(&locked)
 	if err != nil {
@@ -251,7 +251,7 @@ func TryBusyLock(ctx context.Context, db *pgxpool.Pool, t Target, needFree bool)
 
 // ClearMarks deletes every busy mark of owner.
 func ClearMarks(ctx context.Context, db *pgxpool.Pool, owner uuid.UUID) error {
-	if _, err := db.Exec(ctx, queries.BusyClear, pgx.NamedArgs{"owner": owner}); err != nil {
+	if _, err := db.Exec(ctx, queries.BusyClear, queries.Args{"owner": owner}); err != nil {
 		return fmt.Errorf("clear busy marks: %w", err)
 	}
 	return nil
@@ -274,7 +274,7 @@ func sortByEnqueued(ms []Message) []Message {
 // any more is not renewed (held, vt zero): nothing would measure it.
 func Extend(ctx context.Context, db *pgxpool.Pool, id, token uuid.UUID) (held bool, vt time.Duration, err error) {
 	var vtSecs *int32
-	err = db.QueryRow(ctx, queries.Extend, pgx.NamedArgs{"id": id, "token": token}).Scan(&held, &vtSecs)
+	err = db.QueryRow(ctx, queries.Extend, queries.Args{"id": id, "token": token}).Scan(&held, &vtSecs)
 	if err != nil {
 		return false, 0, fmt.Errorf("extend lease of %s: %w", id, err)
 	}

@@ -175,25 +175,25 @@ func Write(ctx context.Context, db *pgxpool.Pool, outcomes []Outcome) (Applied, 
 	b := &pgx.Batch{}
 	b.Queue(queries.GenericPlans)
 	if acks.n > 0 {
-		b.Queue(queries.Ack, pgx.NamedArgs{
+		b.Queue(queries.Ack, queries.Args{
 			"q_ids": acks.q.ids, "q_tokens": acks.q.tokens,
 			"o_ids": acks.o.ids, "o_tokens": acks.o.tokens,
 		})
 	}
 	if nacks.n > 0 {
-		b.Queue(queries.Nack, pgx.NamedArgs{
+		b.Queue(queries.Nack, queries.Args{
 			"q_ids": nacks.q.ids, "q_tokens": nacks.q.tokens, "q_delays_ms": nacks.q.delays, "q_holds_ms": nacks.q.holds,
 			"o_ids": nacks.o.ids, "o_tokens": nacks.o.tokens, "o_delays_ms": nacks.o.delays, "o_holds_ms": nacks.o.holds,
 		})
 	}
 	if dead.n > 0 {
-		b.Queue(queries.DeadLetter, pgx.NamedArgs{
+		b.Queue(queries.DeadLetter, queries.Args{
 			"q_ids": dead.q.ids, "q_tokens": dead.q.tokens, "q_errors": dead.q.errors,
 			"o_ids": dead.o.ids, "o_tokens": dead.o.tokens, "o_errors": dead.o.errors, "o_queue_names": dead.o.queues,
 		})
 	}
 	if release.n > 0 {
-		b.Queue(queries.Release, pgx.NamedArgs{
+		b.Queue(queries.Release, queries.Args{
 			"q_ids": release.q.ids, "q_tokens": release.q.tokens, "q_holds_ms": release.q.holds,
 			"o_ids": release.o.ids, "o_tokens": release.o.tokens, "o_holds_ms": release.o.holds,
 		})

@@ -132,7 +132,7 @@ func (r *Reclaimer) Pass(ctx context.Context) (time.Time, error) {
 }
 
 func (r *Reclaimer) pass(ctx context.Context) (Result, time.Time, error) {
-	args := pgx.NamedArgs{"default_vt_secs": int(r.defaultVT / time.Second)}
+	args := queries.Args{"default_vt_secs": int(r.defaultVT / time.Second)}
 	b := &pgx.Batch{}
 	b.Queue(queries.Reclaim, args)
 	b.Queue(queries.NextLeaseExpiry, args)

@@ -1,7 +1,8 @@
 // Package sql holds every SQL statement Bellhop runs, one statement per
 // .sql file in this folder, embedded at build time. Each file starts with a
 // comment that says what the statement does and why it is safe under
-// concurrency. Statements take pgx named arguments (@name).
+// concurrency. Statements take named arguments (@name), passed as Args,
+// which find each statement's placeholders once rather than on every call.
 //
 // Import it under another name, since it shares its name with database/sql:
 //

@@ -128,7 +128,7 @@ func secretMatches(ctx context.Context, pool *pgxpool.Pool, id uuid.UUID, path s
 		return false, nil
 	}
 	var match bool
-	if err := pool.QueryRow(ctx, queries.ConsumerSecretMatches, pgx.NamedArgs{"id": id, "secret": held}).Scan(&match); err != nil {
+	if err := pool.QueryRow(ctx, queries.ConsumerSecretMatches, queries.Args{"id": id, "secret": held}).Scan(&match); err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			return false, nil // removed meanwhile
 		}

@@ -85,7 +85,7 @@ func (h *Holder) Hold(ctx context.Context, k Key) (bool, error) {
 	}
 	var unset, held bool
 	var notified int64
-	err := h.conn.QueryRow(ctx, queries.BusyHold, pgx.NamedArgs{
+	err := h.conn.QueryRow(ctx, queries.BusyHold, queries.Args{
 		"app_id": k.AppID, "queue_name": k.Queue, "owner": h.owner, "idle_ms": h.idle.Milliseconds(),
 	}).Scan(&unset, &held, &notified)
 	if err != nil {
@@ -128,7 +128,7 @@ func (h *Holder) Release(ctx context.Context, k Key) (confirmed bool, err error)
 		idle = 0 // no marks left: an idle session needs no keep-alives
 	}
 	var unset, released bool
-	err = h.conn.QueryRow(ctx, queries.BusyRelease, pgx.NamedArgs{
+	err = h.conn.QueryRow(ctx, queries.BusyRelease, queries.Args{
 		"app_id": k.AppID, "queue_name": k.Queue, "idle_ms": idle.Milliseconds(),
 	}).Scan(&unset, &released)
 	if err != nil {
