@@ -124,8 +124,8 @@ func (l *lane) makeOffer(ctx context.Context) {
 
 	var dbNow time.Time
 	err := d.db.QueryRow(ctx, queries.OfferMake, queries.Args{
-		"token": token, "app_id": l.target.AppID, "queue_name": l.target.Queue, "owner": d.owner,
-		"channel": d.leaseChannel, "ttl_ms": d.offerTTL().Milliseconds(), "consumer_id": l.target.TriggerID,
+		"token": [16]byte(token), "app_id": [16]byte(l.target.AppID), "queue_name": l.target.Queue, "owner": [16]byte(d.owner),
+		"channel": d.leaseChannel, "ttl_ms": d.offerTTL().Milliseconds(), "consumer_id": [16]byte(l.target.TriggerID),
 	}).Scan(&dbNow)
 	d.offers.mu.Lock()
 	defer d.offers.mu.Unlock()

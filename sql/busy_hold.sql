@@ -15,10 +15,10 @@
 -- Sets idle_session_timeout so that a hung dispatcher's session, and so its
 -- marks, end: the dispatcher sends keep-alives while it holds marks.
 WITH k AS MATERIALIZED (
-    SELECT pg_try_advisory_lock(hashtextextended(@app_id::text || ':' || @queue_name::text, 1650814062)) AS held
+    SELECT pg_try_advisory_lock(hashtextextended(@app_id::uuid::text || ':' || @queue_name::text, 1650814062)) AS held
 )
 SELECT set_config('idle_session_timeout', @idle_ms::bigint::text, false) IS NULL AS unset,
        k.held,
-       (SELECT count(pg_notify('bellhop', 'b:' || @app_id::text || ':' || @owner::text || ':' || @queue_name::text))
+       (SELECT count(pg_notify('bellhop', 'b:' || @app_id::uuid::text || ':' || @owner::uuid::text || ':' || @queue_name::text))
         FROM k WHERE k.held) AS notified
 FROM k

@@ -11,6 +11,6 @@
 -- released (its connection broke), the old backend may still hold the key
 -- for a moment, and a producer that sees it held would skip its
 -- notification after this check had passed.
-SELECT pg_try_advisory_xact_lock(hashtextextended(@app_id::text || ':' || @queue_name::text, 1650814061))
+SELECT pg_try_advisory_xact_lock(hashtextextended(@app_id::uuid::text || ':' || @queue_name::text, 1650814061))
        AND (NOT @need_free::bool
-            OR pg_try_advisory_xact_lock_shared(hashtextextended(@app_id::text || ':' || @queue_name::text, 1650814062)))
+            OR pg_try_advisory_xact_lock_shared(hashtextextended(@app_id::uuid::text || ':' || @queue_name::text, 1650814062)))

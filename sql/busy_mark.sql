@@ -18,6 +18,6 @@ WITH prev AS (
     ON CONFLICT (app_id, queue_name, owner) DO UPDATE SET lease_until = EXCLUDED.lease_until
     RETURNING 1
 )
-SELECT count(pg_notify('bellhop', 'b:' || @app_id::text || ':' || @owner::text || ':' || @queue_name::text))
+SELECT count(pg_notify('bellhop', 'b:' || @app_id::uuid::text || ':' || @owner::uuid::text || ':' || @queue_name::text))
 FROM up
 WHERE NOT coalesce((SELECT live FROM prev), false)

@@ -4,4 +4,4 @@
 -- does not hold the app_id; this lock makes check-then-insert safe.
 -- The two-key form keeps Bellhop's locks apart from other advisory locks:
 -- key 1 is 'bell' in ASCII.
-SELECT pg_advisory_xact_lock(1650814060, hashtext(@app_id::text || ':' || @queue_name::text))
+SELECT pg_advisory_xact_lock(1650814060, hashtext(@app_id::uuid::text || ':' || @queue_name::text))

@@ -7,5 +7,5 @@
 -- test, so the caller retries; returns whether both are now held (a key
 -- taken twice is held twice, which is harmless). The connection's end lets
 -- them go.
-SELECT pg_try_advisory_lock_shared(hashtextextended(@owner::text, 1650814064))
+SELECT pg_try_advisory_lock_shared(hashtextextended(@owner::uuid::text, 1650814064))
    AND pg_try_advisory_lock_shared(1650814063, 0)

@@ -39,7 +39,7 @@ SELECT (SELECT min(deliver_after)
                  WHERE app_id = @app_id AND queue_name = @queue_name
                    AND owner <> @owner AND lease_until > clock_timestamp()),
                 CASE WHEN NOT @held::bool
-                      AND NOT pg_try_advisory_xact_lock_shared(hashtextextended(@app_id::text || ':' || @queue_name::text, 1650814062))
+                      AND NOT pg_try_advisory_xact_lock_shared(hashtextextended(@app_id::uuid::text || ':' || @queue_name::text, 1650814062))
                      THEN clock_timestamp() + @lease_ms * interval '1 millisecond'
                 END),
        (SELECT enqueued_at
