@@ -316,6 +316,9 @@ func (c *Client) UpdateConsumer(ctx context.Context, app string, id uuid.UUID, u
 			"push_url": u.URL, "push_timeout_ms": ms(u.Timeout),
 		}).Scan(&n)
 	})
+	if code, constraint := pgCode(err); code == "23514" && constraint == "triggers_backoff_cap_check" {
+		return fail(c.backoffCapError(ctx, app, id, u))
+	}
 	if err != nil {
 		return fail(constraintError(err))
 	}
@@ -323,6 +326,28 @@ func (c *Client) UpdateConsumer(ctx context.Context, app string, id uuid.UUID, u
 		return fail(ErrUnknownConsumer)
 	}
 	return nil
+}
+
+// backoffCapError is UpdateConsumer's error for an update that the table's
+// check refused because it would leave the backoff cap below the backoff
+// base. checkSettings catches that when the update gives both, but not
+// when it gives one and the consumer's other is in the way, and the bare
+// constraint violation did not say which values. Like RegisterConsumer's
+// error it names both, reading the one the update keeps.
+func (c *Client) backoffCapError(ctx context.Context, app string, id uuid.UUID, u ConsumerUpdate) error {
+	cur, err := c.consumerByID(ctx, app, id)
+	if err != nil {
+		return fmt.Errorf("%w: the backoff cap would be below the backoff base", ErrInvalidOptions)
+	}
+	base, capacity, kept := cur.BackoffBase, cur.BackoffCap, "base: lower it"
+	if u.BackoffBase != nil {
+		base, kept = *u.BackoffBase, "cap: raise it"
+	}
+	if u.BackoffCap != nil {
+		capacity = *u.BackoffCap
+	}
+	return fmt.Errorf("%w: backoff cap %s is below backoff base %s (the consumer's current %s in the same update)",
+		ErrInvalidOptions, capacity, base, kept)
 }
 
 // checkUpdatedTimeouts checks that the push timeout and visibility timeout

@@ -112,6 +112,62 @@ func TestPushTimeoutMustFitLease(t *testing.T) {
 	}
 }
 
+// TestUpdateBackoffCapBelowBase: an update that would leave the backoff
+// cap below the base is refused with ErrInvalidOptions naming both values,
+// as RegisterConsumer's refusal does, also when it gives only one of the
+// two and the consumer's other is in the way; it changes nothing. That
+// case failed on the table's check, with the bare constraint violation.
+func TestUpdateBackoffCapBelowBase(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	e.app("shop")
+	c, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders",
+		BackoffBase: 2 * time.Second, BackoffCap: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := func(v time.Duration) *time.Duration { return &v }
+	tests := []struct {
+		name string
+		u    bellhop.ConsumerUpdate
+		want string // in the error; "" for none
+	}{
+		{"cap below the stored base", bellhop.ConsumerUpdate{BackoffCap: d(time.Second)},
+			"backoff cap 1s is below backoff base 2s (the consumer's current base: lower it in the same update)"},
+		{"base above the stored cap", bellhop.ConsumerUpdate{BackoffBase: d(2 * time.Minute)},
+			"backoff cap 1m0s is below backoff base 2m0s (the consumer's current cap: raise it in the same update)"},
+		{"both, cap below base", bellhop.ConsumerUpdate{BackoffBase: d(3 * time.Second), BackoffCap: d(time.Second)},
+			"backoff cap 1s is below backoff base 3s"},
+		{"cap down to the stored base", bellhop.ConsumerUpdate{BackoffCap: d(2 * time.Second)}, ""},
+		{"both lowered", bellhop.ConsumerUpdate{BackoffBase: d(500 * time.Millisecond), BackoffCap: d(time.Second)}, ""},
+		{"base up to the stored cap", bellhop.ConsumerUpdate{BackoffBase: d(time.Second)}, ""},
+	}
+	for _, tc := range tests {
+		before := e.tableState("triggers")
+		err := e.client.UpdateConsumer(e.ctx, "shop", c.ID, tc.u)
+		if tc.want == "" {
+			if err != nil {
+				t.Errorf("%s: %v", tc.name, err)
+			}
+			continue
+		}
+		fxCheckTyped(t, err, bellhop.ErrInvalidOptions)
+		if err != nil && !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: error %q, want it to contain %q", tc.name, err, tc.want)
+		}
+		if after := e.tableState("triggers"); after != before {
+			t.Errorf("%s: refused update changed the consumer: %s, was %s", tc.name, after, before)
+		}
+	}
+	got, err := e.client.ConsumerOf(e.ctx, "shop", "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.BackoffBase != time.Second || got.BackoffCap != time.Second {
+		t.Errorf("after the updates: backoff base %s, cap %s; want 1s, 1s", got.BackoffBase, got.BackoffCap)
+	}
+}
+
 // TestUpdateTimeoutBesidePause: an update of a timeout, which reads and
 // locks the consumer's rows to check the pair it leaves, and a pause of
 // the same consumer, queued behind one lock, both go through. The check

@@ -594,6 +594,11 @@ func TestEnqueueSQLFunction(t *testing.T) {
 		},
 		{"max_attempts 0", call, []any{shop.ID, "plain", `{}`, nil, 0, nil}, "BH004"},
 		{"max_attempts 1001", call, []any{shop.ID, "plain", `{}`, nil, 1001, nil}, "BH004"},
+		// The table refuses infinite times too (0056), but with SQLSTATE
+		// 23514: -infinity passed enqueue()'s own checks.
+		{"deliver_after -infinity", `SELECT enqueue($1, 'plain', '{}', '-infinity')`, []any{shop.ID}, "BH004"},
+		{"deliver_after infinity", `SELECT enqueue($1, 'plain', '{}', 'infinity')`, []any{shop.ID}, "BH004"},
+		{"deliver_after 3651 days ahead", `SELECT enqueue($1, 'plain', '{}', now() + interval '3651 days')`, []any{shop.ID}, "BH004"},
 		{"principal of another app", call, []any{shop.ID, "plain", `{}`, nil, nil, other.DefaultPrincipal}, "BH005"},
 		{"unknown principal", call, []any{shop.ID, "plain", `{}`, nil, nil, uuid.New()}, "BH005"},
 	}

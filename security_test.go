@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"os"
+	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -414,6 +416,41 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 			t.Fatal("the dispatcher role could not ack")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestReadmeInsertColumns: the README's plain INSERT lists, as required
+// (in its example) or optional, every column that docs/roles.sql lets a
+// producer set. It left out id, which a producer sets to know its
+// message's id without RETURNING, and which the README's account of dead
+// letters and redrive takes producers to choose.
+func TestReadmeInsertColumns(t *testing.T) {
+	t.Parallel()
+	script, err := os.ReadFile("docs/roles.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	grant := regexp.MustCompile(`GRANT INSERT \(([^)]*)\)\s+ON queue_messages TO bellhop_producer`).FindSubmatch(script)
+	if grant == nil {
+		t.Fatal("docs/roles.sql grants bellhop_producer no INSERT columns of queue_messages")
+	}
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Join(strings.Fields(string(readme)), " ")
+	example := regexp.MustCompile("INSERT INTO queue_messages \\(([^)]*)\\) VALUES").FindStringSubmatch(text)
+	_, optional, found := strings.Cut(text, "Optional columns:")
+	if example == nil || !found {
+		t.Fatal("README.md has no plain INSERT example followed by \"Optional columns:\"")
+	}
+	optional, _, _ = strings.Cut(optional, "The claim columns")
+	required := strings.Split(example[1], ", ")
+	for _, col := range strings.Split(string(grant[1]), ",") {
+		col = strings.TrimSpace(col)
+		if !slices.Contains(required, col) && !strings.Contains(optional, "`"+col+"`") {
+			t.Errorf("docs/roles.sql lets a producer INSERT %s, which the README's optional columns (%q) do not name", col, strings.TrimSpace(optional))
+		}
 	}
 }
 

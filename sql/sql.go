@@ -131,6 +131,11 @@ var DeadPurge string
 //go:embed dead_redrive.sql
 var DeadRedrive string
 
+// DemoDeadLetters is demo_dead_letters.sql.
+//
+//go:embed demo_dead_letters.sql
+var DemoDeadLetters string
+
 // Enqueue is enqueue.sql.
 //
 //go:embed enqueue.sql

@@ -18,6 +18,7 @@ import (
 	"github.com/urfave/cli/v3"
 	"gopkg.in/yaml.v3"
 
+	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/pgtest"
 	"github.com/bellhopq/bellhop/migrations"
 )
@@ -237,6 +238,7 @@ func TestOperationalErrorsExit1(t *testing.T) {
 	t.Parallel()
 	dsn := pgtest.ConnString(t)
 	ok(t, dsn, "app", "create", "shop")
+	addConsumer(t, dsn, "--app", "shop", "--queue", "orders", "--url", "http://127.0.0.1:9/hook")
 	empty := emptyDatabase(t)
 	// A database one migration behind this binary.
 	behind := pgtest.ConnString(t)
@@ -256,6 +258,7 @@ func TestOperationalErrorsExit1(t *testing.T) {
 		{"unreachable database", "host=/nonexistent port=1 user=postgres connect_timeout=2", []string{"queues"}, "connect to the database"},
 		{"unreachable database for run", "host=/nonexistent port=1 user=postgres connect_timeout=2", []string{"run", "--http-addr", "127.0.0.1:0"}, "connect"},
 		{"app exists", dsn, []string{"app", "create", "shop"}, "app already exists"},
+		{"consumer exists", dsn, []string{"consumer", "add", "--app", "shop", "--queue", "orders", "--url", "http://127.0.0.1:9/other"}, "queue already has a consumer"},
 		{"database not migrated", empty, []string{"queues"}, "(is the database migrated? run `bellhop migrate`)"},
 		{"database not migrated for run", empty, []string{"run", "--http-addr", "127.0.0.1:0"}, "database has no Bellhop schema: run `bellhop migrate`"},
 		{"database schema behind", behind, []string{"run", "--http-addr", "127.0.0.1:0"}, fmt.Sprintf("database schema at version %d, this code needs %d: run `bellhop migrate`", latest-1, latest)},
@@ -454,6 +457,41 @@ func TestReadmeCLIDocumentsFlags(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestReadmeExitCodes: the README's CLI section says which failures exit
+// 1, as isUsage decides: the conflicts among them, which it left out,
+// naming only an unreachable database.
+func TestReadmeExitCodes(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, found := strings.Cut(string(b), "\n## CLI\n")
+	if !found {
+		t.Fatal("README.md has no \"## CLI\" section")
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	// The clause on the exit statuses of failures in general (others
+	// give a command's own), up to its "exits 1".
+	text := strings.Join(strings.Fields(section), " ")
+	_, clause, found := strings.Cut(text, "an operational failure")
+	clause, _, found2 := strings.Cut(clause, " exits 1")
+	if !found || !found2 {
+		t.Fatal("the README's CLI section does not say which operational failures exit 1")
+	}
+	for _, err := range []error{bellhop.ErrAppExists, bellhop.ErrConsumerExists} {
+		if isUsage(fmt.Errorf("wrapped: %w", err)) {
+			t.Errorf("%v exits 2; this test expects conflicts to exit 1", err)
+		}
+		if !strings.Contains(clause, err.Error()) {
+			t.Errorf("the README's account of exit status 1 (%q) does not name %q", strings.TrimSpace(clause), err)
+		}
+	}
+	if !strings.Contains(clause, "unreachable") {
+		t.Errorf("the README's account of exit status 1 (%q) does not name an unreachable database", strings.TrimSpace(clause))
+	}
 }
 
 // TestReadmeQuickStart: the README's first command is the demo (which

@@ -12,7 +12,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 	"github.com/urfave/cli/v3"
 
@@ -20,6 +22,7 @@ import (
 	"github.com/bellhopq/bellhop/internal/httppush"
 	"github.com/bellhopq/bellhop/internal/pgcluster"
 	"github.com/bellhopq/bellhop/migrations"
+	queries "github.com/bellhopq/bellhop/sql"
 )
 
 const (
@@ -167,6 +170,10 @@ func runDemo(ctx context.Context, d *deps, cmd *cli.Command, log zerolog.Logger)
 	say("enqueuing a message every %s: most succeed, every 7th fails twice then succeeds, every 11th is rejected (dead letter), every 5th is delayed 2s. Ctrl-C to stop.", cmd.Duration("interval"))
 	tick := time.NewTicker(cmd.Duration("interval"))
 	defer tick.Stop()
+	// The run's messages carry its id, so that the dead letters counted at
+	// the end are this run's: with DATABASE_URL, demo/orders keeps those of
+	// earlier runs.
+	run := uuid.New()
 	n := 0
 produce:
 	for {
@@ -185,7 +192,7 @@ produce:
 		case n%5 == 0:
 			kind, opts.Delay = "delayed", 2*time.Second
 		}
-		payload, _ := json.Marshal(map[string]any{"n": n, "kind": kind, "sent_at_unix_nano": time.Now().UnixNano()})
+		payload, _ := json.Marshal(map[string]any{"n": n, "kind": kind, "run": run, "sent_at_unix_nano": time.Now().UnixNano()})
 		if _, err := client.Enqueue(ctx, demoApp, demoQueue, payload, opts); err != nil && ctx.Err() == nil {
 			say("enqueue #%d failed: %v", n, err)
 		}
@@ -194,7 +201,26 @@ produce:
 	if err := <-done; err != nil {
 		return err
 	}
-	dead, _ := client.DeadLetters(context.Background(), bellhop.DeadFilter{App: demoApp, Queue: demoQueue})
-	say("done: %d messages enqueued, %d deliveries, %d dead letters (see `bellhop dead ls --app demo` against a kept database)", n, delivered.Load(), len(dead))
+	dead, err := demoDeadLetters(context.Background(), pool, run)
+	if err != nil {
+		say("done: %d messages enqueued, %d deliveries; counting the dead letters failed: %v", n, delivered.Load(), err)
+		return nil
+	}
+	say("done: %d messages enqueued, %d deliveries, %d dead letters (see `bellhop dead ls --app demo` against a kept database)", n, delivered.Load(), dead)
 	return nil
+}
+
+// demoDeadLetters counts the dead letters of the demo's queue whose
+// messages run enqueued (their payload's "run"). Listing the queue's dead
+// letters instead stopped at the listing's default limit of 100, and took
+// in earlier runs' dead letters, which a database given by DATABASE_URL
+// keeps.
+func demoDeadLetters(ctx context.Context, db *pgxpool.Pool, run uuid.UUID) (int64, error) {
+	var n int64
+	err := db.QueryRow(ctx, queries.DemoDeadLetters,
+		queries.Args{"app_name": demoApp, "queue_name": demoQueue, "run": run.String()}).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("count the demo's dead letters: %w", err)
+	}
+	return n, nil
 }

@@ -14,11 +14,12 @@ import (
 // api.xn--service-bie.com, a domain anyone may register. Its xn-- form is
 // matched as written.
 func TestAllowedHostsRefuseNonASCII(t *testing.T) {
-	p := New(Options{AllowedHosts: []string{"api.service.com", "xn--bcher-kva.example"}})
+	p := New(Options{AllowedHosts: []string{"api.service.com", "xn--bcher-kva.example", "key.example"}})
 	for _, tt := range []struct {
 		url, want string // want: in the error; "" for none
 	}{
 		{"http://api.serv\u0130ce.com/hook", "is not ASCII"},
+		{"http://\u212Aey.example/hook", "is not ASCII"}, // the Kelvin sign lower-cases to k
 		{"http://bücher.example/hook", "is not ASCII"},
 		{"http://xn--bcher-kva.example/hook", ""},
 		{"https://API.service.com./hook", ""},
@@ -32,6 +33,19 @@ func TestAllowedHostsRefuseNonASCII(t *testing.T) {
 			t.Errorf("CheckURL(%s) = %v, want nil", tt.url, err)
 		case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
 			t.Errorf("CheckURL(%s) = %v, want an error with %q", tt.url, err, tt.want)
+		}
+	}
+	// An entry that is not ASCII matches nothing, though it lower-cases
+	// to an ASCII name (İ to i, the Kelvin sign to k): New does not check
+	// the list (CheckAllowedHosts refuses these), and fails closed.
+	for _, tt := range []struct{ entry, url string }{
+		{"serv\u0130ce.com", "https://service.com/hook"},
+		{"SERV\u0130CE.COM", "https://service.com/hook"},
+		{"\u212Aey.example", "https://key.example/hook"},
+		{"*.\u212Aey.example", "https://a.key.example/hook"},
+	} {
+		if err := New(Options{AllowedHosts: []string{tt.entry}}).CheckURL(tt.url); err == nil {
+			t.Errorf("allowed host %q admits %s", tt.entry, tt.url)
 		}
 	}
 	// Without a list every host is allowed, so nothing is compared.

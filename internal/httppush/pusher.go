@@ -312,6 +312,18 @@ func checkAllowedHost(h string) error {
 	return nil
 }
 
+// asciiLower lower-cases the ASCII letters of s and leaves every other
+// byte as it is.
+func asciiLower(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			b[i] = c + 'a' - 'A'
+		}
+	}
+	return string(b)
+}
+
 func isASCII(s string) bool {
 	for i := 0; i < len(s); i++ {
 		if s[i] > unicode.MaxASCII {
@@ -323,9 +335,12 @@ func isASCII(s string) bool {
 
 // normalizeHost makes hostnames comparable: lower case, without the
 // trailing dot of a fully qualified name or the brackets of an IPv6
-// literal.
+// literal. Only ASCII letters are folded, so that a name that is not ASCII
+// stays so and is refused as such: strings.ToLower would turn 'İ' (U+0130)
+// into 'i' and the Kelvin sign (U+212A) into 'k', and so an allowed host
+// "servİce.com" into service.com, which it does not name.
 func normalizeHost(h string) string {
-	h = strings.ToLower(strings.TrimSpace(h))
+	h = asciiLower(strings.TrimSpace(h))
 	h = strings.TrimSuffix(strings.TrimPrefix(h, "["), "]")
 	return strings.TrimSuffix(h, ".")
 }

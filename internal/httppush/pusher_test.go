@@ -624,6 +624,11 @@ func TestCheckAllowedHosts(t *testing.T) {
 		{hosts: []string{}},
 		{hosts: []string{"hooks.example.com", "*.svc.example.net", "EXACT.Example.ORG.", "10.0.0.1", "::1", "[::1]", "consumer", "my_consumer", "xn--bcher-kva.example"}},
 		{hosts: []string{"bücher.example"}, want: `"bücher.example": is not ASCII`},
+		// Refused though they lower-case to ASCII (İ to i, the Kelvin sign
+		// to k): checked as folded, they would pass as service.com and
+		// key.example.
+		{hosts: []string{"serv\u0130ce.com"}, want: "\"serv\u0130ce.com\": is not ASCII"},
+		{hosts: []string{"*.\u212Aey.example"}, want: "\"*.\u212Aey.example\": is not ASCII"},
 		{hosts: []string{"a.example.com", " ", ""}},
 		{hosts: []string{" b.example.com "}},
 		{hosts: []string{""}, want: "only blank entries"},
