@@ -41,6 +41,12 @@ type DeadLetter struct {
 	// out.
 	LastError string
 	DiedAt    time.Time
+	// RedriveAfter, if set, is when the last attempt's lease ends: its
+	// handler gave up on work that may still be running (an HTTP push left
+	// unanswered, a handler cut off at its lease's end). A redrive before
+	// then enqueues the message to be delivered then, not at once, so that
+	// no second consumer gets it while that lease holds.
+	RedriveAfter *time.Time
 }
 
 // DeadFilter selects dead letters. Empty fields select everything: App ""
@@ -97,7 +103,7 @@ func (c *Client) DeadLetters(ctx context.Context, f DeadFilter) ([]DeadLetter, e
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadLetter, error) {
 		var d DeadLetter
 		err := r.Scan(&d.ID, &d.Source, &d.App, &d.Queue, &d.ConsumerID, &d.Payload, &d.EnqueuedAt,
-			&d.DeliverAfter, &d.Attempt, &d.MaxAttempts, &d.EnqueuedBy, &d.LastError, &d.DiedAt)
+			&d.DeliverAfter, &d.Attempt, &d.MaxAttempts, &d.EnqueuedBy, &d.LastError, &d.DiedAt, &d.RedriveAfter)
 		return d, err
 	})
 	if err != nil {

@@ -883,7 +883,9 @@ func (l *lane) decide(st *consumerState, m *Message, err, cause error) claim.Out
 		hold = m.lease.timeout()
 	}
 	if m.Attempt >= m.MaxAttempts {
-		return claim.Outcome{Verdict: claim.DeadLetter, Queue: st.Queue,
+		// The hold goes with the dead letter: a redrive must not hand the
+		// message to another consumer while this work may still run.
+		return claim.Outcome{Verdict: claim.DeadLetter, Queue: st.Queue, HoldLease: hold,
 			Error: fmt.Sprintf("attempts exhausted (%d of %d): %v", m.Attempt, m.MaxAttempts, err)}
 	}
 	delay := backoff.Delay(m.Attempt, st.BackoffBase, st.BackoffCap)

@@ -16,6 +16,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/bellhopq/bellhop"
+	queries "github.com/bellhopq/bellhop/sql"
 )
 
 // deadLetter inserts a dead letter of app's queue, as a dispatcher
@@ -236,5 +237,48 @@ func TestQueuesCountInvokeDeliveries(t *testing.T) {
 	}
 	if len(qs) != 1 || qs[0].Dead != 3 || qs[0].Ready != 1 || qs[0].Delayed != 1 || len(ds) != 3 {
 		t.Errorf("Queues: %+v, DeadLetters: %d; want one queue with 1 ready, 1 delayed and 3 dead, and 3 listed", qs, len(ds))
+	}
+}
+
+// TestDeadListReadsNewestFirst: listing one app's dead letters reads its
+// newest from idx_dead_letters_died and stops at the limit. Filtered
+// through the join with apps, it read and sorted every dead letter.
+func TestDeadListReadsNewestFirst(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	shop, other := e.app("shop"), e.app("other")
+	for _, a := range []bellhop.App{shop, other} {
+		e.exec(`INSERT INTO dead_letters (id, source, app_id, queue_name, payload, enqueued_at, attempt, max_attempts, last_error, died_at)
+			SELECT gen_random_uuid(), 'queue', $1, 'q' || (g % 20), '{}', now(), 3, 3, 'boom', now() - g * interval '1 second'
+			FROM generate_series(1, 20000) g`, a.ID)
+	}
+	e.exec(`ANALYZE dead_letters`)
+	sql := strings.NewReplacer("@app_name", "'shop'", "@queue_name", "NULL", "@id", "NULL", "@max_rows", "100").
+		Replace(queries.DeadList)
+	var plan strings.Builder
+	rows, err := e.pool.Query(e.ctx, "EXPLAIN "+sql)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var line string
+		if err := rows.Scan(&line); err != nil {
+			t.Fatal(err)
+		}
+		plan.WriteString(line + "\n")
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	p := plan.String()
+	if !strings.Contains(p, "idx_dead_letters_died") || strings.Contains(p, "Sort") || strings.Contains(p, "Seq Scan") {
+		t.Errorf("listing one app's dead letters does not read them newest first from idx_dead_letters_died:\n%s", p)
+	}
+	got, err := e.client.DeadLetters(e.ctx, bellhop.DeadFilter{App: "shop", Limit: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 || got[0].App != "shop" || !got[0].DiedAt.After(got[1].DiedAt) || !got[1].DiedAt.After(got[2].DiedAt) {
+		t.Errorf("listed %d dead letters, want shop's 3 newest, newest first: %+v", len(got), got)
 	}
 }

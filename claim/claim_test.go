@@ -118,8 +118,9 @@ func TestClaimPlan(t *testing.T) {
 				{name: "nack.sql", sql: queries.Nack, indexes: pkeys, args: slices.Concat(
 					settle, []planArg{{"q_delays_ms", "bigint[]", "'{1000}'"}, {"q_holds_ms", "bigint[]", "'{0}'"}},
 					outbox, []planArg{{"o_delays_ms", "bigint[]", "'{1000}'"}, {"o_holds_ms", "bigint[]", "'{0}'"}})},
-				{name: "dead_letter.sql", sql: queries.DeadLetter, indexes: pkeys, args: slices.Concat(settle, []planArg{{"q_errors", "text[]", "'{boom}'"}},
-					outbox, []planArg{{"o_errors", "text[]", "'{boom}'"}, {"o_queue_names", "text[]", "'{q}'"}})},
+				{name: "dead_letter.sql", sql: queries.DeadLetter, indexes: pkeys, args: slices.Concat(settle,
+					[]planArg{{"q_errors", "text[]", "'{boom}'"}, {"q_holds_ms", "bigint[]", "'{0}'"}},
+					outbox, []planArg{{"o_errors", "text[]", "'{boom}'"}, {"o_queue_names", "text[]", "'{q}'"}, {"o_holds_ms", "bigint[]", "'{0}'"}})},
 				// Its sort is of the queues to wake, at most one per message.
 				{name: "release.sql", sql: queries.Release, indexes: pkeys, sorts: true, args: slices.Concat(
 					settle, []planArg{{"q_holds_ms", "bigint[]", "'{0}'"}}, outbox, []planArg{{"o_holds_ms", "bigint[]", "'{0}'"}})},

@@ -45,7 +45,9 @@ type Outcome struct {
 	// HoldLease, for a Nack or a Release, keeps the message invisible
 	// until its lease of this length would have ended (from claimed_at),
 	// if that is later than Delay: its handler was abandoned before the
-	// lease ran out, and the work it gave up on may still be running.
+	// lease ran out, and the work it gave up on may still be running. For
+	// a DeadLetter, a redrive before then enqueues the message to be
+	// delivered then.
 	HoldLease time.Duration
 	// Error, for a DeadLetter, is the last error, kept with the dead
 	// letter as valid UTF-8 with no NUL bytes, cut to MaxErrorBytes
@@ -188,8 +190,9 @@ func Write(ctx context.Context, db *pgxpool.Pool, outcomes []Outcome) (Applied, 
 	}
 	if dead.n > 0 {
 		b.Queue(queries.DeadLetter, queries.Args{
-			"q_ids": dead.q.ids, "q_tokens": dead.q.tokens, "q_errors": dead.q.errors,
+			"q_ids": dead.q.ids, "q_tokens": dead.q.tokens, "q_errors": dead.q.errors, "q_holds_ms": dead.q.holds,
 			"o_ids": dead.o.ids, "o_tokens": dead.o.tokens, "o_errors": dead.o.errors, "o_queue_names": dead.o.queues,
+			"o_holds_ms": dead.o.holds,
 		})
 	}
 	if release.n > 0 {

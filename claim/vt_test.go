@@ -2,6 +2,7 @@ package claim_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -348,5 +349,116 @@ func TestInvokeFloorAfterRename(t *testing.T) {
 		if floor, _ := vtFloor(t, pool, appID, q); floor != 20 {
 			t.Errorf("floor of queue %q: %ds, want 20s", q, floor)
 		}
+	}
+}
+
+// TestLeaseEnd: bellhop_lease_end is the reclaim's rule (bellhop_reclaim_vt
+// applied while the floor lasts) as a time: a lease ends once its own
+// timeout has run and either the floor's has too or the floor is over.
+func TestLeaseEnd(t *testing.T) {
+	ctx := context.Background()
+	pool, _, appID := setup(t)
+	var t0 time.Time
+	if err := pool.QueryRow(ctx, `SELECT now()`).Scan(&t0); err != nil {
+		t.Fatal(err)
+	}
+	const none = -1
+	tests := []struct {
+		name      string
+		vt        int     // the consumer's timeout, seconds
+		floorVT   int     // the queue's floor (none: no floor)
+		floorEnds float64 // seconds from t0; 0: pending ('infinity')
+		want      float64 // the lease's end, seconds after its claim at t0
+	}{
+		{"no floor", 1, none, 0, 1},
+		{"floor lasts", 1, 20, 60, 20},
+		{"floor ends first", 1, 20, 10, 10},
+		{"floor ends before the timeout", 5, 20, 3, 5},
+		{"floor pending", 1, 20, 0, 20},
+		{"floor over", 1, 20, -1, 1},
+		{"floor shorter than the timeout", 5, 1, 60, 5},
+	}
+	for i, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			queue := fmt.Sprintf("q%d", i)
+			if tc.floorVT != none {
+				until := "greatest($4::timestamptz, 'infinity')"
+				if tc.floorEnds != 0 {
+					until = fmt.Sprintf("$4::timestamptz + %g * interval '1 second'", tc.floorEnds)
+				}
+				_, err := pool.Exec(ctx, `INSERT INTO bellhop_vt_floors (app_id, queue_name, vt_secs, until)
+					VALUES ($1, $2, $3, `+until+`)`, appID, queue, tc.floorVT, t0)
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			var got float64
+			err := pool.QueryRow(ctx, `SELECT extract(epoch FROM bellhop_lease_end($1, $2, $3, $4) - $4)::float8`,
+				appID, queue, tc.vt, t0).Scan(&got)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != tc.want {
+				t.Errorf("lease ends %gs after its claim, want %gs", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestReclaimTimerAtFloorEnd: a lease taken under a lowered timeout (1s)
+// while the old one's floor (20s) has 3s left is reclaimable when the
+// floor ends, and the next lease expiry that arms every reclaimer's timer
+// says so. It said the claim plus 20s: the timer slept past a dead
+// consumer's lease by up to the old timeout.
+func TestReclaimTimerAtFloorEnd(t *testing.T) {
+	ctx := context.Background()
+	pool, c, appID := setup(t)
+	cons, err := c.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "app", Queue: "q", VisibilityTimeout: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := c.Enqueue(ctx, "app", "q", []byte(`1`), bellhop.EnqueueOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vt := time.Second
+	if err := c.UpdateConsumer(ctx, "app", cons.ID, bellhop.ConsumerUpdate{VisibilityTimeout: &vt}); err != nil {
+		t.Fatal(err)
+	}
+	if floor, _ := vtFloor(t, pool, appID, "q"); floor != 20 {
+		t.Fatalf("floor %ds, want 20s", floor)
+	}
+	// As if the change were 23s old: the floor has 3s left.
+	if _, err := pool.Exec(ctx, `UPDATE bellhop_vt_floors SET until = clock_timestamp() + interval '3 seconds'`); err != nil {
+		t.Fatal(err)
+	}
+	floorEnd := time.Now().Add(3 * time.Second)
+	m := claimOne(t, pool, claim.Target{Source: claim.Queue, AppID: appID, Queue: "q", TriggerID: cons.ID}, id)
+	if m.VisibilityTimeout != vt {
+		t.Fatalf("claimed with a %s timeout, want %s", m.VisibilityTimeout, vt)
+	}
+	// The claim's dispatcher dies here.
+	var released int64
+	r := reclaim.New(pool, zerolog.Nop(), 5*time.Second, func(res reclaim.Result) { released += res.Released })
+	next, err := r.Pass(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := next.Sub(floorEnd); d < -time.Second || d > time.Second {
+		t.Fatalf("next lease expiry %s after the floor's end, want within 1s of it (the lease ends with the floor)", d.Round(time.Millisecond))
+	}
+	// And the reclaim takes the lease then.
+	deadline := floorEnd.Add(5 * time.Second)
+	for released == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("lease not reclaimed 5s after the floor ended")
+		}
+		time.Sleep(100 * time.Millisecond)
+		if _, err := r.Pass(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if early := floorEnd.Sub(time.Now()); early > time.Second {
+		t.Fatalf("lease reclaimed %s before the floor ended", early.Round(time.Millisecond))
 	}
 }

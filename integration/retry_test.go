@@ -241,3 +241,89 @@ func TestAbandonedHandlerKeepsItsLease(t *testing.T) {
 		})
 	}
 }
+
+// TestRedriveAfterAbandonedLastAttempt: a last attempt whose handler gave
+// up on work that may still run (cut off at its lease's end, or
+// ErrAbandoned) is dead-lettered with its lease's end, and a redrive
+// before then delivers the message no earlier: redriven at once, it went
+// to a second handler while the first lease held. A message rejected for
+// good leaves nothing running, and its redrive is delivered at once.
+func TestRedriveAfterAbandonedLastAttempt(t *testing.T) {
+	const vt = 3 * time.Second
+	for _, c := range []struct {
+		name string
+		// untilLease: attempt 1 runs until its context ends (the lease
+		// runs short); otherwise it fails at once.
+		untilLease bool
+		fail       func(ctx context.Context) error // attempt 1's result
+		held       bool                            // whether the redrive waits for the lease's end
+	}{
+		{"lease ran short", true, func(ctx context.Context) error { return ctx.Err() }, true},
+		{"ErrAbandoned", false, func(context.Context) error {
+			return fmt.Errorf("no answer within 10ms: %w", bellhop.ErrAbandoned)
+		}, true},
+		{"rejected", false, func(context.Context) error { return bellhop.Permanent(errors.New("bad order")) }, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t)
+			e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", VisibilityTimeout: vt, MaxAttempts: 1})
+			type attempt struct{ start, claimedAt time.Time }
+			var mu sync.Mutex
+			var attempts []attempt
+			mux := bellhop.NewMux()
+			mux.Handle("app", "orders", bellhop.HandlerFunc(func(ctx context.Context, m *bellhop.Message) error {
+				a := attempt{start: time.Now()}
+				if err := e.pool.QueryRow(context.Background(),
+					`SELECT claimed_at FROM queue_messages WHERE id = $1`, m.ID).Scan(&a.claimedAt); err != nil {
+					t.Errorf("read claimed_at: %v", err)
+				}
+				mu.Lock()
+				attempts = append(attempts, a)
+				n := len(attempts)
+				mu.Unlock()
+				if n > 1 {
+					return nil
+				}
+				if c.untilLease {
+					<-ctx.Done()
+				}
+				return c.fail(ctx)
+			}))
+			startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour}, nil)
+			id := e.enqueue(t, "orders", 1, bellhop.EnqueueOptions{})
+			waitFor(t, 10*time.Second, "the dead letter", func() bool {
+				return e.count(t, `SELECT count(*) FROM dead_letters WHERE id = $1`, id) == 1
+			})
+			ds, err := e.client.DeadLetters(context.Background(), bellhop.DeadFilter{App: "app", ID: id})
+			if err != nil || len(ds) != 1 {
+				t.Fatalf("DeadLetters: %d, %v; want 1", len(ds), err)
+			}
+			if got := ds[0].RedriveAfter; c.held != (got != nil) {
+				t.Errorf("dead letter's RedriveAfter = %v, want it set: %t", got, c.held)
+			}
+			if n, err := e.client.Redrive(context.Background(), "app", "", id); err != nil || n != 1 {
+				t.Fatalf("Redrive: %d, %v; want 1 moved", n, err)
+			}
+			waitFor(t, 10*time.Second, "the redriven delivery", func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return len(attempts) == 2
+			})
+			mu.Lock()
+			first, second := attempts[0], attempts[1]
+			mu.Unlock()
+			leaseEnd := first.claimedAt.Add(vt)
+			if c.held && !ds[0].RedriveAfter.Equal(leaseEnd) {
+				t.Errorf("dead letter's RedriveAfter = %s, want the lease's end, %s", ds[0].RedriveAfter, leaseEnd)
+			}
+			t.Logf("attempt 1 claimed at %s; the redriven delivery started %s after its lease's end",
+				first.claimedAt.Format("15:04:05.000"), second.start.Sub(leaseEnd))
+			if c.held && second.start.Before(leaseEnd) {
+				t.Errorf("the redriven message was delivered %s before the last attempt's lease ended", leaseEnd.Sub(second.start))
+			}
+			if !c.held && !second.start.Before(leaseEnd) {
+				t.Errorf("the redriven message waited for the lease's end, with nothing left running")
+			}
+		})
+	}
+}

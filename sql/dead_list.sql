@@ -1,8 +1,12 @@
--- Dead letters of one app, optionally of one queue, newest first.
+-- Dead letters of one app (or of all), optionally of one queue or with one
+-- id, newest first. The app is looked up first, so that its dead letters
+-- are read newest first from idx_dead_letters_died (migration 0059) and
+-- the scan stops at @max_rows; filtered through the join, every dead
+-- letter of the table was read and sorted.
 SELECT d.id, d.source, a.name, d.queue_name, d.trigger_id, d.payload, d.enqueued_at,
-       d.deliver_after, d.attempt, d.max_attempts, d.enqueued_by_principal, d.last_error, d.died_at
+       d.deliver_after, d.attempt, d.max_attempts, d.enqueued_by_principal, d.last_error, d.died_at, d.redrive_after
 FROM dead_letters d JOIN apps a ON a.id = d.app_id
-WHERE (@app_name::text IS NULL OR a.name = @app_name)
+WHERE (@app_name::text IS NULL OR d.app_id = (SELECT id FROM apps WHERE name = @app_name))
   AND (@queue_name::text IS NULL OR d.queue_name = @queue_name)
   AND (@id::uuid IS NULL OR d.id = @id)
 ORDER BY d.died_at DESC, d.id

@@ -1,5 +1,7 @@
 -- Moves dead letters back for another round of attempts (attempt 0, no
--- claim, deliverable now, enqueued now: behind the queue's backlog, and
+-- claim, deliverable now, or at its redrive_after if that is later: the
+-- end of the last attempt's lease, for work that may still run, migration
+-- 0059; enqueued now: behind the queue's backlog, and
 -- with its age and latency counted from the redrive, not from a first
 -- enqueue that may be days old): 'queue' ones into queue_messages, whose insert
 -- trigger wakes the dispatchers, and 'invoke' ones into the outbox. Selected
@@ -35,6 +37,7 @@ WITH cand AS (
       AND (@queue_name::text IS NULL OR d.queue_name = @queue_name)
 ), sel AS (
     SELECT d.id, d.app_id, d.source, d.queue_name, d.trigger_id, d.payload, d.max_attempts, d.enqueued_by_principal,
+           CASE WHEN d.redrive_after > now() THEN d.redrive_after END AS deliver_after,
            d.source = 'invoke'
                AND NOT EXISTS (SELECT 1 FROM triggers t WHERE t.id = d.trigger_id FOR KEY SHARE) AS consumer_gone
     FROM dead_letters d
@@ -42,14 +45,14 @@ WITH cand AS (
     WHERE NOT c.id_live
     FOR UPDATE OF d
 ), q AS (
-    INSERT INTO queue_messages (id, app_id, queue_name, payload, enqueued_at, max_attempts, enqueued_by_principal)
-    SELECT id, app_id, queue_name, payload, now(), max_attempts, enqueued_by_principal
+    INSERT INTO queue_messages (id, app_id, queue_name, payload, enqueued_at, deliver_after, max_attempts, enqueued_by_principal)
+    SELECT id, app_id, queue_name, payload, now(), deliver_after, max_attempts, enqueued_by_principal
     FROM sel WHERE source = 'queue'
     ON CONFLICT (id) DO NOTHING
     RETURNING id, app_id
 ), o AS (
-    INSERT INTO outbox (id, app_id, source_kind, trigger_id, payload, enqueued_at, max_attempts)
-    SELECT id, app_id, 'invoke', trigger_id, payload, now(), max_attempts
+    INSERT INTO outbox (id, app_id, source_kind, trigger_id, payload, enqueued_at, deliver_after, max_attempts)
+    SELECT id, app_id, 'invoke', trigger_id, payload, now(), deliver_after, max_attempts
     FROM sel WHERE source = 'invoke' AND NOT consumer_gone
     ON CONFLICT (id) DO NOTHING
     RETURNING id, app_id

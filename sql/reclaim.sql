@@ -72,7 +72,7 @@ WITH floors AS (
         trigger_id = EXCLUDED.trigger_id, payload = EXCLUDED.payload, enqueued_at = EXCLUDED.enqueued_at,
         deliver_after = EXCLUDED.deliver_after, attempt = EXCLUDED.attempt, max_attempts = EXCLUDED.max_attempts,
         enqueued_by_principal = EXCLUDED.enqueued_by_principal, last_error = EXCLUDED.last_error,
-        died_at = EXCLUDED.died_at
+        died_at = EXCLUDED.died_at, redrive_after = EXCLUDED.redrive_after
     RETURNING 1
 ), wake AS (
     SELECT DISTINCT 'q:' || app_id::text || ':' || queue_name AS payload FROM released_q
