@@ -430,10 +430,9 @@ func TestNoArgumentCommandsRefuseArguments(t *testing.T) {
 	}
 }
 
-// TestReadmeCLIDocumentsFlags: the README's CLI section names every
-// command and every flag that --help shows.
-func TestReadmeCLIDocumentsFlags(t *testing.T) {
-	t.Parallel()
+// readmeCLI returns the README's "## CLI" section.
+func readmeCLI(t *testing.T) string {
+	t.Helper()
 	b, err := os.ReadFile("../../README.md")
 	if err != nil {
 		t.Fatal(err)
@@ -443,6 +442,14 @@ func TestReadmeCLIDocumentsFlags(t *testing.T) {
 		t.Fatal("README.md has no \"## CLI\" section")
 	}
 	section, _, _ = strings.Cut(section, "\n## ")
+	return section
+}
+
+// TestReadmeCLIDocumentsFlags: the README's CLI section names every
+// command and every flag that --help shows.
+func TestReadmeCLIDocumentsFlags(t *testing.T) {
+	t.Parallel()
+	section := readmeCLI(t)
 	flag := func(name string) *regexp.Regexp {
 		return regexp.MustCompile(`--` + regexp.QuoteMeta(name) + `\b`)
 	}
@@ -464,15 +471,7 @@ func TestReadmeCLIDocumentsFlags(t *testing.T) {
 // naming only an unreachable database.
 func TestReadmeExitCodes(t *testing.T) {
 	t.Parallel()
-	b, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, section, found := strings.Cut(string(b), "\n## CLI\n")
-	if !found {
-		t.Fatal("README.md has no \"## CLI\" section")
-	}
-	section, _, _ = strings.Cut(section, "\n## ")
+	section := readmeCLI(t)
 	// The clause on the exit statuses of failures in general (others
 	// give a command's own), up to its "exits 1".
 	text := strings.Join(strings.Fields(section), " ")
