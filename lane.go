@@ -345,6 +345,7 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 		if !st.Enabled {
 			l.dropMark(ctx)
 			l.withdraw(ctx)
+			l.releasePending()
 			return time.Time{}, claimed
 		}
 		if l.inFlight.Load() > 0 {

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -300,14 +301,19 @@ func latest(a, b time.Time) time.Time {
 }
 
 // leased delivers a message a producer leased to this lane, as soon as a
-// slot is free; until then it waits, and its lease runs.
+// slot is free. Until then it waits and its lease runs, but no longer than
+// a delivery could still start (deliver's limit): then it is released,
+// its attempt refunded. Left waiting, the lease ran out and the reclaimer
+// took it, spending the attempt undelivered, and dead-lettering the
+// message if that was its last.
 func (l *lane) leased(cm *claim.Message) {
 	st := l.state.Load()
 	if !st.Enabled || l.ctx.Err() != nil {
 		l.d.releaseLeased(cm, l.target)
 		return
 	}
-	if end := cm.LeasedAt.Add(leaseTimeout(st, cm)); time.Now().Before(end) {
+	vt := leaseTimeout(st, cm)
+	if end := cm.LeasedAt.Add(vt); time.Now().Before(end) {
 		l.d.reclaim.Observe(end)
 	} // else deliver releases it at once, and the reclaimer need not race it
 	l.d.fired(st.ID)
@@ -315,14 +321,57 @@ func (l *lane) leased(cm *claim.Message) {
 	l.pending = append(l.pending, cm)
 	l.pendMu.Unlock()
 	l.startPending()
+	l.pendMu.Lock()
+	waits := slices.Contains(l.pending, cm)
+	l.pendMu.Unlock()
+	if waits {
+		time.AfterFunc(time.Until(cm.LeasedAt.Add(vt-leaseMargin(vt))), func() {
+			if l.unpend(cm) {
+				l.d.releaseLeased(cm, l.target)
+			}
+		})
+	}
 }
 
-// startPending starts waiting leased messages while slots are free.
+// unpend takes cm off the waiting leased messages, and reports whether it
+// was still there (not started, released or taken by another unpend).
+func (l *lane) unpend(cm *claim.Message) bool {
+	l.pendMu.Lock()
+	defer l.pendMu.Unlock()
+	i := slices.Index(l.pending, cm)
+	if i < 0 {
+		return false
+	}
+	l.pending = slices.Delete(l.pending, i, i+1)
+	return true
+}
+
+// releasePending releases every waiting leased message: the lane's
+// consumer was paused, and nothing may start on it.
+func (l *lane) releasePending() {
+	l.pendMu.Lock()
+	waiting := l.pending
+	l.pending = nil
+	l.pendMu.Unlock()
+	for _, cm := range waiting {
+		l.d.releaseLeased(cm, l.target)
+	}
+}
+
+// startPending starts waiting leased messages while slots are free, and
+// releases them if the lane's consumer was paused meanwhile: a paused
+// consumer starts nothing, as a claim would not.
 func (l *lane) startPending() {
 	l.pendMu.Lock()
 	defer l.pendMu.Unlock()
 	for len(l.pending) > 0 {
 		st := l.state.Load()
+		if !st.Enabled {
+			cm := l.pending[0]
+			l.pending = l.pending[1:]
+			l.d.releaseLeased(cm, l.target)
+			continue
+		}
 		if !l.acquire(st.MaxInFlight) {
 			return
 		}

@@ -299,6 +299,131 @@ func TestLeaseAtInsertMaxInFlight(t *testing.T) {
 	waitFor(t, 5*time.Second, "an offer once the slot is free", func() bool { return e.offers(t) == 1 })
 }
 
+// leaseWaitingForSlot starts a leasing dispatcher whose consumer
+// (MaxInFlight 1, visibility timeout vt) runs a claimed "blocker" until
+// release is closed, renewing its lease meanwhile, and then has a message
+// leased at INSERT to the offer left out while the blocker holds the slot.
+// It returns the dispatcher, the handler's recorder and the leased
+// message's id.
+func leaseWaitingForSlot(t *testing.T, e *env, vt time.Duration, opts bellhop.EnqueueOptions, release chan struct{}) (*running, *recorder, uuid.UUID) {
+	t.Helper()
+	rec := &recorder{result: func(ctx context.Context, m *bellhop.Message) error {
+		if string(m.Payload) != `"blocker"` {
+			return nil
+		}
+		for {
+			select {
+			case <-release:
+				return nil
+			case <-time.After(vt / 5):
+				if err := m.ExtendLease(ctx); err != nil {
+					return err
+				}
+			}
+		}
+	}}
+	d, _ := startLeasing(t, e, bellhop.ConsumerSpec{MaxInFlight: 1, VisibilityTimeout: vt}, rec, bellhop.DispatcherConfig{})
+	waitFor(t, 5*time.Second, "the first message delivered", func() bool { return rec.n.Load() == 1 })
+	// Not due yet, so not leased: the lane's timer claims it, and it
+	// holds the only slot while the offer stays out.
+	e.enqueue(t, "orders", "blocker", bellhop.EnqueueOptions{Delay: 300 * time.Millisecond})
+	waitFor(t, 5*time.Second, "the blocker claimed", func() bool {
+		return e.count(t, `SELECT count(*) FROM queue_messages WHERE claim_token IS NOT NULL`) == 1
+	})
+	id := e.enqueue(t, "orders", "leased", opts)
+	waitFor(t, 5*time.Second, "the lease made", func() bool { return d.LeaseStats().Leased == 1 })
+	return d, rec, id
+}
+
+// TestLeaseWaitingForSlotIsReleased: a lease waiting for a busy slot is
+// given back, its attempt refunded, once a delivery could no longer start
+// in time; the message is delivered later on its first attempt. It used
+// to wait until the reclaimer took the lease, spending the attempt
+// undelivered: on a last attempt, a dead letter never delivered.
+func TestLeaseWaitingForSlotIsReleased(t *testing.T) {
+	e := newEnv(t)
+	release := make(chan struct{})
+	_, rec, id := leaseWaitingForSlot(t, e, 2*time.Second, bellhop.EnqueueOptions{MaxAttempts: 1}, release)
+	waitFor(t, 5*time.Second, "the waiting lease released, its attempt refunded", func() bool {
+		if _, dead := e.deadLetterOf(t, id); dead {
+			t.Fatalf("the leased message was dead-lettered without ever being delivered")
+		}
+		return e.count(t, `SELECT count(*) FROM queue_messages WHERE id = $1 AND claim_token IS NULL AND attempt = 0`, id) == 1
+	})
+	close(release)
+	waitFor(t, 10*time.Second, "the message delivered", func() bool { return rec.n.Load() == 3 })
+	if got := rec.deliveries()[2]; got.ID != id || got.Attempt != 1 {
+		t.Errorf("third delivery %s attempt %d; want %s, attempt 1", got.ID, got.Attempt, id)
+	}
+}
+
+// TestLeaseWaitingForSlotPaused: pausing a consumer releases the leases
+// waiting for its slot; none starts once the slot frees. They used to
+// start on the paused consumer when the slot freed.
+func TestLeaseWaitingForSlotPaused(t *testing.T) {
+	e := newEnv(t)
+	release := make(chan struct{})
+	_, rec, id := leaseWaitingForSlot(t, e, time.Minute, bellhop.EnqueueOptions{}, release)
+	c, err := e.client.ConsumerOf(context.Background(), "app", "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.client.SetConsumerEnabled(context.Background(), "app", c.ID, false); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the waiting lease released", func() bool {
+		return e.count(t, `SELECT count(*) FROM queue_messages WHERE id = $1 AND claim_token IS NULL AND attempt = 0`, id) == 1
+	})
+	close(release)
+	waitFor(t, 5*time.Second, "the blocker acked", func() bool { return rec.n.Load() == 2 })
+	holdsFor(t, 300*time.Millisecond, "the leased message undelivered while paused", func() bool {
+		return rec.n.Load() == 2
+	})
+}
+
+// TestLeaseOfferLockedThroughPolls: an offer a producer holds locked
+// (taking it, uncommitted) stays the lane's only offer however many polls
+// pass, and after the producer rolls back, the offer is still the only
+// one: one INSERT of two messages leases one of them. The poll used to
+// count a locked offer taken, and the lane offered again: two offers out,
+// two leases for a lane with one slot, and one waiting for it.
+func TestLeaseOfferLockedThroughPolls(t *testing.T) {
+	e := newEnv(t)
+	rec := &recorder{}
+	d, _ := startLeasing(t, e, bellhop.ConsumerSpec{MaxInFlight: 1}, rec, bellhop.DispatcherConfig{PollInterval: time.Second})
+	waitFor(t, 5*time.Second, "the first message delivered", func() bool { return rec.n.Load() == 1 })
+	waitFor(t, 5*time.Second, "the offer", func() bool { return e.offers(t) == 1 })
+	ctx := context.Background()
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := e.client.EnqueueTx(ctx, tx, "app", "orders", []byte(`"rolled back"`), bellhop.EnqueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The lease runs now, taking the offer, not at COMMIT.
+	if _, err := tx.Exec(ctx, `SET CONSTRAINTS queue_messages_notify IMMEDIATE`); err != nil {
+		t.Fatal(err)
+	}
+	// Polls come every 0.9 – 1.1 s, and an offer not extended (this one
+	// is locked) lives three intervals from the last poll before.
+	holdsFor(t, 2*time.Second, "one offer while a producer holds it, through a poll or two", func() bool { return e.offers(t) == 1 })
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	holdsFor(t, 300*time.Millisecond, "one offer after the rollback", func() bool { return e.offers(t) == 1 })
+	if _, err := e.client.EnqueueMany(ctx, "app", []bellhop.NewMessage{
+		{Queue: "orders", Payload: []byte(`"a"`)}, {Queue: "orders", Payload: []byte(`"b"`)},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "both delivered", func() bool { return rec.n.Load() == 3 })
+	if n := d.LeaseStats().Leased; n != 1 {
+		t.Errorf("%d messages leased at INSERT, want 1: the lane had one offer", n)
+	}
+}
+
 // TestLeaseAtInsertPaused: pausing a consumer withdraws its offer, so no
 // message is leased to a paused consumer; resuming delivers them.
 func TestLeaseAtInsertPaused(t *testing.T) {

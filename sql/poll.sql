@@ -18,8 +18,14 @@
 --     listing @offers) and
 --     those of dispatchers gone for an hour, and returns the tokens still
 --     on offer: one of @offers missing from them was taken, or lost with
---     the UNLOGGED table. Both skip offers a producer has locked, since
---     that producer is taking the offer and may not commit for a while;
+--     the UNLOGGED table. The extension and the deletion skip offers a
+--     producer has locked, since that producer is taking the offer and
+--     may not commit for a while; the tokens returned include them, as
+--     they were in the statement's snapshot. A producer that commits sends
+--     the lease's notification (and a lost one is recovered by the next
+--     poll, which no longer finds the offer); one that rolls back leaves
+--     the offer out, and had the dispatcher counted it taken, its lane
+--     would have offered again and had two offers out;
 --   * reads the database's clock, which bounds again how far it is ahead
 --     of the dispatcher's for the offers still out (offers.go, afterPoll).
 -- It writes only offers, and sends the NOTIFY, delivered at commit.
@@ -73,5 +79,6 @@ SELECT pg_notify('bellhop', @heartbeat::text) IS NULL AS sent,
                              AND coalesce(m.deliver_after, m.enqueued_at) <= now() - @grace_ms * interval '1 millisecond')
        ) AS invoke_stale,
        bellhop_next_lease_expiry(@default_vt_secs) AS next_lease_expiry,
-       ARRAY(SELECT token FROM refreshed) AS live_offers,
+       ARRAY(SELECT token FROM bellhop_offers
+             WHERE owner = @owner AND token = ANY(@offers::uuid[])) AS live_offers,
        clock_timestamp() AS db_now

@@ -225,12 +225,16 @@ func exampleConsumerCommand(d *deps) *cli.Command {
 					http.Error(w, "read body", http.StatusBadRequest)
 					return
 				}
-				secret, err := os.ReadFile(cmd.String("secret-file"))
-				if err != nil {
+				// A file not written yet, or caught empty mid-write, has no
+				// secret: 503, which Bellhop retries. A 401 would
+				// dead-letter the message at once.
+				raw, err := os.ReadFile(cmd.String("secret-file"))
+				secret := strings.TrimSpace(string(raw))
+				if err != nil || secret == "" {
 					http.Error(w, "no secret yet", http.StatusServiceUnavailable)
 					return
 				}
-				if err := bellhop.VerifyPush(strings.TrimSpace(string(secret)), r.Header, body, time.Now(), cmd.Duration("replay-window")); err != nil {
+				if err := bellhop.VerifyPush(secret, r.Header, body, time.Now(), cmd.Duration("replay-window")); err != nil {
 					fmt.Fprintf(d.stdout, "rejected a request: %v\n", err)
 					http.Error(w, err.Error(), http.StatusUnauthorized)
 					return

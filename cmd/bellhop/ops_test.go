@@ -1,13 +1,16 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -313,6 +316,55 @@ func TestEnqueueStdin(t *testing.T) {
 	if n := queryInt(t, pool, `SELECT count(*) FROM (SELECT (payload->>'n')::int AS n, row_number() OVER (ORDER BY enqueued_at, id) AS r
 		FROM queue_messages WHERE queue_name = 'q2') x WHERE n <> r`); n != 0 {
 		t.Errorf("%d messages out of order", n)
+	}
+}
+
+// TestExampleConsumerSecretFile: the example consumer answers 503 (which
+// Bellhop retries) while its secret file is missing or holds no secret,
+// and verifies with the secret once it is there. An empty file, as while
+// the file is being written, got 401, which dead-letters the message.
+func TestExampleConsumerSecretFile(t *testing.T) {
+	t.Parallel()
+	secretFile := filepath.Join(t.TempDir(), "orders")
+	consumer := start(t, nil, "example-consumer", "--addr", "127.0.0.1:0", "--secret-file", secretFile)
+	addr := consumer.waitLine(false, regexp.MustCompile(`^example consumer listening on (\S+)$`), 20*time.Second)[1]
+	push := func() int {
+		t.Helper()
+		body := []byte(`{}`)
+		req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/hook", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts := time.Now().Unix()
+		req.Header.Set(bellhop.HeaderTimestamp, strconv.FormatInt(ts, 10))
+		req.Header.Set(bellhop.HeaderSignature, bellhop.SignPush("the-secret", ts, body))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	ptr := func(s string) *string { return &s }
+	for _, tt := range []struct {
+		name    string
+		content *string // nil: no file
+		want    int
+	}{
+		{"missing", nil, http.StatusServiceUnavailable},
+		{"empty", ptr(""), http.StatusServiceUnavailable},
+		{"blank", ptr(" \n"), http.StatusServiceUnavailable},
+		{"another secret", ptr("not-the-secret\n"), http.StatusUnauthorized},
+		{"the secret", ptr("the-secret\n"), http.StatusNoContent},
+	} {
+		if tt.content != nil {
+			if err := os.WriteFile(secretFile, []byte(*tt.content), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := push(); got != tt.want {
+			t.Errorf("secret file %s: HTTP %d, want %d", tt.name, got, tt.want)
+		}
 	}
 }
 

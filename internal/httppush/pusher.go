@@ -28,10 +28,12 @@
 //	timeout, connection error    retry with the consumer's backoff
 //
 // A request that may have reached the consumer but got no answer (a
-// timeout, a 504 from a gateway in front of the consumer, or the
-// dispatcher stopping or its lease running short) is retried no earlier
-// than the end of the message's lease, however short the backoff: the
-// consumer may still be working on it.
+// timeout, a 504 from a gateway in front of the consumer, a connection
+// lost after the whole request was written, or the dispatcher stopping or
+// its lease running short) is retried no earlier than the end of the
+// message's lease, however short the backoff: the consumer may still be
+// working on it. That includes a keep-alive connection that the consumer
+// closed just as the request was written to it: rare, and the safe side.
 //
 // Redirects are never followed: the allow-list is checked against the
 // registered URL only, so following a redirect would let a consumer send
@@ -430,8 +432,17 @@ func (h *handler) push(ctx context.Context, m *bellhop.Message) (int, error) {
 	// Whether the request may have reached the consumer: once a
 	// connection is ours, it is on its way, and a consumer that got it
 	// may still be working on it after we stop waiting.
-	var sent atomic.Bool
-	tctx := httptrace.WithClientTrace(rctx, &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { sent.Store(true) }})
+	var sent, wrote atomic.Bool
+	tctx := httptrace.WithClientTrace(rctx, &httptrace.ClientTrace{
+		GotConn: func(httptrace.GotConnInfo) { sent.Store(true) },
+		// The whole request reached the consumer's socket: whatever then
+		// ends the exchange without an answer, it may be working on it.
+		WroteRequest: func(i httptrace.WroteRequestInfo) {
+			if i.Err == nil {
+				wrote.Store(true)
+			}
+		},
+	})
 	body := []byte(m.Payload)
 	req, err := http.NewRequestWithContext(tctx, http.MethodPost, h.url, bytes.NewReader(body))
 	if err != nil {
@@ -455,7 +466,7 @@ func (h *handler) push(ctx context.Context, m *bellhop.Message) (int, error) {
 
 	resp, err := h.p.client.Do(req)
 	if err != nil {
-		return 0, h.transportError(ctx, rctx, err, sent.Load())
+		return 0, h.transportError(ctx, rctx, err, sent.Load(), wrote.Load())
 	}
 	// Read (a bounded part of) the body whatever the status, so that the
 	// connection goes back to the pool; its start becomes the snippet.
@@ -472,10 +483,12 @@ func (h *handler) push(ctx context.Context, m *bellhop.Message) (int, error) {
 
 // transportError describes a request that got no response. It never
 // wraps *url.Error, whose text holds the full URL. A request given up
-// after it may have reached the consumer (sent) wraps bellhop.ErrAbandoned:
-// the consumer may still be working on it, so its retry waits for the end
-// of the lease.
-func (h *handler) transportError(ctx, rctx context.Context, err error, sent bool) error {
+// after it may have reached the consumer (sent: a connection was ours),
+// or whose connection failed after the whole request was written (wrote:
+// a proxy that cut it, a consumer that closed it and works on), wraps
+// bellhop.ErrAbandoned: the consumer may still be working on it, so its
+// retry waits for the end of the lease.
+func (h *handler) transportError(ctx, rctx context.Context, err error, sent, wrote bool) error {
 	switch {
 	case ctx.Err() != nil && sent:
 		// The handler context ended (lease about to run out, or the
@@ -492,6 +505,9 @@ func (h *handler) transportError(ctx, rctx context.Context, err error, sent bool
 	var ue *url.Error
 	if errors.As(err, &ue) {
 		err = ue.Err
+	}
+	if wrote {
+		return fmt.Errorf("push to %s: connection lost after the request was sent (%w): %w", h.host, bellhop.ErrAbandoned, err)
 	}
 	return fmt.Errorf("push to %s: %w", h.host, err)
 }

@@ -280,6 +280,41 @@ func TestTimeout(t *testing.T) {
 	}
 }
 
+// TestConnectionLost: a connection that fails after the whole request was
+// written, with no answer, leaves a consumer that may be working on the
+// request (a proxy cut it, or the consumer closed it and works on), so the
+// retry waits for the lease, as after a timeout; it used to come after
+// the backoff alone. A connection refused sent nothing: an ordinary retry.
+func TestConnectionLost(t *testing.T) {
+	cut := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body) // the whole request arrived
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		conn.Close()
+	}))
+	defer cut.Close()
+	refused := httptest.NewServer(http.HandlerFunc(hang))
+	refused.Close()
+	for _, tt := range []struct {
+		name      string
+		url       string
+		abandoned bool
+	}{
+		{"closed after the request", cut.URL, true},
+		{"refused", refused.URL, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			err := deliver(t, New(Options{}), consumerFor(tt.url))
+			if kind(err) != "retry" || errors.Is(err, bellhop.ErrAbandoned) != tt.abandoned {
+				t.Fatalf("err %v (%s), want a retry, marked abandoned: %t", err, kind(err), tt.abandoned)
+			}
+		})
+	}
+}
+
 // hang answers only when the client gives up. It reads the body first:
 // the server notices a closed connection only once the body is consumed.
 func hang(w http.ResponseWriter, r *http.Request) {

@@ -51,15 +51,25 @@ func TestPushURL(t *testing.T) {
 	if err := validate.PushURL("https://a.example.com/" + strings.Repeat("x", 2048)); err == nil {
 		t.Error("PushURL accepted a URL over 2048 bytes")
 	}
-	// The errors never show a password, whatever else is wrong.
+	// The errors never show a credential, whatever else is wrong: a
+	// password, a token given as the user name, or one in the query or
+	// the fragment.
 	for _, u := range []string{
 		"http://u:s3cr3t-pw@hooks.example.com/",
 		"ftp://u:s3cr3t-pw@hooks.example.com/",
 		"http://u:s3cr3t-pw@[::1/x",
 		"http://u:s3cr3t-pw@:9/x",
+		"https://s3cr3t-tok@hooks.example.com/hook",
+		"https://s3cr3t-tok:@hooks.example.com/hook",
+		"ftp://hooks.example.com/hook?token=s3cr3t-tok",
+		"ftp://hooks.example.com/hook#access_token=s3cr3t-tok",
+		"http://:9/x?token=s3cr3t-tok",
 	} {
 		if err := validate.PushURL(u); err == nil || strings.Contains(err.Error(), "s3cr3t") {
-			t.Errorf("PushURL(%q) = %v, want an error without the password", u, err)
+			t.Errorf("PushURL(%q) = %v, want an error without the credential", u, err)
+		}
+		if err := daemon.CheckURL(u); err == nil || strings.Contains(err.Error(), "s3cr3t") {
+			t.Errorf("the daemon's CheckURL(%q) = %v, want an error without the credential", u, err)
 		}
 	}
 }

@@ -250,14 +250,25 @@ func PushURL(s string) error {
 	return nil
 }
 
-// ShownURL is s as errors about it may show it: quoted, with any password
-// redacted, and not at all if it does not parse and has an "@" (a
-// password may be in it). Errors are returned to callers and logged.
+// ShownURL is s as errors about it may show it: quoted, with its user
+// information (user name too: a token is often given as one) and its query
+// and fragment (tokens too) replaced by placeholders, and not at all if it
+// does not parse and has an "@". Errors are returned to callers and
+// logged.
 func ShownURL(s string) string {
 	u, err := url.Parse(s)
 	switch {
 	case err == nil:
-		return quote(u.Redacted())
+		if u.User != nil {
+			u.User = url.User("xxxxx")
+		}
+		if u.RawQuery != "" || u.ForceQuery {
+			u.RawQuery, u.ForceQuery = "xxxxx", false
+		}
+		if u.Fragment != "" {
+			u.Fragment, u.RawFragment = "xxxxx", ""
+		}
+		return quote(u.String())
 	case strings.Contains(s, "@"):
 		return "(not shown: it may carry credentials)"
 	}
