@@ -162,6 +162,64 @@ func checkDead(t *testing.T, e *env, id uuid.UUID, wantError string, attempt, ma
 	}
 }
 
+// firstFails handles a test's one message: it records each delivery, the
+// first runs until its context ends if untilLease and then returns fail's
+// result, and the others succeed.
+type firstFails struct {
+	t          *testing.T
+	e          *env
+	untilLease bool
+	fail       func(ctx context.Context) error
+
+	mu       sync.Mutex
+	started  int
+	attempts []attempt // in the order they returned
+}
+
+// attempt is one delivery: when it started, the claimed_at its lease is
+// measured from on the server, and, for a first one that ran until its
+// context ended, why it ended.
+type attempt struct {
+	start, claimedAt time.Time
+	cause            error
+}
+
+func (h *firstFails) Handle(ctx context.Context, m *bellhop.Message) error {
+	a := attempt{start: time.Now()}
+	if err := h.e.pool.QueryRow(context.Background(),
+		`SELECT claimed_at FROM queue_messages WHERE id = $1`, m.ID).Scan(&a.claimedAt); err != nil {
+		h.t.Errorf("attempt %d: read claimed_at: %v", m.Attempt, err)
+	}
+	h.mu.Lock()
+	h.started++
+	first := h.started == 1
+	h.mu.Unlock()
+	if first && h.untilLease {
+		<-ctx.Done()
+		a.cause = context.Cause(ctx)
+	}
+	h.mu.Lock()
+	h.attempts = append(h.attempts, a)
+	h.mu.Unlock()
+	if first {
+		return h.fail(ctx)
+	}
+	return nil
+}
+
+// waitTwo waits for two deliveries to return, and returns them.
+func (h *firstFails) waitTwo(what string) (first, second attempt) {
+	h.t.Helper()
+	waitFor(h.t, 10*time.Second, what, func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return len(h.attempts) == 2
+	})
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.attempts[0], h.attempts[1]
+}
+
 // TestAbandonedHandlerKeepsItsLease: a handler still running when its
 // lease runs short is abandoned a fifth of the visibility timeout early,
 // and its retry waits for the end of that lease even when the backoff or
@@ -190,42 +248,12 @@ func TestAbandonedHandlerKeepsItsLease(t *testing.T) {
 			e := newEnv(t)
 			e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", VisibilityTimeout: vt,
 				BackoffBase: time.Millisecond, BackoffCap: time.Millisecond, MaxAttempts: 3})
-			type attempt struct {
-				start, claimedAt time.Time
-				cause            error
-			}
-			var mu sync.Mutex
-			var attempts []attempt
+			h := &firstFails{t: t, e: e, untilLease: c.untilLease, fail: c.fail}
 			mux := bellhop.NewMux()
-			mux.Handle("app", "orders", bellhop.HandlerFunc(func(ctx context.Context, m *bellhop.Message) error {
-				a := attempt{start: time.Now()}
-				// The lease as the server measures it: from claimed_at.
-				if err := e.pool.QueryRow(context.Background(),
-					`SELECT claimed_at FROM queue_messages WHERE id = $1`, m.ID).Scan(&a.claimedAt); err != nil {
-					t.Errorf("attempt %d: read claimed_at: %v", m.Attempt, err)
-				}
-				if m.Attempt == 1 && c.untilLease {
-					<-ctx.Done()
-					a.cause = context.Cause(ctx)
-				}
-				mu.Lock()
-				attempts = append(attempts, a)
-				mu.Unlock()
-				if m.Attempt == 1 {
-					return c.fail(ctx)
-				}
-				return nil
-			}))
+			mux.Handle("app", "orders", h)
 			startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour}, nil)
 			e.enqueue(t, "orders", 1, bellhop.EnqueueOptions{})
-			waitFor(t, 10*time.Second, "the second attempt", func() bool {
-				mu.Lock()
-				defer mu.Unlock()
-				return len(attempts) == 2
-			})
-			mu.Lock()
-			first, second := attempts[0], attempts[1]
-			mu.Unlock()
+			first, second := h.waitTwo("the second attempt")
 			if c.untilLease && !errors.Is(first.cause, bellhop.ErrLeaseLost) {
 				t.Errorf("attempt 1's context ended with %v, want ErrLeaseLost", first.cause)
 			}
@@ -267,28 +295,9 @@ func TestRedriveAfterAbandonedLastAttempt(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			e := newEnv(t)
 			e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", VisibilityTimeout: vt, MaxAttempts: 1})
-			type attempt struct{ start, claimedAt time.Time }
-			var mu sync.Mutex
-			var attempts []attempt
+			h := &firstFails{t: t, e: e, untilLease: c.untilLease, fail: c.fail}
 			mux := bellhop.NewMux()
-			mux.Handle("app", "orders", bellhop.HandlerFunc(func(ctx context.Context, m *bellhop.Message) error {
-				a := attempt{start: time.Now()}
-				if err := e.pool.QueryRow(context.Background(),
-					`SELECT claimed_at FROM queue_messages WHERE id = $1`, m.ID).Scan(&a.claimedAt); err != nil {
-					t.Errorf("read claimed_at: %v", err)
-				}
-				mu.Lock()
-				attempts = append(attempts, a)
-				n := len(attempts)
-				mu.Unlock()
-				if n > 1 {
-					return nil
-				}
-				if c.untilLease {
-					<-ctx.Done()
-				}
-				return c.fail(ctx)
-			}))
+			mux.Handle("app", "orders", h)
 			startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour}, nil)
 			id := e.enqueue(t, "orders", 1, bellhop.EnqueueOptions{})
 			waitFor(t, 10*time.Second, "the dead letter", func() bool {
@@ -304,14 +313,7 @@ func TestRedriveAfterAbandonedLastAttempt(t *testing.T) {
 			if n, err := e.client.Redrive(context.Background(), "app", "", id); err != nil || n != 1 {
 				t.Fatalf("Redrive: %d, %v; want 1 moved", n, err)
 			}
-			waitFor(t, 10*time.Second, "the redriven delivery", func() bool {
-				mu.Lock()
-				defer mu.Unlock()
-				return len(attempts) == 2
-			})
-			mu.Lock()
-			first, second := attempts[0], attempts[1]
-			mu.Unlock()
+			first, second := h.waitTwo("the redriven delivery")
 			leaseEnd := first.claimedAt.Add(vt)
 			if c.held && !ds[0].RedriveAfter.Equal(leaseEnd) {
 				t.Errorf("dead letter's RedriveAfter = %s, want the lease's end, %s", ds[0].RedriveAfter, leaseEnd)
