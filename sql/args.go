@@ -13,9 +13,10 @@ import (
 // Args are a statement's named arguments (@name), as pgx.NamedArgs, for
 // the statements of this package. pgx.NamedArgs lexes the whole statement
 // on every call to find its placeholders, comments included, and the
-// comments are most of these files: 10 – 20 µs and 20 – 40 allocations
-// per statement, about a sixth of the dispatcher process's CPU while ten
-// thousand queues each get a message (BENCHMARKS.md). Args look the
+// comments are most of these files: 12 – 31 µs and 19 – 42 allocations
+// per statement, a sixth of the CPU of a process holding a dispatcher and
+// its producers while ten thousand queues each get a message
+// (BENCHMARKS.md). Args look the
 // rewritten statement up instead, lexed once by pgx itself when the
 // package is loaded, so placeholders are found exactly as pgx.NamedArgs
 // finds them. Any other statement is rewritten by pgx.NamedArgs.

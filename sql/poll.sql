@@ -35,7 +35,6 @@ WITH refreshed AS (
     WHERE o.token IN (SELECT token FROM bellhop_offers
                       WHERE owner = @owner AND token = ANY(@offers::uuid[])
                       FOR UPDATE SKIP LOCKED)
-    RETURNING o.token
 ), queue_ready AS (
     SELECT c.id, c.app_id, c.queue_name
     FROM queue_consumers c
