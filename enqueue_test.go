@@ -275,7 +275,7 @@ func fxCheckReadyNow(t *testing.T, e *fxEnv, app uuid.UUID, queue string, id uui
 		if err != nil {
 			return uuid.Nil, err
 		}
-		return uuid.UUID(vals[0].([16]byte)), nil
+		return uuid.UUID(vals[2].([16]byte)), nil // after app_id and queue_name
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -533,29 +533,11 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 	return time.Time{}, claimed
 }
 
-// claimStopWait is how long a stop lets a claim already sent finish.
-const claimStopWait = 5 * time.Second
-
-// claimPass runs one claim pass. A stop does not cut it short at once:
-// cancelling a claim that has committed but whose answer is still on its
-// way drops the answer, and its messages would stay leased, each with an
-// attempt spent, until the lease ran out (dead-lettering one that was on
-// its last attempt, undelivered). Only a claim still running
-// claimStopWait after the stop is cancelled.
+// claimPass runs one claim pass, combined with other lanes' if theirs
+// are waiting (claim.Combiner, which also says what a stop does to it).
 func (l *lane) claimPass(ctx context.Context, free int, mark bool) (claim.Pass, error) {
-	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancel()
-	defer context.AfterFunc(ctx, func() {
-		t := time.NewTimer(claimStopWait)
-		defer t.Stop()
-		select {
-		case <-t.C:
-			cancel()
-		case <-cctx.Done():
-		}
-	})()
-	return claim.ClaimPass(cctx, l.d.db, l.target, free,
-		claim.Busy{Owner: l.d.owner, Mark: mark, Lease: l.d.cfg.BusyLease, Held: l.held()})
+	return l.d.claims.Pass(ctx, claim.Request{Target: l.target, Max: free,
+		Busy: claim.Busy{Owner: l.d.owner, Mark: mark, Lease: l.d.cfg.BusyLease, Held: l.held()}})
 }
 
 // retry logs a failed statement and says when to try again: backing off

@@ -6,7 +6,9 @@ package claim
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -117,40 +119,81 @@ type Pass struct {
 // one round trip and one transaction, whose statements run with their
 // generic plans (generic_plans.sql).
 func ClaimPass(ctx context.Context, db *pgxpool.Pool, t Target, max int, b Busy) (Pass, error) {
-	var claimSQL, infoSQL string
-	var args queries.Args
+	if t.Source == Invoke {
+		return claimInvoke(ctx, db, t, max)
+	}
+	ps, err := ClaimPasses(ctx, db, []Request{{Target: t, Max: max, Busy: b}})
+	if err != nil {
+		return Pass{}, err
+	}
+	return ps[0], nil
+}
+
+// Request is one queue's share of a claim pass.
+type Request struct {
+	Target Target
+	Max    int
+	Busy   Busy
+}
+
+// ClaimPasses makes the claim passes of several queues as one: one round
+// trip and one transaction, a statement for all the claims and one for
+// all that the passes read (and a busy mark per request that sets one).
+// Each request gets the Pass that ClaimPass would give it, in order. The
+// requests name distinct queues (Source Queue) and share their Busy.Owner
+// and Busy.Lease, as one dispatcher's passes do.
+func ClaimPasses(ctx context.Context, db *pgxpool.Pool, reqs []Request) ([]Pass, error) {
+	if err := checkRequests(reqs); err != nil {
+		return nil, err
+	}
+	fail := func(what string, err error) ([]Pass, error) {
+		return nil, fmt.Errorf("claim %s: %s%w", describe(reqs), what, err)
+	}
 	// Uuids go to pgx as [16]byte, here and below: for a uuid.UUID pgx
 	// goes through its driver.Valuer (a string, a failed encode, then a
 	// parse), a quarter of a claim pass's CPU in this process.
-	if t.Source == Invoke {
-		claimSQL, infoSQL = queries.ClaimInvoke, queries.NextDueInvoke
-		args = queries.Args{"trigger_id": [16]byte(t.TriggerID), "max_messages": max}
-	} else {
-		claimSQL, infoSQL = queries.ClaimQueue, queries.NextDueQueue
-		args = queries.Args{"app_id": [16]byte(t.AppID), "queue_name": t.Queue, "max_messages": max, "owner": [16]byte(b.Owner),
-			"held": b.Held, "lease_ms": b.Lease.Milliseconds(), "consumer_id": [16]byte(t.TriggerID)}
+	apps := make([][16]byte, len(reqs))
+	names := make([]string, len(reqs))
+	limits := make([]int32, len(reqs))
+	consumers := make([][16]byte, len(reqs))
+	held := make([]bool, len(reqs))
+	total := 0
+	for i, r := range reqs {
+		apps[i], names[i], limits[i] = r.Target.AppID, r.Target.Queue, int32(r.Max)
+		consumers[i], held[i] = r.Target.TriggerID, r.Busy.Held
+		total += r.Max
 	}
+	owner, lease := reqs[0].Busy.Owner, reqs[0].Busy.Lease
 	leasedAt := time.Now()
 	batch := &pgx.Batch{}
 	batch.Queue(queries.GenericPlans)
-	mark := b.Mark && t.Source == Queue
-	if mark {
-		batch.Queue(queries.BusyMark, queries.Args{
-			"app_id": [16]byte(t.AppID), "queue_name": t.Queue, "owner": [16]byte(b.Owner), "lease_ms": b.Lease.Milliseconds(),
-		})
+	marks := 0
+	for _, r := range reqs {
+		if r.Busy.Mark {
+			marks++
+			batch.Queue(queries.BusyMark, queries.Args{"app_id": [16]byte(r.Target.AppID), "queue_name": r.Target.Queue,
+				"owner": [16]byte(owner), "lease_ms": lease.Milliseconds()})
+		}
 	}
-	batch.Queue(claimSQL, args)
-	batch.Queue(infoSQL, args)
+	if len(reqs) == 1 {
+		// The one-queue statements cost the server less, and return the
+		// same columns.
+		args := queries.Args{"app_id": apps[0], "queue_name": names[0], "max_messages": limits[0], "owner": [16]byte(owner),
+			"held": held[0], "lease_ms": lease.Milliseconds(), "consumer_id": consumers[0]}
+		batch.Queue(queries.ClaimQueue, args)
+		batch.Queue(queries.NextDueQueue, args)
+	} else {
+		batch.Queue(queries.ClaimQueues, queries.Args{"app_ids": apps, "queue_names": names, "max_messages": limits})
+		batch.Queue(queries.NextDueQueues, queries.Args{"app_ids": apps, "queue_names": names, "consumer_ids": consumers,
+			"held": held, "owner": [16]byte(owner), "lease_ms": lease.Milliseconds()})
+	}
 	br := db.SendBatch(ctx, batch)
 	defer br.Close()
 
-	fail := func(what string, err error) (Pass, error) {
-		return Pass{}, fmt.Errorf("claim %s: %s%w", t, what, err)
-	}
 	if _, err := br.Exec(); err != nil {
 		return fail("plan mode: ", err)
 	}
-	if mark {
+	for range marks {
 		if _, err := br.Exec(); err != nil {
 			return fail("busy mark: ", err)
 		}
@@ -159,30 +202,54 @@ func ClaimPass(ctx context.Context, db *pgxpool.Pool, t Target, max int, b Busy)
 	if err != nil {
 		return fail("", err)
 	}
-	msgs := make([]Message, 0, max)
+	msgs := make([]Message, 0, total)
+	at := make([]int, 0, total) // msgs[i] is reqs[at[i]]'s
 	for rows.Next() {
-		m := Message{Source: t.Source, LeasedAt: leasedAt}
-		if err := rows.Scan(&m.ID, &m.Payload, &m.EnqueuedAt, &m.Token, &m.Attempt, &m.MaxAttempts, &m.EnqueuedBy); err != nil {
+		var app [16]byte
+		var queue string
+		m := Message{Source: Queue, LeasedAt: leasedAt}
+		if err := rows.Scan(&app, &queue, &m.ID, &m.Payload, &m.EnqueuedAt, &m.Token, &m.Attempt, &m.MaxAttempts, &m.EnqueuedBy); err != nil {
 			rows.Close()
 			return fail("scan: ", err)
 		}
-		msgs = append(msgs, m)
+		i := slices.IndexFunc(reqs, func(r Request) bool { return r.Target.AppID == app && r.Target.Queue == queue })
+		if i < 0 {
+			rows.Close()
+			return fail("", fmt.Errorf("claimed a message of %s/%s, which no request named", uuid.UUID(app), queue))
+		}
+		msgs, at = append(msgs, m), append(at, i)
 	}
 	if err := rows.Err(); err != nil {
 		return fail("", err)
 	}
-	var due, foreign *time.Time
-	var readyLeft bool
-	var vtSecs *int32
-	var dbNow time.Time
-	if err := br.QueryRow().Scan(&due, &foreign, &readyLeft, &vtSecs, &dbNow); err != nil {
+	ps := make([]Pass, len(reqs))
+	for i, m := range msgs {
+		ps[at[i]].Messages = append(ps[at[i]].Messages, m)
+	}
+	info, err := br.Query()
+	if err != nil {
 		return fail("next due: ", err)
 	}
-	local := LocalClock(dbNow)
-	if vtSecs != nil {
-		for i := range msgs {
-			msgs[i].VisibilityTimeout = time.Duration(*vtSecs) * time.Second
+	read := make([]bool, len(ps))
+	for info.Next() {
+		var i int64
+		var in passInfo
+		if err := info.Scan(append([]any{&i}, in.dest()...)...); err != nil {
+			info.Close()
+			return fail("next due: ", err)
 		}
+		if i < 1 || i > int64(len(ps)) || read[i-1] {
+			info.Close()
+			return fail("next due: ", fmt.Errorf("unexpected row for queue %d of %d", i, len(ps)))
+		}
+		read[i-1] = true
+		in.apply(&ps[i-1])
+	}
+	if err := info.Err(); err != nil {
+		return fail("next due: ", err)
+	}
+	if i := slices.Index(read, false); i >= 0 {
+		return fail("next due: ", fmt.Errorf("no row for %s", reqs[i].Target))
 	}
 	// The batch is one implicit transaction that commits at its Sync:
 	// until Close reports success the leases may not exist, and a message
@@ -192,14 +259,114 @@ func ClaimPass(ctx context.Context, db *pgxpool.Pool, t Target, max int, b Busy)
 	if err := br.Close(); err != nil {
 		return fail("", err)
 	}
-	p := Pass{Messages: sortByEnqueued(msgs), ReadyLeft: readyLeft}
-	if due != nil {
-		p.NextDue = local(*due)
+	return ps, nil
+}
+
+// checkRequests refuses what ClaimPasses cannot do in one statement.
+func checkRequests(reqs []Request) error {
+	if len(reqs) == 0 {
+		return errors.New("claim: no queues")
 	}
-	if foreign != nil {
-		p.ForeignLease = local(*foreign)
+	for i, r := range reqs {
+		if r.Target.Source != Queue {
+			return fmt.Errorf("claim %s: invoke deliveries are claimed on their own", r.Target)
+		}
+		if r.Busy.Owner != reqs[0].Busy.Owner || r.Busy.Lease != reqs[0].Busy.Lease {
+			return fmt.Errorf("claim %s: busy-mark owner or lease differs from %s's", r.Target, reqs[0].Target)
+		}
+		for _, o := range reqs[:i] {
+			if o.Target.AppID == r.Target.AppID && o.Target.Queue == r.Target.Queue {
+				return fmt.Errorf("claim %s: queue named twice", r.Target)
+			}
+		}
 	}
+	return nil
+}
+
+// describe names the queues of a claim in an error.
+func describe(reqs []Request) string {
+	if len(reqs) == 1 {
+		return reqs[0].Target.String()
+	}
+	return fmt.Sprintf("%d queues (%s, ...)", len(reqs), reqs[0].Target)
+}
+
+// claimInvoke is ClaimPass for a consumer's invoke deliveries.
+func claimInvoke(ctx context.Context, db *pgxpool.Pool, t Target, max int) (Pass, error) {
+	args := queries.Args{"trigger_id": [16]byte(t.TriggerID), "max_messages": max}
+	leasedAt := time.Now()
+	batch := &pgx.Batch{}
+	batch.Queue(queries.GenericPlans)
+	batch.Queue(queries.ClaimInvoke, args)
+	batch.Queue(queries.NextDueInvoke, args)
+	br := db.SendBatch(ctx, batch)
+	defer br.Close()
+
+	fail := func(what string, err error) (Pass, error) {
+		return Pass{}, fmt.Errorf("claim %s: %s%w", t, what, err)
+	}
+	if _, err := br.Exec(); err != nil {
+		return fail("plan mode: ", err)
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return fail("", err)
+	}
+	msgs := make([]Message, 0, max)
+	for rows.Next() {
+		m := Message{Source: Invoke, LeasedAt: leasedAt}
+		if err := rows.Scan(&m.ID, &m.Payload, &m.EnqueuedAt, &m.Token, &m.Attempt, &m.MaxAttempts, &m.EnqueuedBy); err != nil {
+			rows.Close()
+			return fail("scan: ", err)
+		}
+		msgs = append(msgs, m)
+	}
+	if err := rows.Err(); err != nil {
+		return fail("", err)
+	}
+	var in passInfo
+	if err := br.QueryRow().Scan(in.dest()...); err != nil {
+		return fail("next due: ", err)
+	}
+	// As in ClaimPasses: the leases exist once Close reports success.
+	if err := br.Close(); err != nil {
+		return fail("", err)
+	}
+	p := Pass{Messages: msgs}
+	in.apply(&p)
 	return p, nil
+}
+
+// passInfo is a row of next_due_queue.sql or next_due_invoke.sql, less
+// the queue's index.
+type passInfo struct {
+	due, foreign *time.Time
+	readyLeft    bool
+	vtSecs       *int32
+	dbNow        time.Time
+}
+
+func (in *passInfo) dest() []any {
+	return []any{&in.due, &in.foreign, &in.readyLeft, &in.vtSecs, &in.dbNow}
+}
+
+// apply completes p, whose Messages are the claim's for in's queue, and
+// puts them in order.
+func (in *passInfo) apply(p *Pass) {
+	local := LocalClock(in.dbNow)
+	if in.due != nil {
+		p.NextDue = local(*in.due)
+	}
+	if in.foreign != nil {
+		p.ForeignLease = local(*in.foreign)
+	}
+	p.ReadyLeft = in.readyLeft
+	if in.vtSecs != nil {
+		for i := range p.Messages {
+			p.Messages[i].VisibilityTimeout = time.Duration(*in.vtSecs) * time.Second
+		}
+	}
+	p.Messages = sortByEnqueued(p.Messages)
 }
 
 // LocalClock returns a function that turns a time read from the database

@@ -92,6 +92,11 @@ func TestClaimPlan(t *testing.T) {
 			app := "'" + appID.String() + "'"
 			queue := fmt.Sprintf("'q%d'", q)
 			consumer := "'" + consumers[q].String() + "'"
+			// A combined pass for two queues: the last one, and one of the
+			// other app's (in the one-queue shape, an empty one).
+			apps := fmt.Sprintf("'{%s,%s}'", appID, other.ID)
+			queues := fmt.Sprintf("'{q%d,q0}'", q)
+			consumers2 := fmt.Sprintf("'{%s,%s}'", consumers[q], consumers[0])
 			// Settling: one message of each table, by id and token.
 			var qID, qToken, oID, oToken uuid.UUID
 			if err := pool.QueryRow(ctx, `SELECT (SELECT id FROM queue_messages WHERE claim_token IS NOT NULL LIMIT 1),
@@ -107,11 +112,16 @@ func TestClaimPlan(t *testing.T) {
 			checkPlans(t, pool, []planCase{
 				{name: "claim_queue.sql", sql: queries.ClaimQueue, indexes: []string{"idx_queue_messages_dispatch", "queue_messages_pkey"},
 					args: []planArg{{"app_id", "uuid", app}, {"queue_name", "text", queue}, {"max_messages", "int", "10"}}},
+				{name: "claim_queues.sql", sql: queries.ClaimQueues, indexes: []string{"idx_queue_messages_dispatch", "queue_messages_pkey"},
+					args: []planArg{{"app_ids", "uuid[]", apps}, {"queue_names", "text[]", queues}, {"max_messages", "int[]", "'{10,10}'"}}},
 				{name: "claim_invoke.sql", sql: queries.ClaimInvoke, indexes: []string{"idx_outbox_dispatch", "outbox_pkey"},
 					args: []planArg{{"trigger_id", "uuid", consumer}, {"max_messages", "int", "10"}}},
 				{name: "next_due_queue.sql", sql: queries.NextDueQueue, indexes: []string{"idx_queue_messages_dispatch", "idx_queue_messages_delayed"},
 					args: []planArg{{"app_id", "uuid", app}, {"queue_name", "text", queue}, {"owner", "uuid", "'" + uuid.NewString() + "'"},
 						{"held", "bool", "true"}, {"lease_ms", "int", "30000"}, {"consumer_id", "uuid", consumer}}},
+				{name: "next_due_queues.sql", sql: queries.NextDueQueues, indexes: []string{"idx_queue_messages_dispatch", "idx_queue_messages_delayed"},
+					args: []planArg{{"app_ids", "uuid[]", apps}, {"queue_names", "text[]", queues}, {"consumer_ids", "uuid[]", consumers2},
+						{"held", "bool[]", "'{true,false}'"}, {"owner", "uuid", "'" + uuid.NewString() + "'"}, {"lease_ms", "int", "30000"}}},
 				{name: "next_due_invoke.sql", sql: queries.NextDueInvoke, indexes: []string{"idx_outbox_dispatch", "idx_outbox_delayed"},
 					args: []planArg{{"trigger_id", "uuid", consumer}}},
 				{name: "ack.sql", sql: queries.Ack, indexes: pkeys, args: slices.Concat(settle, outbox)},
@@ -260,6 +270,13 @@ func TestClaimPassGenericPlans(t *testing.T) {
 				}
 			}
 		}
+		// A combined pass, for q and a queue with nothing in it.
+		busy := claim.Busy{Owner: uuid.New(), Lease: time.Minute}
+		if _, err := claim.ClaimPasses(ctx, pool, []claim.Request{
+			{Target: targets[0], Max: 1, Busy: busy}, {Target: claim.Target{Source: claim.Queue, AppID: appID, Queue: "empty"}, Max: 1, Busy: busy},
+		}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	rows, err := pool.Query(ctx, `SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements`)
 	if err != nil {
@@ -267,6 +284,7 @@ func TestClaimPassGenericPlans(t *testing.T) {
 	}
 	watched := []struct{ name, sql string }{
 		{"claim_queue.sql", queries.ClaimQueue}, {"next_due_queue.sql", queries.NextDueQueue},
+		{"claim_queues.sql", queries.ClaimQueues}, {"next_due_queues.sql", queries.NextDueQueues},
 		{"claim_invoke.sql", queries.ClaimInvoke}, {"next_due_invoke.sql", queries.NextDueInvoke},
 		{"busy_mark.sql", queries.BusyMark}, {"ack.sql", queries.Ack},
 	}

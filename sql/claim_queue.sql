@@ -1,6 +1,9 @@
 -- Claims up to max_messages ready messages of one queue, oldest
 -- enqueued_at first, and leases them: a fresh claim_token per message,
--- claimed_at = now(), attempt + 1.
+-- claimed_at = now(), attempt + 1. claim_queues.sql does the same for
+-- several queues in one statement; this one, for one queue, costs the
+-- server less, and a queue claimed for on its own is the common case.
+-- Both return the same columns.
 --
 -- Safe under concurrency: the inner SELECT locks each candidate with
 -- FOR UPDATE SKIP LOCKED, so concurrent dispatchers never wait on, nor
@@ -31,4 +34,4 @@ WHERE m.id = ANY (ARRAY(
     LIMIT @max_messages
     FOR UPDATE SKIP LOCKED
 ))
-RETURNING m.id, m.payload, m.enqueued_at, m.claim_token, m.attempt, m.max_attempts, m.enqueued_by_principal
+RETURNING m.app_id, m.queue_name, m.id, m.payload, m.enqueued_at, m.claim_token, m.attempt, m.max_attempts, m.enqueued_by_principal

@@ -1,5 +1,7 @@
 -- What a dispatcher needs to know to sleep well, read in the same
--- transaction as its claim:
+-- transaction as its claim of one queue (claim_queue.sql). For several,
+-- next_due_queues.sql reads the same, a row per queue, which its first
+-- column numbers; here that column is 1:
 --   * the earliest future deliver_after of the queue's unclaimed messages,
 --     to sleep on a timer until exactly then (idx_queue_messages_delayed);
 --   * the latest live busy-mark lease another dispatcher holds on the
@@ -28,7 +30,8 @@
 -- The last is written as the oldest such row, not EXISTS, so that it walks
 -- the dispatch index in order instead of scanning claimed rows.
 -- Read-only; a stale answer only makes the dispatcher look again early.
-SELECT (SELECT min(deliver_after)
+SELECT 1,
+       (SELECT min(deliver_after)
         FROM queue_messages
         WHERE app_id = @app_id
           AND queue_name = @queue_name

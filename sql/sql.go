@@ -66,6 +66,11 @@ var ClaimInvoke string
 //go:embed claim_queue.sql
 var ClaimQueue string
 
+// ClaimQueues is claim_queues.sql.
+//
+//go:embed claim_queues.sql
+var ClaimQueues string
+
 // ConsumerDelete is consumer_delete.sql.
 //
 //go:embed consumer_delete.sql
@@ -190,6 +195,11 @@ var NextDueInvoke string
 //
 //go:embed next_due_queue.sql
 var NextDueQueue string
+
+// NextDueQueues is next_due_queues.sql.
+//
+//go:embed next_due_queues.sql
+var NextDueQueues string
 
 // NextLeaseExpiry is next_lease_expiry.sql.
 //

@@ -1,0 +1,186 @@
+package claim
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Combiner makes a dispatcher's claim passes. While fewer than its limit
+// are in flight, a pass is sent at once, alone, as ClaimPass would send
+// it. Beyond that, passes wait, and when one in flight ends, up to
+// MaxCombined of the waiting queues' passes go as one (ClaimPasses): one
+// round trip, one transaction and one claim statement for them all. So a
+// dispatcher whose queues are woken faster than it can claim for them one
+// by one, as when ten thousand idle queues each get a message, spends a
+// fraction of the server's time per queue (BENCHMARKS.md), and one whose
+// queues are woken now and then claims exactly as before.
+//
+// A stop does not cut a pass short at once: cancelling a claim that has
+// committed but whose answer is still on its way drops the answer, and
+// its messages would stay leased, each with an attempt spent, until the
+// lease ran out (dead-lettering one that was on its last attempt,
+// undelivered). A pass is cancelled only once every caller it serves has
+// been stopped for StopWait. A caller stopped while its pass waits gets
+// an empty Pass.
+type Combiner struct {
+	db    *pgxpool.Pool
+	limit int
+
+	mu       sync.Mutex
+	inFlight int
+	waiting  []*call
+
+	// passes counts the passes sent, for tests.
+	passes atomic.Int64
+}
+
+// MaxCombined is the most queues a combined pass claims for.
+const MaxCombined = 100
+
+// StopWait is how long a stop lets a claim pass already sent finish.
+const StopWait = 5 * time.Second
+
+// call is one caller's pass.
+type call struct {
+	ctx  context.Context
+	req  Request
+	pass Pass
+	err  error
+	done chan struct{}
+}
+
+// NewCombiner returns a Combiner that sends at most limit passes at once
+// (at least 1).
+func NewCombiner(db *pgxpool.Pool, limit int) *Combiner {
+	return &Combiner{db: db, limit: max(limit, 1)}
+}
+
+// Pass makes r's claim pass, as ClaimPass does, combined with other
+// queues' if passes are waiting (see Combiner). ctx stops the caller:
+// see Combiner for what a stop does to a pass.
+func (c *Combiner) Pass(ctx context.Context, r Request) (Pass, error) {
+	cl := &call{ctx: ctx, req: r, done: make(chan struct{})}
+	c.mu.Lock()
+	if c.inFlight < c.limit && len(c.waiting) == 0 {
+		c.inFlight++
+		c.mu.Unlock()
+		c.run([]*call{cl}, false)
+		return cl.pass, cl.err
+	}
+	c.waiting = append(c.waiting, cl)
+	c.mu.Unlock()
+	<-cl.done
+	return cl.pass, cl.err
+}
+
+// run makes calls' pass and answers them. Then, while passes wait, it
+// sends the next combined one: from a goroutine of its own if the caller
+// is Pass's (own is false), so that Pass answers at once.
+func (c *Combiner) run(calls []*call, own bool) {
+	for {
+		c.send(calls)
+		for _, cl := range calls {
+			close(cl.done)
+		}
+		c.mu.Lock()
+		next := c.take()
+		if len(next) == 0 {
+			c.inFlight--
+			c.mu.Unlock()
+			return
+		}
+		c.mu.Unlock()
+		if !own {
+			go c.run(next, true)
+			return
+		}
+		calls = next
+	}
+}
+
+// take removes from the waiting calls those to send together: the
+// oldest, and if it is a queue's, up to MaxCombined of distinct queues,
+// oldest first. It answers those whose callers were stopped meanwhile.
+// Hold mu.
+func (c *Combiner) take() []*call {
+	var out []*call
+	kept := c.waiting[:0]
+	for _, cl := range c.waiting {
+		switch {
+		case cl.ctx.Err() != nil:
+			close(cl.done)
+		case len(out) == 0 || len(out) < MaxCombined && combines(out, cl.req.Target):
+			out = append(out, cl)
+		default:
+			kept = append(kept, cl)
+		}
+	}
+	clear(c.waiting[len(kept):])
+	c.waiting = kept
+	return out
+}
+
+// combines reports whether a pass for t can join calls' combined pass:
+// both are for queues, and none of calls is for t's queue.
+func combines(calls []*call, t Target) bool {
+	if t.Source != Queue || calls[0].req.Target.Source != Queue {
+		return false
+	}
+	for _, cl := range calls {
+		if cl.req.Target.AppID == t.AppID && cl.req.Target.Queue == t.Queue {
+			return false
+		}
+	}
+	return true
+}
+
+// send makes calls' pass and stores each caller's answer.
+func (c *Combiner) send(calls []*call) {
+	ctx, cancel := stopAfterAll(calls)
+	defer cancel()
+	c.passes.Add(1)
+	if len(calls) == 1 {
+		cl := calls[0]
+		cl.pass, cl.err = ClaimPass(ctx, c.db, cl.req.Target, cl.req.Max, cl.req.Busy)
+		return
+	}
+	reqs := make([]Request, len(calls))
+	for i, cl := range calls {
+		reqs[i] = cl.req
+	}
+	ps, err := ClaimPasses(ctx, c.db, reqs)
+	for i, cl := range calls {
+		if err != nil {
+			cl.err = err
+		} else {
+			cl.pass = ps[i]
+		}
+	}
+}
+
+// stopAfterAll returns a context cancelled StopWait after every call's
+// context is done, and a function to release it.
+func stopAfterAll(calls []*call) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var left atomic.Int32
+	left.Store(int32(len(calls)))
+	stops := make([]func() bool, len(calls))
+	for i, cl := range calls {
+		stops[i] = context.AfterFunc(cl.ctx, func() {
+			if left.Add(-1) == 0 {
+				t := time.AfterFunc(StopWait, cancel)
+				context.AfterFunc(ctx, func() { t.Stop() })
+			}
+		})
+	}
+	return ctx, func() {
+		for _, stop := range stops {
+			stop()
+		}
+		cancel()
+	}
+}
