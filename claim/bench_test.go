@@ -25,7 +25,6 @@ import (
 
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/claim"
-	"github.com/bellhopq/bellhop/internal/pgtest"
 )
 
 // benchBacklog is how many ready messages stay in the queue behind the
@@ -41,12 +40,7 @@ const benchQueue = "bench"
 func benchSetup(b *testing.B, n int) (*pgxpool.Pool, claim.Target) {
 	b.Helper()
 	ctx := context.Background()
-	pool := pgtest.NewPool(b)
-	c := bellhop.NewClient(pool)
-	app, err := c.CreateApp(ctx, "app")
-	if err != nil {
-		b.Fatal(err)
-	}
+	pool, c, appID := setup(b)
 	// A consumer, as in production: enqueue looks up its max attempts.
 	if _, err := c.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "app", Queue: benchQueue}); err != nil {
 		b.Fatal(err)
@@ -66,7 +60,7 @@ func benchSetup(b *testing.B, n int) (*pgxpool.Pool, claim.Target) {
 	if _, err := pool.Exec(ctx, "VACUUM ANALYZE queue_messages"); err != nil {
 		b.Fatal(err)
 	}
-	return pool, claim.Target{Source: claim.Queue, AppID: app.ID, Queue: benchQueue}
+	return pool, claim.Target{Source: claim.Queue, AppID: appID, Queue: benchQueue}
 }
 
 // claimAll claims n messages of t, in claims of at most 1000.
@@ -191,17 +185,12 @@ func BenchmarkClaimQueues(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			ctx := context.Background()
-			pool := pgtest.NewPool(b)
-			c := bellhop.NewClient(pool)
-			app, err := c.CreateApp(ctx, "app")
-			if err != nil {
-				b.Fatal(err)
-			}
+			pool, c, appID := setup(b)
 			var reqs []claim.Request
 			var msgs []bellhop.NewMessage
 			for q := range queues {
 				name := fmt.Sprintf("q%d", q)
-				reqs = append(reqs, claim.Request{Target: claim.Target{Source: claim.Queue, AppID: app.ID, Queue: name}, Max: 1})
+				reqs = append(reqs, claim.Request{Target: claim.Target{Source: claim.Queue, AppID: appID, Queue: name}, Max: 1})
 				for i := range b.N + 10 {
 					msgs = append(msgs, bellhop.NewMessage{Queue: name, Payload: []byte(`{"n":` + strconv.Itoa(i) + `}`)})
 				}

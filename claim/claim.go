@@ -223,8 +223,12 @@ func ClaimPasses(ctx context.Context, db *pgxpool.Pool, reqs []Request) ([]Pass,
 		return fail("", err)
 	}
 	ps := make([]Pass, len(reqs))
-	for i, m := range msgs {
-		ps[at[i]].Messages = append(ps[at[i]].Messages, m)
+	if len(reqs) == 1 {
+		ps[0].Messages = msgs
+	} else {
+		for i, m := range msgs {
+			ps[at[i]].Messages = append(ps[at[i]].Messages, m)
+		}
 	}
 	info, err := br.Query()
 	if err != nil {

@@ -20,7 +20,7 @@ import (
 
 // setup returns a pool on a fresh database holding app "app" and a
 // client on the pool.
-func setup(t *testing.T) (*pgxpool.Pool, *bellhop.Client, uuid.UUID) {
+func setup(t testing.TB) (*pgxpool.Pool, *bellhop.Client, uuid.UUID) {
 	t.Helper()
 	pool := pgtest.NewPool(t)
 	c := bellhop.NewClient(pool)

@@ -3,9 +3,9 @@
 -- leases them as claim_queue.sql does for one queue: a fresh claim_token
 -- per message, claimed_at = now(), attempt + 1. The queues are distinct.
 -- A dispatcher claims for several queues at once when their claim passes
--- would otherwise wait for one another (claim.Combiner): under pgbench,
--- one statement for ten queues took a third of the server's time of ten
--- claim_queue.sql (BENCHMARKS.md).
+-- would otherwise wait for one another (claim.Combiner): one statement
+-- for ten queues takes a third or less of the server's time of ten
+-- claim_queue.sql (BENCHMARKS.md, "combined claim passes").
 --
 -- Safe under concurrency: the inner SELECT locks each candidate with
 -- FOR UPDATE SKIP LOCKED, so concurrent dispatchers never wait on, nor
