@@ -202,8 +202,10 @@ func ClaimPasses(ctx context.Context, db *pgxpool.Pool, reqs []Request) ([]Pass,
 	if err != nil {
 		return fail("", err)
 	}
-	msgs := make([]Message, 0, total)
-	at := make([]int, 0, total) // msgs[i] is reqs[at[i]]'s
+	// Room for what a pass usually gets, not for every free slot of up to
+	// a hundred queues.
+	msgs := make([]Message, 0, min(total, 1000))
+	at := make([]int, 0, cap(msgs)) // msgs[i] is reqs[at[i]]'s
 	for rows.Next() {
 		var app [16]byte
 		var queue string
@@ -341,8 +343,8 @@ func claimInvoke(ctx context.Context, db *pgxpool.Pool, t Target, max int) (Pass
 	return p, nil
 }
 
-// passInfo is a row of next_due_queue.sql or next_due_invoke.sql, less
-// the queue's index.
+// passInfo is a row of next_due_invoke.sql, or one of next_due_queue.sql
+// or next_due_queues.sql after its leading queue index.
 type passInfo struct {
 	due, foreign *time.Time
 	readyLeft    bool
