@@ -152,18 +152,11 @@ func ClaimPasses(ctx context.Context, db *pgxpool.Pool, reqs []Request) ([]Pass,
 	// Uuids go to pgx as [16]byte, here and below: for a uuid.UUID pgx
 	// goes through its driver.Valuer (a string, a failed encode, then a
 	// parse), a quarter of a claim pass's CPU in this process.
-	apps := make([][16]byte, len(reqs))
-	names := make([]string, len(reqs))
-	limits := make([]int32, len(reqs))
-	consumers := make([][16]byte, len(reqs))
-	held := make([]bool, len(reqs))
+	owner, lease := reqs[0].Busy.Owner, reqs[0].Busy.Lease
 	total := 0
-	for i, r := range reqs {
-		apps[i], names[i], limits[i] = r.Target.AppID, r.Target.Queue, int32(r.Max)
-		consumers[i], held[i] = r.Target.TriggerID, r.Busy.Held
+	for _, r := range reqs {
 		total += r.Max
 	}
-	owner, lease := reqs[0].Busy.Owner, reqs[0].Busy.Lease
 	leasedAt := time.Now()
 	batch := &pgx.Batch{}
 	batch.Queue(queries.GenericPlans)
@@ -178,11 +171,21 @@ func ClaimPasses(ctx context.Context, db *pgxpool.Pool, reqs []Request) ([]Pass,
 	if len(reqs) == 1 {
 		// The one-queue statements cost the server less, and return the
 		// same columns.
-		args := queries.Args{"app_id": apps[0], "queue_name": names[0], "max_messages": limits[0], "owner": [16]byte(owner),
-			"held": held[0], "lease_ms": lease.Milliseconds(), "consumer_id": consumers[0]}
+		t := reqs[0].Target
+		args := queries.Args{"app_id": [16]byte(t.AppID), "queue_name": t.Queue, "max_messages": reqs[0].Max, "owner": [16]byte(owner),
+			"held": reqs[0].Busy.Held, "lease_ms": lease.Milliseconds(), "consumer_id": [16]byte(t.TriggerID)}
 		batch.Queue(queries.ClaimQueue, args)
 		batch.Queue(queries.NextDueQueue, args)
 	} else {
+		apps := make([][16]byte, len(reqs))
+		names := make([]string, len(reqs))
+		limits := make([]int32, len(reqs))
+		consumers := make([][16]byte, len(reqs))
+		held := make([]bool, len(reqs))
+		for i, r := range reqs {
+			apps[i], names[i], limits[i] = r.Target.AppID, r.Target.Queue, int32(r.Max)
+			consumers[i], held[i] = r.Target.TriggerID, r.Busy.Held
+		}
 		batch.Queue(queries.ClaimQueues, queries.Args{"app_ids": apps, "queue_names": names, "max_messages": limits})
 		batch.Queue(queries.NextDueQueues, queries.Args{"app_ids": apps, "queue_names": names, "consumer_ids": consumers,
 			"held": held, "owner": [16]byte(owner), "lease_ms": lease.Milliseconds()})

@@ -50,7 +50,7 @@ type call struct {
 	req  Request
 	pass Pass
 	err  error
-	done chan struct{}
+	done chan struct{} // closed once answered; nil for a call sent at once
 }
 
 // NewCombiner returns a Combiner that sends at most limit passes at once
@@ -63,7 +63,7 @@ func NewCombiner(db *pgxpool.Pool, limit int) *Combiner {
 // queues' if passes are waiting (see Combiner). ctx stops the caller:
 // see Combiner for what a stop does to a pass.
 func (c *Combiner) Pass(ctx context.Context, r Request) (Pass, error) {
-	cl := &call{ctx: ctx, req: r, done: make(chan struct{})}
+	cl := &call{ctx: ctx, req: r}
 	c.mu.Lock()
 	if c.inFlight < c.limit && len(c.waiting) == 0 {
 		c.inFlight++
@@ -71,6 +71,7 @@ func (c *Combiner) Pass(ctx context.Context, r Request) (Pass, error) {
 		c.run([]*call{cl}, false)
 		return cl.pass, cl.err
 	}
+	cl.done = make(chan struct{})
 	c.waiting = append(c.waiting, cl)
 	c.mu.Unlock()
 	<-cl.done
@@ -84,7 +85,9 @@ func (c *Combiner) run(calls []*call, own bool) {
 	for {
 		c.send(calls)
 		for _, cl := range calls {
-			close(cl.done)
+			if cl.done != nil { // nil: Pass's own call, answered on return
+				close(cl.done)
+			}
 		}
 		c.mu.Lock()
 		next := c.take()
