@@ -730,6 +730,12 @@ func (l *lane) finish(st *consumerState, m *Message, cm *claim.Message, hctx con
 	out.Message = cm
 	out.Done = func(applied bool, werr error) {
 		switch {
+		case errors.Is(werr, claim.ErrOutcomeUnknown):
+			l.msgEvent(&log, zerolog.WarnLevel).Str("outcome", out.Verdict.String()).
+				Msg("the outcome's write was retried and found the lease gone: the first try may have recorded it; the message may be delivered again")
+			if out.Verdict == claim.Nack {
+				l.afterNack()
+			}
 		case werr != nil:
 			log.Error().Err(werr).Str("outcome", out.Verdict.String()).
 				Msg("could not record outcome; the message will be delivered again after its lease")
@@ -745,17 +751,7 @@ func (l *lane) finish(st *consumerState, m *Message, cm *claim.Message, hctx con
 				}
 			}
 			if out.Verdict == claim.Nack {
-				l.nacked.Store(true)
-				// A nack sends no notification, and the lane's timer was
-				// set before this message's new deliver_after existed: a
-				// claim pass now reads it (as the next due time) and
-				// arms the timer, or claims at once if it is due. A lane
-				// stopped by a reload meanwhile cannot: the one serving
-				// the queue now does.
-				l.poke()
-				if l.ctx.Err() != nil {
-					l.d.pokeServing(l.target)
-				}
+				l.afterNack()
 			}
 			if obs != nil {
 				obs.Settled(m, outcomeOf(out.Verdict), handled)
@@ -783,6 +779,20 @@ func (l *lane) finish(st *consumerState, m *Message, cm *claim.Message, hctx con
 		obs.Finished(m)
 	}
 	l.slotDone()
+}
+
+// afterNack has the queue's new deliver_after read once a nack is
+// written. A nack sends no notification, and the lane's timer was set
+// before the message's new deliver_after existed: a claim pass now reads
+// it (as the next due time) and arms the timer, or claims at once if it
+// is due. A lane stopped by a reload meanwhile cannot: the one serving the
+// queue now does.
+func (l *lane) afterNack() {
+	l.nacked.Store(true)
+	l.poke()
+	if l.ctx.Err() != nil {
+		l.d.pokeServing(l.target)
+	}
 }
 
 // slotDone gives back a delivery's slot. When the sibling lane was waiting
@@ -815,7 +825,7 @@ func (l *lane) releaseUnstarted(st *consumerState, cm *claim.Message, vt time.Du
 	log.Warn().Dur("claim_took", time.Since(cm.LeasedAt)).Dur("visibility_timeout", vt).
 		Msg("the claim returned after the lease had run out; releasing the message undelivered")
 	l.d.complete.Submit(claim.Outcome{Message: cm, Verdict: claim.Release, Done: func(_ bool, err error) {
-		if err != nil {
+		if err != nil && !errors.Is(err, claim.ErrOutcomeUnknown) { // unknown: released, or reclaimed
 			log.Error().Err(err).Msg("could not release an undelivered message; it comes back after its lease")
 		}
 	}})

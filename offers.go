@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -456,7 +457,7 @@ func (d *Dispatcher) releaseLeased(cm *claim.Message, t claim.Target) {
 		return
 	}
 	d.complete.Submit(claim.Outcome{Message: cm, Verdict: claim.Release, Done: func(_ bool, err error) {
-		if err != nil {
+		if err != nil && !errors.Is(err, claim.ErrOutcomeUnknown) { // unknown: released, or reclaimed
 			d.log.Warn().Err(err).Str("app_id", t.AppID.String()).Str("queue", t.Queue).
 				Str("message_id", cm.ID.String()).Int("attempt", cm.Attempt).
 				Msg("could not release a leased message; it comes back after its lease")

@@ -2,6 +2,7 @@ package claim
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,7 +26,7 @@ import (
 // lease ran out (dead-lettering one that was on its last attempt,
 // undelivered). A pass is cancelled only once every caller it serves has
 // been stopped for StopWait. A caller stopped while its pass waits gets
-// an empty Pass.
+// an empty Pass at once.
 type Combiner struct {
 	db    *pgxpool.Pool
 	limit int
@@ -74,7 +75,21 @@ func (c *Combiner) Pass(ctx context.Context, r Request) (Pass, error) {
 	cl.done = make(chan struct{})
 	c.waiting = append(c.waiting, cl)
 	c.mu.Unlock()
-	<-cl.done
+	select {
+	case <-cl.done:
+	case <-ctx.Done():
+		// Answered now, not when a pass in flight ends: those passes
+		// may be other lanes' and take long, and a stopping lane holds
+		// its queue's busy key until it returns.
+		c.mu.Lock()
+		if i := slices.Index(c.waiting, cl); i >= 0 {
+			c.waiting = slices.Delete(c.waiting, i, i+1)
+			c.mu.Unlock()
+			return Pass{}, nil
+		}
+		c.mu.Unlock()
+		<-cl.done // taken into a pass already
+	}
 	return cl.pass, cl.err
 }
 
@@ -107,8 +122,8 @@ func (c *Combiner) run(calls []*call, own bool) {
 
 // take removes from the waiting calls those to send together: the
 // oldest, and if it is a queue's, up to MaxCombined of distinct queues,
-// oldest first. It answers those whose callers were stopped meanwhile.
-// Hold mu.
+// oldest first. It answers those whose callers were stopped meanwhile
+// and have not yet seen it. Hold mu.
 func (c *Combiner) take() []*call {
 	var out []*call
 	kept := c.waiting[:0]

@@ -240,8 +240,8 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // TestCombinerCombines: with its one pass in flight, a Combiner makes the
 // passes that wait meanwhile as one, each caller getting its own queue's
 // messages; a queue asked for twice goes in a pass of its own, and a
-// caller stopped while it waits gets an empty pass and leaves its queue's
-// messages unclaimed.
+// caller stopped while it waits gets an empty pass at once and leaves its
+// queue's messages unclaimed.
 func TestCombinerCombines(t *testing.T) {
 	ctx := context.Background()
 	pool, c, appID := setup(t)
@@ -279,6 +279,20 @@ func TestCombinerCombines(t *testing.T) {
 		return waiting == len(queues)+2
 	})
 	stop()
+	// The stopped caller is answered while the pass in flight still waits
+	// for its lock, not when it ends.
+	select {
+	case r := <-results:
+		results <- r // checked with the others below
+		if r.queue != "stopped" {
+			t.Fatalf("%s answered while the blocking pass was in flight", r.queue)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stopped caller was not answered while the blocking pass was in flight")
+	}
+	if _, waiting := claim.CombinerCounts(comb); waiting != len(queues)+1 {
+		t.Fatalf("%d calls waiting after the stop, want %d", waiting, len(queues)+1)
+	}
 	if _, err := release(); err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package claim
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -56,9 +57,17 @@ type Outcome struct {
 	Queue string // DeadLetter of an Invoke delivery: its consumer's queue
 	// Done, if set, is called once the outcome is written (applied: the
 	// token still matched) or could not be written (err != nil; the lease
-	// then expires and the message is delivered again).
+	// then expires and the message is delivered again). err is
+	// ErrOutcomeUnknown when a write succeeded without it after an
+	// earlier try failed: that try may have applied it.
 	Done func(applied bool, err error)
 }
+
+// ErrOutcomeUnknown is Done's error for an outcome that a retried write
+// did not apply: the token no longer matched, which an earlier try that
+// committed but whose answer was lost (a connection cut, a timeout after
+// the commit) also explains.
+var ErrOutcomeUnknown = errors.New("outcome not applied by a retried write: an earlier try may have applied it")
 
 // Completer writes outcomes in batches: whatever has queued up while the
 // previous batch was in flight goes in the next one, so a lone outcome is
@@ -128,6 +137,7 @@ func (c *Completer) loop() {
 func (c *Completer) flush(batch []Outcome) {
 	var applied Applied
 	var err error
+	retried := false
 	delay := 50 * time.Millisecond
 	for try := 1; try <= 5; try++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -136,14 +146,21 @@ func (c *Completer) flush(batch []Outcome) {
 		if err == nil {
 			break
 		}
+		retried = true
 		c.log.Warn().Err(err).Int("batch", len(batch)).Int("try", try).Msg("writing message outcomes failed")
 		time.Sleep(delay)
 		delay *= 2
 	}
 	for _, o := range batch {
-		if o.Done != nil {
-			o.Done(applied.Has(o.Message), err)
+		if o.Done == nil {
+			continue
 		}
+		has := applied.Has(o.Message)
+		if err == nil && !has && retried {
+			o.Done(false, ErrOutcomeUnknown)
+			continue
+		}
+		o.Done(has, err)
 	}
 }
 

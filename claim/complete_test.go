@@ -2,9 +2,18 @@ package claim_test
 
 import (
 	"context"
+	"encoding/binary"
+	"errors"
+	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop/claim"
 )
@@ -64,4 +73,114 @@ func TestDeadLetterErrorText(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestCompleterAnswerLost: when the connection is cut after the server
+// committed a batch of outcomes but before its answer arrived, the
+// Completer's retry finds the token gone. It reports the outcome as
+// unknown (ErrOutcomeUnknown), not as a lease lost, so that the lane of a
+// nack still reads the message's new due time rather than leave it to the
+// fallback poll.
+func TestCompleterAnswerLost(t *testing.T) {
+	ctx := context.Background()
+	pool, client, appID := setup(t)
+	id, _, target := newMessage(t, client, appID, claim.Queue, "lost")
+	m := claimOne(t, pool, target, id)
+
+	var armed atomic.Bool
+	var cuts atomic.Int32
+	cfg := pool.Config().Copy()
+	cfg.MaxConns = 1
+	// The cut reads the protocol, so it must be in the clear.
+	cfg.ConnConfig.TLSConfig, cfg.ConnConfig.Fallbacks = nil, nil
+	var dialer net.Dialer
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := dialer.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &cutConn{Conn: conn, armed: &armed, cuts: &cuts}, nil
+	}
+	cutting, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cutting.Close()
+	if err := cutting.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	comp := claim.NewCompleter(cutting, zerolog.Nop(), 1, 10)
+	defer comp.Close()
+
+	type answer struct {
+		applied bool
+		err     error
+	}
+	done := make(chan answer, 1)
+	armed.Store(true)
+	comp.Submit(claim.Outcome{Message: &m, Verdict: claim.Nack, Delay: time.Hour, Done: func(applied bool, err error) {
+		done <- answer{applied, err}
+	}})
+	var a answer
+	select {
+	case a = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the outcome was not answered")
+	}
+	if n := cuts.Load(); n != 1 {
+		t.Fatalf("%d connections cut, want 1", n)
+	}
+	if a.applied || !errors.Is(a.err, claim.ErrOutcomeUnknown) {
+		t.Errorf("Done(%v, %v), want (false, ErrOutcomeUnknown)", a.applied, a.err)
+	}
+	// The first try did commit: the message is released, due in an hour.
+	var token *uuid.UUID
+	var due time.Time
+	if err := pool.QueryRow(ctx, `SELECT claim_token, deliver_after FROM queue_messages WHERE id = $1`, id).Scan(&token, &due); err != nil {
+		t.Fatal(err)
+	}
+	if token != nil || time.Until(due) < 50*time.Minute {
+		t.Errorf("after the cut write: claim_token %v, deliver_after in %s; want no token, in about an hour", token, time.Until(due).Round(time.Second))
+	}
+}
+
+// cutConn is a connection to the server that, once armed, is cut right
+// after the server's answer to a query that returned rows has ended (its
+// ReadyForQuery): the server has committed, and the client never hears.
+// Armed only between queries, it reads the server's messages from their
+// start.
+type cutConn struct {
+	net.Conn
+	armed *atomic.Bool
+	cuts  *atomic.Int32
+	buf   []byte // the server's bytes since armed, from a message's start
+	rows  bool   // a DataRow came since the last ReadyForQuery
+}
+
+func (c *cutConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if !c.armed.Load() {
+		c.buf, c.rows = c.buf[:0], false
+		return n, err
+	}
+	c.buf = append(c.buf, p[:n]...)
+	for len(c.buf) >= 5 {
+		size := 1 + int(binary.BigEndian.Uint32(c.buf[1:5]))
+		if len(c.buf) < size {
+			break
+		}
+		switch c.buf[0] {
+		case 'D':
+			c.rows = true
+		case 'Z':
+			if c.rows && c.armed.CompareAndSwap(true, false) {
+				c.Conn.Close()
+				c.cuts.Add(1)
+				return 0, errors.New("connection cut by the test")
+			}
+			c.rows = false
+		}
+		c.buf = c.buf[size:]
+	}
+	return n, err
 }

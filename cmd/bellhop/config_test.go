@@ -38,6 +38,7 @@ func TestBadConfiguration(t *testing.T) {
 	const garbled = "postgres://u:s3cretpw@host:notaport/db"
 	add := []string{"consumer", "add", "--app", "shop", "--queue", "q", "--url", "http://127.0.0.1:9/hook"}
 	enq := []string{"enqueue", "--app", "shop", "--queue", "orders"}
+	const away = "host=/nonexistent port=1 user=postgres connect_timeout=2"
 
 	tests := []struct {
 		name string
@@ -128,6 +129,16 @@ func TestBadConfiguration(t *testing.T) {
 		{"dead purge bad queue name", dsn, nil, []string{"dead", "purge", "--app", "shop", "--queue", "bad q"}, `purge dead letters: invalid queue name "bad q"`},
 		{"dead redrive bad queue name", dsn, nil, []string{"dead", "redrive", "--app", "shop", "--queue", "a/b"}, `redrive dead letters: invalid queue name "a/b"`},
 		{"dead ls bad queue name", dsn, nil, []string{"dead", "ls", "--app", "shop", "--queue", "bad q"}, `list dead letters: invalid queue name "bad q"`},
+		// Input that is bad whatever the database holds is named even
+		// when the database cannot be reached.
+		{"bad app name, database away", away, nil, []string{"app", "create", "bad name"}, `create app: invalid name: app name "bad name"`},
+		{"bad queue name on add, database away", away, nil, []string{"consumer", "add", "--app", "shop", "--queue", "a/b", "--url", "http://127.0.0.1:9/"}, `--queue: invalid queue name "a/b"`},
+		{"bad queue name on enqueue, database away", away, nil, []string{"enqueue", "--app", "shop", "--queue", "a/b", "{}"}, `--queue: invalid queue name "a/b"`},
+		{"non-JSON enqueue, database away", away, nil, []string{"enqueue", "--app", "shop", "--queue", "q", "{not json"}, "payload is not a JSON value"},
+		{"port out of range on add", away, nil, []string{"consumer", "add", "--app", "shop", "--queue", "q", "--url", "http://example.com:99999/hook"}, `port "99999" is outside 1..65535`},
+		{"setup-demo empty --secret-file", dsn, nil, []string{"setup-demo", "--app", "shop", "--queue", "q", "--url", "http://127.0.0.1:9/", "--secret-file", ""}, `--secret-file "" names no file`},
+		{"setup-demo --secret-file a directory path", dsn, nil, []string{"setup-demo", "--app", "shop", "--queue", "q", "--url", "http://127.0.0.1:9/", "--secret-file", "/tmp/"}, `--secret-file "/tmp/" names no file`},
+		{"example-consumer empty --secret-file", "-", nil, []string{"example-consumer", "--addr", "127.0.0.1:0", "--secret-file", ""}, `--secret-file "" names no file`},
 		{"setup-demo bad queue name", dsn, nil, []string{"setup-demo", "--app", "shop", "--queue", "bad q", "--url", "http://127.0.0.1:9/", "--secret-file", "/nonexistent/s"}, `invalid queue name "bad q"`},
 		{"--allowed-hosts entry with a port", dsn, nil, []string{"run", "--allowed-hosts", "example.com,127.0.0.1:18282"}, `--allowed-hosts: httppush: allowed host "127.0.0.1:18282": is not a bare hostname`},
 		{"--allowed-hosts entry is a URL", dsn, nil, append(add, "--allowed-hosts", "https://a.example.com"), `allowed host "https://a.example.com": is a URL`},

@@ -149,6 +149,9 @@ type secretFile struct {
 // newSecretFile prepares the replacement of path. Its errors are usage
 // errors: the path is wrong, not the database.
 func newSecretFile(path string) (*secretFile, error) {
+	if path == "" || strings.HasSuffix(path, "/") {
+		return nil, usagef("--secret-file %q names no file", path)
+	}
 	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
 		return nil, usagef("--secret-file %q is a directory", path)
 	}
@@ -216,6 +219,9 @@ func exampleConsumerCommand(d *deps) *cli.Command {
 			// consumer URL can name.
 			if cmd.String("addr") == "" {
 				return usagef("--addr is empty: give the address to listen on, such as :8080")
+			}
+			if p := cmd.String("secret-file"); p == "" || strings.HasSuffix(p, "/") {
+				return usagef("--secret-file %q names no file", p)
 			}
 			ctx, stop := signalContext(ctx, nopLogger())
 			defer stop()

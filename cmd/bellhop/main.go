@@ -244,7 +244,10 @@ func parsePoolConfig(url string) (*pgxpool.Config, error) {
 }
 
 // defaultConnectTimeout bounds each connection attempt of a command, the
-// daemon's included, unless the connection string sets connect_timeout.
+// daemon's included, unless the connection string sets a positive
+// connect_timeout. pgx parses an explicit 0 (libpq's "wait forever") to
+// the same zero as none, so 0 gets the default too; a daemon waiting
+// forever on a dead address would never report it.
 const defaultConnectTimeout = 10 * time.Second
 
 // redactErr keeps a connection string's password out of an error message.

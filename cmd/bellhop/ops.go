@@ -104,6 +104,11 @@ func appCommand(d *deps) *cli.Command {
 				if err != nil {
 					return err
 				}
+				// Checked before connecting, as CreateApp checks it, so
+				// that a bad name is named even with the database away.
+				if err := validate.Name("app", name); err != nil {
+					return fmt.Errorf("create app: %w", err)
+				}
 				c, pool, err := client(ctx, cmd)
 				if err != nil {
 					return err
@@ -258,6 +263,9 @@ func consumerCommand(d *deps) *cli.Command {
 				}
 				if err := httppush.New(httppush.Options{AllowedHosts: hosts}).CheckURL(cmd.String("url")); err != nil {
 					return usageError{err}
+				}
+				if err := validate.QueueName(cmd.String("queue")); err != nil {
+					return usagef("--queue: %w", err)
 				}
 				c, pool, err := client(ctx, cmd)
 				if err != nil {
@@ -436,6 +444,16 @@ func enqueueCommand(d *deps) *cli.Command {
 			}
 			if cmd.IsSet("delay") && cmd.IsSet("at") {
 				return usagef("use --delay or --at, not both")
+			}
+			// What can be checked without the database is checked before
+			// connecting, so that it is named even with the database away.
+			if err := validate.QueueName(cmd.String("queue")); err != nil {
+				return usagef("--queue: %w", err)
+			}
+			if body != "-" {
+				if err := validate.Payload([]byte(body)); err != nil {
+					return usagef("enqueue: %w", err)
+				}
 			}
 			c, pool, err := client(ctx, cmd)
 			if err != nil {

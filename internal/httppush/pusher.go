@@ -23,7 +23,7 @@
 //
 //	2xx                          ack: the message is deleted
 //	429, 503 with Retry-After    retry after that long (capped at 12h)
-//	408, 429, 503, 5xx           retry with the consumer's backoff
+//	407, 408, 429, 503, 5xx      retry with the consumer's backoff
 //	other 4xx, and 3xx           dead-letter at once: retrying cannot help
 //	timeout, connection error    retry with the consumer's backoff
 //
@@ -34,6 +34,10 @@
 // message's lease, however short the backoff: the consumer may still be
 // working on it. That includes a keep-alive connection that the consumer
 // closed just as the request was written to it: rare, and the safe side.
+//
+// Requests go through the proxy that HTTP_PROXY, HTTPS_PROXY and NO_PROXY
+// name (net/http's ProxyFromEnvironment), unless Options.Client says
+// otherwise. A 407 can only be the proxy's, so it is retried.
 //
 // Redirects are never followed: the allow-list is checked against the
 // registered URL only, so following a redirect would let a consumer send
@@ -225,6 +229,8 @@ func (p *Pusher) parseURL(raw string) (*url.URL, error) {
 	case u.User != nil:
 		// The signature authenticates instead.
 		return nil, fmt.Errorf("httppush: URL %s carries credentials", shown)
+	case validate.BadPort(u) != "":
+		return nil, fmt.Errorf("httppush: URL %s: %s", shown, validate.BadPort(u))
 	}
 	if p.restricted && !isASCII(u.Hostname()) {
 		// Compared as written, a name such as "servİce" would lower-case
@@ -531,6 +537,10 @@ func (h *handler) outcome(resp *http.Response, head []byte) error {
 		return fmt.Errorf("consumer busy: HTTP %d: %w", code, bellhop.RetryAfter(d))
 	case code == http.StatusRequestTimeout:
 		return responseError(fmt.Sprintf("consumer timed out reading the request: HTTP %d", code), head)
+	case code == http.StatusProxyAuthRequired:
+		// Only a proxy answers 407 (HTTP_PROXY and the like, see New):
+		// the consumer never saw the message, so it is not rejected.
+		return responseError(fmt.Sprintf("the proxy to the consumer wants credentials: HTTP %d", code), head)
 	case code >= 300 && code <= 499:
 		if code <= 399 {
 			// The body of a redirect is rarely useful; where it points is.

@@ -126,6 +126,7 @@ func TestResponseMapping(t *testing.T) {
 		{name: "410", status: 410, want: "permanent", errSubstr: "HTTP 410"},
 		{name: "422", status: 422, body: "invalid", want: "permanent", errSubstr: "HTTP 422: invalid"},
 		{name: "408", status: 408, want: "retry", errSubstr: "HTTP 408"},
+		{name: "407 from a proxy", status: 407, want: "retry", errSubstr: "the proxy to the consumer wants credentials: HTTP 407"},
 		{name: "429 Retry-After seconds", status: 429, header: map[string]string{"Retry-After": "120"},
 			want: "retry-after", delay: 2 * time.Minute},
 		{name: "429 Retry-After 0", status: 429, header: map[string]string{"Retry-After": "0"},

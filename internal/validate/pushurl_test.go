@@ -32,6 +32,11 @@ func TestPushURL(t *testing.T) {
 		{url: "http://u:pw@hooks.example.com/", want: "carries credentials"},
 		{url: "http://[::1/x", want: "missing ']' in host"},
 		{url: "http://a b.example.com/", want: "invalid character"},
+		{url: "http://example.com:99999/hook", want: `port "99999" is outside 1..65535`},
+		{url: "http://example.com:0/hook", want: `port "0" is outside 1..65535`},
+		{url: "http://[::1]:65536/", want: `port "65536" is outside 1..65535`},
+		{url: "http://example.com:65535/hook"},
+		{url: "http://example.com:/hook"},
 	}
 	daemon := httppush.New(httppush.Options{})
 	for _, tt := range tests {

@@ -246,8 +246,24 @@ func PushURL(s string) error {
 		return fmt.Errorf("%w: URL %s has no host", ErrOption, shown)
 	case u.User != nil:
 		return fmt.Errorf("%w: URL %s carries credentials; use the signing secret instead", ErrOption, shown)
+	case BadPort(u) != "":
+		return fmt.Errorf("%w: URL %s: %s", ErrOption, shown, BadPort(u))
 	}
 	return nil
+}
+
+// BadPort says why u's port can never be dialled, or "" if it can or u
+// names none. url.Parse checks only that a port is digits, so a URL with
+// port 99999 would be accepted, and every push to it fail.
+func BadPort(u *url.URL) string {
+	p := u.Port()
+	if p == "" {
+		return ""
+	}
+	if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+		return fmt.Sprintf("port %s is outside 1..65535", quote(p))
+	}
+	return ""
 }
 
 // ShownURL is s as errors about it may show it: quoted, with its user
