@@ -13,7 +13,8 @@ import (
 // Combiner makes a dispatcher's claim passes. While fewer than its limit
 // are in flight, a pass is sent at once, alone, as ClaimPass would send
 // it. Beyond that, passes wait, and when one in flight ends, up to
-// MaxCombined of the waiting queues' passes go as one (ClaimPasses): one
+// MaxCombined of the waiting queues' passes, asking for up to
+// MaxCombinedMessages in all, go as one (ClaimPasses): one
 // round trip, one transaction and one claim statement for them all. So a
 // dispatcher whose queues are woken faster than it can claim for them one
 // by one, as when ten thousand idle queues each get a message, spends a
@@ -41,6 +42,16 @@ type Combiner struct {
 
 // MaxCombined is the most queues a combined pass claims for.
 const MaxCombined = 100
+
+// MaxCombinedMessages is the most messages a combined pass asks for, the
+// sum of its requests' Max; a request that asks for more goes alone. A
+// combined pass is one statement, run by one server backend on one core.
+// Without this bound, 100 queues at in-flight 1,000 were claimed for in
+// statements of about 7,000 rows, 400 ms each, one after another, and
+// their burn-down ran at 0.7 × its rate before combining, which claimed
+// in passes of a few hundred rows that share the server's cores
+// (BENCHMARKS.md, "combined claim passes").
+const MaxCombinedMessages = 1000
 
 // StopWait is how long a stop lets a claim pass already sent finish.
 const StopWait = 5 * time.Second
@@ -122,17 +133,20 @@ func (c *Combiner) run(calls []*call, own bool) {
 
 // take removes from the waiting calls those to send together: the
 // oldest, and if it is a queue's, up to MaxCombined of distinct queues,
-// oldest first. It answers those whose callers were stopped meanwhile
-// and have not yet seen it. Hold mu.
+// oldest first, while their messages asked for stay within
+// MaxCombinedMessages. It answers those whose callers were stopped
+// meanwhile and have not yet seen it. Hold mu.
 func (c *Combiner) take() []*call {
 	var out []*call
+	asked := 0
 	kept := c.waiting[:0]
 	for _, cl := range c.waiting {
 		switch {
 		case cl.ctx.Err() != nil:
 			close(cl.done)
-		case len(out) == 0 || len(out) < MaxCombined && combines(out, cl.req.Target):
+		case len(out) == 0 || len(out) < MaxCombined && asked+cl.req.Max <= MaxCombinedMessages && combines(out, cl.req.Target):
 			out = append(out, cl)
+			asked += cl.req.Max
 		default:
 			kept = append(kept, cl)
 		}

@@ -357,3 +357,59 @@ func TestCombinerAlone(t *testing.T) {
 		t.Errorf("%d passes sent, want 2", sent)
 	}
 }
+
+// TestCombinerCapsMessages: waiting passes combine only while the
+// messages they ask for stay within MaxCombinedMessages; the rest go in
+// passes of their own.
+func TestCombinerCapsMessages(t *testing.T) {
+	for _, tc := range []struct {
+		max  int
+		sent int64 // the blocking pass included
+	}{
+		{claim.MaxCombinedMessages / 3, 2},    // all three in one pass
+		{claim.MaxCombinedMessages / 2, 3},    // two, then the third
+		{claim.MaxCombinedMessages/2 + 1, 4},  // each alone
+		{claim.MaxCombinedMessages + 5000, 4}, // one alone asks for more
+	} {
+		t.Run(fmt.Sprint(tc.max), func(t *testing.T) {
+			ctx := context.Background()
+			pool, c, appID := setup(t)
+			queues := []string{"q0", "q1", "q2"}
+			for _, q := range queues {
+				enqueueN(t, c, "app", q, 1, bellhop.EnqueueOptions{})
+			}
+			owner := uuid.New()
+			comb := claim.NewCombiner(pool, 1)
+			release := blockPass(t, pool, comb, appID, owner)
+			var wg sync.WaitGroup
+			claimed := make(chan int, len(queues))
+			for _, q := range queues {
+				wg.Go(func() {
+					p, err := comb.Pass(ctx, claim.Request{Target: claim.Target{Source: claim.Queue, AppID: appID, Queue: q}, Max: tc.max,
+						Busy: claim.Busy{Owner: owner, Lease: time.Minute}})
+					if err != nil {
+						t.Errorf("%s: %v", q, err)
+					}
+					claimed <- len(p.Messages)
+				})
+			}
+			waitFor(t, "all calls waiting", func() bool {
+				_, waiting := claim.CombinerCounts(comb)
+				return waiting == len(queues)
+			})
+			if _, err := release(); err != nil {
+				t.Fatal(err)
+			}
+			wg.Wait()
+			close(claimed)
+			for n := range claimed {
+				if n != 1 {
+					t.Errorf("a pass claimed %d messages, want its queue's 1", n)
+				}
+			}
+			if sent, _ := claim.CombinerCounts(comb); sent != tc.sent {
+				t.Errorf("Max %d: %d passes sent, want %d", tc.max, sent, tc.sent)
+			}
+		})
+	}
+}

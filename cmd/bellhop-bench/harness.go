@@ -540,6 +540,50 @@ func vmRSS() (int64, error) {
 }
 
 // loadavg returns the 1, 5 and 15 minute load averages.
+// cpuTimes are the machine's CPU times from /proc/stat, in clock ticks:
+// the "cpu" line's user, nice, system, idle, iowait, irq, softirq and
+// steal.
+type cpuTimes [8]uint64
+
+// readCPUTimes reads cpuTimes; ok is false where /proc/stat is missing or
+// has another layout.
+func readCPUTimes() (t cpuTimes, ok bool) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return t, false
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return t, false
+	}
+	for i := range t {
+		if t[i], err = strconv.ParseUint(f[i+1], 10, 64); err != nil {
+			return t, false
+		}
+	}
+	return t, true
+}
+
+// cpuShare describes how the machine's CPU time went between two
+// readings: busy (user, nice, system, irq, softirq), iowait, and steal,
+// the time the hypervisor gave this VM's CPUs to others. A run whose
+// figures fall with steal or iowait high met a slower machine, not
+// slower code.
+func cpuShare(a, b cpuTimes) string {
+	var d cpuTimes
+	var total uint64
+	for i := range d {
+		d[i] = b[i] - a[i]
+		total += d[i]
+	}
+	if total == 0 {
+		return "cpu unknown"
+	}
+	pct := func(v uint64) float64 { return 100 * float64(v) / float64(total) }
+	return fmt.Sprintf("cpu busy %.0f%%, iowait %.1f%%, steal %.1f%%", pct(d[0]+d[1]+d[2]+d[5]+d[6]), pct(d[4]), pct(d[7]))
+}
+
 func loadavg() string {
 	b, err := os.ReadFile("/proc/loadavg")
 	if err != nil {

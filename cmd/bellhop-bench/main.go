@@ -180,7 +180,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.riverBin, "river-bin", "", "a prebuilt River benchmark binary (skips the build)")
 	fs.IntVar(&o.poolMax, "pool-max-conns", 20, "the dispatcher's pool size (and River's)")
 	fs.BoolVar(&o.sequential, "sequential", false, "run all runs of a scenario before the next scenario (default: interleaved, run 1 of every scenario, then run 2, ..., so that scenarios compared with each other, Bellhop's and River's, share the machine's changing load)")
-	fs.StringVar(&o.dump, "dump", "", "write every message of each latency and scale case run to DIR/<scenario>-<case>-run<N>.csv (enqueued at, Enqueue call, latency; µs), to see when the slow ones came")
+	fs.StringVar(&o.dump, "dump", "", "write every message of each latency and scale case run (and of river's back-to-back latency case) to DIR/<scenario>-<case>-run<N>.csv (enqueued at, Enqueue call, latency; µs), to see when the slow ones came")
 	fs.BoolVar(&o.timeline, "timeline", false, "print, per second of each load run, how many messages were enqueued and delivered (to stderr)")
 	fs.BoolVar(&o.verbose, "v", false, "log the dispatchers' info messages to stderr (default: warnings)")
 	if err := fs.Parse(args); err != nil {
@@ -383,15 +383,20 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) (int, error)
 		la := loadavg()
 		e.logf("%s: run %d of %d (load average %s)", sc.title, r, p.Runs, la)
 		t0 := time.Now()
+		c0, cok := readCPUTimes()
 		err := sc.run(ctx, e, r)
-		rep.Load = append(rep.Load, fmt.Sprintf("%s run %d: load average %s at start, %s at end (%s)", sc.name, r, la, loadavg(), time.Since(t0).Round(time.Second)))
+		cpu := "cpu unknown"
+		if c1, ok := readCPUTimes(); ok && cok {
+			cpu = cpuShare(c0, c1)
+		}
+		rep.Load = append(rep.Load, fmt.Sprintf("%s run %d: load average %s at start, %s at end (%s); %s", sc.name, r, la, loadavg(), time.Since(t0).Round(time.Second), cpu))
 		if err != nil {
 			msg := fmt.Sprintf("%s run %d: %v", sc.name, r, err)
 			e.res.Errors = append(e.res.Errors, msg)
 			e.logf("FAILED %s", msg)
 			continue
 		}
-		e.logf("%s: run %d done in %s", sc.title, r, time.Since(t0).Round(100*time.Millisecond))
+		e.logf("%s: run %d done in %s (%s)", sc.title, r, time.Since(t0).Round(100*time.Millisecond), cpu)
 	}
 
 	rep.Finished = time.Now()

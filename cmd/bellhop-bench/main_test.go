@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"math"
 	"strings"
@@ -291,5 +292,77 @@ func TestLeaseTargets(t *testing.T) {
 		if verdict[name] != v {
 			t.Errorf("%s: %s, want %s (all: %v)", name, verdict[name], v, verdict)
 		}
+	}
+}
+
+// TestBackToBackTargets: the back-to-back targets take the median of the
+// per-run ratios, not a ratio of medians, and list each run's ratio.
+func TestBackToBackTargets(t *testing.T) {
+	p := fullParams()
+	r := newResults()
+	b2b := backToBackCase(riverFetches[1])
+	for _, v := range []float64{0.9, 0.6, 0.7} {
+		r.Add(Metric{Scenario: "river", Case: b2b, Name: mLatencyRatio, Unit: "×", LowerIsBetter: true}, v)
+	}
+	for _, v := range []float64{2.5, 1.8, 1.9} {
+		r.Add(Metric{Scenario: "river", Case: b2b, Name: burnDownRatio(10, 10), Unit: "×"}, v)
+	}
+	got := map[string]Target{}
+	for _, tg := range evaluateTargets(r, p) {
+		got[tg.Name] = tg
+	}
+	for _, tc := range []struct {
+		name, verdict, detail string
+		value                 float64
+	}{
+		{"latency p50 vs River, back to back", "PASS", "per run 0.90, 0.60, 0.70", 0.7},
+		{"burn-down, in-flight 10, back to back", "FAIL", "per run 2.50, 1.80, 1.90", 1.9},
+		{"burn-down, in-flight 1,000, back to back", "", "", 0},
+	} {
+		tg, ok := got[tc.name]
+		if tc.verdict == "" {
+			if ok {
+				t.Errorf("%s: reported without its ratios: %+v", tc.name, tg)
+			}
+			continue
+		}
+		if !ok || tg.Verdict() != tc.verdict || tg.Value != tc.value || tg.Detail != tc.detail {
+			t.Errorf("%s: %+v, want %s at %v with %q", tc.name, tg, tc.verdict, tc.value, tc.detail)
+		}
+	}
+	// The ratios of medians, from the separate scenarios, are still there.
+	if tg := got["latency p50 vs River"]; tg.Name == "" || tg.Known {
+		t.Errorf("latency p50 vs River without its figures: %+v", tg)
+	}
+}
+
+// TestBackToBack: the two measurements swap order from run to run.
+func TestBackToBack(t *testing.T) {
+	for run, want := range map[int]string{1: "ab", 2: "ba", 3: "ab"} {
+		var got string
+		err := backToBack(run, func() error { got += "a"; return nil }, func() error { got += "b"; return nil })
+		if err != nil || got != want {
+			t.Errorf("run %d: %q, %v; want %q", run, got, err, want)
+		}
+	}
+	stop := errors.New("stop")
+	var ran bool
+	if err := backToBack(1, func() error { return stop }, func() error { ran = true; return nil }); !errors.Is(err, stop) || ran {
+		t.Errorf("after a failure: err %v, second ran %v", err, ran)
+	}
+}
+
+func TestCPUShare(t *testing.T) {
+	a := cpuTimes{100, 0, 50, 1000, 10, 0, 0, 5}
+	b := cpuTimes{160, 0, 70, 1080, 30, 0, 0, 25}
+	// 200 ticks: 80 busy, 80 idle, 20 iowait, 20 steal.
+	if got, want := cpuShare(a, b), "cpu busy 40%, iowait 10.0%, steal 10.0%"; got != want {
+		t.Errorf("cpuShare: %q, want %q", got, want)
+	}
+	if got := cpuShare(a, a); got != "cpu unknown" {
+		t.Errorf("no ticks between readings: %q", got)
+	}
+	if _, ok := readCPUTimes(); !ok {
+		t.Log("no /proc/stat here; the report says cpu unknown")
 	}
 }

@@ -36,11 +36,9 @@ func runLatency(ctx context.Context, e *env, run int) error {
 		slices.Reverse(cases)
 	}
 	for _, cas := range cases {
-		st, err := latencyOnce(ctx, e, cas, run)
-		if err != nil {
+		if _, err := latencyOnce(ctx, e, cas, run, reportAs{"latency", cas}); err != nil {
 			return fmt.Errorf("%s: %w", cas, err)
 		}
-		addLatency(e.res, "latency", cas, st, true)
 	}
 	for _, offer := range []bool{false, true} {
 		if err := enqueueAlone(ctx, e, offer); err != nil {
@@ -56,13 +54,19 @@ func runLatency(ctx context.Context, e *env, run int) error {
 	return nil
 }
 
-func latencyOnce(ctx context.Context, e *env, cas string, run int) (latencyStats, error) {
+// reportAs names where a measurement's figures go: a scenario, and the
+// case they are reported under.
+type reportAs struct{ scenario, label string }
+
+// latencyOnce measures the latency case cas once, reports its
+// percentiles, and those of its parts, under at, and returns them.
+func latencyOnce(ctx context.Context, e *env, cas string, run int, at reportAs) (latencyStats, error) {
 	db, err := e.srv.newDatabase(ctx, "latency", true)
 	if err != nil {
 		return latencyStats{}, err
 	}
 	defer db.drop()
-	e.res.Note("latency", "transport: producer %s, dispatcher %s", transport(db.DSN), transport(db.DSN))
+	e.res.Note(at.scenario, "transport: producer %s, dispatcher %s", transport(db.DSN), transport(db.DSN))
 
 	rec := newRecorder(e.base, e.p.latencyN)
 	spec := bellhop.ConsumerSpec{}
@@ -87,7 +91,7 @@ func latencyOnce(ctx context.Context, e *env, cas string, run int) (latencyStats
 		h.settled = func(time.Duration) { _ = db.resetStatements(ctx) }
 		h.delivered = func() {
 			if st, err := db.statements(ctx); err == nil {
-				e.evidence.addStatements("latency: "+cas+" (run 1)", st, 8)
+				e.evidence.addStatements(at.scenario+": "+at.label+" (run 1)", st, 8)
 			}
 		}
 	}
@@ -95,13 +99,14 @@ func latencyOnce(ctx context.Context, e *env, cas string, run int) (latencyStats
 	if err != nil {
 		return st, err
 	}
-	if err := rec.dump(e, "latency", cas, run); err != nil {
+	if err := rec.dump(e, at.scenario, at.label, run); err != nil {
 		return st, err
 	}
 	enq, after := rec.split()
-	addLatency(e.res, "latency", cas+": Enqueue call", enq, false)
-	addLatency(e.res, "latency", cas+": Enqueue returned → handler", after, false)
-	addLatency(e.res, "latency", cas+": claim pass round trip", h.claims.stats(), false)
+	addLatency(e.res, at.scenario, at.label, st, true)
+	addLatency(e.res, at.scenario, at.label+": Enqueue call", enq, false)
+	addLatency(e.res, at.scenario, at.label+": Enqueue returned → handler", after, false)
+	addLatency(e.res, at.scenario, at.label+": claim pass round trip", h.claims.stats(), false)
 	return st, nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -16,11 +17,46 @@ import (
 type riverFetch struct {
 	Name string
 	Args []string
+	// BackToBack measures Bellhop's matching case right next to each of
+	// this configuration's, for the targets' ratios.
+	BackToBack bool
 }
 
 var riverFetches = []riverFetch{
 	{Name: "River defaults"},
-	{Name: "River 2ms/20ms", Args: []string{"-fetch-cooldown", "2ms", "-fetch-poll-interval", "20ms"}},
+	{Name: "River 2ms/20ms", Args: []string{"-fetch-cooldown", "2ms", "-fetch-poll-interval", "20ms"}, BackToBack: true},
+}
+
+// burnDownPair is one of the issue's burn-down comparisons: Bellhop at a
+// max in-flight against River with a number of workers, and the factor by
+// which Bellhop must be faster.
+type burnDownPair struct {
+	inFlight, workers int
+	factor            float64
+}
+
+var burnDownPairs = []burnDownPair{{10, 10, 2}, {1000, 2000, 1.5}}
+
+// Back-to-back cases and ratio names, used by the targets too.
+func backToBackCase(f riverFetch) string { return "back to back: Bellhop ÷ " + f.Name }
+
+const mLatencyRatio = "latency p50 ratio"
+
+func burnDownRatio(inFlight, workers int) string {
+	return fmt.Sprintf("burn-down ratio, in-flight %s ÷ %s workers", groupThousands(fmt.Sprint(inFlight)), groupThousands(fmt.Sprint(workers)))
+}
+
+// backToBack runs a and b one right after the other: a first in odd runs,
+// b first in even ones, so that neither always meets the state the other
+// leaves behind.
+func backToBack(run int, a, b func() error) error {
+	if run%2 == 0 {
+		a, b = b, a
+	}
+	if err := a(); err != nil {
+		return err
+	}
+	return b()
 }
 
 // River case names, used by the targets too.
@@ -48,8 +84,12 @@ func buildRiver(ctx context.Context, riverDir, dir string) (string, error) {
 }
 
 // runRiver runs River's latency and burn-down benchmarks against the
-// same server, a fresh database each time.
-func runRiver(ctx context.Context, e *env, _ int) error {
+// same server, a fresh database each time. For a BackToBack
+// configuration it measures Bellhop's matching case right next to each,
+// and records the ratio of the two: the shared machine's speed drifts
+// over minutes, and the targets' ratios should not compare figures taken
+// ten minutes apart.
+func runRiver(ctx context.Context, e *env, run int) error {
 	if e.riverBin == "" {
 		return fmt.Errorf("no River benchmark binary")
 	}
@@ -62,29 +102,78 @@ func runRiver(ctx context.Context, e *env, _ int) error {
 			RiverVersion string  `json:"river_version"`
 			PoolMaxConns int     `json:"pool_max_conns"`
 		}
-		args := append([]string{"-scenario", "latency", "-n", strconv.Itoa(e.p.riverLatencyN), "-interval", e.p.latencyInterval.String()}, f.Args...)
-		if err := e.river(ctx, args, &res); err != nil {
-			return fmt.Errorf("%s: %w", riverLatencyCase(f), err)
+		theirs := func() error {
+			args := append([]string{"-scenario", "latency", "-n", strconv.Itoa(e.p.riverLatencyN), "-interval", e.p.latencyInterval.String()}, f.Args...)
+			if err := e.river(ctx, args, &res); err != nil {
+				return fmt.Errorf("%s: %w", riverLatencyCase(f), err)
+			}
+			addLatency(e.res, "river", riverLatencyCase(f), latencyStats{P50: res.P50US, P90: res.P90US, P99: res.P99US, Max: res.MaxUS}, true)
+			e.res.Note("river", "River %s, pool_max_conns=%d", res.RiverVersion, res.PoolMaxConns)
+			return nil
 		}
-		addLatency(e.res, "river", riverLatencyCase(f), latencyStats{P50: res.P50US, P90: res.P90US, P99: res.P99US, Max: res.MaxUS}, true)
-		e.res.Note("river", "River %s, pool_max_conns=%d", res.RiverVersion, res.PoolMaxConns)
+		if !f.BackToBack {
+			if err := theirs(); err != nil {
+				return err
+			}
+		} else {
+			var ours latencyStats
+			label := fmt.Sprintf("Bellhop %s, next to %s", caseGo, riverLatencyCase(f))
+			err := backToBack(run, func() (err error) {
+				ours, err = latencyOnce(ctx, e, caseGo, run, reportAs{"river", label})
+				if err != nil {
+					return fmt.Errorf("%s: %w", label, err)
+				}
+				return nil
+			}, theirs)
+			if err != nil {
+				return err
+			}
+			e.res.Add(Metric{Scenario: "river", Case: backToBackCase(f), Name: mLatencyRatio, Unit: "×", LowerIsBetter: true}, ours.P50/res.P50US)
+		}
 		for _, w := range e.p.riverWorkers {
-			var b struct {
-				Seconds       float64 `json:"seconds"`
-				JobsPerSec    float64 `json:"jobs_per_sec"`
-				WorkedSeconds float64 `json:"worked_seconds"`
-			}
-			args := append([]string{"-scenario", "burndown", "-n", strconv.Itoa(e.p.riverBurndownN), "-workers", strconv.Itoa(w)}, f.Args...)
-			if err := e.river(ctx, args, &b); err != nil {
-				return fmt.Errorf("%s: %w", riverBurndownCase(f, e.p.riverBurndownN, w), err)
-			}
+			var jobs float64
 			cas := riverBurndownCase(f, e.p.riverBurndownN, w)
-			e.res.Add(Metric{Scenario: "river", Case: cas, Name: mRiverWorked, Unit: "jobs/s"}, rate(e.p.riverBurndownN, time.Duration(b.WorkedSeconds*float64(time.Second))))
-			e.res.Add(Metric{Scenario: "river", Case: cas, Name: mRiverJobs, Unit: "jobs/s"}, b.JobsPerSec)
+			theirs := func() error {
+				var b struct {
+					Seconds       float64 `json:"seconds"`
+					JobsPerSec    float64 `json:"jobs_per_sec"`
+					WorkedSeconds float64 `json:"worked_seconds"`
+				}
+				args := append([]string{"-scenario", "burndown", "-n", strconv.Itoa(e.p.riverBurndownN), "-workers", strconv.Itoa(w)}, f.Args...)
+				if err := e.river(ctx, args, &b); err != nil {
+					return fmt.Errorf("%s: %w", cas, err)
+				}
+				e.res.Add(Metric{Scenario: "river", Case: cas, Name: mRiverWorked, Unit: "jobs/s"}, rate(e.p.riverBurndownN, time.Duration(b.WorkedSeconds*float64(time.Second))))
+				e.res.Add(Metric{Scenario: "river", Case: cas, Name: mRiverJobs, Unit: "jobs/s"}, b.JobsPerSec)
+				jobs = b.JobsPerSec
+				return nil
+			}
+			i := slices.IndexFunc(burnDownPairs, func(p burnDownPair) bool { return p.workers == w })
+			if !f.BackToBack || i < 0 {
+				if err := theirs(); err != nil {
+					return err
+				}
+				continue
+			}
+			c := throughputCase{N: e.p.riverBurndownN, Queues: 1, InFlight: burnDownPairs[i].inFlight}
+			label := fmt.Sprintf("Bellhop %s, next to %s", c, cas)
+			var ours float64
+			err := backToBack(run, func() (err error) {
+				ours, err = throughputOnce(ctx, e, run, c, reportAs{"river", label})
+				if err != nil {
+					return fmt.Errorf("%s: %w", label, err)
+				}
+				return nil
+			}, theirs)
+			if err != nil {
+				return err
+			}
+			e.res.Add(Metric{Scenario: "river", Case: backToBackCase(f), Name: burnDownRatio(c.InFlight, w), Unit: "×"}, ours/jobs)
 		}
 	}
 	e.res.Note("river", "bench/river (a separate module) run as a subprocess against the same server, a fresh database per run, unix socket, -max-conns %d (the Bellhop dispatcher's pool size); latency: -n %d -interval %s (one Insert per transaction, timed from just before Insert to the start of Work); burn-down: InsertManyFast in batches of 1,000, VACUUM ANALYZE, then timed from client.Start until River reports every job completed",
 		e.p.poolMaxConns, e.p.riverLatencyN, e.p.latencyInterval)
+	e.res.Note("river", "'Bellhop …, next to River …': Bellhop's case measured as in scenarios 2 and 3, right before River's in odd runs and right after it in even ones; '%s' holds the ratio of each such pair (Bellhop's latency p50 over River's; Bellhop's msgs/s to table empty over River's jobs/s to completed in DB), and its median is the ratio of the targets marked 'back to back'", backToBackCase(riverFetches[1]))
 	return nil
 }
 

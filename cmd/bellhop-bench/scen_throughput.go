@@ -46,7 +46,7 @@ const (
 // runThroughput burns down pre-inserted backlogs with a no-op handler.
 func runThroughput(ctx context.Context, e *env, run int) error {
 	for _, c := range e.throughputCases() {
-		if err := throughputOnce(ctx, e, run, c); err != nil {
+		if _, err := throughputOnce(ctx, e, run, c, reportAs{"throughput", c.String()}); err != nil {
 			return fmt.Errorf("%s: %w", c, err)
 		}
 	}
@@ -56,31 +56,34 @@ func runThroughput(ctx context.Context, e *env, run int) error {
 	return nil
 }
 
-func throughputOnce(ctx context.Context, e *env, run int, c throughputCase) error {
+// throughputOnce burns down one backlog, reports its rates under at and
+// returns the rate to the table's emptying. Only the throughput
+// scenario's own first run is profiled.
+func throughputOnce(ctx context.Context, e *env, run int, c throughputCase, at reportAs) (float64, error) {
 	db, err := e.srv.newDatabase(ctx, "tput", true)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer db.drop()
 	queues := queueNames(c.Queues)
 	setup, err := openPool(ctx, db.DSN, 8, setupSession)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer setup.Close()
 	if err := setupConsumers(ctx, setup, queues, bellhop.ConsumerSpec{MaxInFlight: c.InFlight}); err != nil {
-		return fmt.Errorf("setup: %w", err)
+		return 0, fmt.Errorf("setup: %w", err)
 	}
 	t0 := time.Now()
 	if err := prefill(ctx, setup, queues, c.N, e.p.prefillBatch); err != nil {
-		return fmt.Errorf("prefill: %w", err)
+		return 0, fmt.Errorf("prefill: %w", err)
 	}
-	e.res.Add(Metric{Scenario: "throughput", Case: c.String(), Name: fmt.Sprintf("pre-insert msgs/s (EnqueueMany ×%d, setup session)", e.p.prefillBatch), Unit: "msgs/s"}, rate(c.N, time.Since(t0)))
+	e.res.Add(Metric{Scenario: at.scenario, Case: at.label, Name: fmt.Sprintf("pre-insert msgs/s (EnqueueMany ×%d, setup session)", e.p.prefillBatch), Unit: "msgs/s"}, rate(c.N, time.Since(t0)))
 	if _, err := setup.Exec(ctx, "VACUUM ANALYZE queue_messages"); err != nil {
-		return err
+		return 0, err
 	}
 	if _, err := setup.Exec(ctx, "CHECKPOINT"); err != nil {
-		e.res.Note("throughput", "CHECKPOINT before the burn-down failed (%v); runs may overlap a checkpoint", err)
+		e.res.Note(at.scenario, "CHECKPOINT before the burn-down failed (%v); runs may overlap a checkpoint", err)
 	}
 	setup.Close()
 
@@ -98,9 +101,9 @@ func throughputOnce(ctx context.Context, e *env, run int, c throughputCase) erro
 	})
 	obs := newObserver(c.N)
 	var stopProfile func()
-	if e.cpuprofile != "" && run == 1 {
+	if e.cpuprofile != "" && run == 1 && at.scenario == "throughput" {
 		if stopProfile, err = e.startProfile(fmt.Sprintf("%d-q%d-f%d", c.N, c.Queues, c.InFlight)); err != nil {
-			return err
+			return 0, err
 		}
 		defer func() {
 			if stopProfile != nil {
@@ -110,22 +113,22 @@ func throughputOnce(ctx context.Context, e *env, run int, c throughputCase) erro
 	}
 	if run == 1 && db.s.pss {
 		if err := db.resetStatements(ctx); err != nil {
-			return err
+			return 0, err
 		}
 	}
 	start = time.Now()
 	obs.start = start
 	d, err := e.startDispatcher(db.DSN, every(h), obs)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer d.stop()
 	select {
 	case <-obs.done:
 	case <-ctx.Done():
-		return ctx.Err()
+		return 0, ctx.Err()
 	case <-time.After(e.p.throughputTimeout):
-		return fmt.Errorf("timed out after %s: %d handled, %d acked", e.p.throughputTimeout, handled.Load(), obs.acked.Load())
+		return 0, fmt.Errorf("timed out after %s: %d handled, %d acked", e.p.throughputTimeout, handled.Load(), obs.acked.Load())
 	}
 	empty := time.Duration(obs.emptyAt.Load())
 	if stopProfile != nil {
@@ -134,29 +137,29 @@ func throughputOnce(ctx context.Context, e *env, run int, c throughputCase) erro
 	}
 	last := time.Duration(lastAt.Load())
 	if err := d.stop(); err != nil {
-		return err
+		return 0, err
 	}
 	var left int64
 	check, err := openPool(ctx, db.DSN, 1, nil)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer check.Close()
 	if err := check.QueryRow(ctx, "SELECT count(*) FROM queue_messages").Scan(&left); err != nil {
-		return err
+		return 0, err
 	}
 	if left != 0 || handled.Load() != int64(c.N) || obs.other.Load() != 0 {
-		return fmt.Errorf("after the burn-down: %d rows left, %d handled (want %d), %d non-ack outcomes", left, handled.Load(), c.N, obs.other.Load())
+		return 0, fmt.Errorf("after the burn-down: %d rows left, %d handled (want %d), %d non-ack outcomes", left, handled.Load(), c.N, obs.other.Load())
 	}
-	e.res.Add(Metric{Scenario: "throughput", Case: c.String(), Name: mToLast, Unit: "msgs/s"}, rate(c.N, last))
-	e.res.Add(Metric{Scenario: "throughput", Case: c.String(), Name: mToEmpty, Unit: "msgs/s"}, rate(c.N, empty))
-	e.res.Add(Metric{Scenario: "throughput", Case: c.String(), Name: "start → first handler", Unit: "ms", LowerIsBetter: true}, float64(firstAt.Load())/1e6)
+	e.res.Add(Metric{Scenario: at.scenario, Case: at.label, Name: mToLast, Unit: "msgs/s"}, rate(c.N, last))
+	e.res.Add(Metric{Scenario: at.scenario, Case: at.label, Name: mToEmpty, Unit: "msgs/s"}, rate(c.N, empty))
+	e.res.Add(Metric{Scenario: at.scenario, Case: at.label, Name: "start → first handler", Unit: "ms", LowerIsBetter: true}, float64(firstAt.Load())/1e6)
 	if run == 1 && db.s.pss {
 		if st, err := db.statements(ctx); err == nil {
-			e.evidence.addStatements("throughput: "+c.String()+" (run 1)", st, 6)
+			e.evidence.addStatements(at.scenario+": "+at.label+" (run 1)", st, 6)
 		}
 	}
-	return nil
+	return rate(c.N, empty), nil
 }
 
 // startProfile starts a CPU profile written to the -cpuprofile prefix

@@ -114,12 +114,19 @@ func (r *Results) Summaries() []Summary {
 // Get returns the median of the metric identified by scenario, case and
 // name, and whether it exists.
 func (r *Results) Get(scenario, cas, name string) (float64, bool) {
+	v := r.Values(scenario, cas, name)
+	return median(v), v != nil
+}
+
+// Values returns the values of the metric identified by scenario, case
+// and name, in the order they were added (run order).
+func (r *Results) Values(scenario, cas, name string) []float64 {
 	for _, m := range r.order {
 		if m.Scenario == scenario && m.Case == cas && m.Name == name {
-			return median(r.values[m]), true
+			return slices.Clone(r.values[m])
 		}
 	}
-	return 0, false
+	return nil
 }
 
 // median of an even number of values is the mean of the middle two.

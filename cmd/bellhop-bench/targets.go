@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strings"
 )
 
 // Target is one of the performance targets, evaluated on medians.
@@ -91,19 +92,31 @@ func evaluateTargets(r *Results, p params) []Target {
 			fmt.Sprintf("River p50 %s µs", num(riverP50)))
 	}
 
+	// The same comparisons with each ratio taken from a pair measured back
+	// to back in the River scenario: the median of the per-run ratios.
+	if lr := get("river", backToBackCase(fetch2), mLatencyRatio); !math.IsNaN(lr) {
+		add("latency p50 vs River, back to back", "median of per-run (Bellhop p50 ÷ River(2ms cooldown) p50), each pair measured back to back", "×", lr, 0.75, true,
+			"per run "+perRun(r, "river", backToBackCase(fetch2), mLatencyRatio))
+	}
+
 	small := 0
 	if len(p.throughputSizes) > 0 {
 		small = p.throughputSizes[0]
 	}
-	for _, c := range []struct {
-		inFlight, workers int
-		factor            float64
-	}{{10, 10, 2}, {1000, 2000, 1.5}} {
+	for _, c := range burnDownPairs {
 		bh := get("throughput", throughputCase{N: small, Queues: 1, InFlight: c.inFlight}.String(), mToEmpty)
 		rv := get("river", riverBurndownCase(fetch2, p.riverBurndownN, c.workers), mRiverJobs)
 		add(fmt.Sprintf("burn-down, in-flight %s", groupThousands(fmt.Sprint(c.inFlight))),
 			fmt.Sprintf("Bellhop %s msgs, 1 queue, in-flight %d ≥ %.1f × River(2ms, %d workers, %s jobs)", groupThousands(fmt.Sprint(small)), c.inFlight, c.factor, c.workers, groupThousands(fmt.Sprint(p.riverBurndownN))),
 			"msgs/s", bh, c.factor*rv, false, fmt.Sprintf("start → table empty vs River's start → completed in DB; River %s jobs/s", num(rv)))
+	}
+	for _, c := range burnDownPairs {
+		name := burnDownRatio(c.inFlight, c.workers)
+		if br := get("river", backToBackCase(fetch2), name); !math.IsNaN(br) {
+			add(fmt.Sprintf("burn-down, in-flight %s, back to back", groupThousands(fmt.Sprint(c.inFlight))),
+				fmt.Sprintf("median of per-run (Bellhop %s msgs, 1 queue, in-flight %d ÷ River(2ms, %d workers)) ≥ %.1f, each pair measured back to back", groupThousands(fmt.Sprint(p.riverBurndownN)), c.inFlight, c.workers, c.factor),
+				"×", br, c.factor, false, "per run "+perRun(r, "river", backToBackCase(fetch2), name))
+		}
 	}
 
 	idle := get("idle", idleCase(p), "statements/min (pg_stat_statements)")
@@ -155,4 +168,13 @@ func writeTargets(w io.Writer, ts []Target, markdown bool) {
 	for _, t := range ts {
 		fmt.Fprintf(w, "  %-4s  %-38s %s %s vs limit %s %s  (%s; %s)\n", t.Verdict(), t.Name, num(t.Value), t.Unit, num(t.Limit), t.Unit, t.Rule, t.Detail)
 	}
+}
+
+// perRun lists a metric's values in run order, for a target's detail.
+func perRun(r *Results, scenario, cas, name string) string {
+	var out []string
+	for _, v := range r.Values(scenario, cas, name) {
+		out = append(out, fmt.Sprintf("%.2f", v))
+	}
+	return strings.Join(out, ", ")
 }
