@@ -336,18 +336,20 @@ func TestBackToBackTargets(t *testing.T) {
 	}
 }
 
-// TestBackToBack: the two measurements swap order from run to run.
+// TestBackToBack: the two measurements swap order from run to run, and
+// a failure of Bellhop's case names it and skips the other.
 func TestBackToBack(t *testing.T) {
 	for run, want := range map[int]string{1: "ab", 2: "ba", 3: "ab"} {
 		var got string
-		err := backToBack(run, func() error { got += "a"; return nil }, func() error { got += "b"; return nil })
+		err := backToBack(run, "ours", func() error { got += "a"; return nil }, func() error { got += "b"; return nil })
 		if err != nil || got != want {
 			t.Errorf("run %d: %q, %v; want %q", run, got, err, want)
 		}
 	}
 	stop := errors.New("stop")
 	var ran bool
-	if err := backToBack(1, func() error { return stop }, func() error { ran = true; return nil }); !errors.Is(err, stop) || ran {
+	err := backToBack(1, "ours", func() error { return stop }, func() error { ran = true; return nil })
+	if !errors.Is(err, stop) || err.Error() != "ours: stop" || ran {
 		t.Errorf("after a failure: err %v, second ran %v", err, ran)
 	}
 }

@@ -46,10 +46,17 @@ func burnDownRatio(inFlight, workers int) string {
 	return fmt.Sprintf("burn-down ratio, in-flight %s ÷ %s workers", groupThousands(fmt.Sprint(inFlight)), groupThousands(fmt.Sprint(workers)))
 }
 
-// backToBack runs a and b one right after the other: a first in odd runs,
-// b first in even ones, so that neither always meets the state the other
-// leaves behind.
-func backToBack(run int, a, b func() error) error {
+// backToBack runs ours, Bellhop's case labelled label, and theirs one
+// right after the other: ours first in odd runs, theirs first in even
+// ones, so that neither always meets the state the other leaves behind.
+func backToBack(run int, label string, ours, theirs func() error) error {
+	a := func() error {
+		if err := ours(); err != nil {
+			return fmt.Errorf("%s: %w", label, err)
+		}
+		return nil
+	}
+	b := theirs
 	if run%2 == 0 {
 		a, b = b, a
 	}
@@ -118,12 +125,9 @@ func runRiver(ctx context.Context, e *env, run int) error {
 		} else {
 			var ours latencyStats
 			label := fmt.Sprintf("Bellhop %s, next to %s", caseGo, riverLatencyCase(f))
-			err := backToBack(run, func() (err error) {
+			err := backToBack(run, label, func() (err error) {
 				ours, err = latencyOnce(ctx, e, caseGo, run, reportAs{"river", label})
-				if err != nil {
-					return fmt.Errorf("%s: %w", label, err)
-				}
-				return nil
+				return err
 			}, theirs)
 			if err != nil {
 				return err
@@ -158,12 +162,9 @@ func runRiver(ctx context.Context, e *env, run int) error {
 			c := throughputCase{N: e.p.riverBurndownN, Queues: 1, InFlight: burnDownPairs[i].inFlight}
 			label := fmt.Sprintf("Bellhop %s, next to %s", c, cas)
 			var ours float64
-			err := backToBack(run, func() (err error) {
+			err := backToBack(run, label, func() (err error) {
 				ours, err = throughputOnce(ctx, e, run, c, reportAs{"river", label})
-				if err != nil {
-					return fmt.Errorf("%s: %w", label, err)
-				}
-				return nil
+				return err
 			}, theirs)
 			if err != nil {
 				return err
