@@ -539,7 +539,6 @@ func vmRSS() (int64, error) {
 	return 0, errors.New("no VmRSS in /proc/self/status")
 }
 
-// loadavg returns the 1, 5 and 15 minute load averages.
 // cpuTimes are the machine's CPU times from /proc/stat, in clock ticks:
 // the "cpu" line's user, nice, system, idle, iowait, irq, softirq and
 // steal.
@@ -584,6 +583,7 @@ func cpuShare(a, b cpuTimes) string {
 	return fmt.Sprintf("cpu busy %.0f%%, iowait %.1f%%, steal %.1f%%", pct(d[0]+d[1]+d[2]+d[5]+d[6]), pct(d[4]), pct(d[7]))
 }
 
+// loadavg returns the 1, 5 and 15 minute load averages.
 func loadavg() string {
 	b, err := os.ReadFile("/proc/loadavg")
 	if err != nil {
