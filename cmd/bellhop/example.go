@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -149,8 +150,8 @@ type secretFile struct {
 // newSecretFile prepares the replacement of path. Its errors are usage
 // errors: the path is wrong, not the database.
 func newSecretFile(path string) (*secretFile, error) {
-	if path == "" || strings.HasSuffix(path, "/") {
-		return nil, usagef("--secret-file %q names no file", path)
+	if err := checkSecretPath(path); err != nil {
+		return nil, err
 	}
 	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
 		return nil, usagef("--secret-file %q is a directory", path)
@@ -165,6 +166,14 @@ func newSecretFile(path string) (*secretFile, error) {
 		return nil, usagef("--secret-file %q: cannot write in its directory: %w", path, err)
 	}
 	return &secretFile{path: path, tmp: tmp}, nil
+}
+
+// checkSecretPath refuses a --secret-file that cannot name a file.
+func checkSecretPath(path string) error {
+	if path == "" || strings.HasSuffix(path, "/") {
+		return usagef("--secret-file %q names no file", path)
+	}
+	return nil
 }
 
 // commit writes secret to the temporary file and renames it over the
@@ -198,6 +207,51 @@ func (f *secretFile) discard() {
 	}
 }
 
+// exampleShutdownTimeout bounds how long a stopping example consumer
+// waits for the requests in flight; compose's grace period is 10 s.
+const exampleShutdownTimeout = 5 * time.Second
+
+// countHandling counts in n the requests that h is handling. A request
+// counts until its answer has been flushed to the connection, so that
+// closing the server once n is zero cuts no answer short.
+func countHandling(n *atomic.Int64, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		defer n.Add(-1)
+		h.ServeHTTP(w, r)
+		if f, ok := w.(http.Flusher); ok {
+			f.Flush()
+		}
+	})
+}
+
+// stopServing shuts srv down, waiting up to timeout for the requests it
+// is handling (counted in handling). srv.Shutdown alone would also wait
+// for connections that were opened and never carried a request, such as
+// an HTTP client's spare ones, which it leaves for 5 s: once no request
+// is being handled, the server is closed instead. A client that sends a
+// request on such a connection in that instant sees it fail before an
+// answer, as a push that Bellhop makes again.
+func stopServing(srv *http.Server, handling *atomic.Int64, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- srv.Shutdown(ctx) }()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-done:
+			return err
+		case <-tick.C:
+			if handling.Load() == 0 {
+				srv.Close()
+				return <-done
+			}
+		}
+	}
+}
+
 // exampleConsumerCommand is a minimal HTTP push consumer: it verifies each
 // request's signature and timestamp, prints the delivery and acks it.
 func exampleConsumerCommand(d *deps) *cli.Command {
@@ -220,8 +274,8 @@ func exampleConsumerCommand(d *deps) *cli.Command {
 			if cmd.String("addr") == "" {
 				return usagef("--addr is empty: give the address to listen on, such as :8080")
 			}
-			if p := cmd.String("secret-file"); p == "" || strings.HasSuffix(p, "/") {
-				return usagef("--secret-file %q names no file", p)
+			if err := checkSecretPath(cmd.String("secret-file")); err != nil {
+				return err
 			}
 			ctx, stop := signalContext(ctx, nopLogger())
 			defer stop()
@@ -260,17 +314,24 @@ func exampleConsumerCommand(d *deps) *cli.Command {
 			// connections are kept longer than the pusher keeps its own
 			// (90 s), so that it is the pusher that closes them: a POST on
 			// a connection the server has just closed fails.
-			srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
+			var handling atomic.Int64
+			srv := &http.Server{Handler: countHandling(&handling, h), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
 				WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
+			stopped := make(chan error, 1)
 			go func() {
 				<-ctx.Done()
-				sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-				defer cancel()
-				_ = srv.Shutdown(sctx)
+				fmt.Fprintf(d.stdout, "example consumer stopping: finishing the requests in flight (up to %s)\n", exampleShutdownTimeout)
+				stopped <- stopServing(srv, &handling, exampleShutdownTimeout)
 			}()
 			fmt.Fprintf(d.stdout, "example consumer listening on %s\n", ln.Addr())
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 				return err
+			}
+			// Serve returns as soon as Shutdown begins. Returning then
+			// would end the process under a request in flight, whose
+			// message Bellhop would push again once its lease ran out.
+			if err := <-stopped; err != nil {
+				return fmt.Errorf("example consumer: requests still in flight after %s: %w", exampleShutdownTimeout, err)
 			}
 			return nil
 		},

@@ -5,13 +5,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptrace"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -365,6 +368,78 @@ func TestExampleConsumerSecretFile(t *testing.T) {
 		if got := push(); got != tt.want {
 			t.Errorf("secret file %s: HTTP %d, want %d", tt.name, got, tt.want)
 		}
+	}
+}
+
+// TestExampleConsumerStopsGracefully: SIGTERM while a request is in
+// flight lets it finish and be acked before the process exits. It used
+// to exit as soon as the server began shutting down, under the request,
+// whose message Bellhop would then push again.
+func TestExampleConsumerStopsGracefully(t *testing.T) {
+	t.Parallel()
+	secretFile := filepath.Join(t.TempDir(), "orders")
+	if err := os.WriteFile(secretFile, []byte("the-secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	consumer := start(t, nil, "example-consumer", "--addr", "127.0.0.1:0", "--secret-file", secretFile)
+	addr := consumer.waitLine(false, regexp.MustCompile(`^example consumer listening on (\S+)$`), 20*time.Second)[1]
+
+	// Expect: 100-continue makes the server say when the handler begins
+	// to read the body, so the signal is known to come mid-request. The
+	// body is held back until the consumer has begun to stop.
+	body := []byte(`{"n":1}`)
+	pr, pw := io.Pipe()
+	req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/hook", pr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.ContentLength = int64(len(body))
+	ts := time.Now().Unix()
+	req.Header.Set("Expect", "100-continue")
+	req.Header.Set(bellhop.HeaderTimestamp, strconv.FormatInt(ts, 10))
+	req.Header.Set(bellhop.HeaderSignature, bellhop.SignPush("the-secret", ts, body))
+	reading := make(chan struct{})
+	req = req.WithContext(httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
+		Got100Continue: func() { close(reading) },
+	}))
+	client := &http.Client{Transport: &http.Transport{ExpectContinueTimeout: time.Minute}}
+	type result struct {
+		code int
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		resp, err := client.Do(req)
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		resp.Body.Close()
+		done <- result{code: resp.StatusCode}
+	}()
+	select {
+	case <-reading:
+	case r := <-done:
+		t.Fatalf("request ended before its body was sent: %+v", r)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the handler did not begin to read the body")
+	}
+	consumer.signal(syscall.SIGTERM)
+	consumer.waitLine(false, regexp.MustCompile(`^example consumer stopping: finishing the requests in flight`), 20*time.Second)
+	if _, err := pw.Write(body); err != nil {
+		t.Fatalf("send the body after SIGTERM: %v", err)
+	}
+	pw.Close()
+	select {
+	case r := <-done:
+		if r.err != nil || r.code != http.StatusNoContent {
+			t.Errorf("request in flight at SIGTERM: HTTP %d, error %v; want 204", r.code, r.err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("no answer to the request in flight")
+	}
+	if code := consumer.wait(15 * time.Second); code != 0 {
+		t.Errorf("exit %d after SIGTERM, want 0; stderr %q", code, consumer.stderr())
 	}
 }
 

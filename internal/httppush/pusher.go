@@ -229,8 +229,9 @@ func (p *Pusher) parseURL(raw string) (*url.URL, error) {
 	case u.User != nil:
 		// The signature authenticates instead.
 		return nil, fmt.Errorf("httppush: URL %s carries credentials", shown)
-	case validate.BadPort(u) != "":
-		return nil, fmt.Errorf("httppush: URL %s: %s", shown, validate.BadPort(u))
+	}
+	if why := validate.BadPort(u); why != "" {
+		return nil, fmt.Errorf("httppush: URL %s: %s", shown, why)
 	}
 	if p.restricted && !isASCII(u.Hostname()) {
 		// Compared as written, a name such as "servİce" would lower-case

@@ -246,8 +246,9 @@ func PushURL(s string) error {
 		return fmt.Errorf("%w: URL %s has no host", ErrOption, shown)
 	case u.User != nil:
 		return fmt.Errorf("%w: URL %s carries credentials; use the signing secret instead", ErrOption, shown)
-	case BadPort(u) != "":
-		return fmt.Errorf("%w: URL %s: %s", ErrOption, shown, BadPort(u))
+	}
+	if why := BadPort(u); why != "" {
+		return fmt.Errorf("%w: URL %s: %s", ErrOption, shown, why)
 	}
 	return nil
 }
