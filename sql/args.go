@@ -16,10 +16,10 @@ import (
 // comments are most of these files: 12 – 31 µs and 19 – 42 allocations
 // per statement, a sixth of the CPU of a process holding a dispatcher and
 // its producers while ten thousand queues each get a message
-// (BENCHMARKS.md). Args look the
-// rewritten statement up instead, lexed once by pgx itself when the
-// package is loaded, so placeholders are found exactly as pgx.NamedArgs
-// finds them. Any other statement is rewritten by pgx.NamedArgs.
+// (docs/benchmarks-history.md, "statement arguments prepared once"). Args
+// look the rewritten statement up instead, lexed once by pgx itself when
+// the package is loaded, so placeholders are found exactly as
+// pgx.NamedArgs finds them. Any other statement is rewritten by pgx.NamedArgs.
 //
 // As with pgx.NamedArgs, a placeholder with no argument is sent as NULL.
 type Args map[string]any
