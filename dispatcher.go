@@ -42,6 +42,11 @@ const (
 	DefaultBusyLease = 2 * time.Second
 	// DefaultBusyWindow: see DispatcherConfig.BusyWindow.
 	DefaultBusyWindow = 4 * time.Millisecond
+	// DefaultClaimTimeout: see DispatcherConfig.ClaimTimeout. The
+	// largest claim statements measured, of about 7,400 messages, took
+	// about 400 ms on a 2-core VM (docs/benchmarks-history.md); a pass
+	// asks for at most 10,000 (a consumer's largest in-flight limit).
+	DefaultClaimTimeout = 10 * time.Second
 )
 
 // DispatcherConfig configures a Dispatcher. Zero fields take defaults.
@@ -98,6 +103,14 @@ type DispatcherConfig struct {
 	// A lease whose notification is lost is found by its token on the next
 	// reconnect or poll, or comes back after its visibility timeout.
 	LeaseAtInsert bool
+	// ClaimTimeout (10s, at least 100ms) bounds a claim pass: one that has
+	// not answered by then, stuck behind a lock or on a connection to a
+	// server that no longer answers, is cancelled (pgx closes its
+	// connection and sends the server a cancel request), and its queues
+	// try again after a pause, as after any failed claim. Without it, two
+	// stuck passes would hold every queue of the dispatcher, since it has
+	// at most two out at once (see claim.Combiner).
+	ClaimTimeout time.Duration
 }
 
 // newPool is pgxpool.NewWithConfig, with its panic for a config that
@@ -123,6 +136,7 @@ func (c *DispatcherConfig) checkSigns() error {
 		{"HeartbeatTimeout", c.HeartbeatTimeout}, {"ShutdownGrace", c.ShutdownGrace},
 		{"DefaultVisibilityTimeout", c.DefaultVisibilityTimeout},
 		{"BusyLease", c.BusyLease}, {"BusyWindow", c.BusyWindow},
+		{"ClaimTimeout", c.ClaimTimeout},
 	} {
 		if f.d < 0 {
 			return fmt.Errorf("bellhop: DispatcherConfig.%s (%s) must not be negative (0 takes the default): %w", f.name, f.d, ErrInvalidOptions)
@@ -271,6 +285,12 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 	if cfg.BusyWindow == 0 {
 		cfg.BusyWindow, windowDefault = DefaultBusyWindow, ", the default"
 	}
+	if cfg.ClaimTimeout == 0 {
+		cfg.ClaimTimeout = DefaultClaimTimeout
+	}
+	if cfg.ClaimTimeout < 100*time.Millisecond {
+		return nil, fmt.Errorf("bellhop: DispatcherConfig.ClaimTimeout (%s) must be at least 100ms: %w", cfg.ClaimTimeout, ErrInvalidOptions)
+	}
 	if cfg.PollInterval < 100*time.Millisecond {
 		return nil, fmt.Errorf("bellhop: DispatcherConfig.PollInterval (%s) must be at least 100ms: %w", cfg.PollInterval, ErrInvalidOptions)
 	}
@@ -411,7 +431,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	// alone would make a lane's pass wait behind another lane's even when
 	// few queues are busy; more would rarely combine, since a pass takes
 	// well under a millisecond when the server is not loaded.
-	d.claims = claim.NewCombiner(d.db, 2)
+	d.claims = claim.NewCombiner(d.db, 2, d.cfg.ClaimTimeout)
 	var handlersCancel context.CancelFunc
 	d.handlers, handlersCancel = context.WithCancel(context.WithoutCancel(ctx))
 	defer handlersCancel()

@@ -2,6 +2,8 @@ package claim
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -28,9 +30,21 @@ import (
 // undelivered). A pass is cancelled only once every caller it serves has
 // been stopped for StopWait. A caller stopped while its pass waits gets
 // an empty Pass at once.
+//
+// A pass that has not answered within the Combiner's timeout is cancelled,
+// and each of its callers gets an error: a pass stuck on a lock or on a
+// connection that no longer answers would otherwise hold its callers, and
+// once the limit of such passes is reached, every other queue's, for as
+// long as it lasts (the kernel's TCP timeout of about 15 minutes, for a
+// server gone behind a failover). pgx closes the pass's connection and
+// sends the server a cancel request, so a pass that waits for a lock
+// claims nothing; one whose claim had already committed, its answer not
+// yet read, leaves those messages leased, an attempt spent, until their
+// visibility timeout, as a stop's cancel does.
 type Combiner struct {
-	db    *pgxpool.Pool
-	limit int
+	db      *pgxpool.Pool
+	limit   int
+	timeout time.Duration
 
 	mu       sync.Mutex
 	inFlight int
@@ -66,9 +80,10 @@ type call struct {
 }
 
 // NewCombiner returns a Combiner that sends at most limit passes at once
-// (at least 1).
-func NewCombiner(db *pgxpool.Pool, limit int) *Combiner {
-	return &Combiner{db: db, limit: max(limit, 1)}
+// (at least 1), and cancels a pass that has not answered within timeout
+// (none if 0).
+func NewCombiner(db *pgxpool.Pool, limit int, timeout time.Duration) *Combiner {
+	return &Combiner{db: db, limit: max(limit, 1), timeout: timeout}
 }
 
 // Pass makes r's claim pass, as ClaimPass does, combined with other
@@ -174,10 +189,16 @@ func combines(calls []*call, t Target) bool {
 func (c *Combiner) send(calls []*call) {
 	ctx, cancel := stopAfterAll(calls)
 	defer cancel()
+	if c.timeout > 0 {
+		var cancelTimeout context.CancelFunc
+		ctx, cancelTimeout = context.WithTimeout(ctx, c.timeout)
+		defer cancelTimeout()
+	}
 	c.passes.Add(1)
 	if len(calls) == 1 {
 		cl := calls[0]
 		cl.pass, cl.err = ClaimPass(ctx, c.db, cl.req.Target, cl.req.Max, cl.req.Busy)
+		cl.err = c.timedOut(ctx, cl.err)
 		return
 	}
 	reqs := make([]Request, len(calls))
@@ -185,6 +206,7 @@ func (c *Combiner) send(calls []*call) {
 		reqs[i] = cl.req
 	}
 	ps, err := ClaimPasses(ctx, c.db, reqs)
+	err = c.timedOut(ctx, err)
 	for i, cl := range calls {
 		if err != nil {
 			cl.err = err
@@ -192,6 +214,14 @@ func (c *Combiner) send(calls []*call) {
 			cl.pass = ps[i]
 		}
 	}
+}
+
+// timedOut says, in err, that the pass ran out of time, if it did.
+func (c *Combiner) timedOut(ctx context.Context, err error) error {
+	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("no answer within %s, cancelled: %w", c.timeout, err)
+	}
+	return err
 }
 
 // stopAfterAll returns a context cancelled StopWait after every call's

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -251,7 +252,7 @@ func TestCombinerCombines(t *testing.T) {
 		ids[q] = enqueueN(t, c, "app", q, 2, bellhop.EnqueueOptions{})
 	}
 	owner := uuid.New()
-	comb := claim.NewCombiner(pool, 1)
+	comb := claim.NewCombiner(pool, 1, time.Minute)
 	release := blockPass(t, pool, comb, appID, owner)
 
 	type result struct {
@@ -340,7 +341,7 @@ func TestCombinerAlone(t *testing.T) {
 	pool, c, appID := setup(t)
 	a := enqueueN(t, c, "app", "a", 1, bellhop.EnqueueOptions{})
 	owner := uuid.New()
-	comb := claim.NewCombiner(pool, 2)
+	comb := claim.NewCombiner(pool, 2, time.Minute)
 	release := blockPass(t, pool, comb, appID, owner)
 	p, err := comb.Pass(ctx, claim.Request{Target: claim.Target{Source: claim.Queue, AppID: appID, Queue: "a"}, Max: 1,
 		Busy: claim.Busy{Owner: owner, Lease: time.Minute}})
@@ -379,7 +380,7 @@ func TestCombinerCapsMessages(t *testing.T) {
 				enqueueN(t, c, "app", q, 1, bellhop.EnqueueOptions{})
 			}
 			owner := uuid.New()
-			comb := claim.NewCombiner(pool, 1)
+			comb := claim.NewCombiner(pool, 1, time.Minute)
 			release := blockPass(t, pool, comb, appID, owner)
 			var wg sync.WaitGroup
 			claimed := make(chan int, len(queues))
@@ -411,5 +412,65 @@ func TestCombinerCapsMessages(t *testing.T) {
 				t.Errorf("Max %d: %d passes sent, want %d", tc.max, sent, tc.sent)
 			}
 		})
+	}
+}
+
+// TestCombinerTimeout: a pass that has not answered within the
+// Combiner's timeout fails with an error that says so, while the lock it
+// waits for is still held; its backend stops waiting (pgx's cancel
+// request), and never runs the statement; and the pass that waited behind
+// it goes, and claims.
+func TestCombinerTimeout(t *testing.T) {
+	ctx := context.Background()
+	pool, c, appID := setup(t)
+	a := enqueueN(t, c, "app", "a", 1, bellhop.EnqueueOptions{})
+	owner := uuid.New()
+	const timeout = 500 * time.Millisecond
+	comb := claim.NewCombiner(pool, 1, timeout)
+	release := blockPass(t, pool, comb, appID, owner)
+	start := time.Now()
+	type result struct {
+		p   claim.Pass
+		err error
+	}
+	behind := make(chan result, 1)
+	go func() {
+		p, err := comb.Pass(ctx, claim.Request{Target: claim.Target{Source: claim.Queue, AppID: appID, Queue: "a"}, Max: 1,
+			Busy: claim.Busy{Owner: owner, Lease: time.Minute}})
+		behind <- result{p, err}
+	}()
+	var r result
+	select {
+	case r = <-behind:
+	case <-time.After(10 * time.Second):
+		release() // or the pool's close waits for the blocked pass
+		t.Fatal("the pass behind the blocked one did not go")
+	}
+	if r.err != nil {
+		t.Fatalf("the pass behind the blocked one: %v", r.err)
+	}
+	if got := messageIDs(r.p.Messages); !slices.Equal(got, a) {
+		t.Errorf("the pass behind the blocked one claimed %v, want %v", got, a)
+	}
+	if waited := time.Since(start); waited < timeout/2 {
+		t.Errorf("the pass behind went after %s, before the blocked one timed out", waited)
+	}
+	// The lock is still held, and nobody waits for it any more.
+	waitFor(t, "the blocked pass's backend to stop waiting for the lock", func() bool {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 0
+	})
+	if _, err := release(); err == nil || !strings.Contains(err.Error(), "no answer within 500ms") {
+		t.Errorf("the blocked pass returned %v, want an error that says it had no answer within 500ms", err)
+	}
+	var marks int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM queue_busy WHERE queue_name = 'blocker'`).Scan(&marks); err != nil {
+		t.Fatal(err)
+	}
+	if marks != 0 {
+		t.Errorf("%d busy marks on the blocked pass's queue: its cancelled statement ran after all", marks)
 	}
 }

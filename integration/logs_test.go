@@ -197,6 +197,53 @@ func TestPerMessageLinesThrottled(t *testing.T) {
 	}
 }
 
+// TestStuckClaimTimesOut: a claim pass stuck behind a lock is cancelled
+// after DispatcherConfig.ClaimTimeout, logged as a failed claim that says
+// why, and tried again; it claims nothing meanwhile, so once the lock
+// goes, the message is delivered on its first attempt. Without the
+// timeout the pass waited as long as the lock lasted, and the
+// dispatcher's other pass in flight was all it had left.
+func TestStuckClaimTimesOut(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	rec := &recorder{}
+	mux := bellhop.NewMux()
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "stuck", MaxAttempts: 1})
+	mux.Handle("app", "stuck", rec)
+	e.enqueue(t, "stuck", "waited", bellhop.EnqueueOptions{})
+	// Reads go on; every claim (an UPDATE) waits.
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `LOCK TABLE queue_messages IN EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	startLogged(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour,
+		ClaimTimeout: 500 * time.Millisecond, Logger: zerolog.New(logs)}, nil)
+	waitFor(t, 10*time.Second, "a claim failure that names the timeout", func() bool {
+		return strings.Contains(logs.String(), "no answer within 500ms")
+	})
+	if w := logLines(t, logs, "claim failed")["warn"]; w < 1 {
+		t.Errorf("%d claim-failure warnings, want the timeout logged as one", w)
+	}
+	if rec.n.Load() != 0 {
+		t.Fatal("a delivery while the table was locked")
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The lane's next try is at most 2s away.
+	waitFor(t, 10*time.Second, "the message, once the lock is gone", func() bool { return rec.n.Load() == 1 })
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if a := rec.calls[0].Attempt; a != 1 {
+		t.Errorf("delivered on attempt %d, want 1: a cancelled claim spent one", a)
+	}
+}
+
 // TestClaimFailuresBackOff: claims that keep failing (here a CHECK that
 // refuses every lease) are retried backing off from 1s, not every second,
 // and the warning is written once for every lane, not once per lane per

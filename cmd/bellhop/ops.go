@@ -85,8 +85,9 @@ func migrateCommand(d *deps) *cli.Command {
 // cancelOnServer makes a cancelled context cancel the connection's
 // statement on the server: pgx sends a cancel request, and closes the
 // connection only if the server has not answered within 5 s. pgx's
-// default only closes the connection, which a backend waiting for a lock
-// does not notice.
+// default closes the connection at once and sends the cancel request from
+// a goroutine, which the command's exit right after can cut short; a
+// backend waiting for a lock does not notice a closed connection.
 func cancelOnServer(pgConn *pgconn.PgConn) ctxwatch.Handler {
 	return &pgconn.CancelRequestContextWatcherHandler{Conn: pgConn, DeadlineDelay: 5 * time.Second}
 }
