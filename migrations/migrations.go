@@ -83,6 +83,9 @@ func Files() ([]File, error) {
 // session advisory lock while it migrates, and each file runs in its own
 // transaction together with the version bump.
 //
+// It refuses to start the schema in a database whose encoding is neither
+// UTF8 nor SQL_ASCII, with nothing applied (checkEncoding says why).
+//
 // A database whose schema is newer than this code's migrations (this code
 // was rolled back after a newer version migrated it) is left as it is, and
 // Migrate returns nil: migrations only add, so older code runs on the newer
@@ -114,13 +117,16 @@ func Migrate(ctx context.Context, conn *pgx.Conn) error {
 	if current > latest {
 		return nil
 	}
-	m, err := migrate.NewMigrator(ctx, conn, VersionTable)
-	if err != nil {
-		return fmt.Errorf("migrate: prepare version table: %w", err)
-	}
 	fs, err := Files()
 	if err != nil {
 		return err
+	}
+	if err := checkEncoding(conn, current, fs); err != nil {
+		return err
+	}
+	m, err := migrate.NewMigrator(ctx, conn, VersionTable)
+	if err != nil {
+		return fmt.Errorf("migrate: prepare version table: %w", err)
 	}
 	for _, f := range fs {
 		m.AppendMigration(f.Name, pinSearchPath(f.SQL), "")
@@ -137,6 +143,35 @@ func Migrate(ctx context.Context, conn *pgx.Conn) error {
 		return fmt.Errorf("migrate: %w", err)
 	}
 	return nil
+}
+
+// seedFile is the migration that creates queue_messages.
+const seedFile = "0034_queue_messages.sql"
+
+// checkEncoding refuses to install the schema in a database whose encoding
+// is neither UTF8 nor SQL_ASCII. pgx sends UTF-8 without setting
+// client_encoding, which then defaults to the database's encoding: in
+// another encoding, PostgreSQL takes the bytes for that encoding's
+// characters, so payloads, queue names and error texts are stored garbled
+// for every client that reads them correctly; and in a multibyte encoding
+// such as EUC_JP, UTF-8 that is not also a valid sequence of it ("—")
+// fails its statement: the seed migration's comments, or a handler's
+// error text, and with it the whole batch of outcomes written with it.
+// SQL_ASCII stores bytes as they come.
+// A database already past the seed migration is left to run as it has.
+func checkEncoding(conn *pgx.Conn, current int, fs []File) error {
+	for i, f := range fs {
+		if f.Name == seedFile && current > i {
+			return nil
+		}
+	}
+	switch enc := conn.PgConn().ParameterStatus("server_encoding"); enc {
+	case "UTF8", "SQL_ASCII":
+		return nil
+	default:
+		return fmt.Errorf("migrate: database %q has encoding %s; Bellhop needs UTF8 (CREATE DATABASE ... ENCODING 'UTF8' TEMPLATE template0): nothing was applied",
+			conn.Config().Database, enc)
+	}
 }
 
 // pinSearchPath puts a SET of search_path to public (and pg_temp) before a

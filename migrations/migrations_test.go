@@ -36,6 +36,13 @@ const testTimeout = 2 * time.Minute
 // when t ends, and returns a connection config for it.
 func emptyDatabase(t *testing.T) *pgx.ConnConfig {
 	t.Helper()
+	return emptyDatabaseIn(t, "")
+}
+
+// emptyDatabaseIn is emptyDatabase in encoding (with the C locale, which
+// takes any), or in the server's default if it is "".
+func emptyDatabaseIn(t *testing.T, encoding string) *pgx.ConnConfig {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
 	b := make([]byte, 8)
@@ -53,7 +60,11 @@ func emptyDatabase(t *testing.T) *pgx.ConnConfig {
 		_, err = conn.Exec(ctx, sql)
 		return err
 	}
-	if err := admin(ctx, "CREATE DATABASE "+ident+" TEMPLATE template0"); err != nil {
+	create := "CREATE DATABASE " + ident + " TEMPLATE template0"
+	if encoding != "" {
+		create += " ENCODING '" + encoding + "' LC_COLLATE 'C' LC_CTYPE 'C'"
+	}
+	if err := admin(ctx, create); err != nil {
 		t.Fatalf("create empty database: %v", err)
 	}
 	t.Cleanup(func() {
@@ -270,6 +281,48 @@ func TestMigrateFromEmpty(t *testing.T) {
 	}
 	if v := version(t, ctx, other); v != want {
 		t.Fatalf("version after re-running Migrate = %d, want %d", v, want)
+	}
+}
+
+// TestMigrateEncodings: Migrate installs the schema in a UTF8 or SQL_ASCII
+// database, and refuses any other encoding up front, naming it, with
+// nothing applied. Before, LATIN1 and WIN1252 databases took the whole
+// schema, and then stored what pgx sent them garbled, and in EUC_JP the
+// seed migration failed on its comments after 0001 had been applied.
+func TestMigrateEncodings(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		encoding string
+		ok       bool
+	}{
+		{"UTF8", true},
+		{"SQL_ASCII", true},
+		{"LATIN1", false},
+		{"WIN1252", false},
+		{"EUC_JP", false},
+	} {
+		t.Run(tc.encoding, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+			defer cancel()
+			conn := connect(t, ctx, emptyDatabaseIn(t, tc.encoding))
+			err := migrations.Migrate(ctx, conn)
+			if tc.ok {
+				if err != nil {
+					t.Fatalf("Migrate: %v", err)
+				}
+				if v := version(t, ctx, conn); v != latest(t) {
+					t.Errorf("version %d after Migrate, want %d", v, latest(t))
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), "has encoding "+tc.encoding+"; Bellhop needs UTF8") {
+				t.Fatalf("Migrate: %v; want a refusal that names the encoding", err)
+			}
+			if left := fingerprint(t, ctx, conn); len(left) != 0 {
+				t.Errorf("the refused database is no longer empty:\n%s", strings.Join(left, "\n"))
+			}
+		})
 	}
 }
 
