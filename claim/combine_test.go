@@ -201,23 +201,9 @@ func blockPass(t *testing.T, pool *pgxpool.Pool, c *claim.Combiner, appID, owner
 		VALUES ($1, 'blocker', $2, clock_timestamp())`, appID, owner); err != nil {
 		t.Fatal(err)
 	}
-	type result struct {
-		p   claim.Pass
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		p, err := c.Pass(ctx, claim.Request{Target: claim.Target{Source: claim.Queue, AppID: appID, Queue: "blocker"}, Max: 1,
-			Busy: claim.Busy{Owner: owner, Mark: true, Lease: time.Minute}})
-		done <- result{p, err}
-	}()
-	waitFor(t, "the blocking pass waiting for its lock", func() bool {
-		var n int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n == 1
-	})
+	done := passAsync(ctx, c, claim.Request{Target: claim.Target{Source: claim.Queue, AppID: appID, Queue: "blocker"}, Max: 1,
+		Busy: claim.Busy{Owner: owner, Mark: true, Lease: time.Minute}})
+	waitFor(t, "the blocking pass waiting for its lock", func() bool { return lockWaiters(t, pool) == 1 })
 	return func() (claim.Pass, error) {
 		if err := tx.Rollback(ctx); err != nil {
 			t.Fatal(err)
@@ -225,6 +211,34 @@ func blockPass(t *testing.T, pool *pgxpool.Pool, c *claim.Combiner, appID, owner
 		r := <-done
 		return r.p, r.err
 	}
+}
+
+// lockWaiters counts the sessions of pool's database waiting for a lock.
+func lockWaiters(t *testing.T, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// passResult is a Combiner.Pass's answer.
+type passResult struct {
+	p   claim.Pass
+	err error
+}
+
+// passAsync calls c.Pass(ctx, r) from a goroutine of its own, and returns
+// the channel its answer comes on.
+func passAsync(ctx context.Context, c *claim.Combiner, r claim.Request) <-chan passResult {
+	ch := make(chan passResult, 1)
+	go func() {
+		p, err := c.Pass(ctx, r)
+		ch <- passResult{p, err}
+	}()
+	return ch
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {
@@ -429,17 +443,9 @@ func TestCombinerTimeout(t *testing.T) {
 	comb := claim.NewCombiner(pool, 1, timeout)
 	release := blockPass(t, pool, comb, appID, owner)
 	start := time.Now()
-	type result struct {
-		p   claim.Pass
-		err error
-	}
-	behind := make(chan result, 1)
-	go func() {
-		p, err := comb.Pass(ctx, claim.Request{Target: claim.Target{Source: claim.Queue, AppID: appID, Queue: "a"}, Max: 1,
-			Busy: claim.Busy{Owner: owner, Lease: time.Minute}})
-		behind <- result{p, err}
-	}()
-	var r result
+	behind := passAsync(ctx, comb, claim.Request{Target: claim.Target{Source: claim.Queue, AppID: appID, Queue: "a"}, Max: 1,
+		Busy: claim.Busy{Owner: owner, Lease: time.Minute}})
+	var r passResult
 	select {
 	case r = <-behind:
 	case <-time.After(10 * time.Second):
@@ -456,13 +462,7 @@ func TestCombinerTimeout(t *testing.T) {
 		t.Errorf("the pass behind went after %s, before the blocked one timed out", waited)
 	}
 	// The lock is still held, and nobody waits for it any more.
-	waitFor(t, "the blocked pass's backend to stop waiting for the lock", func() bool {
-		var n int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n == 0
-	})
+	waitFor(t, "the blocked pass's backend to stop waiting for the lock", func() bool { return lockWaiters(t, pool) == 0 })
 	if _, err := release(); err == nil || !strings.Contains(err.Error(), "no answer within 500ms") {
 		t.Errorf("the blocked pass returned %v, want an error that says it had no answer within 500ms", err)
 	}
