@@ -42,11 +42,12 @@ const (
 	DefaultBusyLease = 2 * time.Second
 	// DefaultBusyWindow: see DispatcherConfig.BusyWindow.
 	DefaultBusyWindow = 4 * time.Millisecond
-	// DefaultClaimTimeout: see DispatcherConfig.ClaimTimeout. The
+	// DefaultStatementTimeout: see DispatcherConfig.StatementTimeout. The
 	// largest claim statements measured, of about 7,400 messages, took
 	// about 400 ms on a 2-core VM (docs/benchmarks-history.md); a pass
-	// asks for at most 10,000 (a consumer's largest in-flight limit).
-	DefaultClaimTimeout = 10 * time.Second
+	// asks for at most 10,000 (a consumer's largest in-flight limit). The
+	// control loop's statements read at most a row per consumer.
+	DefaultStatementTimeout = 10 * time.Second
 )
 
 // DispatcherConfig configures a Dispatcher. Zero fields take defaults.
@@ -103,14 +104,25 @@ type DispatcherConfig struct {
 	// A lease whose notification is lost is found by its token on the next
 	// reconnect or poll, or comes back after its visibility timeout.
 	LeaseAtInsert bool
-	// ClaimTimeout (10s, at least 100ms) bounds a claim pass: one that has
-	// not answered by then, stuck behind a lock or on a connection to a
-	// server that no longer answers, is cancelled (pgx closes its
-	// connection and sends the server a cancel request), and its queues
-	// try again after a pause, as after any failed claim. Without it, two
-	// stuck passes would hold every queue of the dispatcher, since it has
-	// at most two out at once (see claim.Combiner).
-	ClaimTimeout time.Duration
+	// StatementTimeout (10s, at least 100ms) bounds each claim pass, and
+	// each step of the dispatcher's control loop: a fallback poll (with
+	// the lease lookups it leads to), a consumer reload, the scan for work
+	// after the listener reconnects, the once-a-second update of the
+	// consumers' last_fired_at. A statement that has not answered by
+	// then, stuck behind a lock or on a connection to a server that no
+	// longer answers, is cancelled (pgx closes its connection and sends
+	// the server a cancel request) and logged as failed, and is tried
+	// again as after any failure: a claim after a pause, a poll at the
+	// next poll, a reload backing off, a failed scan wakes every queue.
+	// Without it, two stuck claim passes would hold every queue of the
+	// dispatcher, since it has at most two out at once (see
+	// claim.Combiner), and one stuck poll would stop the polls, and with
+	// them the listener's heartbeat and the reclaimer's news of other
+	// dispatchers' leases, until the kernel gave up on the connection
+	// (about 15 minutes for one whose server vanished). Reclaim passes
+	// and outcome writes are not bounded by it: a reclaim pass's size has
+	// no bound, and outcomes have their own (claim.Completer).
+	StatementTimeout time.Duration
 }
 
 // newPool is pgxpool.NewWithConfig, with its panic for a config that
@@ -136,7 +148,7 @@ func (c *DispatcherConfig) checkSigns() error {
 		{"HeartbeatTimeout", c.HeartbeatTimeout}, {"ShutdownGrace", c.ShutdownGrace},
 		{"DefaultVisibilityTimeout", c.DefaultVisibilityTimeout},
 		{"BusyLease", c.BusyLease}, {"BusyWindow", c.BusyWindow},
-		{"ClaimTimeout", c.ClaimTimeout},
+		{"StatementTimeout", c.StatementTimeout},
 	} {
 		if f.d < 0 {
 			return fmt.Errorf("bellhop: DispatcherConfig.%s (%s) must not be negative (0 takes the default): %w", f.name, f.d, ErrInvalidOptions)
@@ -285,11 +297,11 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 	if cfg.BusyWindow == 0 {
 		cfg.BusyWindow, windowDefault = DefaultBusyWindow, ", the default"
 	}
-	if cfg.ClaimTimeout == 0 {
-		cfg.ClaimTimeout = DefaultClaimTimeout
+	if cfg.StatementTimeout == 0 {
+		cfg.StatementTimeout = DefaultStatementTimeout
 	}
-	if cfg.ClaimTimeout < 100*time.Millisecond {
-		return nil, fmt.Errorf("bellhop: DispatcherConfig.ClaimTimeout (%s) must be at least 100ms: %w", cfg.ClaimTimeout, ErrInvalidOptions)
+	if cfg.StatementTimeout < 100*time.Millisecond {
+		return nil, fmt.Errorf("bellhop: DispatcherConfig.StatementTimeout (%s) must be at least 100ms: %w", cfg.StatementTimeout, ErrInvalidOptions)
 	}
 	if cfg.PollInterval < 100*time.Millisecond {
 		return nil, fmt.Errorf("bellhop: DispatcherConfig.PollInterval (%s) must be at least 100ms: %w", cfg.PollInterval, ErrInvalidOptions)
@@ -431,7 +443,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	// alone would make a lane's pass wait behind another lane's even when
 	// few queues are busy; more would rarely combine, since a pass takes
 	// well under a millisecond when the server is not loaded.
-	d.claims = claim.NewCombiner(d.db, 2, d.cfg.ClaimTimeout)
+	d.claims = claim.NewCombiner(d.db, 2, d.cfg.StatementTimeout)
 	var handlersCancel context.CancelFunc
 	d.handlers, handlersCancel = context.WithCancel(context.WithoutCancel(ctx))
 	defer handlersCancel()
@@ -617,20 +629,24 @@ func (d *Dispatcher) control(ctx context.Context) {
 		case wakeAll = <-d.reload:
 		case <-retry:
 		case <-poll.C:
-			d.poll(ctx)
+			pctx, cancel := d.bound(ctx)
+			d.poll(pctx)
+			cancel()
 			poll.Reset(d.jitter(d.cfg.PollInterval))
 			continue
 		}
 		wakeAll = wakeAll || retryWake
 		retry, retryWake = nil, false
-		added, err := d.loadConsumers(ctx)
+		rctx, cancel := d.bound(ctx)
+		added, err := d.loadConsumers(rctx)
+		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
 			reloadFailures++
 			wait := backoff.Delay(reloadFailures, time.Second, 30*time.Second)
-			d.log.Error().Err(err).Dur("retry_in", wait).Msg("reloading consumers failed")
+			d.log.Error().Err(timedOut(rctx, err)).Dur("retry_in", wait).Msg("reloading consumers failed")
 			retry, retryWake = time.After(wait), wakeAll
 			continue
 		}
@@ -639,15 +655,48 @@ func (d *Dispatcher) control(ctx context.Context) {
 			// A new consumer's queue may hold messages whose
 			// notifications found no lane. One statement finds the
 			// lanes with work, rather than a claim for each new one.
-			d.wakeAfterConnect(ctx)
+			wctx, cancel := d.bound(ctx)
+			d.wakeAfterConnect(wctx)
+			cancel()
 		}
 		if wakeAll {
 			// Leases made while the listener was away announced
 			// themselves to nobody.
 			live, unheard := d.offerTokens(time.Now())
-			d.recoverLeases(ctx, append(live, unheard...))
+			lctx, cancel := d.bound(ctx)
+			d.recoverLeases(lctx, append(live, unheard...))
+			cancel()
 		}
 	}
+}
+
+// noAnswer is the cause of a context that bound ended: its statement had
+// not answered within the duration.
+type noAnswer time.Duration
+
+func (n noAnswer) Error() string {
+	return fmt.Sprintf("no answer within %s, cancelled", time.Duration(n))
+}
+
+// bound limits ctx to StatementTimeout, for one step of the control loop.
+func (d *Dispatcher) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeoutCause(ctx, d.cfg.StatementTimeout, noAnswer(d.cfg.StatementTimeout))
+}
+
+// stopping reports whether ctx has ended for any reason but its bound
+// (the dispatcher stopping): failures then go unlogged.
+func stopping(ctx context.Context) bool {
+	var n noAnswer
+	return ctx.Err() != nil && !errors.As(context.Cause(ctx), &n)
+}
+
+// timedOut says, in err, that ctx's bound ran out, if it did.
+func timedOut(ctx context.Context, err error) error {
+	var n noAnswer
+	if err != nil && errors.As(context.Cause(ctx), &n) {
+		return fmt.Errorf("%w: %w", n, err)
+	}
+	return err
 }
 
 // jitter spreads polls of many dispatchers by ±10%.
@@ -662,8 +711,8 @@ func (d *Dispatcher) wakeAfterConnect(ctx context.Context) {
 	var queueLanes, invokeLanes [][16]byte
 	err := d.db.QueryRow(ctx, queries.WakeScan, queries.Args{"owner": [16]byte(d.owner)}).Scan(&queueLanes, &invokeLanes)
 	if err != nil {
-		if ctx.Err() == nil {
-			d.log.Warn().Err(err).Msg("scanning for work after connecting failed; waking every queue")
+		if !stopping(ctx) {
+			d.log.Warn().Err(timedOut(ctx, err)).Msg("scanning for work after connecting failed; waking every queue")
 			d.wakeAll()
 		}
 		return
@@ -741,8 +790,8 @@ func (d *Dispatcher) poll(ctx context.Context) {
 	}).Scan(&sent, &queueReady, &queueStale, &invokeReady, &invokeStale, &nextExpiry, &liveOffers, &dbNow)
 	if err != nil {
 		d.listener.ForgetHeartbeat(token)
-		if ctx.Err() == nil {
-			d.log.Warn().Err(err).Msg("fallback poll failed")
+		if !stopping(ctx) {
+			d.log.Warn().Err(timedOut(ctx, err)).Msg("fallback poll failed")
 		}
 		return
 	}
@@ -978,7 +1027,9 @@ func (d *Dispatcher) touchLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			d.flushLastFired(ctx)
+			fctx, cancel := d.bound(ctx)
+			d.flushLastFired(fctx)
+			cancel()
 		}
 	}
 }
@@ -995,7 +1046,7 @@ func (d *Dispatcher) flushLastFired(ctx context.Context) {
 	}
 	clear(d.lastFired)
 	d.lastFiredMu.Unlock()
-	if _, err := d.db.Exec(ctx, queries.TouchLastFired, queries.Args{"trigger_ids": ids}); err != nil && ctx.Err() == nil {
-		d.log.Debug().Err(err).Msg("updating last_fired_at failed")
+	if _, err := d.db.Exec(ctx, queries.TouchLastFired, queries.Args{"trigger_ids": ids}); err != nil && !stopping(ctx) {
+		d.log.Debug().Err(timedOut(ctx, err)).Msg("updating last_fired_at failed")
 	}
 }

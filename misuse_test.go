@@ -487,8 +487,8 @@ func TestNewDispatcherRefusesBadConfig(t *testing.T) {
 		{"negative ReconnectDelay", bellhop.DispatcherConfig{ReconnectDelay: -time.Second}, "ReconnectDelay (-1s)"},
 		{"negative HeartbeatTimeout", bellhop.DispatcherConfig{HeartbeatTimeout: -time.Second}, "HeartbeatTimeout (-1s)"},
 		{"fractional visibility timeout", bellhop.DispatcherConfig{DefaultVisibilityTimeout: 1500 * time.Millisecond}, "DefaultVisibilityTimeout (1.5s) must be a whole number of seconds"},
-		{"negative ClaimTimeout", bellhop.DispatcherConfig{ClaimTimeout: -time.Second}, "ClaimTimeout (-1s) must not be negative"},
-		{"10ms ClaimTimeout", bellhop.DispatcherConfig{ClaimTimeout: 10 * time.Millisecond}, "ClaimTimeout (10ms) must be at least 100ms"},
+		{"negative StatementTimeout", bellhop.DispatcherConfig{StatementTimeout: -time.Second}, "StatementTimeout (-1s) must not be negative"},
+		{"10ms StatementTimeout", bellhop.DispatcherConfig{StatementTimeout: 10 * time.Millisecond}, "StatementTimeout (10ms) must be at least 100ms"},
 		{"BusyLease at its minimum, default window", bellhop.DispatcherConfig{BusyLease: 10 * time.Millisecond}, "BusyWindow (4ms, the default) must be at most a quarter of BusyLease (10ms)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -501,7 +501,7 @@ func TestNewDispatcherRefusesBadConfig(t *testing.T) {
 	}
 	// The limits themselves are accepted.
 	if _, err := bellhop.NewDispatcher(cfg, bellhop.DispatcherConfig{Resolver: bellhop.NewMux(), PollInterval: 100 * time.Millisecond,
-		DefaultVisibilityTimeout: time.Second, BusyLease: 16 * time.Millisecond, ClaimTimeout: 100 * time.Millisecond}); err != nil {
+		DefaultVisibilityTimeout: time.Second, BusyLease: 16 * time.Millisecond, StatementTimeout: 100 * time.Millisecond}); err != nil {
 		t.Errorf("NewDispatcher at the limits: %v", err)
 	}
 }

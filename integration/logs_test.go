@@ -198,7 +198,7 @@ func TestPerMessageLinesThrottled(t *testing.T) {
 }
 
 // TestStuckClaimTimesOut: a claim pass stuck behind a lock is cancelled
-// after DispatcherConfig.ClaimTimeout, logged as a failed claim that says
+// after DispatcherConfig.StatementTimeout, logged as a failed claim that says
 // why, and tried again; it claims nothing meanwhile, so once the lock
 // goes, the message is delivered on its first attempt. Without the
 // timeout the pass waited as long as the lock lasted, and the
@@ -222,7 +222,7 @@ func TestStuckClaimTimesOut(t *testing.T) {
 	}
 	logs := &syncBuffer{}
 	startLogged(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour,
-		ClaimTimeout: 500 * time.Millisecond, Logger: zerolog.New(logs)}, nil)
+		StatementTimeout: 500 * time.Millisecond, Logger: zerolog.New(logs)}, nil)
 	waitFor(t, 10*time.Second, "a claim failure that names the timeout", func() bool {
 		return strings.Contains(logs.String(), "no answer within 500ms")
 	})
@@ -242,6 +242,114 @@ func TestStuckClaimTimesOut(t *testing.T) {
 	if a := rec.calls[0].Attempt; a != 1 {
 		t.Errorf("delivered on attempt %d, want 1: a cancelled claim spent one", a)
 	}
+}
+
+// TestClaimOnSilentLinkTimesOut: a claim pass whose connection stops
+// answering (the server's replies held back, as on a link that went
+// silent) is cancelled after StatementTimeout. The server had already run
+// and committed it, so, as docs/guarantees.md says, its message stays
+// leased with an attempt spent and comes back at the lease's end: it is
+// delivered once, on attempt 2, not lost and not twice.
+func TestClaimOnSilentLinkTimesOut(t *testing.T) {
+	const vt = 3 * time.Second
+	e := newEnv(t)
+	rec := &recorder{}
+	mux := bellhop.NewMux()
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "silent", VisibilityTimeout: vt})
+	mux.Handle("app", "silent", rec)
+	var silent atomic.Bool
+	link := silentLink(t, e.dsn, &silent)
+	logs := &syncBuffer{}
+	obs := &pollObserver{}
+	// The poll tells the reclaimer of the lease whose claim's answer was
+	// never read.
+	startLogged(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, Observer: obs, PollInterval: time.Second,
+		StatementTimeout: 500 * time.Millisecond, Logger: zerolog.New(logs)}, link)
+	// Just after a poll: the reload after the listener connected is done
+	// (the control loop runs one step at a time), and the next poll is a
+	// second away.
+	polls := obs.polls.Load()
+	waitFor(t, 5*time.Second, "a poll", func() bool { return obs.polls.Load() > polls })
+	// A connection that runs a statement from now on hears nothing back;
+	// the listener runs none, so the notification still wakes the lane,
+	// and its claim reaches the server.
+	silent.Store(true)
+	id := e.enqueue(t, "silent", "unanswered", bellhop.EnqueueOptions{})
+	waitFor(t, 5*time.Second, "a claim failure that names the timeout", func() bool {
+		return lineWith(logs, `"claim failed`, "no answer within 500ms")
+	})
+	silent.Store(false)
+	var claimedAt time.Time
+	var attempt int
+	if err := e.pool.QueryRow(context.Background(), `SELECT claimed_at, attempt FROM queue_messages WHERE id = $1 AND claim_token IS NOT NULL`, id).Scan(&claimedAt, &attempt); err != nil {
+		t.Fatalf("the message after the cancelled pass: %v; want it leased by that pass", err)
+	}
+	if attempt != 1 {
+		t.Errorf("attempt %d after the cancelled pass, want 1", attempt)
+	}
+	if n := rec.n.Load(); n != 0 {
+		t.Fatalf("%d deliveries of a claim whose answer never came", n)
+	}
+	waitFor(t, 15*time.Second, "the message, back after its lease", func() bool { return rec.n.Load() == 1 })
+	for _, d := range rec.deliveries() {
+		if d.Attempt != 2 {
+			t.Errorf("delivered on attempt %d, want 2: the cancelled pass spent one", d.Attempt)
+		}
+		if end := claimedAt.Add(vt); d.Start.Before(end) {
+			t.Errorf("delivered %s before the cancelled pass's lease ended", end.Sub(d.Start))
+		}
+	}
+	waitFor(t, 5*time.Second, "the message acked", func() bool {
+		return e.count(t, `SELECT count(*) FROM queue_messages WHERE id = $1`, id) == 0
+	})
+}
+
+// TestSilentLinkStallsNoControlStep: while the pool's connections stop
+// answering, a fallback poll and a consumer reload are cancelled after
+// StatementTimeout and logged as failed, instead of waiting for an
+// answer that never comes (until the kernel gives up on the connection,
+// in real life); once the link answers again, polls go on and the reload
+// is retried, so the new consumer's messages are delivered.
+func TestSilentLinkStallsNoControlStep(t *testing.T) {
+	e := newEnv(t)
+	var silent atomic.Bool
+	link := silentLink(t, e.dsn, &silent)
+	logs := &syncBuffer{}
+	obs := &pollObserver{}
+	rec := &recorder{}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "later", rec)
+	startLogged(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, Observer: obs, PollInterval: 200 * time.Millisecond,
+		StatementTimeout: 500 * time.Millisecond, Logger: zerolog.New(logs)}, link)
+	waitFor(t, 10*time.Second, "a first poll", func() bool { return obs.polls.Load() >= 1 })
+
+	silent.Store(true)
+	waitFor(t, 10*time.Second, "a poll that failed for its timeout", func() bool {
+		return lineWith(logs, `"fallback poll failed"`, "no answer within 500ms")
+	})
+	// The consumer's notification reaches the listener, which runs no
+	// statement; the reload it asks for gets no answer.
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "later"})
+	waitFor(t, 10*time.Second, "a reload that failed for its timeout", func() bool {
+		return lineWith(logs, `"reloading consumers failed"`, "no answer within 500ms")
+	})
+	silent.Store(false)
+
+	polls := obs.polls.Load()
+	waitFor(t, 10*time.Second, "polls again", func() bool { return obs.polls.Load() >= polls+2 })
+	e.enqueue(t, "later", 1, bellhop.EnqueueOptions{})
+	waitFor(t, 10*time.Second, "the new consumer's message, once the reload is retried", func() bool { return rec.n.Load() == 1 })
+
+}
+
+// lineWith reports whether a line of logs contains every one of parts.
+func lineWith(logs *syncBuffer, parts ...string) bool {
+	for line := range strings.Lines(logs.String()) {
+		if !slices.ContainsFunc(parts, func(p string) bool { return !strings.Contains(line, p) }) {
+			return true
+		}
+	}
+	return false
 }
 
 // TestClaimFailuresBackOff: claims that keep failing (here a CHECK that

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -337,6 +338,27 @@ func TestStopDuringClaim(t *testing.T) {
 // a local proxy to dsn's server, which holds back every byte from the
 // server for delay while slow is set.
 func slowLink(t *testing.T, dsn string, delay time.Duration, slow *atomic.Bool) func(*pgxpool.Config) {
+	return proxyLink(t, dsn, delay, func(client io.Reader) (io.Reader, func() bool) { return client, slow.Load })
+}
+
+// silentLink returns a pool tweak that routes the pool's connections
+// through a local proxy to dsn's server, on which a connection that runs
+// a statement while silent is set never hears from the server again: a
+// network path that went dead after the statement reached the server.
+// Connections that run nothing meanwhile (an idle one, the listener
+// waiting for notifications) are left alone.
+func silentLink(t *testing.T, dsn string, silent *atomic.Bool) func(*pgxpool.Config) {
+	return proxyLink(t, dsn, time.Hour, func(client io.Reader) (io.Reader, func() bool) {
+		w := &watchExecute{r: client, silent: silent}
+		return w, w.dead.Load
+	})
+}
+
+// proxyLink returns a pool tweak that routes the pool's connections
+// through a local proxy to dsn's server. For each connection, watch is
+// given what the client sends and returns the reader to forward instead,
+// and whether to hold back each chunk from the server for delay.
+func proxyLink(t *testing.T, dsn string, delay time.Duration, watch func(client io.Reader) (io.Reader, func() bool)) func(*pgxpool.Config) {
 	t.Helper()
 	pc, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
@@ -351,7 +373,8 @@ func slowLink(t *testing.T, dsn string, delay time.Duration, slow *atomic.Bool) 
 		t.Fatal(err)
 	}
 	var conns sync.WaitGroup
-	t.Cleanup(func() { l.Close(); conns.Wait() })
+	stop := make(chan struct{})
+	t.Cleanup(func() { l.Close(); close(stop); conns.Wait() })
 	go func() {
 		for {
 			client, err := l.Accept()
@@ -363,11 +386,12 @@ func slowLink(t *testing.T, dsn string, delay time.Duration, slow *atomic.Bool) 
 				client.Close()
 				continue
 			}
+			sent, hold := watch(client)
 			conns.Go(func() {
-				io.Copy(server, client)
+				io.Copy(server, sent)
 				server.Close()
 			})
-			conns.Go(func() { delayCopy(client, server, delay, slow) })
+			conns.Go(func() { delayCopy(client, server, delay, hold, stop) })
 		}
 	}()
 	port := l.Addr().(*net.TCPAddr).Port
@@ -377,19 +401,45 @@ func slowLink(t *testing.T, dsn string, delay time.Duration, slow *atomic.Bool) 
 	}
 }
 
+// executeUnnamed is the protocol's Execute message for the unnamed portal
+// with no row limit, as pgx sends it to run a statement.
+var executeUnnamed = []byte{'E', 0, 0, 0, 9, 0, 0, 0, 0, 0}
+
+// watchExecute reads from r, and marks its connection dead once it sends
+// an Execute while silent is set.
+type watchExecute struct {
+	r      io.Reader
+	silent *atomic.Bool
+	dead   atomic.Bool
+}
+
+func (w *watchExecute) Read(b []byte) (int, error) {
+	n, err := w.r.Read(b)
+	if w.silent.Load() && bytes.Contains(b[:n], executeUnnamed) {
+		w.dead.Store(true)
+	}
+	return n, err
+}
+
 // delayCopy copies from src to dst, each chunk delay after it was read
-// while slow is set.
-func delayCopy(dst, src net.Conn, delay time.Duration, slow *atomic.Bool) {
+// while hold says so, and at once after stop is closed. If src closes while
+// hold says so, dst is closed at once and what was held back is dropped.
+func delayCopy(dst, src net.Conn, delay time.Duration, hold func() bool, stop <-chan struct{}) {
 	type chunk struct {
 		due time.Time
 		b   []byte
 	}
 	q := make(chan chunk, 1024)
+	abandon := make(chan struct{}) // closed when src has closed while holding
 	var w sync.WaitGroup
 	w.Go(func() {
 		defer dst.Close()
 		for c := range q {
-			time.Sleep(time.Until(c.due)) // the latency being simulated
+			select {
+			case <-time.After(time.Until(c.due)): // the latency being simulated
+			case <-stop:
+			case <-abandon:
+			}
 			if _, err := dst.Write(c.b); err != nil {
 				src.Close() // ends the reader, which closes q
 				for range q {
@@ -403,7 +453,7 @@ func delayCopy(dst, src net.Conn, delay time.Duration, slow *atomic.Bool) {
 		n, err := src.Read(buf)
 		if n > 0 {
 			due := time.Now()
-			if slow.Load() {
+			if hold() {
 				due = due.Add(delay)
 			}
 			q <- chunk{due, append([]byte(nil), buf[:n]...)}
@@ -411,6 +461,12 @@ func delayCopy(dst, src net.Conn, delay time.Duration, slow *atomic.Bool) {
 		if err != nil {
 			break
 		}
+	}
+	// What is held back would come after the close: the client gets a
+	// reset instead, as on a dead path, rather than waiting for it.
+	if hold() {
+		dst.Close()
+		close(abandon)
 	}
 	close(q)
 	w.Wait()
