@@ -219,6 +219,31 @@ func TestLeaseAtInsertLostNotification(t *testing.T) {
 	waitFor(t, 5*time.Second, "an offer again", func() bool { return e.offers(t) == 1 })
 }
 
+// TestRemovedConsumerWithdrawsOffer: removing a consumer while its
+// dispatcher runs withdraws its lane's offer at once, not when the
+// offer's TTL (three poll intervals: three hours here) runs out, so no
+// producer leases a message to a lane that is gone.
+func TestRemovedConsumerWithdrawsOffer(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	e.holdLeaseKey(t)
+	startLeasing(t, e, bellhop.ConsumerSpec{}, &recorder{}, bellhop.DispatcherConfig{})
+	c, err := e.client.ConsumerOf(ctx, "app", "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.client.RemoveConsumer(ctx, "app", c.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the offer withdrawn", func() bool {
+		return e.count(t, `SELECT count(*) FROM bellhop_offers`) == 0
+	})
+	id := e.enqueue(t, "orders", 1, bellhop.EnqueueOptions{})
+	if n := e.count(t, `SELECT count(*) FROM queue_messages WHERE id = $1 AND claim_token IS NULL`, id); n != 1 {
+		t.Error("a message enqueued after its consumer was removed was leased")
+	}
+}
+
 // TestLeaseAtInsertDeadOffer: an offer left by a dispatcher that died
 // (kill -9: its row stays until it expires) is not used, although another
 // leasing dispatcher holds the lease key: its owner key went with its

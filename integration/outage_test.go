@@ -125,15 +125,22 @@ func TestHelperProcess(t *testing.T) {
 
 // TestCrashRedelivery: a dispatcher that dies holding leases (SIGKILL:
 // no release, no outcome) loses nothing; another dispatcher delivers its
-// messages again once their visibility timeout expires.
+// messages again once their visibility timeout expires, and the reclaim
+// dead-letters, undelivered, the one that was on its last attempt.
 func TestCrashRedelivery(t *testing.T) {
 	e := newEnv(t)
 	const vt = 2 * time.Second
 	e.consumer(t, bellhop.ConsumerSpec{Queue: "crashy", VisibilityTimeout: vt, MaxAttempts: 5})
-	const n = 3
+	const n = 4 // the last one has a single attempt
 	ids := map[uuid.UUID]bool{}
+	var last uuid.UUID
 	for i := range n {
-		ids[e.enqueue(t, "crashy", i, bellhop.EnqueueOptions{})] = true
+		opts := bellhop.EnqueueOptions{}
+		if i == n-1 {
+			opts.MaxAttempts = 1
+		}
+		last = e.enqueue(t, "crashy", i, opts)
+		ids[last] = true
 	}
 
 	// The crashing dispatcher: a child process (cancelling Run would
@@ -245,10 +252,13 @@ func TestCrashRedelivery(t *testing.T) {
 	mux := bellhop.NewMux()
 	mux.Handle("app", "crashy", rec)
 	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Second}, nil)
-	waitFor(t, 10*time.Second, "redelivery of the crashed dispatcher's messages", func() bool { return rec.n.Load() == n })
+	waitFor(t, 10*time.Second, "redelivery of the crashed dispatcher's messages", func() bool { return rec.n.Load() == n-1 })
 	t.Logf("redelivered %s after the crash", time.Since(crashed).Round(time.Millisecond))
 
 	for _, d := range rec.deliveries() {
+		if d.ID == last {
+			t.Errorf("message %s, on its last attempt when the child died, was delivered again", d.ID)
+		}
 		if d.Attempt != 2 {
 			t.Errorf("message %s redelivered as attempt %d, want 2", d.ID, d.Attempt)
 		}
@@ -258,10 +268,20 @@ func TestCrashRedelivery(t *testing.T) {
 			t.Errorf("message %s redelivered %s before its lease expired", d.ID, exp.Sub(d.Start))
 		}
 	}
-	waitFor(t, 5*time.Second, "the redelivered messages acked", func() bool {
+	waitFor(t, 5*time.Second, "the redelivered messages acked and the last attempt dead-lettered", func() bool {
 		return e.count(t, `SELECT count(*) FROM queue_messages`) == 0
 	})
-	if n := e.count(t, `SELECT count(*) FROM dead_letters`); n != 0 {
-		t.Errorf("%d dead letters, want none", n)
+	var deadID uuid.UUID
+	var attempt int
+	var lastError string
+	var diedAt time.Time
+	if err := e.pool.QueryRow(ctx, `SELECT id, attempt, last_error, died_at FROM dead_letters`).Scan(&deadID, &attempt, &lastError, &diedAt); err != nil {
+		t.Fatalf("the one dead letter: %v", err)
+	}
+	if deadID != last || attempt != 1 || lastError != "visibility timeout expired on the last attempt" {
+		t.Errorf("dead letter %s, attempt %d, %q; want %s, attempt 1, the lease's expiry", deadID, attempt, lastError, last)
+	}
+	if diedAt.Before(expiry[last]) {
+		t.Errorf("dead-lettered %s before its lease expired", expiry[last].Sub(diedAt))
 	}
 }
