@@ -119,9 +119,13 @@ type DispatcherConfig struct {
 	// claim.Combiner), and one stuck poll would stop the polls, and with
 	// them the listener's heartbeat and the reclaimer's news of other
 	// dispatchers' leases, until the kernel gave up on the connection
-	// (about 15 minutes for one whose server vanished). Reclaim passes
-	// and outcome writes are not bounded by it: a reclaim pass's size has
-	// no bound, and outcomes have their own (claim.Completer).
+	// (about 15 minutes for one whose server vanished). Not bounded by
+	// it: reclaim passes, whose size has no bound; outcome writes, which
+	// have their own (claim.Completer); lease renewals, which run on the
+	// handler's context, and it ends with the lease; the statements a
+	// lane runs around its claims (busy marks, offers for leasing at
+	// INSERT), which stall only that lane; and the start-up, which Run's
+	// context bounds.
 	StatementTimeout time.Duration
 }
 
@@ -678,7 +682,8 @@ func (n noAnswer) Error() string {
 	return fmt.Sprintf("no answer within %s, cancelled", time.Duration(n))
 }
 
-// bound limits ctx to StatementTimeout, for one step of the control loop.
+// bound limits ctx to StatementTimeout, for one step of the control loop
+// or of touchLoop.
 func (d *Dispatcher) bound(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeoutCause(ctx, d.cfg.StatementTimeout, noAnswer(d.cfg.StatementTimeout))
 }

@@ -561,7 +561,9 @@ func (d *Dispatcher) recoverLeases(ctx context.Context, tokens []uuid.UUID) {
 		if err := rows.Scan(&f.m.ID, &f.m.Payload, &f.m.EnqueuedAt, &f.m.Token, &f.m.Attempt, &f.m.MaxAttempts,
 			&f.m.EnqueuedBy, &f.claimedAt, &vtSecs); err != nil {
 			rows.Close()
-			d.log.Warn().Err(timedOut(ctx, err)).Msg("could not read leases whose notification was missed")
+			if !stopping(ctx) {
+				d.log.Warn().Err(timedOut(ctx, err)).Msg("could not read leases whose notification was missed")
+			}
 			return
 		}
 		if vtSecs != nil {
@@ -570,7 +572,9 @@ func (d *Dispatcher) recoverLeases(ctx context.Context, tokens []uuid.UUID) {
 		fs = append(fs, f)
 	}
 	if err := rows.Err(); err != nil {
-		d.log.Warn().Err(timedOut(ctx, err)).Msg("could not read leases whose notification was missed")
+		if !stopping(ctx) {
+			d.log.Warn().Err(timedOut(ctx, err)).Msg("could not read leases whose notification was missed")
+		}
 		return
 	}
 	for i := range fs {

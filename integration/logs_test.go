@@ -302,6 +302,9 @@ func TestClaimOnSilentLinkTimesOut(t *testing.T) {
 	waitFor(t, 5*time.Second, "the message acked", func() bool {
 		return e.count(t, `SELECT count(*) FROM queue_messages WHERE id = $1`, id) == 0
 	})
+	if n := rec.n.Load(); n != 1 {
+		t.Errorf("%d deliveries, want 1", n)
+	}
 }
 
 // TestSilentLinkStallsNoControlStep: while the pool's connections stop

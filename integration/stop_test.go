@@ -372,10 +372,10 @@ func proxyLink(t *testing.T, dsn string, delay time.Duration, watch func(client 
 	if err != nil {
 		t.Fatal(err)
 	}
-	var conns sync.WaitGroup
+	var conns sync.WaitGroup // the accept loop's own included, so that its Go calls come before Wait
 	stop := make(chan struct{})
 	t.Cleanup(func() { l.Close(); close(stop); conns.Wait() })
-	go func() {
+	conns.Go(func() {
 		for {
 			client, err := l.Accept()
 			if err != nil {
@@ -393,7 +393,7 @@ func proxyLink(t *testing.T, dsn string, delay time.Duration, watch func(client 
 			})
 			conns.Go(func() { delayCopy(client, server, delay, hold, stop) })
 		}
-	}()
+	})
 	port := l.Addr().(*net.TCPAddr).Port
 	return func(c *pgxpool.Config) {
 		c.ConnConfig.Host, c.ConnConfig.Port = "127.0.0.1", uint16(port)
@@ -411,13 +411,16 @@ type watchExecute struct {
 	r      io.Reader
 	silent *atomic.Bool
 	dead   atomic.Bool
+	tail   []byte // the end of the previous read, for a message split across two
 }
 
 func (w *watchExecute) Read(b []byte) (int, error) {
 	n, err := w.r.Read(b)
-	if w.silent.Load() && bytes.Contains(b[:n], executeUnnamed) {
+	seen := append(w.tail, b[:n]...)
+	if w.silent.Load() && bytes.Contains(seen, executeUnnamed) {
 		w.dead.Store(true)
 	}
+	w.tail = append(w.tail[:0], seen[max(0, len(seen)-len(executeUnnamed)+1):]...)
 	return n, err
 }
 

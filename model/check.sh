@@ -23,7 +23,8 @@ PAN_M=-m4000000            # search depth limit (never reached: checked below)
 # quarter slower. The full set needs it: its largest runs take up to 8 GB
 # with it, two at a time. The quick set does not: its largest runs
 # (offers-crash, offers-stop) take 2.8 GB without it, against 1.6 GB with
-# it, and 170 s against 226 s on the 2-CPU machine (2026-12-03).
+# it; run together on the 2-CPU machine, interleaved, the pair took 236
+# and 239 s without it against 318 and 347 s with it (2026-12-03).
 COMPRESS=-DCOLLAPSE
 
 # name | expect (pass|fail) | mode (safe|live|prog) | spin -D flags [| model]
