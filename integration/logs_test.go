@@ -342,7 +342,6 @@ func TestSilentLinkStallsNoControlStep(t *testing.T) {
 	waitFor(t, 10*time.Second, "polls again", func() bool { return obs.polls.Load() >= polls+2 })
 	e.enqueue(t, "later", 1, bellhop.EnqueueOptions{})
 	waitFor(t, 10*time.Second, "the new consumer's message, once the reload is retried", func() bool { return rec.n.Load() == 1 })
-
 }
 
 // lineWith reports whether a line of logs contains every one of parts.
