@@ -362,7 +362,10 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 		l.backlog.Store(false)
 		var settleErr error
 		if l.settle {
-			ok, err := claim.TryBusyLock(ctx, l.d.db, l.target, l.needFree)
+			bctx, cancel := l.d.bound(ctx)
+			ok, err := claim.TryBusyLock(bctx, l.d.db, l.target, l.needFree)
+			cancel()
+			err = timedOut(bctx, err)
 			switch {
 			case err != nil:
 				// Claim all the same, as while producers still hold the
@@ -492,8 +495,11 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 			// finds what they did not announce.
 			l.busy = false
 			l.release(ctx)
-			ok, err := claim.Unmark(ctx, l.d.db, l.target, l.d.owner, l.needFree)
+			bctx, cancel := l.d.bound(ctx)
+			ok, err := claim.Unmark(bctx, l.d.db, l.target, l.d.owner, l.needFree)
+			cancel()
 			if err != nil {
+				err = timedOut(bctx, err)
 				l.settle = true
 				return l.retry(ctx, st, err), claimed
 			}
@@ -593,9 +599,11 @@ func (l *lane) dropMark(ctx context.Context) {
 	silenced := l.busy || l.marked || l.held() || l.settle || l.watching || l.needFree
 	l.release(ctx)
 	if l.marked {
-		if _, err := claim.Unmark(ctx, l.d.db, l.target, l.d.owner, false); err == nil {
+		bctx, cancel := l.d.bound(ctx)
+		if _, err := claim.Unmark(bctx, l.d.db, l.target, l.d.owner, false); err == nil {
 			l.marked = false
 		}
+		cancel()
 	}
 	l.busy, l.watching = false, false
 	l.settle = silenced
@@ -615,8 +623,10 @@ func (l *lane) hold(ctx context.Context) {
 	if l.d.marks == nil {
 		return
 	}
-	if _, err := l.d.marks.Hold(ctx, l.busyKey()); err != nil && ctx.Err() == nil {
-		l.d.log.Debug().Err(err).Str("app_id", l.target.AppID.String()).Str("queue", l.target.Queue).
+	bctx, cancel := l.d.bound(ctx)
+	defer cancel()
+	if _, err := l.d.marks.Hold(bctx, l.busyKey()); err != nil && !stopping(bctx) {
+		l.d.log.Debug().Err(timedOut(bctx, err)).Str("app_id", l.target.AppID.String()).Str("queue", l.target.Queue).
 			Msg("could not take the busy lock; producers keep notifying")
 	}
 }
@@ -634,9 +644,11 @@ func (l *lane) release(ctx context.Context) {
 	if l.d.marks == nil {
 		return
 	}
-	confirmed, err := l.d.marks.Release(ctx, l.busyKey())
-	if err != nil && ctx.Err() == nil {
-		l.d.log.Warn().Err(err).Str("app_id", l.target.AppID.String()).Str("queue", l.target.Queue).
+	bctx, cancel := l.d.bound(ctx)
+	defer cancel()
+	confirmed, err := l.d.marks.Release(bctx, l.busyKey())
+	if err != nil && !stopping(bctx) {
+		l.d.log.Warn().Err(timedOut(bctx, err)).Str("app_id", l.target.AppID.String()).Str("queue", l.target.Queue).
 			Msg("could not release the busy lock; dropped its connection instead")
 	}
 	if !confirmed {

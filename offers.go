@@ -125,7 +125,9 @@ func (l *lane) makeOffer(ctx context.Context) {
 	l.offered.Store(true)
 
 	var dbNow time.Time
-	err := d.db.QueryRow(ctx, queries.OfferMake, queries.Args{
+	bctx, cancel := d.bound(ctx)
+	defer cancel()
+	err := d.db.QueryRow(bctx, queries.OfferMake, queries.Args{
 		"token": [16]byte(token), "app_id": [16]byte(l.target.AppID), "queue_name": l.target.Queue, "owner": [16]byte(d.owner),
 		"channel": d.leaseChannel, "ttl_ms": d.offerTTL().Milliseconds(), "consumer_id": [16]byte(l.target.TriggerID),
 	}).Scan(&dbNow)
@@ -136,8 +138,8 @@ func (l *lane) makeOffer(ctx context.Context) {
 		// taken one, but let the lane offer again.
 		d.retire(o, time.Now())
 		l.offered.Store(false)
-		if ctx.Err() == nil {
-			d.log.Debug().Err(err).Str("app_id", l.target.AppID.String()).Str("queue", l.target.Queue).
+		if !stopping(bctx) {
+			d.log.Debug().Err(timedOut(bctx, err)).Str("app_id", l.target.AppID.String()).Str("queue", l.target.Queue).
 				Msg("could not make an offer; the queue is claimed after notifications as usual")
 		}
 		return
@@ -180,7 +182,9 @@ func (l *lane) withdraw(ctx context.Context) {
 		// the dispatcher.
 		return
 	}
-	d.dropOffers(ctx, mine)
+	bctx, cancel := d.bound(ctx)
+	d.dropOffers(bctx, mine)
+	cancel()
 }
 
 // dropOffers deletes the given offers of ours, or all of them (nil), and
@@ -191,13 +195,12 @@ func (d *Dispatcher) dropOffers(ctx context.Context, tokens []uuid.UUID) {
 		arg = tokens
 	}
 	rows, err := d.db.Query(ctx, queries.OfferDrop, queries.Args{"owner": d.owner, "tokens": arg})
-	if err != nil {
-		d.log.Debug().Err(err).Msg("could not withdraw offers; they expire")
-		return
+	var gone []uuid.UUID
+	if err == nil {
+		gone, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 	}
-	gone, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 	if err != nil {
-		d.log.Debug().Err(err).Msg("could not withdraw offers; they expire")
+		d.log.Debug().Err(timedOut(ctx, err)).Msg("could not withdraw offers; they expire")
 		return
 	}
 	d.offers.mu.Lock()

@@ -344,6 +344,83 @@ func TestSilentLinkStallsNoControlStep(t *testing.T) {
 	waitFor(t, 10*time.Second, "the new consumer's message, once the reload is retried", func() bool { return rec.n.Load() == 1 })
 }
 
+// TestSilentLinkStallsNoLane: a statement that a lane runs around its
+// claims (its busy mark and busy key, its offer for leasing at INSERT)
+// and that never gets an answer is cancelled after StatementTimeout and
+// logged, and the lane goes on serving its queue once the link answers.
+// Unbounded, it waited until the kernel gave up on the connection: the
+// lane meanwhile claimed nothing, and a stuck busy key statement held the
+// lock connection, for which every lane's claim waits.
+func TestSilentLinkStallsNoLane(t *testing.T) {
+	const backlog = 3
+	for _, tc := range []struct {
+		name   string
+		sql    string // the statement whose connection goes silent
+		offers bool   // LeaseAtInsert
+		line   string // the message of the line that reports it
+		err    string // in its error
+		pause  bool   // pause the consumer, then resume it
+	}{
+		// A backlog's second pass takes the busy key.
+		{"busy key taken", queries.BusyHold, false, "could not take the busy lock", "hold:", false},
+		// Once the backlog is drained, the lane gives the key back and
+		// deletes its mark.
+		{"busy key given back", queries.BusyRelease, false, "could not release the busy lock", "release:", false},
+		{"busy mark deleted", queries.BusyUnmark, false, "claim failed", "unmark", false},
+		// An idle lane puts a token on offer, and withdraws it when its
+		// consumer is paused.
+		{"offer made", queries.OfferMake, true, "could not make an offer", "", false},
+		{"offer withdrawn", queries.OfferDrop, true, "could not withdraw offers", "", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			c := e.consumer(t, bellhop.ConsumerSpec{Queue: "q", MaxInFlight: 1})
+			rec := &recorder{}
+			mux := bellhop.NewMux()
+			mux.Handle("app", "q", rec)
+			for i := range backlog {
+				e.enqueue(t, "q", i, bellhop.EnqueueOptions{})
+			}
+			// The statement's text up to its first argument, which the
+			// driver rewrites.
+			head, _, _ := strings.Cut(tc.sql, "@")
+			var armed atomic.Bool
+			armed.Store(true)
+			link := deadOn(t, e.dsn, func(sql string) bool { return armed.Load() && strings.HasPrefix(sql, head) })
+			logs := &syncBuffer{}
+			// The busy key's session would end after BusyLease idle
+			// (idle_session_timeout), and its connection with it, which on
+			// a path that went dead the client would never hear of.
+			startLogged(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, LeaseAtInsert: tc.offers, BusyLease: time.Minute,
+				StatementTimeout: 500 * time.Millisecond, Logger: zerolog.New(logs)}, link)
+			if tc.pause {
+				waitFor(t, 10*time.Second, "the backlog delivered", func() bool { return rec.n.Load() == backlog })
+				waitFor(t, 10*time.Second, "an offer", func() bool { return e.count(t, `SELECT count(*) FROM bellhop_offers`) > 0 })
+				if err := e.client.SetConsumerEnabled(context.Background(), "app", c.ID, false); err != nil {
+					t.Fatal(err)
+				}
+			}
+			waitFor(t, 10*time.Second, "a line that names the timeout", func() bool {
+				return lineWith(logs, `"`+tc.line, "no answer within 500ms", tc.err)
+			})
+			armed.Store(false)
+			if tc.pause {
+				if err := e.client.SetConsumerEnabled(context.Background(), "app", c.ID, true); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// The first may find a statement's work done on the server (an
+			// offer made) and so be delivered without the lane; the second
+			// needs the lane.
+			for i := range 2 {
+				e.enqueue(t, "q", "after", bellhop.EnqueueOptions{})
+				want := int32(backlog + i + 1)
+				waitFor(t, 15*time.Second, "a message enqueued after the link answers again", func() bool { return rec.n.Load() == want })
+			}
+		})
+	}
+}
+
 // lineWith reports whether a line of logs contains every one of parts.
 func lineWith(logs *syncBuffer, parts ...string) bool {
 	for line := range strings.Lines(logs.String()) {

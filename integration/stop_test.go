@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -348,8 +349,15 @@ func slowLink(t *testing.T, dsn string, delay time.Duration, slow *atomic.Bool) 
 // Connections that run nothing meanwhile (an idle one, the listener
 // waiting for notifications) are left alone.
 func silentLink(t *testing.T, dsn string, silent *atomic.Bool) func(*pgxpool.Config) {
+	return deadOn(t, dsn, func(string) bool { return silent.Load() })
+}
+
+// deadOn returns a pool tweak that routes the pool's connections through
+// a local proxy to dsn's server, on which a connection that runs a
+// statement whose SQL kill accepts never hears from the server again.
+func deadOn(t *testing.T, dsn string, kill func(sql string) bool) func(*pgxpool.Config) {
 	return proxyLink(t, dsn, time.Hour, func(client io.Reader) (io.Reader, func() bool) {
-		w := &watchExecute{r: client, silent: silent}
+		w := &watchStatements{r: client, kill: kill, stmts: map[string]string{}}
 		return w, w.dead.Load
 	})
 }
@@ -401,27 +409,69 @@ func proxyLink(t *testing.T, dsn string, delay time.Duration, watch func(client 
 	}
 }
 
-// executeUnnamed is the protocol's Execute message for the unnamed portal
-// with no row limit, as pgx sends it to run a statement.
-var executeUnnamed = []byte{'E', 0, 0, 0, 9, 0, 0, 0, 0, 0}
-
-// watchExecute reads from r, and marks its connection dead once it sends
-// an Execute while silent is set.
-type watchExecute struct {
-	r      io.Reader
-	silent *atomic.Bool
-	dead   atomic.Bool
-	tail   []byte // the end of the previous read, for a message split across two
+// watchStatements reads a client's messages from r (the frontend side of
+// PostgreSQL's protocol) and marks its connection dead once it executes a
+// statement, prepared or unnamed, whose SQL kill accepts. Simple queries
+// are let through: pgx sends statements with arguments, as every one a
+// test picks is, with the extended protocol, and its pings, BEGIN and
+// COMMIT with the simple one.
+type watchStatements struct {
+	r     io.Reader
+	kill  func(sql string) bool
+	dead  atomic.Bool
+	buf   []byte            // what has been read of the next message
+	typed bool              // past the start-up message, whose first byte is no type
+	stmts map[string]string // prepared statements' SQL by name ("" unnamed)
+	bound string            // the SQL of the portal last bound
 }
 
-func (w *watchExecute) Read(b []byte) (int, error) {
+// Codes of the untyped requests that may come before the start-up
+// message, which is then sent on the same connection.
+const (
+	sslRequest    = 80877103
+	gssEncRequest = 80877104
+)
+
+func (w *watchStatements) Read(b []byte) (int, error) {
 	n, err := w.r.Read(b)
-	seen := append(w.tail, b[:n]...)
-	if w.silent.Load() && bytes.Contains(seen, executeUnnamed) {
+	w.buf = append(w.buf, b[:n]...)
+	for {
+		head := 5
+		if !w.typed {
+			head = 4
+		}
+		if len(w.buf) < head {
+			break
+		}
+		size := int(binary.BigEndian.Uint32(w.buf[head-4:])) + head - 4
+		if size < head || (!w.typed && size < 8) || len(w.buf) < size {
+			break
+		}
+		msg := w.buf[:size]
+		if !w.typed {
+			if code := binary.BigEndian.Uint32(msg[4:]); code != sslRequest && code != gssEncRequest {
+				w.typed = true
+			}
+		} else {
+			w.message(msg[0], msg[5:])
+		}
+		w.buf = w.buf[size:]
+	}
+	return n, err
+}
+
+// message follows one typed message: Parse names a statement, Bind binds
+// one to the portal, Execute runs the portal.
+func (w *watchStatements) message(kind byte, body []byte) {
+	fields := bytes.Split(body, []byte{0})
+	switch {
+	case kind == 'P' && len(fields) >= 2:
+		w.stmts[string(fields[0])] = string(fields[1])
+	case kind == 'B' && len(fields) >= 2:
+		w.bound = w.stmts[string(fields[1])]
+	case kind == 'E' && w.kill(w.bound):
 		w.dead.Store(true)
 	}
-	w.tail = append(w.tail[:0], seen[max(0, len(seen)-len(executeUnnamed)+1):]...)
-	return n, err
 }
 
 // delayCopy copies from src to dst, each chunk delay after it was read

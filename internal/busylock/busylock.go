@@ -44,11 +44,16 @@ type Holder struct {
 	idle    time.Duration
 	log     zerolog.Logger
 
-	mu     sync.Mutex
+	mu     sync.Mutex // a turn on the connection
 	conn   *pgx.Conn
-	held   map[Key]struct{}
-	lost   map[Key]struct{} // held by a session that was dropped
 	closed bool
+
+	// keys guards held and lost apart from mu, so that Held, which every
+	// claim pass asks, does not wait for a statement on the connection.
+	// Taken inside mu when both are.
+	keys sync.Mutex
+	held map[Key]struct{}
+	lost map[Key]struct{} // held by a session that was dropped
 }
 
 // New returns a Holder that opens its connection with connect when it
@@ -68,13 +73,18 @@ func New(connect func(context.Context) (*pgx.Conn, error), owner uuid.UUID, idle
 // also tells the other dispatchers, in the same statement, so that they
 // watch the key (notify.KindBusy).
 func (h *Holder) Hold(ctx context.Context, k Key) (bool, error) {
+	if h.Held(k) {
+		return true, nil // a lane refreshing its mark need not wait its turn
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if _, ok := h.held[k]; ok {
-		return true, nil
-	}
 	if h.closed {
 		return false, ErrClosed
+	}
+	if ctx.Err() != nil {
+		// Ended while waiting its turn: nothing was sent, so the session
+		// and every key it holds are as they were.
+		return false, fmt.Errorf("busy lock %s/%s: hold: %w", k.AppID, k.Queue, ctx.Err())
 	}
 	if h.conn == nil {
 		c, err := h.connect(ctx)
@@ -93,17 +103,19 @@ func (h *Holder) Hold(ctx context.Context, k Key) (bool, error) {
 		return false, fmt.Errorf("busy lock %s/%s: hold: %w", k.AppID, k.Queue, err)
 	}
 	if held {
+		h.keys.Lock()
 		h.held[k] = struct{}{}
 		// An exclusive lock in the new session: the dropped one is gone.
 		delete(h.lost, k)
+		h.keys.Unlock()
 	}
 	return held, nil
 }
 
 // Held reports whether this dispatcher holds k's key, as far as it knows.
 func (h *Holder) Held(k Key) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
+	h.keys.Lock()
+	defer h.keys.Unlock()
 	_, ok := h.held[k]
 	return ok
 }
@@ -116,15 +128,20 @@ func (h *Holder) Held(k Key) bool {
 func (h *Holder) Release(ctx context.Context, k Key) (confirmed bool, err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if _, ok := h.lost[k]; ok {
-		delete(h.lost, k)
+	h.keys.Lock()
+	_, lost := h.lost[k]
+	delete(h.lost, k)
+	_, held := h.held[k]
+	last := len(h.held) == 1
+	h.keys.Unlock()
+	if lost {
 		return false, nil
 	}
-	if _, ok := h.held[k]; !ok {
+	if !held {
 		return true, nil
 	}
 	idle := h.idle
-	if len(h.held) == 1 {
+	if last {
 		idle = 0 // no marks left: an idle session needs no keep-alives
 	}
 	var unset, released bool
@@ -133,10 +150,14 @@ func (h *Holder) Release(ctx context.Context, k Key) (confirmed bool, err error)
 	}).Scan(&unset, &released)
 	if err != nil {
 		h.drop()
+		h.keys.Lock()
 		delete(h.lost, k)
+		h.keys.Unlock()
 		return false, fmt.Errorf("busy lock %s/%s: release: %w", k.AppID, k.Queue, err)
 	}
+	h.keys.Lock()
 	delete(h.held, k)
+	h.keys.Unlock()
 	if !released {
 		// The session is not the one that took the key: treat the key
 		// as lost.
@@ -158,7 +179,9 @@ func (h *Holder) Run(ctx context.Context) {
 			h.mu.Lock()
 			h.closed = true
 			h.drop()
+			h.keys.Lock()
 			clear(h.lost)
+			h.keys.Unlock()
 			h.mu.Unlock()
 			return
 		case <-t.C:
@@ -170,14 +193,17 @@ func (h *Holder) Run(ctx context.Context) {
 func (h *Holder) keepAlive(ctx context.Context) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if len(h.held) == 0 || h.conn == nil {
+	h.keys.Lock()
+	marks := len(h.held)
+	h.keys.Unlock()
+	if marks == 0 || h.conn == nil {
 		return
 	}
 	pctx, cancel := context.WithTimeout(ctx, h.idle)
 	defer cancel()
 	if err := h.conn.Ping(pctx); err != nil {
 		if ctx.Err() == nil {
-			h.log.Warn().Err(err).Int("marks", len(h.held)).
+			h.log.Warn().Err(err).Int("marks", marks).
 				Msg("busy lock connection failed; producers of the marked queues notify again")
 		}
 		h.drop()
@@ -194,8 +220,10 @@ func (h *Holder) drop() {
 	_ = h.conn.Close(cctx)
 	cancel()
 	h.conn = nil
+	h.keys.Lock()
 	for k := range h.held {
 		h.lost[k] = struct{}{}
 	}
 	clear(h.held)
+	h.keys.Unlock()
 }

@@ -3,6 +3,7 @@ package busylock_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -331,5 +332,64 @@ func TestKeepAlivesKeepMarks(t *testing.T) {
 	}
 	if _, err := h.Hold(context.Background(), f.key); err == nil {
 		t.Error("Hold after Run returned succeeded")
+	}
+}
+
+// TestHeldDoesNotWaitForTheConnection: Held, which every claim pass asks,
+// answers while a Hold waits on the lock connection (here for a connect
+// that never completes; on a dead path, for a statement's answer), rather
+// than stalling every lane for as long as that lasts.
+func TestHeldDoesNotWaitForTheConnection(t *testing.T) {
+	key := busylock.Key{AppID: uuid.New(), Queue: "q"}
+	connecting := make(chan struct{})
+	h := busylock.New(func(ctx context.Context) (*pgx.Conn, error) {
+		close(connecting)
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}, uuid.New(), time.Second, zerolog.Nop())
+	ctx, cancel := context.WithCancel(context.Background())
+	held := make(chan error, 1)
+	go func() {
+		_, err := h.Hold(ctx, key)
+		held <- err
+	}()
+	<-connecting
+	answer := make(chan bool, 1)
+	go func() { answer <- h.Held(key) }()
+	select {
+	case ok := <-answer:
+		if ok {
+			t.Error("Held = true for a key whose Hold has not finished")
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("Held did not answer within 5s while a Hold waited on the connection")
+	}
+	cancel()
+	if err := <-held; err == nil {
+		t.Error("Hold succeeded without a connection")
+	}
+}
+
+// TestHoldEndedWaitingItsTurn: a Hold whose context ends while it waits
+// for its turn on the lock connection (behind a statement of another
+// lane, or a keep-alive) fails without dropping the connection, which
+// would end every key the dispatcher holds.
+func TestHoldEndedWaitingItsTurn(t *testing.T) {
+	f := newFixture(t)
+	h := f.holder(t, time.Minute)
+	if ok, err := h.Hold(context.Background(), f.key); err != nil || !ok {
+		t.Fatalf("Hold = %v, %v", ok, err)
+	}
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	other := busylock.Key{AppID: f.key.AppID, Queue: "other"}
+	if _, err := h.Hold(ended, other); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Hold with an ended context = %v, want context.Canceled", err)
+	}
+	if !h.Held(f.key) {
+		t.Error("Held = false for the key held before: the connection was dropped")
+	}
+	if f.notifies(t, pgx.ReadCommitted) {
+		t.Error("a producer of the held queue notified: the session lost its key")
 	}
 }
