@@ -1055,7 +1055,16 @@ func (d *Dispatcher) flushLastFired(ctx context.Context) {
 	}
 	clear(d.lastFired)
 	d.lastFiredMu.Unlock()
-	if _, err := d.db.Exec(ctx, queries.TouchLastFired, queries.Args{"trigger_ids": ids}); err != nil && !stopping(ctx) {
-		d.log.Debug().Err(timedOut(ctx, err)).Msg("updating last_fired_at failed")
+	if _, err := d.db.Exec(ctx, queries.TouchLastFired, queries.Args{"trigger_ids": ids}); err != nil {
+		// Tried again with the next second's: a consumer delivered to once
+		// would otherwise never show it.
+		d.lastFiredMu.Lock()
+		for _, id := range ids {
+			d.lastFired[id] = true
+		}
+		d.lastFiredMu.Unlock()
+		if !stopping(ctx) {
+			d.log.Debug().Err(timedOut(ctx, err)).Msg("updating last_fired_at failed; trying again in a second")
+		}
 	}
 }

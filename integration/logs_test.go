@@ -421,6 +421,42 @@ func TestSilentLinkStallsNoLane(t *testing.T) {
 	}
 }
 
+// TestLastFiredSurvivesAFailedUpdate: the once-a-second update of the
+// consumers' last_fired_at that does not answer in time (here it waits
+// for a row lock) is cancelled, and its consumers are written with the
+// next one, rather than dropped: a consumer delivered to once would
+// otherwise never show it.
+func TestLastFiredSurvivesAFailedUpdate(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	c := e.consumer(t, bellhop.ConsumerSpec{Queue: "q"})
+	rec := &recorder{}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "q", rec)
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT FROM queue_trigger_details WHERE trigger_id = $1 FOR NO KEY UPDATE`, c.ID); err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	startLogged(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, StatementTimeout: 500 * time.Millisecond,
+		Logger: zerolog.New(logs)}, nil)
+	e.enqueue(t, "q", 1, bellhop.EnqueueOptions{})
+	waitFor(t, 10*time.Second, "the message delivered", func() bool { return rec.n.Load() == 1 })
+	waitFor(t, 10*time.Second, "an update that failed for its timeout", func() bool {
+		return lineWith(logs, `"updating last_fired_at failed`, "no answer within 500ms")
+	})
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "last_fired_at written by a later update", func() bool {
+		return e.count(t, `SELECT count(*) FROM queue_trigger_details WHERE trigger_id = $1 AND last_fired_at IS NOT NULL`, c.ID) == 1
+	})
+}
+
 // lineWith reports whether a line of logs contains every one of parts.
 func lineWith(logs *syncBuffer, parts ...string) bool {
 	for line := range strings.Lines(logs.String()) {
