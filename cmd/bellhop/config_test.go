@@ -30,11 +30,6 @@ func TestBadConfiguration(t *testing.T) {
 	t.Parallel()
 	dsn := pgtest.ConnString(t)
 	ok(t, dsn, "app", "create", "shop")
-	busy, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { busy.Close() })
 	const garbled = "postgres://u:s3cretpw@host:notaport/db"
 	add := []string{"consumer", "add", "--app", "shop", "--queue", "q", "--url", "http://127.0.0.1:9/hook"}
 	enq := []string{"enqueue", "--app", "shop", "--queue", "orders"}
@@ -78,7 +73,6 @@ func TestBadConfiguration(t *testing.T) {
 		{"zero max attempts on enqueue", dsn, nil, append(enq, "--max-attempts", "0", "{}"), "--max-attempts 0: must be at least 1"},
 		{"zero max attempts on update", dsn, nil, []string{"consumer", "update", "--app", "shop", "--max-attempts", "0", "00000000-0000-0000-0000-000000000001"}, "max attempts 0 is outside 1..1000"},
 		{"unusable --http-addr", dsn, nil, []string{"run", "--http-addr", "nonsense:99999"}, `--http-addr "nonsense:99999"`},
-		{"--http-addr in use", dsn, nil, []string{"run", "--http-addr", busy.Addr().String()}, "address already in use"},
 		{"short --poll-interval", dsn, nil, []string{"run", "--poll-interval", "10ms"}, "--poll-interval 10ms: must be at least 1s"},
 		{"zero --shutdown-grace", dsn, nil, []string{"run", "--shutdown-grace", "0s"}, "--shutdown-grace 0s: must be positive"},
 		// An empty address used to listen on a random port.
@@ -250,6 +244,11 @@ func TestOperationalErrorsExit1(t *testing.T) {
 	dsn := pgtest.ConnString(t)
 	ok(t, dsn, "app", "create", "shop")
 	addConsumer(t, dsn, "--app", "shop", "--queue", "orders", "--url", "http://127.0.0.1:9/hook")
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { busy.Close() })
 	empty := emptyDatabase(t)
 	// A database one migration behind this binary.
 	behind := pgtest.ConnString(t)
@@ -270,6 +269,7 @@ func TestOperationalErrorsExit1(t *testing.T) {
 		{"unreachable database for run", "host=/nonexistent port=1 user=postgres connect_timeout=2", []string{"run", "--http-addr", "127.0.0.1:0"}, "connect"},
 		{"app exists", dsn, []string{"app", "create", "shop"}, "app already exists"},
 		{"consumer exists", dsn, []string{"consumer", "add", "--app", "shop", "--queue", "orders", "--url", "http://127.0.0.1:9/other"}, "queue already has a consumer"},
+		{"--http-addr in use", dsn, []string{"run", "--http-addr", busy.Addr().String()}, "address already in use"},
 		{"database not migrated", empty, []string{"queues"}, "(is the database migrated? run `bellhop migrate`)"},
 		{"database not migrated for run", empty, []string{"run", "--http-addr", "127.0.0.1:0"}, "database has no Bellhop schema: run `bellhop migrate`"},
 		{"database schema behind", behind, []string{"run", "--http-addr", "127.0.0.1:0"}, fmt.Sprintf("database schema at version %d, this code needs %d: run `bellhop migrate`", latest-1, latest)},

@@ -65,6 +65,10 @@ func runCommand(d *deps) *cli.Command {
 				return usagef("--http-addr is empty: give the address for /metrics, /healthz and /readyz, such as :9090")
 			}
 			ln, err := net.Listen("tcp", cmd.String("http-addr"))
+			if errors.Is(err, syscall.EADDRINUSE) {
+				// Another process has it: a conflict, not a bad address.
+				return fmt.Errorf("--http-addr %q: %w", cmd.String("http-addr"), err)
+			}
 			if err != nil {
 				return usagef("--http-addr %q: %v", cmd.String("http-addr"), err)
 			}
