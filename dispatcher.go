@@ -19,6 +19,7 @@ import (
 	"github.com/bellhopq/bellhop/internal/backoff"
 	"github.com/bellhopq/bellhop/internal/busylock"
 	"github.com/bellhopq/bellhop/internal/logthrottle"
+	"github.com/bellhopq/bellhop/internal/timeout"
 	"github.com/bellhopq/bellhop/migrations"
 	"github.com/bellhopq/bellhop/notify"
 	"github.com/bellhopq/bellhop/reclaim"
@@ -654,7 +655,7 @@ func (d *Dispatcher) control(ctx context.Context) {
 			}
 			reloadFailures++
 			wait := backoff.Delay(reloadFailures, time.Second, 30*time.Second)
-			d.log.Error().Err(timedOut(rctx, err)).Dur("retry_in", wait).Msg("reloading consumers failed")
+			d.log.Error().Err(timeout.Explain(rctx, err)).Dur("retry_in", wait).Msg("reloading consumers failed")
 			retry, retryWake = time.After(wait), wakeAll
 			continue
 		}
@@ -678,34 +679,10 @@ func (d *Dispatcher) control(ctx context.Context) {
 	}
 }
 
-// noAnswer is the cause of a context that bound ended: its statement had
-// not answered within the duration.
-type noAnswer time.Duration
-
-func (n noAnswer) Error() string {
-	return fmt.Sprintf("no answer within %s, cancelled", time.Duration(n))
-}
-
-// bound limits ctx to StatementTimeout, for one step of the control loop
-// or of touchLoop.
+// bound limits ctx to StatementTimeout, for one statement of a lane, or
+// one step of the control loop or of touchLoop.
 func (d *Dispatcher) bound(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeoutCause(ctx, d.cfg.StatementTimeout, noAnswer(d.cfg.StatementTimeout))
-}
-
-// stopping reports whether ctx has ended for any reason but its bound
-// (the dispatcher stopping): failures then go unlogged.
-func stopping(ctx context.Context) bool {
-	var n noAnswer
-	return ctx.Err() != nil && !errors.As(context.Cause(ctx), &n)
-}
-
-// timedOut says, in err, that ctx's bound ran out, if it did.
-func timedOut(ctx context.Context, err error) error {
-	var n noAnswer
-	if err != nil && errors.As(context.Cause(ctx), &n) {
-		return fmt.Errorf("%w: %w", n, err)
-	}
-	return err
+	return timeout.Bound(ctx, d.cfg.StatementTimeout)
 }
 
 // jitter spreads polls of many dispatchers by ±10%.
@@ -720,8 +697,8 @@ func (d *Dispatcher) wakeAfterConnect(ctx context.Context) {
 	var queueLanes, invokeLanes [][16]byte
 	err := d.db.QueryRow(ctx, queries.WakeScan, queries.Args{"owner": [16]byte(d.owner)}).Scan(&queueLanes, &invokeLanes)
 	if err != nil {
-		if !stopping(ctx) {
-			d.log.Warn().Err(timedOut(ctx, err)).Msg("scanning for work after connecting failed; waking every queue")
+		if !timeout.Stopping(ctx) {
+			d.log.Warn().Err(timeout.Explain(ctx, err)).Msg("scanning for work after connecting failed; waking every queue")
 			d.wakeAll()
 		}
 		return
@@ -799,8 +776,8 @@ func (d *Dispatcher) poll(ctx context.Context) {
 	}).Scan(&sent, &queueReady, &queueStale, &invokeReady, &invokeStale, &nextExpiry, &liveOffers, &dbNow)
 	if err != nil {
 		d.listener.ForgetHeartbeat(token)
-		if !stopping(ctx) {
-			d.log.Warn().Err(timedOut(ctx, err)).Msg("fallback poll failed")
+		if !timeout.Stopping(ctx) {
+			d.log.Warn().Err(timeout.Explain(ctx, err)).Msg("fallback poll failed")
 		}
 		return
 	}
@@ -1063,8 +1040,8 @@ func (d *Dispatcher) flushLastFired(ctx context.Context) {
 			d.lastFired[id] = true
 		}
 		d.lastFiredMu.Unlock()
-		if !stopping(ctx) {
-			d.log.Debug().Err(timedOut(ctx, err)).Msg("updating last_fired_at failed; trying again in a second")
+		if !timeout.Stopping(ctx) {
+			d.log.Debug().Err(timeout.Explain(ctx, err)).Msg("updating last_fired_at failed; trying again in a second")
 		}
 	}
 }

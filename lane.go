@@ -17,6 +17,7 @@ import (
 	"github.com/bellhopq/bellhop/internal/backoff"
 	"github.com/bellhopq/bellhop/internal/busylock"
 	"github.com/bellhopq/bellhop/internal/logthrottle"
+	"github.com/bellhopq/bellhop/internal/timeout"
 )
 
 // consumerState is a consumer's settings and handler, swapped atomically
@@ -365,7 +366,7 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 			bctx, cancel := l.d.bound(ctx)
 			ok, err := claim.TryBusyLock(bctx, l.d.db, l.target, l.needFree)
 			cancel()
-			err = timedOut(bctx, err)
+			err = timeout.Explain(bctx, err)
 			switch {
 			case err != nil:
 				// Claim all the same, as while producers still hold the
@@ -499,7 +500,7 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 			ok, err := claim.Unmark(bctx, l.d.db, l.target, l.d.owner, l.needFree)
 			cancel()
 			if err != nil {
-				err = timedOut(bctx, err)
+				err = timeout.Explain(bctx, err)
 				l.settle = true
 				return l.retry(ctx, st, err), claimed
 			}
@@ -625,8 +626,8 @@ func (l *lane) hold(ctx context.Context) {
 	}
 	bctx, cancel := l.d.bound(ctx)
 	defer cancel()
-	if _, err := l.d.marks.Hold(bctx, l.busyKey()); err != nil && !stopping(bctx) {
-		l.d.log.Debug().Err(timedOut(bctx, err)).Str("app_id", l.target.AppID.String()).Str("queue", l.target.Queue).
+	if _, err := l.d.marks.Hold(bctx, l.busyKey()); err != nil && !timeout.Stopping(bctx) {
+		l.d.log.Debug().Err(timeout.Explain(bctx, err)).Str("app_id", l.target.AppID.String()).Str("queue", l.target.Queue).
 			Msg("could not take the busy lock; producers keep notifying")
 	}
 }
@@ -647,8 +648,8 @@ func (l *lane) release(ctx context.Context) {
 	bctx, cancel := l.d.bound(ctx)
 	defer cancel()
 	confirmed, err := l.d.marks.Release(bctx, l.busyKey())
-	if err != nil && !stopping(bctx) {
-		l.d.log.Warn().Err(timedOut(bctx, err)).Str("app_id", l.target.AppID.String()).Str("queue", l.target.Queue).
+	if err != nil && !timeout.Stopping(bctx) {
+		l.d.log.Warn().Err(timeout.Explain(bctx, err)).Str("app_id", l.target.AppID.String()).Str("queue", l.target.Queue).
 			Msg("could not release the busy lock; dropped its connection instead")
 	}
 	if !confirmed {

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/bellhopq/bellhop/claim"
+	"github.com/bellhopq/bellhop/internal/timeout"
 	"github.com/bellhopq/bellhop/notify"
 	queries "github.com/bellhopq/bellhop/sql"
 )
@@ -138,8 +139,8 @@ func (l *lane) makeOffer(ctx context.Context) {
 		// taken one, but let the lane offer again.
 		d.retire(o, time.Now())
 		l.offered.Store(false)
-		if !stopping(bctx) {
-			d.log.Debug().Err(timedOut(bctx, err)).Str("app_id", l.target.AppID.String()).Str("queue", l.target.Queue).
+		if !timeout.Stopping(bctx) {
+			d.log.Debug().Err(timeout.Explain(bctx, err)).Str("app_id", l.target.AppID.String()).Str("queue", l.target.Queue).
 				Msg("could not make an offer; the queue is claimed after notifications as usual")
 		}
 		return
@@ -200,7 +201,7 @@ func (d *Dispatcher) dropOffers(ctx context.Context, tokens []uuid.UUID) {
 		gone, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 	}
 	if err != nil {
-		d.log.Debug().Err(timedOut(ctx, err)).Msg("could not withdraw offers; they expire")
+		d.log.Debug().Err(timeout.Explain(ctx, err)).Msg("could not withdraw offers; they expire")
 		return
 	}
 	d.offers.mu.Lock()
@@ -548,8 +549,8 @@ func (d *Dispatcher) recoverLeases(ctx context.Context, tokens []uuid.UUID) {
 	}
 	rows, err := d.db.Query(ctx, queries.OfferRecover, queries.Args{"tokens": tokens})
 	if err != nil {
-		if !stopping(ctx) {
-			d.log.Warn().Err(timedOut(ctx, err)).Msg("could not look for leases whose notification was missed; they come back after their lease")
+		if !timeout.Stopping(ctx) {
+			d.log.Warn().Err(timeout.Explain(ctx, err)).Msg("could not look for leases whose notification was missed; they come back after their lease")
 		}
 		return
 	}
@@ -564,8 +565,8 @@ func (d *Dispatcher) recoverLeases(ctx context.Context, tokens []uuid.UUID) {
 		if err := rows.Scan(&f.m.ID, &f.m.Payload, &f.m.EnqueuedAt, &f.m.Token, &f.m.Attempt, &f.m.MaxAttempts,
 			&f.m.EnqueuedBy, &f.claimedAt, &vtSecs); err != nil {
 			rows.Close()
-			if !stopping(ctx) {
-				d.log.Warn().Err(timedOut(ctx, err)).Msg("could not read leases whose notification was missed")
+			if !timeout.Stopping(ctx) {
+				d.log.Warn().Err(timeout.Explain(ctx, err)).Msg("could not read leases whose notification was missed")
 			}
 			return
 		}
@@ -575,8 +576,8 @@ func (d *Dispatcher) recoverLeases(ctx context.Context, tokens []uuid.UUID) {
 		fs = append(fs, f)
 	}
 	if err := rows.Err(); err != nil {
-		if !stopping(ctx) {
-			d.log.Warn().Err(timedOut(ctx, err)).Msg("could not read leases whose notification was missed")
+		if !timeout.Stopping(ctx) {
+			d.log.Warn().Err(timeout.Explain(ctx, err)).Msg("could not read leases whose notification was missed")
 		}
 		return
 	}

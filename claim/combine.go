@@ -2,14 +2,14 @@ package claim
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/bellhopq/bellhop/internal/timeout"
 )
 
 // Combiner makes a dispatcher's claim passes. While fewer than its limit
@@ -80,10 +80,10 @@ type call struct {
 }
 
 // NewCombiner returns a Combiner that sends at most limit passes at once
-// (at least 1), and cancels a pass that has not answered within timeout
-// (none if 0).
-func NewCombiner(db *pgxpool.Pool, limit int, timeout time.Duration) *Combiner {
-	return &Combiner{db: db, limit: max(limit, 1), timeout: timeout}
+// (at least 1), and cancels a pass that has not answered within
+// passTimeout (none if 0).
+func NewCombiner(db *pgxpool.Pool, limit int, passTimeout time.Duration) *Combiner {
+	return &Combiner{db: db, limit: max(limit, 1), timeout: passTimeout}
 }
 
 // Pass makes r's claim pass, as ClaimPass does, combined with other
@@ -189,16 +189,13 @@ func combines(calls []*call, t Target) bool {
 func (c *Combiner) send(calls []*call) {
 	ctx, cancel := stopAfterAll(calls)
 	defer cancel()
-	if c.timeout > 0 {
-		var cancelTimeout context.CancelFunc
-		ctx, cancelTimeout = context.WithTimeout(ctx, c.timeout)
-		defer cancelTimeout()
-	}
+	ctx, cancelTimeout := timeout.Bound(ctx, c.timeout)
+	defer cancelTimeout()
 	c.passes.Add(1)
 	if len(calls) == 1 {
 		cl := calls[0]
 		cl.pass, cl.err = ClaimPass(ctx, c.db, cl.req.Target, cl.req.Max, cl.req.Busy)
-		cl.err = c.timedOut(ctx, cl.err)
+		cl.err = timeout.Explain(ctx, cl.err)
 		return
 	}
 	reqs := make([]Request, len(calls))
@@ -206,7 +203,7 @@ func (c *Combiner) send(calls []*call) {
 		reqs[i] = cl.req
 	}
 	ps, err := ClaimPasses(ctx, c.db, reqs)
-	err = c.timedOut(ctx, err)
+	err = timeout.Explain(ctx, err)
 	for i, cl := range calls {
 		if err != nil {
 			cl.err = err
@@ -214,14 +211,6 @@ func (c *Combiner) send(calls []*call) {
 			cl.pass = ps[i]
 		}
 	}
-}
-
-// timedOut says, in err, that the pass ran out of time, if it did.
-func (c *Combiner) timedOut(ctx context.Context, err error) error {
-	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return fmt.Errorf("no answer within %s, cancelled: %w", c.timeout, err)
-	}
-	return err
 }
 
 // stopAfterAll returns a context cancelled StopWait after every call's
