@@ -106,31 +106,31 @@ type DispatcherConfig struct {
 	// reconnect or poll, or comes back after its visibility timeout.
 	LeaseAtInsert bool
 	// StatementTimeout (10s, at least 100ms) bounds each claim pass, the
-	// statements a lane runs around its passes (its queue's busy key and
-	// mark, its offers for leasing at INSERT), and each step of the
-	// dispatcher's control loop: a fallback poll (with the lease lookups
-	// it leads to), a consumer reload, the scan for work after the
-	// listener reconnects, the once-a-second update of the consumers'
-	// last_fired_at. A statement that has not answered by then, stuck
-	// behind a lock or on a connection to a server that no longer
-	// answers, is cancelled (pgx closes its connection and sends the
-	// server a cancel request) and handled as any failure of it is: a
-	// claim is tried again after a pause, a poll at the next poll, a
-	// reload backing off; a failed scan wakes every queue; a failed busy
-	// key statement drops the lock connection, so that producers notify
-	// again; an offer not made is made again (docs/guarantees.md). Without
-	// it, two stuck claim passes would hold every queue of the dispatcher,
-	// since it has at most two out at once (see claim.Combiner), one stuck
-	// lane statement would stop its lane, and one stuck poll would stop
-	// the polls, and with them the listener's heartbeat and the
-	// reclaimer's news of other dispatchers' leases, until the kernel gave
-	// up on the connection (about 15 minutes for one whose server
-	// vanished). Not bounded by it: reclaim passes, whose size has no
-	// bound; outcome writes, which have their own (claim.Completer); lease
-	// renewals, which run on the handler's context, and it ends with the
-	// lease; the lock connection's keep-alives, bounded by BusyLease; the
-	// tidying up after a consumer is removed, bounded by 5s; and the
-	// start-up, which Run's context bounds.
+	// statements a lane runs around its passes (its queue's busy key and mark,
+	// its offers for leasing at INSERT), each reclaim pass (of at most
+	// reclaim.DefaultBatch leases of each kind), and each step of the
+	// dispatcher's control loop: a fallback poll (with the lease lookups it
+	// leads to), a consumer reload, the scan for work after the listener
+	// reconnects, the once-a-second update of the consumers' last_fired_at. A
+	// statement that has not answered by then, stuck behind a lock or on a
+	// connection to a server that no longer answers, is cancelled (pgx closes
+	// its connection and sends the server a cancel request) and handled as any
+	// failure of it is: a claim is tried again after a pause, a poll at the
+	// next poll, a reload or a reclaim pass backing off; a failed scan wakes
+	// every queue; a failed busy key statement drops the lock connection, so
+	// that producers notify again; an offer not made is made again
+	// (docs/guarantees.md). Without it, two stuck claim passes would hold
+	// every queue of the dispatcher, since it has at most two out at once (see
+	// claim.Combiner), one stuck lane statement would stop its lane, one stuck
+	// reclaim pass would leave crashed consumers' messages leased, and one
+	// stuck poll would stop the polls, and with them the listener's heartbeat
+	// and the reclaimer's news of other dispatchers' leases, until the kernel
+	// gave up on the connection (about 15 minutes for one whose server
+	// vanished). Not bounded by it: outcome writes, which have their own
+	// (claim.Completer); lease renewals, which run on the handler's context,
+	// and it ends with the lease; the lock connection's keep-alives, bounded
+	// by BusyLease; the tidying up after a consumer is removed, bounded by 5s;
+	// and the start-up, which Run's context bounds.
 	StatementTimeout time.Duration
 }
 
@@ -426,10 +426,13 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return fmt.Errorf("dispatcher: pool: %w", err)
 	}
 	d.db = db
-	d.reclaim = reclaim.New(db, d.log, d.cfg.DefaultVisibilityTimeout, func(r reclaim.Result) {
-		if d.cfg.Observer != nil {
-			d.cfg.Observer.Reclaimed(r.Released, r.DeadLettered)
-		}
+	d.reclaim = reclaim.New(db, d.log, reclaim.Options{
+		DefaultVT: d.cfg.DefaultVisibilityTimeout, Timeout: d.cfg.StatementTimeout,
+		OnPass: func(r reclaim.Result) {
+			if d.cfg.Observer != nil {
+				d.cfg.Observer.Reclaimed(r.Released, r.DeadLettered)
+			}
+		},
 	})
 	d.pool.Store(db)
 	defer d.db.Close()

@@ -91,7 +91,7 @@ func TestReclaimSharedID(t *testing.T) {
 		}
 	}
 	var got reclaim.Result
-	r := reclaim.New(pool, zerolog.Nop(), 30*time.Second, func(res reclaim.Result) { got = res })
+	r := reclaim.New(pool, zerolog.Nop(), reclaim.Options{DefaultVT: 30 * time.Second, OnPass: func(res reclaim.Result) { got = res }})
 	if _, err := r.Pass(ctx); err != nil {
 		t.Fatalf("reclaim pass: %v", err)
 	}

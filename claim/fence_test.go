@@ -24,7 +24,7 @@ import (
 func TestFencing(t *testing.T) {
 	ctx := context.Background()
 	pool, client, appID := setup(t)
-	reclaimer := reclaim.New(pool, zerolog.Nop(), 30*time.Second, nil)
+	reclaimer := reclaim.New(pool, zerolog.Nop(), reclaim.Options{DefaultVT: 30 * time.Second})
 	verdicts := []claim.Verdict{claim.Ack, claim.Nack, claim.DeadLetter, claim.Release}
 	n := 0
 	for _, source := range []claim.Source{claim.Queue, claim.Invoke} {
@@ -332,7 +332,7 @@ func TestExtendWaitingForTheRow(t *testing.T) {
 func TestStaleBesideCurrentInOneBatch(t *testing.T) {
 	ctx := context.Background()
 	pool, client, appID := setup(t)
-	reclaimer := reclaim.New(pool, zerolog.Nop(), 30*time.Second, nil)
+	reclaimer := reclaim.New(pool, zerolog.Nop(), reclaim.Options{DefaultVT: 30 * time.Second})
 	for i, v := range []claim.Verdict{claim.Ack, claim.Nack, claim.DeadLetter, claim.Release} {
 		for _, source := range []claim.Source{claim.Queue, claim.Invoke} {
 			t.Run(fmt.Sprintf("stale %s, %s", v, source), func(t *testing.T) {

@@ -43,7 +43,7 @@ func TestReclaimLeavesOtherOutboxRows(t *testing.T) {
 		before[kind] = snapshot(t, pool, "outbox", id)
 	}
 
-	r := reclaim.New(pool, zerolog.Nop(), 30*time.Second, nil)
+	r := reclaim.New(pool, zerolog.Nop(), reclaim.Options{DefaultVT: 30 * time.Second})
 	var next *time.Time
 	if err := pool.QueryRow(ctx, `SELECT bellhop_next_lease_expiry(30)`).Scan(&next); err != nil {
 		t.Fatal(err)

@@ -2,11 +2,15 @@ package claim_test
 
 import (
 	"context"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
@@ -63,8 +67,9 @@ func (p *passClock) waitPasses(t *testing.T, n int, within time.Duration) []time
 }
 
 // runReclaimer runs a reclaimer on a pool of pool's database whose
-// passes clock records, from now until the test ends.
-func runReclaimer(t *testing.T, pool *pgxpool.Pool, onPass func(reclaim.Result)) *passClock {
+// passes clock records, from now until the test ends. DefaultVT is 5s
+// unless opts sets it.
+func runReclaimer(t *testing.T, pool *pgxpool.Pool, opts reclaim.Options) *passClock {
 	t.Helper()
 	clock := &passClock{}
 	cfg := pool.Config()
@@ -74,7 +79,10 @@ func runReclaimer(t *testing.T, pool *pgxpool.Pool, onPass func(reclaim.Result))
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	r := reclaim.New(traced, zerolog.Nop(), 5*time.Second, onPass)
+	if opts.DefaultVT == 0 {
+		opts.DefaultVT = 5 * time.Second
+	}
+	r := reclaim.New(traced, zerolog.Nop(), opts)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -99,7 +107,7 @@ func TestReclaimFailureBacksOff(t *testing.T) {
 	if _, err := pool.Exec(context.Background(), `ALTER FUNCTION bellhop_start_seen_vt_floors() RENAME TO broken`); err != nil {
 		t.Fatal(err)
 	}
-	starts := runReclaimer(t, pool, nil).waitPasses(t, 4, 20*time.Second)
+	starts := runReclaimer(t, pool, reclaim.Options{}).waitPasses(t, 4, 20*time.Second)
 	// The third retry waits 2 to 4s; every retry waited 1s.
 	if gap := starts[3].Sub(starts[2]); gap < 1800*time.Millisecond {
 		t.Errorf("the third retry of a failing reclaim pass came %s after the second: not backing off", gap.Round(time.Millisecond))
@@ -131,7 +139,7 @@ func TestReclaimLockedLeaseBacksOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	var released atomic.Int64
-	clock := runReclaimer(t, pool, func(res reclaim.Result) { released.Add(res.Released) })
+	clock := runReclaimer(t, pool, reclaim.Options{OnPass: func(res reclaim.Result) { released.Add(res.Released) }})
 	// Six passes: 0.5s at 100ms apart; 200, 400, 800ms, then 1s apart.
 	starts := clock.waitPasses(t, 6, 20*time.Second)
 	if d := starts[5].Sub(starts[0]); d < 1500*time.Millisecond {
@@ -149,5 +157,105 @@ func TestReclaimLockedLeaseBacksOff(t *testing.T) {
 			t.Fatal("the lease was not reclaimed within 10s of its row's lock ending")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// expiredLeases enqueues n messages to app's queue q, claims them, and
+// backdates their leases by an hour.
+func expiredLeases(t *testing.T, pool *pgxpool.Pool, c *bellhop.Client, appID uuid.UUID, n int) {
+	t.Helper()
+	ctx := context.Background()
+	for i := range n {
+		if _, err := c.Enqueue(ctx, "app", "q", []byte(strconv.Itoa(i)), bellhop.EnqueueOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	msgs, _, err := claim.Claim(ctx, pool, claim.Target{Source: claim.Queue, AppID: appID, Queue: "q"}, n)
+	if err != nil || len(msgs) != n {
+		t.Fatalf("claimed %d of %d: %v", len(msgs), n, err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE queue_messages SET claimed_at = now() - interval '1 hour' WHERE claim_token IS NOT NULL`); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestReclaimInBatches: a pass returns at most a batch of expired leases;
+// Pass, and the running reclaimer, go on until none is left.
+func TestReclaimInBatches(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, c, appID := setup(t)
+	expiredLeases(t, pool, c, appID, 25)
+	var passes []int64
+	r := reclaim.New(pool, zerolog.Nop(), reclaim.Options{DefaultVT: 5 * time.Second, Batch: 10,
+		OnPass: func(res reclaim.Result) { passes = append(passes, res.Released) }})
+	if _, err := r.Pass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(passes, []int64{10, 10, 5}) {
+		t.Errorf("passes released %v, want [10 10 5]", passes)
+	}
+	var unclaimed int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM queue_messages WHERE claim_token IS NULL`).Scan(&unclaimed); err != nil {
+		t.Fatal(err)
+	}
+	if unclaimed != 25 {
+		t.Errorf("%d of 25 released", unclaimed)
+	}
+
+	expiredLeases(t, pool, c, appID, 25)
+	var released atomic.Int64
+	runReclaimer(t, pool, reclaim.Options{Batch: 10, OnPass: func(res reclaim.Result) { released.Add(res.Released) }}).
+		waitPasses(t, 3, 10*time.Second)
+	deadline := time.Now().Add(10 * time.Second)
+	for released.Load() != 25 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the running reclaimer released %d of 25 within 10s", released.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestReclaimPassTimesOut: a pass that has not answered within the
+// reclaimer's timeout (here it waits for a table lock) is cancelled, and
+// says so, rather than holding the reclaimer for as long as the wait
+// lasts; the next pass, once the lock is gone, reclaims.
+func TestReclaimPassTimesOut(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, c, appID := setup(t)
+	expiredLeases(t, pool, c, appID, 1)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `LOCK TABLE queue_messages IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	var released int64
+	r := reclaim.New(pool, zerolog.Nop(), reclaim.Options{DefaultVT: 5 * time.Second, Timeout: 200 * time.Millisecond,
+		OnPass: func(res reclaim.Result) { released += res.Released }})
+	failed := make(chan error, 1)
+	go func() {
+		_, err := r.Pass(ctx)
+		failed <- err
+	}()
+	select {
+	case err := <-failed:
+		if err == nil || !strings.Contains(err.Error(), "no answer within 200ms") {
+			t.Errorf("Pass behind a lock = %v, want a timeout that says so", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("Pass behind a lock did not return within 5s; its timeout is 200ms")
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Pass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if released != 1 {
+		t.Errorf("released %d after the lock, want 1", released)
 	}
 }

@@ -91,7 +91,7 @@ func TestChangedTimeoutKeepsLeases(t *testing.T) {
 					t.Fatal(err)
 				}
 				var released int64
-				r := reclaim.New(pool, zerolog.Nop(), defaultVT, func(res reclaim.Result) { released += res.Released })
+				r := reclaim.New(pool, zerolog.Nop(), reclaim.Options{DefaultVT: defaultVT, OnPass: func(res reclaim.Result) { released += res.Released }})
 				if _, err := r.Pass(ctx); err != nil {
 					t.Fatal(err)
 				}
@@ -273,7 +273,7 @@ func TestFloorStartsWhenSeen(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT bellhop_reclaim_vt($1, 'q', 10)`, appID).Scan(&reclaimVT); err != nil || reclaimVT != 20 {
 		t.Fatalf("a pending floor measures leases with %ds (err %v), want the old 20s", reclaimVT, err)
 	}
-	r := reclaim.New(pool, zerolog.Nop(), 5*time.Second, nil)
+	r := reclaim.New(pool, zerolog.Nop(), reclaim.Options{DefaultVT: 5 * time.Second})
 	if _, err := r.Pass(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -336,7 +336,7 @@ func TestInvokeFloorAfterRename(t *testing.T) {
 		t.Fatal(err)
 	}
 	var released int64
-	r := reclaim.New(pool, zerolog.Nop(), 5*time.Second, func(res reclaim.Result) { released += res.Released })
+	r := reclaim.New(pool, zerolog.Nop(), reclaim.Options{DefaultVT: 5 * time.Second, OnPass: func(res reclaim.Result) { released += res.Released }})
 	for range 2 { // the first pass starts the floors, the second measures with them started
 		if _, err := r.Pass(ctx); err != nil {
 			t.Fatal(err)
@@ -439,7 +439,7 @@ func TestReclaimTimerAtFloorEnd(t *testing.T) {
 	}
 	// The claim's dispatcher dies here.
 	var released int64
-	r := reclaim.New(pool, zerolog.Nop(), 5*time.Second, func(res reclaim.Result) { released += res.Released })
+	r := reclaim.New(pool, zerolog.Nop(), reclaim.Options{DefaultVT: 5 * time.Second, OnPass: func(res reclaim.Result) { released += res.Released }})
 	next, err := r.Pass(ctx)
 	if err != nil {
 		t.Fatal(err)

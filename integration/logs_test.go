@@ -421,6 +421,42 @@ func TestSilentLinkStallsNoLane(t *testing.T) {
 	}
 }
 
+// TestSilentLinkStallsNoReclaim: a reclaim pass that never gets an
+// answer is cancelled after StatementTimeout, logged and tried again; once
+// the link answers, a lease left by a dispatcher that died comes back and
+// its message is delivered. Unbounded, the pass waited until the kernel
+// gave up on the connection, and no lease came back meanwhile.
+func TestSilentLinkStallsNoReclaim(t *testing.T) {
+	e := newEnv(t)
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "q"})
+	rec := &recorder{}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "q", rec)
+	id := e.enqueue(t, "q", 1, bellhop.EnqueueOptions{})
+	// Leased an hour ago, by a dispatcher that is gone.
+	if _, err := e.pool.Exec(context.Background(), `UPDATE queue_messages
+		SET claim_token = gen_random_uuid(), claimed_at = now() - interval '1 hour', attempt = 1 WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	head, _, _ := strings.Cut(queries.Reclaim, "@")
+	var armed atomic.Bool
+	armed.Store(true)
+	// Never reaching the server: a pass the server ran would release the
+	// lease whether or not its answer came.
+	link := cutOn(t, e.dsn, func(sql string) bool { return armed.Load() && strings.HasPrefix(sql, head) })
+	logs := &syncBuffer{}
+	startLogged(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, StatementTimeout: 500 * time.Millisecond,
+		Logger: zerolog.New(logs)}, link)
+	waitFor(t, 10*time.Second, "a reclaim pass that failed for its timeout", func() bool {
+		return lineWith(logs, `"reclaim pass failed"`, "no answer within 500ms")
+	})
+	armed.Store(false)
+	waitFor(t, 15*time.Second, "the message, reclaimed and delivered", func() bool { return rec.n.Load() == 1 })
+	if d := rec.deliveries()[0]; d.ID != id || d.Attempt != 2 {
+		t.Errorf("delivered %s on attempt %d, want %s on attempt 2", d.ID, d.Attempt, id)
+	}
+}
+
 // TestLastFiredSurvivesAFailedUpdate: the once-a-second update of the
 // consumers' last_fired_at that does not answer in time (here it waits
 // for a row lock) is cancelled, and its consumers are written with the

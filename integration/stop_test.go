@@ -354,10 +354,21 @@ func silentLink(t *testing.T, dsn string, silent *atomic.Bool) func(*pgxpool.Con
 
 // deadOn returns a pool tweak that routes the pool's connections through
 // a local proxy to dsn's server, on which a connection that runs a
-// statement whose SQL kill accepts never hears from the server again.
+// statement whose SQL kill accepts never hears from the server again: the
+// server runs the statement, and its answer is lost.
 func deadOn(t *testing.T, dsn string, kill func(sql string) bool) func(*pgxpool.Config) {
+	return watchLink(t, dsn, kill, false)
+}
+
+// cutOn is deadOn on a path that goes dead both ways: the statement never
+// reaches the server, nor does anything the client sends after it.
+func cutOn(t *testing.T, dsn string, kill func(sql string) bool) func(*pgxpool.Config) {
+	return watchLink(t, dsn, kill, true)
+}
+
+func watchLink(t *testing.T, dsn string, kill func(sql string) bool, cut bool) func(*pgxpool.Config) {
 	return proxyLink(t, dsn, time.Hour, func(client io.Reader) (io.Reader, func() bool) {
-		w := &watchStatements{r: client, kill: kill, stmts: map[string]string{}}
+		w := &watchStatements{r: client, kill: kill, cut: cut, stmts: map[string]string{}}
 		return w, w.dead.Load
 	})
 }
@@ -410,16 +421,20 @@ func proxyLink(t *testing.T, dsn string, delay time.Duration, watch func(client 
 }
 
 // watchStatements reads a client's messages from r (the frontend side of
-// PostgreSQL's protocol) and marks its connection dead once it executes a
-// statement, prepared or unnamed, whose SQL kill accepts. Simple queries
-// are let through: pgx sends statements with arguments, as every one a
-// test picks is, with the extended protocol, and its pings, BEGIN and
-// COMMIT with the simple one.
+// PostgreSQL's protocol), passes them on whole, and marks its connection
+// dead once it executes a statement, prepared or unnamed, whose SQL kill
+// accepts; with cut, that Execute and whatever follows it are dropped.
+// Simple queries are let through: pgx sends statements with arguments, as
+// every one a test picks is, with the extended protocol, and its pings,
+// BEGIN and COMMIT with the simple one.
 type watchStatements struct {
 	r     io.Reader
 	kill  func(sql string) bool
+	cut   bool
 	dead  atomic.Bool
-	buf   []byte            // what has been read of the next message
+	in    []byte            // read, not yet a whole message
+	out   []byte            // whole messages, to pass on
+	err   error             // r's, once it has failed
 	typed bool              // past the start-up message, whose first byte is no type
 	stmts map[string]string // prepared statements' SQL by name ("" unnamed)
 	bound string            // the SQL of the portal last bound
@@ -433,36 +448,75 @@ const (
 )
 
 func (w *watchStatements) Read(b []byte) (int, error) {
-	n, err := w.r.Read(b)
-	w.buf = append(w.buf, b[:n]...)
+	for len(w.out) == 0 {
+		if w.err != nil {
+			return 0, w.err
+		}
+		if w.cut && w.dead.Load() {
+			return 0, w.discard(b)
+		}
+		n, err := w.r.Read(b)
+		w.in = append(w.in, b[:n]...)
+		w.err = err
+		w.split()
+	}
+	n := copy(b, w.out)
+	w.out = w.out[n:]
+	return n, nil
+}
+
+// terminate is the protocol's Terminate message, which pgx sends when it
+// closes a connection.
+var terminate = []byte{'X', 0, 0, 0, 4}
+
+// discard reads what the client sends after a cut, until it closes the
+// connection; its Terminate ends the server's side then, which on a dead
+// path would never hear of it: pgx would wait 15s for the server to close
+// (asyncClose), and a test's stop with it.
+func (w *watchStatements) discard(b []byte) error {
+	for {
+		n, err := w.r.Read(b)
+		if bytes.Contains(b[:n], terminate) {
+			return io.EOF
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// split moves the whole messages read to out, following each.
+func (w *watchStatements) split() {
 	for {
 		head := 5
 		if !w.typed {
 			head = 4
 		}
-		if len(w.buf) < head {
-			break
+		if len(w.in) < head {
+			return
 		}
-		size := int(binary.BigEndian.Uint32(w.buf[head-4:])) + head - 4
-		if size < head || (!w.typed && size < 8) || len(w.buf) < size {
-			break
+		size := int(binary.BigEndian.Uint32(w.in[head-4:])) + head - 4
+		if size < head || (!w.typed && size < 8) || len(w.in) < size {
+			return
 		}
-		msg := w.buf[:size]
+		msg := w.in[:size]
 		if !w.typed {
 			if code := binary.BigEndian.Uint32(msg[4:]); code != sslRequest && code != gssEncRequest {
 				w.typed = true
 			}
-		} else {
-			w.message(msg[0], msg[5:])
+		} else if w.message(msg[0], msg[5:]) && w.cut {
+			w.in = nil
+			return
 		}
-		w.buf = w.buf[size:]
+		w.out = append(w.out, msg...)
+		w.in = w.in[size:]
 	}
-	return n, err
 }
 
 // message follows one typed message: Parse names a statement, Bind binds
-// one to the portal, Execute runs the portal.
-func (w *watchStatements) message(kind byte, body []byte) {
+// one to the portal, Execute runs the portal. It reports whether the
+// message killed the connection.
+func (w *watchStatements) message(kind byte, body []byte) bool {
 	fields := bytes.Split(body, []byte{0})
 	switch {
 	case kind == 'P' && len(fields) >= 2:
@@ -471,7 +525,9 @@ func (w *watchStatements) message(kind byte, body []byte) {
 		w.bound = w.stmts[string(fields[1])]
 	case kind == 'E' && w.kill(w.bound):
 		w.dead.Store(true)
+		return true
 	}
+	return false
 }
 
 // delayCopy copies from src to dst, each chunk delay after it was read

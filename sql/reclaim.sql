@@ -9,6 +9,11 @@
 -- and 'cron' rows are the base system's, leased by its own dispatcher
 -- (migration 0049).
 --
+-- A pass takes at most @batch expired leases of each table, so that its
+-- time has a bound (the reclaimer cancels a pass that has not answered
+-- within its timeout); more says that a table may hold more, and the
+-- reclaimer runs the next pass at once.
+--
 -- It first starts the timeout floors it is the first to see (migration
 -- 0054): a floor lasts from when its change is visible, which a statement
 -- that sees it began after. The floors it reads below are those of the
@@ -30,6 +35,7 @@ WITH floors AS (
     WHERE m.claim_token IS NOT NULL
       AND m.claimed_at < now() - make_interval(secs => bellhop_reclaim_vt(m.app_id, m.queue_name,
                                                    coalesce(c.visibility_timeout_secs, @default_vt_secs)))
+    LIMIT @batch
     FOR UPDATE OF m SKIP LOCKED
 ), stale_o AS (
     SELECT m.id, c.queue_name
@@ -38,6 +44,7 @@ WITH floors AS (
     WHERE m.claim_token IS NOT NULL AND m.source_kind = 'invoke'
       AND m.claimed_at < now() - make_interval(secs => bellhop_reclaim_vt(m.app_id, c.queue_name,
                                                    coalesce(c.visibility_timeout_secs, @default_vt_secs)))
+    LIMIT @batch
     FOR UPDATE OF m SKIP LOCKED
 ), released_q AS (
     UPDATE queue_messages m SET claim_token = NULL, claimed_at = NULL
@@ -82,4 +89,5 @@ WITH floors AS (
 SELECT (SELECT count(*) FROM released_q) + (SELECT count(*) FROM released_o) AS released,
        (SELECT count(*) FROM dead) AS dead_lettered,
        (SELECT count(pg_notify('bellhop', payload)) FROM wake) AS woken,
-       (SELECT started FROM floors) AS floors_started
+       (SELECT started FROM floors) AS floors_started,
+       (SELECT count(*) FROM stale_q) >= @batch OR (SELECT count(*) FROM stale_o) >= @batch AS more
