@@ -519,7 +519,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	// Bounded like the other writes of a stop: a lock on a consumer's row
 	// or a frozen server must not keep Run from returning, and the column
 	// is informational.
-	fctx, fcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	fctx, fcancel := timeout.Bound(context.Background(), 5*time.Second)
 	d.flushLastFired(fctx)
 	fcancel()
 	d.log.Info().Msg("dispatcher stopped")

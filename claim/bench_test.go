@@ -22,9 +22,11 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/claim"
+	"github.com/bellhopq/bellhop/reclaim"
 )
 
 // benchBacklog is how many ready messages stay in the queue behind the
@@ -232,6 +234,50 @@ func BenchmarkClaimQueues(b *testing.B) {
 			}
 			b.StopTimer()
 			reportRate(b, queues)
+		})
+	}
+}
+
+// BenchmarkReclaim: reclaiming 20,000 expired leases among 100,000 in
+// flight (Reclaimer.Pass, its passes until none is left), in passes of
+// batch leases. Each pass scans every lease in flight, so smaller batches
+// cost more passes of the same scan.
+//
+//	go test ./claim -run '^$' -bench Reclaim -benchtime 3x
+func BenchmarkReclaim(b *testing.B) {
+	const inFlight, expired = 100_000, 20_000
+	for _, batch := range []int{1_000, reclaim.DefaultBatch, inFlight} {
+		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
+			ctx := context.Background()
+			pool, _, appID := setup(b)
+			r := reclaim.New(pool, zerolog.Nop(), reclaim.Options{DefaultVT: 30 * time.Second, Batch: batch})
+			for b.Loop() {
+				b.StopTimer()
+				for _, q := range []string{
+					"TRUNCATE queue_messages",
+					fmt.Sprintf(`INSERT INTO queue_messages (app_id, queue_name, payload, claim_token, claimed_at, attempt)
+						SELECT '%s', '%s', '{}', gen_random_uuid(),
+						       CASE WHEN i %% %d = 0 THEN now() - interval '1 hour' ELSE now() END, 1
+						FROM generate_series(1, %d) i`, appID, benchQueue, inFlight/expired, inFlight),
+					"VACUUM ANALYZE queue_messages",
+				} {
+					if _, err := pool.Exec(ctx, q); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StartTimer()
+				if _, err := r.Pass(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			var left int
+			if err := pool.QueryRow(ctx, `SELECT count(*) FROM queue_messages WHERE claimed_at < now() - interval '1 minute'`).Scan(&left); err != nil {
+				b.Fatal(err)
+			}
+			if left != 0 {
+				b.Fatalf("%d expired leases left", left)
+			}
+			reportRate(b, expired)
 		})
 	}
 }

@@ -21,10 +21,12 @@ import (
 	queries "github.com/bellhopq/bellhop/sql"
 )
 
-// passClock records when each reclaim pass started, as a pool tracer.
+// passClock records when each reclaim pass started and ended, as a pool
+// tracer.
 type passClock struct {
 	mu     sync.Mutex
 	starts []time.Time
+	ends   []time.Time
 }
 
 func (p *passClock) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
@@ -46,7 +48,12 @@ func (p *passClock) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.Trac
 
 func (p *passClock) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
 
-func (p *passClock) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+func (p *passClock) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {
+	// Every batch of the reclaimer's pool is a pass.
+	p.mu.Lock()
+	p.ends = append(p.ends, time.Now())
+	p.mu.Unlock()
+}
 
 // waitPasses waits for n passes and returns their start times.
 func (p *passClock) waitPasses(t *testing.T, n int, within time.Duration) []time.Time {
@@ -205,14 +212,23 @@ func TestReclaimInBatches(t *testing.T) {
 
 	expiredLeases(t, pool, c, appID, 25)
 	var released atomic.Int64
-	runReclaimer(t, pool, reclaim.Options{Batch: 10, OnPass: func(res reclaim.Result) { released.Add(res.Released) }}).
-		waitPasses(t, 3, 10*time.Second)
+	clock := runReclaimer(t, pool, reclaim.Options{Batch: 10, OnPass: func(res reclaim.Result) { released.Add(res.Released) }})
+	clock.waitPasses(t, 3, 10*time.Second)
 	deadline := time.Now().Add(10 * time.Second)
 	for released.Load() != 25 {
 		if time.Now().After(deadline) {
 			t.Fatalf("the running reclaimer released %d of 25 within 10s", released.Load())
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	// A pass that filled its batch is followed at once, not after the
+	// 100ms at least that the timer waits.
+	clock.mu.Lock()
+	defer clock.mu.Unlock()
+	for i := range 2 {
+		if gap := clock.starts[i+1].Sub(clock.ends[i]); gap >= 90*time.Millisecond {
+			t.Errorf("pass %d started %s after pass %d, which filled its batch, ended", i+2, gap.Round(time.Millisecond), i+1)
+		}
 	}
 }
 
@@ -233,9 +249,9 @@ func TestReclaimPassTimesOut(t *testing.T) {
 	if _, err := tx.Exec(ctx, `LOCK TABLE queue_messages IN ACCESS EXCLUSIVE MODE`); err != nil {
 		t.Fatal(err)
 	}
-	var released int64
+	var released atomic.Int64
 	r := reclaim.New(pool, zerolog.Nop(), reclaim.Options{DefaultVT: 5 * time.Second, Timeout: 200 * time.Millisecond,
-		OnPass: func(res reclaim.Result) { released += res.Released }})
+		OnPass: func(res reclaim.Result) { released.Add(res.Released) }})
 	failed := make(chan error, 1)
 	go func() {
 		_, err := r.Pass(ctx)
@@ -255,7 +271,34 @@ func TestReclaimPassTimesOut(t *testing.T) {
 	if _, err := r.Pass(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if released != 1 {
-		t.Errorf("released %d after the lock, want 1", released)
+	if n := released.Load(); n != 1 {
+		t.Errorf("released %d after the lock, want 1", n)
+	}
+}
+
+// TestReclaimTimeoutGrows: a pass that takes longer than the reclaimer's
+// timeout every time (here each pass sleeps 300ms; in real life, many
+// leases in flight, which every pass scans) is tried again with twice the
+// timeout, until it fits: with a fixed timeout, no lease would ever come
+// back.
+func TestReclaimTimeoutGrows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, c, appID := setup(t)
+	expiredLeases(t, pool, c, appID, 1)
+	if _, err := pool.Exec(ctx, `ALTER FUNCTION bellhop_start_seen_vt_floors() RENAME TO quick_floors;
+		CREATE FUNCTION bellhop_start_seen_vt_floors() RETURNS bigint LANGUAGE sql
+		AS $$ SELECT pg_sleep(0.3); SELECT quick_floors() $$`); err != nil {
+		t.Fatal(err)
+	}
+	var released atomic.Int64
+	runReclaimer(t, pool, reclaim.Options{Timeout: 100 * time.Millisecond, OnPass: func(res reclaim.Result) { released.Add(res.Released) }})
+	// 100 and 200ms run out; 400ms fits. Retries wait 0.5 – 1s, then 1 – 2s.
+	deadline := time.Now().Add(15 * time.Second)
+	for released.Load() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the lease was not reclaimed within 15s: the timeout did not grow")
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

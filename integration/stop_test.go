@@ -361,7 +361,8 @@ func deadOn(t *testing.T, dsn string, kill func(sql string) bool) func(*pgxpool.
 }
 
 // cutOn is deadOn on a path that goes dead both ways: the statement never
-// reaches the server, nor does anything the client sends after it.
+// reaches the server (it is cut at its Bind), nor does anything the client
+// sends after it.
 func cutOn(t *testing.T, dsn string, kill func(sql string) bool) func(*pgxpool.Config) {
 	return watchLink(t, dsn, kill, true)
 }
@@ -423,7 +424,8 @@ func proxyLink(t *testing.T, dsn string, delay time.Duration, watch func(client 
 // watchStatements reads a client's messages from r (the frontend side of
 // PostgreSQL's protocol), passes them on whole, and marks its connection
 // dead once it executes a statement, prepared or unnamed, whose SQL kill
-// accepts; with cut, that Execute and whatever follows it are dropped.
+// accepts; with cut, once it binds one, and that Bind and whatever follows
+// it are dropped.
 // Simple queries are let through: pgx sends statements with arguments, as
 // every one a test picks is, with the extended protocol, and its pings,
 // BEGIN and COMMIT with the simple one.
@@ -523,7 +525,11 @@ func (w *watchStatements) message(kind byte, body []byte) bool {
 		w.stmts[string(fields[0])] = string(fields[1])
 	case kind == 'B' && len(fields) >= 2:
 		w.bound = w.stmts[string(fields[1])]
-	case kind == 'E' && w.kill(w.bound):
+		if w.cut && w.kill(w.bound) {
+			w.dead.Store(true)
+			return true
+		}
+	case kind == 'E' && !w.cut && w.kill(w.bound):
 		w.dead.Store(true)
 		return true
 	}

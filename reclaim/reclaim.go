@@ -13,7 +13,12 @@
 // A pass returns at most a batch of expired leases, and is cancelled if it
 // has not answered within its timeout, so that a pass on a connection
 // whose server no longer answers cannot stop the reclaimer; when a pass
-// fills its batch, the next one runs at once.
+// fills its batch, the next one runs at once. A pass scans every lease in
+// flight (to find the expired ones, and the next expiry), so its time
+// grows with them, not only with its batch: a pass cancelled for its
+// timeout is tried again with twice the timeout, up to maxGrowth times
+// Options.Timeout, so that many leases in flight cannot stop reclaim for
+// good.
 package reclaim
 
 import (
@@ -38,11 +43,17 @@ type Result struct {
 }
 
 // DefaultBatch is the most expired leases of each kind (queue messages,
-// invoke deliveries) that one pass returns, when Options.Batch is zero.
-// A pass of that many took 30 – 90 ms on a 2-core VM, far inside any
-// sensible timeout, and thousands of leases that expired together (a
-// dispatcher that died holding them) still take few round trips.
-const DefaultBatch = 1000
+// invoke deliveries) that one pass returns, when Options.Batch is zero. It
+// bounds a pass's writes, but each pass scans every lease in flight again:
+// with 100,000 in flight and 20,000 expired, reclaim took 3.2s in passes
+// of 10,000, 16s in passes of 1,000 and 1.4s in one pass
+// (BENCHMARKS.md, "Reclaim passes in batches").
+const DefaultBatch = 10000
+
+// maxGrowth bounds how far a pass's timeout grows after passes that ran
+// out of it: a pass on a dead connection is still cancelled within 32
+// times Options.Timeout.
+const maxGrowth = 32
 
 // Options configures a Reclaimer.
 type Options struct {
@@ -50,7 +61,8 @@ type Options struct {
 	DefaultVT time.Duration
 	// Timeout bounds each pass: one that has not answered by then is
 	// cancelled, logged and tried again, backing off, as after any
-	// failure. Zero: no bound.
+	// failure, with twice the timeout (see the package comment). Zero: no
+	// bound.
 	Timeout time.Duration
 	// Batch: see DefaultBatch.
 	Batch int
@@ -107,6 +119,7 @@ func (r *Reclaimer) fire() {
 func (r *Reclaimer) Run(ctx context.Context) {
 	defer r.timer.Stop()
 	var failures, stuck int
+	bound := r.opts.Timeout
 	for {
 		select {
 		case <-ctx.Done():
@@ -116,21 +129,24 @@ func (r *Reclaimer) Run(ctx context.Context) {
 		r.mu.Lock()
 		r.next = time.Time{}
 		r.mu.Unlock()
-		res, next, more, err := r.pass(ctx)
+		res, next, more, err := r.pass(ctx, bound)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
 			// A failure that lasts (a revoked grant, a database away)
-			// costs a statement and a log line at 1, 2, 4 ... 30s, not
-			// every second for as long as it lasts.
+			// costs a statement and a log line at 0.5 – 1, 1 – 2 ...
+			// 15 – 30s, not every second for as long as it lasts.
 			failures++
 			wait := backoff.Delay(failures, time.Second, 30*time.Second)
-			r.log.Warn().Err(err).Dur("retry_in", wait).Msg("reclaim pass failed")
+			if timeout.Expired(err) {
+				bound = min(2*bound, maxGrowth*r.opts.Timeout)
+			}
+			r.log.Warn().Err(err).Dur("retry_in", wait).Dur("timeout", bound).Msg("reclaim pass failed")
 			r.Observe(time.Now().Add(wait))
 			continue
 		}
-		failures = 0
+		failures, bound = 0, r.opts.Timeout
 		if more {
 			stuck = 0
 			r.fire()
@@ -161,7 +177,7 @@ func (r *Reclaimer) Run(ctx context.Context) {
 // (zero if none).
 func (r *Reclaimer) Pass(ctx context.Context) (time.Time, error) {
 	for {
-		_, next, more, err := r.pass(ctx)
+		_, next, more, err := r.pass(ctx, r.opts.Timeout)
 		if err != nil || !more {
 			return next, err
 		}
@@ -170,8 +186,9 @@ func (r *Reclaimer) Pass(ctx context.Context) (time.Time, error) {
 
 // pass returns a batch of expired leases, and reports when the next live
 // lease expires and whether more may have expired, in one round trip.
-func (r *Reclaimer) pass(ctx context.Context) (res Result, next time.Time, more bool, err error) {
-	ctx, cancel := timeout.Bound(ctx, r.opts.Timeout)
+// It is cancelled after bound.
+func (r *Reclaimer) pass(ctx context.Context, bound time.Duration) (res Result, next time.Time, more bool, err error) {
+	ctx, cancel := timeout.Bound(ctx, bound)
 	defer cancel()
 	res, next, more, err = r.send(ctx)
 	return res, next, more, timeout.Explain(ctx, err)

@@ -37,7 +37,8 @@ type Key struct {
 var ErrClosed = errors.New("busylock: closed")
 
 // Holder owns the lock connection. Its methods are safe for concurrent
-// use; they take turns on the one connection.
+// use: Hold, Release and the keep-alives take turns on the one
+// connection; Held answers without waiting for them.
 type Holder struct {
 	connect func(context.Context) (*pgx.Conn, error)
 	owner   uuid.UUID

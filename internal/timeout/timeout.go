@@ -29,13 +29,15 @@ func Bound(ctx context.Context, d time.Duration) (context.Context, context.Cance
 // Stopping reports whether ctx has ended for any reason but its bound (its
 // caller stopping): failures then need no log line.
 func Stopping(ctx context.Context) bool {
-	return ctx.Err() != nil && !Ran(ctx)
+	var n noAnswer
+	return ctx.Err() != nil && !errors.As(context.Cause(ctx), &n)
 }
 
-// Ran reports whether ctx ended because its bound ran out.
-func Ran(ctx context.Context) bool {
+// Expired reports whether err says, as Explain makes it, that a bound ran
+// out.
+func Expired(err error) bool {
 	var n noAnswer
-	return errors.As(context.Cause(ctx), &n)
+	return errors.As(err, &n)
 }
 
 // Explain says, in err, that ctx's bound ran out, if it did.

@@ -43,12 +43,12 @@ func TestBound(t *testing.T) {
 			if got := timeout.Stopping(ctx); got != tc.stopping {
 				t.Errorf("Stopping = %v, want %v", got, tc.stopping)
 			}
-			if got := timeout.Ran(ctx); got == tc.stopping {
-				t.Errorf("Ran = %v, want %v", got, !tc.stopping)
-			}
 			err := timeout.Explain(ctx, failed)
 			if err.Error() != tc.want || !errors.Is(err, failed) {
 				t.Errorf("Explain = %q, want %q wrapping the error", err, tc.want)
+			}
+			if got := timeout.Expired(err); got == tc.stopping {
+				t.Errorf("Expired = %v, want %v", got, !tc.stopping)
 			}
 			if timeout.Explain(ctx, nil) != nil {
 				t.Error("Explain(nil) is not nil")
