@@ -48,8 +48,9 @@ const (
 	// about 400 ms on a 2-core VM (docs/benchmarks-history.md); a pass
 	// asks for at most 10,000 (a consumer's largest in-flight limit). The
 	// control loop's statements read at most a row per consumer. A reclaim
-	// pass scans every lease in flight, about 1.4 s for 100,000 on the
-	// same VM, and gets twice the time after a pass that ran out of it.
+	// pass reads the leases older than the shortest visibility timeout,
+	// about 0.3 s for 100,000 on a 2-core VM (BENCHMARKS.md), and gets
+	// twice the time after a pass that ran out of it.
 	DefaultStatementTimeout = 10 * time.Second
 )
 

@@ -240,8 +240,9 @@ func BenchmarkClaimQueues(b *testing.B) {
 
 // BenchmarkReclaim: reclaiming 20,000 expired leases among 100,000 in
 // flight (Reclaimer.Pass, its passes until none is left), in passes of
-// batch leases. Each pass scans every lease in flight, so smaller batches
-// cost more passes of the same scan.
+// batch leases. Each pass reads the expired leases oldest first and stops
+// at its batch (before migration 0060 each scanned every lease in flight,
+// so smaller batches cost more passes of the same scan).
 //
 //	go test ./claim -run '^$' -bench Reclaim -benchtime 3x
 func BenchmarkReclaim(b *testing.B) {
@@ -278,6 +279,67 @@ func BenchmarkReclaim(b *testing.B) {
 				b.Fatalf("%d expired leases left", left)
 			}
 			reportRate(b, expired)
+		})
+	}
+}
+
+// BenchmarkReclaimNoneExpired: one Reclaimer.Pass (the reclaim statement
+// and the next lease expiry, in one round trip) while 100,000 leases are
+// in flight and none has expired, beside 100,000 ready messages. Each
+// fallback poll reads the same next lease expiry. The default timeout is
+// 30s. With timeouts=1 the consumer's is the default too, so the next
+// lease expiry reads the oldest lease alone. With timeouts=2 the
+// consumer's is a minute, so it reads every lease claimed within 30s
+// after the oldest, here all of them. With timeouts=2,old the consumer's
+// is 12 hours and the leases were taken an hour ago, so the reclaim reads
+// them all too.
+//
+//	go test ./claim -run '^$' -bench ReclaimNoneExpired -benchtime 20x
+func BenchmarkReclaimNoneExpired(b *testing.B) {
+	const inFlight, ready = 100_000, 100_000
+	for _, tc := range []struct {
+		name    string
+		vt      time.Duration
+		claimed string
+	}{
+		{"timeouts=1", 30 * time.Second, "now()"},
+		{"timeouts=2", time.Minute, "now()"},
+		{"timeouts=2,old", 12 * time.Hour, "now() - interval '1 hour'"},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			ctx := context.Background()
+			pool, c, appID := setup(b)
+			if _, err := c.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "app", Queue: benchQueue, VisibilityTimeout: tc.vt}); err != nil {
+				b.Fatal(err)
+			}
+			for _, q := range []string{
+				fmt.Sprintf(`INSERT INTO queue_messages (app_id, queue_name, payload, claim_token, claimed_at, attempt)
+					SELECT '%s', '%s', '{}', CASE WHEN i <= %d THEN gen_random_uuid() END,
+					       CASE WHEN i <= %d THEN %s END, CASE WHEN i <= %d THEN 1 ELSE 0 END
+					FROM generate_series(1, %d) i`, appID, benchQueue, inFlight, inFlight, tc.claimed, inFlight, inFlight+ready),
+				"VACUUM ANALYZE queue_messages",
+			} {
+				if _, err := pool.Exec(ctx, q); err != nil {
+					b.Fatal(err)
+				}
+			}
+			r := reclaim.New(pool, zerolog.Nop(), reclaim.Options{DefaultVT: 30 * time.Second})
+			for b.Loop() {
+				next, err := r.Pass(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if next.IsZero() {
+					b.Fatal("no next lease expiry")
+				}
+			}
+			var left int
+			if err := pool.QueryRow(ctx, `SELECT count(*) FROM queue_messages WHERE claim_token IS NOT NULL`).Scan(&left); err != nil {
+				b.Fatal(err)
+			}
+			if left != inFlight {
+				b.Fatalf("%d leases left in flight, want %d", left, inFlight)
+			}
 		})
 	}
 }

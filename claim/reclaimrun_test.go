@@ -278,9 +278,9 @@ func TestReclaimPassTimesOut(t *testing.T) {
 
 // TestReclaimTimeoutGrows: a pass that takes longer than the reclaimer's
 // timeout every time (here each pass sleeps 300ms; in real life, many
-// leases in flight, which every pass scans) is tried again with twice the
-// timeout, until it fits: with a fixed timeout, no lease would ever come
-// back.
+// leases older than the shortest timeout, which a pass reads) is tried
+// again with twice the timeout, until it fits: with a fixed timeout, no
+// lease would ever come back.
 func TestReclaimTimeoutGrows(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

@@ -14,6 +14,15 @@
 -- within its timeout); more says that a table may hold more, and the
 -- reclaimer runs the next pass at once.
 --
+-- It reads only leases claimed before now() less bellhop_min_vt (migration
+-- 0060): no timeout can have ended a later one. It walks them oldest
+-- first along the claimed_at index, which the ORDER BY makes the planner
+-- keep even for a small table or a generic plan, so a pass costs in
+-- proportion to the leases older than the shortest timeout, not to every
+-- lease in flight. The rows it takes it finds again by primary key, not by
+-- a join that the planner, expecting a full batch, made by hashing the
+-- whole table (TestReclaimReadsOnlyOldLeases).
+--
 -- It first starts the timeout floors it is the first to see (migration
 -- 0054): a floor lasts from when its change is visible, which a statement
 -- that sees it began after. The floors it reads below are those of the
@@ -28,13 +37,17 @@
 -- lease was reclaimed holds a stale token, so its ack changes nothing.
 WITH floors AS (
     SELECT bellhop_start_seen_vt_floors() AS started
+), young AS (
+    SELECT now() - make_interval(secs => bellhop_min_vt(@default_vt_secs)) AS since
 ), stale_q AS (
     SELECT m.id
     FROM queue_messages m
     LEFT JOIN queue_consumers c ON c.app_id = m.app_id AND c.queue_name = m.queue_name
     WHERE m.claim_token IS NOT NULL
+      AND m.claimed_at < (SELECT since FROM young)
       AND m.claimed_at < now() - make_interval(secs => bellhop_reclaim_vt(m.app_id, m.queue_name,
                                                    coalesce(c.visibility_timeout_secs, @default_vt_secs)))
+    ORDER BY m.claimed_at
     LIMIT @batch
     FOR UPDATE OF m SKIP LOCKED
 ), stale_o AS (
@@ -42,30 +55,29 @@ WITH floors AS (
     FROM outbox m
     LEFT JOIN queue_consumers c ON c.id = m.trigger_id
     WHERE m.claim_token IS NOT NULL AND m.source_kind = 'invoke'
+      AND m.claimed_at < (SELECT since FROM young)
       AND m.claimed_at < now() - make_interval(secs => bellhop_reclaim_vt(m.app_id, c.queue_name,
                                                    coalesce(c.visibility_timeout_secs, @default_vt_secs)))
+    ORDER BY m.claimed_at
     LIMIT @batch
     FOR UPDATE OF m SKIP LOCKED
 ), released_q AS (
     UPDATE queue_messages m SET claim_token = NULL, claimed_at = NULL
-    FROM stale_q s
-    WHERE m.id = s.id AND m.attempt < m.max_attempts
+    WHERE m.id = ANY (ARRAY(SELECT id FROM stale_q)) AND m.attempt < m.max_attempts
     RETURNING m.app_id, m.queue_name
 ), released_o AS (
     UPDATE outbox m SET claim_token = NULL, claimed_at = NULL
-    FROM stale_o s
-    WHERE m.id = s.id AND m.attempt < m.max_attempts
+    WHERE m.id = ANY (ARRAY(SELECT id FROM stale_o)) AND m.attempt < m.max_attempts
     RETURNING m.app_id, m.trigger_id
 ), dead_q AS (
     DELETE FROM queue_messages m
-    USING stale_q s
-    WHERE m.id = s.id AND m.attempt >= m.max_attempts
+    WHERE m.id = ANY (ARRAY(SELECT id FROM stale_q)) AND m.attempt >= m.max_attempts
     RETURNING m.id, 'queue'::text, m.app_id, m.queue_name, NULL::uuid, m.payload, m.enqueued_at,
               m.deliver_after, m.attempt, m.max_attempts, m.enqueued_by_principal
 ), dead_o AS (
     DELETE FROM outbox m
     USING stale_o s
-    WHERE m.id = s.id AND m.attempt >= m.max_attempts
+    WHERE m.id = ANY (ARRAY(SELECT id FROM stale_o)) AND m.id = s.id AND m.attempt >= m.max_attempts
     RETURNING m.id, 'invoke'::text, m.app_id, coalesce(s.queue_name, ''), m.trigger_id, m.payload, m.enqueued_at,
               m.deliver_after, m.attempt, m.max_attempts, NULL::uuid
 ), dead AS (

@@ -1,0 +1,265 @@
+package claim_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/bellhopq/bellhop"
+	queries "github.com/bellhopq/bellhop/sql"
+)
+
+// TestReclaimReadsOnlyOldLeases: a reclaim pass reads the leases older
+// than the shortest timeout, not every lease in flight nor the ready
+// messages beside them, with custom and generic plans; so does the next
+// lease expiry (the reclaimer's round trip; the fallback poll reads the
+// same expiry) when every consumer has the default timeout. Both used to
+// read all 3,000 fresh leases of each table, and the pass hashed the whole
+// table to find again the rows it had locked.
+func TestReclaimReadsOnlyOldLeases(t *testing.T) {
+	const fresh = 3000
+	tests := []struct {
+		name string
+		// Consumers' timeouts (the long queue's is a minute) and the
+		// default; the expired leases are the first queue's, claimed
+		// expiredAgo.
+		queues     []string
+		vts        []time.Duration
+		defaultVT  int
+		expiredAgo string
+		// Whether the next lease expiry reads only old leases too: with
+		// two timeouts, it reads those claimed within their difference
+		// after the oldest live lease, here all of them.
+		expiryReadsOld bool
+	}{
+		{"one timeout", []string{"long"}, []time.Duration{time.Minute}, 60, "2 minutes", true},
+		{"two timeouts", []string{"short", "long"}, []time.Duration{5 * time.Second, time.Minute}, 30, "1 minute", false},
+	}
+	for _, tc := range tests {
+		for _, ready := range []int{0, 3000} {
+			t.Run(fmt.Sprintf("%s, %d ready", tc.name, ready), func(t *testing.T) {
+				ctx := context.Background()
+				pool, c, appID := setup(t)
+				ids := map[string]string{}
+				for i, q := range tc.queues {
+					cons, err := c.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "app", Queue: q, VisibilityTimeout: tc.vts[i]})
+					if err != nil {
+						t.Fatal(err)
+					}
+					ids[q] = cons.ID.String()
+				}
+				expired := tc.queues[0]
+				for _, q := range []string{
+					// Fresh leases, and ready messages, of the long queue.
+					fmt.Sprintf(`INSERT INTO queue_messages (app_id, queue_name, payload, claim_token, claimed_at, attempt)
+						SELECT '%s', 'long', '{}', CASE WHEN i <= %d THEN gen_random_uuid() END,
+						       CASE WHEN i <= %d THEN now() END, CASE WHEN i <= %d THEN 1 ELSE 0 END
+						FROM generate_series(1, %d) i`, appID, fresh, fresh, fresh, fresh+ready),
+					// Live, and older than the shortest timeout: they end
+					// in 30s.
+					fmt.Sprintf(`INSERT INTO queue_messages (app_id, queue_name, payload, claim_token, claimed_at, attempt)
+						SELECT '%s', 'long', '{}', gen_random_uuid(), now() - interval '30 seconds', 1
+						FROM generate_series(1, 2)`, appID),
+					fmt.Sprintf(`INSERT INTO queue_messages (app_id, queue_name, payload, claim_token, claimed_at, attempt)
+						SELECT '%s', '%s', '{}', gen_random_uuid(), now() - interval '%s', 1
+						FROM generate_series(1, 3)`, appID, expired, tc.expiredAgo),
+					fmt.Sprintf(`INSERT INTO outbox (app_id, source_kind, trigger_id, payload, claim_token, claimed_at, attempt)
+						SELECT '%s', 'invoke', CASE WHEN i = 0 THEN '%s'::uuid ELSE '%s'::uuid END, '{}', gen_random_uuid(),
+						       CASE WHEN i = 0 THEN now() - interval '%s' ELSE now() END, 1
+						FROM generate_series(0, %d) i`, appID, ids[expired], ids["long"], tc.expiredAgo, fresh),
+					"ANALYZE queue_messages",
+					"ANALYZE outbox",
+				} {
+					if _, err := pool.Exec(ctx, q); err != nil {
+						t.Fatal(err)
+					}
+				}
+				conn, err := pool.Acquire(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer conn.Release()
+				args := queries.Args{"default_vt_secs": tc.defaultVT, "batch": 10000}
+				for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+					tx, err := conn.Begin(ctx)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if _, err := tx.Exec(ctx, "SET LOCAL plan_cache_mode = "+mode); err != nil {
+						t.Fatal(err)
+					}
+					// The old leases, those it releases found again,
+					// the oldest lease, a few index entries not yet
+					// pruned.
+					const most = 50
+					before := rowsRead(t, tx)
+					var released, dead, woken, started int64
+					var more bool
+					if err := tx.QueryRow(ctx, queries.Reclaim, args).Scan(&released, &dead, &woken, &started, &more); err != nil {
+						t.Fatal(err)
+					}
+					if released != 4 || dead != 0 || more {
+						t.Errorf("%s: released %d, dead-lettered %d, more %t; want 4, 0, false", mode, released, dead, more)
+					}
+					after := rowsRead(t, tx)
+					for rel, n := range after {
+						if n-before[rel] > most {
+							t.Errorf("%s: the reclaim read %d rows of %s", mode, n-before[rel], rel)
+						}
+					}
+					before = after
+					var next *time.Time
+					var now time.Time
+					if err := tx.QueryRow(ctx, queries.NextLeaseExpiry, args).Scan(&next, &now); err != nil {
+						t.Fatal(err)
+					}
+					if next == nil || next.Sub(now) < 25*time.Second || next.Sub(now) > 30*time.Second {
+						t.Errorf("%s: next lease expiry %v at %v, want the old long leases' end, in 30s", mode, next, now)
+					}
+					after = rowsRead(t, tx)
+					for rel, n := range after {
+						if tc.expiryReadsOld && n-before[rel] > most {
+							t.Errorf("%s: the next lease expiry read %d rows of %s", mode, n-before[rel], rel)
+						}
+					}
+					if err := tx.Rollback(ctx); err != nil {
+						t.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestNextLeaseExpiryIsTheEarliestEnd: the next lease expiry, which reads
+// only the leases that can end before the oldest one, is the earliest end
+// of any lease in flight (bellhop_lease_end over every lease, as 0059's
+// function worked it out), and a reclaim pass takes exactly the leases
+// that have ended. Random leases over queues with timeouts from 1s to
+// 300s, one with no consumer, live, pending and ended floors.
+func TestNextLeaseExpiryIsTheEarliestEnd(t *testing.T) {
+	ctx := context.Background()
+	pool, c, appID := setup(t)
+	vts := []int{1, 5, 30, 300, 7}
+	var consumers []string
+	for i, vt := range vts {
+		cons, err := c.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "app", Queue: fmt.Sprintf("q%d", i), VisibilityTimeout: time.Duration(vt) * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		consumers = append(consumers, cons.ID.String())
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO bellhop_vt_floors (app_id, queue_name, vt_secs, until) VALUES
+		($1, 'q1', 100, now() + interval '50 seconds'),
+		($1, 'q2', 200, 'infinity'),
+		($1, 'q3', 10, now() + interval '60 seconds'),
+		($1, 'none', 400, now() - interval '1 second'),
+		($1, 'q4', 250, now() + interval '20 seconds')`, appID); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	for seed := range 24 {
+		defaultVT := []int{1, 30, 600}[seed%3]
+		t.Run(fmt.Sprintf("seed %d, default %ds", seed, defaultVT), func(t *testing.T) {
+			tx, err := conn.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(ctx)
+			for _, q := range []string{
+				fmt.Sprintf(`SELECT setseed(%g)`, float64(seed)/24),
+				fmt.Sprintf(`INSERT INTO queue_messages (app_id, queue_name, payload, claim_token, claimed_at, attempt)
+					SELECT '%s', (ARRAY['q0','q1','q2','q3','q4','none'])[1 + floor(random() * 6)::int], '{}',
+					       gen_random_uuid(), now() - random() * interval '500 seconds', 1
+					FROM generate_series(1, 1 + floor(random() * 60)::int)`, appID),
+				fmt.Sprintf(`INSERT INTO outbox (app_id, source_kind, trigger_id, payload, claim_token, claimed_at, attempt)
+					SELECT '%s', 'invoke', ('{%s}'::uuid[])[1 + floor(random() * %d)::int], '{}',
+					       gen_random_uuid(), now() - random() * interval '500 seconds', 1
+					FROM generate_series(1, floor(random() * 20)::int)`, appID, strings.Join(consumers, ","), len(consumers)),
+			} {
+				if _, err := tx.Exec(ctx, q); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// ends is the earliest end of any lease in flight, and
+			// stale the number of leases that have ended, worked out
+			// lease by lease.
+			ends := func() (ends *time.Time, stale int64) {
+				t.Helper()
+				err := tx.QueryRow(ctx, `SELECT least(
+						(SELECT min(bellhop_lease_end(m.app_id, m.queue_name, coalesce(c.visibility_timeout_secs, $1), m.claimed_at))
+						 FROM queue_messages m LEFT JOIN queue_consumers c ON c.app_id = m.app_id AND c.queue_name = m.queue_name
+						 WHERE m.claim_token IS NOT NULL),
+						(SELECT min(bellhop_lease_end(m.app_id, c.queue_name, coalesce(c.visibility_timeout_secs, $1), m.claimed_at))
+						 FROM outbox m LEFT JOIN queue_consumers c ON c.id = m.trigger_id
+						 WHERE m.claim_token IS NOT NULL AND m.source_kind = 'invoke')),
+					(SELECT count(*) FROM queue_messages m LEFT JOIN queue_consumers c ON c.app_id = m.app_id AND c.queue_name = m.queue_name
+					 WHERE m.claim_token IS NOT NULL AND m.claimed_at < now() - make_interval(secs =>
+					       bellhop_reclaim_vt(m.app_id, m.queue_name, coalesce(c.visibility_timeout_secs, $1))))
+					+ (SELECT count(*) FROM outbox m LEFT JOIN queue_consumers c ON c.id = m.trigger_id
+					 WHERE m.claim_token IS NOT NULL AND m.source_kind = 'invoke' AND m.claimed_at < now() - make_interval(secs =>
+					       bellhop_reclaim_vt(m.app_id, c.queue_name, coalesce(c.visibility_timeout_secs, $1))))`,
+					defaultVT).Scan(&ends, &stale)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return ends, stale
+			}
+			checkExpiry := func(when string) int64 {
+				t.Helper()
+				want, stale := ends()
+				var got *time.Time
+				if err := tx.QueryRow(ctx, `SELECT bellhop_next_lease_expiry($1)`, defaultVT).Scan(&got); err != nil {
+					t.Fatal(err)
+				}
+				if (got == nil) != (want == nil) || (got != nil && !got.Equal(*want)) {
+					t.Errorf("%s: next lease expiry %v, want %v", when, got, want)
+				}
+				return stale
+			}
+			stale := checkExpiry("before the reclaim")
+			var released, dead, woken, started int64
+			var more bool
+			if err := tx.QueryRow(ctx, queries.Reclaim, queries.Args{"default_vt_secs": defaultVT, "batch": 10000}).
+				Scan(&released, &dead, &woken, &started, &more); err != nil {
+				t.Fatal(err)
+			}
+			if released+dead != stale {
+				t.Errorf("reclaimed %d leases, want the %d that have ended", released+dead, stale)
+			}
+			if left := checkExpiry("after the reclaim"); left != 0 {
+				t.Errorf("%d ended leases left after the reclaim", left)
+			}
+		})
+	}
+}
+
+// rowsRead returns how many rows of queue_messages and of outbox this
+// session has read, by sequential and by index scans, in statistics not
+// yet flushed (a difference of two calls in one transaction is exact).
+func rowsRead(t *testing.T, tx pgx.Tx) map[string]int64 {
+	t.Helper()
+	rows, err := tx.Query(context.Background(), `SELECT relname, seq_tup_read + coalesce(idx_tup_fetch, 0)
+		FROM pg_stat_xact_user_tables WHERE relname IN ('queue_messages', 'outbox')`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int64{}
+	var rel string
+	var n int64
+	if _, err := pgx.ForEachRow(rows, []any{&rel, &n}, func() error { out[rel] = n; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if len(out) != 2 {
+		t.Fatalf("statistics for %v, want queue_messages and outbox", out)
+	}
+	return out
+}
