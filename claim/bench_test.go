@@ -240,9 +240,10 @@ func BenchmarkClaimQueues(b *testing.B) {
 
 // BenchmarkReclaim: reclaiming 20,000 expired leases among 100,000 in
 // flight (Reclaimer.Pass, its passes until none is left), in passes of
-// batch leases. Each pass reads the expired leases oldest first and stops
-// at its batch (before migration 0060 each scanned every lease in flight,
-// so smaller batches cost more passes of the same scan).
+// batch leases. Each pass reads the leases older than the shortest
+// timeout until its batch is full (before migration 0060 each scanned
+// every lease in flight, so smaller batches cost more passes of the same
+// scan).
 //
 //	go test ./claim -run '^$' -bench Reclaim -benchtime 3x
 func BenchmarkReclaim(b *testing.B) {

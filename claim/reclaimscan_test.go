@@ -18,13 +18,15 @@ import (
 // messages beside them, with custom and generic plans; so does the next
 // lease expiry (the reclaimer's round trip; the fallback poll reads the
 // same expiry) when every consumer has the default timeout. Both used to
-// read all 3,000 fresh leases of each table, and the pass hashed the whole
-// table to find again the rows it had locked.
+// read all 20,000 fresh leases of each table, and the pass hashed the
+// whole table to find again the rows it had locked. The tables are that
+// large because at 3,000 rows a generic plan scans the table, which costs
+// less at that size.
 func TestReclaimReadsOnlyOldLeases(t *testing.T) {
-	const fresh = 3000
+	const fresh = 20000
 	tests := []struct {
 		name string
-		// Consumers' timeouts (the long queue's is a minute) and the
+		// Consumers' timeouts (the long queue's is 10 minutes) and the
 		// default; the expired leases are the first queue's, claimed
 		// expiredAgo.
 		queues     []string
@@ -36,11 +38,11 @@ func TestReclaimReadsOnlyOldLeases(t *testing.T) {
 		// after the oldest live lease, here all of them.
 		expiryReadsOld bool
 	}{
-		{"one timeout", []string{"long"}, []time.Duration{time.Minute}, 60, "2 minutes", true},
-		{"two timeouts", []string{"short", "long"}, []time.Duration{5 * time.Second, time.Minute}, 30, "1 minute", false},
+		{"one timeout", []string{"long"}, []time.Duration{10 * time.Minute}, 600, "11 minutes", true},
+		{"two timeouts", []string{"short", "long"}, []time.Duration{time.Minute, 10 * time.Minute}, 300, "2 minutes", false},
 	}
 	for _, tc := range tests {
-		for _, ready := range []int{0, 3000} {
+		for _, ready := range []int{0, fresh} {
 			t.Run(fmt.Sprintf("%s, %d ready", tc.name, ready), func(t *testing.T) {
 				ctx := context.Background()
 				pool, c, appID := setup(t)
@@ -59,10 +61,9 @@ func TestReclaimReadsOnlyOldLeases(t *testing.T) {
 						SELECT '%s', 'long', '{}', CASE WHEN i <= %d THEN gen_random_uuid() END,
 						       CASE WHEN i <= %d THEN now() END, CASE WHEN i <= %d THEN 1 ELSE 0 END
 						FROM generate_series(1, %d) i`, appID, fresh, fresh, fresh, fresh+ready),
-					// Live, and older than the shortest timeout: they end
-					// in 30s.
+					// Live, the oldest that are: they end in 5 minutes.
 					fmt.Sprintf(`INSERT INTO queue_messages (app_id, queue_name, payload, claim_token, claimed_at, attempt)
-						SELECT '%s', 'long', '{}', gen_random_uuid(), now() - interval '30 seconds', 1
+						SELECT '%s', 'long', '{}', gen_random_uuid(), now() - interval '5 minutes', 1
 						FROM generate_series(1, 2)`, appID),
 					fmt.Sprintf(`INSERT INTO queue_messages (app_id, queue_name, payload, claim_token, claimed_at, attempt)
 						SELECT '%s', '%s', '{}', gen_random_uuid(), now() - interval '%s', 1
@@ -89,7 +90,8 @@ func TestReclaimReadsOnlyOldLeases(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					if _, err := tx.Exec(ctx, "SET LOCAL plan_cache_mode = "+mode); err != nil {
+					// Rows that parallel workers read would not count.
+					if _, err := tx.Exec(ctx, "SET LOCAL plan_cache_mode = "+mode+"; SET LOCAL max_parallel_workers_per_gather = 0"); err != nil {
 						t.Fatal(err)
 					}
 					// The old leases, those it releases found again,
@@ -117,8 +119,8 @@ func TestReclaimReadsOnlyOldLeases(t *testing.T) {
 					if err := tx.QueryRow(ctx, queries.NextLeaseExpiry, args).Scan(&next, &now); err != nil {
 						t.Fatal(err)
 					}
-					if next == nil || next.Sub(now) < 25*time.Second || next.Sub(now) > 30*time.Second {
-						t.Errorf("%s: next lease expiry %v at %v, want the old long leases' end, in 30s", mode, next, now)
+					if next == nil || next.Sub(now) < 4*time.Minute || next.Sub(now) > 5*time.Minute {
+						t.Errorf("%s: next lease expiry %v at %v, want the oldest live leases' end, in 5 minutes", mode, next, now)
 					}
 					after = rowsRead(t, tx)
 					for rel, n := range after {
@@ -138,20 +140,28 @@ func TestReclaimReadsOnlyOldLeases(t *testing.T) {
 // TestNextLeaseExpiryIsTheEarliestEnd: the next lease expiry, which reads
 // only the leases that can end before the oldest one, is the earliest end
 // of any lease in flight (bellhop_lease_end over every lease, as 0059's
-// function worked it out), and a reclaim pass takes exactly the leases
-// that have ended. Random leases over queues with timeouts from 1s to
-// 300s, one with no consumer, live, pending and ended floors.
+// function worked it out), and a reclaim pass, which reads only leases
+// older than the shortest timeout, takes exactly the leases that have
+// ended. Queues with timeouts from 5s to 300s, one with two consumers,
+// one with none; live, pending and ended floors; defaults below and above
+// every consumer's timeout. Random leases, and three cases at the edges:
+// a lease that ends first claimed just inside the window the expiry
+// reads, leases of the consumer-less queue that only the default's 1s
+// has ended, and the oldest lease on the queue with two consumers.
 func TestNextLeaseExpiryIsTheEarliestEnd(t *testing.T) {
 	ctx := context.Background()
 	pool, c, appID := setup(t)
-	vts := []int{1, 5, 30, 300, 7}
 	var consumers []string
-	for i, vt := range vts {
+	for i, vt := range []int{5, 8, 30, 300, 7, 20} {
 		cons, err := c.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "app", Queue: fmt.Sprintf("q%d", i), VisibilityTimeout: time.Duration(vt) * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
 		consumers = append(consumers, cons.ID.String())
+	}
+	// Two consumers for q4 (7s and 20s), which only a direct UPDATE makes.
+	if _, err := pool.Exec(ctx, `UPDATE queue_trigger_details SET queue_name = 'q4' WHERE trigger_id = $1`, consumers[5]); err != nil {
+		t.Fatal(err)
 	}
 	if _, err := pool.Exec(ctx, `INSERT INTO bellhop_vt_floors (app_id, queue_name, vt_secs, until) VALUES
 		($1, 'q1', 100, now() + interval '50 seconds'),
@@ -161,20 +171,29 @@ func TestNextLeaseExpiryIsTheEarliestEnd(t *testing.T) {
 		($1, 'q4', 250, now() + interval '20 seconds')`, appID); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
+	lease := func(queue, ago string) string {
+		return fmt.Sprintf(`INSERT INTO queue_messages (app_id, queue_name, payload, claim_token, claimed_at, attempt)
+			VALUES ('%s', '%s', '{}', gen_random_uuid(), now() - interval '%s', 1)`, appID, queue, ago)
 	}
-	defer conn.Release()
+	type testCase struct {
+		name      string
+		defaultVT int
+		inserts   []string
+		wantEnds  string // if set, the earliest end, before the reclaim
+	}
+	tests := []testCase{
+		// q3's lease ends at -100s (its floor is shorter than its
+		// timeout), q0's at -101s: claimed 1s before the window's end.
+		{"a lease just inside the window", 30, []string{lease("q3", "400 seconds"), lease("q0", "106 seconds")}, "101 seconds"},
+		{"the default below every timeout", 1, []string{lease("none", "0.5 seconds"), lease("none", "3 seconds"), lease("none", "10 seconds")}, "9 seconds"},
+		// q4's floor (250s) makes its lease end at -200s.
+		{"the oldest lease on a queue with two consumers", 30, []string{lease("q4", "450 seconds"), lease("q0", "1 second")}, "200 seconds"},
+	}
 	for seed := range 24 {
-		defaultVT := []int{1, 30, 600}[seed%3]
-		t.Run(fmt.Sprintf("seed %d, default %ds", seed, defaultVT), func(t *testing.T) {
-			tx, err := conn.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tx.Rollback(ctx)
-			for _, q := range []string{
+		tests = append(tests, testCase{
+			name:      fmt.Sprintf("seed %d", seed),
+			defaultVT: []int{1, 30, 600}[seed%3],
+			inserts: []string{
 				fmt.Sprintf(`SELECT setseed(%g)`, float64(seed)/24),
 				fmt.Sprintf(`INSERT INTO queue_messages (app_id, queue_name, payload, claim_token, claimed_at, attempt)
 					SELECT '%s', (ARRAY['q0','q1','q2','q3','q4','none'])[1 + floor(random() * 6)::int], '{}',
@@ -184,7 +203,22 @@ func TestNextLeaseExpiryIsTheEarliestEnd(t *testing.T) {
 					SELECT '%s', 'invoke', ('{%s}'::uuid[])[1 + floor(random() * %d)::int], '{}',
 					       gen_random_uuid(), now() - random() * interval '500 seconds', 1
 					FROM generate_series(1, floor(random() * 20)::int)`, appID, strings.Join(consumers, ","), len(consumers)),
-			} {
+			},
+		})
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	for _, tc := range tests {
+		t.Run(fmt.Sprintf("%s, default %ds", tc.name, tc.defaultVT), func(t *testing.T) {
+			tx, err := conn.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(ctx)
+			for _, q := range tc.inserts {
 				if _, err := tx.Exec(ctx, q); err != nil {
 					t.Fatal(err)
 				}
@@ -201,41 +235,50 @@ func TestNextLeaseExpiryIsTheEarliestEnd(t *testing.T) {
 						(SELECT min(bellhop_lease_end(m.app_id, c.queue_name, coalesce(c.visibility_timeout_secs, $1), m.claimed_at))
 						 FROM outbox m LEFT JOIN queue_consumers c ON c.id = m.trigger_id
 						 WHERE m.claim_token IS NOT NULL AND m.source_kind = 'invoke')),
-					(SELECT count(*) FROM queue_messages m LEFT JOIN queue_consumers c ON c.app_id = m.app_id AND c.queue_name = m.queue_name
+					(SELECT count(DISTINCT m.id) FROM queue_messages m LEFT JOIN queue_consumers c ON c.app_id = m.app_id AND c.queue_name = m.queue_name
 					 WHERE m.claim_token IS NOT NULL AND m.claimed_at < now() - make_interval(secs =>
 					       bellhop_reclaim_vt(m.app_id, m.queue_name, coalesce(c.visibility_timeout_secs, $1))))
-					+ (SELECT count(*) FROM outbox m LEFT JOIN queue_consumers c ON c.id = m.trigger_id
+					+ (SELECT count(DISTINCT m.id) FROM outbox m LEFT JOIN queue_consumers c ON c.id = m.trigger_id
 					 WHERE m.claim_token IS NOT NULL AND m.source_kind = 'invoke' AND m.claimed_at < now() - make_interval(secs =>
 					       bellhop_reclaim_vt(m.app_id, c.queue_name, coalesce(c.visibility_timeout_secs, $1))))`,
-					defaultVT).Scan(&ends, &stale)
+					tc.defaultVT).Scan(&ends, &stale)
 				if err != nil {
 					t.Fatal(err)
 				}
 				return ends, stale
 			}
-			checkExpiry := func(when string) int64 {
+			checkExpiry := func(when string) (*time.Time, int64) {
 				t.Helper()
 				want, stale := ends()
 				var got *time.Time
-				if err := tx.QueryRow(ctx, `SELECT bellhop_next_lease_expiry($1)`, defaultVT).Scan(&got); err != nil {
+				if err := tx.QueryRow(ctx, `SELECT bellhop_next_lease_expiry($1)`, tc.defaultVT).Scan(&got); err != nil {
 					t.Fatal(err)
 				}
 				if (got == nil) != (want == nil) || (got != nil && !got.Equal(*want)) {
 					t.Errorf("%s: next lease expiry %v, want %v", when, got, want)
 				}
-				return stale
+				return want, stale
 			}
-			stale := checkExpiry("before the reclaim")
+			want, stale := checkExpiry("before the reclaim")
+			if tc.wantEnds != "" {
+				var edge time.Time
+				if err := tx.QueryRow(ctx, `SELECT now() - $1::interval`, tc.wantEnds).Scan(&edge); err != nil {
+					t.Fatal(err)
+				}
+				if want == nil || !want.Equal(edge) {
+					t.Fatalf("the case's earliest end is %v, want now() - %s, %v", want, tc.wantEnds, edge)
+				}
+			}
 			var released, dead, woken, started int64
 			var more bool
-			if err := tx.QueryRow(ctx, queries.Reclaim, queries.Args{"default_vt_secs": defaultVT, "batch": 10000}).
+			if err := tx.QueryRow(ctx, queries.Reclaim, queries.Args{"default_vt_secs": tc.defaultVT, "batch": 10000}).
 				Scan(&released, &dead, &woken, &started, &more); err != nil {
 				t.Fatal(err)
 			}
 			if released+dead != stale {
 				t.Errorf("reclaimed %d leases, want the %d that have ended", released+dead, stale)
 			}
-			if left := checkExpiry("after the reclaim"); left != 0 {
+			if _, left := checkExpiry("after the reclaim"); left != 0 {
 				t.Errorf("%d ended leases left after the reclaim", left)
 			}
 		})

@@ -15,13 +15,13 @@
 -- reclaimer runs the next pass at once.
 --
 -- It reads only leases claimed before now() less bellhop_min_vt (migration
--- 0060): no timeout can have ended a later one. It walks them oldest
--- first along the claimed_at index, which the ORDER BY makes the planner
--- keep even for a small table or a generic plan, so a pass costs in
--- proportion to the leases older than the shortest timeout, not to every
--- lease in flight. The rows it takes it finds again by primary key, not by
--- a join that the planner, expecting a full batch, made by hashing the
--- whole table (TestReclaimReadsOnlyOldLeases).
+-- 0060), through the claimed_at index: no timeout can have ended a later
+-- one, so a pass costs in proportion to the leases older than the
+-- shortest timeout, not to every lease in flight. The index scan feeds
+-- the LIMIT, which ends it once the batch is full; an ORDER BY here made
+-- the server sort every old lease first. The rows it takes it finds again
+-- by primary key, not by a join that the planner, expecting a full
+-- batch, made by hashing the whole table (TestReclaimReadsOnlyOldLeases).
 --
 -- It first starts the timeout floors it is the first to see (migration
 -- 0054): a floor lasts from when its change is visible, which a statement
@@ -47,7 +47,6 @@ WITH floors AS (
       AND m.claimed_at < (SELECT since FROM young)
       AND m.claimed_at < now() - make_interval(secs => bellhop_reclaim_vt(m.app_id, m.queue_name,
                                                    coalesce(c.visibility_timeout_secs, @default_vt_secs)))
-    ORDER BY m.claimed_at
     LIMIT @batch
     FOR UPDATE OF m SKIP LOCKED
 ), stale_o AS (
@@ -58,7 +57,6 @@ WITH floors AS (
       AND m.claimed_at < (SELECT since FROM young)
       AND m.claimed_at < now() - make_interval(secs => bellhop_reclaim_vt(m.app_id, c.queue_name,
                                                    coalesce(c.visibility_timeout_secs, @default_vt_secs)))
-    ORDER BY m.claimed_at
     LIMIT @batch
     FOR UPDATE OF m SKIP LOCKED
 ), released_q AS (
