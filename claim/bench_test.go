@@ -259,8 +259,8 @@ func BenchmarkReclaim(b *testing.B) {
 					"TRUNCATE queue_messages",
 					fmt.Sprintf(`INSERT INTO queue_messages (app_id, queue_name, payload, claim_token, claimed_at, attempt)
 						SELECT '%s', '%s', '{}', gen_random_uuid(),
-						       CASE WHEN i %% %d = 0 THEN now() - interval '1 hour' ELSE now() END, 1
-						FROM generate_series(1, %d) i`, appID, benchQueue, inFlight/expired, inFlight),
+						       CASE WHEN i %% %d = 0 THEN now() - interval '1 hour' ELSE now() - random() * interval '5 seconds' END, 1
+						FROM generate_series(1, %d) i ORDER BY random()`, appID, benchQueue, inFlight/expired, inFlight),
 					"VACUUM ANALYZE queue_messages",
 				} {
 					if _, err := pool.Exec(ctx, q); err != nil {
@@ -293,7 +293,8 @@ func BenchmarkReclaim(b *testing.B) {
 // consumer's is a minute, so it reads every lease claimed within 30s
 // after the oldest, here all of them. With timeouts=2,old the consumer's
 // is 12 hours and the leases were taken an hour ago, so the reclaim reads
-// them all too.
+// them all too. Leases carry claim times up to 5s apart, in no order in
+// the table, as leases taken by many lanes do.
 //
 //	go test ./claim -run '^$' -bench ReclaimNoneExpired -benchtime 20x
 func BenchmarkReclaimNoneExpired(b *testing.B) {
@@ -303,9 +304,9 @@ func BenchmarkReclaimNoneExpired(b *testing.B) {
 		vt      time.Duration
 		claimed string
 	}{
-		{"timeouts=1", 30 * time.Second, "now()"},
-		{"timeouts=2", time.Minute, "now()"},
-		{"timeouts=2,old", 12 * time.Hour, "now() - interval '1 hour'"},
+		{"timeouts=1", 30 * time.Second, "now() - random() * interval '5 seconds'"},
+		{"timeouts=2", time.Minute, "now() - random() * interval '5 seconds'"},
+		{"timeouts=2,old", 12 * time.Hour, "now() - interval '1 hour' - random() * interval '5 seconds'"},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			ctx := context.Background()
@@ -317,7 +318,7 @@ func BenchmarkReclaimNoneExpired(b *testing.B) {
 				fmt.Sprintf(`INSERT INTO queue_messages (app_id, queue_name, payload, claim_token, claimed_at, attempt)
 					SELECT '%s', '%s', '{}', CASE WHEN i <= %d THEN gen_random_uuid() END,
 					       CASE WHEN i <= %d THEN %s END, CASE WHEN i <= %d THEN 1 ELSE 0 END
-					FROM generate_series(1, %d) i`, appID, benchQueue, inFlight, inFlight, tc.claimed, inFlight, inFlight+ready),
+					FROM generate_series(1, %d) i ORDER BY random()`, appID, benchQueue, inFlight, inFlight, tc.claimed, inFlight, inFlight+ready),
 				"VACUUM ANALYZE queue_messages",
 			} {
 				if _, err := pool.Exec(ctx, q); err != nil {

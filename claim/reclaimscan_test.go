@@ -15,31 +15,38 @@ import (
 
 // TestReclaimReadsOnlyOldLeases: a reclaim pass reads the leases older
 // than the shortest timeout, not every lease in flight nor the ready
-// messages beside them, with custom and generic plans; so does the next
-// lease expiry (the reclaimer's round trip; the fallback poll reads the
-// same expiry) when every consumer has the default timeout. Both used to
-// read all 20,000 fresh leases of each table, and the pass hashed the
-// whole table to find again the rows it had locked. The tables are that
-// large because at 3,000 rows a generic plan scans the table, which costs
-// less at that size.
+// messages beside them, and stops once its batch is full; so does the
+// next lease expiry (the reclaimer's round trip; the fallback poll reads
+// the same expiry) when every consumer has the default timeout; both with
+// custom and generic plans. Fresh leases carry claim times 20s apart at
+// most, in no order in the table, as leases taken by many lanes do. Both
+// statements used to read all 20,000 fresh leases of each table, and the
+// pass hashed the whole table to find again the rows it had locked; a
+// reclaim that took its bound only from a value computed as it ran
+// scanned the table in a generic plan.
 func TestReclaimReadsOnlyOldLeases(t *testing.T) {
 	const fresh = 20000
 	tests := []struct {
 		name string
 		// Consumers' timeouts (the long queue's is 10 minutes) and the
-		// default; the expired leases are the first queue's, claimed
-		// expiredAgo.
+		// default; the expired leases are the first queue's: expired of
+		// them, claimed expiredAgo.
 		queues     []string
 		vts        []time.Duration
 		defaultVT  int
+		expired    int
 		expiredAgo string
+		batch      int
 		// Whether the next lease expiry reads only old leases too: with
 		// two timeouts, it reads those claimed within their difference
 		// after the oldest live lease, here all of them.
 		expiryReadsOld bool
 	}{
-		{"one timeout", []string{"long"}, []time.Duration{10 * time.Minute}, 600, "11 minutes", true},
-		{"two timeouts", []string{"short", "long"}, []time.Duration{time.Minute, 10 * time.Minute}, 300, "2 minutes", false},
+		{"one timeout", []string{"long"}, []time.Duration{10 * time.Minute}, 600, 3, "11 minutes", 10000, true},
+		{"two timeouts", []string{"short", "long"}, []time.Duration{time.Minute, 10 * time.Minute}, 300, 3, "2 minutes", 10000, false},
+		// A pass that sorted the old leases, or read them all, would
+		// read 5,000 rows: 3,000, then the 1,000 it takes twice.
+		{"more expired than a batch", []string{"long"}, []time.Duration{10 * time.Minute}, 600, 3000, "11 minutes", 1000, true},
 	}
 	for _, tc := range tests {
 		for _, ready := range []int{0, fresh} {
@@ -56,22 +63,23 @@ func TestReclaimReadsOnlyOldLeases(t *testing.T) {
 				}
 				expired := tc.queues[0]
 				for _, q := range []string{
-					// Fresh leases, and ready messages, of the long queue.
+					// Fresh leases, ready messages, the expired leases
+					// and two live ones, the oldest that are (they end in
+					// 5 minutes), of the long queue, in random order.
 					fmt.Sprintf(`INSERT INTO queue_messages (app_id, queue_name, payload, claim_token, claimed_at, attempt)
-						SELECT '%s', 'long', '{}', CASE WHEN i <= %d THEN gen_random_uuid() END,
-						       CASE WHEN i <= %d THEN now() END, CASE WHEN i <= %d THEN 1 ELSE 0 END
-						FROM generate_series(1, %d) i`, appID, fresh, fresh, fresh, fresh+ready),
-					// Live, the oldest that are: they end in 5 minutes.
-					fmt.Sprintf(`INSERT INTO queue_messages (app_id, queue_name, payload, claim_token, claimed_at, attempt)
-						SELECT '%s', 'long', '{}', gen_random_uuid(), now() - interval '5 minutes', 1
-						FROM generate_series(1, 2)`, appID),
-					fmt.Sprintf(`INSERT INTO queue_messages (app_id, queue_name, payload, claim_token, claimed_at, attempt)
-						SELECT '%s', '%s', '{}', gen_random_uuid(), now() - interval '%s', 1
-						FROM generate_series(1, 3)`, appID, expired, tc.expiredAgo),
+						SELECT '%s', q, '{}', CASE WHEN at IS NOT NULL THEN gen_random_uuid() END, at,
+						       CASE WHEN at IS NOT NULL THEN 1 ELSE 0 END
+						FROM (SELECT 'long' AS q, CASE WHEN i <= %d THEN now() - random() * interval '20 seconds' END AS at
+						      FROM generate_series(1, %d) i
+						      UNION ALL
+						      SELECT '%s', now() - interval '%s' - i * interval '1 ms' FROM generate_series(1, %d) i
+						      UNION ALL
+						      SELECT 'long', now() - interval '5 minutes' FROM generate_series(1, 2)) AS m
+						ORDER BY random()`, appID, fresh, fresh+ready, expired, tc.expiredAgo, tc.expired),
 					fmt.Sprintf(`INSERT INTO outbox (app_id, source_kind, trigger_id, payload, claim_token, claimed_at, attempt)
 						SELECT '%s', 'invoke', CASE WHEN i = 0 THEN '%s'::uuid ELSE '%s'::uuid END, '{}', gen_random_uuid(),
-						       CASE WHEN i = 0 THEN now() - interval '%s' ELSE now() END, 1
-						FROM generate_series(0, %d) i`, appID, ids[expired], ids["long"], tc.expiredAgo, fresh),
+						       CASE WHEN i = 0 THEN now() - interval '%s' ELSE now() - random() * interval '20 seconds' END, 1
+						FROM generate_series(0, %d) i ORDER BY random()`, appID, ids[expired], ids["long"], tc.expiredAgo, fresh),
 					"ANALYZE queue_messages",
 					"ANALYZE outbox",
 				} {
@@ -84,7 +92,7 @@ func TestReclaimReadsOnlyOldLeases(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer conn.Release()
-				args := queries.Args{"default_vt_secs": tc.defaultVT, "batch": 10000}
+				args := queries.Args{"default_vt_secs": tc.defaultVT, "batch": tc.batch}
 				for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 					tx, err := conn.Begin(ctx)
 					if err != nil {
@@ -94,22 +102,28 @@ func TestReclaimReadsOnlyOldLeases(t *testing.T) {
 					if _, err := tx.Exec(ctx, "SET LOCAL plan_cache_mode = "+mode+"; SET LOCAL max_parallel_workers_per_gather = 0"); err != nil {
 						t.Fatal(err)
 					}
-					// The old leases, those it releases found again,
-					// the oldest lease, a few index entries not yet
-					// pruned.
-					const most = 50
+					// The old leases it takes, found again to release
+					// them and to dead-letter those on their last
+					// attempt, the two live old ones, a few index
+					// entries not yet pruned.
+					most := map[string]int64{
+						"queue_messages": 3*int64(min(tc.expired, tc.batch)) + 50,
+						"outbox":         50,
+					}
 					before := rowsRead(t, tx)
 					var released, dead, woken, started int64
 					var more bool
 					if err := tx.QueryRow(ctx, queries.Reclaim, args).Scan(&released, &dead, &woken, &started, &more); err != nil {
 						t.Fatal(err)
 					}
-					if released != 4 || dead != 0 || more {
-						t.Errorf("%s: released %d, dead-lettered %d, more %t; want 4, 0, false", mode, released, dead, more)
+					wantReleased := int64(min(tc.expired, tc.batch)) + 1
+					if released != wantReleased || dead != 0 || more != (tc.expired >= tc.batch) {
+						t.Errorf("%s: released %d, dead-lettered %d, more %t; want %d, 0, %t",
+							mode, released, dead, more, wantReleased, tc.expired >= tc.batch)
 					}
 					after := rowsRead(t, tx)
 					for rel, n := range after {
-						if n-before[rel] > most {
+						if n-before[rel] > most[rel] {
 							t.Errorf("%s: the reclaim read %d rows of %s", mode, n-before[rel], rel)
 						}
 					}
@@ -119,12 +133,16 @@ func TestReclaimReadsOnlyOldLeases(t *testing.T) {
 					if err := tx.QueryRow(ctx, queries.NextLeaseExpiry, args).Scan(&next, &now); err != nil {
 						t.Fatal(err)
 					}
-					if next == nil || next.Sub(now) < 4*time.Minute || next.Sub(now) > 5*time.Minute {
+					// With expired leases left, the earliest end is past.
+					if tc.expired < tc.batch && (next == nil || next.Sub(now) < 4*time.Minute || next.Sub(now) > 5*time.Minute) {
 						t.Errorf("%s: next lease expiry %v at %v, want the oldest live leases' end, in 5 minutes", mode, next, now)
+					}
+					if tc.expired >= tc.batch && (next == nil || !next.Before(now)) {
+						t.Errorf("%s: next lease expiry %v at %v, want an expired lease's end", mode, next, now)
 					}
 					after = rowsRead(t, tx)
 					for rel, n := range after {
-						if tc.expiryReadsOld && n-before[rel] > most {
+						if tc.expiryReadsOld && n-before[rel] > 50 {
 							t.Errorf("%s: the next lease expiry read %d rows of %s", mode, n-before[rel], rel)
 						}
 					}

@@ -17,11 +17,19 @@
 -- It reads only leases claimed before now() less bellhop_min_vt (migration
 -- 0060), through the claimed_at index: no timeout can have ended a later
 -- one, so a pass costs in proportion to the leases older than the
--- shortest timeout, not to every lease in flight. The index scan feeds
--- the LIMIT, which ends it once the batch is full; an ORDER BY here made
--- the server sort every old lease first. The rows it takes it finds again
--- by primary key, not by a join that the planner, expecting a full
--- batch, made by hashing the whole table (TestReclaimReadsOnlyOldLeases).
+-- shortest timeout, not to every lease in flight. The bound is there
+-- twice. Written out, it costs a call of bellhop_min_vt wherever it is
+-- tested, so the planner keeps it to an index condition, computed once,
+-- and, given the call's values, works out how few leases pass it. From
+-- young it is a value computed once, which a scan that tests every row
+-- (should many leases be old) tests first, so that bellhop_min_vt runs
+-- for the old leases only. With the bound from young alone, a plan made
+-- for any values expected a third of the leases to pass and, unless they
+-- lay in the table in claim order, scanned the whole table. The rows it
+-- takes it finds again by primary key, not by a join that the planner,
+-- expecting a full batch, made by hashing the whole table. There is no
+-- ORDER BY: with more expired leases than a batch, the server sorted all
+-- of them first (TestReclaimReadsOnlyOldLeases).
 --
 -- It first starts the timeout floors it is the first to see (migration
 -- 0054): a floor lasts from when its change is visible, which a statement
@@ -45,6 +53,7 @@ WITH floors AS (
     LEFT JOIN queue_consumers c ON c.app_id = m.app_id AND c.queue_name = m.queue_name
     WHERE m.claim_token IS NOT NULL
       AND m.claimed_at < (SELECT since FROM young)
+      AND m.claimed_at < now() - make_interval(secs => bellhop_min_vt(@default_vt_secs))
       AND m.claimed_at < now() - make_interval(secs => bellhop_reclaim_vt(m.app_id, m.queue_name,
                                                    coalesce(c.visibility_timeout_secs, @default_vt_secs)))
     LIMIT @batch
@@ -55,6 +64,7 @@ WITH floors AS (
     LEFT JOIN queue_consumers c ON c.id = m.trigger_id
     WHERE m.claim_token IS NOT NULL AND m.source_kind = 'invoke'
       AND m.claimed_at < (SELECT since FROM young)
+      AND m.claimed_at < now() - make_interval(secs => bellhop_min_vt(@default_vt_secs))
       AND m.claimed_at < now() - make_interval(secs => bellhop_reclaim_vt(m.app_id, c.queue_name,
                                                    coalesce(c.visibility_timeout_secs, @default_vt_secs)))
     LIMIT @batch
