@@ -27,6 +27,7 @@ type passClock struct {
 	mu     sync.Mutex
 	starts []time.Time
 	ends   []time.Time
+	failed int // passes that ended with an error
 }
 
 func (p *passClock) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
@@ -48,10 +49,13 @@ func (p *passClock) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.Trac
 
 func (p *passClock) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
 
-func (p *passClock) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {
+func (p *passClock) TraceBatchEnd(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchEndData) {
 	// Every batch of the reclaimer's pool is a pass.
 	p.mu.Lock()
 	p.ends = append(p.ends, time.Now())
+	if d.Err != nil {
+		p.failed++
+	}
 	p.mu.Unlock()
 }
 
@@ -265,6 +269,24 @@ func TestReclaimPassTimesOut(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Error("Pass behind a lock did not return within 5s; its timeout is 200ms")
 	}
+	// The cancelled pass ends on the server when its cancel request lands,
+	// which can be after Pass returned: were the lock gone first, that
+	// pass would reclaim the lease and never report it.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var waiting int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the cancelled pass still waits for the lock after 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -280,7 +302,12 @@ func TestReclaimPassTimesOut(t *testing.T) {
 // timeout every time (here each pass sleeps 300ms; in real life, many
 // leases older than the shortest timeout, which a pass reads) is tried
 // again with twice the timeout, until it fits: with a fixed timeout, no
-// lease would ever come back.
+// pass would ever answer and no lease would come back.
+//
+// The test waits for a pass that answered, not for the release to be
+// reported: a pass cut off by its timeout is cancelled on the server by
+// a cancel request that, on a loaded machine, can land after the pass
+// committed, and then its release is done but never reported.
 func TestReclaimTimeoutGrows(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -291,14 +318,30 @@ func TestReclaimTimeoutGrows(t *testing.T) {
 		AS $$ SELECT pg_sleep(0.3); SELECT quick_floors() $$`); err != nil {
 		t.Fatal(err)
 	}
-	var released atomic.Int64
-	runReclaimer(t, pool, reclaim.Options{Timeout: 100 * time.Millisecond, OnPass: func(res reclaim.Result) { released.Add(res.Released) }})
-	// 100 and 200ms run out; 400ms fits. Retries wait 0.5 – 1s, then 1 – 2s.
-	deadline := time.Now().Add(15 * time.Second)
-	for released.Load() != 1 {
+	clock := runReclaimer(t, pool, reclaim.Options{Timeout: 100 * time.Millisecond})
+	// 100 and 200ms run out; 400ms fits, or 800ms on a loaded machine.
+	// Retries wait 0.5 – 1s, then 1 – 2s, 2 – 4s, 4 – 8s.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		clock.mu.Lock()
+		passes, failed := len(clock.ends), clock.failed
+		clock.mu.Unlock()
+		if passes > failed {
+			if failed < 2 {
+				t.Fatalf("%d passes failed before one answered, want at least 2 (100 and 200ms cannot fit a 300ms pass)", failed)
+			}
+			break
+		}
 		if time.Now().After(deadline) {
-			t.Fatal("the lease was not reclaimed within 15s: the timeout did not grow")
+			t.Fatalf("no pass answered within 30s (%d failed): the timeout did not grow", failed)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	var held bool
+	if err := pool.QueryRow(ctx, `SELECT claim_token IS NOT NULL FROM queue_messages`).Scan(&held); err != nil {
+		t.Fatal(err)
+	}
+	if held {
+		t.Fatal("a pass answered and the expired lease is still held")
 	}
 }
