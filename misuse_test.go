@@ -232,7 +232,7 @@ func TestRunReturnsWithConsumerRowLocked(t *testing.T) {
 		waitUntil(t, 10*time.Second, "the delivery", func() bool { return handled.Load() >= i })
 		if i == 1 {
 			waitUntil(t, 10*time.Second, "last_fired_at's update waiting for the row", func() bool {
-				return e.int64(`SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%last_fired_at%'`) > 0
+				return e.int64(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%last_fired_at%'`) > 0
 			})
 		}
 	}

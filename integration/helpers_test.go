@@ -99,6 +99,17 @@ type running struct {
 	stop func() // cancels Run and waits for it to return; idempotent
 }
 
+// waitNoLockWaiters waits until no session of e's database waits for a
+// lock. A statement cut off by its timeout is cancelled on the server by a
+// cancel request that can land late: were the lock it waits for released
+// first, it would still run, and its effect would pass for a retry's.
+func (e *env) waitNoLockWaiters(t *testing.T) {
+	t.Helper()
+	waitFor(t, 10*time.Second, "no session waiting for a lock", func() bool {
+		return e.count(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`) == 0
+	})
+}
+
 // startDispatcher starts a Dispatcher on dsn and waits until it is ready:
 // its listener is connected, so every notification from now on is heard.
 // tweak, if set, edits the pool config first. Its log goes to t's. The dispatcher is stopped

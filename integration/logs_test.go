@@ -233,6 +233,7 @@ func TestStuckClaimTimesOut(t *testing.T) {
 	if rec.n.Load() != 0 {
 		t.Fatal("a delivery while the table was locked")
 	}
+	e.waitNoLockWaiters(t)
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -498,6 +499,7 @@ func TestLastFiredSurvivesAFailedUpdate(t *testing.T) {
 		}
 		return n >= 2
 	})
+	e.waitNoLockWaiters(t)
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
