@@ -272,21 +272,7 @@ func TestReclaimPassTimesOut(t *testing.T) {
 	// The cancelled pass ends on the server when its cancel request lands,
 	// which can be after Pass returned: were the lock gone first, that
 	// pass would reclaim the lease and never report it.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var waiting int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		if waiting == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the cancelled pass still waits for the lock after 10s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitFor(t, "the cancelled pass to stop waiting for the lock", func() bool { return lockWaiters(t, pool) == 0 })
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
