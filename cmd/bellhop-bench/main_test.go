@@ -304,6 +304,9 @@ func TestBackToBackTargets(t *testing.T) {
 	for _, v := range []float64{0.9, 0.6, 0.7} {
 		r.Add(Metric{Scenario: "river", Case: b2b, Name: mLatencyRatio, Unit: "×", LowerIsBetter: true}, v)
 	}
+	for _, v := range []float64{0.7, 0.8, 0.9} {
+		r.Add(Metric{Scenario: "river", Case: b2b, Name: mLatencyRatioLease, Unit: "×", LowerIsBetter: true}, v)
+	}
 	for _, v := range []float64{2.5, 1.8, 1.9} {
 		r.Add(Metric{Scenario: "river", Case: b2b, Name: burnDownRatio(10, 10), Unit: "×"}, v)
 	}
@@ -316,6 +319,7 @@ func TestBackToBackTargets(t *testing.T) {
 		value                 float64
 	}{
 		{"latency p50 vs River, back to back", "PASS", "per run 0.90, 0.60, 0.70", 0.7},
+		{"latency p50 vs River, leasing at INSERT, back to back", "FAIL", "per run 0.70, 0.80, 0.90", 0.8},
 		{"burn-down, in-flight 10, back to back", "FAIL", "per run 2.50, 1.80, 1.90", 1.9},
 		{"burn-down, in-flight 1,000, back to back", "", "", 0},
 	} {

@@ -40,7 +40,10 @@ var burnDownPairs = []burnDownPair{{10, 10, 2}, {1000, 2000, 1.5}}
 // Back-to-back cases and ratio names, used by the targets too.
 func backToBackCase(f riverFetch) string { return "back to back: Bellhop ÷ " + f.Name }
 
-const mLatencyRatio = "latency p50 ratio"
+const (
+	mLatencyRatio      = "latency p50 ratio"
+	mLatencyRatioLease = "latency p50 ratio, leasing at INSERT"
+)
 
 func burnDownRatio(inFlight, workers int) string {
 	return fmt.Sprintf("burn-down ratio, in-flight %s ÷ %s workers", groupThousands(fmt.Sprint(inFlight)), groupThousands(fmt.Sprint(workers)))
@@ -123,8 +126,23 @@ func runRiver(ctx context.Context, e *env, run int) error {
 				return err
 			}
 		} else {
-			var ours latencyStats
+			// Both of Bellhop's paths beside River's, the default one
+			// right next to it: leasing, default, River in odd runs;
+			// River, default, leasing in even ones.
+			var ours, leased latencyStats
 			label := fmt.Sprintf("Bellhop %s, next to %s", caseGo, riverLatencyCase(f))
+			leaseLabel := fmt.Sprintf("Bellhop %s, next to %s", caseGoLease, riverLatencyCase(f))
+			lease := func() (err error) {
+				if leased, err = latencyOnce(ctx, e, caseGoLease, run, reportAs{"river", leaseLabel}); err != nil {
+					return fmt.Errorf("%s: %w", leaseLabel, err)
+				}
+				return nil
+			}
+			if run%2 != 0 {
+				if err := lease(); err != nil {
+					return err
+				}
+			}
 			err := backToBack(run, label, func() (err error) {
 				ours, err = latencyOnce(ctx, e, caseGo, run, reportAs{"river", label})
 				return err
@@ -132,7 +150,13 @@ func runRiver(ctx context.Context, e *env, run int) error {
 			if err != nil {
 				return err
 			}
+			if run%2 == 0 {
+				if err := lease(); err != nil {
+					return err
+				}
+			}
 			e.res.Add(Metric{Scenario: "river", Case: backToBackCase(f), Name: mLatencyRatio, Unit: "×", LowerIsBetter: true}, ours.P50/res.P50US)
+			e.res.Add(Metric{Scenario: "river", Case: backToBackCase(f), Name: mLatencyRatioLease, Unit: "×", LowerIsBetter: true}, leased.P50/res.P50US)
 		}
 		for _, w := range e.p.riverWorkers {
 			var jobs float64
@@ -175,6 +199,7 @@ func runRiver(ctx context.Context, e *env, run int) error {
 	e.res.Note("river", "bench/river (a separate module) run as a subprocess against the same server, a fresh database per run, unix socket, -max-conns %d (the Bellhop dispatcher's pool size); latency: -n %d -interval %s (one Insert per transaction, timed from just before Insert to the start of Work); burn-down: InsertManyFast in batches of 1,000, VACUUM ANALYZE, then timed from client.Start until River reports every job completed",
 		e.p.poolMaxConns, e.p.riverLatencyN, e.p.latencyInterval)
 	e.res.Note("river", "'Bellhop …, next to River …': Bellhop's case measured as in scenarios 2 and 3, right before River's in odd runs and right after it in even ones; '%s' holds the ratio of each such pair (Bellhop's latency p50 over River's; Bellhop's msgs/s to table empty over River's jobs/s to completed in DB), and its median is the ratio of the targets marked 'back to back'", backToBackCase(riverFetches[1]))
+	e.res.Note("river", "'%s, next to River …': measured right before the default path's pair in odd runs (leasing, default, River) and right after it in even ones (River, default, leasing); '%s' is its p50 over the same River p50", caseGoLease, mLatencyRatioLease)
 	return nil
 }
 

@@ -98,6 +98,10 @@ func evaluateTargets(r *Results, p params) []Target {
 		add("latency p50 vs River, back to back", "median of per-run (Bellhop p50 ÷ River(2ms cooldown) p50), each pair measured back to back", "×", lr, 0.75, true,
 			"per run "+perRun(r, "river", backToBackCase(fetch2), mLatencyRatio))
 	}
+	if lr := get("river", backToBackCase(fetch2), mLatencyRatioLease); !math.IsNaN(lr) {
+		add("latency p50 vs River, leasing at INSERT, back to back", "as above, with DispatcherConfig.LeaseAtInsert, measured beside the same River case", "×", lr, 0.75, true,
+			"per run "+perRun(r, "river", backToBackCase(fetch2), mLatencyRatioLease))
+	}
 
 	small := 0
 	if len(p.throughputSizes) > 0 {
