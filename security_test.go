@@ -439,7 +439,7 @@ func TestReadmeInsertColumns(t *testing.T) {
 		t.Fatal(err)
 	}
 	text := strings.Join(strings.Fields(string(readme)), " ")
-	example := regexp.MustCompile("INSERT INTO queue_messages \\(([^)]*)\\) VALUES").FindStringSubmatch(text)
+	example := regexp.MustCompile(`INSERT INTO queue_messages \(([^)]*)\) VALUES`).FindStringSubmatch(text)
 	_, optional, found := strings.Cut(text, "Optional columns:")
 	if example == nil || !found {
 		t.Fatal("README.md has no plain INSERT example followed by \"Optional columns:\"")

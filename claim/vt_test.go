@@ -458,7 +458,7 @@ func TestReclaimTimerAtFloorEnd(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if early := floorEnd.Sub(time.Now()); early > time.Second {
+	if early := time.Until(floorEnd); early > time.Second {
 		t.Fatalf("lease reclaimed %s before the floor ended", early.Round(time.Millisecond))
 	}
 }

@@ -33,9 +33,10 @@ import (
 // binary's path. With race, the binary has the race detector too.
 func buildBellhop(t *testing.T, race bool) string {
 	t.Helper()
+	// go test puts its own GOROOT/bin first in the test's PATH.
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		t.Fatalf("find the go command to build bellhop: %v", err)
 	}
 	out := filepath.Join(t.TempDir(), "bellhop")
 	args := []string{"build", "-o", out}

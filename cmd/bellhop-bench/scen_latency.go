@@ -42,7 +42,7 @@ func runLatency(ctx context.Context, e *env, run int) error {
 	}
 	for _, offer := range []bool{false, true} {
 		if err := enqueueAlone(ctx, e, offer); err != nil {
-			return fmt.Errorf("Enqueue without a dispatcher: %w", err)
+			return fmt.Errorf("enqueue without a dispatcher: %w", err)
 		}
 	}
 	e.res.Note("latency", "'claim pass round trip': each of the dispatcher's claim passes (one batch: claim, next due time, busy marks) from pgx sending it to its results and commit, by a pgx tracer on the dispatcher's pool, while messages were produced")

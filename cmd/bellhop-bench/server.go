@@ -114,15 +114,6 @@ func (s *server) prepare(ctx context.Context) error {
 	return nil
 }
 
-func (s *server) setting(name string) string {
-	for _, kv := range s.settings {
-		if kv[0] == name {
-			return kv[1]
-		}
-	}
-	return ""
-}
-
 func (s *server) close() error {
 	if s.cluster != nil {
 		return s.cluster.Stop()

@@ -18,7 +18,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -70,9 +69,11 @@ func buildBinary() (string, error) {
 	}
 	lockFile = lock // stays open, and locked, until the process exits
 
+	// go test puts its own GOROOT/bin first in the test's PATH.
 	goTool, err := exec.LookPath("go")
 	if err != nil {
-		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
+		os.RemoveAll(dir)
+		return "", fmt.Errorf("find the go command to build bellhop: %w", err)
 	}
 	out := filepath.Join(dir, "bellhop")
 	args := []string{"build", "-o", out}

@@ -790,7 +790,7 @@ func TestNoSecretOrPayloadLeaks(t *testing.T) {
 	mux.HandleFunc("/500", func(w http.ResponseWriter, r *http.Request) { http.Error(w, "boom", 500) })
 	mux.HandleFunc("/429", func(w http.ResponseWriter, r *http.Request) { w.Header().Set("Retry-After", "x"); w.WriteHeader(429) })
 	mux.HandleFunc("/slow", hang)
-	mux.HandleFunc("/302", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/200", 302) })
+	mux.HandleFunc("/302", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/200", http.StatusFound) })
 	mux.HandleFunc("/200", func(w http.ResponseWriter, r *http.Request) {})
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
