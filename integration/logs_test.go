@@ -394,7 +394,12 @@ func TestSilentLinkStallsNoLane(t *testing.T) {
 			// (idle_session_timeout), and its connection with it, which on
 			// a path that went dead the client would never hear of.
 			startLogged(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, LeaseAtInsert: tc.offers, BusyLease: time.Minute,
-				StatementTimeout: 500 * time.Millisecond, Logger: zerolog.New(logs)}, link)
+				StatementTimeout: 500 * time.Millisecond, Logger: zerolog.New(logs).With().Timestamp().Logger()}, link)
+			t.Cleanup(func() {
+				if t.Failed() {
+					t.Logf("the dispatcher's log:\n%s", logs.String())
+				}
+			})
 			if tc.pause {
 				waitFor(t, 10*time.Second, "the backlog delivered", func() bool { return rec.n.Load() == backlog })
 				waitFor(t, 10*time.Second, "an offer", func() bool { return e.count(t, `SELECT count(*) FROM bellhop_offers`) > 0 })
@@ -417,7 +422,7 @@ func TestSilentLinkStallsNoLane(t *testing.T) {
 			for i := range 2 {
 				e.enqueue(t, "q", "after", bellhop.EnqueueOptions{})
 				want := int32(backlog + i + 1)
-				waitFor(t, 15*time.Second, "a message enqueued after the link answers again", func() bool { return rec.n.Load() == want })
+				waitFor(t, 15*time.Second, fmt.Sprintf("message %d of 2 enqueued after the link answers again", i+1), func() bool { return rec.n.Load() == want })
 			}
 		})
 	}

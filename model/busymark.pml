@@ -75,9 +75,11 @@
  *   HOLD_ERR_FORGET  a take of B that fails with an error (the server
  *                granted B and sent its notification, then the connection
  *                broke before the reply) is forgotten: the lane reports
- *                its release as confirmed (internal/busylock Hold does
- *                this).  Harmless: the lane's next pass sees the dying
- *                backend's hold as foreign and watches it
+ *                its release as confirmed (internal/busylock Hold did
+ *                this until 2026-12-04).  No loss: the lane's next pass
+ *                sees the dying backend's hold as foreign and watches it,
+ *                but in the code that watch looks again only BusyLease
+ *                later (model/README.md, D)
  *   NO_ROW_NOTIFY  a newly inserted row does not wake the others (the
  *                FLAW_NO_NEW_NOTIFY of the row protocol: no longer a flaw,
  *                since taking B notifies)

@@ -10,7 +10,9 @@
 // session loses every mark without the lanes knowing: Release then
 // reports the release as unconfirmed, because the old backend may still
 // hold the key for a moment, and the lane must confirm that the key is
-// free before it sleeps (claim.TryBusyLock).
+// free before it sleeps (claim.TryBusyLock). So does a Hold that failed
+// once its statement was sent: the statement may have taken the key
+// before its answer was lost.
 package busylock
 
 import (
@@ -101,6 +103,15 @@ func (h *Holder) Hold(ctx context.Context, k Key) (bool, error) {
 	}).Scan(&unset, &held, &notified)
 	if err != nil {
 		h.drop()
+		// The statement may have taken the key before its answer was
+		// lost (a timeout on a dead path): the dropped session's backend
+		// may then hold it, as it may the keys it held, until the server
+		// ends that session, and producers skip their notifications
+		// meanwhile. Release reports it unconfirmed, so that the lane
+		// waits until the key is free before it relies on them again.
+		h.keys.Lock()
+		h.lost[k] = struct{}{}
+		h.keys.Unlock()
 		return false, fmt.Errorf("busy lock %s/%s: hold: %w", k.AppID, k.Queue, err)
 	}
 	if held {
@@ -122,10 +133,11 @@ func (h *Holder) Held(k Key) bool {
 }
 
 // Release ends k's mark. confirmed is false when k was held by a session
-// that broke or timed out: that session's backend may still hold the key
-// for a moment, so the caller must check that the key is free before it
-// relies on producers announcing again. Releasing a key that was never
-// held is confirmed.
+// that broke or timed out, or its last Hold failed after sending its
+// statement: that session's backend may still hold the key for a moment,
+// so the caller must check that the key is free before it relies on
+// producers announcing again. Releasing a key that was never held is
+// confirmed.
 func (h *Holder) Release(ctx context.Context, k Key) (confirmed bool, err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -392,4 +394,130 @@ func TestHoldEndedWaitingItsTurn(t *testing.T) {
 	if f.notifies(t, pgx.ReadCommitted) {
 		t.Error("a producer of the held queue notified: the session lost its key")
 	}
+}
+
+// TestHoldWithLostAnswer: a Hold whose statement reached the server but
+// whose answer never came back (a dead path) fails, and the key its
+// statement took stays with the dropped session's backend until the server
+// ends that session; producers skip their notifications meanwhile. Release
+// must then report the release unconfirmed, so that the lane waits until
+// the key is free before it relies on producers announcing again. It used
+// to confirm it, and a lane went idle while nobody announced.
+func TestHoldWithLostAnswer(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	cfg, err := pgx.ParseConfig(f.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu    sync.Mutex
+		first *severable // the lock connection; later dials are pgx's cancel requests
+	)
+	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		t.Cleanup(func() { c.Close() })
+		s := &severable{Conn: c}
+		mu.Lock()
+		if first == nil {
+			first = s
+		}
+		mu.Unlock()
+		return s, nil
+	}
+	const idle = 2 * time.Second // the silent session's idle_session_timeout
+	h := busylock.New(func(ctx context.Context) (*pgx.Conn, error) { return pgx.ConnectConfig(ctx, cfg) }, uuid.New(), idle, zerolog.Nop())
+	// A first hold prepares the statement, so that the next one is a
+	// single write: Bind, Execute, Sync.
+	warm := busylock.Key{AppID: f.key.AppID, Queue: "warm"}
+	if ok, err := h.Hold(ctx, warm); err != nil || !ok {
+		t.Fatalf("Hold = %v, %v", ok, err)
+	}
+	if ok, err := h.Release(ctx, warm); err != nil || !ok {
+		t.Fatalf("Release = %v, %v", ok, err)
+	}
+	mu.Lock()
+	first.sever()
+	mu.Unlock()
+	hctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	if _, err := h.Hold(hctx, f.key); err == nil {
+		t.Fatal("Hold succeeded although its answer was lost")
+	}
+	if f.notifies(t, pgx.ReadCommitted) {
+		t.Fatal("a producer notified: the lost Hold did not take the key, so this test shows nothing")
+	}
+	if h.Held(f.key) {
+		t.Error("Held = true after a failed Hold")
+	}
+	if ok, err := h.Release(ctx, f.key); err != nil || ok {
+		t.Errorf("Release after a Hold whose answer was lost = %v, %v; want unconfirmed, no error", ok, err)
+	}
+	// What the lane then waits for: the server ends the silent session
+	// after idle, and with it the key.
+	deadline := time.Now().Add(idle + 10*time.Second)
+	for !f.notifies(t, pgx.ReadCommitted) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the silent session kept the key for %s; its idle_session_timeout is %s", idle+10*time.Second, idle)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// severable is a connection whose path can go dead as a partition leaves
+// it: once severed, the server gets the client's next write and nothing
+// after it, the client gets nothing back, and the socket stays open (the
+// test closes it) so that the server does not learn of it.
+type severable struct {
+	net.Conn
+	mu      sync.Mutex
+	severed bool // sever was called
+	sent    bool // the one write after it went through
+}
+
+func (c *severable) sever() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.severed = true
+}
+
+func (c *severable) Write(b []byte) (int, error) {
+	c.mu.Lock()
+	drop := c.severed && c.sent
+	if c.severed {
+		c.sent = true
+	}
+	c.mu.Unlock()
+	if drop {
+		return len(b), nil
+	}
+	return c.Conn.Write(b)
+}
+
+// Read drops what comes once severed, until the deadline pgx sets or the
+// close.
+func (c *severable) Read(b []byte) (int, error) {
+	for {
+		n, err := c.Conn.Read(b)
+		c.mu.Lock()
+		severed := c.severed
+		c.mu.Unlock()
+		if !severed || err != nil {
+			return n, err
+		}
+	}
+}
+
+// Close ends the client's side only: reads fail from now on.
+func (c *severable) Close() error {
+	c.mu.Lock()
+	severed := c.severed
+	c.mu.Unlock()
+	if !severed {
+		return c.Conn.Close()
+	}
+	return c.Conn.SetDeadline(time.Unix(1, 0))
 }
