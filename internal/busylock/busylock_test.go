@@ -48,12 +48,22 @@ func newFixture(t *testing.T) *fixture {
 }
 
 func (f *fixture) holder(t *testing.T, idle time.Duration) *busylock.Holder {
-	return f.holderOf(uuid.New(), idle)
+	return f.holderOf(t, uuid.New(), idle)
 }
 
-// holderOf is a holder for the dispatcher named owner.
-func (f *fixture) holderOf(owner uuid.UUID, idle time.Duration) *busylock.Holder {
-	return busylock.New(func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, f.dsn) }, owner, idle, zerolog.Nop())
+// holderOf is a holder for the dispatcher named owner. Its connection is
+// closed when the test ends, and the holder is kept reachable until then:
+// once a test no longer refers to it, the garbage collector could
+// otherwise finalize its socket, ending the session and its keys while
+// the test still relies on them.
+func (f *fixture) holderOf(t *testing.T, owner uuid.UUID, idle time.Duration) *busylock.Holder {
+	h := busylock.New(func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, f.dsn) }, owner, idle, zerolog.Nop())
+	t.Cleanup(func() {
+		ended, cancel := context.WithCancel(context.Background())
+		cancel()
+		h.Run(ended) // closes the connection
+	})
+	return h
 }
 
 // listen returns a connection listening on the bellhop channel, closed
@@ -170,7 +180,7 @@ func TestHoldAnnouncesTheKey(t *testing.T) {
 	ctx := context.Background()
 	listener := f.listen(t)
 	oa, ob := uuid.New(), uuid.New()
-	a, b := f.holderOf(oa, 10*time.Second), f.holderOf(ob, 10*time.Second)
+	a, b := f.holderOf(t, oa, 10*time.Second), f.holderOf(t, ob, 10*time.Second)
 	steps := []struct {
 		name string
 		do   func() (bool, error)
