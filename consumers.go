@@ -263,8 +263,14 @@ type ConsumerUpdate struct {
 // the change up within a moment: the update sends a notification that
 // makes them reload their consumer list.
 func (c *Client) UpdateConsumer(ctx context.Context, app string, id uuid.UUID, u ConsumerUpdate) error {
+	return c.updateConsumer(ctx, "update", app, id, u)
+}
+
+// updateConsumer is UpdateConsumer, whose errors begin with verb: a user
+// who paused a consumer should not read that an update failed.
+func (c *Client) updateConsumer(ctx context.Context, verb, app string, id uuid.UUID, u ConsumerUpdate) error {
 	fail := func(err error) error {
-		return fmt.Errorf("update consumer %s of app %s: %w", id, printable(app), err)
+		return fmt.Errorf("%s consumer %s of app %s: %w", verb, id, printable(app), err)
 	}
 	if err := checkSettings(u.MaxAttempts, u.BackoffBase, u.BackoffCap, u.VisibilityTimeout, u.MaxInFlight); err != nil {
 		return fail(err)
@@ -382,7 +388,11 @@ func checkUpdatedTimeouts(ctx context.Context, tx pgx.Tx, id, appID uuid.UUID, u
 // SetConsumerEnabled pauses (false) or resumes (true) a consumer. A paused
 // consumer's messages stay queued; in-flight deliveries finish.
 func (c *Client) SetConsumerEnabled(ctx context.Context, app string, id uuid.UUID, enabled bool) error {
-	return c.UpdateConsumer(ctx, app, id, ConsumerUpdate{Enabled: &enabled})
+	verb := "pause"
+	if enabled {
+		verb = "resume"
+	}
+	return c.updateConsumer(ctx, verb, app, id, ConsumerUpdate{Enabled: &enabled})
 }
 
 // RemoveConsumer deletes the consumer id of app. Its queue's messages stay

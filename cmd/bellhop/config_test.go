@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -70,7 +71,10 @@ func TestBadConfiguration(t *testing.T) {
 		{"too many max attempts", dsn, nil, append(add, "--max-attempts", "1001"), "max attempts 1001 is outside 1..1000"},
 		{"zero max in flight", dsn, nil, append(add, "--max-in-flight", "0"), "--max-in-flight 0: must be at least 1"},
 		{"backoff cap below base", dsn, nil, append(add, "--backoff-min", "2s", "--backoff-max", "1s"), "backoff cap 1s is below backoff base 2s"},
-		{"zero max attempts on enqueue", dsn, nil, append(enq, "--max-attempts", "0", "{}"), "--max-attempts 0: must be at least 1"},
+		{"zero max attempts on enqueue", dsn, nil, append(enq, "--max-attempts", "0", "{}"), "--max-attempts 0: must be 1 to 1000"},
+		// The library's message would add "(0 means the default)", which
+		// the flag refuses.
+		{"too many max attempts on enqueue", dsn, nil, append(enq, "--max-attempts", "1001", "{}"), "--max-attempts 1001: must be 1 to 1000"},
 		{"zero max attempts on update", dsn, nil, []string{"consumer", "update", "--app", "shop", "--max-attempts", "0", "00000000-0000-0000-0000-000000000001"}, "max attempts 0 is outside 1..1000"},
 		{"unusable --http-addr", dsn, nil, []string{"run", "--http-addr", "nonsense:99999"}, `--http-addr "nonsense:99999"`},
 		{"short --poll-interval", dsn, nil, []string{"run", "--poll-interval", "10ms"}, "--poll-interval 10ms: must be at least 1s"},
@@ -101,15 +105,17 @@ func TestBadConfiguration(t *testing.T) {
 		{"bad --at", dsn, nil, append(enq, "--at", "tomorrow", "{}"), `--at "tomorrow" is not an RFC 3339 time`},
 		{"negative --delay", dsn, nil, append(enq, "--delay", "-1s", "{}"), "--delay -1s: must not be negative"},
 		{"two payloads", dsn, nil, append(enq, "{}", "{}"), "takes exactly one argument"},
-		{"non-http URL", dsn, nil, []string{"consumer", "add", "--app", "shop", "--queue", "q", "--url", "ftp://example.com/hook"}, "scheme must be http or https"},
-		{"URL with credentials", dsn, nil, []string{"consumer", "add", "--app", "shop", "--queue", "q", "--url", "http://u:pw@example.com/"}, "carries credentials"},
-		{"--allowed-hosts refuses", dsn, nil, []string{"consumer", "add", "--app", "shop", "--queue", "q", "--url", "http://evil.example.org/", "--allowed-hosts", "*.example.com"}, `host "evil.example.org" is not in the allowed hosts`},
+		{"non-http URL", dsn, nil, []string{"consumer", "add", "--app", "shop", "--queue", "q", "--url", "ftp://example.com/hook"}, `--url: invalid option: URL "ftp://example.com/hook": scheme must be http or https`},
+		{"URL with credentials", dsn, nil, []string{"consumer", "add", "--app", "shop", "--queue", "q", "--url", "http://u:pw@example.com/"}, `--url: invalid option: URL "http://xxxxx@example.com/" carries credentials`},
+		{"--allowed-hosts refuses", dsn, nil, []string{"consumer", "add", "--app", "shop", "--queue", "q", "--url", "http://evil.example.org/", "--allowed-hosts", "*.example.com"}, `--url: host "evil.example.org" is not in the allowed hosts`},
 		{"BELLHOP_ALLOWED_HOSTS refuses", dsn, []string{"BELLHOP_ALLOWED_HOSTS=example.com"}, []string{"consumer", "add", "--app", "shop", "--queue", "q", "--url", "http://127.0.0.1:9/"}, `host "127.0.0.1" is not in the allowed hosts`},
-		{"--allowed-hosts refuses an update", dsn, nil, []string{"consumer", "update", "--app", "shop", "--url", "http://evil.example.org/", "--allowed-hosts", "example.com", "00000000-0000-0000-0000-000000000001"}, "not in the allowed hosts"},
+		{"--allowed-hosts refuses an update", dsn, nil, []string{"consumer", "update", "--app", "shop", "--url", "http://evil.example.org/", "--allowed-hosts", "example.com", "00000000-0000-0000-0000-000000000001"}, `--url: host "evil.example.org" is not in the allowed hosts`},
+		{"non-http URL on update", dsn, nil, []string{"consumer", "update", "--app", "shop", "--url", "ftp://example.com/hook", "00000000-0000-0000-0000-000000000001"}, `--url: invalid option: URL "ftp://example.com/hook": scheme must be http or https`},
 		{"update without changes", dsn, nil, []string{"consumer", "update", "--app", "shop", "00000000-0000-0000-0000-000000000001"}, "nothing to update"},
 		{"example-consumer bad --addr", "-", nil, []string{"example-consumer", "--addr", "nonsense:99999", "--secret-file", "/nonexistent"}, `--addr "nonsense:99999"`},
 		{"consumer id not a UUID", dsn, nil, []string{"consumer", "pause", "--app", "shop", "42"}, `consumer id "42" is not a UUID`},
-		{"unknown consumer", dsn, nil, []string{"consumer", "resume", "--app", "shop", "00000000-0000-0000-0000-000000000001"}, "unknown consumer"},
+		{"unknown consumer", dsn, nil, []string{"consumer", "resume", "--app", "shop", "00000000-0000-0000-0000-000000000001"}, "resume consumer 00000000-0000-0000-0000-000000000001 of app shop: unknown consumer"},
+		{"unknown consumer to pause", dsn, nil, []string{"consumer", "pause", "--app", "shop", "00000000-0000-0000-0000-000000000001"}, "pause consumer 00000000-0000-0000-0000-000000000001 of app shop: unknown consumer"},
 		{"dead redrive without selector", dsn, nil, []string{"dead", "redrive", "--app", "shop"}, "name a MESSAGE_ID or --queue"},
 		{"dead redrive id and --queue", dsn, nil, []string{"dead", "redrive", "--app", "shop", "--queue", "q", "00000000-0000-0000-0000-000000000001"}, "give a MESSAGE_ID or --queue, not both"},
 		{"dead purge id and --queue", dsn, nil, []string{"dead", "purge", "--app", "shop", "00000000-0000-0000-0000-000000000001", "--queue", "q"}, "give a MESSAGE_ID or --queue, not both"},
@@ -133,8 +139,11 @@ func TestBadConfiguration(t *testing.T) {
 		{"setup-demo empty --secret-file", dsn, nil, []string{"setup-demo", "--app", "shop", "--queue", "q", "--url", "http://127.0.0.1:9/", "--secret-file", ""}, `--secret-file "" names no file`},
 		{"setup-demo --secret-file a directory path", dsn, nil, []string{"setup-demo", "--app", "shop", "--queue", "q", "--url", "http://127.0.0.1:9/", "--secret-file", "/tmp/"}, `--secret-file "/tmp/" names no file`},
 		{"example-consumer empty --secret-file", "-", nil, []string{"example-consumer", "--addr", "127.0.0.1:0", "--secret-file", ""}, `--secret-file "" names no file`},
+		// A directory can never become the secret: every request would get
+		// a 503 and every message be retried until it is dead-lettered.
+		{"example-consumer --secret-file a directory", "-", nil, []string{"example-consumer", "--addr", "127.0.0.1:0", "--secret-file", os.TempDir()}, fmt.Sprintf("--secret-file %q is a directory", os.TempDir())},
 		{"setup-demo bad queue name", dsn, nil, []string{"setup-demo", "--app", "shop", "--queue", "bad q", "--url", "http://127.0.0.1:9/", "--secret-file", "/nonexistent/s"}, `invalid queue name "bad q"`},
-		{"--allowed-hosts entry with a port", dsn, nil, []string{"run", "--allowed-hosts", "example.com,127.0.0.1:18282"}, `--allowed-hosts: httppush: allowed host "127.0.0.1:18282": is not a bare hostname`},
+		{"--allowed-hosts entry with a port", dsn, nil, []string{"run", "--allowed-hosts", "example.com,127.0.0.1:18282"}, `--allowed-hosts: allowed host "127.0.0.1:18282": is not a bare hostname`},
 		{"--allowed-hosts entry is a URL", dsn, nil, append(add, "--allowed-hosts", "https://a.example.com"), `allowed host "https://a.example.com": is a URL`},
 		{"--allowed-hosts entry *", dsn, nil, []string{"consumer", "update", "--app", "shop", "--url", "http://a.example.com/", "--allowed-hosts", "*", "00000000-0000-0000-0000-000000000001"}, `allowed host "*": a wildcard`},
 		{"--allowed-hosts blank", dsn, nil, append(add, "--allowed-hosts", " , "), "has only blank entries"},
@@ -283,6 +292,29 @@ func TestOperationalErrorsExit1(t *testing.T) {
 				t.Errorf("want exit 1 and one line with %q; got %s", tc.want, r)
 			}
 		})
+	}
+}
+
+// TestOneLine: a multi-line error becomes one readable line. pgx's
+// connect error used to read "...`:; \t127.0.0.1:1 ...", each attempt
+// twice under sslmode=prefer.
+func TestOneLine(t *testing.T) {
+	t.Parallel()
+	refused := "127.0.0.1:1 (localhost): dial error: dial tcp 127.0.0.1:1: connect: connection refused"
+	other := "[::1]:1 (localhost): dial error: dial tcp [::1]:1: connect: connection refused"
+	for _, tt := range []struct{ in, want string }{
+		{"plain", "plain"},
+		{"  padded \n", "padded"},
+		{"a\nb", "a; b"},
+		{"failed to connect to `user=u database=db`:\n\t" + refused + "\n\t" + refused,
+			"failed to connect to `user=u database=db`: " + refused},
+		{"failed:\n\t" + refused + "\n\t" + other + "\n\t" + refused,
+			"failed: " + refused + "; " + other + "; " + refused},
+		{"a\n\n\tb:\n c", "a; b: c"},
+	} {
+		if got := oneLine(errors.New(tt.in)); got != tt.want {
+			t.Errorf("oneLine(%q) = %q, want %q", tt.in, got, tt.want)
+		}
 	}
 }
 

@@ -31,7 +31,7 @@ func runCommand(d *deps) *cli.Command {
 		Usage: "run the dispatcher: HTTP push to every consumer with a URL, reclaim, /metrics, /healthz and /readyz",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "http-addr", Value: ":9090", Usage: "address for /metrics, /healthz and /readyz", Sources: env("HTTP_ADDR")},
-			&cli.DurationFlag{Name: "poll-interval", Value: bellhop.DefaultPollInterval, Usage: "fallback poll period (catches lost notifications only)", Sources: env("POLL_INTERVAL")},
+			&cli.DurationFlag{Name: "poll-interval", Value: bellhop.DefaultPollInterval, Usage: "fallback poll period, at least 1s (catches lost notifications only)", Sources: env("POLL_INTERVAL")},
 			&cli.DurationFlag{Name: "shutdown-grace", Value: bellhop.DefaultShutdownGrace, Usage: "on SIGINT/SIGTERM, how long in-flight deliveries may finish", Sources: env("SHUTDOWN_GRACE")},
 			&cli.StringSliceFlag{Name: "allowed-hosts", Usage: "if set, only push to these hosts (exact, or *.suffix)", Sources: env("ALLOWED_HOSTS")},
 			&cli.BoolFlag{Name: "lease-at-insert", Usage: "let producers lease new messages of idle queues to this dispatcher, saving a claim round trip (docs/lease-at-insert.md)", Sources: env("LEASE_AT_INSERT")},

@@ -153,9 +153,6 @@ func newSecretFile(path string) (*secretFile, error) {
 	if err := checkSecretPath(path); err != nil {
 		return nil, err
 	}
-	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
-		return nil, usagef("--secret-file %q is a directory", path)
-	}
 	dir, base := filepath.Split(path)
 	if dir == "" {
 		dir = "."
@@ -168,10 +165,14 @@ func newSecretFile(path string) (*secretFile, error) {
 	return &secretFile{path: path, tmp: tmp}, nil
 }
 
-// checkSecretPath refuses a --secret-file that cannot name a file.
+// checkSecretPath refuses a --secret-file that cannot name a file. A file
+// that does not exist yet is fine: docker-compose writes it later.
 func checkSecretPath(path string) error {
 	if path == "" || strings.HasSuffix(path, "/") {
 		return usagef("--secret-file %q names no file", path)
+	}
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		return usagef("--secret-file %q is a directory", path)
 	}
 	return nil
 }
@@ -279,6 +280,9 @@ func exampleConsumerCommand(d *deps) *cli.Command {
 			}
 			ctx, stop := signalContext(ctx, nopLogger())
 			defer stop()
+			// Whoever watches this consumer answer 503s learns why, once
+			// per reason rather than once per request.
+			var lastMissing atomic.Value // string
 			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				body, err := io.ReadAll(io.LimitReader(r.Body, 2<<20))
 				if err != nil {
@@ -291,9 +295,17 @@ func exampleConsumerCommand(d *deps) *cli.Command {
 				raw, err := os.ReadFile(cmd.String("secret-file"))
 				secret := strings.TrimSpace(string(raw))
 				if err != nil || secret == "" {
+					why := "it is empty"
+					if err != nil {
+						why = err.Error()
+					}
+					if lastMissing.Swap(why) != why {
+						fmt.Fprintf(d.stdout, "no signing secret yet (%s): answering 503 until there is one\n", why)
+					}
 					http.Error(w, "no secret yet", http.StatusServiceUnavailable)
 					return
 				}
+				lastMissing.Store("")
 				if err := bellhop.VerifyPush(secret, r.Header, body, time.Now(), cmd.Duration("replay-window")); err != nil {
 					fmt.Fprintf(d.stdout, "rejected a request: %v\n", err)
 					http.Error(w, err.Error(), http.StatusUnauthorized)

@@ -96,8 +96,30 @@ func isUsage(err error) bool {
 	return false
 }
 
+// oneLine folds a multi-line error into one line. pgx's connect errors
+// put each attempt on an indented line after a colon, and sslmode=prefer
+// (the default) makes two attempts that fail alike: repeats are dropped.
 func oneLine(err error) string {
-	return strings.ReplaceAll(strings.TrimSpace(err.Error()), "\n", "; ")
+	var parts []string
+	for _, l := range strings.Split(err.Error(), "\n") {
+		l = strings.TrimSpace(l)
+		if l == "" || len(parts) > 0 && parts[len(parts)-1] == l {
+			continue
+		}
+		parts = append(parts, l)
+	}
+	var b strings.Builder
+	for i, p := range parts {
+		switch {
+		case i == 0:
+		case strings.HasSuffix(parts[i-1], ":"):
+			b.WriteString(" ")
+		default:
+			b.WriteString("; ")
+		}
+		b.WriteString(p)
+	}
+	return b.String()
 }
 
 // isFlagError recognises the CLI library's own parse errors.

@@ -164,6 +164,18 @@ func allowedHosts(cmd *cli.Command) ([]string, error) {
 	return hosts, nil
 }
 
+// checkPushURL refuses a --url that the library would refuse, or that the
+// daemon would not push to under these allowed hosts, naming the flag.
+func checkPushURL(url string, hosts []string) error {
+	if err := validate.PushURL(url); err != nil {
+		return usagef("--url: %w", err)
+	}
+	if err := httppush.New(httppush.Options{AllowedHosts: hosts}).CheckURL(url); err != nil {
+		return usagef("--url: %w", err)
+	}
+	return nil
+}
+
 // Consumer flag defaults are the library's defaults.
 func consumerSettingFlags(withDefaults bool) []cli.Flag {
 	def := func(v time.Duration) time.Duration {
@@ -262,8 +274,8 @@ func consumerCommand(d *deps) *cli.Command {
 				if err != nil {
 					return err
 				}
-				if err := httppush.New(httppush.Options{AllowedHosts: hosts}).CheckURL(cmd.String("url")); err != nil {
-					return usageError{err}
+				if err := checkPushURL(cmd.String("url"), hosts); err != nil {
+					return err
 				}
 				if err := validate.QueueName(cmd.String("queue")); err != nil {
 					return usagef("--queue: %w", err)
@@ -343,8 +355,8 @@ func consumerCommand(d *deps) *cli.Command {
 				var u bellhop.ConsumerUpdate
 				if cmd.IsSet("url") {
 					url := cmd.String("url")
-					if err := httppush.New(httppush.Options{AllowedHosts: hosts}).CheckURL(url); err != nil {
-						return usageError{err}
+					if err := checkPushURL(url, hosts); err != nil {
+						return err
 					}
 					u.URL = &url
 				}
@@ -428,9 +440,10 @@ func enqueueCommand(d *deps) *cli.Command {
 			if err != nil {
 				return err
 			}
-			if cmd.IsSet("max-attempts") && cmd.Int("max-attempts") <= 0 {
-				// The library reads 0 as "the default"; given explicitly it is a mistake.
-				return usagef("--max-attempts %d: must be at least 1", cmd.Int("max-attempts"))
+			if n := cmd.Int("max-attempts"); cmd.IsSet("max-attempts") && (n < 1 || n > validate.MaxAttempts) {
+				// The library reads 0 as "the default"; given explicitly it is
+				// a mistake, and the library's message would say otherwise.
+				return usagef("--max-attempts %d: must be 1 to %d", n, validate.MaxAttempts)
 			}
 			if cmd.Duration("delay") < 0 {
 				return usagef("--delay %s: must not be negative", cmd.Duration("delay"))

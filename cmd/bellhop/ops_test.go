@@ -289,7 +289,7 @@ func TestEnqueueStdin(t *testing.T) {
 			wantErr: "line 607: enqueue to app shop: message 101 of 101"},
 		{name: "lone surrogate", stdin: lines(600, 0) + `"\ud800"` + "\n", wantCode: 2, wantErr: `line 607: payload is not a JSON value: it contains \ud800`},
 		{name: "payload nested too deep", stdin: lines(600, 0) + strings.Repeat("[", 200) + strings.Repeat("]", 200) + "\n", wantCode: 2, wantErr: "line 607: payload is not a JSON value: nested 200 deep"},
-		{name: "bad --max-attempts", stdin: lines(600, 0), flags: []string{"--max-attempts", "1001"}, wantCode: 2, wantErr: "max attempts 1001 is outside 1..1000"},
+		{name: "bad --max-attempts", stdin: lines(600, 0), flags: []string{"--max-attempts", "1001"}, wantCode: 2, wantErr: "--max-attempts 1001: must be 1 to 1000"},
 		{name: "--at too far ahead", stdin: lines(600, 0), flags: []string{"--at", "2999-01-01T00:00:00Z"}, wantCode: 2, wantErr: "deliver-after 2999-01-01T00:00:00Z is more than"},
 		// The app is checked by the database, with the first batch.
 		{name: "unknown app", stdin: lines(600, 0), flags: []string{"--app", "nope"}, wantCode: 2,
@@ -368,6 +368,21 @@ func TestExampleConsumerSecretFile(t *testing.T) {
 		if got := push(); got != tt.want {
 			t.Errorf("secret file %s: HTTP %d, want %d", tt.name, got, tt.want)
 		}
+	}
+	// Whoever watches the consumer answer 503s is told why, once per
+	// reason: "empty" and "blank" share theirs. The delivery's line comes
+	// after them on the same pipe, so once it is read, they all are.
+	consumer.waitLine(false, regexp.MustCompile(`message .* attempt .*: 2 bytes$`), 20*time.Second)
+	consumer.mu.Lock()
+	var why []string
+	for _, l := range consumer.out {
+		if m := regexp.MustCompile(`^no signing secret yet \((.*)\): answering 503 until there is one$`).FindStringSubmatch(l); m != nil {
+			why = append(why, m[1])
+		}
+	}
+	consumer.mu.Unlock()
+	if len(why) != 2 || !strings.Contains(why[0], "no such file or directory") || why[1] != "it is empty" {
+		t.Errorf("lines about the missing secret give %q; want the missing file's error, then \"it is empty\"", why)
 	}
 }
 

@@ -202,7 +202,9 @@ func (p *Pusher) CloseIdleConnections() { p.client.CloseIdleConnections() }
 // CheckURL returns an error if raw is not an absolute http or https URL
 // with a host, or if its host is not allowed by Options.AllowedHosts. The
 // CLI calls it at registration so that a URL the daemon would refuse is
-// refused up front, not discovered when messages pile up.
+// refused up front, not discovered when messages pile up. Its errors, and
+// CheckAllowedHosts's, do not name this package: they reach users, whose
+// callers prefix the input they checked (a flag, a setting).
 func (p *Pusher) CheckURL(raw string) error {
 	_, err := p.parseURL(raw)
 	return err
@@ -210,7 +212,7 @@ func (p *Pusher) CheckURL(raw string) error {
 
 func (p *Pusher) parseURL(raw string) (*url.URL, error) {
 	if raw == "" {
-		return nil, errors.New("httppush: consumer has no URL")
+		return nil, errors.New("consumer has no URL")
 	}
 	u, err := url.Parse(raw)
 	// Errors show the URL without its password: they end up in logs.
@@ -221,27 +223,27 @@ func (p *Pusher) parseURL(raw string) (*url.URL, error) {
 		if errors.As(err, &ue) {
 			err = ue.Err // its text repeats the URL
 		}
-		return nil, fmt.Errorf("httppush: invalid URL %s: %v", shown, err)
+		return nil, fmt.Errorf("invalid URL %s: %v", shown, err)
 	case u.Scheme != "http" && u.Scheme != "https":
-		return nil, fmt.Errorf("httppush: URL %s: scheme must be http or https", shown)
+		return nil, fmt.Errorf("URL %s: scheme must be http or https", shown)
 	case u.Hostname() == "":
-		return nil, fmt.Errorf("httppush: URL %s has no host", shown)
+		return nil, fmt.Errorf("URL %s has no host", shown)
 	case u.User != nil:
 		// The signature authenticates instead.
-		return nil, fmt.Errorf("httppush: URL %s carries credentials", shown)
+		return nil, fmt.Errorf("URL %s carries credentials", shown)
 	}
 	if why := validate.BadPort(u); why != "" {
-		return nil, fmt.Errorf("httppush: URL %s: %s", shown, why)
+		return nil, fmt.Errorf("URL %s: %s", shown, why)
 	}
 	if p.restricted && !isASCII(u.Hostname()) {
 		// Compared as written, a name such as "servİce" would lower-case
 		// to an allowed "service", while net/http dials its IDNA form, a
 		// different domain.
-		return nil, fmt.Errorf("httppush: host %s is not ASCII: with allowed hosts set, give an internationalised name in its xn-- form",
+		return nil, fmt.Errorf("host %s is not ASCII: with allowed hosts set, give an internationalised name in its xn-- form",
 			quote(u.Hostname()))
 	}
 	if !p.hostAllowed(u.Hostname()) {
-		return nil, fmt.Errorf("httppush: host %s is not in the allowed hosts", quote(u.Hostname()))
+		return nil, fmt.Errorf("host %s is not in the allowed hosts", quote(u.Hostname()))
 	}
 	return u, nil
 }
@@ -278,11 +280,11 @@ func CheckAllowedHosts(hosts []string) error {
 		}
 		blank = false
 		if err := checkAllowedHost(h); err != nil {
-			return fmt.Errorf("httppush: allowed host %s: %w", quote(strings.TrimSpace(raw)), err)
+			return fmt.Errorf("allowed host %s: %w", quote(strings.TrimSpace(raw)), err)
 		}
 	}
 	if blank && len(hosts) > 0 {
-		return fmt.Errorf("httppush: allowed hosts %q has only blank entries; to allow every host, give none", hosts)
+		return fmt.Errorf("allowed hosts %q has only blank entries; to allow every host, give none", hosts)
 	}
 	return nil
 }
@@ -361,7 +363,7 @@ func normalizeHost(h string) string {
 func (p *Pusher) Handler(c bellhop.Consumer) (bellhop.Handler, error) {
 	u, err := p.parseURL(c.URL)
 	if err != nil {
-		return nil, fmt.Errorf("consumer %s: %w", c.ID, err)
+		return nil, fmt.Errorf("consumer %s: httppush: %w", c.ID, err)
 	}
 	if c.Secret == "" {
 		// Sending unsigned requests would teach consumers to accept them.
