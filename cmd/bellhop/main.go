@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"strings"
 	"time"
 
@@ -57,7 +58,12 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if url := app.String("database-url"); url != "" {
 		shown = pgdsn.RedactError(err, url)
 	}
-	fmt.Fprintf(stderr, "bellhop: %s%s\n", oneLine(shown), hint(err))
+	msg := oneLine(shown)
+	if isFlagError(err) {
+		// The flag package writes one dash; the docs and --help write two.
+		msg = singleDashFlag.ReplaceAllString(msg, "${1}--$2")
+	}
+	fmt.Fprintf(stderr, "bellhop: %s%s\n", msg, hint(err))
 	if isUsage(err) {
 		return 2
 	}
@@ -123,6 +129,10 @@ func oneLine(err error) string {
 }
 
 // isFlagError recognises the CLI library's own parse errors.
+// singleDashFlag finds a long flag named with one dash in the flag package's
+// errors ("flag provided but not defined: -x", "invalid value ... for flag -x").
+var singleDashFlag = regexp.MustCompile(`(not defined: |for flag )-(\w\w)`)
+
 func isFlagError(err error) bool {
 	s := err.Error()
 	for _, p := range []string{"flag provided but not defined", "invalid value", "Required flag", "required flag",
