@@ -60,13 +60,17 @@ type ConsumerSpec struct {
 	Timeout time.Duration
 }
 
-// Consumer is a registered queue consumer.
+// Consumer is a registered queue consumer. The settings it shares with
+// ConsumerSpec mean what they mean there, defaults filled in.
 type Consumer struct {
-	ID                uuid.UUID
-	AppID             uuid.UUID
-	App               string
-	Queue             string
-	PrincipalID       uuid.UUID
+	ID    uuid.UUID
+	AppID uuid.UUID
+	App   string
+	Queue string
+	// PrincipalID is the principal its deliveries act as.
+	PrincipalID uuid.UUID
+	// Enabled is false while the consumer is paused (SetConsumerEnabled):
+	// its messages stay queued.
 	Enabled           bool
 	MaxAttempts       int
 	BackoffBase       time.Duration
@@ -74,7 +78,10 @@ type Consumer struct {
 	VisibilityTimeout time.Duration
 	MaxInFlight       int
 	CreatedAt         time.Time
-	LastFiredAt       *time.Time
+	// LastFiredAt is about when a dispatcher last delivered to it (nil:
+	// never). Dispatchers record it at most about once a second per
+	// consumer; it is for people, not for scheduling.
+	LastFiredAt *time.Time
 	// URL and Timeout: see ConsumerSpec. Timeout 0 means the default.
 	URL     string
 	Timeout time.Duration
@@ -248,7 +255,10 @@ func (c *Client) RegisterConsumer(ctx context.Context, spec ConsumerSpec) (Consu
 }
 
 // ConsumerUpdate changes some of a consumer's settings; nil fields stay.
+// The settings take the values ConsumerSpec allows, except that URL cannot
+// be added to a Go handler's consumer or removed from a push consumer.
 type ConsumerUpdate struct {
+	// Enabled pauses (false) or resumes (true) the consumer.
 	Enabled           *bool
 	MaxAttempts       *int
 	BackoffBase       *time.Duration

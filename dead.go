@@ -32,9 +32,12 @@ type DeadLetter struct {
 	Payload      json.RawMessage
 	EnqueuedAt   time.Time
 	DeliverAfter *time.Time
-	Attempt      int
-	MaxAttempts  int
-	EnqueuedBy   *uuid.UUID
+	// Attempt is the number of the last delivery attempt, of MaxAttempts.
+	Attempt     int
+	MaxAttempts int
+	// EnqueuedBy is the principal that enqueued the message (nil: a plain
+	// INSERT that named none).
+	EnqueuedBy *uuid.UUID
 	// LastError says why it died: its handler's last error (for an HTTP
 	// consumer, with the start of the response body), as valid UTF-8 of
 	// at most claim.MaxErrorBytes (16 KiB), or that its last lease ran
