@@ -20,6 +20,7 @@ import (
 	"github.com/bellhopq/bellhop/internal/busylock"
 	"github.com/bellhopq/bellhop/internal/logthrottle"
 	"github.com/bellhopq/bellhop/internal/timeout"
+	"github.com/bellhopq/bellhop/internal/validate"
 	"github.com/bellhopq/bellhop/migrations"
 	"github.com/bellhopq/bellhop/notify"
 	"github.com/bellhopq/bellhop/reclaim"
@@ -67,15 +68,16 @@ type DispatcherConfig struct {
 	// PollInterval: see DefaultPollInterval. At least 100ms: each poll
 	// is a statement, however idle the dispatcher.
 	PollInterval time.Duration
-	// ReconnectDelay is the listener's pause between reconnects (2s).
+	// ReconnectDelay is the listener's pause between reconnects (2s, at
+	// least 50ms).
 	ReconnectDelay time.Duration
 	// HeartbeatTimeout bounds how long the poll's heartbeat may take to
-	// reach the listener before it is reconnected (5s).
+	// reach the listener before it is reconnected (5s, at least 100ms).
 	HeartbeatTimeout time.Duration
 	// ShutdownGrace: see DefaultShutdownGrace.
 	ShutdownGrace time.Duration
 	// DefaultVisibilityTimeout applies to leases on queues that have no
-	// consumer (30s); whole seconds, at least 1s.
+	// consumer (30s); whole seconds, 1s to 12h, as a consumer's.
 	DefaultVisibilityTimeout time.Duration
 	// BusyLease is the lease of a busy mark (2s): while the dispatcher
 	// finds a queue busy (see BusyWindow), producers of that queue skip
@@ -83,7 +85,8 @@ type DispatcherConfig struct {
 	// mark producers see is an advisory lock on a connection of the
 	// dispatcher's own; it ends with the dispatcher, or, if the dispatcher
 	// hangs, after BusyLease of silence (idle_session_timeout). Other
-	// dispatchers look again every BusyLease while a mark lasts.
+	// dispatchers look again every BusyLease while a mark lasts. 10ms to
+	// 1h, and at least four times BusyWindow.
 	BusyLease time.Duration
 	// BusyWindow (4ms) decides when a queue counts as busy: when a claim
 	// pass fills the consumer's free slots, or when it finds messages
@@ -284,11 +287,13 @@ func (cl *consumerLanes) stop(tidy bool) {
 // inserts, on their own connections, keep the server's setting. The pool's
 // ShouldPing is replaced: see the comment where it is set.
 func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, error) {
-	if cfg.Resolver == nil {
-		return nil, errors.New("bellhop: DispatcherConfig.Resolver is required")
+	if isNil(cfg.Resolver) {
+		// A typed nil, such as a (*Mux)(nil), would panic on every
+		// consumer, and no queue would be served.
+		return nil, fmt.Errorf("bellhop: DispatcherConfig.Resolver is required (got %T(nil)): %w", cfg.Resolver, ErrInvalidOptions)
 	}
 	if poolCfg == nil || poolCfg.ConnConfig == nil {
-		return nil, errors.New("bellhop: a pool config is required (make it with pgxpool.ParseConfig)")
+		return nil, fmt.Errorf("bellhop: a pool config is required (make it with pgxpool.ParseConfig): %w", ErrInvalidOptions)
 	}
 	if err := cfg.checkSigns(); err != nil {
 		return nil, err
@@ -318,15 +323,25 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 	if cfg.PollInterval < 100*time.Millisecond {
 		return nil, fmt.Errorf("bellhop: DispatcherConfig.PollInterval (%s) must be at least 100ms: %w", cfg.PollInterval, ErrInvalidOptions)
 	}
-	// Both go to the database in whole units: a visibility timeout in
-	// seconds, the busy mark's idle_session_timeout in milliseconds, where
-	// 0 turns the timeout off (a hung dispatcher's mark would last).
-	if cfg.DefaultVisibilityTimeout < time.Second || cfg.DefaultVisibilityTimeout%time.Second != 0 {
-		return nil, fmt.Errorf("bellhop: DispatcherConfig.DefaultVisibilityTimeout (%s) must be a whole number of seconds, at least 1s: %w",
-			cfg.DefaultVisibilityTimeout, ErrInvalidOptions)
+	// Below these, the listener would reconnect in a tight loop: on every
+	// heartbeat, or as fast as the server refuses it.
+	if cfg.ReconnectDelay != 0 && cfg.ReconnectDelay < 50*time.Millisecond {
+		return nil, fmt.Errorf("bellhop: DispatcherConfig.ReconnectDelay (%s) must be at least 50ms: %w", cfg.ReconnectDelay, ErrInvalidOptions)
 	}
-	if cfg.BusyLease < 10*time.Millisecond {
-		return nil, fmt.Errorf("bellhop: DispatcherConfig.BusyLease (%s) must be at least 10ms: %w", cfg.BusyLease, ErrInvalidOptions)
+	if cfg.HeartbeatTimeout != 0 && cfg.HeartbeatTimeout < 100*time.Millisecond {
+		return nil, fmt.Errorf("bellhop: DispatcherConfig.HeartbeatTimeout (%s) must be at least 100ms: %w", cfg.HeartbeatTimeout, ErrInvalidOptions)
+	}
+	// Both go to the database in whole units: a visibility timeout in
+	// seconds, as a consumer's, within a consumer's range (an int4 there);
+	// the busy mark's idle_session_timeout in milliseconds, where 0 turns
+	// the timeout off (a hung dispatcher's mark would last) and over
+	// about 24 days is refused.
+	if vt := cfg.DefaultVisibilityTimeout; vt < time.Second || vt > validate.MaxVisibility || vt%time.Second != 0 {
+		return nil, fmt.Errorf("bellhop: DispatcherConfig.DefaultVisibilityTimeout (%s) must be a whole number of seconds, 1s to %s: %w",
+			vt, validate.MaxVisibility, ErrInvalidOptions)
+	}
+	if cfg.BusyLease < 10*time.Millisecond || cfg.BusyLease > time.Hour {
+		return nil, fmt.Errorf("bellhop: DispatcherConfig.BusyLease (%s) must be 10ms to 1h: %w", cfg.BusyLease, ErrInvalidOptions)
 	}
 	if cfg.BusyWindow > cfg.BusyLease/4 {
 		return nil, fmt.Errorf("bellhop: DispatcherConfig.BusyWindow (%s%s) must be at most a quarter of BusyLease (%s): %w",
@@ -562,7 +577,7 @@ func (d *Dispatcher) resolve(c Consumer) (h Handler) {
 			h = nil
 		}
 	}()
-	if h = d.cfg.Resolver.Resolve(c); nilHandler(h) {
+	if h = d.cfg.Resolver.Resolve(c); isNil(h) {
 		return nil
 	}
 	return h

@@ -217,7 +217,7 @@ func NewMux() *Mux { return &Mux{} }
 // HandlerFunc or pointer): that is a programming error, which would
 // otherwise show only as the queue never being served.
 func (m *Mux) Handle(app, queue string, h Handler) {
-	if nilHandler(h) {
+	if isNil(h) {
 		panic("bellhop: Mux.Handle of " + app + "/" + queue + " with a nil handler")
 	}
 	m.mu.Lock()
@@ -235,15 +235,16 @@ func (m *Mux) Resolve(c Consumer) Handler {
 	return m.handlers[[2]string{c.App, c.Queue}]
 }
 
-// nilHandler reports whether h is nil, or holds a nil pointer, func, map,
-// slice or channel, which would panic on its first delivery.
-func nilHandler(h Handler) bool {
-	if h == nil {
+// isNil reports whether v is nil or holds a nil pointer, func, map, slice
+// or channel: a typed nil that an interface's nil check lets through, and
+// that would panic when first called (a Handler, a Resolver).
+func isNil(v any) bool {
+	if v == nil {
 		return true
 	}
-	switch v := reflect.ValueOf(h); v.Kind() {
+	switch r := reflect.ValueOf(v); r.Kind() {
 	case reflect.Pointer, reflect.Func, reflect.Map, reflect.Slice, reflect.Chan:
-		return v.IsNil()
+		return r.IsNil()
 	}
 	return false
 }

@@ -490,6 +490,17 @@ func TestNewDispatcherRefusesBadConfig(t *testing.T) {
 		{"negative StatementTimeout", bellhop.DispatcherConfig{StatementTimeout: -time.Second}, "StatementTimeout (-1s) must not be negative"},
 		{"10ms StatementTimeout", bellhop.DispatcherConfig{StatementTimeout: 10 * time.Millisecond}, "StatementTimeout (10ms) must be at least 100ms"},
 		{"BusyLease at its minimum, default window", bellhop.DispatcherConfig{BusyLease: 10 * time.Millisecond}, "BusyWindow (4ms, the default) must be at most a quarter of BusyLease (10ms)"},
+		// A 100-year visibility timeout overflowed the int4 seconds that
+		// reclaim passes and polls send: every one of them failed. A 30-day
+		// BusyLease overflowed idle_session_timeout: no busy key was held.
+		{"100-year visibility timeout", bellhop.DispatcherConfig{DefaultVisibilityTimeout: 100 * 365 * 24 * time.Hour}, "must be a whole number of seconds, 1s to 12h0m0s"},
+		{"visibility timeout over 12h", bellhop.DispatcherConfig{DefaultVisibilityTimeout: 12*time.Hour + time.Second}, "DefaultVisibilityTimeout (12h0m1s)"},
+		{"30-day BusyLease", bellhop.DispatcherConfig{BusyLease: 30 * 24 * time.Hour}, "BusyLease (720h0m0s) must be 10ms to 1h"},
+		{"BusyLease below 10ms", bellhop.DispatcherConfig{BusyLease: 9 * time.Millisecond, BusyWindow: time.Millisecond}, "BusyLease (9ms) must be 10ms to 1h"},
+		// A 1ns heartbeat timeout reconnected the listener on every
+		// heartbeat; a 1ns reconnect delay retried a down server without pause.
+		{"1ns HeartbeatTimeout", bellhop.DispatcherConfig{HeartbeatTimeout: time.Nanosecond}, "HeartbeatTimeout (1ns) must be at least 100ms"},
+		{"1ns ReconnectDelay", bellhop.DispatcherConfig{ReconnectDelay: time.Nanosecond}, "ReconnectDelay (1ns) must be at least 50ms"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.dc.Resolver = bellhop.NewMux()
@@ -501,7 +512,32 @@ func TestNewDispatcherRefusesBadConfig(t *testing.T) {
 	}
 	// The limits themselves are accepted.
 	if _, err := bellhop.NewDispatcher(cfg, bellhop.DispatcherConfig{Resolver: bellhop.NewMux(), PollInterval: 100 * time.Millisecond,
-		DefaultVisibilityTimeout: time.Second, BusyLease: 16 * time.Millisecond, StatementTimeout: 100 * time.Millisecond}); err != nil {
-		t.Errorf("NewDispatcher at the limits: %v", err)
+		DefaultVisibilityTimeout: time.Second, BusyLease: 16 * time.Millisecond, StatementTimeout: 100 * time.Millisecond,
+		ReconnectDelay: 50 * time.Millisecond, HeartbeatTimeout: 100 * time.Millisecond}); err != nil {
+		t.Errorf("NewDispatcher at the lower limits: %v", err)
+	}
+	if _, err := bellhop.NewDispatcher(cfg, bellhop.DispatcherConfig{Resolver: bellhop.NewMux(),
+		DefaultVisibilityTimeout: 12 * time.Hour, BusyLease: time.Hour}); err != nil {
+		t.Errorf("NewDispatcher at the upper limits: %v", err)
+	}
+	// A missing Resolver or pool config is a bad option too; a typed nil
+	// Resolver, such as a nil *Mux, panicked on every consumer instead.
+	var nilMux *bellhop.Mux
+	for _, tc := range []struct {
+		name string
+		pc   *pgxpool.Config
+		r    bellhop.Resolver
+		want string
+	}{
+		{"no Resolver", cfg, nil, "DispatcherConfig.Resolver is required"},
+		{"nil *Mux", cfg, nilMux, "DispatcherConfig.Resolver is required (got *bellhop.Mux(nil))"},
+		{"no pool config", nil, bellhop.NewMux(), "a pool config is required"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := bellhop.NewDispatcher(tc.pc, bellhop.DispatcherConfig{Resolver: tc.r})
+			if !errors.Is(err, bellhop.ErrInvalidOptions) || !strings.Contains(fmt.Sprint(err), tc.want) {
+				t.Errorf("NewDispatcher: %v; want ErrInvalidOptions saying %q", err, tc.want)
+			}
+		})
 	}
 }
