@@ -173,6 +173,7 @@ func (c *Client) CreatePrincipal(ctx context.Context, app, name string) (uuid.UU
 // on it: the Client's own principal (which must belong to the app), or
 // else the app's principal called principal ("" means "default").
 func (c *Client) resolve(ctx context.Context, q querier, app, principal string) (appID, principalID uuid.UUID, err error) {
+	named := principal
 	if principal == "" {
 		principal = "default"
 	}
@@ -183,9 +184,10 @@ func (c *Client) resolve(ctx context.Context, q querier, app, principal string) 
 		return uuid.Nil, uuid.Nil, fmt.Errorf("%w %q in app %q", ErrUnknownPrincipal, printable(principal), printable(app))
 	}
 	var pid *uuid.UUID
+	var pname *string
 	err = q.QueryRow(ctx, queries.PrincipalLookup, queries.Args{
 		"app_name": app, "principal_name": principal, "principal_id": c.principalArg(),
-	}).Scan(&appID, &pid)
+	}).Scan(&appID, &pid, &pname)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return uuid.Nil, uuid.Nil, fmt.Errorf("%w %q", ErrUnknownApp, printable(app))
@@ -195,6 +197,11 @@ func (c *Client) resolve(ctx context.Context, q querier, app, principal string) 
 		return uuid.Nil, uuid.Nil, fmt.Errorf("%w: principal %s does not belong to app %q", ErrForbidden, c.actor, printable(app))
 	case pid == nil:
 		return uuid.Nil, uuid.Nil, fmt.Errorf("%w %q in app %q", ErrUnknownPrincipal, printable(principal), printable(app))
+	case !c.operator && named != "" && *pname != named:
+		// Looked up by id, the client's own principal was found whatever
+		// name was asked for: naming another is not allowed.
+		return uuid.Nil, uuid.Nil, fmt.Errorf("%w: a client acting as principal %s (%q) cannot act as principal %q",
+			ErrForbidden, c.actor, printable(*pname), printable(named))
 	}
 	return appID, *pid, nil
 }

@@ -30,7 +30,9 @@ type ConsumerSpec struct {
 	App   string
 	Queue string
 	// Principal names the principal that registers the consumer; its
-	// deliveries act as that principal. "" means the app's "default".
+	// deliveries act as that principal. "" means the app's "default"; for
+	// a Client made with As, it means that principal, and any other name
+	// than its own is ErrForbidden.
 	Principal string
 	// MaxAttempts is the retry policy's attempt limit (1 to 1000). It is
 	// also the default max_attempts of messages enqueued to this queue

@@ -72,6 +72,8 @@ func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, app, queue string, pa
 
 // EnqueueMany adds a batch of messages to app's queues in one statement and
 // returns their ids in order. If any message is invalid, none is written.
+// An empty batch writes nothing, and fails as a batch would for an unknown
+// app or a principal that is not of app.
 func (c *Client) EnqueueMany(ctx context.Context, app string, msgs []NewMessage) ([]uuid.UUID, error) {
 	return c.enqueue(ctx, c.db, app, msgs)
 }
@@ -87,6 +89,11 @@ func (c *Client) enqueue(ctx context.Context, q querier, app string, msgs []NewM
 		return nil, enqueueError(app, msgs, -1, fmt.Errorf("%w %q", ErrUnknownApp, printable(app)))
 	}
 	if len(msgs) == 0 {
+		// Nothing to write, but the answer is the one a batch would get:
+		// an unknown app, or a principal of another app, is an error.
+		if _, _, err := c.resolve(ctx, q, app, ""); err != nil {
+			return nil, enqueueError(app, msgs, -1, err)
+		}
 		return nil, nil
 	}
 	n := len(msgs)

@@ -159,6 +159,26 @@ func TestPrincipalIsolation(t *testing.T) {
 			_, err := asA.Enqueue(e.ctx, "beta", "orders", []byte(`{}`), bellhop.EnqueueOptions{})
 			return err
 		}, bellhop.ErrForbidden},
+		// An empty batch writes nothing, but used to report success
+		// whatever the app and principal.
+		{"enqueue an empty batch to B", func() error {
+			_, err := asA.EnqueueMany(e.ctx, "beta", nil)
+			return err
+		}, bellhop.ErrForbidden},
+		{"enqueue an empty batch as no principal", func() error {
+			_, err := e.client.As(uuid.Nil).EnqueueMany(e.ctx, "alpha", nil)
+			return err
+		}, bellhop.ErrForbidden},
+		{"enqueue an empty batch to no app", func() error {
+			_, err := e.client.EnqueueMany(e.ctx, "no-such-app", []bellhop.NewMessage{})
+			return err
+		}, bellhop.ErrUnknownApp},
+		// Looked up by its id, the client's own principal was used
+		// whatever name the spec gave.
+		{"register in A as another principal", func() error {
+			_, err := asA.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "alpha", Queue: "other", Principal: "ghost"})
+			return err
+		}, bellhop.ErrForbidden},
 		{"add a principal to B", func() error {
 			_, err := asA.CreatePrincipal(e.ctx, "beta", "intruder")
 			return err
@@ -202,6 +222,15 @@ func TestPrincipalIsolation(t *testing.T) {
 	}
 	if ca.PrincipalID != a.DefaultPrincipal {
 		t.Errorf("consumer registered by %s, want %s", ca.PrincipalID, a.DefaultPrincipal)
+	}
+	if _, err := asA.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "alpha", Queue: "own-name", Principal: "default"}); err != nil {
+		t.Errorf("register in own app, naming its own principal: %v", err)
+	}
+	if _, err := asA.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "alpha", Queue: "as-worker", Principal: "worker"}); !errors.Is(err, bellhop.ErrForbidden) {
+		t.Errorf("register in own app as another of its principals: %v, want ErrForbidden", err)
+	}
+	if ids, err := asA.EnqueueMany(e.ctx, "alpha", nil); err != nil || len(ids) != 0 {
+		t.Errorf("enqueue an empty batch to own app: %v, %v; want no ids and no error", ids, err)
 	}
 	id, err := asA.Enqueue(e.ctx, "alpha", "orders", []byte(`{}`), bellhop.EnqueueOptions{})
 	if err != nil {
