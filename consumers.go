@@ -464,13 +464,19 @@ func (c *Client) consumerByID(ctx context.Context, app string, id uuid.UUID) (Co
 	return out, err
 }
 
-// ConsumerOf returns the consumer of app's queue, or ErrUnknownConsumer;
-// for a Client made with As, ErrForbidden if app is not its principal's.
+// ConsumerOf returns the consumer of app's queue, or ErrUnknownConsumer if
+// it has none. An invalid queue name is ErrInvalidQueueName, an unknown app
+// ErrUnknownApp, and, for a Client made with As, an app that is not its
+// principal's ErrForbidden.
 func (c *Client) ConsumerOf(ctx context.Context, app, queue string) (Consumer, error) {
-	if !c.operator {
-		if _, _, err := c.resolve(ctx, c.db, app, ""); err != nil {
-			return Consumer{}, fmt.Errorf("consumer of %s/%s: %w", printable(app), printable(queue), err)
-		}
+	fail := func(err error) (Consumer, error) {
+		return Consumer{}, fmt.Errorf("consumer of %s/%s: %w", printable(app), printable(queue), err)
+	}
+	if err := validate.QueueName(queue); err != nil {
+		return fail(err)
+	}
+	if _, _, err := c.resolve(ctx, c.db, app, ""); err != nil {
+		return fail(err)
 	}
 	rows, err := c.db.Query(ctx, queries.ConsumerGet, queries.Args{"id": nil, "app_name": app, "queue_name": queue, "with_secret": false})
 	if err == nil {
@@ -483,7 +489,7 @@ func (c *Client) ConsumerOf(ctx context.Context, app, queue string) (Consumer, e
 			err = ErrUnknownConsumer
 		}
 	}
-	return Consumer{}, fmt.Errorf("consumer of %s/%s: %w", printable(app), printable(queue), err)
+	return fail(err)
 }
 
 func scanConsumer(r pgx.CollectableRow) (Consumer, error) {

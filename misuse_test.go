@@ -327,6 +327,28 @@ func TestUnstorableInput(t *testing.T) {
 			_, err := e.client.CreatePrincipal(e.ctx, "sh\x00op", "ops")
 			return err
 		}, bellhop.ErrUnknownApp},
+		// ConsumerOf passed both names to the server: an encoding error
+		// for these, ErrUnknownConsumer for an unknown app or a bad name.
+		{"ConsumerOf, app not UTF-8", func() error {
+			_, err := e.client.ConsumerOf(e.ctx, "sh\xffop", "orders")
+			return err
+		}, bellhop.ErrUnknownApp},
+		{"ConsumerOf, queue with NUL", func() error {
+			_, err := e.client.ConsumerOf(e.ctx, "shop", "ord\x00ers")
+			return err
+		}, bellhop.ErrInvalidQueueName},
+		{"ConsumerOf, invalid queue name", func() error {
+			_, err := e.client.ConsumerOf(e.ctx, "shop", "bad queue!")
+			return err
+		}, bellhop.ErrInvalidQueueName},
+		{"ConsumerOf, unknown app", func() error {
+			_, err := e.client.ConsumerOf(e.ctx, "no-such-app", "orders")
+			return err
+		}, bellhop.ErrUnknownApp},
+		{"ConsumerOf, queue with no consumer", func() error {
+			_, err := e.client.ConsumerOf(e.ctx, "shop", "other")
+			return err
+		}, bellhop.ErrUnknownConsumer},
 	} {
 		if err := c.call(); !errors.Is(err, c.want) {
 			t.Errorf("%s: %v, want %v", c.name, err, c.want)
