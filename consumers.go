@@ -40,7 +40,7 @@ type ConsumerSpec struct {
 	MaxAttempts int
 	// BackoffBase and BackoffCap shape the delay before attempt n+1:
 	// min(BackoffCap, BackoffBase * 2^(n-1)), of which a random half is
-	// jitter. Base from 1ms, cap up to 24h.
+	// jitter. Whole milliseconds: base from 1ms, cap up to 24h.
 	BackoffBase time.Duration
 	BackoffCap  time.Duration
 	// VisibilityTimeout is the lease on a claimed message, whole seconds
@@ -56,9 +56,10 @@ type ConsumerSpec struct {
 	// there, signed with a secret generated at registration. "" means a
 	// Go handler serves the queue.
 	URL string
-	// Timeout bounds each HTTP push request. 0 means the visibility
-	// timeout minus its margin, so a request ends before its lease; a
-	// longer one is refused, since the lease would cut it short.
+	// Timeout bounds each HTTP push request, in whole milliseconds from
+	// 100ms. 0 means the visibility timeout minus its margin, so a request
+	// ends before its lease; a longer one is refused, since the lease
+	// would cut it short. Only a push consumer (URL set) takes one.
 	Timeout time.Duration
 }
 
@@ -128,6 +129,16 @@ func checkSettings(maxAttempts *int, base, capacity, vt *time.Duration, inFlight
 			return err
 		}
 	}
+	// The table keeps milliseconds: a finer duration would be stored cut
+	// short, unlike what RegisterConsumer returned.
+	for _, d := range []struct {
+		name string
+		d    *time.Duration
+	}{{"backoff base", base}, {"backoff cap", capacity}} {
+		if d.d != nil && *d.d%time.Millisecond != 0 {
+			return fmt.Errorf("%w: %s %s is not a whole number of milliseconds", ErrInvalidOptions, d.name, *d.d)
+		}
+	}
 	if base != nil && capacity != nil && *capacity < *base {
 		return fmt.Errorf("%w: backoff cap %s is below backoff base %s", ErrInvalidOptions, *capacity, *base)
 	}
@@ -158,9 +169,16 @@ func checkPush(url *string, timeout *time.Duration) error {
 		if err := validate.Duration("push timeout", *timeout, 100*time.Millisecond, validate.MaxVisibility); err != nil {
 			return err
 		}
+		if *timeout%time.Millisecond != 0 {
+			return fmt.Errorf("%w: push timeout %s is not a whole number of milliseconds", ErrInvalidOptions, *timeout)
+		}
 	}
 	return nil
 }
+
+// errTimeoutWithoutURL refuses a push timeout for a consumer served by a
+// Go handler, where it would do nothing.
+var errTimeoutWithoutURL = fmt.Errorf("%w: a push timeout applies only to an HTTP push consumer (one with a URL)", ErrInvalidOptions)
 
 // checkPushFits refuses a push timeout that the lease would cut short: a
 // request is abandoned when its handler's context ends, leaseMargin before
@@ -206,6 +224,9 @@ func (c *Client) RegisterConsumer(ctx context.Context, spec ConsumerSpec) (Consu
 	}
 	if err := checkPush(&spec.URL, &spec.Timeout); err != nil {
 		return fail(err)
+	}
+	if spec.URL == "" && spec.Timeout != 0 {
+		return fail(errTimeoutWithoutURL)
 	}
 	if err := checkPushFits(spec.Timeout, spec.VisibilityTimeout); err != nil {
 		return fail(err)
@@ -297,15 +318,18 @@ func (c *Client) updateConsumer(ctx context.Context, verb, app string, id uuid.U
 	if err != nil {
 		return fail(err)
 	}
-	if u.URL != nil {
-		// A consumer served by a Go handler has no signing secret to push
-		// with, and a secret made here could never be shown.
+	if newTimeout := u.Timeout != nil && *u.Timeout != 0; u.URL != nil || newTimeout {
 		cur, err := c.consumerByID(ctx, app, id)
 		if err != nil {
 			return fail(err)
 		}
-		if cur.URL == "" {
+		switch {
+		case cur.URL == "" && u.URL != nil:
+			// A consumer served by a Go handler has no signing secret to
+			// push with, and a secret made here could never be shown.
 			return fail(fmt.Errorf("%w: the consumer is served by a Go handler; remove it and register a push consumer", ErrInvalidOptions))
+		case cur.URL == "":
+			return fail(errTimeoutWithoutURL)
 		}
 	}
 	ms := func(d *time.Duration) *int64 {

@@ -112,6 +112,87 @@ func TestPushTimeoutMustFitLease(t *testing.T) {
 	}
 }
 
+// TestConsumerSettingsStoredAsGiven: what the table cannot keep as given
+// is refused, not stored changed. A 1.5ms backoff base was stored as 1ms
+// while RegisterConsumer returned 1.5ms, and a Go handler's consumer took
+// a push timeout that nothing would ever apply.
+func TestConsumerSettingsStoredAsGiven(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	e.app("shop")
+	const url = "http://consumer.test/hook"
+	goHandler, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "go"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	push, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "push", URL: url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dur := func(d time.Duration) *time.Duration { return &d }
+	for _, tc := range []struct {
+		name string
+		do   func() error
+		want string
+	}{
+		{"register, backoff base 1.5ms", func() error {
+			_, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "a", BackoffBase: 1500 * time.Microsecond})
+			return err
+		}, "backoff base 1.5ms is not a whole number of milliseconds"},
+		{"register, backoff cap 2.9ms", func() error {
+			_, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "a", BackoffBase: time.Millisecond, BackoffCap: 2900 * time.Microsecond})
+			return err
+		}, "backoff cap 2.9ms is not a whole number of milliseconds"},
+		{"register, push timeout 150.5ms", func() error {
+			_, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "a", URL: url, Timeout: 150500 * time.Microsecond})
+			return err
+		}, "push timeout 150.5ms is not a whole number of milliseconds"},
+		{"register a Go handler's consumer with a push timeout", func() error {
+			_, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "a", Timeout: time.Second})
+			return err
+		}, "a push timeout applies only to an HTTP push consumer"},
+		{"update, backoff base 1.5ms", func() error {
+			return e.client.UpdateConsumer(e.ctx, "shop", push.ID, bellhop.ConsumerUpdate{BackoffBase: dur(1500 * time.Microsecond)})
+		}, "backoff base 1.5ms is not a whole number of milliseconds"},
+		{"update, push timeout 150.5ms", func() error {
+			return e.client.UpdateConsumer(e.ctx, "shop", push.ID, bellhop.ConsumerUpdate{Timeout: dur(150500 * time.Microsecond)})
+		}, "push timeout 150.5ms is not a whole number of milliseconds"},
+		{"update a Go handler's consumer with a push timeout", func() error {
+			return e.client.UpdateConsumer(e.ctx, "shop", goHandler.ID, bellhop.ConsumerUpdate{Timeout: dur(time.Second)})
+		}, "a push timeout applies only to an HTTP push consumer"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := e.tableState("queue_trigger_details") + e.tableState("triggers")
+			err := tc.do()
+			fxCheckTyped(t, err, bellhop.ErrInvalidOptions)
+			if err != nil && !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %q does not say %q", err, tc.want)
+			}
+			if after := e.tableState("queue_trigger_details") + e.tableState("triggers"); after != before {
+				t.Errorf("refused call changed the consumers: %s, was %s", after, before)
+			}
+		})
+	}
+	// Resetting a Go handler's push timeout to the default does nothing,
+	// and is allowed; whole milliseconds are kept as given.
+	if err := e.client.UpdateConsumer(e.ctx, "shop", goHandler.ID, bellhop.ConsumerUpdate{Timeout: dur(0)}); err != nil {
+		t.Errorf("reset a Go handler's push timeout: %v", err)
+	}
+	c, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "ms", URL: url,
+		BackoffBase: 3 * time.Millisecond, BackoffCap: 7 * time.Millisecond, Timeout: 151 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := e.client.ConsumerOf(e.ctx, "shop", "ms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.BackoffBase != c.BackoffBase || got.BackoffCap != c.BackoffCap || got.Timeout != c.Timeout || got.Timeout != 151*time.Millisecond {
+		t.Errorf("stored base %s, cap %s, timeout %s; RegisterConsumer returned %s, %s, %s",
+			got.BackoffBase, got.BackoffCap, got.Timeout, c.BackoffBase, c.BackoffCap, c.Timeout)
+	}
+}
+
 // TestUpdateBackoffCapBelowBase: an update that would leave the backoff
 // cap below the base is refused with ErrInvalidOptions naming both values,
 // as RegisterConsumer's refusal does, also when it gives only one of the
