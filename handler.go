@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/bellhopq/bellhop/claim"
+	"github.com/bellhopq/bellhop/internal/validate"
 )
 
 // Handler handles one delivery, in the spirit of http.Handler.
@@ -171,8 +172,12 @@ func (l *lease) timeout() time.Duration {
 }
 
 // RetryAfter makes a handler's delivery fail and be retried after d
-// (counting as an attempt), instead of after the consumer's backoff.
-func RetryAfter(d time.Duration) error { return &retryAfterError{d: max(d, 0)} }
+// (counting as an attempt), instead of after the consumer's backoff. A
+// negative d means at once, and d is cut to 10 years, the longest delay
+// Enqueue takes.
+func RetryAfter(d time.Duration) error {
+	return &retryAfterError{d: min(max(d, 0), validate.MaxDelay)}
+}
 
 type retryAfterError struct{ d time.Duration }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -561,5 +562,26 @@ func TestNewDispatcherRefusesBadConfig(t *testing.T) {
 				t.Errorf("NewDispatcher: %v; want ErrInvalidOptions saying %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestRetryAfterBounds: RetryAfter's delay is at least 0 and at most 10
+// years, the longest delay Enqueue takes; a handler's 290-year retry
+// parked its message past any horizon.
+func TestRetryAfterBounds(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		d    time.Duration
+		want string
+	}{
+		{-5 * time.Second, "retry after 0s"},
+		{0, "retry after 0s"},
+		{1500 * time.Millisecond, "retry after 1.5s"},
+		{10 * 365 * 24 * time.Hour, "retry after 87600h0m0s"},
+		{math.MaxInt64, "retry after 87600h0m0s"},
+	} {
+		if got := bellhop.RetryAfter(tt.d).Error(); got != tt.want {
+			t.Errorf("RetryAfter(%s) = %q, want %q", tt.d, got, tt.want)
+		}
 	}
 }
