@@ -218,7 +218,8 @@ func NewMux() *Mux { return &Mux{} }
 // running dispatcher asks its Resolver again only when it reloads its
 // consumers, which it does when a consumer is registered, changed,
 // paused, resumed or removed, or its listener reconnects, and not on a
-// timer. Like net/http's ServeMux, it panics if h is nil (or a nil
+// timer. A second Handle of the same app and queue replaces the first.
+// Like net/http's ServeMux, it panics if h is nil (or a nil
 // HandlerFunc or pointer): that is a programming error, which would
 // otherwise show only as the queue never being served.
 func (m *Mux) Handle(app, queue string, h Handler) {

@@ -369,6 +369,13 @@ func TestZeroMux(t *testing.T) {
 	if m.Resolve(bellhop.Consumer{App: "shop", Queue: "orders"}) == nil {
 		t.Error("the zero Mux lost its handler")
 	}
+	// A second Handle of the same queue replaces the first.
+	first, second := &namedHandler{"first"}, &namedHandler{"second"}
+	m.Handle("shop", "twice", first)
+	m.Handle("shop", "twice", second)
+	if got := m.Resolve(bellhop.Consumer{App: "shop", Queue: "twice"}); got != bellhop.Handler(second) {
+		t.Errorf("after two Handles the Mux resolves %p, want the second, %p (first %p)", got, second, first)
+	}
 	for name, nilH := range map[string]bellhop.Handler{"nil": nil, "nil HandlerFunc": bellhop.HandlerFunc(nil)} {
 		func() {
 			defer func() {
@@ -585,3 +592,8 @@ func TestRetryAfterBounds(t *testing.T) {
 		}
 	}
 }
+
+// namedHandler is a Handler with an identity, to compare.
+type namedHandler struct{ name string }
+
+func (h *namedHandler) Handle(context.Context, *bellhop.Message) error { return nil }
