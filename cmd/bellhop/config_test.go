@@ -382,7 +382,7 @@ func envKeys(f cli.Flag) []string {
 
 // TestHelpDocumentsFlags: every command's --help (from the real binary)
 // lists each of its flags with its usage and, where a variable sets it,
-// the variable; the daemon's settings all have one.
+// the variable; the daemon's settings all have one; required flags say so.
 func TestHelpDocumentsFlags(t *testing.T) {
 	t.Parallel()
 	root := newApp(strings.NewReader(""), io.Discard, io.Discard)
@@ -425,6 +425,10 @@ func TestHelpDocumentsFlags(t *testing.T) {
 			// of its settings must be reachable that way.
 			if (len(path) == 0 || path[0] == "run") && len(envKeys(f)) == 0 && name != "help" {
 				t.Errorf("bellhop %s: --%s has no environment variable", strings.Join(path, " "), name)
+			}
+			// The CLI library does not mark required flags; their usage does.
+			if rf, ok := f.(cli.RequiredFlag); ok && rf.IsRequired() && !strings.Contains(line, "(required)") {
+				t.Errorf("bellhop %s --help: --%s is required but does not say so: %q", strings.Join(path, " "), name, line)
 			}
 			if strings.Count(line, "(default:") > 1 {
 				t.Errorf("bellhop %s --help: --%s shows its default twice: %q", strings.Join(path, " "), name, line)

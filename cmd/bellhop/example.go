@@ -38,10 +38,10 @@ func setupDemoCommand(d *deps) *cli.Command {
 		Usage: "create an app if missing and make sure a queue has a push consumer at a URL with its secret in a file " +
 			"(for docker-compose; re-runnable: keeps a consumer whose secret the file holds)",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "app", Required: true, Usage: "app name", Sources: env("APP")},
-			&cli.StringFlag{Name: "queue", Required: true, Usage: "queue name"},
-			&cli.StringFlag{Name: "url", Required: true, Usage: "consumer URL"},
-			&cli.StringFlag{Name: "secret-file", Required: true, Usage: "where to write the signing secret (mode 0600, replaced atomically)"},
+			&cli.StringFlag{Name: "app", Required: true, Usage: "app name (required)", Sources: env("APP")},
+			&cli.StringFlag{Name: "queue", Required: true, Usage: "queue name (required)"},
+			&cli.StringFlag{Name: "url", Required: true, Usage: "consumer URL (required)"},
+			&cli.StringFlag{Name: "secret-file", Required: true, Usage: "where to write the signing secret (mode 0600, replaced atomically) (required)"},
 		},
 		Action: func(ctx context.Context, cmd *cli.Command) error {
 			app, queue, url, path := cmd.String("app"), cmd.String("queue"), cmd.String("url"), cmd.String("secret-file")
@@ -261,7 +261,7 @@ func exampleConsumerCommand(d *deps) *cli.Command {
 		Usage: "serve an example HTTP push consumer that verifies signatures and acks every message",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "addr", Value: ":8080", Usage: "listen address"},
-			&cli.StringFlag{Name: "secret-file", Required: true, Usage: "file holding the consumer's signing secret (read on every request, so re-registration is picked up)"},
+			&cli.StringFlag{Name: "secret-file", Required: true, Usage: "file holding the consumer's signing secret (read on every request, so re-registration is picked up) (required)"},
 			&cli.DurationFlag{Name: "replay-window", Value: 5 * time.Minute, Usage: "reject requests whose timestamp is further than this from now"},
 		},
 		Action: func(ctx context.Context, cmd *cli.Command) error {

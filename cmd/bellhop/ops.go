@@ -228,7 +228,7 @@ func checkGivenSettings(cmd *cli.Command) error {
 }
 
 func consumerCommand(d *deps) *cli.Command {
-	appFlag := &cli.StringFlag{Name: "app", Usage: "app name", Required: true, Sources: env("APP")}
+	appFlag := &cli.StringFlag{Name: "app", Usage: "app name (required)", Required: true, Sources: env("APP")}
 	idArg := func(cmd *cli.Command) (uuid.UUID, error) {
 		s, err := oneArg(cmd, "CONSUMER_ID")
 		if err != nil {
@@ -261,8 +261,8 @@ func consumerCommand(d *deps) *cli.Command {
 			Name:  "add",
 			Usage: "register the consumer of a queue; prints its id and signing secret (shown once)",
 			Flags: append([]cli.Flag{appFlag,
-				&cli.StringFlag{Name: "queue", Usage: "queue name", Required: true},
-				&cli.StringFlag{Name: "url", Usage: "http(s) URL that receives each message as a POST", Required: true},
+				&cli.StringFlag{Name: "queue", Usage: "queue name (required)", Required: true},
+				&cli.StringFlag{Name: "url", Usage: "http(s) URL that receives each message as a POST (required)", Required: true},
 				&cli.StringFlag{Name: "principal", Usage: "registering principal (default: the app's \"default\")"},
 				&cli.StringSliceFlag{Name: "allowed-hosts", Usage: "if set, the URL's host must match one of these (exact, or *.suffix)", Sources: env("ALLOWED_HOSTS")},
 			}, consumerSettingFlags(true)...),
@@ -429,8 +429,8 @@ func enqueueCommand(d *deps) *cli.Command {
 		Usage:     "enqueue one JSON message, or with - one JSON value per line from stdin (all or nothing)",
 		ArgsUsage: "JSON|-",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "app", Usage: "app name", Required: true, Sources: env("APP")},
-			&cli.StringFlag{Name: "queue", Usage: "queue name", Required: true},
+			&cli.StringFlag{Name: "app", Usage: "app name (required)", Required: true, Sources: env("APP")},
+			&cli.StringFlag{Name: "queue", Usage: "queue name (required)", Required: true},
 			&cli.DurationFlag{Name: "delay", Usage: "deliver after this long"},
 			&cli.StringFlag{Name: "at", Usage: "deliver at this time (RFC 3339, e.g. 2030-01-02T15:04:05Z)"},
 			&cli.IntFlag{Name: "max-attempts", HideDefault: true, Usage: "attempts before dead-lettering (default: the consumer's)"},
@@ -657,7 +657,7 @@ func nonEmptyApp(cmd *cli.Command) error {
 }
 
 func deadCommand(d *deps) *cli.Command {
-	appFlag := &cli.StringFlag{Name: "app", Usage: "app name", Required: true, Sources: env("APP")}
+	appFlag := &cli.StringFlag{Name: "app", Usage: "app name (required)", Required: true, Sources: env("APP")}
 	selector := func(cmd *cli.Command) (string, uuid.UUID, error) {
 		queue := cmd.String("queue")
 		var id uuid.UUID
