@@ -15,6 +15,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,7 +55,8 @@ type Config struct {
 	// LeaseChannel, if set, is also listened on, and its notifications,
 	// parsed by ParseLease, go to OnLease (on the listener's goroutine:
 	// route, don't work). Handler.Connected runs once both channels are
-	// listened on.
+	// listened on. The name is kept out of the log: only the dispatcher
+	// and bellhop_offers know it.
 	LeaseChannel string
 	OnLease      func(Lease)
 	// OnConnect, if set, runs on every new connection before LISTEN, to
@@ -262,7 +264,13 @@ func (l *Listener) logError(ctx context.Context, err error) {
 		return
 	}
 	l.connected.Store(false)
-	l.cfg.Logger.Warn().Err(err).Dur("reconnect_delay", l.cfg.ReconnectDelay).Msg("listener connection lost")
+	text := err.Error()
+	if c := l.cfg.LeaseChannel; c != "" {
+		// pgxlisten's errors name the channel it failed to listen on; the
+		// lease channel's name is kept out of the log (Config.LeaseChannel).
+		text = strings.ReplaceAll(text, c, "(the lease channel)")
+	}
+	l.cfg.Logger.Warn().Str("error", text).Dur("reconnect_delay", l.cfg.ReconnectDelay).Msg("listener connection lost")
 }
 
 func (l *Listener) receive(payload string) {

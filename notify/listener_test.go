@@ -165,3 +165,34 @@ func TestGarbledLeaseNotificationsRateLimited(t *testing.T) {
 		t.Errorf("%d log lines for %d malformed notifications, want 1:\n%s", n, sent, logs.String())
 	}
 }
+
+// TestLeaseChannelNotLogged: an error that pgxlisten reports for the
+// lease channel names it ("listen \"bellhop_l_...\": ..."), and such
+// errors are logged at warn; the name, known only to its dispatcher and
+// bellhop_offers, is replaced. The connection's transaction is left
+// aborted, so that whichever LISTEN runs first fails (pgxlisten's order
+// varies with its map's).
+func TestLeaseChannelNotLogged(t *testing.T) {
+	cfg, err := pgx.ParseConfig(pgtest.ConnString(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	const channel = "bellhop_l_0123456789abcdef"
+	l := notify.New(notify.Config{ConnConfig: cfg, Handler: &counting{}, Logger: zerolog.New(&logs),
+		ReconnectDelay: 50 * time.Millisecond, LeaseChannel: channel, OnLease: func(notify.Lease) {},
+		OnConnect: func(ctx context.Context, conn *pgx.Conn) error {
+			if _, err := conn.Exec(ctx, "BEGIN"); err != nil {
+				return err
+			}
+			_, _ = conn.Exec(ctx, "SELECT 1/0")
+			return nil
+		}})
+	run(t, l)
+	waitUntil(t, "a failed LISTEN on the lease channel logged", func() bool {
+		return strings.Contains(logs.String(), `listen \"(the lease channel)\"`)
+	})
+	if strings.Contains(logs.String(), channel) {
+		t.Errorf("the lease channel's name was logged:\n%s", logs.String())
+	}
+}

@@ -69,6 +69,11 @@ func TestPushURL(t *testing.T) {
 		"ftp://hooks.example.com/hook?token=s3cr3t-tok",
 		"ftp://hooks.example.com/hook#access_token=s3cr3t-tok",
 		"http://:9/x?token=s3cr3t-tok",
+		// Unparsable, and with no "@": shown, but not its query or
+		// fragment.
+		"https://h.example/%zz?token=s3cr3t-tok",
+		"https://h.example/%zz#access_token=s3cr3t-tok",
+		"http://[::1/x?token=s3cr3t-tok",
 	} {
 		if err := validate.PushURL(u); err == nil || strings.Contains(err.Error(), "s3cr3t") {
 			t.Errorf("PushURL(%q) = %v, want an error without the credential", u, err)

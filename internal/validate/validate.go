@@ -269,8 +269,8 @@ func BadPort(u *url.URL) string {
 
 // ShownURL is s as errors about it may show it: quoted, with its user
 // information (user name too: a token is often given as one) and its query
-// and fragment (tokens too) replaced by placeholders, and not at all if it
-// does not parse and has an "@". Errors are returned to callers and
+// and fragment (tokens too) replaced by placeholders, also when it does not
+// parse, and not at all if it does not parse and has an "@". Errors are returned to callers and
 // logged.
 func ShownURL(s string) string {
 	u, err := url.Parse(s)
@@ -288,6 +288,10 @@ func ShownURL(s string) string {
 		return quote(u.String())
 	case strings.Contains(s, "@"):
 		return "(not shown: it may carry credentials)"
+	}
+	// Unparsed, it may still carry a query or fragment token.
+	if i := strings.IndexAny(s, "?#"); i >= 0 {
+		return quote(s[:i] + s[i:i+1] + "xxxxx")
 	}
 	return quote(s)
 }
