@@ -113,6 +113,20 @@ func (s *ConsumerSpec) fill() {
 	}
 }
 
+// String prints c's fields with its signing secret, if it has one,
+// replaced by a placeholder: a Consumer printed or panicked with in a
+// Resolver ends up in the log.
+func (c Consumer) String() string {
+	if c.Secret != "" {
+		c.Secret = "xxxxx"
+	}
+	type plain Consumer // its fields, without this method
+	return fmt.Sprintf("%+v", plain(c))
+}
+
+// GoString is String, for %#v.
+func (c Consumer) GoString() string { return c.String() }
+
 func checkSettings(maxAttempts *int, base, capacity, vt *time.Duration, inFlight *int) error {
 	if maxAttempts != nil {
 		if err := validate.Int("max attempts", *maxAttempts, 1, validate.MaxAttempts); err != nil {

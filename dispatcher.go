@@ -568,11 +568,13 @@ func (d *Dispatcher) ListenerStats() notify.Stats {
 // resolve asks the Resolver for c's handler. A handler that is a nil
 // pointer or func inside the interface counts as nil, as does a Resolver
 // that panics (logged): either would otherwise fail every delivery, and
-// dead-letter messages that another dispatcher was meant to serve.
+// dead-letter messages that another dispatcher was meant to serve. The
+// panic value is logged as fmt prints it, so that a Consumer in it shows
+// no secret (Consumer.String); as JSON it would.
 func (d *Dispatcher) resolve(c Consumer) (h Handler) {
 	defer func() {
 		if r := recover(); r != nil {
-			d.log.Error().Str("app_id", c.AppID.String()).Str("queue", c.Queue).Interface("panic", r).
+			d.log.Error().Str("app_id", c.AppID.String()).Str("queue", c.Queue).Str("panic", fmt.Sprint(r)).
 				Msg("the Resolver panicked; this dispatcher does not serve the consumer")
 			h = nil
 		}

@@ -67,6 +67,19 @@ type Message struct {
 	lease *lease
 }
 
+// String describes m without its payload, which stays out of logs even
+// when a handler prints or panics with m.
+func (m Message) String() string {
+	kind := "message"
+	if m.Invoked {
+		kind = "invoke delivery"
+	}
+	return fmt.Sprintf("%s %s of %s/%s, attempt %d of %d, %d payload bytes", kind, m.ID, m.App, m.Queue, m.Attempt, m.MaxAttempts, len(m.Payload))
+}
+
+// GoString is String, for %#v.
+func (m Message) GoString() string { return m.String() }
+
 // LeaseDeadline is when the handler's context ends unless the lease is
 // extended.
 func (m *Message) LeaseDeadline() time.Time {

@@ -1,11 +1,15 @@
 package bellhop_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,6 +17,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/pgtest"
@@ -436,7 +441,8 @@ func (r nilishResolver) Resolve(c bellhop.Consumer) bellhop.Handler {
 		var f bellhop.HandlerFunc
 		return f
 	case "panics":
-		panic("resolver bug")
+		// With the consumer, whose signing secret the log must not show.
+		panic(c)
 	}
 	return nil
 }
@@ -450,19 +456,31 @@ func TestNilishHandlersServeNothing(t *testing.T) {
 	e := fxNew(t)
 	e.app("shop")
 	queues := []string{"nil-pointer", "nil-func", "panics", "served"}
+	var secret string
 	for _, q := range queues {
-		if _, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: q}); err != nil {
+		spec := bellhop.ConsumerSpec{App: "shop", Queue: q}
+		if q == "panics" {
+			spec.URL = "http://127.0.0.1:9/hook" // a push consumer: its Resolver gets the secret
+		}
+		c, err := e.client.RegisterConsumer(e.ctx, spec)
+		if err != nil {
 			t.Fatal(err)
+		}
+		if q == "panics" {
+			secret = c.Secret
 		}
 		if _, err := e.client.Enqueue(e.ctx, "shop", q, []byte(`1`), bellhop.EnqueueOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	var served atomic.Int32
+	logs := &lockedBuffer{}
 	runDispatcher(t, e.pool.Config().ConnString(), nilishResolver{bellhop.HandlerFunc(func(context.Context, *bellhop.Message) error {
 		served.Add(1)
 		return nil
-	})})
+	})}, func(dc *bellhop.DispatcherConfig) {
+		dc.Logger = zerolog.New(io.MultiWriter(logs, zerolog.NewTestWriter(t)))
+	})
 	waitUntil(t, 10*time.Second, "the served queue's first message", func() bool { return served.Load() == 1 })
 	// One more round trip of the served queue: the others' lanes, woken
 	// with it at the start, have had their turn.
@@ -476,6 +494,29 @@ func TestNilishHandlersServeNothing(t *testing.T) {
 	if n := e.int64(`SELECT count(*) FROM dead_letters`); n != 0 {
 		t.Errorf("%d dead letters", n)
 	}
+	waitUntil(t, 10*time.Second, "the Resolver's panic logged", func() bool { return strings.Contains(logs.String(), "the Resolver panicked") })
+	if l := logs.String(); !strings.Contains(l, "Queue:panics") || strings.Contains(l, secret) {
+		t.Errorf("want the Resolver's panic value logged without the consumer's secret; logs:\n%s", l)
+	}
+}
+
+// lockedBuffer is a bytes.Buffer that a dispatcher's log can write to
+// while a test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // TestHandBuiltPoolConfig: a pool config not made by pgxpool.ParseConfig
@@ -597,3 +638,36 @@ func TestRetryAfterBounds(t *testing.T) {
 type namedHandler struct{ name string }
 
 func (h *namedHandler) Handle(context.Context, *bellhop.Message) error { return nil }
+
+// TestPrintingHidesSecretsAndPayloads: a Consumer printed by fmt, in any
+// verb, shows no signing secret, and a Message no payload, for handlers
+// and Resolvers that log or panic with them. A Message printed its
+// payload's bytes, a Consumer its secret.
+func TestPrintingHidesSecretsAndPayloads(t *testing.T) {
+	t.Parallel()
+	const secret, card = "s3cr3t-signing-key", "4111111111111111"
+	c := bellhop.Consumer{ID: uuid.New(), App: "shop", Queue: "orders", URL: "http://h.example/hook", Secret: secret}
+	m := bellhop.Message{ID: uuid.New(), App: "shop", Queue: "orders", Attempt: 2, MaxAttempts: 5,
+		Payload: json.RawMessage(`{"card":"` + card + `"}`)}
+	payloadBytes := fmt.Sprint([]byte(m.Payload))
+	for _, verb := range []string{"%v", "%+v", "%#v", "%s"} {
+		for _, v := range []any{c, &c} {
+			if got := fmt.Sprintf(verb, v); strings.Contains(got, secret) || !strings.Contains(got, "xxxxx") || !strings.Contains(got, "orders") {
+				t.Errorf("Sprintf(%q, %T) = %s; want the queue and a placeholder, not the secret", verb, v, got)
+			}
+		}
+		for _, v := range []any{m, &m} {
+			got := fmt.Sprintf(verb, v)
+			if strings.Contains(got, card) || strings.Contains(got, payloadBytes[1:20]) || !strings.Contains(got, m.ID.String()) {
+				t.Errorf("Sprintf(%q, %T) = %s; want the id and not the payload", verb, v, got)
+			}
+		}
+	}
+	if got, want := m.String(), fmt.Sprintf("message %s of shop/orders, attempt 2 of 5, %d payload bytes", m.ID, len(m.Payload)); got != want {
+		t.Errorf("Message.String() = %q, want %q", got, want)
+	}
+	// A Consumer without a secret shows no placeholder for one.
+	if got := fmt.Sprint(bellhop.Consumer{Queue: "orders"}); strings.Contains(got, "xxxxx") {
+		t.Errorf("a Consumer with no secret prints %s", got)
+	}
+}
