@@ -678,7 +678,7 @@ func (d *Dispatcher) control(ctx context.Context) {
 			}
 			reloadFailures++
 			wait := backoff.Delay(reloadFailures, time.Second, 30*time.Second)
-			d.log.Error().Err(timeout.Explain(rctx, err)).Dur("retry_in", wait).Msg("reloading consumers failed")
+			d.log.Warn().Err(timeout.Explain(rctx, err)).Dur("retry_in", wait).Msg("reloading consumers failed")
 			retry, retryWake = time.After(wait), wakeAll
 			continue
 		}

@@ -839,7 +839,7 @@ func (l *lane) releaseUnstarted(st *consumerState, cm *claim.Message, vt time.Du
 		Msg("the claim returned after the lease had run out; releasing the message undelivered")
 	l.d.complete.Submit(claim.Outcome{Message: cm, Verdict: claim.Release, Done: func(_ bool, err error) {
 		if err != nil && !errors.Is(err, claim.ErrOutcomeUnknown) { // unknown: released, or reclaimed
-			log.Error().Err(err).Msg("could not release an undelivered message; it comes back after its lease")
+			log.Warn().Err(err).Msg("could not release an undelivered message; it comes back after its lease")
 		}
 	}})
 	l.slotDone()

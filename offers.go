@@ -249,7 +249,7 @@ func (d *Dispatcher) onLease(ls notify.Lease) {
 	if o == nil {
 		// A token we never issued, or one recovered already: the claim
 		// token fences it either way.
-		d.log.Debug().Str("message_id", ls.ID.String()).Msg("ignoring a lease under a token not on offer")
+		d.log.Debug().Str("message_id", ls.ID.String()).Int("attempt", ls.Attempt).Msg("ignoring a lease under a token not on offer")
 		return
 	}
 	o.lane.leased(&claim.Message{
