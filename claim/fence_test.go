@@ -404,3 +404,61 @@ func TestExtendIsDurable(t *testing.T) {
 		t.Errorf("renewal: held %t, timeout %v; its transaction commits with synchronous_commit %q, want local", held, vt, setting)
 	}
 }
+
+// TestExtendFencedByToken: a renewal with the token of a lease that was
+// reclaimed and claimed again renews nothing and changes nothing; the
+// current token's renewal moves the lease's start. TestFencing covers the
+// outcomes; a stale renewal that matched would push back the reclaim of a
+// lease whose new holder died.
+func TestExtendFencedByToken(t *testing.T) {
+	ctx := context.Background()
+	pool, client, appID := setup(t)
+	reclaimer := reclaim.New(pool, zerolog.Nop(), reclaim.Options{DefaultVT: 30 * time.Second})
+	for _, source := range []claim.Source{claim.Queue, claim.Invoke} {
+		t.Run(source.String(), func(t *testing.T) {
+			queue := "extend-fence-" + source.String()
+			if source == claim.Queue {
+				// Without a consumer a queue message's lease is not renewed.
+				if _, err := client.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "app", Queue: queue}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			id, table, target := newMessage(t, client, appID, source, queue)
+			old := claimOne(t, pool, target, id)
+			if _, err := pool.Exec(ctx, `UPDATE `+table+` SET claimed_at = now() - interval '1 hour' WHERE id = $1`, id); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := reclaimer.Pass(ctx); err != nil {
+				t.Fatal(err)
+			}
+			current := claimOne(t, pool, target, id)
+			// Back-date the current lease, so that a renewal would show.
+			if _, err := pool.Exec(ctx, `UPDATE `+table+` SET claimed_at = claimed_at - interval '10 seconds' WHERE id = $1`, id); err != nil {
+				t.Fatal(err)
+			}
+			before := snapshot(t, pool, table, id)
+			held, vt, err := claim.Extend(ctx, pool, id, old.Token)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if held || vt != 0 {
+				t.Errorf("renewal with the stale token: held %t, vt %s; want false, 0", held, vt)
+			}
+			if after := snapshot(t, pool, table, id); after != before {
+				t.Errorf("renewal with the stale token changed the row:\nbefore %s\nafter  %s", before, after)
+			}
+			// Control: the current token renews.
+			held, vt, err = claim.Extend(ctx, pool, id, current.Token)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var age time.Duration
+			if err := pool.QueryRow(ctx, `SELECT extract(epoch FROM now() - claimed_at) * interval '1 second' FROM `+table+` WHERE id = $1`, id).Scan(&age); err != nil {
+				t.Fatal(err)
+			}
+			if !held || vt != 30*time.Second || age > 5*time.Second {
+				t.Errorf("renewal with the current token: held %t, vt %s, lease started %s ago; want true, 30s, just now", held, vt, age)
+			}
+		})
+	}
+}

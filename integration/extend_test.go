@@ -101,3 +101,58 @@ func TestExtendLease(t *testing.T) {
 		t.Errorf("ExtendLease after the context ended: %v, want ErrLeaseLost", r.late)
 	}
 }
+
+// TestLeaseDeadline: a handler's lease deadline, when its context ends, is
+// its visibility timeout less a fifth of it, or less 5 s for timeouts over
+// 25 s: a short lease keeps most of its length, and a long one ends 5 s
+// early, not a fifth. It counts from just before the claim, and, after a
+// renewal, from just before the renewal, which this measures exactly.
+func TestLeaseDeadline(t *testing.T) {
+	e := newEnv(t)
+	want := map[string]time.Duration{ // queue: the deadline's distance from the lease's start
+		"short": 1600 * time.Millisecond, // 2 s less 400 ms
+		"long":  55 * time.Second,        // 60 s less 5 s
+	}
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "short", VisibilityTimeout: 2 * time.Second})
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "long", VisibilityTimeout: time.Minute})
+	type seen struct {
+		queue        string
+		left         time.Duration // to the deadline, at the handler's start
+		afterRenewal time.Duration // from just before ExtendLease to the new deadline
+		err          error
+	}
+	got := make(chan seen, 2)
+	mux := bellhop.NewMux()
+	for q := range want {
+		mux.Handle("app", q, bellhop.HandlerFunc(func(ctx context.Context, m *bellhop.Message) error {
+			s := seen{queue: m.Queue, left: time.Until(m.LeaseDeadline())}
+			before := time.Now()
+			s.err = m.ExtendLease(ctx)
+			s.afterRenewal = m.LeaseDeadline().Sub(before)
+			got <- s
+			return nil
+		}))
+	}
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour}, nil)
+	for q := range want {
+		e.enqueue(t, q, 1, bellhop.EnqueueOptions{})
+	}
+	for range want {
+		select {
+		case s := <-got:
+			w := want[s.queue]
+			// The claim's round trip and the hand-off come off the top;
+			// under -race on a loaded machine, up to about a second.
+			if s.left > w || s.left < w-time.Second {
+				t.Errorf("queue %s: %s left to the lease deadline at the handler's start, want %s less the claim's round trip", s.queue, s.left, w)
+			}
+			// The renewal's start is read right after "before": only
+			// scheduling lies between them.
+			if s.err != nil || s.afterRenewal < w || s.afterRenewal > w+250*time.Millisecond {
+				t.Errorf("queue %s: renewal %v, deadline %s after it began, want %s", s.queue, s.err, s.afterRenewal, w)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a message was not delivered")
+		}
+	}
+}
