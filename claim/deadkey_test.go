@@ -171,3 +171,76 @@ func TestDeadLetterKeepsOtherAppsDeadLetter(t *testing.T) {
 func claimedIn(rowJSON string) bool {
 	return !strings.Contains(rowJSON, `"claim_token": null`)
 }
+
+// TestDeadLetterReusedIDKeepsLatest: a producer that reuses a dead
+// message's id in the same app, and sees that message die too, finds one
+// dead letter for the id, the latest, whichever way each died (an outcome
+// written by a dispatcher, or a reclaim pass after its last lease ran
+// out): its payload, its error, and its lease's end for a redrive, which
+// a later death without one clears.
+func TestDeadLetterReusedIDKeepsLatest(t *testing.T) {
+	ctx := context.Background()
+	pool, c, appID := setup(t)
+	target := claim.Target{Source: claim.Queue, AppID: appID, Queue: "q"}
+	reclaimer := reclaim.New(pool, zerolog.Nop(), reclaim.Options{DefaultVT: 30 * time.Second})
+	id, err := c.Enqueue(ctx, "app", "q", []byte(`{"life":1}`), bellhop.EnqueueOptions{MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type letter struct {
+		n            int64
+		payload, err string
+		redriveAfter bool
+	}
+	read := func() letter {
+		t.Helper()
+		var l letter
+		err := pool.QueryRow(ctx, `SELECT count(*), coalesce(max(payload::text), ''), coalesce(max(last_error), ''), bool_or(redrive_after IS NOT NULL)
+			FROM dead_letters WHERE id = $1`, id).Scan(&l.n, &l.payload, &l.err, &l.redriveAfter)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	reuse := func(life int) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, `INSERT INTO queue_messages (id, app_id, queue_name, payload, max_attempts)
+			VALUES ($1, $2, 'q', jsonb_build_object('life', $3::int), 1)`, id, appID, life); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Life 1: its handler was abandoned on its last attempt.
+	m := claimOne(t, pool, target, id)
+	if _, err := claim.Write(ctx, pool, []claim.Outcome{{Message: &m, Verdict: claim.DeadLetter, Error: "first death", HoldLease: time.Minute}}); err != nil {
+		t.Fatal(err)
+	}
+	if l := read(); l.n != 1 || l.payload != `{"life": 1}` || l.err != "first death" || !l.redriveAfter {
+		t.Fatalf("after the first death: %+v", l)
+	}
+	// Life 2: its last lease ran out, and a reclaim pass dead-lettered it.
+	reuse(2)
+	claimOne(t, pool, target, id)
+	if _, err := pool.Exec(ctx, `UPDATE queue_messages SET claimed_at = now() - interval '1 hour' WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reclaimer.Pass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if l := read(); l.n != 1 || l.payload != `{"life": 2}` || l.err == "first death" || l.err == "" || l.redriveAfter {
+		t.Fatalf("after the second death, by reclaim: %+v; want life 2, the reclaim's error and no redrive_after", l)
+	}
+	// Life 3: dead-lettered by its handler.
+	reuse(3)
+	m = claimOne(t, pool, target, id)
+	if _, err := claim.Write(ctx, pool, []claim.Outcome{{Message: &m, Verdict: claim.DeadLetter, Error: "third death"}}); err != nil {
+		t.Fatal(err)
+	}
+	if l := read(); l.n != 1 || l.payload != `{"life": 3}` || l.err != "third death" || l.redriveAfter {
+		t.Fatalf("after the third death: %+v", l)
+	}
+	var live int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM queue_messages WHERE id = $1`, id).Scan(&live); err != nil || live != 0 {
+		t.Errorf("%d live messages with the id after its third death (%v)", live, err)
+	}
+}
