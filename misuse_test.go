@@ -1,7 +1,6 @@
 package bellhop_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,7 +8,6 @@ import (
 	"io"
 	"math"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -474,7 +472,7 @@ func TestNilishHandlersServeNothing(t *testing.T) {
 		}
 	}
 	var served atomic.Int32
-	logs := &lockedBuffer{}
+	logs := &lineLog{}
 	runDispatcher(t, e.pool.Config().ConnString(), nilishResolver{bellhop.HandlerFunc(func(context.Context, *bellhop.Message) error {
 		served.Add(1)
 		return nil
@@ -498,25 +496,6 @@ func TestNilishHandlersServeNothing(t *testing.T) {
 	if l := logs.String(); !strings.Contains(l, "Queue:panics") || strings.Contains(l, secret) {
 		t.Errorf("want the Resolver's panic value logged without the consumer's secret; logs:\n%s", l)
 	}
-}
-
-// lockedBuffer is a bytes.Buffer that a dispatcher's log can write to
-// while a test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // TestHandBuiltPoolConfig: a pool config not made by pgxpool.ParseConfig

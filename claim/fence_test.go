@@ -147,6 +147,21 @@ func claimOne(t *testing.T, pool *pgxpool.Pool, target claim.Target, id uuid.UUI
 	return msgs[0]
 }
 
+// claimedTwice claims message id, lets its lease expire and the reclaimer
+// take it back, and claims it again: the stale lease and the current one.
+func claimedTwice(t *testing.T, pool *pgxpool.Pool, reclaimer *reclaim.Reclaimer, table string, target claim.Target, id uuid.UUID) (old, cur claim.Message) {
+	t.Helper()
+	ctx := context.Background()
+	old = claimOne(t, pool, target, id)
+	if _, err := pool.Exec(ctx, `UPDATE `+table+` SET claimed_at = now() - interval '1 hour' WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reclaimer.Pass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return old, claimOne(t, pool, target, id)
+}
+
 // snapshot returns message id's whole row as JSON text, or "" if there is
 // no such row.
 func snapshot(t *testing.T, pool *pgxpool.Pool, table string, id uuid.UUID) string {
@@ -338,14 +353,7 @@ func TestStaleBesideCurrentInOneBatch(t *testing.T) {
 			t.Run(fmt.Sprintf("stale %s, %s", v, source), func(t *testing.T) {
 				queue := fmt.Sprintf("stale-beside-%d-%s", i, source)
 				id, table, target := newMessage(t, client, appID, source, queue)
-				old := claimOne(t, pool, target, id)
-				if _, err := pool.Exec(ctx, `UPDATE `+table+` SET claimed_at = now() - interval '1 hour' WHERE id = $1`, id); err != nil {
-					t.Fatal(err)
-				}
-				if _, err := reclaimer.Pass(ctx); err != nil {
-					t.Fatal(err)
-				}
-				cur := claimOne(t, pool, target, id)
+				old, cur := claimedTwice(t, pool, reclaimer, table, target, id)
 				applied, err := claim.Write(ctx, pool, []claim.Outcome{
 					{Message: &cur, Verdict: claim.Ack},
 					{Message: &old, Verdict: v, Delay: time.Minute, Error: "stale", Queue: queue},
@@ -424,14 +432,7 @@ func TestExtendFencedByToken(t *testing.T) {
 				}
 			}
 			id, table, target := newMessage(t, client, appID, source, queue)
-			old := claimOne(t, pool, target, id)
-			if _, err := pool.Exec(ctx, `UPDATE `+table+` SET claimed_at = now() - interval '1 hour' WHERE id = $1`, id); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := reclaimer.Pass(ctx); err != nil {
-				t.Fatal(err)
-			}
-			current := claimOne(t, pool, target, id)
+			old, current := claimedTwice(t, pool, reclaimer, table, target, id)
 			// Back-date the current lease, so that a renewal would show.
 			if _, err := pool.Exec(ctx, `UPDATE `+table+` SET claimed_at = claimed_at - interval '10 seconds' WHERE id = $1`, id); err != nil {
 				t.Fatal(err)
