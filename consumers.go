@@ -143,15 +143,11 @@ func checkSettings(maxAttempts *int, base, capacity, vt *time.Duration, inFlight
 			return err
 		}
 	}
-	// The table keeps milliseconds: a finer duration would be stored cut
-	// short, unlike what RegisterConsumer returned.
-	for _, d := range []struct {
-		name string
-		d    *time.Duration
-	}{{"backoff base", base}, {"backoff cap", capacity}} {
-		if d.d != nil && *d.d%time.Millisecond != 0 {
-			return fmt.Errorf("%w: %s %s is not a whole number of milliseconds", ErrInvalidOptions, d.name, *d.d)
-		}
+	if err := whole("backoff base", base, time.Millisecond); err != nil {
+		return err
+	}
+	if err := whole("backoff cap", capacity, time.Millisecond); err != nil {
+		return err
 	}
 	if base != nil && capacity != nil && *capacity < *base {
 		return fmt.Errorf("%w: backoff cap %s is below backoff base %s", ErrInvalidOptions, *capacity, *base)
@@ -160,8 +156,8 @@ func checkSettings(maxAttempts *int, base, capacity, vt *time.Duration, inFlight
 		if err := validate.Duration("visibility timeout", *vt, validate.MinVisibility, validate.MaxVisibility); err != nil {
 			return err
 		}
-		if *vt%time.Second != 0 {
-			return fmt.Errorf("%w: visibility timeout %s is not a whole number of seconds", ErrInvalidOptions, *vt)
+		if err := whole("visibility timeout", vt, time.Second); err != nil {
+			return err
 		}
 	}
 	if inFlight != nil {
@@ -183,11 +179,25 @@ func checkPush(url *string, timeout *time.Duration) error {
 		if err := validate.Duration("push timeout", *timeout, 100*time.Millisecond, validate.MaxVisibility); err != nil {
 			return err
 		}
-		if *timeout%time.Millisecond != 0 {
-			return fmt.Errorf("%w: push timeout %s is not a whole number of milliseconds", ErrInvalidOptions, *timeout)
+		if err := whole("push timeout", timeout, time.Millisecond); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// whole refuses a setting d (if given) that is not a whole number of
+// unit, the unit its column keeps: a finer one would be stored cut short,
+// unlike what RegisterConsumer returned.
+func whole(name string, d *time.Duration, unit time.Duration) error {
+	if d == nil || *d%unit == 0 {
+		return nil
+	}
+	units := "milliseconds"
+	if unit == time.Second {
+		units = "seconds"
+	}
+	return fmt.Errorf("%w: %s %s is not a whole number of %s", ErrInvalidOptions, name, *d, units)
 }
 
 // errTimeoutWithoutURL refuses a push timeout for a consumer served by a

@@ -269,9 +269,9 @@ func BadPort(u *url.URL) string {
 
 // ShownURL is s as errors about it may show it: quoted, with its user
 // information (user name too: a token is often given as one) and its query
-// and fragment (tokens too) replaced by placeholders, also when it does not
-// parse, and not at all if it does not parse and has an "@". Errors are returned to callers and
-// logged.
+// and fragment (tokens too) replaced by placeholders, also when it does
+// not parse, and not at all if it does not parse and has an "@". Errors
+// are returned to callers and logged.
 func ShownURL(s string) string {
 	u, err := url.Parse(s)
 	switch {
