@@ -236,6 +236,30 @@ func TestReclaimInBatches(t *testing.T) {
 	}
 }
 
+// TestReclaimDefaultBatch: with no Batch set, a pass returns at most
+// 10,000 expired leases (reclaim.DefaultBatch, as guarantees.md states),
+// and Pass goes on until none is left.
+func TestReclaimDefaultBatch(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _, appID := setup(t)
+	const documented = 10_000
+	if _, err := pool.Exec(ctx, `INSERT INTO queue_messages (app_id, queue_name, payload, claim_token, claimed_at, attempt)
+		SELECT $1, 'q', '{}', gen_random_uuid(), now() - interval '1 hour', 1 FROM generate_series(1, $2)`,
+		appID, documented+1); err != nil {
+		t.Fatal(err)
+	}
+	var passes []int64
+	r := reclaim.New(pool, zerolog.Nop(), reclaim.Options{DefaultVT: 5 * time.Second,
+		OnPass: func(res reclaim.Result) { passes = append(passes, res.Released) }})
+	if _, err := r.Pass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(passes, []int64{documented, 1}) {
+		t.Errorf("passes released %v, want [%d 1]", passes, documented)
+	}
+}
+
 // TestReclaimPassTimesOut: a pass that has not answered within the
 // reclaimer's timeout (here it waits for a table lock) is cancelled, and
 // says so, rather than holding the reclaimer for as long as the wait

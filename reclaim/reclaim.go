@@ -59,6 +59,15 @@ const DefaultBatch = 10000
 // times Options.Timeout.
 const maxGrowth = 32
 
+// A failed pass is retried after retryBase, doubled per failure in a row
+// up to retryCeiling, each with jitter down to half: a failure that lasts
+// (a revoked grant, a database away) costs a statement and a log line at
+// 0.5 – 1, 1 – 2 ... 15 – 30s, not every second for as long as it lasts.
+const (
+	retryBase    = time.Second
+	retryCeiling = 30 * time.Second
+)
+
 // Options configures a Reclaimer.
 type Options struct {
 	// DefaultVT applies to messages of queues that have no consumer.
@@ -84,6 +93,9 @@ type Reclaimer struct {
 	next  time.Time // zero: nothing known in flight
 	timer *time.Timer
 	kick  chan struct{}
+
+	// retryBase and retryCeiling, here so that a test can shorten them.
+	retryBase, retryCeiling time.Duration
 }
 
 // New returns a Reclaimer.
@@ -91,7 +103,8 @@ func New(db *pgxpool.Pool, log zerolog.Logger, opts Options) *Reclaimer {
 	if opts.Batch <= 0 {
 		opts.Batch = DefaultBatch
 	}
-	r := &Reclaimer{db: db, log: log, opts: opts, kick: make(chan struct{}, 1)}
+	r := &Reclaimer{db: db, log: log, opts: opts, kick: make(chan struct{}, 1),
+		retryBase: retryBase, retryCeiling: retryCeiling}
 	r.timer = time.AfterFunc(time.Hour, r.fire)
 	r.timer.Stop()
 	return r
@@ -138,11 +151,8 @@ func (r *Reclaimer) Run(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			// A failure that lasts (a revoked grant, a database away)
-			// costs a statement and a log line at 0.5 – 1, 1 – 2 ...
-			// 15 – 30s, not every second for as long as it lasts.
 			failures++
-			wait := backoff.Delay(failures, time.Second, 30*time.Second)
+			wait := backoff.Delay(failures, r.retryBase, r.retryCeiling)
 			if timeout.Expired(err) {
 				bound = min(2*bound, maxGrowth*r.opts.Timeout)
 			}

@@ -1,0 +1,121 @@
+package reclaim
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/bellhopq/bellhop/internal/pgtest"
+)
+
+// Most of the reclaimer's tests are in claim/, beside the claims whose
+// leases it returns. These need its retry timing shortened.
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// syncBuffer is a log sink that the reclaimer's goroutine writes while the
+// test reads.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// failure is a "reclaim pass failed" log line: the timeout of the next
+// pass and the wait before it, in milliseconds.
+type failure struct {
+	Timeout float64 `json:"timeout"`
+	RetryIn float64 `json:"retry_in"`
+}
+
+// failures returns the failures logged so far.
+func (b *syncBuffer) failures(t *testing.T) []failure {
+	t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []failure
+	for _, line := range bytes.Split(b.buf.Bytes(), []byte("\n")) {
+		if len(line) == 0 {
+			continue
+		}
+		var l struct {
+			Message string `json:"message"`
+			failure
+		}
+		if err := json.Unmarshal(line, &l); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		if l.Message == "reclaim pass failed" {
+			out = append(out, l.failure)
+		}
+	}
+	return out
+}
+
+// TestGrowthAndRetryAreCapped: a pass that never answers in time (here
+// each one sleeps 10 s on the server) is retried with its timeout doubled
+// after each, up to 32 times Options.Timeout and no further, so that a
+// pass on a dead connection is still cancelled within that bound; and the
+// wait before each retry doubles up to the ceiling and no further, with
+// jitter down to half. The retry timing is shortened from 1 – 30 s to
+// 5 – 40 ms so that the test sees the caps within seconds.
+func TestGrowthAndRetryAreCapped(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	if _, err := pool.Exec(ctx, `ALTER FUNCTION bellhop_start_seen_vt_floors() RENAME TO quick_floors;
+		CREATE FUNCTION bellhop_start_seen_vt_floors() RETURNS bigint LANGUAGE sql
+		AS $$ SELECT pg_sleep(10); SELECT quick_floors() $$`); err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	base := 20 * time.Millisecond
+	r := New(pool, zerolog.New(logs), Options{DefaultVT: 5 * time.Second, Timeout: base})
+	r.retryBase, r.retryCeiling = 5*time.Millisecond, 40*time.Millisecond
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r.Run(runCtx)
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	r.Observe(time.Now())
+
+	// The timeouts after each failure: 40, 80 ... 640 ms, then 640 ms
+	// again. The passes take about 3.3 s in all.
+	const want = 9
+	deadline := time.Now().Add(60 * time.Second)
+	var got []failure
+	for got = logs.failures(t); len(got) < want; got = logs.failures(t) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d failed passes logged within 60s, want %d", len(got), want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	for i, f := range got[:want] {
+		wantTimeout := min(base<<(i+1), maxGrowth*base)
+		if f.Timeout != ms(wantTimeout) {
+			t.Errorf("failure %d: next timeout %gms, want %gms", i+1, f.Timeout, ms(wantTimeout))
+		}
+		// Retry i+1 waits base·2^i capped at the ceiling, of which a
+		// random half is jitter.
+		full := min(r.retryBase<<i, r.retryCeiling)
+		if f.RetryIn < ms(full/2) || f.RetryIn > ms(full) {
+			t.Errorf("failure %d: retry in %gms, want %g – %gms", i+1, f.RetryIn, ms(full/2), ms(full))
+		}
+	}
+}
