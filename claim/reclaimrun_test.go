@@ -260,6 +260,35 @@ func TestReclaimDefaultBatch(t *testing.T) {
 	}
 }
 
+// TestReclaimReportsNextExpiry: Pass reports when the next live lease
+// ends, on this process's clock (claim.LocalClock, which TestLocalClock
+// tests with the clocks apart), and zero once nothing is in flight.
+func TestReclaimReportsNextExpiry(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _, appID := setup(t)
+	r := reclaim.New(pool, zerolog.Nop(), reclaim.Options{DefaultVT: 5 * time.Second})
+	next, err := r.Pass(ctx)
+	if err != nil || !next.IsZero() {
+		t.Fatalf("Pass with nothing in flight = %v, %v; want the zero time", next, err)
+	}
+	before := time.Now()
+	if _, err := pool.Exec(ctx, `INSERT INTO queue_messages (app_id, queue_name, payload, claim_token, claimed_at, attempt)
+		VALUES ($1, 'q', '{}', gen_random_uuid(), now() - interval '1 second', 1)`, appID); err != nil {
+		t.Fatal(err)
+	}
+	next, err = r.Pass(ctx)
+	after := time.Now()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Claimed 1s before the INSERT began, under the 5s default: it ends
+	// 4s after that, which was between before and after.
+	if next.Before(before.Add(4*time.Second)) || next.After(after.Add(4*time.Second)) {
+		t.Errorf("next expiry %s after the INSERT began, want 4s (INSERT and Pass took %s)", next.Sub(before), after.Sub(before))
+	}
+}
+
 // TestReclaimPassTimesOut: a pass that has not answered within the
 // reclaimer's timeout (here it waits for a table lock) is cancelled, and
 // says so, rather than holding the reclaimer for as long as the wait
