@@ -218,7 +218,10 @@ type Resolver interface {
 	Resolve(c Consumer) Handler
 }
 
-// Mux is a Resolver that maps (app, queue) to Go handlers.
+// Mux is a Resolver that maps (app, queue) to Go handlers. It serves only
+// consumers without a URL: a consumer with one is an HTTP endpoint's,
+// which `bellhop run` pushes to, signed, and a Go handler that took its
+// messages would compete with the daemon and bypass the endpoint.
 type Mux struct {
 	mu       sync.RWMutex
 	handlers map[[2]string]Handler
@@ -247,8 +250,12 @@ func (m *Mux) Handle(app, queue string, h Handler) {
 	m.handlers[[2]string{app, queue}] = h
 }
 
-// Resolve implements Resolver.
+// Resolve implements Resolver: the handler of c's app and queue, or nil
+// if c has a URL or none was registered.
 func (m *Mux) Resolve(c Consumer) Handler {
+	if c.URL != "" {
+		return nil
+	}
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	return m.handlers[[2]string{c.App, c.Queue}]

@@ -364,13 +364,19 @@ func TestUnstorableInput(t *testing.T) {
 }
 
 // TestZeroMux: like net/http's ServeMux, a zero Mux is ready to use, and
-// a nil handler is refused when registered, not found at delivery.
+// a nil handler is refused when registered, not found at delivery. It
+// does not serve a consumer with a URL.
 func TestZeroMux(t *testing.T) {
 	var m bellhop.Mux
 	h := bellhop.HandlerFunc(func(context.Context, *bellhop.Message) error { return nil })
 	m.Handle("shop", "orders", h)
 	if m.Resolve(bellhop.Consumer{App: "shop", Queue: "orders"}) == nil {
 		t.Error("the zero Mux lost its handler")
+	}
+	// A consumer with a URL is an HTTP endpoint's: the Mux leaves it to
+	// the daemon's push, whatever it has for the queue.
+	if m.Resolve(bellhop.Consumer{App: "shop", Queue: "orders", URL: "https://orders.example.com/hook"}) != nil {
+		t.Error("the Mux serves an HTTP push consumer with a Go handler")
 	}
 	// A second Handle of the same queue replaces the first.
 	first, second := &namedHandler{"first"}, &namedHandler{"second"}
