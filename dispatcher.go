@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
@@ -718,7 +719,7 @@ func (d *Dispatcher) jitter(p time.Duration) time.Duration {
 // fails.
 func (d *Dispatcher) wakeAfterConnect(ctx context.Context) {
 	var queueLanes, invokeLanes [][16]byte
-	err := d.db.QueryRow(ctx, queries.WakeScan, queries.Args{"owner": [16]byte(d.owner)}).Scan(&queueLanes, &invokeLanes)
+	err := d.db.QueryRow(ctx, queries.WakeScan, queries.Args{"owner": queries.UUID(d.owner)}).Scan(&queueLanes, &invokeLanes)
 	if err != nil {
 		if !timeout.Stopping(ctx) {
 			d.log.Warn().Err(timeout.Explain(ctx, err)).Msg("scanning for work after connecting failed; waking every queue")
@@ -1049,9 +1050,9 @@ func (d *Dispatcher) flushLastFired(ctx context.Context) {
 		d.lastFiredMu.Unlock()
 		return
 	}
-	ids := make([][16]byte, 0, len(d.lastFired)) // see claim.Write
+	ids := make([]pgtype.UUID, 0, len(d.lastFired)) // see queries.UUID
 	for id := range d.lastFired {
-		ids = append(ids, id)
+		ids = append(ids, queries.UUID(id))
 	}
 	clear(d.lastFired)
 	d.lastFiredMu.Unlock()
@@ -1060,7 +1061,7 @@ func (d *Dispatcher) flushLastFired(ctx context.Context) {
 		// would otherwise never show it.
 		d.lastFiredMu.Lock()
 		for _, id := range ids {
-			d.lastFired[id] = true
+			d.lastFired[id.Bytes] = true
 		}
 		d.lastFiredMu.Unlock()
 		if !timeout.Stopping(ctx) {

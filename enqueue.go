@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/bellhopq/bellhop/internal/validate"
 	queries "github.com/bellhopq/bellhop/sql"
@@ -104,11 +105,9 @@ func (c *Client) enqueue(ctx context.Context, q querier, app string, msgs []NewM
 		deliver  = make([]*time.Time, n)
 		delays   = make([]*int64, n)
 		attempts = make([]*int32, n)
-		// Ids go to pgx as [16]byte: for a uuid.UUID, and above all for
-		// one in a slice, pgx goes through its driver.Valuer (a string, a
-		// failed encode, then a parse).
-		idArgs     = make([][16]byte, n)
-		principals = make([]any, n) // nil or [16]byte
+		// Ids go to pgx through queries.UUID, above all those in a slice.
+		idArgs     = make([]pgtype.UUID, n)
+		principals = make([]pgtype.UUID, n) // not Valid: none
 		now        = c.clock()
 	)
 	for i, m := range msgs {
@@ -119,7 +118,7 @@ func (c *Client) enqueue(ctx context.Context, q querier, app string, msgs []NewM
 		if err != nil {
 			return nil, fmt.Errorf("enqueue: make id: %w", err)
 		}
-		ids[i], idArgs[i], queues[i], payloads[i] = id, id, m.Queue, json.RawMessage(m.Payload)
+		ids[i], idArgs[i], queues[i], payloads[i] = id, queries.UUID(id), m.Queue, json.RawMessage(m.Payload)
 		deliver[i], delays[i] = deliverArgs(now, m.Options)
 		if m.Options.MaxAttempts != 0 {
 			v := int32(m.Options.MaxAttempts)
@@ -133,7 +132,7 @@ func (c *Client) enqueue(ctx context.Context, q querier, app string, msgs []NewM
 			p = c.actor
 		}
 		if p != uuid.Nil || !c.operator {
-			principals[i] = [16]byte(p)
+			principals[i] = queries.UUID(p)
 		}
 	}
 	var appFound bool

@@ -129,8 +129,8 @@ func (l *lane) makeOffer(ctx context.Context) {
 	bctx, cancel := d.bound(ctx)
 	defer cancel()
 	err := d.db.QueryRow(bctx, queries.OfferMake, queries.Args{
-		"token": [16]byte(token), "app_id": [16]byte(l.target.AppID), "queue_name": l.target.Queue, "owner": [16]byte(d.owner),
-		"channel": d.leaseChannel, "ttl_ms": d.offerTTL().Milliseconds(), "consumer_id": [16]byte(l.target.TriggerID),
+		"token": queries.UUID(token), "app_id": queries.UUID(l.target.AppID), "queue_name": l.target.Queue, "owner": queries.UUID(d.owner),
+		"channel": d.leaseChannel, "ttl_ms": d.offerTTL().Milliseconds(), "consumer_id": queries.UUID(l.target.TriggerID),
 	}).Scan(&dbNow)
 	d.offers.mu.Lock()
 	defer d.offers.mu.Unlock()

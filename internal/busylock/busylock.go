@@ -99,7 +99,7 @@ func (h *Holder) Hold(ctx context.Context, k Key) (bool, error) {
 	var unset, held bool
 	var notified int64
 	err := h.conn.QueryRow(ctx, queries.BusyHold, queries.Args{
-		"app_id": [16]byte(k.AppID), "queue_name": k.Queue, "owner": [16]byte(h.owner), "idle_ms": h.idle.Milliseconds(),
+		"app_id": queries.UUID(k.AppID), "queue_name": k.Queue, "owner": queries.UUID(h.owner), "idle_ms": h.idle.Milliseconds(),
 	}).Scan(&unset, &held, &notified)
 	if err != nil {
 		h.drop()
@@ -159,7 +159,7 @@ func (h *Holder) Release(ctx context.Context, k Key) (confirmed bool, err error)
 	}
 	var unset, released bool
 	err = h.conn.QueryRow(ctx, queries.BusyRelease, queries.Args{
-		"app_id": [16]byte(k.AppID), "queue_name": k.Queue, "idle_ms": idle.Milliseconds(),
+		"app_id": queries.UUID(k.AppID), "queue_name": k.Queue, "idle_ms": idle.Milliseconds(),
 	}).Scan(&unset, &released)
 	if err != nil {
 		h.drop()
