@@ -62,10 +62,14 @@ type lane struct {
 	timed  atomic.Bool
 	nacked atomic.Bool
 	// emptyTimerWakes counts timer wake-ups in a row that found nothing
-	// due, and failures claim statements in a row that failed, touched
-	// only by the lane's goroutine.
+	// due, failures claim statements in a row that failed, and
+	// checkFailures settle checks in a row that failed, the next not
+	// before checkAt; touched only by the lane's goroutine. The checks
+	// count apart from the claims, which succeed meanwhile.
 	emptyTimerWakes int
 	failures        int
+	checkFailures   int
+	checkAt         time.Time
 	// msgLog bounds the lane's per-message log lines (msgEvent).
 	msgLog *logthrottle.Throttle
 
@@ -361,8 +365,7 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 			return time.Time{}, claimed // a finishing delivery pokes us
 		}
 		l.backlog.Store(false)
-		var settleErr error
-		if l.settle {
+		if l.settle && !time.Now().Before(l.checkAt) {
 			bctx, cancel := l.d.bound(ctx)
 			ok, err := claim.TryBusyLock(bctx, l.d.db, l.target, l.needFree)
 			cancel()
@@ -373,9 +376,13 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 				// lock, and confirm on a later pass, backing off as after
 				// a failed claim: a check that keeps failing must not stop
 				// the queue.
-				settleErr = err
+				l.checkFailures++
+				l.checkAt = l.retryAt(ctx, st, err, l.checkFailures)
 			case ok:
 				l.settle, l.tries, l.needFree = false, 0, false
+				l.checkFailures = 0
+			default:
+				l.checkFailures = 0
 			}
 		}
 		if l.watchHint.Swap(false) {
@@ -504,7 +511,7 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 				l.settle = true
 				return l.retry(ctx, st, err), claimed
 			}
-			l.marked = false
+			l.marked, l.checkFailures = false, 0 // the check in Unmark answered
 			if !ok {
 				l.settle = true
 			}
@@ -519,8 +526,8 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 			next = earliest(next, pass.ForeignLease.Add(time.Millisecond))
 		}
 		if l.settle {
-			if settleErr != nil {
-				return earliest(next, l.retry(ctx, st, settleErr)), claimed
+			if l.checkFailures > 0 {
+				return earliest(next, l.checkAt), claimed
 			}
 			// A producer that read a mark has not committed yet.
 			l.tries++
@@ -557,7 +564,12 @@ func (l *lane) claimPass(ctx context.Context, free int, mark bool) (claim.Pass, 
 // database is every lane's.
 func (l *lane) retry(ctx context.Context, st *consumerState, err error) time.Time {
 	l.failures++
-	wait := backoff.Delay(l.failures, time.Second, 10*time.Second)
+	return l.retryAt(ctx, st, err, l.failures)
+}
+
+// retryAt is retry after the failures-th failure in a row.
+func (l *lane) retryAt(ctx context.Context, st *consumerState, err error, failures int) time.Time {
+	wait := backoff.Delay(failures, time.Second, 10*time.Second)
 	if ctx.Err() == nil {
 		if ok, held := l.d.claimFailLog.Allow(); ok {
 			l.d.log.Warn().Err(err).Str("app_id", l.target.AppID.String()).Str("queue", st.Queue).

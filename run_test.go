@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -19,6 +20,7 @@ import (
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/pgtest"
 	"github.com/bellhopq/bellhop/migrations"
+	queries "github.com/bellhopq/bellhop/sql"
 )
 
 // TestRunFailsToStartCleanly: Run on a database without Bellhop's schema
@@ -148,7 +150,13 @@ func TestRefusedBusyCheckStillDelivers(t *testing.T) {
 		return nil
 	}))
 	logs := &lineLog{}
-	runDispatcher(t, dsn, mux, func(dc *bellhop.DispatcherConfig) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checks := &statementTimes{sql: queries.BusyLock}
+	cfg.ConnConfig.Tracer = checks
+	runDispatcherOn(t, cfg, mux, func(dc *bellhop.DispatcherConfig) {
 		dc.Logger = zerolog.New(zerolog.MultiLevelWriter(zerolog.NewTestWriter(t), logs)).Level(zerolog.WarnLevel)
 	})
 	expect := func(want string) {
@@ -179,6 +187,42 @@ func TestRefusedBusyCheckStillDelivers(t *testing.T) {
 	// The lane is settling, and every check fails: m2 is claimed anyway.
 	send("m2")
 	expect("m2")
+	// The check is retried backing off, 0.5 – 1s, 1 – 2s, 2 – 4s ...
+	// after the first, second, third failure in a row, although the
+	// claims between them succeed: the claims' backoff, which each
+	// restarts, retried it every 0.5 – 1s for as long as it failed.
+	smokeWait(t, 20*time.Second, "four busy-lock checks", func() bool { return len(checks.times()) >= 4 })
+	at := checks.times()
+	for i := range at {
+		t.Logf("check %d at %s", i, at[i].Sub(at[0]))
+	}
+	if gap := at[3].Sub(at[2]); gap < 1900*time.Millisecond {
+		t.Errorf("the fourth refused check came %s after the third, want 2 – 4s: not backing off", gap.Round(time.Millisecond))
+	}
+}
+
+// statementTimes records when a pool sent one statement, as its tracer.
+type statementTimes struct {
+	sql string
+	mu  sync.Mutex
+	at  []time.Time
+}
+
+func (s *statementTimes) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if d.SQL == s.sql {
+		s.mu.Lock()
+		s.at = append(s.at, time.Now())
+		s.mu.Unlock()
+	}
+	return ctx
+}
+
+func (s *statementTimes) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (s *statementTimes) times() []time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.at)
 }
 
 // lineLog keeps a dispatcher's log, for a test to wait for a line.

@@ -27,6 +27,12 @@ func runDispatcher(t *testing.T, connString string, r bellhop.Resolver, tweaks .
 	if err != nil {
 		t.Fatal(err)
 	}
+	return runDispatcherOn(t, cfg, r, tweaks...)
+}
+
+// runDispatcherOn is runDispatcher with a pool configuration.
+func runDispatcherOn(t *testing.T, cfg *pgxpool.Config, r bellhop.Resolver, tweaks ...func(*bellhop.DispatcherConfig)) *bellhop.Dispatcher {
+	t.Helper()
 	dc := bellhop.DispatcherConfig{Resolver: r, Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel), PollInterval: time.Hour}
 	for _, tw := range tweaks {
 		tw(&dc)
