@@ -158,7 +158,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	} else if !hasServerBinaries(binDir) {
 		return nil, fmt.Errorf("pgcluster: %s does not contain the PostgreSQL server binaries initdb and postgres", binDir)
 	}
-	cred, err := serverCredential()
+	cred, err := ServerCredential()
 	if err != nil {
 		return nil, err
 	}
@@ -263,9 +263,10 @@ func serverArgs(dir string, port int, opts Options) []string {
 	return args
 }
 
-// serverCredential returns the user to run initdb and postgres as: they
-// refuse to run as root, so root drops to `postgres` (or `nobody`).
-func serverCredential() (*syscall.Credential, error) {
+// ServerCredential returns the user to run initdb and postgres (and
+// PgBouncer) as: they refuse to run as root, so root drops to `postgres`
+// (or `nobody`). Nil when not running as root.
+func ServerCredential() (*syscall.Credential, error) {
 	if os.Geteuid() != 0 {
 		return nil, nil
 	}

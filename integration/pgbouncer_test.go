@@ -1,0 +1,110 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/internal/pgbouncer"
+)
+
+// TestProducersThroughPgBouncer: producers that reach the server through
+// PgBouncer's transaction pooling, with default_query_exec_mode=exec in
+// their connection string as docs/guarantees.md says, enqueue without a
+// failure (single messages, batches and EnqueueTx, 16 at once on 4
+// server connections), and a dispatcher on a direct connection delivers
+// every message once, woken by their notifications (the fallback poll is
+// an hour away).
+//
+// It needs the pgbouncer binary; .ci/run installs it and sets
+// BELLHOP_REQUIRE_PGBOUNCER, so that CI cannot skip it.
+func TestProducersThroughPgBouncer(t *testing.T) {
+	if _, err := pgbouncer.Find(); err != nil {
+		if os.Getenv("BELLHOP_REQUIRE_PGBOUNCER") != "" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	e := newEnv(t)
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", MaxInFlight: 50})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	b, err := pgbouncer.Start(ctx, pgbouncer.Options{Server: e.dsn, PoolMode: "transaction", PoolSize: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Stop() })
+	server, err := pgconn.ParseConfig(e.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(ctx, b.ConnString(server.Database)+"&default_query_exec_mode=exec")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	producer := bellhop.NewClient(pool)
+
+	rec := &recorder{}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", rec)
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour}, nil)
+
+	const producers, rounds = 16, 20 // each round: 1 + 2 + 1 messages
+	var wg sync.WaitGroup
+	errs := make(chan error, producers*rounds*3)
+	for p := range producers {
+		wg.Go(func() {
+			for r := range rounds {
+				msg := func(i int) []byte { return fmt.Appendf(nil, `{"p":%d,"r":%d,"i":%d}`, p, r, i) }
+				if _, err := producer.Enqueue(ctx, "app", "orders", msg(0), bellhop.EnqueueOptions{}); err != nil {
+					errs <- fmt.Errorf("Enqueue: %w", err)
+				}
+				if _, err := producer.EnqueueMany(ctx, "app", []bellhop.NewMessage{{Queue: "orders", Payload: msg(1)}, {Queue: "orders", Payload: msg(2)}}); err != nil {
+					errs <- fmt.Errorf("EnqueueMany: %w", err)
+				}
+				tx, err := pool.Begin(ctx)
+				if err != nil {
+					errs <- fmt.Errorf("Begin: %w", err)
+					continue
+				}
+				if _, err := producer.EnqueueTx(ctx, tx, "app", "orders", msg(3), bellhop.EnqueueOptions{}); err != nil {
+					errs <- fmt.Errorf("EnqueueTx: %w", err)
+				}
+				if err := tx.Commit(ctx); err != nil {
+					errs <- fmt.Errorf("Commit: %w", err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	failed := 0
+	for err := range errs {
+		if failed++; failed <= 3 {
+			t.Errorf("through PgBouncer: %v", err)
+		}
+	}
+	if failed > 0 {
+		t.Fatalf("%d producer calls failed through PgBouncer's transaction pooling", failed)
+	}
+	const want = producers * rounds * 4
+	waitFor(t, 30*time.Second, fmt.Sprintf("%d messages delivered", want), func() bool { return len(rec.deliveries()) >= want })
+	seen := map[string]bool{}
+	for _, d := range rec.deliveries() {
+		if seen[string(d.Payload)] {
+			t.Errorf("%s delivered twice", d.Payload)
+		}
+		seen[string(d.Payload)] = true
+	}
+	if len(seen) != want {
+		t.Errorf("%d distinct messages delivered, want %d", len(seen), want)
+	}
+}
