@@ -19,6 +19,7 @@ import (
 
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/pgtest"
+	"github.com/bellhopq/bellhop/internal/syncbuf"
 	"github.com/bellhopq/bellhop/migrations"
 	queries "github.com/bellhopq/bellhop/sql"
 )
@@ -226,19 +227,4 @@ func (s *statementTimes) times() []time.Time {
 }
 
 // lineLog keeps a dispatcher's log, for a test to wait for a line.
-type lineLog struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lineLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lineLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+type lineLog = syncbuf.Buffer

@@ -1,12 +1,10 @@
 package notify_test
 
 import (
-	"bytes"
 	"context"
 	"net"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop/internal/pgtest"
+	"github.com/bellhopq/bellhop/internal/syncbuf"
 	"github.com/bellhopq/bellhop/notify"
 )
 
@@ -27,22 +26,7 @@ func (h *counting) HandleEvent(notify.Event) {}
 func (h *counting) Connected()               { h.connects.Add(1) }
 
 // syncBuffer is a log sink safe for the listener's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuffer = syncbuf.Buffer
 
 // run starts l and stops it when t ends.
 func run(t *testing.T, l *notify.Listener) {

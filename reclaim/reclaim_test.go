@@ -1,35 +1,22 @@
 package reclaim
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"sync"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop/internal/pgtest"
+	"github.com/bellhopq/bellhop/internal/syncbuf"
 )
 
 // Most of the reclaimer's tests are in claim/, beside the claims whose
 // leases it returns. These need its retry timing shortened.
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
-
-// syncBuffer is a log sink that the reclaimer's goroutine writes while the
-// test reads.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
 
 // failure is a "reclaim pass failed" log line: the timeout of the next
 // pass and the wait before it, in milliseconds.
@@ -39,12 +26,10 @@ type failure struct {
 }
 
 // failures returns the failures logged so far.
-func (b *syncBuffer) failures(t *testing.T) []failure {
+func failures(t *testing.T, logs *syncbuf.Buffer) []failure {
 	t.Helper()
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	var out []failure
-	for _, line := range bytes.Split(b.buf.Bytes(), []byte("\n")) {
+	for _, line := range strings.Split(logs.String(), "\n") {
 		if len(line) == 0 {
 			continue
 		}
@@ -52,7 +37,7 @@ func (b *syncBuffer) failures(t *testing.T) []failure {
 			Message string `json:"message"`
 			failure
 		}
-		if err := json.Unmarshal(line, &l); err != nil {
+		if err := json.Unmarshal([]byte(line), &l); err != nil {
 			t.Fatalf("log line %q: %v", line, err)
 		}
 		if l.Message == "reclaim pass failed" {
@@ -78,7 +63,7 @@ func TestGrowthAndRetryAreCapped(t *testing.T) {
 		AS $$ SELECT pg_sleep(10); SELECT quick_floors() $$`); err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	base := 20 * time.Millisecond
 	r := New(pool, zerolog.New(logs), Options{DefaultVT: 5 * time.Second, Timeout: base})
 	r.retryBase, r.retryCeiling = 5*time.Millisecond, 40*time.Millisecond
@@ -99,7 +84,7 @@ func TestGrowthAndRetryAreCapped(t *testing.T) {
 	const want = 9
 	deadline := time.Now().Add(60 * time.Second)
 	var got []failure
-	for got = logs.failures(t); len(got) < want; got = logs.failures(t) {
+	for got = failures(t, logs); len(got) < want; got = failures(t, logs) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d failed passes logged within 60s, want %d", len(got), want)
 		}
