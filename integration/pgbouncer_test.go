@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -107,4 +109,81 @@ func TestProducersThroughPgBouncer(t *testing.T) {
 	if len(seen) != want {
 		t.Errorf("%d distinct messages delivered, want %d", len(seen), want)
 	}
+}
+
+// TestDispatcherThroughPgBouncerSession: a dispatcher can run through
+// PgBouncer in session mode as docs/guarantees.md says. Without
+// synchronous_commit and default_transaction_isolation in PgBouncer's
+// ignore_startup_parameters, Run fails at start-up and says which
+// parameter PgBouncer refused. With them, and the two settings on the
+// role in the database, it listens, claims and acks through PgBouncer:
+// every message is delivered once, woken by its notification (the
+// fallback poll is an hour away).
+func TestDispatcherThroughPgBouncerSession(t *testing.T) {
+	if _, err := pgbouncer.Find(); err != nil {
+		if os.Getenv("BELLHOP_REQUIRE_PGBOUNCER") != "" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	e := newEnv(t)
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders"})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	server, err := pgconn.ParseConfig(e.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", rec)
+
+	t.Run("start-up parameters refused", func(t *testing.T) {
+		b, err := pgbouncer.Start(ctx, pgbouncer.Options{Server: e.dsn, PoolMode: "session", PoolSize: 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Stop()
+		cfg, err := pgxpool.ParseConfig(b.ConnString(server.Database))
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := bellhop.NewDispatcher(cfg, bellhop.DispatcherConfig{Resolver: mux, Logger: testLogger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		runCtx, stop := context.WithTimeout(ctx, 30*time.Second)
+		defer stop()
+		err = d.Run(runCtx)
+		if err == nil || !strings.Contains(err.Error(), "unsupported startup parameter") {
+			t.Errorf("Run through PgBouncer that refuses its start-up parameters = %v, want an error that names them", err)
+		}
+	})
+
+	t.Run("ignored, and set on the role", func(t *testing.T) {
+		b, err := pgbouncer.Start(ctx, pgbouncer.Options{Server: e.dsn, PoolMode: "session", PoolSize: 20,
+			IgnoreStartupParameters: []string{"synchronous_commit", "default_transaction_isolation"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Stop()
+		role := pgx.Identifier{server.User}.Sanitize()
+		db := pgx.Identifier{server.Database}.Sanitize()
+		for _, set := range []string{"synchronous_commit = off", "default_transaction_isolation = 'read committed'"} {
+			if _, err := e.pool.Exec(ctx, "ALTER ROLE "+role+" IN DATABASE "+db+" SET "+set); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r := startDispatcher(t, b.ConnString(server.Database), bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour}, nil)
+		defer r.stop()
+		const n = 50
+		for i := range n {
+			e.enqueue(t, "orders", map[string]int{"i": i}, bellhop.EnqueueOptions{})
+		}
+		waitFor(t, 30*time.Second, fmt.Sprintf("%d messages delivered", n), func() bool { return len(rec.deliveries()) >= n })
+		waitFor(t, 10*time.Second, "every message acked", func() bool { return e.count(t, `SELECT count(*) FROM queue_messages`) == 0 })
+		if got := len(rec.deliveries()); got != n {
+			t.Errorf("%d deliveries of %d messages", got, n)
+		}
+	})
 }

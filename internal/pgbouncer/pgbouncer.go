@@ -31,6 +31,9 @@ type Options struct {
 	PoolMode string
 	// PoolSize is the server connections per database and user.
 	PoolSize int
+	// IgnoreStartupParameters are start-up parameters that PgBouncer
+	// accepts and drops, besides extra_float_digits, which pgx sends.
+	IgnoreStartupParameters []string
 }
 
 // Bouncer is a running PgBouncer.
@@ -104,8 +107,8 @@ func Start(ctx context.Context, opts Options) (b *Bouncer, err error) {
 		"default_pool_size = " + strconv.Itoa(max(opts.PoolSize, 1)),
 		"max_client_conn = 500",
 		"logfile = " + filepath.Join(dir, "pgbouncer.log"),
-		// pgx sends these; PgBouncer refuses what it does not track.
-		"ignore_startup_parameters = extra_float_digits",
+		// PgBouncer refuses a start-up parameter it does not track.
+		"ignore_startup_parameters = " + strings.Join(append([]string{"extra_float_digits"}, opts.IgnoreStartupParameters...), ","),
 		"",
 	}, "\n")
 	users := fmt.Sprintf("%q \"\"\n", server.User)
