@@ -787,14 +787,11 @@ func (d *Dispatcher) poll(ctx context.Context) {
 	var dbNow time.Time
 	pollSent := time.Now()
 	offers, unheard := d.offerTokens(pollSent)
-	if offers == nil {
-		offers = []uuid.UUID{}
-	}
 	err := d.db.QueryRow(ctx, queries.Poll, queries.Args{
 		"heartbeat":       "h:" + token,
 		"default_vt_secs": int(d.cfg.DefaultVisibilityTimeout / time.Second),
 		"owner":           d.owner,
-		"offers":          offers,
+		"offers":          queries.UUIDs(offers),
 		"offer_ttl_ms":    d.offerTTL().Milliseconds(),
 		"grace_ms":        missedGrace.Milliseconds(),
 	}).Scan(&sent, &queueReady, &queueStale, &invokeReady, &invokeStale, &nextExpiry, &liveOffers, &dbNow)

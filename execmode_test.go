@@ -10,9 +10,11 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/pgtest"
+	"github.com/bellhopq/bellhop/internal/syncbuf"
 )
 
 // TestQueryExecModes: the client and the dispatcher work in each of
@@ -21,13 +23,26 @@ import (
 // A pool behind PgBouncer's transaction pooling needs one that does not
 // (docs/guarantees.md, "PgBouncer"), and the uuids that Bellhop passes
 // had no text encoding, so that exec and simple_protocol failed every
-// call. Each mode: every Client call that writes or reads, then a
-// dispatcher that delivers, retries, dead-letters and, after a redrive,
-// delivers again.
+// call. Each mode, with and without leasing at INSERT: every Client call
+// that writes or reads, then a dispatcher that delivers, retries,
+// dead-letters and, after a redrive, delivers again; that delivers a
+// message whose notification was never sent, by its fallback poll; and
+// that logs no warning other than for the handler's own failures.
 func TestQueryExecModes(t *testing.T) {
 	t.Parallel()
-	for _, mode := range []string{"cache_statement", "cache_describe", "describe_exec", "exec", "simple_protocol"} {
-		t.Run(mode, func(t *testing.T) {
+	for _, tc := range []struct {
+		mode  string
+		lease bool
+	}{
+		{"cache_statement", false}, {"cache_describe", false}, {"describe_exec", false}, {"exec", false}, {"simple_protocol", false},
+		{"cache_statement", true}, {"exec", true}, {"simple_protocol", true},
+	} {
+		mode := tc.mode
+		name := mode
+		if tc.lease {
+			name += ", leasing at INSERT"
+		}
+		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
@@ -120,7 +135,13 @@ func TestQueryExecModes(t *testing.T) {
 				}
 				return nil
 			}))
-			smokeDispatcher(t, dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour})
+			logs := &syncbuf.Buffer{}
+			cfg, err := pgxpool.ParseConfig(dsn)
+			must("ParseConfig", err)
+			runDispatcherOn(t, cfg, mux, func(dc *bellhop.DispatcherConfig) {
+				dc.PollInterval, dc.LeaseAtInsert = 200*time.Millisecond, tc.lease
+				dc.Logger = zerolog.New(logs).Level(zerolog.WarnLevel)
+			})
 			count := func(p string) int {
 				mu.Lock()
 				defer mu.Unlock()
@@ -150,6 +171,20 @@ func TestQueryExecModes(t *testing.T) {
 			must("PurgeDead", err)
 			if n != 0 {
 				t.Errorf("PurgeDead = %d, want 0 (the dead letter was redriven)", n)
+			}
+
+			// A notification lost: the poll finds the message.
+			_, err = pool.Exec(ctx, `ALTER TABLE queue_messages DISABLE TRIGGER queue_messages_notify`)
+			must("disable the notify trigger", err)
+			_, err = c.Enqueue(ctx, "shop", "orders", []byte(`"unannounced"`), bellhop.EnqueueOptions{})
+			must("Enqueue", err)
+			smokeWait(t, 10*time.Second, "the unannounced message handled by the poll", func() bool { return count(`"unannounced"`) == 1 })
+
+			for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+				if line == "" || strings.Contains(line, `"error":"once"`) || strings.Contains(line, `"error":"permanent: no"`) {
+					continue // the handler's own failures
+				}
+				t.Errorf("logged: %s", line)
 			}
 		})
 	}

@@ -365,7 +365,7 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 			return time.Time{}, claimed // a finishing delivery pokes us
 		}
 		l.backlog.Store(false)
-		if l.settle && !time.Now().Before(l.checkAt) {
+		if l.settle && (l.checkFailures == 0 || !time.Now().Before(l.checkAt)) {
 			bctx, cancel := l.d.bound(ctx)
 			ok, err := claim.TryBusyLock(bctx, l.d.db, l.target, l.needFree)
 			cancel()
@@ -511,7 +511,8 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 				l.settle = true
 				return l.retry(ctx, st, err), claimed
 			}
-			l.marked, l.checkFailures = false, 0 // the check in Unmark answered
+			// The check in Unmark answered: the next one need not wait.
+			l.marked, l.checkFailures, l.checkAt = false, 0, time.Time{}
 			if !ok {
 				l.settle = true
 			}

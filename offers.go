@@ -193,7 +193,7 @@ func (l *lane) withdraw(ctx context.Context) {
 func (d *Dispatcher) dropOffers(ctx context.Context, tokens []uuid.UUID) {
 	var arg any
 	if tokens != nil {
-		arg = tokens
+		arg = queries.UUIDs(tokens)
 	}
 	rows, err := d.db.Query(ctx, queries.OfferDrop, queries.Args{"owner": d.owner, "tokens": arg})
 	var gone []uuid.UUID
@@ -547,7 +547,7 @@ func (d *Dispatcher) recoverLeases(ctx context.Context, tokens []uuid.UUID) {
 	if len(tokens) == 0 {
 		return
 	}
-	rows, err := d.db.Query(ctx, queries.OfferRecover, queries.Args{"tokens": tokens})
+	rows, err := d.db.Query(ctx, queries.OfferRecover, queries.Args{"tokens": queries.UUIDs(tokens)})
 	if err != nil {
 		if !timeout.Stopping(ctx) {
 			d.log.Warn().Err(timeout.Explain(ctx, err)).Msg("could not look for leases whose notification was missed; they come back after their lease")

@@ -200,6 +200,20 @@ func TestRefusedBusyCheckStillDelivers(t *testing.T) {
 	if gap := at[3].Sub(at[2]); gap < 1900*time.Millisecond {
 		t.Errorf("the fourth refused check came %s after the third, want 2 – 4s: not backing off", gap.Round(time.Millisecond))
 	}
+
+	// The check works again, and the next is 4 – 8s away. A drain's
+	// unmark, whose own check answers, makes the lane check at once,
+	// rather than claim every 20ms until then.
+	e.exec(`GRANT EXECUTE ON FUNCTION pg_try_advisory_xact_lock(bigint) TO PUBLIC`)
+	send("m3")
+	send("m4")
+	expect("m3")
+	expect("m4")
+	delivered := time.Now()
+	smokeWait(t, 10*time.Second, "a fifth busy-lock check", func() bool { return len(checks.times()) >= 5 })
+	if late := checks.times()[4].Sub(delivered); late > time.Second {
+		t.Errorf("the check after the drain's unmark came %s after the drain, want at once", late.Round(time.Millisecond))
+	}
 }
 
 // statementTimes records when a pool sent one statement, as its tracer.

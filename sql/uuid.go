@@ -11,3 +11,15 @@ import "github.com/jackc/pgx/v5/pgtype"
 // every call (TestQueryExecModes). pgx encodes a pgtype.UUID directly,
 // in binary or text.
 func UUID(u [16]byte) pgtype.UUID { return pgtype.UUID{Bytes: u, Valid: true} }
+
+// UUIDs is us as a statement argument, each as UUID makes it (never nil,
+// so that an empty slice is an empty array, not NULL). pgx encodes a
+// uuid.UUID alone through its driver.Valuer in every mode, but has no
+// text encoding for a slice of them.
+func UUIDs[T ~[16]byte](us []T) []pgtype.UUID {
+	out := make([]pgtype.UUID, len(us))
+	for i, u := range us {
+		out[i] = UUID(u)
+	}
+	return out
+}

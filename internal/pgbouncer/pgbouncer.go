@@ -39,6 +39,7 @@ type Options struct {
 // Bouncer is a running PgBouncer.
 type Bouncer struct {
 	cmd  *exec.Cmd
+	lock *os.File // held while the dir is in use (sweepStale)
 	dir  string
 	port int
 	user string
@@ -74,12 +75,22 @@ func Start(ctx context.Context, opts Options) (b *Bouncer, err error) {
 	if err != nil {
 		return nil, err
 	}
+	sweepStale()
 	dir, err := os.MkdirTemp("/tmp", "bellhop-pgbouncer")
 	if err != nil {
 		return nil, fmt.Errorf("pgbouncer: create temp dir: %w", err)
 	}
+	lock, err := os.Create(filepath.Join(dir, "lock"))
+	if err == nil {
+		err = syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+	}
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, fmt.Errorf("pgbouncer: lock %s: %w", dir, err)
+	}
 	defer func() {
 		if err != nil {
+			_ = lock.Close()
 			_ = os.RemoveAll(dir)
 		}
 	}()
@@ -87,7 +98,7 @@ func Start(ctx context.Context, opts Options) (b *Bouncer, err error) {
 	if err != nil {
 		return nil, err
 	}
-	b = &Bouncer{dir: dir, port: port, user: server.User, done: make(chan struct{})}
+	b = &Bouncer{lock: lock, dir: dir, port: port, user: server.User, done: make(chan struct{})}
 	// Clients are trusted; PgBouncer logs in to the server as the server
 	// string's user, with its password if it has one.
 	db := fmt.Sprintf("host=%s port=%d user=%s", quote(server.Host), server.Port, quote(server.User))
@@ -125,8 +136,10 @@ func Start(ctx context.Context, opts Options) (b *Bouncer, err error) {
 		}
 	}
 	b.cmd = exec.Command(bin, filepath.Join(dir, "pgbouncer.ini"))
-	b.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true}
-	if err := b.cmd.Start(); err != nil {
+	// It dies with the test binary, even on kill -9 or a test timeout,
+	// which skip Stop.
+	b.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := pgcluster.StartPinned(b.cmd); err != nil {
 		return nil, fmt.Errorf("pgbouncer: start %s: %w", bin, err)
 	}
 	go func() {
@@ -185,7 +198,26 @@ func (b *Bouncer) Stop() error {
 		_ = b.cmd.Process.Kill()
 		<-b.done
 	}
+	_ = b.lock.Close()
 	return os.RemoveAll(b.dir)
+}
+
+// sweepStale removes the dirs of bouncers whose test process died without
+// Stop (kill -9, a test timeout): PgBouncer died with it (Pdeathsig), and
+// nobody holds the dir's lock any more. A dir without a lock file may be
+// starting, and is left alone. Best effort.
+func sweepStale() {
+	dirs, _ := filepath.Glob("/tmp/bellhop-pgbouncer*")
+	for _, dir := range dirs {
+		f, err := os.Open(filepath.Join(dir, "lock"))
+		if err != nil {
+			continue
+		}
+		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil {
+			_ = os.RemoveAll(dir)
+		}
+		_ = f.Close()
+	}
 }
 
 func (b *Bouncer) logTail() string {

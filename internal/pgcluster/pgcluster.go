@@ -421,6 +421,11 @@ type forkReq struct {
 	errc chan error
 }
 
+// StartPinned starts cmd as the servers are started, so that a Pdeathsig
+// in its SysProcAttr fires when this process dies, not when some thread
+// of it exits: for other processes a test starts, such as PgBouncer.
+func StartPinned(cmd *exec.Cmd) error { return forkPinned(cmd) }
+
 func forkPinned(cmd *exec.Cmd) error {
 	forkOnce.Do(func() {
 		forkReqs = make(chan forkReq)
