@@ -17,6 +17,18 @@ import (
 	"github.com/bellhopq/bellhop/internal/pgbouncer"
 )
 
+// needPgBouncer skips t without the pgbouncer binary, unless
+// BELLHOP_REQUIRE_PGBOUNCER is set (as .ci/run sets it): then it fails.
+func needPgBouncer(t *testing.T) {
+	t.Helper()
+	if _, err := pgbouncer.Find(); err != nil {
+		if os.Getenv("BELLHOP_REQUIRE_PGBOUNCER") != "" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+}
+
 // TestProducersThroughPgBouncer: producers that reach the server through
 // PgBouncer's transaction pooling, with default_query_exec_mode=exec in
 // their connection string as docs/guarantees.md says, enqueue without a
@@ -25,15 +37,9 @@ import (
 // every message once, woken by their notifications (the fallback poll is
 // an hour away).
 //
-// It needs the pgbouncer binary; .ci/run installs it and sets
-// BELLHOP_REQUIRE_PGBOUNCER, so that CI cannot skip it.
+// It needs the pgbouncer binary (needPgBouncer).
 func TestProducersThroughPgBouncer(t *testing.T) {
-	if _, err := pgbouncer.Find(); err != nil {
-		if os.Getenv("BELLHOP_REQUIRE_PGBOUNCER") != "" {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
+	needPgBouncer(t)
 	e := newEnv(t)
 	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", MaxInFlight: 50})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -120,12 +126,7 @@ func TestProducersThroughPgBouncer(t *testing.T) {
 // every message is delivered once, woken by its notification (the
 // fallback poll is an hour away).
 func TestDispatcherThroughPgBouncerSession(t *testing.T) {
-	if _, err := pgbouncer.Find(); err != nil {
-		if os.Getenv("BELLHOP_REQUIRE_PGBOUNCER") != "" {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
+	needPgBouncer(t)
 	e := newEnv(t)
 	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders"})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -39,7 +39,7 @@ type Options struct {
 // Bouncer is a running PgBouncer.
 type Bouncer struct {
 	cmd  *exec.Cmd
-	lock *os.File // held while the dir is in use (sweepStale)
+	lock *os.File // held while the dir is in use (pgcluster.SweepStale)
 	dir  string
 	port int
 	user string
@@ -75,7 +75,10 @@ func Start(ctx context.Context, opts Options) (b *Bouncer, err error) {
 	if err != nil {
 		return nil, err
 	}
-	sweepStale()
+	// Dirs of bouncers whose test died without Stop (kill -9, a test
+	// timeout): PgBouncer died with it (Pdeathsig), and nobody holds the
+	// dir's lock any more.
+	pgcluster.SweepStale("/tmp/bellhop-pgbouncer*", "lock")
 	dir, err := os.MkdirTemp("/tmp", "bellhop-pgbouncer")
 	if err != nil {
 		return nil, fmt.Errorf("pgbouncer: create temp dir: %w", err)
@@ -94,7 +97,7 @@ func Start(ctx context.Context, opts Options) (b *Bouncer, err error) {
 			_ = os.RemoveAll(dir)
 		}
 	}()
-	port, err := freePort()
+	port, err := pgcluster.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -202,39 +205,12 @@ func (b *Bouncer) Stop() error {
 	return os.RemoveAll(b.dir)
 }
 
-// sweepStale removes the dirs of bouncers whose test process died without
-// Stop (kill -9, a test timeout): PgBouncer died with it (Pdeathsig), and
-// nobody holds the dir's lock any more. A dir without a lock file may be
-// starting, and is left alone. Best effort.
-func sweepStale() {
-	dirs, _ := filepath.Glob("/tmp/bellhop-pgbouncer*")
-	for _, dir := range dirs {
-		f, err := os.Open(filepath.Join(dir, "lock"))
-		if err != nil {
-			continue
-		}
-		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil {
-			_ = os.RemoveAll(dir)
-		}
-		_ = f.Close()
-	}
-}
-
 func (b *Bouncer) logTail() string {
 	data, _ := os.ReadFile(filepath.Join(b.dir, "pgbouncer.log"))
 	if len(data) > 2000 {
 		data = data[len(data)-2000:]
 	}
 	return strings.TrimSpace(string(data))
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("pgbouncer: pick a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // quote quotes a libpq connection-string value for PgBouncer's

@@ -164,7 +164,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	}
 
 	parent := tempParent(cred != nil)
-	sweepStale(parent)
+	SweepStale(filepath.Join(parent, "bellhop-pg*"), "server.log")
 	dir, err := os.MkdirTemp(parent, "bellhop-pg")
 	if err != nil {
 		return nil, fmt.Errorf("pgcluster: create temp dir: %w", err)
@@ -189,7 +189,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 			_ = logf.Close()
 		}
 	}()
-	// The lock marks the dir as in use for sweepStale. It lives as long as
+	// The lock marks the dir as in use for SweepStale. It lives as long as
 	// any process holds the log's open file: us, and the server processes
 	// that get it as stdout/stderr. The file only gets its final name once
 	// locked, so a concurrent sweep never sees it unlocked.
@@ -224,7 +224,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	// postgres binds it; retry with a fresh port when that happens. Without
 	// TCP the port only names the socket file inside our own dir.
 	for attempt := 1; ; attempt++ {
-		if c.port, err = freePort(); err != nil {
+		if c.port, err = FreePort(); err != nil {
 			return nil, err
 		}
 		c.args = serverArgs(dir, c.port, opts)
@@ -315,15 +315,16 @@ func searchableByOthers(dir string) bool {
 	}
 }
 
-// sweepStale removes cluster dirs left behind by processes that died
-// without Stop (kill -9, a `go test -timeout` panic, os.Exit in a test):
-// each holds a copy of the 40MB data dir. A dir is stale when nobody holds
-// the lock on its server.log; dirs without one may be mid-creation and are
+// SweepStale removes the dirs that glob matches and that processes that
+// died without cleaning up (kill -9, a `go test -timeout` panic, os.Exit
+// in a test) left behind: a cluster's holds a copy of the 40MB data dir.
+// A dir is stale when nobody holds the flock on its file lockName (a
+// cluster's server.log); dirs without one may be mid-creation and are
 // left alone. Best effort: errors are ignored.
-func sweepStale(parent string) {
-	dirs, _ := filepath.Glob(filepath.Join(parent, "bellhop-pg*"))
+func SweepStale(glob, lockName string) {
+	dirs, _ := filepath.Glob(glob)
 	for _, dir := range dirs {
-		f, err := os.Open(filepath.Join(dir, "server.log"))
+		f, err := os.Open(filepath.Join(dir, lockName))
 		if err != nil {
 			continue
 		}
@@ -334,7 +335,8 @@ func sweepStale(parent string) {
 	}
 }
 
-func freePort() (int, error) {
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, fmt.Errorf("pgcluster: pick a free port: %w", err)

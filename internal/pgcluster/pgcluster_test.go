@@ -91,7 +91,7 @@ func TestLifecycle(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(c.Dir(), "server.log")); err != nil {
 		t.Fatalf("server.log: %v", err)
 	}
-	sweepStale(filepath.Dir(c.Dir()))
+	SweepStale(filepath.Join(filepath.Dir(c.Dir()), "bellhop-pg*"), "server.log")
 	if _, err := os.Stat(c.Dir()); err != nil {
 		t.Fatalf("sweepStale removed a live cluster's dir: %v", err)
 	}
@@ -360,7 +360,7 @@ func TestServerDiesWithParent(t *testing.T) {
 	t.Logf("server gone %v after kill -9 of its parent", time.Since(t0))
 
 	// The next Start sweeps the orphaned dir.
-	sweepStale(filepath.Dir(dir))
+	SweepStale(filepath.Join(filepath.Dir(dir), "bellhop-pg*"), "server.log")
 	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("sweepStale left the orphaned dir %s (stat: %v)", dir, err)
 	}
