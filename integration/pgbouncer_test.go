@@ -12,9 +12,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/pgbouncer"
+	"github.com/bellhopq/bellhop/internal/syncbuf"
 )
 
 // needPgBouncer skips t without the pgbouncer binary, unless
@@ -124,7 +126,8 @@ func TestProducersThroughPgBouncer(t *testing.T) {
 // parameter PgBouncer refused. With them, and the two settings on the
 // role in the database, it listens, claims and acks through PgBouncer:
 // every message is delivered once, woken by its notification (the
-// fallback poll is an hour away).
+// fallback poll is an hour away). Through transaction pooling, where its
+// LISTEN cannot work, its first missed heartbeat names the problem.
 func TestDispatcherThroughPgBouncerSession(t *testing.T) {
 	needPgBouncer(t)
 	e := newEnv(t)
@@ -186,5 +189,25 @@ func TestDispatcherThroughPgBouncerSession(t *testing.T) {
 		if got := len(rec.deliveries()); got != n {
 			t.Errorf("%d deliveries of %d messages", got, n)
 		}
+	})
+
+	t.Run("transaction pooling", func(t *testing.T) {
+		// The listener's LISTEN lands on one server session and its wait
+		// on others: the dispatcher starts, and its first missed
+		// heartbeat says what is wrong.
+		b, err := pgbouncer.Start(ctx, pgbouncer.Options{Server: e.dsn, PoolMode: "transaction", PoolSize: 20,
+			IgnoreStartupParameters: []string{"synchronous_commit", "default_transaction_isolation"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Stop()
+		logs := &syncbuf.Buffer{}
+		r := startLogged(t, b.ConnString(server.Database)+"&default_query_exec_mode=exec", bellhop.DispatcherConfig{Resolver: mux,
+			PollInterval: 200 * time.Millisecond, HeartbeatTimeout: 300 * time.Millisecond,
+			Logger: zerolog.New(logs).Level(zerolog.WarnLevel)}, nil)
+		defer r.stop()
+		waitFor(t, 10*time.Second, "a missed heartbeat that names transaction pooling", func() bool {
+			return strings.Contains(logs.String(), `"hint":"no heartbeat has ever come back: LISTEN needs a session of its own`)
+		})
 	})
 }

@@ -85,6 +85,9 @@ type Listener struct {
 	notifications atomic.Uint64
 	garbled       atomic.Uint64
 	hungRestarts  atomic.Uint64
+	// beatHeard is set once one of our heartbeats has come back, on any
+	// connection.
+	beatHeard atomic.Bool
 
 	mu             sync.Mutex
 	pendingBeat    string
@@ -194,8 +197,14 @@ func (l *Listener) ExpectHeartbeat() string {
 		l.mu.Unlock()
 		if missed && l.connected.Load() {
 			l.hungRestarts.Add(1)
-			l.cfg.Logger.Warn().Dur("timeout", l.cfg.HeartbeatTimeout).
-				Msg("listener did not receive its heartbeat; reconnecting")
+			ev := l.cfg.Logger.Warn().Dur("timeout", l.cfg.HeartbeatTimeout)
+			if !l.beatHeard.Load() {
+				// What a connection that cannot LISTEN looks like: its
+				// LISTEN succeeded on a server session that is not the
+				// one the listener then waits on.
+				ev = ev.Str("hint", "no heartbeat has ever come back: LISTEN needs a session of its own, so give the dispatcher a direct connection or a session-pooling PgBouncer, not transaction pooling")
+			}
+			ev.Msg("listener did not receive its heartbeat; reconnecting")
 			l.Restart()
 		}
 	})
@@ -284,6 +293,7 @@ func (l *Listener) receive(payload string) {
 		l.mu.Lock()
 		if l.pendingBeat == ev.Token {
 			l.pendingBeat = ""
+			l.beatHeard.Store(true)
 		}
 		l.mu.Unlock()
 		return
