@@ -370,19 +370,18 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 			ok, err := claim.TryBusyLock(bctx, l.d.db, l.target, l.needFree)
 			cancel()
 			err = timeout.Explain(bctx, err)
-			switch {
-			case err != nil:
+			if err != nil {
 				// Claim all the same, as while producers still hold the
-				// lock, and confirm on a later pass, backing off as after
-				// a failed claim: a check that keeps failing must not stop
-				// the queue.
+				// lock, and check again later, backing off on the
+				// check's own count (the claims between succeed): a check
+				// that keeps failing must not stop the queue.
 				l.checkFailures++
 				l.checkAt = l.retryAt(ctx, st, err, l.checkFailures)
-			case ok:
-				l.settle, l.tries, l.needFree = false, 0, false
+			} else {
 				l.checkFailures = 0
-			default:
-				l.checkFailures = 0
+				if ok {
+					l.settle, l.tries, l.needFree = false, 0, false
+				}
 			}
 		}
 		if l.watchHint.Swap(false) {
