@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // runFloor measures the physical floor under a delivery: a round trip, a
@@ -126,7 +127,9 @@ func seedTableFloor(ctx context.Context, e *env) error {
 		return err
 	}
 	defer db.drop()
-	var appID [16]byte
+	// pgtype.UUID, as Bellhop's own statements pass uuids, so that the
+	// floor is what a producer in any of pgx's exec modes pays.
+	var appID pgtype.UUID
 	err = setup.QueryRow(ctx, "SELECT id FROM apps WHERE name = $1", benchApp).Scan(&appID)
 	if err == nil {
 		_, err = setup.Exec(ctx, "ALTER TABLE queue_messages DISABLE TRIGGER queue_messages_notify")
