@@ -546,10 +546,14 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 }
 
 // Ready reports whether the dispatcher can deliver right now: the database
-// answers and the listener is connected.
+// answers and the listener is connected, and not deaf (it has heard one of
+// its heartbeats, or missed fewer than two).
 func (d *Dispatcher) Ready(ctx context.Context) error {
 	if !d.listener.Connected() {
 		return errors.New("listener not connected")
+	}
+	if err := d.listener.Deaf(); err != nil {
+		return err
 	}
 	db := d.pool.Load()
 	if db == nil {

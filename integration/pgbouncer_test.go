@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/pgbouncer"
 	"github.com/bellhopq/bellhop/internal/syncbuf"
+	"github.com/bellhopq/bellhop/notify"
 )
 
 // needPgBouncer skips t without the pgbouncer binary, unless
@@ -208,6 +210,11 @@ func TestDispatcherThroughPgBouncerSession(t *testing.T) {
 		defer r.stop()
 		waitFor(t, 10*time.Second, "a missed heartbeat that names transaction pooling", func() bool {
 			return strings.Contains(logs.String(), `"hint":"no heartbeat has ever come back: LISTEN needs a session of its own`)
+		})
+		// From the second miss, it is not ready either, whenever the
+		// listener is connected.
+		waitFor(t, 20*time.Second, "Ready to report the listener deaf", func() bool {
+			return errors.Is(r.Ready(ctx), notify.ErrDeaf)
 		})
 	})
 }

@@ -151,6 +151,29 @@ func (l *Listener) Run(ctx context.Context) error {
 // Connected reports whether LISTEN is in place right now.
 func (l *Listener) Connected() bool { return l.connected.Load() }
 
+// deafAfter is how many heartbeats must be missed, with none ever heard,
+// before Deaf reports the listener deaf. One is not enough: a first
+// heartbeat can be lost to a slow start.
+const deafAfter = 2
+
+// needsSession is what a listener that hears no heartbeat most likely
+// lacks.
+const needsSession = "LISTEN needs a session of its own, so give the dispatcher a direct connection or a session-pooling PgBouncer, not transaction pooling"
+
+// ErrDeaf is what Deaf returns.
+var ErrDeaf = errors.New("listener has heard none of its heartbeats: " + needsSession)
+
+// Deaf returns ErrDeaf once deafAfter heartbeats have been missed while
+// none has ever come back, and nil from the moment one does. It is how a
+// listener that connects but can never hear (LISTEN through PgBouncer's
+// transaction pooling) looks, where Connected alone says all is well.
+func (l *Listener) Deaf() error {
+	if !l.beatHeard.Load() && l.hungRestarts.Load() >= deafAfter {
+		return ErrDeaf
+	}
+	return nil
+}
+
 // Stats returns the listener's counters.
 func (l *Listener) Stats() Stats {
 	return Stats{
@@ -202,7 +225,7 @@ func (l *Listener) ExpectHeartbeat() string {
 				// What a connection that cannot LISTEN looks like: its
 				// LISTEN succeeded on a server session that is not the
 				// one the listener then waits on.
-				ev = ev.Str("hint", "no heartbeat has ever come back: LISTEN needs a session of its own, so give the dispatcher a direct connection or a session-pooling PgBouncer, not transaction pooling")
+				ev = ev.Str("hint", "no heartbeat has ever come back: "+needsSession)
 			}
 			ev.Msg("listener did not receive its heartbeat; reconnecting")
 			l.Restart()

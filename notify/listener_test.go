@@ -2,6 +2,8 @@ package notify_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net"
 	"strconv"
 	"strings"
@@ -114,6 +116,54 @@ func TestHeartbeatOfOldConnection(t *testing.T) {
 	}
 	if n := h.connects.Load(); n != 2 {
 		t.Errorf("%d connects, want 2", n)
+	}
+}
+
+// TestDeafUntilHeard: a listener that misses its heartbeats while it has
+// never heard one (as through transaction pooling, where LISTEN lands on
+// another session) is reported deaf from the second miss, not the first,
+// and no longer once a heartbeat comes back.
+func TestDeafUntilHeard(t *testing.T) {
+	dsn := pgtest.ConnString(t)
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &counting{}
+	l := notify.New(notify.Config{ConnConfig: cfg, Handler: h, Logger: zerolog.Nop(),
+		ReconnectDelay: 50 * time.Millisecond, HeartbeatTimeout: 200 * time.Millisecond})
+	run(t, l)
+	// miss expects a heartbeat, never sends it, and waits for the
+	// reconnect the miss forces.
+	miss := func(n uint64) {
+		t.Helper()
+		waitUntil(t, "connected", l.Connected)
+		connects := h.connects.Load()
+		l.ExpectHeartbeat()
+		waitUntil(t, fmt.Sprintf("missed heartbeat %d", n), func() bool { return l.Stats().HungRestarts == n })
+		waitUntil(t, "the reconnect", func() bool { return h.connects.Load() > connects })
+	}
+	miss(1)
+	if err := l.Deaf(); err != nil {
+		t.Errorf("after one missed heartbeat, Deaf() = %v, want nil", err)
+	}
+	miss(2)
+	if err := l.Deaf(); !errors.Is(err, notify.ErrDeaf) {
+		t.Fatalf("after two missed heartbeats and none heard, Deaf() = %v, want ErrDeaf", err)
+	}
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	waitUntil(t, "connected", l.Connected)
+	token := l.ExpectHeartbeat()
+	if _, err := conn.Exec(context.Background(), "SELECT pg_notify($1, $2)", notify.Channel, "h:"+token); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the heartbeat heard", func() bool { return l.Deaf() == nil })
+	if n := l.Stats().HungRestarts; n != 2 {
+		t.Errorf("%d hung restarts, want 2: the heartbeat sent was missed", n)
 	}
 }
 
