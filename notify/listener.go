@@ -6,7 +6,8 @@
 // readiness, a few seconds' reconnect delay, a "connected" hook on every
 // (re)connect (pgxlisten's backlog handler, which runs after LISTEN, so
 // nothing committed in between is missed), and a heartbeat watchdog that
-// tears down a listener that has stopped receiving.
+// tears down a listener that has stopped receiving, and reports one that
+// has never received (Deaf).
 package notify
 
 import (
