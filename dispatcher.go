@@ -546,8 +546,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 }
 
 // Ready reports whether the dispatcher can deliver right now: the database
-// answers and the listener is connected, and not deaf (it has heard one of
-// its heartbeats, or missed fewer than two).
+// answers and the listener is connected, and not deaf: a listener that has
+// missed two heartbeats and heard none, as through PgBouncer's transaction
+// pooling, makes it fail with notify.ErrDeaf until one comes back.
 func (d *Dispatcher) Ready(ctx context.Context) error {
 	if !d.listener.Connected() {
 		return errors.New("listener not connected")
