@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -44,9 +45,10 @@ var readmeImports = []string{
 // readmeFree in scope. Unused variables and imports are allowed (a
 // snippet shows a call, not what the reader does with its result);
 // anything else, such as a renamed option, a wrong argument or a result
-// left out, fails. A review found a snippet that dropped the error of
-// RegisterConsumer and pgxpool.New; this keeps them compiling as they are
-// changed.
+// left out, fails, as does an err that the next statement does not check
+// (droppedErrors). A review found a snippet that dropped the error of
+// RegisterConsumer and pgxpool.New; this keeps them compiling, and
+// checking their errors, as they are changed.
 func TestReadmeGoSnippets(t *testing.T) {
 	readme, err := os.ReadFile("README.md")
 	if err != nil {
@@ -110,6 +112,54 @@ func TestReadmeGoSnippets(t *testing.T) {
 		},
 	}
 	_, _ = conf.Check("readme", fset, []*ast.File{f}, nil)
+	for _, pos := range droppedErrors(f) {
+		t.Errorf("README.md:%d: err is assigned and not checked by the next statement", readmeLine(fset.Position(pos).Line))
+	}
+}
+
+// droppedErrors returns where a statement assigns err and the statement
+// after it, in the same block, is not an if whose condition reads err:
+// what go/types cannot see, as the next assignment to err is a use. A
+// review found the producer's snippet overwriting err three times.
+func droppedErrors(f *ast.File) []token.Pos {
+	var dropped []token.Pos
+	ast.Inspect(f, func(n ast.Node) bool {
+		block, ok := n.(*ast.BlockStmt)
+		if !ok {
+			return true
+		}
+		for i, stmt := range block.List {
+			as, ok := stmt.(*ast.AssignStmt)
+			if !ok || !slices.ContainsFunc(as.Lhs, isErr) {
+				continue
+			}
+			if i+1 < len(block.List) {
+				if next, ok := block.List[i+1].(*ast.IfStmt); ok && reads(next.Cond, isErr) {
+					continue
+				}
+			}
+			dropped = append(dropped, as.Pos())
+		}
+		return true
+	})
+	return dropped
+}
+
+func isErr(e ast.Expr) bool {
+	id, ok := e.(*ast.Ident)
+	return ok && id.Name == "err"
+}
+
+// reads reports whether e mentions an expression that match accepts.
+func reads(e ast.Expr, match func(ast.Expr) bool) bool {
+	found := false
+	ast.Inspect(e, func(n ast.Node) bool {
+		if x, ok := n.(ast.Expr); ok && match(x) {
+			found = true
+		}
+		return !found
+	})
+	return found
 }
 
 // exportData returns the compiler's export data file of each package
