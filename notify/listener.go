@@ -74,6 +74,7 @@ type Stats struct {
 	Notifications uint64 // well-formed notifications received
 	Garbled       uint64 // malformed notifications ignored
 	HungRestarts  uint64 // reconnects forced by a missed heartbeat
+	Deaf          bool   // Deaf reports an error
 }
 
 // Listener is one LISTEN connection with its supervisor. Create it with New.
@@ -183,6 +184,7 @@ func (l *Listener) Stats() Stats {
 		Notifications: l.notifications.Load(),
 		Garbled:       l.garbled.Load(),
 		HungRestarts:  l.hungRestarts.Load(),
+		Deaf:          l.Deaf() != nil,
 	}
 }
 

@@ -151,6 +151,9 @@ func TestDeafUntilHeard(t *testing.T) {
 	if err := l.Deaf(); !errors.Is(err, notify.ErrDeaf) {
 		t.Fatalf("after two missed heartbeats and none heard, Deaf() = %v, want ErrDeaf", err)
 	}
+	if !l.Stats().Deaf {
+		t.Error("Stats().Deaf false while Deaf() reports ErrDeaf")
+	}
 	conn, err := pgx.Connect(context.Background(), dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -162,6 +165,9 @@ func TestDeafUntilHeard(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitUntil(t, "the heartbeat heard", func() bool { return l.Deaf() == nil })
+	if l.Stats().Deaf {
+		t.Error("Stats().Deaf still true once a heartbeat came back")
+	}
 	if n := l.Stats().HungRestarts; n != 2 {
 		t.Errorf("%d hung restarts, want 2: the heartbeat sent was missed", n)
 	}

@@ -103,6 +103,8 @@ var (
 	listenerConnects  = prometheus.NewDesc("bellhop_listener_reconnects_total", "LISTEN connections made after the first.", nil, nil)
 	listenerNotes     = prometheus.NewDesc("bellhop_listener_notifications_total", "Well-formed notifications received.", nil, nil)
 	listenerGarbled   = prometheus.NewDesc("bellhop_listener_garbled_notifications_total", "Malformed notifications ignored.", nil, nil)
+	listenerMissed    = prometheus.NewDesc("bellhop_listener_missed_heartbeats_total", "Heartbeats the listener did not hear in time, each followed by a reconnect.", nil, nil)
+	listenerDeaf      = prometheus.NewDesc("bellhop_listener_deaf", "1 while the listener has missed two heartbeats and heard none (LISTEN through transaction pooling); /readyz fails meanwhile.", nil, nil)
 )
 
 func (c *listenerCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -110,13 +112,18 @@ func (c *listenerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- listenerConnects
 	ch <- listenerNotes
 	ch <- listenerGarbled
+	ch <- listenerMissed
+	ch <- listenerDeaf
 }
 
 func (c *listenerCollector) Collect(ch chan<- prometheus.Metric) {
 	s := c.stats()
-	connected := 0.0
+	connected, deaf := 0.0, 0.0
 	if s.Connected {
 		connected = 1
+	}
+	if s.Deaf {
+		deaf = 1
 	}
 	reconnects := 0.0
 	if s.Connects > 0 {
@@ -126,6 +133,8 @@ func (c *listenerCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(listenerConnects, prometheus.CounterValue, reconnects)
 	ch <- prometheus.MustNewConstMetric(listenerNotes, prometheus.CounterValue, float64(s.Notifications))
 	ch <- prometheus.MustNewConstMetric(listenerGarbled, prometheus.CounterValue, float64(s.Garbled))
+	ch <- prometheus.MustNewConstMetric(listenerMissed, prometheus.CounterValue, float64(s.HungRestarts))
+	ch <- prometheus.MustNewConstMetric(listenerDeaf, prometheus.GaugeValue, deaf)
 }
 
 // depthCollector reads the queue list once per scrape, and at most once a

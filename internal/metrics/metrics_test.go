@@ -3,6 +3,7 @@ package metrics
 import (
 	"context"
 	"errors"
+	"maps"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/notify"
 )
 
 // TestDepthsWhenTheReadFails: a failed read of the queue depths reports no
@@ -58,5 +60,49 @@ func TestDepthsWhenTheReadFails(t *testing.T) {
 		if ok, depths := collect(); ok != step.ok || depths != step.depths {
 			t.Errorf("read failing %v: bellhop_queue_depths_ok %v and %d depth series, want %v and %d", step.fail, ok, depths, step.ok, step.depths)
 		}
+	}
+}
+
+// TestListenerMetrics: the listener's state and counters, as its Stats
+// give them; a deaf listener (LISTEN through transaction pooling) shows as
+// bellhop_listener_deaf 1, beside the heartbeats it missed.
+func TestListenerMetrics(t *testing.T) {
+	names := map[*prometheus.Desc]string{
+		listenerConnected: "connected", listenerConnects: "reconnects", listenerNotes: "notifications",
+		listenerGarbled: "garbled", listenerMissed: "missed", listenerDeaf: "deaf",
+	}
+	for _, tc := range []struct {
+		name  string
+		stats notify.Stats
+		want  map[string]float64
+	}{
+		{"healthy", notify.Stats{Connected: true, Connects: 1, Notifications: 7},
+			map[string]float64{"connected": 1, "reconnects": 0, "notifications": 7, "garbled": 0, "missed": 0, "deaf": 0}},
+		{"deaf", notify.Stats{Connected: true, Connects: 3, HungRestarts: 2, Deaf: true, Garbled: 1},
+			map[string]float64{"connected": 1, "reconnects": 2, "notifications": 0, "garbled": 1, "missed": 2, "deaf": 1}},
+		{"reconnecting after a miss", notify.Stats{Connects: 2, HungRestarts: 1},
+			map[string]float64{"connected": 0, "reconnects": 1, "notifications": 0, "garbled": 0, "missed": 1, "deaf": 0}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &listenerCollector{stats: func() notify.Stats { return tc.stats }}
+			ch := make(chan prometheus.Metric, 16)
+			c.Collect(ch)
+			close(ch)
+			got := map[string]float64{}
+			for m := range ch {
+				var pb dto.Metric
+				if err := m.Write(&pb); err != nil {
+					t.Fatal(err)
+				}
+				v := pb.GetGauge().GetValue()
+				if pb.Counter != nil {
+					v = pb.GetCounter().GetValue()
+				}
+				got[names[m.Desc()]] = v
+			}
+			if !maps.Equal(got, tc.want) {
+				t.Errorf("collected %v, want %v", got, tc.want)
+			}
+		})
 	}
 }
