@@ -134,7 +134,7 @@ func droppedErrors(f *ast.File) []token.Pos {
 				continue
 			}
 			if i+1 < len(block.List) {
-				if next, ok := block.List[i+1].(*ast.IfStmt); ok && reads(next.Cond, isErr) {
+				if next, ok := block.List[i+1].(*ast.IfStmt); ok && readsErr(next.Cond) {
 					continue
 				}
 			}
@@ -150,11 +150,11 @@ func isErr(e ast.Expr) bool {
 	return ok && id.Name == "err"
 }
 
-// reads reports whether e mentions an expression that match accepts.
-func reads(e ast.Expr, match func(ast.Expr) bool) bool {
+// readsErr reports whether e mentions err.
+func readsErr(e ast.Expr) bool {
 	found := false
 	ast.Inspect(e, func(n ast.Node) bool {
-		if x, ok := n.(ast.Expr); ok && match(x) {
+		if x, ok := n.(ast.Expr); ok && isErr(x) {
 			found = true
 		}
 		return !found
