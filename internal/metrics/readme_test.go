@@ -1,0 +1,67 @@
+package metrics
+
+import (
+	"context"
+	"os"
+	"regexp"
+	"slices"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/notify"
+)
+
+// collecting is a prometheus.Registerer that keeps what is registered.
+type collecting struct{ cs []prometheus.Collector }
+
+func (c *collecting) Register(x prometheus.Collector) error   { c.cs = append(c.cs, x); return nil }
+func (c *collecting) MustRegister(xs ...prometheus.Collector) { c.cs = append(c.cs, xs...) }
+func (c *collecting) Unregister(prometheus.Collector) bool    { return false }
+
+// TestReadmeListsEveryMetric: the README's table of metrics has a row for
+// each bellhop_ metric the daemon registers, and no row for one it does
+// not. The README once left four of them out.
+func TestReadmeListsEveryMetric(t *testing.T) {
+	reg := &collecting{}
+	New(reg, func() notify.Stats { return notify.Stats{} },
+		func(context.Context) ([]bellhop.QueueInfo, error) { return nil, nil })
+	RegisterLeases(reg, func() bellhop.LeaseStats { return bellhop.LeaseStats{} })
+
+	fqName := regexp.MustCompile(`fqName: "(bellhop_[a-z_]+)"`)
+	var registered []string
+	for _, c := range reg.cs {
+		ch := make(chan *prometheus.Desc, 64)
+		c.Describe(ch)
+		close(ch)
+		for d := range ch {
+			if m := fqName.FindStringSubmatch(d.String()); m != nil {
+				registered = append(registered, m[1])
+			}
+		}
+	}
+	// Guards the parsing of Desc.String: 20 when this was written.
+	if len(registered) < 20 {
+		t.Fatalf("found %d bellhop_ metrics (%v); the Desc format may have changed", len(registered), registered)
+	}
+
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var documented []string
+	for _, m := range regexp.MustCompile("(?m)^\\| `(bellhop_[a-z_]+)` \\|").FindAllSubmatch(readme, -1) {
+		documented = append(documented, string(m[1]))
+	}
+	for _, name := range registered {
+		if !slices.Contains(documented, name) {
+			t.Errorf("README.md has no row for %s", name)
+		}
+	}
+	for _, name := range documented {
+		if !slices.Contains(registered, name) {
+			t.Errorf("README.md has a row for %s, which the daemon does not register", name)
+		}
+	}
+}
