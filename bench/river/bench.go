@@ -45,6 +45,24 @@ type latencyResult struct {
 	P99US    int64  `json:"p99_us"`
 	MaxUS    int64  `json:"max_us"`
 	MeanUS   int64  `json:"mean_us"`
+	// InsertCall is how long client.Insert took (INSERT, commit and its
+	// WAL flush), and AfterInsert the rest of each latency, from Insert's
+	// return to the start of Work: the producer's and the fetcher's
+	// shares, as Bellhop's latency scenario splits its own.
+	InsertCall  split `json:"insert_call"`
+	AfterInsert split `json:"insert_returned_to_work"`
+}
+
+// split holds two percentiles of one part of the latency, in microseconds.
+type split struct {
+	P50US int64 `json:"p50_us"`
+	P99US int64 `json:"p99_us"`
+}
+
+// splitOf returns the p50 and p99 of ns (nanoseconds), which it sorts.
+func splitOf(ns []int64) split {
+	slices.Sort(ns)
+	return split{P50US: percentile(ns, 0.50) / 1000, P99US: percentile(ns, 0.99) / 1000}
 }
 
 // burndownResult is the JSON object printed by the burndown scenario.
@@ -200,6 +218,7 @@ func (latencyArgs) Kind() string { return "bench_latency" }
 type latencyWorker struct {
 	river.WorkerDefaults[latencyArgs]
 	latencies []int64       // nanoseconds, indexed by Seq
+	started   []int64       // Unix nanoseconds at the start of Work, indexed by Seq
 	seen      []atomic.Bool // guards against counting a job twice
 	received  atomic.Int64
 	done      chan struct{} // closed when every job has been seen
@@ -213,6 +232,7 @@ func (w *latencyWorker) Work(_ context.Context, job *river.Job[latencyArgs]) err
 		return nil
 	}
 	w.latencies[seq] = now - job.Args.EnqueuedAtNanos
+	w.started[seq] = now
 	if w.received.Add(1) == int64(len(w.latencies)) {
 		close(w.done)
 	}
@@ -222,6 +242,7 @@ func (w *latencyWorker) Work(_ context.Context, job *river.Job[latencyArgs]) err
 func runLatency(ctx context.Context, pool *pgxpool.Pool, opts *options, logger *slog.Logger, c common) (_ *latencyResult, err error) {
 	worker := &latencyWorker{
 		latencies: make([]int64, opts.N),
+		started:   make([]int64, opts.N),
 		seen:      make([]atomic.Bool, opts.N),
 		done:      make(chan struct{}),
 	}
@@ -247,6 +268,8 @@ func runLatency(ctx context.Context, pool *pgxpool.Pool, opts *options, logger *
 	}
 
 	begin := time.Now()
+	returned := make([]int64, opts.N) // Unix nanoseconds at Insert's return
+	insertCall := make([]int64, opts.N)
 	for i := range opts.N {
 		if err := sleepCtx(ctx, time.Until(begin.Add(time.Duration(i)*opts.Interval))); err != nil {
 			return nil, err
@@ -255,6 +278,8 @@ func runLatency(ctx context.Context, pool *pgxpool.Pool, opts *options, logger *
 		if _, err := client.Insert(ctx, args, nil); err != nil {
 			return nil, fmt.Errorf("inserting job %d: %w", i, err)
 		}
+		returned[i] = time.Now().UnixNano()
+		insertCall[i] = returned[i] - args.EnqueuedAtNanos
 	}
 	logger.Info("inserted all latency jobs", "n", opts.N, "elapsed", time.Since(begin))
 
@@ -265,6 +290,10 @@ func runLatency(ctx context.Context, pool *pgxpool.Pool, opts *options, logger *
 			worker.received.Load(), opts.N, ctx.Err())
 	}
 
+	after := make([]int64, opts.N)
+	for i := range after {
+		after[i] = worker.started[i] - returned[i]
+	}
 	lat := slices.Clone(worker.latencies)
 	slices.Sort(lat)
 	var sum float64
@@ -279,6 +308,9 @@ func runLatency(ctx context.Context, pool *pgxpool.Pool, opts *options, logger *
 		P99US:    percentile(lat, 0.99) / 1000,
 		MaxUS:    lat[len(lat)-1] / 1000,
 		MeanUS:   int64(math.Round(sum / float64(len(lat)) / 1000)),
+
+		InsertCall:  splitOf(insertCall),
+		AfterInsert: splitOf(after),
 	}, nil
 }
 

@@ -80,3 +80,12 @@ func TestPercentile(t *testing.T) {
 		t.Errorf("percentile([7], 0.99) = %d, want 7", got)
 	}
 }
+
+func TestSplitOf(t *testing.T) {
+	// Unsorted nanoseconds in, microseconds out.
+	ns := []int64{9_000, 1_000, 5_000, 3_000, 7_000, 2_000, 4_000, 6_000, 8_000, 10_000}
+	got := splitOf(ns)
+	if want := (split{P50US: 5, P99US: 10}); got != want {
+		t.Errorf("splitOf = %+v, want %+v", got, want)
+	}
+}

@@ -79,6 +79,9 @@ func riverBurndownCase(f riverFetch, n, workers int) string {
 const (
 	mRiverJobs   = "jobs/s, start → completed in DB"
 	mRiverWorked = "jobs/s, start → last Work returned"
+	// The two parts of a River latency, as Bellhop's are split.
+	mRiverInsertCall  = "Insert call"
+	mRiverAfterInsert = "Insert returned → Work"
 )
 
 // buildRiver builds bench/river (a separate module) into dir.
@@ -111,6 +114,14 @@ func runRiver(ctx context.Context, e *env, run int) error {
 			MaxUS        float64 `json:"max_us"`
 			RiverVersion string  `json:"river_version"`
 			PoolMaxConns int     `json:"pool_max_conns"`
+			InsertCall   struct {
+				P50US float64 `json:"p50_us"`
+				P99US float64 `json:"p99_us"`
+			} `json:"insert_call"`
+			AfterInsert struct {
+				P50US float64 `json:"p50_us"`
+				P99US float64 `json:"p99_us"`
+			} `json:"insert_returned_to_work"`
 		}
 		theirs := func() error {
 			args := append([]string{"-scenario", "latency", "-n", strconv.Itoa(e.p.riverLatencyN), "-interval", e.p.latencyInterval.String()}, f.Args...)
@@ -118,6 +129,8 @@ func runRiver(ctx context.Context, e *env, run int) error {
 				return fmt.Errorf("%s: %w", riverLatencyCase(f), err)
 			}
 			addLatency(e.res, "river", riverLatencyCase(f), latencyStats{P50: res.P50US, P90: res.P90US, P99: res.P99US, Max: res.MaxUS}, true)
+			addLatency(e.res, "river", riverLatencyCase(f)+": "+mRiverInsertCall, latencyStats{P50: res.InsertCall.P50US, P99: res.InsertCall.P99US}, false)
+			addLatency(e.res, "river", riverLatencyCase(f)+": "+mRiverAfterInsert, latencyStats{P50: res.AfterInsert.P50US, P99: res.AfterInsert.P99US}, false)
 			e.res.Note("river", "River %s, pool_max_conns=%d", res.RiverVersion, res.PoolMaxConns)
 			return nil
 		}
@@ -196,8 +209,8 @@ func runRiver(ctx context.Context, e *env, run int) error {
 			e.res.Add(Metric{Scenario: "river", Case: backToBackCase(f), Name: burnDownRatio(c.InFlight, w), Unit: "×"}, ours/jobs)
 		}
 	}
-	e.res.Note("river", "bench/river (a separate module) run as a subprocess against the same server, a fresh database per run, unix socket, -max-conns %d (the Bellhop dispatcher's pool size); latency: -n %d -interval %s (one Insert per transaction, timed from just before Insert to the start of Work); burn-down: InsertManyFast in batches of 1,000, VACUUM ANALYZE, then timed from client.Start until River reports every job completed",
-		e.p.poolMaxConns, e.p.riverLatencyN, e.p.latencyInterval)
+	e.res.Note("river", "bench/river (a separate module) run as a subprocess against the same server, a fresh database per run, unix socket, -max-conns %d (the Bellhop dispatcher's pool size); latency: -n %d -interval %s (one Insert per transaction, timed from just before Insert to the start of Work; '%s' is how long client.Insert took, commit included, and '%s' the rest, as Bellhop's 'Enqueue call' and 'Enqueue returned → handler'); burn-down: InsertManyFast in batches of 1,000, VACUUM ANALYZE, then timed from client.Start until River reports every job completed",
+		e.p.poolMaxConns, e.p.riverLatencyN, e.p.latencyInterval, mRiverInsertCall, mRiverAfterInsert)
 	e.res.Note("river", "'Bellhop …, next to River …': Bellhop's case measured as in scenarios 2 and 3, right before River's in odd runs and right after it in even ones; '%s' holds the ratio of each such pair (Bellhop's latency p50 over River's; Bellhop's msgs/s to table empty over River's jobs/s to completed in DB), and its median is the ratio of the targets marked 'back to back'", backToBackCase(riverFetches[1]))
 	e.res.Note("river", "'%s, next to River …': measured right before the default path's pair in odd runs (leasing, default, River) and right after it in even ones (River, default, leasing); '%s' is its p50 over the same River p50", caseGoLease, mLatencyRatioLease)
 	return nil
