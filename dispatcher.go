@@ -721,11 +721,20 @@ func (d *Dispatcher) jitter(p time.Duration) time.Duration {
 
 // wakeAfterConnect wakes the lanes that may have missed a notification
 // while the listener was away (wake_scan.sql), or every lane if the scan
-// fails.
+// fails. Until the listener has heard a heartbeat, the scan carries one.
 func (d *Dispatcher) wakeAfterConnect(ctx context.Context) {
 	var queueLanes, invokeLanes [][16]byte
-	err := d.db.QueryRow(ctx, queries.WakeScan, queries.Args{"owner": queries.UUID(d.owner)}).Scan(&queueLanes, &invokeLanes)
+	var sent bool
+	heartbeat := ""
+	token := d.listener.FirstHeartbeat()
+	if token != "" {
+		heartbeat = "h:" + token
+	}
+	err := d.db.QueryRow(ctx, queries.WakeScan, queries.Args{"owner": queries.UUID(d.owner), "heartbeat": heartbeat}).Scan(&queueLanes, &invokeLanes, &sent)
 	if err != nil {
+		if token != "" {
+			d.listener.ForgetHeartbeat(token)
+		}
 		if !timeout.Stopping(ctx) {
 			d.log.Warn().Err(timeout.Explain(ctx, err)).Msg("scanning for work after connecting failed; waking every queue")
 			d.wakeAll()

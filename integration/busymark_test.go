@@ -351,7 +351,7 @@ func TestWakeScanSeesBusyKeys(t *testing.T) {
 	scan := func() []uuid.UUID {
 		t.Helper()
 		var queueLanes, invokeLanes []uuid.UUID
-		err := e.pool.QueryRow(ctx, queries.WakeScan, pgx.NamedArgs{"owner": uuid.New()}).Scan(&queueLanes, &invokeLanes)
+		err := e.pool.QueryRow(ctx, queries.WakeScan, pgx.NamedArgs{"owner": uuid.New(), "heartbeat": ""}).Scan(&queueLanes, &invokeLanes, new(bool))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -193,28 +193,32 @@ func TestDispatcherThroughPgBouncerSession(t *testing.T) {
 		}
 	})
 
-	t.Run("transaction pooling", func(t *testing.T) {
-		// The listener's LISTEN lands on one server session and its wait
-		// on others: the dispatcher starts, and its first missed
-		// heartbeat says what is wrong.
-		b, err := pgbouncer.Start(ctx, pgbouncer.Options{Server: e.dsn, PoolMode: "transaction", PoolSize: 20,
-			IgnoreStartupParameters: []string{"synchronous_commit", "default_transaction_isolation"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer b.Stop()
-		logs := &syncbuf.Buffer{}
-		r := startLogged(t, b.ConnString(server.Database)+"&default_query_exec_mode=exec", bellhop.DispatcherConfig{Resolver: mux,
-			PollInterval: 200 * time.Millisecond, HeartbeatTimeout: 300 * time.Millisecond,
-			Logger: zerolog.New(logs).Level(zerolog.WarnLevel)}, nil)
-		defer r.stop()
-		waitFor(t, 10*time.Second, "a missed heartbeat that names transaction pooling", func() bool {
-			return strings.Contains(logs.String(), `"hint":"no heartbeat has ever come back: LISTEN needs a session of its own`)
+	// The listener's LISTEN lands on one server session and its wait on
+	// others: the dispatcher starts, and its first missed heartbeat says
+	// what is wrong. With the poll an hour away, the heartbeats are those
+	// sent after connecting (wake_scan.sql); with a short poll, the poll's
+	// count too.
+	for _, poll := range []time.Duration{time.Hour, 200 * time.Millisecond} {
+		t.Run(fmt.Sprintf("transaction pooling, poll %s", poll), func(t *testing.T) {
+			b, err := pgbouncer.Start(ctx, pgbouncer.Options{Server: e.dsn, PoolMode: "transaction", PoolSize: 20,
+				IgnoreStartupParameters: []string{"synchronous_commit", "default_transaction_isolation"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Stop()
+			logs := &syncbuf.Buffer{}
+			r := startLogged(t, b.ConnString(server.Database)+"&default_query_exec_mode=exec", bellhop.DispatcherConfig{Resolver: mux,
+				PollInterval: poll, HeartbeatTimeout: 300 * time.Millisecond,
+				Logger: zerolog.New(logs).Level(zerolog.WarnLevel)}, nil)
+			defer r.stop()
+			waitFor(t, 10*time.Second, "a missed heartbeat that names transaction pooling", func() bool {
+				return strings.Contains(logs.String(), `"hint":"no heartbeat has ever come back: LISTEN needs a session of its own`)
+			})
+			// From the second miss, it is not ready either, whenever the
+			// listener is connected.
+			waitFor(t, 20*time.Second, "Ready to report the listener deaf", func() bool {
+				return errors.Is(r.Ready(ctx), notify.ErrDeaf)
+			})
 		})
-		// From the second miss, it is not ready either, whenever the
-		// listener is connected.
-		waitFor(t, 20*time.Second, "Ready to report the listener deaf", func() bool {
-			return errors.Is(r.Ready(ctx), notify.ErrDeaf)
-		})
-	})
+	}
 }

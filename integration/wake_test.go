@@ -251,3 +251,25 @@ func TestLockedRowBackoffStartsOver(t *testing.T) {
 		t.Errorf("the second lock's first four look-agains took %s: the backoff did not start over", d.Round(time.Millisecond))
 	}
 }
+
+// TestHeartbeatAfterConnect: the scan after connecting carries the
+// listener's first heartbeat, so a listener that hears is known to from
+// the start, not from the first fallback poll (an hour away here), and it
+// costs no reconnect. Through transaction pooling the same heartbeat
+// finds a deaf listener (TestDispatcherThroughPgBouncerSession).
+func TestHeartbeatAfterConnect(t *testing.T) {
+	e := newEnv(t)
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders"})
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", &recorder{})
+	d := startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour}, nil)
+	// Nothing else notifies on this idle database: the one notification is
+	// the heartbeat.
+	waitFor(t, 10*time.Second, "the heartbeat heard", func() bool { return d.ListenerStats().Notifications == 1 })
+	if st := d.ListenerStats(); st.HungRestarts != 0 || st.Connects != 1 || st.Deaf {
+		t.Errorf("listener stats %+v, want no missed heartbeat, one connect, not deaf", st)
+	}
+	if err := d.Ready(context.Background()); err != nil {
+		t.Errorf("Ready() = %v", err)
+	}
+}

@@ -237,6 +237,20 @@ func (l *Listener) ExpectHeartbeat() string {
 	return token
 }
 
+// FirstHeartbeat is ExpectHeartbeat for a caller that has just seen the
+// listener connect (the dispatcher's scan after each connect), and ""
+// when no heartbeat is wanted then: once one has been heard, or once
+// deafAfter have been missed. So a listener that can never hear is deaf
+// within about deafAfter × HeartbeatTimeout of starting, not deafAfter
+// fallback polls, and a deaf one is not kept reconnecting every
+// HeartbeatTimeout.
+func (l *Listener) FirstHeartbeat() string {
+	if !l.connected.Load() || l.beatHeard.Load() || l.hungRestarts.Load() >= deafAfter {
+		return ""
+	}
+	return l.ExpectHeartbeat()
+}
+
 // ForgetHeartbeat cancels the wait for token.
 func (l *Listener) ForgetHeartbeat(token string) {
 	l.mu.Lock()

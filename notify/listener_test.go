@@ -133,13 +133,16 @@ func TestDeafUntilHeard(t *testing.T) {
 	l := notify.New(notify.Config{ConnConfig: cfg, Handler: h, Logger: zerolog.Nop(),
 		ReconnectDelay: 50 * time.Millisecond, HeartbeatTimeout: 200 * time.Millisecond})
 	run(t, l)
-	// miss expects a heartbeat, never sends it, and waits for the
-	// reconnect the miss forces.
+	// miss expects a first heartbeat, as the dispatcher's scan after a
+	// connect does, never sends it, and waits for the reconnect the miss
+	// forces.
 	miss := func(n uint64) {
 		t.Helper()
 		waitUntil(t, "connected", l.Connected)
 		connects := h.connects.Load()
-		l.ExpectHeartbeat()
+		if l.FirstHeartbeat() == "" {
+			t.Fatalf("FirstHeartbeat() = \"\" after %d misses and none heard, want a token", n-1)
+		}
 		waitUntil(t, fmt.Sprintf("missed heartbeat %d", n), func() bool { return l.Stats().HungRestarts == n })
 		waitUntil(t, "the reconnect", func() bool { return h.connects.Load() > connects })
 	}
@@ -153,6 +156,10 @@ func TestDeafUntilHeard(t *testing.T) {
 	}
 	if !l.Stats().Deaf {
 		t.Error("Stats().Deaf false while Deaf() reports ErrDeaf")
+	}
+	waitUntil(t, "connected", l.Connected)
+	if tok := l.FirstHeartbeat(); tok != "" {
+		t.Errorf("FirstHeartbeat() = %q once deaf, want \"\": a deaf listener would reconnect every HeartbeatTimeout", tok)
 	}
 	conn, err := pgx.Connect(context.Background(), dsn)
 	if err != nil {
@@ -170,6 +177,38 @@ func TestDeafUntilHeard(t *testing.T) {
 	}
 	if n := l.Stats().HungRestarts; n != 2 {
 		t.Errorf("%d hung restarts, want 2: the heartbeat sent was missed", n)
+	}
+}
+
+// TestFirstHeartbeatUntilHeard: FirstHeartbeat asks for a heartbeat while
+// none has been heard, and not once one has.
+func TestFirstHeartbeatUntilHeard(t *testing.T) {
+	dsn := pgtest.ConnString(t)
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := notify.New(notify.Config{ConnConfig: cfg, Handler: &counting{}, Logger: zerolog.Nop()})
+	run(t, l)
+	waitUntil(t, "connected", l.Connected)
+	token := l.FirstHeartbeat()
+	if token == "" {
+		t.Fatal("FirstHeartbeat() = \"\" on a listener that has heard nothing, want a token")
+	}
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(context.Background(), "SELECT pg_notify($1, $2)", notify.Channel, "h:"+token); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the heartbeat heard", func() bool { return l.Stats().Notifications == 1 })
+	if tok := l.FirstHeartbeat(); tok != "" {
+		t.Errorf("FirstHeartbeat() = %q after a heartbeat was heard, want \"\"", tok)
+	}
+	if n := l.Stats().HungRestarts; n != 0 {
+		t.Errorf("%d hung restarts, want 0", n)
 	}
 }
 

@@ -11,7 +11,11 @@
 -- each on the dispatch partial indexes and queue_busy's key. Waking every
 -- lane instead would claim once per consumer and source: with ten thousand
 -- queues, twenty thousand statements for a few that have work.
--- Read-only.
+-- Read-only, but for @heartbeat: unless it is '' (or NULL), it is sent on the
+-- wake-up channel, so that a listener that can never hear (LISTEN through
+-- transaction pooling) is found within seconds of connecting rather than
+-- at the fallback polls (notify.Listener.FirstHeartbeat). CASE, not OR,
+-- so that pg_notify runs only then.
 WITH busy_keys AS MATERIALIZED (
     -- A one-bigint advisory key shows as its high and low halves.
     SELECT (classid::bigint << 32) | objid::bigint AS key FROM pg_locks
@@ -38,4 +42,6 @@ SELECT ARRAY(
              AND EXISTS (SELECT 1 FROM outbox m
                          WHERE m.trigger_id = c.id AND m.source_kind = 'invoke'
                            AND m.claim_token IS NULL)
-       ) AS invoke_lanes
+       ) AS invoke_lanes,
+       CASE WHEN coalesce(@heartbeat::text, '') = '' THEN false
+            ELSE pg_notify('bellhop', @heartbeat::text) IS NULL END AS heartbeat_sent
