@@ -73,7 +73,9 @@ type DispatcherConfig struct {
 	// least 50ms).
 	ReconnectDelay time.Duration
 	// HeartbeatTimeout bounds how long the poll's heartbeat may take to
-	// reach the listener before it is reconnected (5s, at least 100ms).
+	// reach the listener before it is reconnected (5s, at least 100ms);
+	// also, counted from its commit, the one sent after each connect
+	// until a heartbeat has been heard.
 	HeartbeatTimeout time.Duration
 	// ShutdownGrace: see DefaultShutdownGrace.
 	ShutdownGrace time.Duration
@@ -724,17 +726,21 @@ func (d *Dispatcher) jitter(p time.Duration) time.Duration {
 // fails. Until the listener has heard a heartbeat, the scan carries one.
 func (d *Dispatcher) wakeAfterConnect(ctx context.Context) {
 	var queueLanes, invokeLanes [][16]byte
-	var sent bool
 	heartbeat := ""
 	token := d.listener.FirstHeartbeat()
 	if token != "" {
 		heartbeat = "h:" + token
 	}
-	err := d.db.QueryRow(ctx, queries.WakeScan, queries.Args{"owner": queries.UUID(d.owner), "heartbeat": heartbeat}).Scan(&queueLanes, &invokeLanes, &sent)
-	if err != nil {
-		if token != "" {
+	// The third column is there only to make pg_notify run.
+	err := d.db.QueryRow(ctx, queries.WakeScan, queries.Args{"owner": queries.UUID(d.owner), "heartbeat": heartbeat}).Scan(&queueLanes, &invokeLanes, new(bool))
+	if token != "" {
+		if err != nil {
 			d.listener.ForgetHeartbeat(token)
+		} else {
+			d.listener.HeartbeatSent(token)
 		}
+	}
+	if err != nil {
 		if !timeout.Stopping(ctx) {
 			d.log.Warn().Err(timeout.Explain(ctx, err)).Msg("scanning for work after connecting failed; waking every queue")
 			d.wakeAll()

@@ -157,7 +157,8 @@ func TestHostileNotify(t *testing.T) {
 	// Wait until all of that was heard, so that the reloads the "c"
 	// flood causes are not what delivers the
 	// message below.
-	wantNotes := uint64(len(wellFormed)+200) + 1 // + the first enqueue's
+	// + the first enqueue's, and the heartbeat sent after connecting.
+	wantNotes := uint64(len(wellFormed)+200) + 2
 	waitFor(t, 10*time.Second, "the well-formed notifications heard", func() bool {
 		return d.ListenerStats().Notifications >= wantNotes
 	})

@@ -219,6 +219,13 @@ func TestDispatcherThroughPgBouncerSession(t *testing.T) {
 			waitFor(t, 20*time.Second, "Ready to report the listener deaf", func() bool {
 				return errors.Is(r.Ready(ctx), notify.ErrDeaf)
 			})
+			if poll == time.Hour {
+				// Deaf, it sends no more heartbeats after connecting, so it
+				// does not reconnect every HeartbeatTimeout.
+				holdsFor(t, 5*300*time.Millisecond, "two missed heartbeats, no more", func() bool {
+					return r.ListenerStats().HungRestarts == 2
+				})
+			}
 		})
 	}
 }

@@ -91,8 +91,10 @@ type Listener struct {
 	// connection.
 	beatHeard atomic.Bool
 
-	mu             sync.Mutex
-	pendingBeat    string
+	mu          sync.Mutex
+	pendingBeat string
+	// pendingArmed is set once pendingBeat's deadline runs.
+	pendingArmed   bool
 	lastGarbledLog time.Time
 	// listened counts the channels listened on since the last connect.
 	listened atomic.Int32
@@ -207,18 +209,72 @@ func (l *Listener) Restart() {
 func (l *Listener) ExpectHeartbeat() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.pendingBeat != "" {
-		return l.pendingBeat
+	token := l.pendingLocked()
+	l.armLocked(token)
+	return token
+}
+
+// FirstHeartbeat returns a token to send as "h:<token>" on Channel right
+// after the listener has connected (the dispatcher's scan after each
+// connect), or "" when none is wanted: once one has been heard, once
+// deafAfter have been missed, or while another is on its way. So a
+// listener that can never hear is deaf within about deafAfter ×
+// HeartbeatTimeout of starting, not deafAfter fallback polls, and a deaf
+// one is not kept reconnecting every HeartbeatTimeout. Its deadline
+// starts when the caller reports it sent (HeartbeatSent), so that a slow
+// statement at start-up is not taken for a listener that cannot hear; a
+// caller whose send failed calls ForgetHeartbeat.
+func (l *Listener) FirstHeartbeat() string {
+	if !l.connected.Load() || l.beatHeard.Load() || l.hungRestarts.Load() >= deafAfter {
+		return ""
 	}
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	token := hex.EncodeToString(b[:])
-	l.pendingBeat = token
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.pendingBeat != "" {
+		return ""
+	}
+	return l.pendingLocked()
+}
+
+// HeartbeatSent starts the deadline of a token from FirstHeartbeat, now
+// that its notification is committed.
+func (l *Listener) HeartbeatSent(token string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.pendingBeat == token {
+		l.armLocked(token)
+	}
+}
+
+// pendingLocked returns the outstanding token, making one if there is
+// none.
+func (l *Listener) pendingLocked() string {
+	if l.pendingBeat == "" {
+		var b [16]byte
+		_, _ = rand.Read(b[:])
+		l.pendingBeat = hex.EncodeToString(b[:])
+		l.pendingArmed = false
+	}
+	return l.pendingBeat
+}
+
+// clearLocked drops the outstanding token.
+func (l *Listener) clearLocked() {
+	l.pendingBeat = ""
+	l.pendingArmed = false
+}
+
+// armLocked starts token's deadline, unless it runs already.
+func (l *Listener) armLocked(token string) {
+	if l.pendingArmed {
+		return
+	}
+	l.pendingArmed = true
 	time.AfterFunc(l.cfg.HeartbeatTimeout, func() {
 		l.mu.Lock()
 		missed := l.pendingBeat == token
 		if missed {
-			l.pendingBeat = ""
+			l.clearLocked()
 		}
 		l.mu.Unlock()
 		if missed && l.connected.Load() {
@@ -234,28 +290,13 @@ func (l *Listener) ExpectHeartbeat() string {
 			l.Restart()
 		}
 	})
-	return token
-}
-
-// FirstHeartbeat is ExpectHeartbeat for a caller that has just seen the
-// listener connect (the dispatcher's scan after each connect), and ""
-// when no heartbeat is wanted then: once one has been heard, or once
-// deafAfter have been missed. So a listener that can never hear is deaf
-// within about deafAfter × HeartbeatTimeout of starting, not deafAfter
-// fallback polls, and a deaf one is not kept reconnecting every
-// HeartbeatTimeout.
-func (l *Listener) FirstHeartbeat() string {
-	if !l.connected.Load() || l.beatHeard.Load() || l.hungRestarts.Load() >= deafAfter {
-		return ""
-	}
-	return l.ExpectHeartbeat()
 }
 
 // ForgetHeartbeat cancels the wait for token.
 func (l *Listener) ForgetHeartbeat(token string) {
 	l.mu.Lock()
 	if l.pendingBeat == token {
-		l.pendingBeat = ""
+		l.clearLocked()
 	}
 	l.mu.Unlock()
 }
@@ -332,7 +373,7 @@ func (l *Listener) receive(payload string) {
 	if ev.Kind == KindHeartbeat {
 		l.mu.Lock()
 		if l.pendingBeat == ev.Token {
-			l.pendingBeat = ""
+			l.clearLocked()
 			l.beatHeard.Store(true)
 		}
 		l.mu.Unlock()
@@ -379,7 +420,7 @@ func (h handler) HandleBacklog(context.Context, string, *pgx.Conn) error {
 	// A heartbeat sent before LISTEN was in place, on the lost connection
 	// or on this one, never comes back; it must not condemn this one.
 	h.l.mu.Lock()
-	h.l.pendingBeat = ""
+	h.l.clearLocked()
 	h.l.mu.Unlock()
 	h.l.connected.Store(true)
 	h.l.connects.Add(1)

@@ -140,9 +140,11 @@ func TestDeafUntilHeard(t *testing.T) {
 		t.Helper()
 		waitUntil(t, "connected", l.Connected)
 		connects := h.connects.Load()
-		if l.FirstHeartbeat() == "" {
+		token := l.FirstHeartbeat()
+		if token == "" {
 			t.Fatalf("FirstHeartbeat() = \"\" after %d misses and none heard, want a token", n-1)
 		}
+		l.HeartbeatSent(token)
 		waitUntil(t, fmt.Sprintf("missed heartbeat %d", n), func() bool { return l.Stats().HungRestarts == n })
 		waitUntil(t, "the reconnect", func() bool { return h.connects.Load() > connects })
 	}
@@ -210,6 +212,36 @@ func TestFirstHeartbeatUntilHeard(t *testing.T) {
 	if n := l.Stats().HungRestarts; n != 0 {
 		t.Errorf("%d hung restarts, want 0", n)
 	}
+}
+
+// TestFirstHeartbeatTimedFromSend: a first heartbeat's deadline starts
+// when it is reported sent, not when its token is made, so a slow
+// statement carrying it is not taken for a listener that cannot hear.
+func TestFirstHeartbeatTimedFromSend(t *testing.T) {
+	cfg, err := pgx.ParseConfig(pgtest.ConnString(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const timeout = 100 * time.Millisecond
+	l := notify.New(notify.Config{ConnConfig: cfg, Handler: &counting{}, Logger: zerolog.Nop(),
+		ReconnectDelay: 50 * time.Millisecond, HeartbeatTimeout: timeout})
+	run(t, l)
+	waitUntil(t, "connected", l.Connected)
+	token := l.FirstHeartbeat()
+	if token == "" {
+		t.Fatal("FirstHeartbeat() = \"\" on a listener that has heard nothing, want a token")
+	}
+	if again := l.FirstHeartbeat(); again != "" {
+		t.Errorf("FirstHeartbeat() = %q while %q is outstanding, want \"\"", again, token)
+	}
+	// Five timeouts without HeartbeatSent: no miss.
+	for end := time.Now().Add(5 * timeout); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		if n := l.Stats().HungRestarts; n != 0 {
+			t.Fatalf("%d missed heartbeats before the first was reported sent", n)
+		}
+	}
+	l.HeartbeatSent(token)
+	waitUntil(t, "the miss, once sent", func() bool { return l.Stats().HungRestarts == 1 })
 }
 
 // TestGarbledLeaseNotificationsRateLimited: malformed notifications on the
