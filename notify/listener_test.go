@@ -130,8 +130,10 @@ func TestDeafUntilHeard(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := &counting{}
+	// A second, not less: the heartbeat sent at the end must come back in
+	// time on a loaded machine, or a third miss fails the count.
 	l := notify.New(notify.Config{ConnConfig: cfg, Handler: h, Logger: zerolog.Nop(),
-		ReconnectDelay: 50 * time.Millisecond, HeartbeatTimeout: 200 * time.Millisecond})
+		ReconnectDelay: 50 * time.Millisecond, HeartbeatTimeout: time.Second})
 	run(t, l)
 	// miss expects a first heartbeat, as the dispatcher's scan after a
 	// connect does, never sends it, and waits for the reconnect the miss
