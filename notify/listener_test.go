@@ -119,6 +119,20 @@ func TestHeartbeatOfOldConnection(t *testing.T) {
 	}
 }
 
+// sendHeartbeat sends token on Channel from a connection of its own, as
+// the dispatcher's statements do.
+func sendHeartbeat(t *testing.T, dsn, token string) {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(context.Background(), "SELECT pg_notify($1, $2)", notify.Channel, "h:"+token); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestDeafUntilHeard: a listener that misses its heartbeats while it has
 // never heard one (as through transaction pooling, where LISTEN lands on
 // another session) is reported deaf from the second miss, not the first,
@@ -165,16 +179,8 @@ func TestDeafUntilHeard(t *testing.T) {
 	if tok := l.FirstHeartbeat(); tok != "" {
 		t.Errorf("FirstHeartbeat() = %q once deaf, want \"\": a deaf listener would reconnect every HeartbeatTimeout", tok)
 	}
-	conn, err := pgx.Connect(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
 	waitUntil(t, "connected", l.Connected)
-	token := l.ExpectHeartbeat()
-	if _, err := conn.Exec(context.Background(), "SELECT pg_notify($1, $2)", notify.Channel, "h:"+token); err != nil {
-		t.Fatal(err)
-	}
+	sendHeartbeat(t, dsn, l.ExpectHeartbeat())
 	waitUntil(t, "the heartbeat heard", func() bool { return l.Deaf() == nil })
 	if l.Stats().Deaf {
 		t.Error("Stats().Deaf still true once a heartbeat came back")
@@ -199,14 +205,7 @@ func TestFirstHeartbeatUntilHeard(t *testing.T) {
 	if token == "" {
 		t.Fatal("FirstHeartbeat() = \"\" on a listener that has heard nothing, want a token")
 	}
-	conn, err := pgx.Connect(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	if _, err := conn.Exec(context.Background(), "SELECT pg_notify($1, $2)", notify.Channel, "h:"+token); err != nil {
-		t.Fatal(err)
-	}
+	sendHeartbeat(t, dsn, token)
 	waitUntil(t, "the heartbeat heard", func() bool { return l.Stats().Notifications == 1 })
 	if tok := l.FirstHeartbeat(); tok != "" {
 		t.Errorf("FirstHeartbeat() = %q after a heartbeat was heard, want \"\"", tok)
