@@ -72,9 +72,10 @@ type DispatcherConfig struct {
 	// ReconnectDelay is the listener's pause between reconnects (2s, at
 	// least 50ms).
 	ReconnectDelay time.Duration
-	// HeartbeatTimeout bounds how long the poll's heartbeat may take to
-	// reach the listener before it is reconnected (5s, at least 100ms);
-	// also, counted from its commit, the one sent after each connect
+	// HeartbeatTimeout bounds how long a heartbeat may take to reach the
+	// listener, counted from the commit of the statement that sent it,
+	// before the listener is reconnected (5s, at least 100ms). The
+	// fallback poll sends one, and so does the scan after each connect
 	// until a heartbeat has been heard.
 	HeartbeatTimeout time.Duration
 	// ShutdownGrace: see DefaultShutdownGrace.
@@ -801,12 +802,12 @@ func (d *Dispatcher) poll(ctx context.Context) {
 	d.mu.RUnlock()
 
 	token := d.listener.ExpectHeartbeat()
-	var sent bool
 	var queueReady, queueStale, invokeReady, invokeStale, liveOffers []uuid.UUID
 	var nextExpiry *time.Time
 	var dbNow time.Time
 	pollSent := time.Now()
 	offers, unheard := d.offerTokens(pollSent)
+	// The first column is there only to make pg_notify run.
 	err := d.db.QueryRow(ctx, queries.Poll, queries.Args{
 		"heartbeat":       "h:" + token,
 		"default_vt_secs": int(d.cfg.DefaultVisibilityTimeout / time.Second),
@@ -814,7 +815,7 @@ func (d *Dispatcher) poll(ctx context.Context) {
 		"offers":          queries.UUIDs(offers),
 		"offer_ttl_ms":    d.offerTTL().Milliseconds(),
 		"grace_ms":        missedGrace.Milliseconds(),
-	}).Scan(&sent, &queueReady, &queueStale, &invokeReady, &invokeStale, &nextExpiry, &liveOffers, &dbNow)
+	}).Scan(new(bool), &queueReady, &queueStale, &invokeReady, &invokeStale, &nextExpiry, &liveOffers, &dbNow)
 	if err != nil {
 		d.listener.ForgetHeartbeat(token)
 		if !timeout.Stopping(ctx) {
@@ -822,6 +823,7 @@ func (d *Dispatcher) poll(ctx context.Context) {
 		}
 		return
 	}
+	d.listener.HeartbeatSent(token)
 	if nextExpiry != nil {
 		d.reclaim.Observe(claim.LocalClock(dbNow)(*nextExpiry))
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/bellhopq/bellhop"
+	queries "github.com/bellhopq/bellhop/sql"
 )
 
 // pollObserver counts fallback polls and the missed work they report.
@@ -152,4 +153,49 @@ func TestFallbackPollCountsMissedBesideDeliveries(t *testing.T) {
 		t.Errorf("polls reported %d missed, want 1: the invoke lane was idle beside the queue's delivery", m)
 	}
 	free()
+}
+
+// TestSlowPollNotTakenForHungListener: a fallback poll that waits longer
+// than HeartbeatTimeout for a lock does not get the listener replaced as
+// hung: the heartbeat it carries is timed from its commit, not from the
+// start of the statement.
+func TestSlowPollNotTakenForHungListener(t *testing.T) {
+	e := newEnv(t)
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders"})
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", &recorder{})
+	obs := &pollObserver{}
+	const timeout = 200 * time.Millisecond
+	d := startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, Observer: obs,
+		PollInterval: 200 * time.Millisecond, HeartbeatTimeout: timeout}, nil)
+	waitFor(t, 5*time.Second, "a poll", func() bool { return obs.polls.Load() >= 1 })
+
+	ctx := context.Background()
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	// The poll reads queue_consumers: it waits until this transaction ends.
+	if _, err := tx.Exec(ctx, `LOCK TABLE queue_consumers IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the poll waiting for the lock", func() bool {
+		// The statement's text as sent, comment first, cut to what
+		// pg_stat_activity keeps of it.
+		return e.count(t, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'
+			  AND left(query, 200) = left($1, 200)`, queries.Poll) >= 1
+	})
+	polls := obs.polls.Load()
+	holdsFor(t, 3*timeout, "no hung restart while the poll waits", func() bool { return d.ListenerStats().HungRestarts == 0 })
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	heard := d.ListenerStats().Notifications
+	waitFor(t, 5*time.Second, "the slow poll and the next one", func() bool { return obs.polls.Load() >= polls+2 })
+	waitFor(t, 5*time.Second, "their heartbeat heard", func() bool { return d.ListenerStats().Notifications > heard })
+	if st := d.ListenerStats(); st.HungRestarts != 0 || st.Connects != 1 {
+		t.Errorf("listener stats %+v, want no missed heartbeat and one connect", st)
+	}
 }

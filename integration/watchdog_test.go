@@ -1,12 +1,18 @@
 package integration
 
 import (
+	"bytes"
 	"context"
+	"io"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/pgtest"
 	"github.com/bellhopq/bellhop/notify"
 )
@@ -59,8 +65,9 @@ func TestListenerWatchdog(t *testing.T) {
 			}
 			defer conn.Close(context.Background())
 			// Play the dispatcher's poll: ask for a heartbeat every
-			// period, and send it on the channel only if it is to arrive
-			// (a listener that hears nothing is what a hung one looks like).
+			// period, send it on the channel only if it is to arrive (a
+			// listener that hears nothing is what a hung one looks like),
+			// and report it sent either way.
 			tick := time.NewTicker(every)
 			defer tick.Stop()
 			end := time.Now().Add(4 * timeout)
@@ -71,6 +78,7 @@ func TestListenerWatchdog(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
+				l.HeartbeatSent(token)
 				<-tick.C
 			}
 			restarts := l.Stats().HungRestarts
@@ -85,4 +93,89 @@ func TestListenerWatchdog(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPollFindsHungListener: a dispatcher whose listener connection stays
+// up but hears nothing more (the server's bytes no longer reach it, as
+// behind a stateful middlebox that lost the flow) finds out by the
+// fallback poll's heartbeat, replaces the listener, and delivers again on
+// notifications.
+func TestPollFindsHungListener(t *testing.T) {
+	e := newEnv(t)
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders"})
+	rec := &recorder{}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", rec)
+	link, freeze := freezableListener(t, e.dsn)
+	d := startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux,
+		PollInterval: 200 * time.Millisecond, HeartbeatTimeout: 300 * time.Millisecond}, link)
+	waitFor(t, 5*time.Second, "a heartbeat heard", func() bool { return d.ListenerStats().Notifications >= 1 })
+	if n := freeze(); n != 1 {
+		t.Fatalf("froze %d listener connections, want 1", n)
+	}
+	waitFor(t, 10*time.Second, "the hung listener replaced", func() bool {
+		st := d.ListenerStats()
+		return st.HungRestarts >= 1 && st.Connects >= 2 && d.Ready(context.Background()) == nil
+	})
+	id := e.enqueue(t, "orders", 1, bellhop.EnqueueOptions{})
+	waitFor(t, 5*time.Second, "the message delivered", func() bool {
+		d := rec.deliveries()
+		return len(d) == 1 && d[0].ID == id
+	})
+	if st := d.ListenerStats(); st.Deaf {
+		t.Errorf("listener stats %+v: deaf, though it has heard heartbeats", st)
+	}
+}
+
+// freezableListener returns a pool tweak that routes the pool's
+// connections through a local proxy to dsn's server, and freeze, which
+// holds back from then on everything the server sends to the listener
+// connections open at the time, and returns how many there were. Other
+// connections, and listener connections opened later, are left alone.
+func freezableListener(t *testing.T, dsn string) (link func(*pgxpool.Config), freeze func() int) {
+	var mu sync.Mutex
+	var listeners []*atomic.Bool
+	link = proxyLink(t, dsn, time.Hour, func(client io.Reader) (io.Reader, func() bool) {
+		s := &startupSniffer{r: client, found: func(frozen *atomic.Bool) {
+			mu.Lock()
+			listeners = append(listeners, frozen)
+			mu.Unlock()
+		}}
+		return s, s.frozen.Load
+	})
+	freeze = func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, f := range listeners {
+			f.Store(true)
+		}
+		n := len(listeners)
+		listeners = nil
+		return n
+	}
+	return link, freeze
+}
+
+// startupSniffer passes on what a client sends, and calls found once if
+// its start-up message names the listener's application_name.
+type startupSniffer struct {
+	r      io.Reader
+	found  func(*atomic.Bool)
+	frozen atomic.Bool
+	seen   []byte // the start of the stream, while it may hold the start-up message
+	done   bool
+}
+
+func (s *startupSniffer) Read(b []byte) (int, error) {
+	n, err := s.r.Read(b)
+	if !s.done {
+		s.seen = append(s.seen, b[:n]...)
+		if bytes.Contains(s.seen, []byte("bellhop-listener")) {
+			s.done = true
+			s.found(&s.frozen)
+		} else if len(s.seen) > 8192 {
+			s.done = true
+		}
+	}
+	return n, err
 }

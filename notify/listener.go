@@ -50,8 +50,9 @@ type Config struct {
 	// ReconnectDelay is the pause between a lost connection and the next
 	// attempt. Default 2s (pgxlisten's own default is one minute).
 	ReconnectDelay time.Duration
-	// HeartbeatTimeout is how long a heartbeat may take to come back
-	// before the connection is considered hung and replaced. Default 5s.
+	// HeartbeatTimeout is how long a heartbeat may take to come back,
+	// from the commit that sent it, before the connection is considered
+	// hung and replaced. Default 5s.
 	HeartbeatTimeout time.Duration
 	// LeaseChannel, if set, is also listened on, and its notifications,
 	// parsed by ParseLease, go to OnLease (on the listener's goroutine:
@@ -199,19 +200,20 @@ func (l *Listener) Restart() {
 }
 
 // ExpectHeartbeat returns a token for the caller to send as "h:<token>"
-// on Channel. If the listener does not hear it back within
-// HeartbeatTimeout, the connection is presumed hung and replaced. While a
-// token is still outstanding, the same token is returned again and its
-// deadline stands: were each call to start a fresh wait, callers asking
+// on Channel, and to report sent with HeartbeatSent once the statement
+// that sent it has committed. If the listener does not hear it back within
+// HeartbeatTimeout of that report, the connection is presumed hung and
+// replaced: timing it from the commit, not from the call, keeps a slow
+// statement from being taken for a hung listener. While a token is still
+// outstanding, the same token is returned again and a deadline already
+// running stands: were each send to start a fresh wait, callers sending
 // more often than HeartbeatTimeout (a short fallback poll) would keep a
 // hung listener alive for ever. A caller whose send failed calls
 // ForgetHeartbeat.
 func (l *Listener) ExpectHeartbeat() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	token := l.pendingLocked()
-	l.armLocked(token)
-	return token
+	return l.pendingLocked()
 }
 
 // FirstHeartbeat returns a token to send as "h:<token>" on Channel right
@@ -220,10 +222,9 @@ func (l *Listener) ExpectHeartbeat() string {
 // deafAfter have been missed, or while another is on its way. So a
 // listener that can never hear is deaf within about deafAfter ×
 // HeartbeatTimeout of starting, not deafAfter fallback polls, and a deaf
-// one is not kept reconnecting every HeartbeatTimeout. Its deadline
-// starts when the caller reports it sent (HeartbeatSent), so that a slow
-// statement at start-up is not taken for a listener that cannot hear; a
-// caller whose send failed calls ForgetHeartbeat.
+// one is not kept reconnecting every HeartbeatTimeout. As with
+// ExpectHeartbeat, the caller reports the send with HeartbeatSent or its
+// failure with ForgetHeartbeat.
 func (l *Listener) FirstHeartbeat() string {
 	if !l.connected.Load() || l.beatHeard.Load() || l.hungRestarts.Load() >= deafAfter {
 		return ""
@@ -236,8 +237,9 @@ func (l *Listener) FirstHeartbeat() string {
 	return l.pendingLocked()
 }
 
-// HeartbeatSent starts the deadline of a token from FirstHeartbeat, now
-// that its notification is committed.
+// HeartbeatSent starts the deadline of token, from ExpectHeartbeat or
+// FirstHeartbeat, now that its notification is committed, unless it runs
+// already.
 func (l *Listener) HeartbeatSent(token string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -292,10 +294,12 @@ func (l *Listener) armLocked(token string) {
 	})
 }
 
-// ForgetHeartbeat cancels the wait for token.
+// ForgetHeartbeat cancels the wait for token after its send failed. A
+// token that an earlier statement sent (HeartbeatSent) is still on its
+// way, and stays awaited.
 func (l *Listener) ForgetHeartbeat(token string) {
 	l.mu.Lock()
-	if l.pendingBeat == token {
+	if l.pendingBeat == token && !l.pendingArmed {
 		l.clearLocked()
 	}
 	l.mu.Unlock()

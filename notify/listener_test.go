@@ -103,7 +103,8 @@ func TestHeartbeatOfOldConnection(t *testing.T) {
 		ReconnectDelay: 50 * time.Millisecond, HeartbeatTimeout: 300 * time.Millisecond})
 	run(t, l)
 	waitUntil(t, "the first connect", func() bool { return h.connects.Load() == 1 })
-	l.ExpectHeartbeat() // never sent: lost with the connection
+	// Sent, but before the reconnect: lost with the connection.
+	l.HeartbeatSent(l.ExpectHeartbeat())
 	l.Restart()
 	waitUntil(t, "the reconnect", func() bool { return h.connects.Load() == 2 })
 	// Past the heartbeat's timeout, with a margin, checked by polling.
@@ -215,34 +216,79 @@ func TestFirstHeartbeatUntilHeard(t *testing.T) {
 	}
 }
 
-// TestFirstHeartbeatTimedFromSend: a first heartbeat's deadline starts
-// when it is reported sent, not when its token is made, so a slow
-// statement carrying it is not taken for a listener that cannot hear.
-func TestFirstHeartbeatTimedFromSend(t *testing.T) {
+// TestHeartbeatTimedFromSend: a heartbeat's deadline starts when it is
+// reported sent, not when its token is made, so a slow statement carrying
+// it (the fallback poll, or the scan after a connect) is not taken for a
+// listener that cannot hear.
+func TestHeartbeatTimedFromSend(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		expect func(*notify.Listener) string
+		// again is what a second call returns while the first token is
+		// outstanding: the poll's is the same token, a first heartbeat
+		// is not asked twice.
+		again func(token string) string
+	}{
+		{"poll", (*notify.Listener).ExpectHeartbeat, func(token string) string { return token }},
+		{"first", (*notify.Listener).FirstHeartbeat, func(string) string { return "" }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			l := fastWatchdog(t)
+			token := c.expect(l)
+			if token == "" {
+				t.Fatal("no token from a connected listener that has heard nothing")
+			}
+			if got, want := c.expect(l), c.again(token); got != want {
+				t.Errorf("second call = %q while %q is outstanding, want %q", got, token, want)
+			}
+			// Five timeouts without HeartbeatSent: no miss.
+			for end := time.Now().Add(5 * watchdogTimeout); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+				if n := l.Stats().HungRestarts; n != 0 {
+					t.Fatalf("%d missed heartbeats before the first was reported sent", n)
+				}
+			}
+			l.HeartbeatSent(token)
+			waitUntil(t, "the miss, once sent", func() bool { return l.Stats().HungRestarts == 1 })
+		})
+	}
+}
+
+// TestForgetKeepsSentHeartbeat: a failed send does not cancel the wait for
+// the same token that an earlier statement sent, nor restart its deadline,
+// so failing polls cannot keep a hung listener in place; a token that was
+// never sent is forgotten.
+func TestForgetKeepsSentHeartbeat(t *testing.T) {
+	l := fastWatchdog(t)
+	never := l.ExpectHeartbeat()
+	l.ForgetHeartbeat(never)
+	token := l.ExpectHeartbeat()
+	if token == never {
+		t.Fatalf("ExpectHeartbeat() = %q again after it was forgotten unsent, want a new token", token)
+	}
+	l.HeartbeatSent(token)
+	if again := l.ExpectHeartbeat(); again != token {
+		t.Fatalf("ExpectHeartbeat() = %q while %q is on its way, want the same", again, token)
+	}
+	l.ForgetHeartbeat(token) // the second send failed
+	waitUntil(t, "the miss of the heartbeat sent", func() bool { return l.Stats().HungRestarts == 1 })
+}
+
+// watchdogTimeout is fastWatchdog's HeartbeatTimeout.
+const watchdogTimeout = 100 * time.Millisecond
+
+// fastWatchdog runs a connected listener whose heartbeats time out after
+// watchdogTimeout.
+func fastWatchdog(t *testing.T) *notify.Listener {
+	t.Helper()
 	cfg, err := pgx.ParseConfig(pgtest.ConnString(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	const timeout = 100 * time.Millisecond
 	l := notify.New(notify.Config{ConnConfig: cfg, Handler: &counting{}, Logger: zerolog.Nop(),
-		ReconnectDelay: 50 * time.Millisecond, HeartbeatTimeout: timeout})
+		ReconnectDelay: 50 * time.Millisecond, HeartbeatTimeout: watchdogTimeout})
 	run(t, l)
 	waitUntil(t, "connected", l.Connected)
-	token := l.FirstHeartbeat()
-	if token == "" {
-		t.Fatal("FirstHeartbeat() = \"\" on a listener that has heard nothing, want a token")
-	}
-	if again := l.FirstHeartbeat(); again != "" {
-		t.Errorf("FirstHeartbeat() = %q while %q is outstanding, want \"\"", again, token)
-	}
-	// Five timeouts without HeartbeatSent: no miss.
-	for end := time.Now().Add(5 * timeout); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
-		if n := l.Stats().HungRestarts; n != 0 {
-			t.Fatalf("%d missed heartbeats before the first was reported sent", n)
-		}
-	}
-	l.HeartbeatSent(token)
-	waitUntil(t, "the miss, once sent", func() bool { return l.Stats().HungRestarts == 1 })
+	return l
 }
 
 // TestGarbledLeaseNotificationsRateLimited: malformed notifications on the

@@ -62,7 +62,7 @@ WITH refreshed AS (
                          OR expires_at < now() - interval '1 hour'
                       FOR UPDATE SKIP LOCKED)
 )
-SELECT pg_notify('bellhop', @heartbeat::text) IS NULL AS sent,
+SELECT pg_notify('bellhop', @heartbeat::text) IS NOT NULL AS heartbeat_sent,
        ARRAY(SELECT id FROM queue_ready) AS queue_ready,
        ARRAY(SELECT r.id FROM queue_ready r
              WHERE EXISTS (SELECT 1 FROM queue_messages m

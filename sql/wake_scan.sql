@@ -44,4 +44,4 @@ SELECT ARRAY(
                            AND m.claim_token IS NULL)
        ) AS invoke_lanes,
        CASE WHEN coalesce(@heartbeat::text, '') = '' THEN false
-            ELSE pg_notify('bellhop', @heartbeat::text) IS NULL END AS heartbeat_sent
+            ELSE pg_notify('bellhop', @heartbeat::text) IS NOT NULL END AS heartbeat_sent
