@@ -75,8 +75,8 @@ type DispatcherConfig struct {
 	// HeartbeatTimeout bounds how long a heartbeat may take to reach the
 	// listener, counted from the commit of the statement that sent it,
 	// before the listener is reconnected (5s, at least 100ms). The
-	// fallback poll sends one, and so does the scan after each connect
-	// until a heartbeat has been heard.
+	// fallback poll sends one, and so does the scan after a connect or a
+	// new consumer, until one has been heard or two have been missed.
 	HeartbeatTimeout time.Duration
 	// ShutdownGrace: see DefaultShutdownGrace.
 	ShutdownGrace time.Duration

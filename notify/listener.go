@@ -209,7 +209,9 @@ func (l *Listener) Restart() {
 // running stands: were each send to start a fresh wait, callers sending
 // more often than HeartbeatTimeout (a short fallback poll) would keep a
 // hung listener alive for ever. A caller whose send failed calls
-// ForgetHeartbeat.
+// ForgetHeartbeat. Sends must not overlap: a failed one forgets the token
+// that another, still on its way, carries too, and that one then goes
+// unchecked.
 func (l *Listener) ExpectHeartbeat() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -273,13 +275,16 @@ func (l *Listener) armLocked(token string) {
 	}
 	l.pendingArmed = true
 	time.AfterFunc(l.cfg.HeartbeatTimeout, func() {
+		// connected is read under mu, as HandleBacklog sets it: read
+		// after, it could be a new connection's, which this token's
+		// miss must not condemn.
 		l.mu.Lock()
-		missed := l.pendingBeat == token
-		if missed {
+		missed := l.pendingBeat == token && l.connected.Load()
+		if l.pendingBeat == token {
 			l.clearLocked()
 		}
 		l.mu.Unlock()
-		if missed && l.connected.Load() {
+		if missed {
 			l.hungRestarts.Add(1)
 			ev := l.cfg.Logger.Warn().Dur("timeout", l.cfg.HeartbeatTimeout)
 			if !l.beatHeard.Load() {
@@ -425,8 +430,8 @@ func (h handler) HandleBacklog(context.Context, string, *pgx.Conn) error {
 	// or on this one, never comes back; it must not condemn this one.
 	h.l.mu.Lock()
 	h.l.clearLocked()
-	h.l.mu.Unlock()
 	h.l.connected.Store(true)
+	h.l.mu.Unlock()
 	h.l.connects.Add(1)
 	h.l.cfg.Logger.Info().Msg("listening for notifications")
 	h.l.cfg.Handler.Connected()

@@ -254,9 +254,8 @@ func TestHeartbeatTimedFromSend(t *testing.T) {
 }
 
 // TestForgetKeepsSentHeartbeat: a failed send does not cancel the wait for
-// the same token that an earlier statement sent, nor restart its deadline,
-// so failing polls cannot keep a hung listener in place; a token that was
-// never sent is forgotten.
+// the same token that an earlier statement sent, so failing polls cannot
+// keep a hung listener in place; a token that was never sent is forgotten.
 func TestForgetKeepsSentHeartbeat(t *testing.T) {
 	l := fastWatchdog(t)
 	never := l.ExpectHeartbeat()
