@@ -235,6 +235,8 @@ func position(p *int64) int {
 // enqueueError adds the app, and the queue or batch position, to err.
 func enqueueError(app string, msgs []NewMessage, i int, err error) error {
 	switch {
+	case len(msgs) == 0:
+		return fmt.Errorf("enqueue to app %s: %w", printable(app), err)
 	case len(msgs) == 1:
 		return fmt.Errorf("enqueue %s/%s: %w", printable(app), printable(msgs[0].Queue), err)
 	case i >= 0 && i < len(msgs):

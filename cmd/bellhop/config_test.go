@@ -20,6 +20,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/internal/pgdsn"
 	"github.com/bellhopq/bellhop/internal/pgtest"
 	"github.com/bellhopq/bellhop/migrations"
 )
@@ -90,8 +91,10 @@ func TestBadConfiguration(t *testing.T) {
 		{"bad queue name on add", dsn, nil, []string{"consumer", "add", "--app", "shop", "--queue", "a/b", "--url", "http://127.0.0.1:9/"}, `invalid queue name "a/b"`},
 		{"bad app name", dsn, nil, []string{"app", "create", "bad name"}, `app name "bad name"`},
 		{"app name with a leading dot", dsn, nil, []string{"app", "create", ".hidden"}, `app name ".hidden"`},
-		{"non-JSON enqueue", dsn, nil, append(enq, "{not json"), "payload is not a JSON value"},
-		{"empty enqueue", dsn, nil, append(enq, ""), "payload is not a JSON value"},
+		{"non-JSON enqueue", dsn, nil, append(enq, "{not json"), "invalid payload: not JSON"},
+		{"empty enqueue", dsn, nil, append(enq, ""), "invalid payload: it is empty"},
+		{"bad PGCONNECT_TIMEOUT", dsn, []string{"PGCONNECT_TIMEOUT=abc"}, []string{"queues"}, "also read from the environment: PGCONNECT_TIMEOUT"},
+		{"upper-case URL scheme", dsn, nil, []string{"consumer", "add", "--app", "shop", "--queue", "q", "--url", "HTTP://EXAMPLE.COM/"}, `URL "HTTP://EXAMPLE.COM/": write the scheme in lower case, http://`},
 		{"unknown app", dsn, nil, []string{"enqueue", "--app", "nope", "--queue", "orders", "{}"}, `unknown app "nope"`},
 		{"unknown app for consumer", dsn, nil, []string{"consumer", "add", "--app", "nope", "--queue", "q", "--url", "http://127.0.0.1:9/"}, `unknown app "nope"`},
 		{"unknown app for queues", dsn, nil, []string{"queues", "--app", "nope"}, `list queues: unknown app "nope"`},
@@ -134,7 +137,7 @@ func TestBadConfiguration(t *testing.T) {
 		{"bad app name, database away", away, nil, []string{"app", "create", "bad name"}, `create app: invalid name: app name "bad name"`},
 		{"bad queue name on add, database away", away, nil, []string{"consumer", "add", "--app", "shop", "--queue", "a/b", "--url", "http://127.0.0.1:9/"}, `--queue: invalid queue name "a/b"`},
 		{"bad queue name on enqueue, database away", away, nil, []string{"enqueue", "--app", "shop", "--queue", "a/b", "{}"}, `--queue: invalid queue name "a/b"`},
-		{"non-JSON enqueue, database away", away, nil, []string{"enqueue", "--app", "shop", "--queue", "q", "{not json"}, "payload is not a JSON value"},
+		{"non-JSON enqueue, database away", away, nil, []string{"enqueue", "--app", "shop", "--queue", "q", "{not json"}, "invalid payload: not JSON"},
 		{"port out of range on add", away, nil, []string{"consumer", "add", "--app", "shop", "--queue", "q", "--url", "http://example.com:99999/hook"}, `port "99999" is outside 1..65535`},
 		{"setup-demo empty --secret-file", dsn, nil, []string{"setup-demo", "--app", "shop", "--queue", "q", "--url", "http://127.0.0.1:9/", "--secret-file", ""}, `--secret-file "" names no file`},
 		{"setup-demo --secret-file a directory path", dsn, nil, []string{"setup-demo", "--app", "shop", "--queue", "q", "--url", "http://127.0.0.1:9/", "--secret-file", "/tmp/"}, `--secret-file "/tmp/" names no file`},
@@ -221,7 +224,8 @@ func TestDatabaseURLPasswordNeverShown(t *testing.T) {
 		{"postgres://u@host:abc/db?password=S3CRETpw", 2, "?password=xxxxx"},
 		{"postgres://host/db?sslmode=disable&password=S3CRETpw&port=abc", 2, "password=xxxxx"},
 		{"postgres://host:abc/db?pass%77ord=S3CRETpw", 2, "cannot parse"},
-		{"POSTGRES://u:S3CRETpw@host/db", 2, "cannot parse"},
+		{"POSTGRES://u:S3CRETpw@host/db", 2, `scheme "POSTGRES": use postgres:// or postgresql://`},
+		{"mysql://u:S3CRETpw@host/db", 2, `scheme "mysql": use postgres:// or postgresql://`},
 		{"host=/nonexistent port=1 user=u password=S3CRETpw connect_timeout=2", 1, "connect to the database"},
 		{"postgres://u:S3CRETpw@/db?host=/nonexistent&port=1&connect_timeout=2", 1, "connect to the database"},
 	}
@@ -268,6 +272,11 @@ func TestOperationalErrorsExit1(t *testing.T) {
 	if _, err := db(t, behind).Exec(context.Background(), "UPDATE "+migrations.VersionTable+" SET version = version - 1"); err != nil {
 		t.Fatal(err)
 	}
+	// The server's error holds words of the CLI library's flag errors.
+	flagWords, err := pgdsn.WithDatabase(dsn, "invalid value")
+	if err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name string
 		dsn  string
@@ -276,6 +285,7 @@ func TestOperationalErrorsExit1(t *testing.T) {
 	}{
 		{"unreachable database", "host=/nonexistent port=1 user=postgres connect_timeout=2", []string{"queues"}, "connect to the database"},
 		{"unreachable database for run", "host=/nonexistent port=1 user=postgres connect_timeout=2", []string{"run", "--http-addr", "127.0.0.1:0"}, "connect"},
+		{"unknown database named like a flag error", flagWords, []string{"queues"}, `database "invalid value" does not exist`},
 		{"app exists", dsn, []string{"app", "create", "shop"}, "app already exists"},
 		{"consumer exists", dsn, []string{"consumer", "add", "--app", "shop", "--queue", "orders", "--url", "http://127.0.0.1:9/other"}, "queue already has a consumer"},
 		{"--http-addr in use", dsn, []string{"run", "--http-addr", busy.Addr().String()}, "address already in use"},

@@ -18,6 +18,7 @@ import (
 	"io"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -128,12 +129,20 @@ func oneLine(err error) string {
 	return b.String()
 }
 
-// isFlagError recognises the CLI library's own parse errors.
 // singleDashFlag finds a long flag named with one dash in the flag package's
 // errors ("flag provided but not defined: -x", "invalid value ... for flag -x").
 var singleDashFlag = regexp.MustCompile(`(not defined: |for flag )-(\w\w)`)
 
+// isFlagError recognises the CLI library's own parse errors, which it
+// gives no type to tell them by: only by their words, and so only among
+// errors that no command's action returned. An action's error can hold
+// the same words (a server's "invalid value for parameter", a database
+// named "invalid value") and is not a flag error for that.
 func isFlagError(err error) bool {
+	var ae actionError
+	if errors.As(err, &ae) {
+		return false
+	}
 	s := err.Error()
 	for _, p := range []string{"flag provided but not defined", "invalid value", "Required flag", "required flag",
 		"No help topic", "flag needs an argument", "invalid boolean", "from environment variable"} {
@@ -196,7 +205,8 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 // and "Incorrect Usage", and only the root's OnUsageError would apply),
 // makes a command group refuse an unknown subcommand by name, and makes a
 // command that takes no arguments (one without ArgsUsage) refuse any,
-// which the library would otherwise ignore.
+// which the library would otherwise ignore. It also marks what each
+// action returns (actionError), so that it is not taken for a flag error.
 func strict(cmd *cli.Command) {
 	cmd.OnUsageError = func(_ context.Context, _ *cli.Command, err error, _ bool) error {
 		return usageError{err}
@@ -219,10 +229,25 @@ func strict(cmd *cli.Command) {
 			return action(ctx, cmd)
 		}
 	}
+	if action := cmd.Action; action != nil {
+		cmd.Action = func(ctx context.Context, cmd *cli.Command) error {
+			if err := action(ctx, cmd); err != nil {
+				return actionError{err}
+			}
+			return nil
+		}
+	}
 	for _, sub := range cmd.Commands {
 		strict(sub)
 	}
 }
+
+// actionError marks an error that a command's action returned, as against
+// one from parsing the command line (isFlagError).
+type actionError struct{ err error }
+
+func (e actionError) Error() string { return e.err.Error() }
+func (e actionError) Unwrap() error { return e.err }
 
 // logger builds the zerolog logger the flags ask for.
 func (d *deps) logger(cmd *cli.Command) (zerolog.Logger, error) {
@@ -260,9 +285,14 @@ func poolConfig(cmd *cli.Command) (*pgxpool.Config, error) {
 // parsePoolConfig parses a connection string, keeping its password out of
 // the error.
 func parsePoolConfig(url string) (*pgxpool.Config, error) {
+	// pgx reads any other scheme as keyword/value settings, and its error
+	// hides the whole string, scheme included.
+	if m := urlScheme.FindStringSubmatch(url); m != nil && m[1] != "postgres" && m[1] != "postgresql" {
+		return nil, usagef("--database-url: scheme %q: use postgres:// or postgresql:// (or keyword/value settings, host=... dbname=...)", m[1])
+	}
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return nil, usagef("--database-url: %s", redactErr(err, url))
+		return nil, usagef("--database-url: %s%s", redactErr(err, url), pgEnvHint())
 	}
 	if err := pgdsn.CheckHosts(&cfg.ConnConfig.Config); err != nil {
 		return nil, usagef("--database-url: %v", err)
@@ -273,6 +303,27 @@ func parsePoolConfig(url string) (*pgxpool.Config, error) {
 		cfg.ConnConfig.ConnectTimeout = defaultConnectTimeout
 	}
 	return cfg, nil
+}
+
+// urlScheme finds a URL's scheme: RFC 3986's characters, then "://".
+var urlScheme = regexp.MustCompile(`^([A-Za-z][A-Za-z0-9+.-]*)://`)
+
+// pgEnvHint names the PG* environment variables that are set, since pgx
+// reads them into the connection settings too, and an error about one
+// (PGCONNECT_TIMEOUT=abc: "invalid connect_timeout") quotes the string
+// without it. Values are not shown: PGPASSWORD is one of them.
+func pgEnvHint() string {
+	var set []string
+	for _, kv := range os.Environ() {
+		if name, _, _ := strings.Cut(kv, "="); strings.HasPrefix(name, "PG") {
+			set = append(set, name)
+		}
+	}
+	if len(set) == 0 {
+		return ""
+	}
+	slices.Sort(set)
+	return " (also read from the environment: " + strings.Join(set, ", ") + ")"
 }
 
 // defaultConnectTimeout bounds each connection attempt of a command, the

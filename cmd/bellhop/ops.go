@@ -449,7 +449,8 @@ func enqueueCommand(d *deps) *cli.Command {
 				return usagef("--delay %s: must not be negative", cmd.Duration("delay"))
 			}
 			opts := bellhop.EnqueueOptions{Delay: cmd.Duration("delay"), MaxAttempts: int(cmd.Int("max-attempts"))}
-			if s := cmd.String("at"); s != "" {
+			if cmd.IsSet("at") {
+				s := cmd.String("at")
 				at, err := time.Parse(time.RFC3339Nano, s)
 				if err != nil {
 					return usagef("--at %q is not an RFC 3339 time", s)
@@ -510,6 +511,11 @@ func enqueueStream(ctx context.Context, c *bellhop.Client, pool *pgxpool.Pool, a
 	}
 	// After Commit this is a no-op; before, it undoes every batch.
 	defer tx.Rollback(context.Background())
+	// The app too, which takes the database: an empty stream would
+	// otherwise succeed, and a bad app be blamed on the first batch.
+	if _, err := c.EnqueueManyTx(ctx, tx, app, nil); err != nil {
+		return fmt.Errorf("%w; nothing was enqueued", err)
+	}
 
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 64*1024), maxLine)
@@ -527,6 +533,9 @@ func enqueueStream(ctx context.Context, c *bellhop.Client, pool *pgxpool.Pool, a
 			var at interface{ Position() int }
 			if errors.As(err, &at) && at.Position() < len(lines) {
 				return fmt.Errorf("line %d: %w; nothing was enqueued", lines[at.Position()], err)
+			}
+			if len(lines) == 1 {
+				return fmt.Errorf("line %d: %w; nothing was enqueued", lines[0], err)
 			}
 			return fmt.Errorf("lines %d to %d: %w; nothing was enqueued", lines[0], lines[len(lines)-1], err)
 		}
@@ -664,9 +673,11 @@ func deadCommand(d *deps) *cli.Command {
 		if cmd.Args().Len() > 1 {
 			return "", uuid.Nil, usagef("give at most one MESSAGE_ID")
 		}
-		if s := cmd.Args().First(); s != "" {
+		// An empty argument is an id too, and a bad one: read as none,
+		// it would turn "this message" into "the whole queue".
+		if cmd.Args().Len() == 1 {
 			var err error
-			if id, err = messageID(s); err != nil {
+			if id, err = messageID(cmd.Args().First()); err != nil {
 				return "", uuid.Nil, err
 			}
 		}

@@ -270,14 +270,16 @@ func TestEnqueueStdin(t *testing.T) {
 		wantDelayed bool
 	}{
 		{name: "one line", stdin: `{"a":1}`, wantOut: "enqueued 1 messages\n", wantRows: 1},
+		{name: "empty --at", stdin: `{"a":1}`, flags: []string{"--at", ""}, wantCode: 2, wantErr: `--at "" is not an RFC 3339 time`},
 		{name: "empty input", stdin: "", wantOut: "enqueued 0 messages\n"},
 		{name: "many batches", stdin: lines(1201, 0), wantOut: "enqueued 1201 messages\n", wantRows: 1201},
 		{name: "delayed", stdin: "1\n2\n", flags: []string{"--delay", "1h"}, wantOut: "enqueued 2 messages\n", wantRows: 2, wantDelayed: true},
 		// The bad line (1102nd input line with the blank ones) is in the
 		// third batch: the two batches before it are not kept.
-		{name: "bad line", stdin: lines(1200, 1092), wantCode: 2, wantErr: "line 1102: payload is not a JSON value: invalid character 'o' looking for beginning of object key string; nothing was enqueued"},
-		{name: "bad first line", stdin: "nope\n{}\n", wantCode: 2, wantErr: "line 1: payload is not a JSON value"},
-		{name: "bad last line", stdin: lines(600, 0) + "[1,\n", wantCode: 2, wantErr: "line 607: payload is not a JSON value"},
+		{name: "bad line", stdin: lines(1200, 1092), wantCode: 2, wantErr: "line 1102: invalid payload: not JSON: invalid character 'o' looking for beginning of object key string; nothing was enqueued"},
+		{name: "bad first line", stdin: "nope\n{}\n", wantCode: 2, wantErr: "line 1: invalid payload: not JSON"},
+		{name: "byte-order mark", stdin: "\ufeff{}\n", wantCode: 2, wantErr: "line 1: invalid payload: not JSON: it starts with a byte-order mark"},
+		{name: "bad last line", stdin: lines(600, 0) + "[1,\n", wantCode: 2, wantErr: "line 607: invalid payload: not JSON"},
 		{name: "payload too large", stdin: lines(600, 0) + `"` + strings.Repeat("x", validate.MaxPayloadBytes) + `"` + "\n", wantCode: 2,
 			wantErr: "line 607: payload too large: 1048578 bytes, more than the 1048576-byte limit; nothing was enqueued"},
 		{name: "line too long", stdin: lines(600, 0) + `"` + strings.Repeat("x", maxLine) + `"` + "\n{}\n", wantCode: 2,
@@ -287,13 +289,16 @@ func TestEnqueueStdin(t *testing.T) {
 		// names the line.
 		{name: "over 1 MiB as jsonb text", stdin: lines(600, 0) + "[" + strings.Repeat(`{"a":1},`, 131070) + `{"a":1}]` + "\n", wantCode: 2,
 			wantErr: "line 607: enqueue to app shop: message 101 of 101"},
-		{name: "lone surrogate", stdin: lines(600, 0) + `"\ud800"` + "\n", wantCode: 2, wantErr: `line 607: payload is not a JSON value: it contains \ud800`},
-		{name: "payload nested too deep", stdin: lines(600, 0) + strings.Repeat("[", 200) + strings.Repeat("]", 200) + "\n", wantCode: 2, wantErr: "line 607: payload is not a JSON value: nested 200 deep"},
+		{name: "lone surrogate", stdin: lines(600, 0) + `"\ud800"` + "\n", wantCode: 2, wantErr: `line 607: invalid payload: it contains \ud800`},
+		{name: "payload nested too deep", stdin: lines(600, 0) + strings.Repeat("[", 200) + strings.Repeat("]", 200) + "\n", wantCode: 2, wantErr: "line 607: invalid payload: nested 200 deep"},
 		{name: "bad --max-attempts", stdin: lines(600, 0), flags: []string{"--max-attempts", "1001"}, wantCode: 2, wantErr: "--max-attempts 1001: must be 1 to 1000"},
 		{name: "--at too far ahead", stdin: lines(600, 0), flags: []string{"--at", "2999-01-01T00:00:00Z"}, wantCode: 2, wantErr: "deliver-after 2999-01-01T00:00:00Z is more than"},
-		// The app is checked by the database, with the first batch.
+		// The app is checked by the database before the first line, also
+		// when there is none.
 		{name: "unknown app", stdin: lines(600, 0), flags: []string{"--app", "nope"}, wantCode: 2,
-			wantErr: `lines 1 to 504: enqueue 500 messages to app nope: unknown app "nope"; nothing was enqueued`},
+			wantErr: `bellhop: enqueue to app nope: unknown app "nope"; nothing was enqueued`},
+		{name: "unknown app, empty input", stdin: "", flags: []string{"--app", "nope"}, wantCode: 2,
+			wantErr: `bellhop: enqueue to app nope: unknown app "nope"; nothing was enqueued`},
 	}
 	for i, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -709,7 +714,9 @@ func TestDeadLimitAndBadQueue(t *testing.T) {
 
 // TestDeadRefusesIDWithQueue: redrive and purge take a MESSAGE_ID or
 // --queue, not both; given both, they used to act on the id if it was of
-// that queue and report no dead letter otherwise. Nothing moves or goes.
+// that queue and report no dead letter otherwise. An empty MESSAGE_ID (an
+// unset shell variable, quoted) is a bad id, not none: read as none, it
+// purged the whole queue. Nothing moves or goes.
 func TestDeadRefusesIDWithQueue(t *testing.T) {
 	t.Parallel()
 	dsn := pgtest.ConnString(t)
@@ -725,11 +732,17 @@ func TestDeadRefusesIDWithQueue(t *testing.T) {
 			{"--queue", "orders", id},
 			{id, "--queue", "orders"},
 			{"--queue", "other", id},
+			{"--queue", "orders", ""},
+			{""},
 		} {
 			t.Run(verb+" "+strings.Join(args, " "), func(t *testing.T) {
 				r := exe(t, dsn, "", append([]string{"dead", verb, "--app", "shop"}, args...)...)
-				if r.code != 2 || r.stdout != "" || strings.TrimSpace(r.stderr) != "bellhop: give a MESSAGE_ID or --queue, not both" {
-					t.Errorf("want exit 2 and \"give a MESSAGE_ID or --queue, not both\"; got %s", r)
+				want := "bellhop: give a MESSAGE_ID or --queue, not both"
+				if slices.Contains(args, "") {
+					want = `bellhop: message id "" is not a UUID`
+				}
+				if r.code != 2 || r.stdout != "" || strings.TrimSpace(r.stderr) != want {
+					t.Errorf("want exit 2 and %q; got %s", want, r)
 				}
 				if n := queryInt(t, pool, "SELECT count(*) FROM dead_letters"); n != 3 {
 					t.Errorf("%d dead letters left, want 3", n)

@@ -2,6 +2,7 @@ package validate_test
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -24,8 +25,8 @@ func TestPushURL(t *testing.T) {
 		{url: "http://:9/x", want: "has no host"},
 		{url: "https://:443", want: "has no host"},
 		{url: "http://[]:9/x", want: "invalid host"},
-		{url: "https:///x", want: "has no host"},
-		{url: "http://", want: "has no host"},
+		{url: "https:///x", want: `URL "https:///x" has no host`},
+		{url: "http://", want: `URL "http://" has no host`},
 		{url: "hooks.example.com/x", want: "scheme must be http or https"},
 		{url: "ftp://hooks.example.com/x", want: "scheme must be http or https"},
 		{url: "", want: "scheme must be http or https"},
@@ -89,8 +90,11 @@ func TestPushURL(t *testing.T) {
 func TestPushURLSchemeCase(t *testing.T) {
 	t.Parallel()
 	for _, u := range []string{"HTTP://example.com/x", "Https://example.com/x"} {
-		if err := validate.PushURL(u); err == nil || !strings.Contains(err.Error(), "lower case") {
-			t.Errorf("PushURL(%q) = %v, want an error asking for a lower-case scheme", u, err)
+		// The URL as written: url.Parse's lowered scheme would hide what
+		// is wrong.
+		want := fmt.Sprintf("URL %q: write the scheme in lower case", u)
+		if err := validate.PushURL(u); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("PushURL(%q) = %v, want an error with %q", u, err, want)
 		}
 	}
 	if err := validate.PushURL("https://example.com/x"); err != nil {

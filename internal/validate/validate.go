@@ -36,7 +36,7 @@ const (
 var (
 	ErrQueueName  = errors.New("invalid queue name")
 	ErrName       = errors.New("invalid name")
-	ErrPayload    = errors.New("payload is not a JSON value")
+	ErrPayload    = errors.New("invalid payload")
 	ErrTooLarge   = errors.New("payload too large")
 	ErrOption     = errors.New("invalid option")
 	ErrNotAllowed = errors.New("not allowed")
@@ -73,8 +73,11 @@ func Payload(b []byte) error {
 	if len(bytes.TrimSpace(b)) == 0 {
 		return fmt.Errorf("%w: it is empty", ErrPayload)
 	}
+	if bytes.HasPrefix(b, []byte("\xef\xbb\xbf")) {
+		return fmt.Errorf("%w: not JSON: it starts with a byte-order mark", ErrPayload)
+	}
 	if !json.Valid(b) {
-		return fmt.Errorf("%w: %s", ErrPayload, describeJSONError(b))
+		return fmt.Errorf("%w: not JSON: %s", ErrPayload, describeJSONError(b))
 	}
 	// encoding/json accepts invalid UTF-8 inside strings; PostgreSQL does
 	// not take it at all.
@@ -276,6 +279,12 @@ func ShownURL(s string) string {
 	u, err := url.Parse(s)
 	switch {
 	case err == nil:
+		if u.User == nil && u.RawQuery == "" && !u.ForceQuery && u.Fragment == "" {
+			// Nothing to hide: shown as written, since u.String() lowers
+			// the scheme and drops an empty host's "//", which errors
+			// about just those would then not show.
+			return quote(s)
+		}
 		if u.User != nil {
 			u.User = url.User("xxxxx")
 		}
