@@ -40,8 +40,16 @@ func (c *Client) clock() time.Time {
 }
 
 // NewClient returns an operator Client that runs its statements on db. The
-// database must be migrated (see package migrations).
-func NewClient(db *pgxpool.Pool) *Client { return &Client{db: db, operator: true} }
+// database must be migrated (see package migrations). It panics if db is
+// nil, as from a pgxpool.New whose error was dropped: every method would
+// otherwise panic later, far from the cause. The zero Client is not
+// usable; make one with NewClient.
+func NewClient(db *pgxpool.Pool) *Client {
+	if db == nil {
+		panic("bellhop: NewClient: nil pool (did pgxpool.New fail?)")
+	}
+	return &Client{db: db, operator: true}
+}
 
 // As returns a Client acting as the principal with id principal. Every
 // operation that names an app then fails with ErrForbidden unless the
@@ -89,7 +97,7 @@ func (c *Client) CreateApp(ctx context.Context, name string) (App, error) {
 		return App{}, fmt.Errorf("create app: %w", err)
 	}
 	if !c.operator {
-		return App{}, fmt.Errorf("create app %q: %w: principal %s may act on its own app only", printable(name), ErrForbidden, c.actor)
+		return App{}, fmt.Errorf("create app \"%s\": %w: principal %s may act on its own app only", printable(name), ErrForbidden, c.actor)
 	}
 	var a App
 	err := c.db.QueryRow(ctx, queries.AppCreate, queries.Args{"name": name}).
@@ -149,7 +157,7 @@ func (c *Client) CreatePrincipal(ctx context.Context, app, name string) (uuid.UU
 		return uuid.Nil, fmt.Errorf("create principal: %w", err)
 	}
 	if !storable(app) {
-		return uuid.Nil, fmt.Errorf("create principal %q: %w %q", name, ErrUnknownApp, printable(app))
+		return uuid.Nil, fmt.Errorf("create principal \"%s\": %w \"%s\"", printable(name), ErrUnknownApp, printable(app))
 	}
 	if !c.operator {
 		if _, _, err := c.resolve(ctx, c.db, app, ""); err != nil {
@@ -162,7 +170,7 @@ func (c *Client) CreatePrincipal(ctx context.Context, app, name string) (uuid.UU
 	case errors.Is(err, pgx.ErrNoRows):
 		return uuid.Nil, fmt.Errorf("create principal %q: %w %q", name, ErrUnknownApp, app)
 	case isUniqueViolation(err):
-		return uuid.Nil, fmt.Errorf("create principal %q in app %q: %w", printable(name), printable(app), ErrPrincipalExists)
+		return uuid.Nil, fmt.Errorf("create principal \"%s\" in app \"%s\": %w", printable(name), printable(app), ErrPrincipalExists)
 	case err != nil:
 		return uuid.Nil, fmt.Errorf("create principal %q in app %q: %w", name, app, err)
 	}
@@ -178,10 +186,10 @@ func (c *Client) resolve(ctx context.Context, q querier, app, principal string) 
 		principal = "default"
 	}
 	if !storable(app) {
-		return uuid.Nil, uuid.Nil, fmt.Errorf("%w %q", ErrUnknownApp, printable(app))
+		return uuid.Nil, uuid.Nil, fmt.Errorf("%w \"%s\"", ErrUnknownApp, printable(app))
 	}
 	if !storable(principal) {
-		return uuid.Nil, uuid.Nil, fmt.Errorf("%w %q in app %q", ErrUnknownPrincipal, printable(principal), printable(app))
+		return uuid.Nil, uuid.Nil, fmt.Errorf("%w \"%s\" in app \"%s\"", ErrUnknownPrincipal, printable(principal), printable(app))
 	}
 	var pid *uuid.UUID
 	var pname *string
@@ -190,13 +198,13 @@ func (c *Client) resolve(ctx context.Context, q querier, app, principal string) 
 	}).Scan(&appID, &pid, &pname)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return uuid.Nil, uuid.Nil, fmt.Errorf("%w %q", ErrUnknownApp, printable(app))
+		return uuid.Nil, uuid.Nil, fmt.Errorf("%w \"%s\"", ErrUnknownApp, printable(app))
 	case err != nil:
 		return uuid.Nil, uuid.Nil, err
 	case pid == nil && !c.operator:
-		return uuid.Nil, uuid.Nil, fmt.Errorf("%w: principal %s does not belong to app %q", ErrForbidden, c.actor, printable(app))
+		return uuid.Nil, uuid.Nil, fmt.Errorf("%w: principal %s does not belong to app \"%s\"", ErrForbidden, c.actor, printable(app))
 	case pid == nil:
-		return uuid.Nil, uuid.Nil, fmt.Errorf("%w %q in app %q", ErrUnknownPrincipal, printable(principal), printable(app))
+		return uuid.Nil, uuid.Nil, fmt.Errorf("%w \"%s\" in app \"%s\"", ErrUnknownPrincipal, printable(principal), printable(app))
 	case !c.operator && named != "" && *pname != named:
 		// Looked up by id, the client's own principal was found whatever
 		// name was asked for: naming another is not allowed.

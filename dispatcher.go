@@ -188,7 +188,8 @@ const (
 )
 
 // Observer receives dispatcher events. Methods are called from many
-// goroutines and must not block.
+// goroutines, the dispatcher's own, and must not block or panic: a panic
+// there is not recovered, and ends the process.
 type Observer interface {
 	// Delivered is called as a handler starts on m.
 	Delivered(m *Message)
@@ -212,7 +213,8 @@ type Observer interface {
 // Dispatcher delivers messages to handlers. Create it with NewDispatcher
 // and start it with Run.
 type Dispatcher struct {
-	ran atomic.Bool // Run was called
+	ran      atomic.Bool // Run was called
+	returned atomic.Bool // Run has returned
 	// pool is db once Run has made it, for Ready, which may run
 	// concurrently with Run's start.
 	pool     atomic.Pointer[pgxpool.Pool]
@@ -295,6 +297,11 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 		// A typed nil, such as a (*Mux)(nil), would panic on every
 		// consumer, and no queue would be served.
 		return nil, fmt.Errorf("bellhop: DispatcherConfig.Resolver is required (got %T(nil)): %w", cfg.Resolver, ErrInvalidOptions)
+	}
+	if cfg.Observer != nil && isNil(cfg.Observer) {
+		// Called on the lanes' goroutines, a nil pointer's method would
+		// crash the process at the first delivery.
+		return nil, fmt.Errorf("bellhop: DispatcherConfig.Observer is a %T(nil); leave it unset instead: %w", cfg.Observer, ErrInvalidOptions)
 	}
 	if poolCfg == nil || poolCfg.ConnConfig == nil {
 		return nil, fmt.Errorf("bellhop: a pool config is required (make it with pgxpool.ParseConfig): %w", ErrInvalidOptions)
@@ -428,8 +435,8 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 // once, unless its handler's error wraps ErrAbandoned: then at the end of
 // its lease. A handler that ignores its context's end keeps Run waiting
 // for it to return: its message's outcome is written then (an error it
-// returns counts as the cancellation's, and releases the message, attempt
-// refunded), and the token fences it if its lease has run out meanwhile.
+// returns, Permanent ones included, counts as the cancellation's, and
+// releases the message, attempt refunded), and the token fences it if its lease has run out meanwhile.
 // The grace counts from ctx's end. Nothing is logged after Run returns:
 // when the grace runs out, Run waits for its warning to reach the
 // Logger, so a Logger that blocks delays Run too. It returns an error only
@@ -440,6 +447,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	if !d.ran.CompareAndSwap(false, true) {
 		return errors.New("bellhop: Dispatcher.Run called more than once (a Dispatcher runs once; make a new one)")
 	}
+	defer d.returned.Store(true)
 	// The pool is made here, not in NewDispatcher: pgxpool starts a
 	// goroutine at once (and connections, with pool_min_conns), which a
 	// Dispatcher that never runs could not release.
@@ -553,15 +561,17 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 // missed two heartbeats and heard none, as through PgBouncer's transaction
 // pooling, makes it fail with notify.ErrDeaf until one comes back.
 func (d *Dispatcher) Ready(ctx context.Context) error {
-	if !d.listener.Connected() {
+	db := d.pool.Load()
+	switch {
+	case d.returned.Load():
+		return errors.New("dispatcher stopped: Run has returned")
+	case db == nil:
+		return errors.New("dispatcher not running")
+	case !d.listener.Connected():
 		return errors.New("listener not connected")
 	}
 	if err := d.listener.Deaf(); err != nil {
 		return err
-	}
-	db := d.pool.Load()
-	if db == nil {
-		return errors.New("dispatcher not running")
 	}
 	if err := db.Ping(ctx); err != nil {
 		return fmt.Errorf("database: %w", err)

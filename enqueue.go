@@ -64,6 +64,9 @@ func (c *Client) Enqueue(ctx context.Context, app, queue string, payload []byte,
 // statement they abort tx, as in PostgreSQL any error does: roll it back,
 // or wrap the call in a savepoint (tx.Begin) to go on without the message.
 func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, app, queue string, payload []byte, opts EnqueueOptions) (uuid.UUID, error) {
+	if isNil(tx) {
+		return uuid.Nil, fmt.Errorf("bellhop: EnqueueTx: nil transaction: %w", ErrInvalidOptions)
+	}
 	ids, err := c.enqueue(ctx, tx, app, []NewMessage{{Queue: queue, Payload: payload, Options: opts}})
 	if err != nil {
 		return uuid.Nil, err
@@ -82,12 +85,15 @@ func (c *Client) EnqueueMany(ctx context.Context, app string, msgs []NewMessage)
 // EnqueueManyTx is EnqueueMany inside the caller's transaction. A
 // rejection by the database aborts tx, as for EnqueueTx.
 func (c *Client) EnqueueManyTx(ctx context.Context, tx pgx.Tx, app string, msgs []NewMessage) ([]uuid.UUID, error) {
+	if isNil(tx) {
+		return nil, fmt.Errorf("bellhop: EnqueueManyTx: nil transaction: %w", ErrInvalidOptions)
+	}
 	return c.enqueue(ctx, tx, app, msgs)
 }
 
 func (c *Client) enqueue(ctx context.Context, q querier, app string, msgs []NewMessage) ([]uuid.UUID, error) {
 	if !storable(app) {
-		return nil, enqueueError(app, msgs, -1, fmt.Errorf("%w %q", ErrUnknownApp, printable(app)))
+		return nil, enqueueError(app, msgs, -1, fmt.Errorf("%w \"%s\"", ErrUnknownApp, printable(app)))
 	}
 	if len(msgs) == 0 {
 		// Nothing to write, but the answer is the one a batch would get:
@@ -156,9 +162,9 @@ func (c *Client) enqueue(ctx context.Context, q querier, app string, msgs []NewM
 		err = constraintError(err)
 		return nil, enqueueError(app, msgs, c.oversized(ctx, err, payloads), err)
 	case !appFound:
-		return nil, enqueueError(app, msgs, -1, fmt.Errorf("%w %q", ErrUnknownApp, printable(app)))
+		return nil, enqueueError(app, msgs, -1, fmt.Errorf("%w \"%s\"", ErrUnknownApp, printable(app)))
 	case foreign > 0 && !c.operator:
-		return nil, enqueueError(app, msgs, -1, fmt.Errorf("%w: principal %s does not belong to app %q", ErrForbidden, c.actor, printable(app)))
+		return nil, enqueueError(app, msgs, -1, fmt.Errorf("%w: principal %s does not belong to app \"%s\"", ErrForbidden, c.actor, printable(app)))
 	case foreign > 0:
 		return nil, enqueueError(app, msgs, position(firstForeign), fmt.Errorf("%w: %d message(s) name a principal that is not of app %q", ErrUnknownPrincipal, foreign, app))
 	case inserted != int64(n):

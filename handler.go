@@ -94,8 +94,9 @@ func (m *Message) LeaseDeadline() time.Time {
 // takes longer than one timeout (like SQS's ChangeMessageVisibility). The
 // timeout is the consumer's as the renewal reads it, so a changed timeout
 // applies from the next renewal on. It returns ErrLeaseLost if the lease
-// already expired, or if the handler's context has already ended for it,
-// and ErrNoConsumer, leaving the lease as it was, if the queue message's
+// already expired, if the handler's context has already ended for it, or
+// once the handler has returned (a goroutine it left behind), and
+// ErrNoConsumer, leaving the lease as it was, if the queue message's
 // consumer has been removed. An invoke delivery (Invoked) is deleted with
 // its consumer: its renewal returns ErrLeaseLost, and its outcome is
 // written nowhere.
@@ -120,6 +121,8 @@ type lease struct {
 	// lost is set when the timer fires: the handler's context has ended
 	// for the lease, which no renewal takes back.
 	lost atomic.Bool
+	// finished is set once the handler has returned.
+	finished atomic.Bool
 }
 
 // leaseMargin is how long before the lease ends the handler's context is
@@ -149,6 +152,9 @@ func (l *lease) extend(ctx context.Context) error {
 	if l.lost.Load() {
 		return fmt.Errorf("extend lease of %s: %w", l.msg.ID, ErrLeaseLost)
 	}
+	if l.finished.Load() {
+		return fmt.Errorf("extend lease of %s: the handler has returned: %w", l.msg.ID, ErrLeaseLost)
+	}
 	start := time.Now()
 	held, vt, err := claim.Extend(ctx, l.db, l.msg.ID, l.msg.Token)
 	if err != nil {
@@ -175,7 +181,13 @@ func (l *lease) extend(ctx context.Context) error {
 	return nil
 }
 
-func (l *lease) stop() { l.timer.Stop() }
+// stop ends the lease's timer once the handler has returned; renewals
+// from then on (a goroutine the handler left behind) fail at once, with
+// no statement: the pool may be closed by then.
+func (l *lease) stop() {
+	l.finished.Store(true)
+	l.timer.Stop()
+}
 
 // timeout is the visibility timeout the lease is measured with now.
 func (l *lease) timeout() time.Duration {

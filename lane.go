@@ -876,11 +876,11 @@ func (l *lane) decide(st *consumerState, m *Message, err, cause error) claim.Out
 	switch {
 	case err == nil:
 		return claim.Outcome{Verdict: claim.Ack}
-	case errors.As(err, &perm):
-		return claim.Outcome{Verdict: claim.DeadLetter, Error: err.Error(), Queue: st.Queue}
 	case l.d.handlers.Err() != nil && !errors.Is(cause, ErrLeaseLost):
 		// Cancelled by a stop whose grace ran out: not the message's
-		// fault, so its attempt is refunded. It is claimable at once,
+		// fault, so its attempt is refunded, whatever the handler made of
+		// the cancellation (a Permanent(ctx.Err()) too: another
+		// dispatcher's try will tell a real one). It is claimable at once,
 		// unless the handler gave up on work that may still run (an HTTP
 		// push cut short): then, as below, not before its lease's end.
 		out := claim.Outcome{Verdict: claim.Release}
@@ -888,6 +888,8 @@ func (l *lane) decide(st *consumerState, m *Message, err, cause error) claim.Out
 			out.HoldLease = m.lease.timeout()
 		}
 		return out
+	case errors.As(err, &perm):
+		return claim.Outcome{Verdict: claim.DeadLetter, Error: err.Error(), Queue: st.Queue}
 	}
 	// A handler abandoned when its lease ran short, or one that gave up on
 	// work that may still run, may still be running (an HTTP consumer does

@@ -327,6 +327,15 @@ func TestUnstorableInput(t *testing.T) {
 			_, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "sh\xffop", Queue: "orders"})
 			return err
 		}, bellhop.ErrUnknownApp},
+		// The server refused it with a bare encoding error.
+		{"RegisterConsumer, URL not UTF-8", func() error {
+			_, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "other", URL: "https://x.example.com/\xff"})
+			return err
+		}, bellhop.ErrInvalidOptions},
+		{"UpdateConsumer, URL not UTF-8", func() error {
+			url := "https://x.example.com/\xff"
+			return e.client.UpdateConsumer(e.ctx, "shop", cons.ID, bellhop.ConsumerUpdate{URL: &url})
+		}, bellhop.ErrInvalidOptions},
 		{"CreatePrincipal, app with NUL", func() error {
 			_, err := e.client.CreatePrincipal(e.ctx, "sh\x00op", "ops")
 			return err
@@ -360,6 +369,11 @@ func TestUnstorableInput(t *testing.T) {
 	}
 	if after := e.tableState("queue_messages"); after != before {
 		t.Error("queue_messages changed")
+	}
+	// Escaped once, not twice ("sh\\x00op").
+	_, err = e.client.Enqueue(e.ctx, "sh\x00op", "orders", []byte(`1`), bellhop.EnqueueOptions{})
+	if want := `unknown app "sh\x00op"`; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("Enqueue to app \"sh\\x00op\": %v, want %q", err, want)
 	}
 }
 
@@ -654,5 +668,147 @@ func TestPrintingHidesSecretsAndPayloads(t *testing.T) {
 	// A Consumer without a secret shows no placeholder for one.
 	if got := fmt.Sprint(bellhop.Consumer{Queue: "orders"}); strings.Contains(got, "xxxxx") {
 		t.Errorf("a Consumer with no secret prints %s", got)
+	}
+}
+
+// TestNilPoolAndTransaction: a nil pool is refused by NewClient, with a
+// message that names it, rather than by a nil-pointer panic in the first
+// method called; a nil transaction is an error of EnqueueTx and
+// EnqueueManyTx, not a panic.
+func TestNilPoolAndTransaction(t *testing.T) {
+	func() {
+		defer func() {
+			if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "NewClient: nil pool") {
+				t.Errorf("NewClient(nil) recovered %v, want a panic naming the nil pool", r)
+			}
+		}()
+		bellhop.NewClient(nil)
+	}()
+	e := fxNew(t)
+	e.app("shop")
+	before := e.tableState("queue_messages")
+	if _, err := e.client.EnqueueTx(e.ctx, nil, "shop", "orders", []byte(`1`), bellhop.EnqueueOptions{}); !errors.Is(err, bellhop.ErrInvalidOptions) || !strings.Contains(fmt.Sprint(err), "nil transaction") {
+		t.Errorf("EnqueueTx(nil tx): %v, want ErrInvalidOptions naming the nil transaction", err)
+	}
+	var tx pgx.Tx
+	if _, err := e.client.EnqueueManyTx(e.ctx, tx, "shop", []bellhop.NewMessage{{Queue: "orders", Payload: []byte(`1`)}}); !errors.Is(err, bellhop.ErrInvalidOptions) || !strings.Contains(fmt.Sprint(err), "nil transaction") {
+		t.Errorf("EnqueueManyTx(nil tx): %v, want ErrInvalidOptions naming the nil transaction", err)
+	}
+	if after := e.tableState("queue_messages"); after != before {
+		t.Error("queue_messages changed")
+	}
+}
+
+// nilObserver is an Observer whose nil pointer panics when called.
+type nilObserver struct{ n int }
+
+func (o *nilObserver) Delivered(*bellhop.Message)                               { o.n++ }
+func (o *nilObserver) Settled(*bellhop.Message, bellhop.Outcome, time.Duration) { o.n++ }
+func (o *nilObserver) Polled(int)                                               { o.n++ }
+func (o *nilObserver) Reclaimed(int64, int64)                                   { o.n++ }
+func (o *nilObserver) Finished(*bellhop.Message)                                { o.n++ }
+
+// TestTypedNilObserver: a nil pointer as the Observer is refused by
+// NewDispatcher. Accepted, it crashed the process at the first delivery,
+// on a goroutine of the dispatcher's.
+func TestTypedNilObserver(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgxpool.ParseConfig("postgres://u@127.0.0.1:1/db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var obs *nilObserver
+	_, err = bellhop.NewDispatcher(cfg, bellhop.DispatcherConfig{Resolver: bellhop.NewMux(), Observer: obs})
+	if !errors.Is(err, bellhop.ErrInvalidOptions) || !strings.Contains(fmt.Sprint(err), "Observer is a *bellhop_test.nilObserver(nil)") {
+		t.Errorf("NewDispatcher with a nil *nilObserver: %v, want ErrInvalidOptions naming it", err)
+	}
+}
+
+// oneOrder registers a consumer of shop/orders, served by h through a new
+// Dispatcher with cfg, runs it (stoppable), enqueues one message and
+// returns the dispatcher, the message's id and stop.
+func oneOrder(t *testing.T, e *fxEnv, h bellhop.HandlerFunc, cfg bellhop.DispatcherConfig) (*bellhop.Dispatcher, uuid.UUID, func() error) {
+	t.Helper()
+	e.app("shop")
+	if _, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders"}); err != nil {
+		t.Fatal(err)
+	}
+	mux := bellhop.NewMux()
+	mux.Handle("shop", "orders", h)
+	cfg.Resolver, cfg.PollInterval = mux, time.Hour
+	cfg.Logger = zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)
+	d, err := bellhop.NewDispatcher(e.pool.Config().Copy(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Ready(e.ctx); err == nil || !strings.Contains(err.Error(), "not running") {
+		t.Errorf("Ready before Run: %v, want \"dispatcher not running\"", err)
+	}
+	stop := stoppable(t, e.ctx, d)
+	id, err := e.client.Enqueue(e.ctx, "shop", "orders", []byte(`1`), bellhop.EnqueueOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, id, stop
+}
+
+// TestAfterRun: before Run, Ready says the dispatcher is not running;
+// once Run has returned, that it has stopped (it said the listener was
+// not connected), and a renewal by a goroutine that a handler left
+// behind fails with ErrLeaseLost without a statement (it failed with
+// "closed pool").
+func TestAfterRun(t *testing.T) {
+	e := fxNew(t)
+	handled := make(chan *bellhop.Message, 1)
+	d, _, stop := oneOrder(t, e, func(_ context.Context, m *bellhop.Message) error {
+		handled <- m
+		return nil
+	}, bellhop.DispatcherConfig{})
+	var m *bellhop.Message
+	select {
+	case m = <-handled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no delivery")
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if err := d.Ready(e.ctx); err == nil || !strings.Contains(err.Error(), "dispatcher stopped") {
+		t.Errorf("Ready after Run returned: %v, want \"dispatcher stopped\"", err)
+	}
+	if err := m.ExtendLease(e.ctx); !errors.Is(err, bellhop.ErrLeaseLost) {
+		t.Errorf("ExtendLease after the handler and Run returned: %v, want ErrLeaseLost", err)
+	}
+}
+
+// TestPermanentCancellationAtStop: a handler cut off by a stop's grace
+// that returns Permanent(ctx.Err()) has its message released, attempt
+// refunded, as for any error it returns then: the failure is the stop's,
+// not the message's. It was dead-lettered.
+func TestPermanentCancellationAtStop(t *testing.T) {
+	e := fxNew(t)
+	started := make(chan struct{}, 1)
+	_, id, stop := oneOrder(t, e, func(ctx context.Context, _ *bellhop.Message) error {
+		started <- struct{}{}
+		<-ctx.Done()
+		return bellhop.Permanent(ctx.Err())
+	}, bellhop.DispatcherConfig{ShutdownGrace: 200 * time.Millisecond})
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no delivery")
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	var attempt int
+	var token *uuid.UUID
+	if err := e.pool.QueryRow(e.ctx, `SELECT attempt, claim_token FROM queue_messages WHERE id = $1`, id).Scan(&attempt, &token); err != nil {
+		var dead int
+		_ = e.pool.QueryRow(e.ctx, `SELECT count(*) FROM dead_letters WHERE id = $1`, id).Scan(&dead)
+		t.Fatalf("the message is not in queue_messages: %v (dead letters with its id: %d)", err, dead)
+	}
+	if attempt != 0 || token != nil {
+		t.Errorf("after the stop: attempt %d, claim_token %v; want 0 and NULL (released, refunded)", attempt, token)
 	}
 }

@@ -41,12 +41,28 @@ func runDispatcherOn(t *testing.T, cfg *pgxpool.Config, r bellhop.Resolver, twea
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	stoppable(t, context.Background(), d)
+	return d
+}
+
+// stoppable starts d and waits until it is ready; stop cancels its Run
+// and returns Run's error (once: later calls return nil). The test's end
+// stops it too, failing the test on an error not returned before.
+func stoppable(t *testing.T, ctx context.Context, d *bellhop.Dispatcher) (stop func() error) {
+	t.Helper()
+	rctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
+	go func() { done <- d.Run(rctx) }()
+	var once sync.Once
+	stop = func() (err error) {
+		once.Do(func() {
+			cancel()
+			err = <-done
+		})
+		return err
+	}
 	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
+		if err := stop(); err != nil {
 			t.Errorf("dispatcher: %v", err)
 		}
 	})
@@ -57,7 +73,7 @@ func runDispatcherOn(t *testing.T, cfg *pgxpool.Config, r bellhop.Resolver, twea
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	return d
+	return stop
 }
 
 // TestAppIsolation: consumers of two apps with the same queue name each

@@ -224,6 +224,8 @@ func (p *Pusher) parseURL(raw string) (*url.URL, error) {
 			err = ue.Err // its text repeats the URL
 		}
 		return nil, fmt.Errorf("invalid URL %s: %v", shown, err)
+	case !utf8.ValidString(raw):
+		return nil, fmt.Errorf("URL %s is not valid UTF-8", shown)
 	case u.Scheme != "http" && u.Scheme != "https":
 		return nil, fmt.Errorf("URL %s: scheme must be http or https", shown)
 	case u.Hostname() == "":

@@ -27,6 +27,8 @@ func TestPushURL(t *testing.T) {
 		{url: "http://[]:9/x", want: "invalid host"},
 		{url: "https:///x", want: `URL "https:///x" has no host`},
 		{url: "http://", want: `URL "http://" has no host`},
+		{url: "https://x.example.com/\xff", want: "is not valid UTF-8"},
+		{url: "https://x\xff.example.com/", want: "is not valid UTF-8"},
 		{url: "hooks.example.com/x", want: "scheme must be http or https"},
 		{url: "ftp://hooks.example.com/x", want: "scheme must be http or https"},
 		{url: "", want: "scheme must be http or https"},

@@ -232,6 +232,9 @@ func PushURL(s string) error {
 	switch {
 	case len(s) > 2048:
 		return fmt.Errorf("%w: URL is %d bytes, more than 2048", ErrOption, len(s))
+	case !utf8.ValidString(s):
+		// The database refuses it, as a bare encoding error.
+		return fmt.Errorf("%w: URL %s is not valid UTF-8", ErrOption, shown)
 	case err != nil:
 		var ue *url.Error
 		if errors.As(err, &ue) {
