@@ -208,7 +208,7 @@ func (c *Client) resolve(ctx context.Context, q querier, app, principal string) 
 	case !c.operator && named != "" && *pname != named:
 		// Looked up by id, the client's own principal was found whatever
 		// name was asked for: naming another is not allowed.
-		return uuid.Nil, uuid.Nil, fmt.Errorf("%w: a client acting as principal %s (%q) cannot act as principal %q",
+		return uuid.Nil, uuid.Nil, fmt.Errorf("%w: a client acting as principal %s (\"%s\") cannot act as principal \"%s\"",
 			ErrForbidden, c.actor, printable(*pname), printable(named))
 	}
 	return appID, *pid, nil

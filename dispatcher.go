@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -64,7 +65,9 @@ type DispatcherConfig struct {
 	// app_id, queue, message_id and attempt where they apply. The zero
 	// Logger discards them all, errors included: set one.
 	Logger zerolog.Logger
-	// Observer, if set, is told about deliveries, for metrics.
+	// Observer, if set, is told about deliveries, for metrics. A nil
+	// pointer is refused: its methods would run on the dispatcher's
+	// goroutines, where a panic ends the process.
 	Observer Observer
 	// PollInterval: see DefaultPollInterval. At least 100ms: each poll
 	// is a statement, however idle the dispatcher.
@@ -213,8 +216,8 @@ type Observer interface {
 // Dispatcher delivers messages to handlers. Create it with NewDispatcher
 // and start it with Run.
 type Dispatcher struct {
-	ran      atomic.Bool // Run was called
-	returned atomic.Bool // Run has returned
+	ran   atomic.Bool // Run was called
+	ended atomic.Bool // Run's context has ended, or Run has returned
 	// pool is db once Run has made it, for Ready, which may run
 	// concurrently with Run's start.
 	pool     atomic.Pointer[pgxpool.Pool]
@@ -298,7 +301,7 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 		// consumer, and no queue would be served.
 		return nil, fmt.Errorf("bellhop: DispatcherConfig.Resolver is required (got %T(nil)): %w", cfg.Resolver, ErrInvalidOptions)
 	}
-	if cfg.Observer != nil && isNil(cfg.Observer) {
+	if o := reflect.ValueOf(cfg.Observer); o.Kind() == reflect.Pointer && o.IsNil() {
 		// Called on the lanes' goroutines, a nil pointer's method would
 		// crash the process at the first delivery.
 		return nil, fmt.Errorf("bellhop: DispatcherConfig.Observer is a %T(nil); leave it unset instead: %w", cfg.Observer, ErrInvalidOptions)
@@ -447,7 +450,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	if !d.ran.CompareAndSwap(false, true) {
 		return errors.New("bellhop: Dispatcher.Run called more than once (a Dispatcher runs once; make a new one)")
 	}
-	defer d.returned.Store(true)
+	defer d.ended.Store(true)
 	// The pool is made here, not in NewDispatcher: pgxpool starts a
 	// goroutine at once (and connections, with pool_min_conns), which a
 	// Dispatcher that never runs could not release.
@@ -512,6 +515,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	d.log.Info().Dur("poll_interval", d.cfg.PollInterval).Msg("dispatcher started")
 
 	<-ctx.Done()
+	d.ended.Store(true)
 	// The grace counts from the stop, not from the end of the waits below
 	// (a claim in flight, offers locked by producers), which could add
 	// seconds to it: a supervisor's own stop timeout is set from it.
@@ -556,15 +560,17 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	return nil
 }
 
-// Ready reports whether the dispatcher can deliver right now: the database
-// answers and the listener is connected, and not deaf: a listener that has
-// missed two heartbeats and heard none, as through PgBouncer's transaction
-// pooling, makes it fail with notify.ErrDeaf until one comes back.
+// Ready reports whether the dispatcher can deliver right now: Run is
+// running and not stopping (its errors say "dispatcher not running" and
+// "dispatcher stopped"), the database answers, and the listener is
+// connected, and not deaf: a listener that has missed two heartbeats and
+// heard none, as through PgBouncer's transaction pooling, makes it fail
+// with notify.ErrDeaf until one comes back.
 func (d *Dispatcher) Ready(ctx context.Context) error {
 	db := d.pool.Load()
 	switch {
-	case d.returned.Load():
-		return errors.New("dispatcher stopped: Run has returned")
+	case d.ended.Load():
+		return errors.New("dispatcher stopped: Run's context has ended")
 	case db == nil:
 		return errors.New("dispatcher not running")
 	case !d.listener.Connected():

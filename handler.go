@@ -23,7 +23,8 @@ import (
 //   - Returning an error nacks: the message is retried after the
 //     consumer's backoff, or dead-lettered once its attempts are used up.
 //   - Returning RetryAfter(d) retries after d instead.
-//   - Returning Permanent(err) dead-letters the message at once.
+//   - Returning Permanent(err) dead-letters the message at once (unless a
+//     stop's grace has already cut the handler off: see Dispatcher.Run).
 //   - A panic nacks, with the panic as the error; so does ending the
 //     goroutine with runtime.Goexit (t.FailNow in a test).
 //
@@ -209,7 +210,9 @@ type retryAfterError struct{ d time.Duration }
 func (e *retryAfterError) Error() string { return fmt.Sprintf("retry after %s", e.d) }
 
 // Permanent wraps err to make the dispatcher dead-letter the message at
-// once: retrying cannot help.
+// once: retrying cannot help. A handler that a stop's grace has cut off
+// has its message released instead, attempt refunded, whatever it
+// returns but nil: its failure may be the cancellation's.
 func Permanent(err error) error {
 	if err == nil {
 		err = errors.New("rejected")

@@ -18,7 +18,6 @@ import (
 	"io"
 	"os"
 	"regexp"
-	"slices"
 	"strings"
 	"time"
 
@@ -308,21 +307,29 @@ func parsePoolConfig(url string) (*pgxpool.Config, error) {
 // urlScheme finds a URL's scheme: RFC 3986's characters, then "://".
 var urlScheme = regexp.MustCompile(`^([A-Za-z][A-Za-z0-9+.-]*)://`)
 
-// pgEnvHint names the PG* environment variables that are set, since pgx
-// reads them into the connection settings too, and an error about one
-// (PGCONNECT_TIMEOUT=abc: "invalid connect_timeout") quotes the string
-// without it. Values are not shown: PGPASSWORD is one of them.
+// pgEnv are the environment variables that pgx reads into connection
+// settings (pgconn's parseEnvSettings).
+var pgEnv = []string{
+	"PGAPPNAME", "PGCHANNELBINDING", "PGCONNECT_TIMEOUT", "PGDATABASE", "PGHOST",
+	"PGMAXPROTOCOLVERSION", "PGMINPROTOCOLVERSION", "PGOPTIONS", "PGPASSFILE", "PGPASSWORD",
+	"PGPORT", "PGREQUIREAUTH", "PGSERVICE", "PGSERVICEFILE", "PGSSLCERT", "PGSSLCERTMODE",
+	"PGSSLKEY", "PGSSLMODE", "PGSSLNEGOTIATION", "PGSSLPASSWORD", "PGSSLROOTCERT", "PGSSLSNI",
+	"PGTARGETSESSIONATTRS", "PGTZ", "PGUSER",
+}
+
+// pgEnvHint names those of pgEnv that are set, since an error about one
+// (PGCONNECT_TIMEOUT=abc: "invalid connect_timeout") quotes a connection
+// string without it. Values are not shown: PGPASSWORD is one of them.
 func pgEnvHint() string {
 	var set []string
-	for _, kv := range os.Environ() {
-		if name, _, _ := strings.Cut(kv, "="); strings.HasPrefix(name, "PG") {
+	for _, name := range pgEnv {
+		if _, ok := os.LookupEnv(name); ok {
 			set = append(set, name)
 		}
 	}
 	if len(set) == 0 {
 		return ""
 	}
-	slices.Sort(set)
 	return " (also read from the environment: " + strings.Join(set, ", ") + ")"
 }
 

@@ -505,17 +505,19 @@ func enqueueStream(ctx context.Context, c *bellhop.Client, pool *pgxpool.Pool, a
 	if _, err := validate.DeliverAt(time.Now(), opts.DeliverAfter, opts.Delay); err != nil {
 		return usageError{err}
 	}
+	// The app too, which takes the database: an empty stream would
+	// otherwise succeed, and a bad app be blamed on the first batch. Not
+	// in the transaction, whose locks would then be held from the start
+	// of a slow stream instead of from its first batch.
+	if _, err := c.EnqueueMany(ctx, app, nil); err != nil {
+		return fmt.Errorf("%w; nothing was enqueued", err)
+	}
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("enqueue from stdin: begin: %w", err)
 	}
 	// After Commit this is a no-op; before, it undoes every batch.
 	defer tx.Rollback(context.Background())
-	// The app too, which takes the database: an empty stream would
-	// otherwise succeed, and a bad app be blamed on the first batch.
-	if _, err := c.EnqueueManyTx(ctx, tx, app, nil); err != nil {
-		return fmt.Errorf("%w; nothing was enqueued", err)
-	}
 
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 64*1024), maxLine)

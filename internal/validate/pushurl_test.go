@@ -103,3 +103,27 @@ func TestPushURLSchemeCase(t *testing.T) {
 		t.Errorf("PushURL of a lower-case https URL: %v", err)
 	}
 }
+
+// TestShownURL: a URL is shown as written, with nothing of its user
+// information, query or fragment; one whose "@" url.Parse does not read
+// as user information (no "//" authority) is not shown at all, since the
+// "@" may end a password.
+func TestShownURL(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ url, want string }{
+		{"HTTP://EXAMPLE.COM/", `"HTTP://EXAMPLE.COM/"`},
+		{"http://", `"http://"`},
+		{"https://h.example.com/users/@me", `"https://h.example.com/users/@me"`},
+		{"HTTP://u:S3CRET@h.example.com/x", `"HTTP://xxxxx@h.example.com/x"`},
+		{"https://h.example.com/x?token=S3CRET", `"https://h.example.com/x?xxxxx"`},
+		{"https://h.example.com/x#S3CRET", `"https://h.example.com/x#xxxxx"`},
+		{"http:user:S3CRET@h.example.com/x", "(not shown: it may carry credentials)"},
+		{"https:/u:S3CRET@h.example.com/x", "(not shown: it may carry credentials)"},
+		{"http://u:S3CRET@h.example.com:port/x", "(not shown: it may carry credentials)"},
+	} {
+		got := validate.ShownURL(tc.url)
+		if got != tc.want || strings.Contains(got, "S3CRET") {
+			t.Errorf("ShownURL(%q) = %s, want %s", tc.url, got, tc.want)
+		}
+	}
+}

@@ -281,6 +281,11 @@ func BadPort(u *url.URL) string {
 func ShownURL(s string) string {
 	u, err := url.Parse(s)
 	switch {
+	case err == nil && u.User == nil && (u.Opaque != "" || u.Host == "") && strings.Contains(s, "@"):
+		// An "@" that url.Parse did not read as user information, having
+		// found no "//" authority ("http:u:pw@host", "https:/u:pw@host"),
+		// may still end a password.
+		return "(not shown: it may carry credentials)"
 	case err == nil:
 		if u.User == nil && u.RawQuery == "" && !u.ForceQuery && u.Fragment == "" {
 			// Nothing to hide: shown as written, since u.String() lowers
@@ -297,7 +302,12 @@ func ShownURL(s string) string {
 		if u.Fragment != "" {
 			u.Fragment, u.RawFragment = "xxxxx", ""
 		}
-		return quote(u.String())
+		shown := u.String()
+		// The scheme as written: url.Parse lowers it.
+		if n := len(u.Scheme); n > 0 && len(s) >= n && strings.EqualFold(s[:n], shown[:n]) {
+			shown = s[:n] + shown[n:]
+		}
+		return quote(shown)
 	case strings.Contains(s, "@"):
 		return "(not shown: it may carry credentials)"
 	}
