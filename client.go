@@ -156,8 +156,8 @@ func (c *Client) CreatePrincipal(ctx context.Context, app, name string) (uuid.UU
 	if err := validate.Name("principal", name); err != nil {
 		return uuid.Nil, fmt.Errorf("create principal: %w", err)
 	}
-	if !storable(app) {
-		return uuid.Nil, fmt.Errorf("create principal \"%s\": %w \"%s\"", printable(name), ErrUnknownApp, printable(app))
+	if validate.Name("app", app) != nil {
+		return uuid.Nil, fmt.Errorf("create principal \"%s\": %w", printable(name), unknownApp(app))
 	}
 	if !c.operator {
 		if _, _, err := c.resolve(ctx, c.db, app, ""); err != nil {
@@ -168,7 +168,7 @@ func (c *Client) CreatePrincipal(ctx context.Context, app, name string) (uuid.UU
 	err := c.db.QueryRow(ctx, queries.PrincipalCreate, queries.Args{"app_name": app, "principal_name": name}).Scan(&id)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return uuid.Nil, fmt.Errorf("create principal %q: %w %q", name, ErrUnknownApp, app)
+		return uuid.Nil, fmt.Errorf("create principal \"%s\": %w", printable(name), unknownApp(app))
 	case isUniqueViolation(err):
 		return uuid.Nil, fmt.Errorf("create principal \"%s\" in app \"%s\": %w", printable(name), printable(app), ErrPrincipalExists)
 	case err != nil:
@@ -185,11 +185,11 @@ func (c *Client) resolve(ctx context.Context, q querier, app, principal string) 
 	if principal == "" {
 		principal = "default"
 	}
-	if !storable(app) {
-		return uuid.Nil, uuid.Nil, fmt.Errorf("%w \"%s\"", ErrUnknownApp, printable(app))
+	if validate.Name("app", app) != nil {
+		return uuid.Nil, uuid.Nil, unknownApp(app)
 	}
-	if !storable(principal) {
-		return uuid.Nil, uuid.Nil, fmt.Errorf("%w \"%s\" in app \"%s\"", ErrUnknownPrincipal, printable(principal), printable(app))
+	if validate.Name("principal", principal) != nil {
+		return uuid.Nil, uuid.Nil, fmt.Errorf("%w \"%s\" in app \"%s\"%s", ErrUnknownPrincipal, printable(principal), printable(app), nameHint("principal", principal))
 	}
 	var pid *uuid.UUID
 	var pname *string
@@ -198,7 +198,7 @@ func (c *Client) resolve(ctx context.Context, q querier, app, principal string) 
 	}).Scan(&appID, &pid, &pname)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return uuid.Nil, uuid.Nil, fmt.Errorf("%w \"%s\"", ErrUnknownApp, printable(app))
+		return uuid.Nil, uuid.Nil, unknownApp(app)
 	case err != nil:
 		return uuid.Nil, uuid.Nil, err
 	case pid == nil && !c.operator:

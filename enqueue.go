@@ -5,9 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -92,8 +90,8 @@ func (c *Client) EnqueueManyTx(ctx context.Context, tx pgx.Tx, app string, msgs 
 }
 
 func (c *Client) enqueue(ctx context.Context, q querier, app string, msgs []NewMessage) ([]uuid.UUID, error) {
-	if !storable(app) {
-		return nil, enqueueError(app, msgs, -1, fmt.Errorf("%w \"%s\"", ErrUnknownApp, printable(app)))
+	if validate.Name("app", app) != nil {
+		return nil, enqueueError(app, msgs, -1, unknownApp(app))
 	}
 	if len(msgs) == 0 {
 		// Nothing to write, but the answer is the one a batch would get:
@@ -162,7 +160,7 @@ func (c *Client) enqueue(ctx context.Context, q querier, app string, msgs []NewM
 		err = constraintError(err)
 		return nil, enqueueError(app, msgs, c.oversized(ctx, err, payloads), err)
 	case !appFound:
-		return nil, enqueueError(app, msgs, -1, fmt.Errorf("%w \"%s\"", ErrUnknownApp, printable(app)))
+		return nil, enqueueError(app, msgs, -1, unknownApp(app))
 	case foreign > 0 && !c.operator:
 		return nil, enqueueError(app, msgs, -1, fmt.Errorf("%w: principal %s does not belong to app \"%s\"", ErrForbidden, c.actor, printable(app)))
 	case foreign > 0:
@@ -267,10 +265,23 @@ func (e *batchError) Position() int { return e.i }
 
 // printable keeps untrusted names short and free of control characters in
 // error messages.
-// storable reports whether s can be a name in the database at all: text
-// there is valid UTF-8 without NUL. A name that is not names no app, and
-// sent as a parameter it fails with an encoding error, not a lookup miss.
-func storable(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
+// unknownApp is ErrUnknownApp for app, saying why when app breaks the
+// naming rules (which the apps table enforces).
+func unknownApp(app string) error {
+	return fmt.Errorf("%w \"%s\"%s", ErrUnknownApp, printable(app), nameHint("app", app))
+}
+
+// nameHint is why name, of kind "app" or "principal", names nothing when
+// it breaks the naming rules, and "" when it does not.
+// Such a name is refused before any query: sent as a parameter, one that
+// is not valid UTF-8 or holds a NUL fails with an encoding error, not a
+// lookup miss.
+func nameHint(kind, name string) string {
+	if validate.Name(kind, name) != nil {
+		return " (not a valid " + kind + " name: " + validate.NameRule + ")"
+	}
+	return ""
+}
 
 func printable(s string) string {
 	if len(s) > 64 {

@@ -27,11 +27,13 @@ var (
 	ErrPayloadTooLarge = validate.ErrTooLarge
 	// ErrInvalidOptions: an option is out of range or contradicts another.
 	ErrInvalidOptions = validate.ErrOption
-	// ErrUnknownApp: no app has that name.
+	// ErrUnknownApp: no app has that name. For a name that breaks the
+	// naming rules (CreateApp), the error also says so.
 	ErrUnknownApp = errors.New("unknown app")
 	// ErrAppExists: an app with that name exists already.
 	ErrAppExists = errors.New("app already exists")
-	// ErrUnknownPrincipal: the principal does not exist in that app.
+	// ErrUnknownPrincipal: the principal does not exist in that app. For
+	// a name that breaks the naming rules, the error also says so.
 	ErrUnknownPrincipal = errors.New("unknown principal")
 	// ErrPrincipalExists: the app has a principal of that name already.
 	ErrPrincipalExists = errors.New("principal already exists")

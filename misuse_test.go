@@ -439,6 +439,58 @@ func TestPrincipalExists(t *testing.T) {
 	}
 }
 
+// TestNamesNoneCanHave: an app or principal name that breaks the naming
+// rules is still ErrUnknownApp or ErrUnknownPrincipal, and the error says
+// why no such app or principal can exist; a well-formed name that is
+// simply not there gets no such hint. It read as a plain "unknown app".
+func TestNamesNoneCanHave(t *testing.T) {
+	e := fxNew(t)
+	e.app("shop")
+	enqueue := func(app string) func() error {
+		return func() error {
+			_, err := e.client.Enqueue(e.ctx, app, "orders", []byte(`1`), bellhop.EnqueueOptions{})
+			return err
+		}
+	}
+	register := func(principal string) func() error {
+		return func() error {
+			_, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders", Principal: principal})
+			return err
+		}
+	}
+	const rule = "use 1 to 63 bytes of [A-Za-z0-9._-], starting with a letter or digit"
+	for _, tc := range []struct {
+		name string
+		call func() error
+		want error
+		text string // in the error
+		hint bool   // the error explains the naming rule
+	}{
+		{"empty app", enqueue(""), bellhop.ErrUnknownApp, `unknown app "" (not a valid app name: ` + rule + ")", true},
+		{"app with a space", enqueue("bad name"), bellhop.ErrUnknownApp, `unknown app "bad name" (not a valid app name: `, true},
+		{"app too long", enqueue(strings.Repeat("a", 64)), bellhop.ErrUnknownApp, "(not a valid app name: ", true},
+		{"absent app", enqueue("nosuch"), bellhop.ErrUnknownApp, `unknown app "nosuch"`, false},
+		{"principal with a slash", register("ops/1"), bellhop.ErrUnknownPrincipal, `unknown principal "ops/1" in app "shop" (not a valid principal name: `, true},
+		{"absent principal", register("ghost"), bellhop.ErrUnknownPrincipal, `unknown principal "ghost" in app "shop"`, false},
+		{"principal of a bad app name", func() error {
+			_, err := e.client.CreatePrincipal(e.ctx, "-shop", "ops")
+			return err
+		}, bellhop.ErrUnknownApp, `create principal "ops": unknown app "-shop" (not a valid app name: `, true},
+	} {
+		err := tc.call()
+		if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.text) {
+			t.Errorf("%s: %v, want %v saying %q", tc.name, err, tc.want, tc.text)
+			continue
+		}
+		if got := strings.Contains(err.Error(), "not a valid"); got != tc.hint {
+			t.Errorf("%s: %v: naming rule given %t, want %t", tc.name, err, got, tc.hint)
+		}
+	}
+	if n := e.int64(`SELECT (SELECT count(*) FROM queue_messages) + (SELECT count(*) FROM queue_consumers)`); n != 0 {
+		t.Errorf("%d rows written", n)
+	}
+}
+
 // nilishResolver serves "served" with a real handler, returns a nil
 // pointer and a nil HandlerFunc inside the Handler interface for two
 // queues, and panics for a third.

@@ -55,11 +55,14 @@ func QueueName(s string) error {
 	return nil
 }
 
+// NameRule states the rule Name checks, as its errors give it.
+const NameRule = "use 1 to 63 bytes of [A-Za-z0-9._-], starting with a letter or digit"
+
 // Name checks an app or principal name: 1 to 63 bytes of [A-Za-z0-9._-],
 // starting with a letter or digit.
 func Name(kind, s string) error {
 	if !nameRE.MatchString(s) {
-		return fmt.Errorf("%w: %s name %s: use 1 to 63 bytes of [A-Za-z0-9._-], starting with a letter or digit", ErrName, kind, quote(s))
+		return fmt.Errorf("%w: %s name %s: %s", ErrName, kind, quote(s), NameRule)
 	}
 	return nil
 }
