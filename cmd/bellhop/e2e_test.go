@@ -282,7 +282,7 @@ func TestResponseCodes(t *testing.T) {
 	}
 
 	// Redrive: delivered again, and this time accepted.
-	if out := ok(t, dsn, "dead", "redrive", "--app", "shop", reject); out != "redrove 1 dead letters\n" {
+	if out := ok(t, dsn, "dead", "redrive", "--app", "shop", reject); out != "redrove 1 dead letter\n" {
 		t.Errorf("dead redrive printed %q", out)
 	}
 	h.waitCount(t, 4, 20*time.Second)
@@ -351,7 +351,7 @@ func TestDeadQueueOperations(t *testing.T) {
 	if out := ok(t, dsn, "dead", "ls", "--app", "shop", "--queue", "c"); !strings.Contains(out, id) || !strings.Contains(out, "3/3") || !strings.Contains(out, "boom") {
 		t.Errorf("dead ls --queue c:\n%s", out)
 	}
-	if out := ok(t, dsn, "dead", "purge", "--app", "shop", id); out != "purged 1 dead letters\n" {
+	if out := ok(t, dsn, "dead", "purge", "--app", "shop", id); out != "purged 1 dead letter\n" {
 		t.Errorf("purge %s printed %q", id, out)
 	}
 	if r := exe(t, dsn, "", "dead", "show", "--app", "shop", id); r.code != 2 || !strings.Contains(r.stderr, "no dead letter") {

@@ -577,7 +577,7 @@ func enqueueStream(ctx context.Context, c *bellhop.Client, pool *pgxpool.Pool, a
 		// claim that nothing was enqueued here.
 		return fmt.Errorf("enqueue from stdin: commit %d messages: %w", total, err)
 	}
-	fmt.Fprintf(out, "enqueued %d messages\n", total)
+	fmt.Fprintf(out, "enqueued %s\n", plural(total, "message"))
 	return nil
 }
 
@@ -652,6 +652,14 @@ func messageID(s string) (uuid.UUID, error) {
 	return id, nil
 }
 
+// plural is n with noun, in the plural unless n is 1.
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
+
 // noDeadLetter is the error for an id that names no dead letter of app:
 // like an unknown consumer, input that a retry cannot fix (exit status 2).
 func noDeadLetter(id uuid.UUID, app string) error {
@@ -708,7 +716,7 @@ func deadCommand(d *deps) *cli.Command {
 			if errors.Is(err, bellhop.ErrNotRedriven) {
 				// Some moved, some cannot until something changes: say
 				// both; the error names what to do (exit status 2).
-				fmt.Fprintf(d.stdout, "%s %d dead letters\n", verb, n)
+				fmt.Fprintf(d.stdout, "%s %s\n", verb, plural(int(n), "dead letter"))
 				return usagef("%s", oneLine(err))
 			}
 			if err != nil {
@@ -717,7 +725,7 @@ func deadCommand(d *deps) *cli.Command {
 			if n == 0 && id != uuid.Nil {
 				return noDeadLetter(id, cmd.String("app"))
 			}
-			fmt.Fprintf(d.stdout, "%s %d dead letters\n", verb, n)
+			fmt.Fprintf(d.stdout, "%s %s\n", verb, plural(int(n), "dead letter"))
 			return nil
 		}
 	}

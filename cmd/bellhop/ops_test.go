@@ -269,7 +269,7 @@ func TestEnqueueStdin(t *testing.T) {
 		wantRows    int
 		wantDelayed bool
 	}{
-		{name: "one line", stdin: `{"a":1}`, wantOut: "enqueued 1 messages\n", wantRows: 1},
+		{name: "one line", stdin: `{"a":1}`, wantOut: "enqueued 1 message\n", wantRows: 1},
 		{name: "empty --at", stdin: `{"a":1}`, flags: []string{"--at", ""}, wantCode: 2, wantErr: `--at "" is not an RFC 3339 time`},
 		{name: "empty input", stdin: "", wantOut: "enqueued 0 messages\n"},
 		{name: "many batches", stdin: lines(1201, 0), wantOut: "enqueued 1201 messages\n", wantRows: 1201},
@@ -754,7 +754,7 @@ func TestDeadRefusesIDWithQueue(t *testing.T) {
 		}
 	}
 	// Each alone still works.
-	if out := ok(t, dsn, "dead", "redrive", "--app", "shop", id); out != "redrove 1 dead letters\n" {
+	if out := ok(t, dsn, "dead", "redrive", "--app", "shop", id); out != "redrove 1 dead letter\n" {
 		t.Errorf("redrive %s printed %q", id, out)
 	}
 	if out := ok(t, dsn, "dead", "purge", "--app", "shop", "--queue", "orders"); out != "purged 2 dead letters\n" {

@@ -26,7 +26,7 @@ func TestRedriveSaysWhatStayed(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := exe(t, dsn, "", "dead", "redrive", "--app", "shop", "--queue", "orders")
-	if r.code != 2 || strings.TrimSpace(r.stdout) != "redrove 1 dead letters" ||
+	if r.code != 2 || strings.TrimSpace(r.stdout) != "redrove 1 dead letter" ||
 		!strings.Contains(r.stderr, "1 dead letter(s) not redriven") || !strings.Contains(r.stderr, "id a live message has taken again") {
 		t.Errorf("want exit 2, 1 redriven and the reason the other stayed; got %s", r)
 	}
