@@ -145,7 +145,8 @@ func TestBadConfiguration(t *testing.T) {
 		// A directory can never become the secret: every request would get
 		// a 503 and every message be retried until it is dead-lettered.
 		{"example-consumer --secret-file a directory", "-", nil, []string{"example-consumer", "--addr", "127.0.0.1:0", "--secret-file", os.TempDir()}, fmt.Sprintf("--secret-file %q is a directory", os.TempDir())},
-		{"setup-demo bad queue name", dsn, nil, []string{"setup-demo", "--app", "shop", "--queue", "bad q", "--url", "http://127.0.0.1:9/", "--secret-file", "/nonexistent/s"}, `invalid queue name "bad q"`},
+		{"setup-demo bad queue name", dsn, nil, []string{"setup-demo", "--app", "shop", "--queue", "bad q", "--url", "http://127.0.0.1:9/", "--secret-file", "/nonexistent/s"}, `--queue: invalid queue name "bad q"`},
+		{"setup-demo bad app name", dsn, nil, []string{"setup-demo", "--app", "bad app", "--queue", "q", "--url", "http://127.0.0.1:9/", "--secret-file", "/nonexistent/s"}, `--app: invalid name: app name "bad app"`},
 		{"--allowed-hosts entry with a port", dsn, nil, []string{"run", "--allowed-hosts", "example.com,127.0.0.1:18282"}, `--allowed-hosts: allowed host "127.0.0.1:18282": is not a bare hostname`},
 		{"--allowed-hosts entry is a URL", dsn, nil, append(add, "--allowed-hosts", "https://a.example.com"), `allowed host "https://a.example.com": is a URL`},
 		{"--allowed-hosts entry *", dsn, nil, []string{"consumer", "update", "--app", "shop", "--url", "http://a.example.com/", "--allowed-hosts", "*", "00000000-0000-0000-0000-000000000001"}, `allowed host "*": a wildcard`},

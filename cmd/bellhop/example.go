@@ -49,10 +49,10 @@ func setupDemoCommand(d *deps) *cli.Command {
 			// anything changes: a failure halfway would leave the queue
 			// without a consumer, or with one whose secret nobody has.
 			if err := validate.Name("app", app); err != nil {
-				return usageError{err}
+				return usagef("--app: %w", err)
 			}
 			if err := validate.QueueName(queue); err != nil {
-				return usageError{err}
+				return usagef("--queue: %w", err)
 			}
 			if err := validate.PushURL(url); err != nil {
 				return usagef("--url: %w", err)
