@@ -68,6 +68,7 @@ type NotRedrivenError struct {
 	IDInUse int64
 }
 
+// Error says how many dead letters stayed, and why, with what to do.
 func (e *NotRedrivenError) Error() string {
 	var why []string
 	if e.ConsumerGone > 0 {

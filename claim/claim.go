@@ -29,6 +29,7 @@ const (
 	Invoke
 )
 
+// String is "queue" or "invoke".
 func (s Source) String() string {
 	if s == Invoke {
 		return "invoke"
@@ -68,6 +69,8 @@ type Target struct {
 	TriggerID uuid.UUID
 }
 
+// String names t in errors and logs: "<app_id>/<queue>", or
+// "invoke/<trigger_id>".
 func (t Target) String() string {
 	if t.Source == Invoke {
 		return "invoke/" + t.TriggerID.String()

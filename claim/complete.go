@@ -35,6 +35,7 @@ const (
 	Release
 )
 
+// String names v as the logs give it (their "outcome" field).
 func (v Verdict) String() string {
 	return [...]string{"ack", "nack", "dead_letter", "release"}[v]
 }

@@ -255,6 +255,8 @@ type Evidence struct {
 	Profiles   []string          `json:"profiles"`
 }
 
+// StatementSample is one case's busiest statements, from
+// pg_stat_statements, as the JSON report records them.
 type StatementSample struct {
 	Case string     `json:"case"`
 	Top  []stmtStat `json:"top"`

@@ -203,6 +203,7 @@ type WaitSample struct {
 	Counts map[string]int `json:"counts"`
 }
 
+// String lists w's wait events with their shares, most frequent first.
 func (w WaitSample) String() string {
 	type kv struct {
 		k string

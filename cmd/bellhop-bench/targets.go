@@ -38,6 +38,7 @@ func (t Target) MarshalJSON() ([]byte, error) {
 	}{plain(t), finite(t.Value), finite(t.Limit)})
 }
 
+// Verdict is PASS, FAIL, or n/a when a figure t needs is missing.
 func (t Target) Verdict() string {
 	switch {
 	case !t.Known:
