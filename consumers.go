@@ -32,7 +32,9 @@ type ConsumerSpec struct {
 	// Principal names the principal that registers the consumer; its
 	// deliveries act as that principal. "" means the app's "default"; for
 	// a Client made with As, it means that principal, and any other name
-	// than its own is ErrForbidden.
+	// than its own is ErrForbidden. A name that breaks the naming rules
+	// (1 to 63 bytes of [A-Za-z0-9._-], starting with a letter or digit)
+	// is ErrUnknownPrincipal, for every Client.
 	Principal string
 	// MaxAttempts is the retry policy's attempt limit (1 to 1000). It is
 	// also the default max_attempts of messages enqueued to this queue

@@ -445,19 +445,20 @@ func TestPrincipalExists(t *testing.T) {
 // simply not there gets no such hint. It read as a plain "unknown app".
 func TestNamesNoneCanHave(t *testing.T) {
 	e := fxNew(t)
-	e.app("shop")
+	shop := e.app("shop")
 	enqueue := func(app string) func() error {
 		return func() error {
 			_, err := e.client.Enqueue(e.ctx, app, "orders", []byte(`1`), bellhop.EnqueueOptions{})
 			return err
 		}
 	}
-	register := func(principal string) func() error {
+	register := func(c *bellhop.Client, principal string) func() error {
 		return func() error {
-			_, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders", Principal: principal})
+			_, err := c.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders", Principal: principal})
 			return err
 		}
 	}
+	asShop := e.client.As(shop.DefaultPrincipal)
 	const rule = "use 1 to 63 bytes of [A-Za-z0-9._-], starting with a letter or digit"
 	for _, tc := range []struct {
 		name string
@@ -470,8 +471,12 @@ func TestNamesNoneCanHave(t *testing.T) {
 		{"app with a space", enqueue("bad name"), bellhop.ErrUnknownApp, `unknown app "bad name" (not a valid app name: `, true},
 		{"app too long", enqueue(strings.Repeat("a", 64)), bellhop.ErrUnknownApp, "(not a valid app name: ", true},
 		{"absent app", enqueue("nosuch"), bellhop.ErrUnknownApp, `unknown app "nosuch"`, false},
-		{"principal with a slash", register("ops/1"), bellhop.ErrUnknownPrincipal, `unknown principal "ops/1" in app "shop" (not a valid principal name: `, true},
-		{"absent principal", register("ghost"), bellhop.ErrUnknownPrincipal, `unknown principal "ghost" in app "shop"`, false},
+		{"principal with a slash", register(e.client, "ops/1"), bellhop.ErrUnknownPrincipal, `unknown principal "ops/1" in app "shop" (not a valid principal name: `, true},
+		{"absent principal", register(e.client, "ghost"), bellhop.ErrUnknownPrincipal, `unknown principal "ghost" in app "shop"`, false},
+		// Acting as a principal, naming another is forbidden; naming one
+		// that cannot exist is the bad name it is.
+		{"principal with a slash, as a principal", register(asShop, "ops/1"), bellhop.ErrUnknownPrincipal, "(not a valid principal name: ", true},
+		{"another principal, as a principal", register(asShop, "ghost"), bellhop.ErrForbidden, `cannot act as principal "ghost"`, false},
 		{"principal of a bad app name", func() error {
 			_, err := e.client.CreatePrincipal(e.ctx, "-shop", "ops")
 			return err
