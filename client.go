@@ -189,7 +189,7 @@ func (c *Client) resolve(ctx context.Context, q querier, app, principal string) 
 		return uuid.Nil, uuid.Nil, unknownApp(app)
 	}
 	if validate.Name("principal", principal) != nil {
-		return uuid.Nil, uuid.Nil, fmt.Errorf("%w \"%s\" in app \"%s\"%s", ErrUnknownPrincipal, printable(principal), printable(app), nameHint("principal", principal))
+		return uuid.Nil, uuid.Nil, unknownPrincipal(principal, app)
 	}
 	var pid *uuid.UUID
 	var pname *string
@@ -204,7 +204,7 @@ func (c *Client) resolve(ctx context.Context, q querier, app, principal string) 
 	case pid == nil && !c.operator:
 		return uuid.Nil, uuid.Nil, fmt.Errorf("%w: principal %s does not belong to app \"%s\"", ErrForbidden, c.actor, printable(app))
 	case pid == nil:
-		return uuid.Nil, uuid.Nil, fmt.Errorf("%w \"%s\" in app \"%s\"", ErrUnknownPrincipal, printable(principal), printable(app))
+		return uuid.Nil, uuid.Nil, unknownPrincipal(principal, app)
 	case !c.operator && named != "" && *pname != named:
 		// Looked up by id, the client's own principal was found whatever
 		// name was asked for: naming another is not allowed.

@@ -271,6 +271,12 @@ func unknownApp(app string) error {
 	return fmt.Errorf("%w \"%s\"%s", ErrUnknownApp, printable(app), nameHint("app", app))
 }
 
+// unknownPrincipal is ErrUnknownPrincipal for principal in app, saying why
+// when principal breaks the naming rules.
+func unknownPrincipal(principal, app string) error {
+	return fmt.Errorf("%w \"%s\" in app \"%s\"%s", ErrUnknownPrincipal, printable(principal), printable(app), nameHint("principal", principal))
+}
+
 // nameHint is why name, of kind "app" or "principal", names nothing when
 // it breaks the naming rules, and "" when it does not.
 // Such a name is refused before any query: sent as a parameter, one that
