@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"reflect"
 	"sync"
@@ -70,7 +71,9 @@ type DispatcherConfig struct {
 	// goroutines, where a panic ends the process.
 	Observer Observer
 	// PollInterval: see DefaultPollInterval. At least 100ms: each poll
-	// is a statement, however idle the dispatcher.
+	// is a statement, however idle the dispatcher. There is no upper
+	// limit, but a longer one is slower to catch a lost notification
+	// and a listener that hears nothing (the poll carries its heartbeat).
 	PollInterval time.Duration
 	// ReconnectDelay is the listener's pause between reconnects (2s, at
 	// least 50ms).
@@ -670,7 +673,7 @@ func (d *Dispatcher) requestReload(wakeAll bool) {
 
 // control runs consumer reloads and the fallback poll.
 func (d *Dispatcher) control(ctx context.Context) {
-	poll := time.NewTimer(d.jitter(d.cfg.PollInterval))
+	poll := time.NewTimer(jitter(d.cfg.PollInterval))
 	defer poll.Stop()
 	reloadFailures := 0
 	// At most one retry is due at a time: a reload asked for meanwhile
@@ -689,7 +692,7 @@ func (d *Dispatcher) control(ctx context.Context) {
 			pctx, cancel := d.bound(ctx)
 			d.poll(pctx)
 			cancel()
-			poll.Reset(d.jitter(d.cfg.PollInterval))
+			poll.Reset(jitter(d.cfg.PollInterval))
 			continue
 		}
 		wakeAll = wakeAll || retryWake
@@ -733,9 +736,16 @@ func (d *Dispatcher) bound(ctx context.Context) (context.Context, context.Cancel
 	return timeout.Bound(ctx, d.cfg.StatementTimeout)
 }
 
-// jitter spreads polls of many dispatchers by ±10%.
-func (d *Dispatcher) jitter(p time.Duration) time.Duration {
-	return p - p/10 + rand.N(p/5+1)
+// jitter spreads polls of many dispatchers by ±10%. Near the largest
+// Duration (a PollInterval meant as "never"), p plus its share would wrap to
+// a negative wait, and the dispatcher would poll at once: the wait stops at
+// the largest Duration instead.
+func jitter(p time.Duration) time.Duration {
+	d := rand.N(p/5+1) - p/10
+	if d > math.MaxInt64-p {
+		return math.MaxInt64
+	}
+	return p + d
 }
 
 // wakeAfterConnect wakes the lanes that may have missed a notification
