@@ -192,7 +192,10 @@ func TestRefusedBusyCheckStillDelivers(t *testing.T) {
 	// after the first, second, third failure in a row, although the
 	// claims between them succeed: the claims' backoff, which each
 	// restarts, retried it every 0.5 – 1s for as long as it failed.
-	smokeWait(t, 20*time.Second, "four busy-lock checks", func() bool { return len(checks.times()) >= 4 })
+	// Wait for the fourth to be refused, not just sent: one still on its
+	// way to the server when the GRANT below commits succeeds, the lane
+	// settles, and no fifth check is due.
+	smokeWait(t, 20*time.Second, "four refused busy-lock checks", func() bool { return checks.failures() >= 4 })
 	at := checks.times()
 	for i := range at {
 		t.Logf("check %d at %s", i, at[i].Sub(at[0]))
@@ -216,23 +219,42 @@ func TestRefusedBusyCheckStillDelivers(t *testing.T) {
 	}
 }
 
-// statementTimes records when a pool sent one statement, as its tracer.
+// statementTimes records when a pool sent one statement, and how many of
+// those failed, as its tracer.
 type statementTimes struct {
-	sql string
-	mu  sync.Mutex
-	at  []time.Time
+	sql    string
+	mu     sync.Mutex
+	at     []time.Time
+	failed int
 }
+
+// tracedStatement marks the context of a statement statementTimes counts.
+type tracedStatement struct{}
 
 func (s *statementTimes) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if d.SQL == s.sql {
-		s.mu.Lock()
-		s.at = append(s.at, time.Now())
-		s.mu.Unlock()
+	if d.SQL != s.sql {
+		return ctx
 	}
-	return ctx
+	s.mu.Lock()
+	s.at = append(s.at, time.Now())
+	s.mu.Unlock()
+	return context.WithValue(ctx, tracedStatement{}, true)
 }
 
-func (s *statementTimes) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (s *statementTimes) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
+	if ctx.Value(tracedStatement{}) != nil && d.Err != nil {
+		s.mu.Lock()
+		s.failed++
+		s.mu.Unlock()
+	}
+}
+
+// failures is how many of the statements have failed so far.
+func (s *statementTimes) failures() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.failed
+}
 
 func (s *statementTimes) times() []time.Time {
 	s.mu.Lock()
