@@ -157,6 +157,9 @@ func TestBadConfiguration(t *testing.T) {
 		{"dead show nil id", dsn, nil, []string{"dead", "show", "--app", "shop", "00000000-0000-0000-0000-000000000000"}, "is the nil UUID"},
 		{"dead redrive unknown id", dsn, nil, []string{"dead", "redrive", "--app", "shop", "00000000-0000-0000-0000-000000000001"}, `no dead letter 00000000-0000-0000-0000-000000000001 in app "shop"`},
 		{"dead purge unknown id", dsn, nil, []string{"dead", "purge", "--app", "shop", "00000000-0000-0000-0000-000000000001"}, "no dead letter"},
+		// net/http ignores a proxy it cannot parse and pushes directly.
+		{"malformed HTTP_PROXY", dsn, []string{"HTTP_PROXY=http://u:s3cretpw%zz@proxy.example:3128"}, []string{"run"}, "HTTP_PROXY does not parse as a URL"},
+		{"malformed https_proxy", dsn, []string{"HTTPS_PROXY=", "https_proxy=u:s3cretpw%@proxy.example:3128"}, []string{"run"}, "https_proxy names no proxy host"},
 		{"dead show unknown id", dsn, nil, []string{"dead", "show", "--app", "shop", "00000000-0000-0000-0000-000000000001"}, "no dead letter"},
 	}
 	for _, tc := range tests {

@@ -59,6 +59,9 @@ func runCommand(d *deps) *cli.Command {
 			if err != nil {
 				return err
 			}
+			if err := httppush.CheckProxyEnv(os.Getenv); err != nil {
+				return usageError{err}
+			}
 			// An empty address would listen on a random port of every
 			// interface, where nobody looks for the probes.
 			if cmd.String("http-addr") == "" {

@@ -22,17 +22,19 @@
 // its equivalent in their language). The response decides:
 //
 //	2xx                          ack: the message is deleted
-//	429, 503 with Retry-After    retry after that long (capped at 12h)
+//	429, 503 with Retry-After    retry after that long (capped at 12h); a
+//	                             date already past is ignored
 //	407, 408, 429, 503, 5xx      retry with the consumer's backoff
 //	other 4xx, and 3xx           dead-letter at once: retrying cannot help
 //	timeout, connection error    retry with the consumer's backoff
 //
-// A request that may have reached the consumer but got no answer (a
-// timeout, a 504 from a gateway in front of the consumer, a connection
-// lost after the whole request was written, or the dispatcher stopping or
-// its lease running short) is retried no earlier than the end of the
-// message's lease, however short the backoff: the consumer may still be
-// working on it. That includes a keep-alive connection that the consumer
+// A request that may have reached the consumer but got no answer is
+// retried no earlier than the end of the message's lease, however short
+// the backoff: the consumer may still be working on it. Such are a
+// timeout, a 504 from a gateway in front of the consumer or Cloudflare's
+// 524, a connection lost or a response that cannot be read after the
+// whole request was written, and the dispatcher stopping or its lease
+// running short. That includes a keep-alive connection that the consumer
 // closed just as the request was written to it: rare, and the safe side.
 //
 // Requests go through the proxy that HTTP_PROXY, HTTPS_PROXY and NO_PROXY
@@ -47,6 +49,7 @@ package httppush
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -123,8 +126,9 @@ type Options struct {
 	// CheckRedirect and Jar are overridden on a copy: redirects are never
 	// followed and cookies never kept, whatever the client says.
 	Client *http.Client
-	// Logger receives one debug line per request. It never sees secrets
-	// or payloads.
+	// Logger receives one debug line per request. It never sees secrets,
+	// but its error may hold the start of the consumer's response, which
+	// may echo the payload (as a dead letter's error does).
 	Logger zerolog.Logger
 	// UserAgent is the User-Agent header; "" means DefaultUserAgent.
 	UserAgent string
@@ -291,6 +295,52 @@ func CheckAllowedHosts(hosts []string) error {
 	return nil
 }
 
+// CheckProxyEnv returns an error naming the proxy variable, of those that
+// New's client reads (HTTP_PROXY, HTTPS_PROXY, or their lower-case forms
+// where the upper-case one is unset), whose value net/http cannot use:
+//   - one that does not parse as a URL, even with "http://" put in front as
+//     net/http tries: net/http ignores it without a word and connects
+//     directly, which sends signed payloads past the proxy an operator set,
+//     or fails every push, with an error that does not say why, where only
+//     the proxy reaches out;
+//   - one with no host (without "http://", "user:50%off@proxy" reads as
+//     the scheme "user"), or a scheme other than http, https, socks5 and
+//     socks5h: every push fails, dialling nothing or the wrong way.
+//
+// The error does not show the value, which may hold a password. getenv is
+// os.Getenv, or a stand-in for tests.
+func CheckProxyEnv(getenv func(string) string) error {
+	for _, names := range [][2]string{{"HTTP_PROXY", "http_proxy"}, {"HTTPS_PROXY", "https_proxy"}} {
+		name, v := names[0], getenv(names[0])
+		if v == "" {
+			name, v = names[1], getenv(names[1])
+		}
+		if v == "" {
+			continue
+		}
+		// As net/http reads it (golang.org/x/net/http/httpproxy).
+		u, err := url.Parse(v)
+		if err != nil || u.Scheme == "" || u.Host == "" {
+			if u2, err2 := url.Parse("http://" + v); err2 == nil {
+				u, err = u2, nil
+			}
+		}
+		switch {
+		case err != nil:
+			return fmt.Errorf("%s does not parse as a URL (is a reserved character in its user name or password not percent-encoded, such as %% as %%25?): "+
+				"pushes would ignore it and bypass the proxy", name)
+		case u.Host == "":
+			return fmt.Errorf("%s names no proxy host (give it as http://user:password@host:port)", name)
+		}
+		switch u.Scheme {
+		case "http", "https", "socks5", "socks5h":
+		default:
+			return fmt.Errorf("%s: a proxy's scheme must be http, https, socks5 or socks5h", name)
+		}
+	}
+	return nil
+}
+
 // checkAllowedHost checks one normalised entry.
 func checkAllowedHost(h string) error {
 	if _, err := netip.ParseAddr(h); err == nil {
@@ -375,6 +425,7 @@ func (p *Pusher) Handler(c bellhop.Consumer) (bellhop.Handler, error) {
 		p:       p,
 		url:     c.URL,
 		host:    u.Scheme + "://" + u.Host,
+		query:   u.RawQuery,
 		secret:  c.Secret,
 		timeout: requestTimeout(c, p.timeout),
 	}, nil
@@ -411,6 +462,7 @@ type handler struct {
 	p       *Pusher
 	url     string
 	host    string // scheme://host[:port], for errors and logs: paths and queries may hold tokens
+	query   string // the URL's raw query, kept out of error texts
 	secret  string
 	timeout time.Duration
 }
@@ -517,10 +569,50 @@ func (h *handler) transportError(ctx, rctx context.Context, err error, sent, wro
 	if errors.As(err, &ue) {
 		err = ue.Err
 	}
+	if !fromNetwork(err) {
+		// net/http quotes what the consumer sent in the errors of a
+		// response it cannot read (a malformed status line, a header line,
+		// an HTTP/2 GOAWAY's debug data): up to 64 KiB that the consumer
+		// controls, and, from a service that echoes what it was sent, the
+		// URL's query. That text is handled like a response body.
+		e := &bodyError{what: fmt.Sprintf("push to %s: unreadable response", h.host), body: snippet([]byte(h.scrub(err.Error())))}
+		if wrote {
+			e.what = fmt.Sprintf("push to %s: unreadable response after the request was sent (%v)", h.host, bellhop.ErrAbandoned)
+			e.wrap = bellhop.ErrAbandoned
+		}
+		return e
+	}
 	if wrote {
 		return fmt.Errorf("push to %s: connection lost after the request was sent (%w): %w", h.host, bellhop.ErrAbandoned, err)
 	}
 	return fmt.Errorf("push to %s: %w", h.host, err)
+}
+
+// fromNetwork reports whether err, a request's error, comes from the
+// network or TLS layer, whose texts name addresses, system errors and
+// certificates but quote nothing the consumer sent.
+func fromNetwork(err error) bool {
+	var (
+		ne net.Error // *net.OpError, *net.DNSError, net/http's own timeouts
+		ce *tls.CertificateVerificationError
+		ae tls.AlertError
+		re tls.RecordHeaderError
+	)
+	return errors.As(err, &ne) || errors.As(err, &ce) || errors.As(err, &ae) || errors.As(err, &re) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		strings.HasPrefix(err.Error(), "tls: ") // crypto/tls's untyped handshake errors
+}
+
+// scrub replaces the URL's query, which may hold a token, in text.
+func (h *handler) scrub(text string) string {
+	if h.query == "" {
+		return text
+	}
+	text = strings.ReplaceAll(text, h.query, "xxxxx")
+	if q := strconv.Quote(h.query); q[1:len(q)-1] != h.query {
+		text = strings.ReplaceAll(text, q[1:len(q)-1], "xxxxx") // as %q shows it
+	}
+	return text
 }
 
 // outcome maps a response to the handler's result (see the package
@@ -538,6 +630,12 @@ func (h *handler) outcome(resp *http.Response, head []byte) error {
 		d, ok := parseRetryAfter(ra, h.p.now())
 		if !ok {
 			return responseError(fmt.Sprintf("consumer busy: HTTP %d with unparsable Retry-After %s", code, quote(ra)), head)
+		}
+		if d < 0 {
+			// A date already past says the consumer's clock is behind
+			// ours, not when to come back: retrying at once, an attempt
+			// each time, would dead-letter the message within a second.
+			return responseError(fmt.Sprintf("consumer busy: HTTP %d with Retry-After %s already past", code, quote(ra)), head)
 		}
 		return fmt.Errorf("consumer busy: HTTP %d: %w", code, bellhop.RetryAfter(d))
 	case code == http.StatusRequestTimeout:
@@ -561,13 +659,17 @@ func (h *handler) outcome(resp *http.Response, head []byte) error {
 		}
 		return bellhop.Permanent(responseError(fmt.Sprintf("consumer rejected the message: HTTP %d", code), head))
 	}
-	if code == http.StatusGatewayTimeout {
+	if code == http.StatusGatewayTimeout || code == statusOriginTimeout {
 		// A gateway stopped waiting for the consumer, which may still be
 		// working on the message, as after a timeout of our own.
 		return &bodyError{what: fmt.Sprintf("consumer's gateway timed out: HTTP %d", code), body: snippet(head), wrap: bellhop.ErrAbandoned}
 	}
 	return responseError(fmt.Sprintf("consumer failed: HTTP %d", code), head)
 }
+
+// statusOriginTimeout is Cloudflare's 504: it reached the consumer, which
+// then sent no answer in time (100 s by default).
+const statusOriginTimeout = 524
 
 // bodyError is a response the handler fails with: what happened, and the
 // start of the consumer's response body (a snippet), which may echo the
@@ -596,7 +698,8 @@ func (e *bodyError) LogText() string { return e.what }
 func (e *bodyError) Unwrap() error { return e.wrap }
 
 // parseRetryAfter reads a Retry-After value, delta-seconds or HTTP-date,
-// into a delay from now in [0, MaxRetryAfter].
+// into a delay from now in [0, MaxRetryAfter], or -1 for a date not after
+// now.
 func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 	v = strings.TrimSpace(v)
 	if v == "" {
@@ -620,7 +723,10 @@ func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 	if err != nil {
 		return 0, false
 	}
-	return min(max(t.Sub(now), 0), MaxRetryAfter), true
+	if d := t.Sub(now); d > 0 {
+		return min(d, MaxRetryAfter), true
+	}
+	return -1, true
 }
 
 // readBody reads at most limit bytes of body, discarding all but the first

@@ -140,9 +140,14 @@ func TestResponseMapping(t *testing.T) {
 		{name: "503 Retry-After HTTP-date", status: 503,
 			header: map[string]string{"Retry-After": now.Add(time.Hour).Format(http.TimeFormat)},
 			want:   "retry-after", delay: time.Hour},
+		// A date already past (clocks apart): the consumer's backoff,
+		// not a retry at once, an attempt each time.
 		{name: "503 Retry-After date past", status: 503,
 			header: map[string]string{"Retry-After": now.Add(-time.Hour).Format(http.TimeFormat)},
-			want:   "retry-after", delay: 0},
+			want:   "retry", errSubstr: "already past"},
+		{name: "429 Retry-After date now", status: 429,
+			header: map[string]string{"Retry-After": now.Format(http.TimeFormat)},
+			want:   "retry", errSubstr: "already past"},
 		{name: "503 Retry-After date far", status: 503,
 			header: map[string]string{"Retry-After": now.Add(72 * time.Hour).Format(http.TimeFormat)},
 			want:   "retry-after", delay: MaxRetryAfter},
@@ -151,6 +156,8 @@ func TestResponseMapping(t *testing.T) {
 		{name: "502", status: 502, want: "retry", errSubstr: "HTTP 502"},
 		// A gateway stopped waiting; the consumer behind it may not have.
 		{name: "504", status: 504, body: "upstream timed out", want: "retry", errSubstr: "HTTP 504: upstream timed out", abandoned: true},
+		{name: "524 from Cloudflare", status: 524, body: "A timeout occurred", want: "retry", errSubstr: "HTTP 524: A timeout occurred", abandoned: true},
+		{name: "522 nothing reached the consumer", status: 522, want: "retry", errSubstr: "consumer failed: HTTP 522"},
 		{name: "500 Retry-After ignored", status: 500, header: map[string]string{"Retry-After": "60"}, want: "retry"},
 		{name: "302 not followed", status: 302, want: "permanent", errSubstr: "HTTP 302: redirect not followed"},
 		{name: "307 not followed", status: 307, want: "permanent", errSubstr: "HTTP 307: redirect not followed"},
@@ -458,6 +465,124 @@ func TestConnectionRefused(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), addr) {
 		t.Errorf("error %q does not name the host", err)
+	}
+}
+
+// TestUnreadableResponse: net/http quotes what a consumer that is no HTTP
+// server sends back in its error. That text is the consumer's, like a
+// response body: out of the info log text, cut to a snippet, and with the
+// URL's query blanked, since a service that echoes its input sends back
+// the request line. It used to be all in the log, up to 64 KiB of it.
+func TestUnreadableResponse(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		reply func(requestLine string) string
+		shown string // in the error text, not in the log text
+	}{
+		{"echo of the request line", func(line string) string { return line }, "malformed HTTP status code"},
+		{"a long line", func(string) string { return strings.Repeat("X", 60_000) + "\r\n" }, "XXXX..."},
+		{"a bad header line", func(string) string { return "HTTP/1.1 200 OK\r\nno colon here\r\n\r\n" }, "no colon here"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			addr := rawServer(t, tt.reply)
+			err := deliver(t, New(Options{}), consumerFor("http://"+addr+"/hook?token=QUERY-TOKEN"))
+			if kind(err) != "retry" {
+				t.Fatalf("err %v (%s), want a retry", err, kind(err))
+			}
+			var lt interface{ LogText() string }
+			if !errors.As(err, &lt) {
+				t.Fatalf("error %q has no LogText", err)
+			}
+			if want := "push to http://" + addr + ": unreadable response"; !strings.HasPrefix(lt.LogText(), want) {
+				t.Errorf("LogText %q does not start %q", lt.LogText(), want)
+			}
+			if strings.Contains(lt.LogText(), tt.shown) || strings.Contains(lt.LogText(), "XXX") {
+				t.Errorf("LogText %q shows what the consumer sent", lt.LogText())
+			}
+			if !strings.Contains(err.Error(), tt.shown) {
+				t.Errorf("error %q lacks %q", err, tt.shown)
+			}
+			if strings.Contains(err.Error(), "QUERY-TOKEN") {
+				t.Errorf("error %q shows the URL's query", err)
+			}
+			if n := len(err.Error()); n > 400 {
+				t.Errorf("error is %d bytes, want it cut to a snippet", n)
+			}
+		})
+	}
+}
+
+// TestTLSErrorShown: a TLS failure quotes nothing the consumer sent, and
+// its text is what an operator needs in the info log.
+func TestTLSErrorShown(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	defer srv.Close()
+	err := deliver(t, New(Options{}), consumerFor(srv.URL+"/hook"))
+	var lt interface{ LogText() string }
+	if kind(err) != "retry" || errors.As(err, &lt) || !strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("err %v (%s), want a retry whose whole text, naming the certificate, is logged", err, kind(err))
+	}
+}
+
+// rawServer answers each connection's request line with reply(line) and
+// closes it: a service that is no HTTP server.
+func rawServer(t *testing.T, reply func(requestLine string) string) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				line, err := bufio.NewReader(c).ReadString('\n')
+				if err != nil {
+					return
+				}
+				io.WriteString(c, reply(line))
+			}()
+		}
+	}()
+	return l.Addr().String()
+}
+
+func TestCheckProxyEnv(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		env  map[string]string
+		want string // "" for no error
+	}{
+		{"none", nil, ""},
+		{"plain", map[string]string{"HTTP_PROXY": "http://proxy.example:3128"}, ""},
+		{"no scheme", map[string]string{"HTTPS_PROXY": "proxy.example:3128"}, ""},
+		{"escaped password", map[string]string{"HTTPS_PROXY": "http://u:50%25off@proxy.example:3128"}, ""},
+		{"bad escape", map[string]string{"HTTP_PROXY": "http://u:50%off@proxy.example:3128"}, "HTTP_PROXY does not parse"},
+		{"bad escape without scheme", map[string]string{"HTTPS_PROXY": "u:50%off@proxy.example:3128"}, "HTTPS_PROXY names no proxy host"},
+		{"credentials without scheme", map[string]string{"HTTPS_PROXY": "u:pw@proxy.example:3128"}, ""},
+		{"socks5", map[string]string{"HTTPS_PROXY": "socks5://proxy.example:1080"}, ""},
+		{"ftp", map[string]string{"HTTP_PROXY": "ftp://proxy.example:21"}, "HTTP_PROXY: a proxy's scheme must be"},
+		{"lower case", map[string]string{"http_proxy": "http://u:50%off@proxy.example"}, "http_proxy does not parse"},
+		// net/http reads the upper-case name first, and only it.
+		{"lower case shadowed", map[string]string{"HTTP_PROXY": "http://proxy.example", "http_proxy": "http://u:50%off@proxy.example"}, ""},
+		{"control character", map[string]string{"HTTPS_PROXY": "http://proxy.example\n:3128"}, "HTTPS_PROXY does not parse"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			err := CheckProxyEnv(func(k string) string { return tt.env[k] })
+			switch {
+			case tt.want == "" && err != nil:
+				t.Fatalf("error %v, want none", err)
+			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+				t.Fatalf("error %v, want one containing %q", err, tt.want)
+			case err != nil && strings.Contains(err.Error(), "50%off"):
+				t.Errorf("error %q shows the value", err)
+			}
+		})
 	}
 }
 
@@ -846,6 +971,8 @@ func TestParseRetryAfter(t *testing.T) {
 		{now.Add(90 * time.Second).Format(http.TimeFormat), 90 * time.Second, true},
 		{"Sunday, 01-Jun-25 12:01:00 GMT", time.Minute, true}, // RFC 850
 		{"Sun Jun  1 12:01:00 2025", time.Minute, true},       // asctime
+		{now.Format(http.TimeFormat), -1, true},
+		{now.Add(-time.Hour).Format(http.TimeFormat), -1, true},
 		{"", 0, false},
 		{"-1", 0, false},
 		{"1.5", 0, false},
