@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -515,7 +516,9 @@ func TestUnreadableResponse(t *testing.T) {
 // TestTLSErrorShown: a TLS failure quotes nothing the consumer sent, and
 // its text is what an operator needs in the info log.
 func TestTLSErrorShown(t *testing.T) {
-	srv := httptest.NewTLSServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshake
+	srv.StartTLS()
 	defer srv.Close()
 	err := deliver(t, New(Options{}), consumerFor(srv.URL+"/hook"))
 	var lt interface{ LogText() string }
