@@ -424,6 +424,26 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 			l.freeSlots(free)
 			return time.Time{}, claimed
 		}
+		// A reload while the claim ran (it may have waited long for a
+		// connection, a lock or the combiner) applies to what it claimed:
+		// the new handler delivers, and what a pause or a lower limit no
+		// longer allows goes back, attempts refunded. Otherwise a consumer
+		// paused, moved to another URL or limited, with the change already
+		// loaded, would still get a pass's worth the old way.
+		cut := false
+		if cur := l.state.Load(); cur != st {
+			st = cur
+			keep := 0
+			if st.Enabled {
+				keep = max(0, st.MaxInFlight-(int(l.inFlight.Load())-free))
+			}
+			if keep < len(pass.Messages) {
+				for i := keep; i < len(pass.Messages); i++ {
+					l.d.complete.Submit(claim.Outcome{Message: &pass.Messages[i], Verdict: claim.Release})
+				}
+				pass.Messages, cut = pass.Messages[:keep], true
+			}
+		}
 		now := time.Now()
 		// A steady stream: this pass found messages soon after the last
 		// one that did.
@@ -457,6 +477,9 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 		l.freeSlots(free - len(msgs) + orphans)
 		if orphans > 0 {
 			return time.Time{}, claimed
+		}
+		if cut {
+			continue // the next round sees the pause, or the full slots
 		}
 		if len(msgs) == free {
 			if marks {
