@@ -55,11 +55,11 @@ func (c *Client) Enqueue(ctx context.Context, app, queue string, payload []byte,
 // transactional outbox: write your rows and the message together.
 //
 // The client's own checks (queue name, options, payload size as sent, JSON,
-// UTF-8 and lone surrogates) run before any statement and leave tx as it
-// was. A few rejections only the database can make (a payload whose jsonb
-// text exceeds 1 MiB, a number beyond numeric's range) come
-// back as the same ErrPayloadTooLarge or ErrInvalidPayload, but as a failed
-// statement they abort tx, as in PostgreSQL any error does: roll it back,
+// UTF-8, lone surrogates, numbers beyond numeric's range or written out to
+// more than 1 MiB) run before any statement and leave tx as it was. A
+// rejection only the database can make (a payload whose jsonb text
+// exceeds 1 MiB) comes back as the same ErrPayloadTooLarge, but as a failed
+// statement it aborts tx, as in PostgreSQL any error does: roll it back,
 // or wrap the call in a savepoint (tx.Begin) to go on without the message.
 func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, app, queue string, payload []byte, opts EnqueueOptions) (uuid.UUID, error) {
 	if isNil(tx) {

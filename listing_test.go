@@ -8,6 +8,7 @@ package bellhop_test
 
 import (
 	"errors"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -237,6 +238,38 @@ func TestQueuesCountInvokeDeliveries(t *testing.T) {
 	}
 	if len(qs) != 1 || qs[0].Dead != 3 || qs[0].Ready != 1 || qs[0].Delayed != 1 || len(ds) != 3 {
 		t.Errorf("Queues: %+v, DeadLetters: %d; want one queue with 1 ready, 1 delayed and 3 dead, and 3 listed", qs, len(ds))
+	}
+}
+
+// TestQueuesOldestReadyBounded: a producer's plain INSERT may set
+// enqueued_at to anything finite. Year 1 (Go's zero time) made OldestReady
+// -292 years, a float converted past int64; an enqueued_at ahead of the
+// database's clock made it negative. The age metric then hid the queue
+// from every alert.
+func TestQueuesOldestReadyBounded(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	shop := e.app("shop")
+	e.exec(`INSERT INTO queue_messages (app_id, queue_name, payload, enqueued_at) VALUES
+		($1, 'ancient', '{}', '0001-01-01 00:00:00+00'), ($1, 'future', '{}', now() + interval '1 hour'),
+		($1, 'recent', '{}', now() - interval '1 minute')`, shop.ID)
+	qs, err := e.client.Queues(e.ctx, "shop")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]func(time.Duration) bool{
+		"ancient": func(d time.Duration) bool { return d == math.MaxInt64 },
+		"future":  func(d time.Duration) bool { return d == 0 },
+		"recent":  func(d time.Duration) bool { return d >= time.Minute && d < time.Hour },
+	}
+	for _, q := range qs {
+		if ok := want[q.Queue]; ok == nil || !ok(q.OldestReady) {
+			t.Errorf("queue %s: OldestReady %s", q.Queue, q.OldestReady)
+		}
+		delete(want, q.Queue)
+	}
+	for q := range want {
+		t.Errorf("queue %s not listed", q)
 	}
 }
 

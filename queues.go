@@ -3,6 +3,7 @@ package bellhop
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/google/uuid"
@@ -21,10 +22,27 @@ type QueueInfo struct {
 	Delayed  int64 // waiting for deliver_after
 	InFlight int64 // leased to a consumer
 	Dead     int64 // in dead_letters
-	// OldestReady is how long the oldest ready message has been ready.
+	// OldestReady is how long the oldest ready message has been ready:
+	// never negative (an enqueued_at ahead of the database's clock counts
+	// as now), and at most the largest Duration, about 292 years (an
+	// enqueued_at a producer's INSERT set to year 1, Go's zero time).
 	OldestReady     time.Duration
 	ConsumerID      *uuid.UUID
 	ConsumerEnabled bool
+}
+
+// ageDuration converts an age in seconds to a Duration within
+// [0, math.MaxInt64]: converting a float beyond int64's range gives
+// whatever the platform does, -292 years here.
+func ageDuration(secs float64) time.Duration {
+	switch ns := secs * float64(time.Second); {
+	case ns <= 0 || math.IsNaN(ns):
+		return 0
+	case ns >= math.MaxInt64:
+		return math.MaxInt64
+	default:
+		return time.Duration(ns)
+	}
 }
 
 // Queues lists the queues of app, or of every app when app is "" (of its
@@ -51,7 +69,7 @@ func (c *Client) Queues(ctx context.Context, app string) ([]QueueInfo, error) {
 		var enabled *bool
 		err := r.Scan(&q.App, &q.Queue, &q.Ready, &q.Delayed, &q.InFlight, &q.Dead, &age, &q.ConsumerID, &enabled)
 		if age != nil {
-			q.OldestReady = time.Duration(*age * float64(time.Second))
+			q.OldestReady = ageDuration(*age)
 		}
 		q.ConsumerEnabled = enabled != nil && *enabled
 		return q, err

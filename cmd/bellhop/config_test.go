@@ -160,6 +160,10 @@ func TestBadConfiguration(t *testing.T) {
 		// net/http ignores a proxy it cannot parse and pushes directly.
 		{"malformed HTTP_PROXY", dsn, []string{"HTTP_PROXY=http://u:s3cretpw%zz@proxy.example:3128"}, []string{"run"}, "HTTP_PROXY does not parse as a URL"},
 		{"malformed https_proxy", dsn, []string{"HTTPS_PROXY=", "https_proxy=u:s3cretpw%@proxy.example:3128"}, []string{"run"}, "https_proxy names no proxy host"},
+		// Checked before connecting, as their error said.
+		{"--delay too long, database away", away, nil, append(enq, "--delay", "87601h", "{}"), "delay 87601h0m0s is more than the 87600h0m0s limit"},
+		{"--at too far, database away", away, nil, append(enq, "--at", "2199-01-02T15:04:05Z", "{}"), "deliver-after 2199-01-02T15:04:05Z is more than 87600h0m0s ahead"},
+		{"bad --app on enqueue, database away", away, nil, []string{"enqueue", "--app", "bad app", "--queue", "q", "{}"}, `--app: invalid name: app name "bad app"`},
 		{"dead show unknown id", dsn, nil, []string{"dead", "show", "--app", "shop", "00000000-0000-0000-0000-000000000001"}, "no dead letter"},
 	}
 	for _, tc := range tests {

@@ -462,8 +462,14 @@ func enqueueCommand(d *deps) *cli.Command {
 			}
 			// What can be checked without the database is checked before
 			// connecting, so that it is named even with the database away.
+			if err := validate.Name("app", cmd.String("app")); err != nil {
+				return usagef("--app: %w", err)
+			}
 			if err := validate.QueueName(cmd.String("queue")); err != nil {
 				return usagef("--queue: %w", err)
+			}
+			if _, err := validate.DeliverAt(time.Now(), opts.DeliverAfter, opts.Delay); err != nil {
+				return usageError{err}
 			}
 			if body != "-" {
 				if err := validate.Payload([]byte(body)); err != nil {

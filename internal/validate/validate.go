@@ -3,7 +3,10 @@
 // The database enforces most of the same rules with constraints, for
 // writers that do not come through here (see migrations/0038_constraints.sql),
 // but not all: it does not limit a payload's nesting, and it measures a
-// payload's size as jsonb text rather than as given.
+// payload's size as jsonb text rather than as given. Numbers are checked
+// against numeric's range here too, and a payload whose numbers alone
+// would pass the size limit as jsonb text is refused here, before the
+// server writes them out in full (1e131071 as 131,072 digits).
 package validate
 
 import (
@@ -11,6 +14,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/url"
 	"regexp"
 	"strconv"
@@ -101,7 +105,78 @@ func Payload(b []byte) error {
 	if sc.lone != "" {
 		return fmt.Errorf("%w: it contains %s, half of a UTF-16 surrogate pair, which PostgreSQL's jsonb cannot store", ErrPayload, sc.lone)
 	}
+	if sc.badNumber != "" {
+		return fmt.Errorf("%w: number %s is beyond the range of PostgreSQL's numeric (%d digits before the point, %d after)",
+			ErrPayload, quote(sc.badNumber), maxNumericInt, maxNumericScale)
+	}
+	// The database's own check would refuse these too, but only after
+	// building their text: a gigabyte from a payload of 100 KB.
+	if sc.numbers > MaxPayloadBytes {
+		return fmt.Errorf("%w: its numbers alone are %d bytes as jsonb text, which writes them out in full (1e6 as 1000000), more than the %d-byte limit",
+			ErrTooLarge, sc.numbers, MaxPayloadBytes)
+	}
 	return nil
+}
+
+// The range of PostgreSQL's numeric, in decimal digits.
+const (
+	maxNumericInt   = 131072 // before the point
+	maxNumericScale = 16383  // after the point, trailing zeros included
+	maxNumericExp   = 1<<30 - 1
+)
+
+// NumberText returns the length of the text that PostgreSQL's numeric,
+// and so jsonb, writes for the JSON number num, which it writes in full
+// (1e3 as 1000, 1.50 as 1.50, 1e-3 as 0.001; -0 as 0), leaving out the
+// sign; ok is false if num is beyond numeric's range.
+func NumberText(num []byte) (n int, ok bool) {
+	num = bytes.TrimPrefix(num, []byte("-"))
+	mant, exp, _ := bytes.Cut(bytes.Map(func(r rune) rune {
+		if r == 'E' {
+			return 'e'
+		}
+		return r
+	}, num), []byte("e"))
+	intPart, frac, _ := bytes.Cut(mant, []byte("."))
+	var e int64
+	if len(exp) > 0 {
+		sign := int64(1)
+		switch exp[0] {
+		case '-':
+			sign, exp = -1, exp[1:]
+		case '+':
+			exp = exp[1:]
+		}
+		exp = bytes.TrimLeft(exp, "0")
+		if len(exp) > 10 {
+			return 0, false
+		}
+		v, _ := strconv.ParseInt(string(exp), 10, 64) // "" (all zeros) is 0
+		e = sign * v
+	}
+	if e >= maxNumericExp || e <= -maxNumericExp {
+		return 0, false
+	}
+	scale := max(int64(len(frac))-e, 0)
+	if scale > maxNumericScale {
+		return 0, false
+	}
+	// Digits before the point: from the first significant one to the
+	// point, moved by the exponent; at least the "0" of a zero or a value
+	// below 1.
+	digits := int64(1)
+	if sig := bytes.TrimLeft(intPart, "0"); len(sig) > 0 {
+		digits = max(int64(len(sig))+e, 1)
+	} else if sig := bytes.TrimLeft(frac, "0"); len(sig) > 0 {
+		digits = max(e-int64(len(frac)-len(sig)), 1)
+	}
+	if digits > maxNumericInt {
+		return 0, false
+	}
+	if scale > 0 {
+		return int(digits + 1 + scale), true
+	}
+	return int(digits), true
 }
 
 func describeJSONError(b []byte) string {
@@ -115,9 +190,11 @@ func describeJSONError(b []byte) string {
 
 // scanned is what scan finds in a JSON value.
 type scanned struct {
-	depth int    // deepest nesting of arrays and objects
-	nul   bool   // a string holds the escape \u0000
-	lone  string // the first surrogate escape without its other half, if any
+	depth     int    // deepest nesting of arrays and objects
+	nul       bool   // a string holds the escape \u0000
+	lone      string // the first surrogate escape without its other half, if any
+	numbers   int    // the length of the numbers as jsonb writes them (NumberText)
+	badNumber string // the first number beyond numeric's range, if any
 }
 
 // scan walks valid JSON b once. An escaped backslash followed by "u0000"
@@ -127,7 +204,15 @@ func scan(b []byte) scanned {
 	var cur int
 	inString, escaped := false, false
 	pairedLow := -1 // index of the 'u' of a low surrogate escape paired with the high one before it
+	numStart := -1  // index of the number being read, if any
 	for i, c := range b {
+		if numStart >= 0 {
+			if c >= '0' && c <= '9' || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-' {
+				continue
+			}
+			sc.number(b[numStart:i])
+			numStart = -1
+		}
 		switch {
 		case inString:
 			switch {
@@ -156,6 +241,8 @@ func scan(b []byte) scanned {
 			}
 		case c == '"':
 			inString = true
+		case c == '-' || c >= '0' && c <= '9':
+			numStart = i
 		case c == '[' || c == '{':
 			cur++
 			sc.depth = max(sc.depth, cur)
@@ -163,7 +250,21 @@ func scan(b []byte) scanned {
 			cur--
 		}
 	}
+	if numStart >= 0 {
+		sc.number(b[numStart:])
+	}
 	return sc
+}
+
+// number adds a number token to what scan found.
+func (sc *scanned) number(num []byte) {
+	n, ok := NumberText(num)
+	switch {
+	case !ok && sc.badNumber == "":
+		sc.badNumber = string(num)
+	case ok:
+		sc.numbers = min(sc.numbers+n, math.MaxInt32) // many numbers of 131,072 digits
+	}
 }
 
 // hex4 reads four hex digits.
