@@ -229,7 +229,10 @@ type Dispatcher struct {
 	db       *pgxpool.Pool
 	log      zerolog.Logger
 	listener *notify.Listener
-	reclaim  *reclaim.Reclaimer
+	// listenerUp is when the listener last connected (unix ns), for the
+	// pool's ShouldPing.
+	listenerUp atomic.Int64
+	reclaim    *reclaim.Reclaimer
 	// marks holds the busy keys producers test; nil with DisableBusyMarks.
 	marks    *busylock.Holder
 	complete *claim.Completer
@@ -390,11 +393,6 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 	if params["application_name"] == "" {
 		params["application_name"] = "bellhop-dispatcher"
 	}
-	// pgxpool pings a connection idle for over a second before handing it
-	// out; that is one more round trip in front of the first claim after
-	// a quiet spell, exactly where latency matters. A failed statement is
-	// retried anyway, so ping only connections idle for a minute.
-	pc.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool { return p.IdleDuration > time.Minute }
 	d := &Dispatcher{
 		cfg:          cfg,
 		poolCfg:      pc,
@@ -408,6 +406,18 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 		owner:        uuid.New(),
 		claimFailLog: logthrottle.New(1, 10*time.Second),
 		offers:       offerBook{byToken: map[uuid.UUID]*offer{}},
+	}
+	// pgxpool pings a connection idle for over a second before handing it
+	// out; that is one more round trip in front of the first claim after
+	// a quiet spell, exactly where latency matters. A failed statement is
+	// retried anyway, so ping only connections idle for a minute, or idle
+	// since before the listener last connected: the listener reconnects
+	// when its connection ended, and a restart or a failover ends the
+	// pool's too. Unpinged, each dead one failed a statement in turn, the
+	// reload first, backing off between tries, and the catch-up that
+	// follows a reconnect came 10 to 25 s late.
+	pc.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool {
+		return p.IdleDuration > time.Minute || p.IdleDuration > time.Since(time.Unix(0, d.listenerUp.Load()))
 	}
 	var onConnect func(context.Context, *pgx.Conn) error
 	if cfg.LeaseAtInsert {
@@ -653,7 +663,11 @@ func (r *routes) HandleEvent(ev notify.Event) {
 // Connected runs after every (re)connect: whatever was committed while the
 // listener was away notified nobody, so reload consumers and wake the
 // lanes that have work (wakeAfterConnect).
-func (r *routes) Connected() { (*Dispatcher)(r).requestReload(true) }
+func (r *routes) Connected() {
+	d := (*Dispatcher)(r)
+	d.listenerUp.Store(time.Now().UnixNano())
+	d.requestReload(true)
+}
 
 func (d *Dispatcher) requestReload(wakeAll bool) {
 	for {

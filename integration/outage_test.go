@@ -85,6 +85,64 @@ func TestListenerOutage(t *testing.T) {
 	}
 }
 
+// TestRestartCatchUpFirstTry: when every session ends at once (a fast
+// restart, a failover), the pool's idle connections are dead too. The
+// reload that follows the listener's reconnect, and the catch-up after
+// it, must not try them one by one: each failed the reload in turn, with
+// a backoff between tries, and messages enqueued during the outage came
+// 10 to 25 s late. Connections idle since before the reconnect are now
+// pinged, and a dead one dropped, before use.
+func TestRestartCatchUpFirstTry(t *testing.T) {
+	e := newEnv(t)
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders"})
+	rec := &recorder{}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", rec)
+	logs := &lineCounter{match: "reloading consumers failed"}
+	const idle = 4
+	claims := &claimCounter{}
+	d := startLogged(t, e.dsn, bellhop.DispatcherConfig{
+		Resolver: mux, PollInterval: time.Hour, ReconnectDelay: time.Second, Logger: zerolog.New(logs),
+	}, func(pc *pgxpool.Config) { pc.MinConns, pc.ConnConfig.Tracer = idle, claims })
+	ctx := context.Background()
+	// The scan for work that follows the first connect must be over, or
+	// it finds the message below instead of the reconnect's.
+	waitFor(t, 5*time.Second, "the post-connect wake scan", func() bool { return claims.scans.Load() >= 1 })
+	waitFor(t, 10*time.Second, "the pool's idle connections", func() bool {
+		return e.count(t, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'bellhop-dispatcher' AND datname = current_database()`) >= idle
+	})
+	connects := d.ListenerStats().Connects
+	if _, err := e.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE application_name LIKE 'bellhop-%' AND datname = current_database()`); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the dispatcher to notice the outage", func() bool { return d.Ready(ctx) != nil })
+	e.enqueue(t, "orders", 1, bellhop.EnqueueOptions{})
+	if c := d.ListenerStats().Connects; c != connects {
+		t.Fatalf("the listener reconnected before the message was enqueued; the test proves nothing")
+	}
+	waitFor(t, 20*time.Second, "delivery after the reconnect", func() bool { return rec.n.Load() == 1 })
+	if claims.scans.Load() < 2 {
+		t.Errorf("delivered without the reconnect's scan for work")
+	}
+	if n := logs.n.Load(); n != 0 {
+		t.Errorf("the reload after the reconnect failed %d times on the pool's dead connections", n)
+	}
+}
+
+// lineCounter is a log writer that counts the lines containing match.
+type lineCounter struct {
+	match string
+	n     atomic.Int32
+}
+
+func (l *lineCounter) Write(p []byte) (int, error) {
+	if bytes.Contains(p, []byte(l.match)) {
+		l.n.Add(1)
+	}
+	return len(p), nil
+}
+
 // The crash test's helper process: see TestCrashRedelivery.
 const (
 	helperEnv    = "BELLHOP_INTEGRATION_HELPER"
