@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
@@ -348,8 +349,12 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	e.exec(`GRANT CREATE ON SCHEMA public TO PUBLIC`) // PostgreSQL 14's default
 	e.exec(string(script))
 	e.exec(string(script)) // idempotent
+	if e.int64(`SELECT has_schema_privilege('public', 'public', 'CREATE')::int`) != 0 {
+		t.Error("after docs/roles.sql, every role may still create objects in schema public")
+	}
 
 	conn, err := e.pool.Acquire(e.ctx)
 	if err != nil {
@@ -535,6 +540,67 @@ func waitGroupTimeout(t *testing.T, wg *sync.WaitGroup, d time.Duration) {
 		t.Fatalf("not done within %s", d)
 	}
 }
+
+// TestFloorTriggersNotAttachable: the timeout floors' trigger functions
+// are SECURITY DEFINER, and PUBLIC could execute them: a role with no
+// rights could attach one to a temporary table of its own and, firing it
+// with rows it made up, plant a 12-hour floor on another app's queue,
+// which held that queue's expired leases back from the reclaim. Migration
+// 0061 revokes EXECUTE from PUBLIC. The triggers on Bellhop's tables still
+// fire for a role that is not the owner: a lowered timeout leaves its
+// floor.
+func TestFloorTriggersNotAttachable(t *testing.T) {
+	e := fxNew(t)
+	nobody, err := pgx.Connect(e.ctx, e.login("bh_nobody_", ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nobody.Close(context.Background())
+	for _, tc := range []struct{ fn, table, event string }{
+		{"bellhop_vt_lowered", "(trigger_id uuid, queue_name text, visibility_timeout_secs int)", "AFTER UPDATE"},
+		{"bellhop_start_vt_floors", "(trigger_id uuid, queue_name text, visibility_timeout_secs int)", "AFTER UPDATE"},
+		{"bellhop_vt_removed", "(id uuid, app_id uuid)", "BEFORE DELETE"},
+	} {
+		err := pgx.BeginFunc(e.ctx, nobody, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(e.ctx, `CREATE TEMP TABLE x `+tc.table); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tx.Exec(e.ctx, `CREATE TRIGGER x `+tc.event+` ON x FOR EACH ROW EXECUTE FUNCTION public.`+tc.fn+`()`); err != nil {
+				return err
+			}
+			return errAttached // roll back, for the next case's table
+		})
+		if errors.Is(err, errAttached) {
+			err = nil
+		}
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) || pe.Code != "42501" {
+			t.Errorf("a role with no rights attached %s to a table of its own: %v, want permission denied", tc.fn, err)
+		}
+	}
+
+	// An operator role that may change consumers, but owns nothing.
+	e.app("shop")
+	c, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders", VisibilityTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	op, err := pgx.Connect(e.ctx, e.login("bh_op_", ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer op.Close(context.Background())
+	e.exec(`GRANT SELECT, UPDATE ON queue_trigger_details TO ` + op.Config().User)
+	if _, err := op.Exec(e.ctx, `UPDATE queue_trigger_details SET visibility_timeout_secs = 5 WHERE trigger_id = $1`, c.ID); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.int64(`SELECT count(*) FROM bellhop_vt_floors WHERE queue_name = 'orders' AND vt_secs = 60`); n != 1 {
+		t.Errorf("lowering the timeout as another role left %d floors, want 1", n)
+	}
+}
+
+// errAttached rolls back a transaction in which a trigger was attached.
+var errAttached = errors.New("trigger attached")
 
 // TestLeaseMessageOnlyOwnRows: bellhop_lease_message, SECURITY DEFINER and
 // callable by every role, leases only a row its calling transaction

@@ -26,6 +26,17 @@ $$;
 
 GRANT USAGE ON SCHEMA public TO bellhop_producer, bellhop_dispatcher;
 
+-- Only trusted roles may create objects in schema public, where Bellhop's
+-- are: a function or operator created there, with the name of a built-in
+-- that Bellhop's SQL calls and a closer match for its arguments, runs as
+-- whichever role runs that SQL (the owner, in Bellhop's SECURITY DEFINER
+-- functions). PostgreSQL 15 and later grant PUBLIC no CREATE on it; before
+-- 15 every role has it, and `bellhop migrate` warns while it does. Roles
+-- of other applications that create objects there need a grant of their
+-- own, or better a schema of their own. Run by a role that does not own
+-- the schema, this only warns that it revoked nothing.
+REVOKE CREATE ON SCHEMA public FROM PUBLIC;
+
 -- Producers may add messages, with a plain INSERT (without RETURNING,
 -- which would need SELECT) or with enqueue(), which returns the new id.
 -- They cannot read, change or delete messages. A plain INSERT may set the

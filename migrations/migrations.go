@@ -240,6 +240,21 @@ func Current(ctx context.Context, q Queryer) (int, error) {
 	return int(v), nil
 }
 
+// PublicSchemaOpen reports whether every role may create objects in schema
+// public, where Bellhop's objects live: PostgreSQL's default before
+// version 15. A function or operator that one of them creates there, with
+// the name of a built-in that Bellhop's SQL calls and a closer match for
+// its arguments, then runs as whichever role runs that SQL: the owner, in
+// Bellhop's SECURITY DEFINER functions. `REVOKE CREATE ON SCHEMA public
+// FROM PUBLIC` closes it.
+func PublicSchemaOpen(ctx context.Context, q Queryer) (bool, error) {
+	var open bool
+	if err := q.QueryRow(ctx, "SELECT has_schema_privilege('public', 'public', 'CREATE')").Scan(&open); err != nil {
+		return false, fmt.Errorf("read the privileges on schema public: %w", err)
+	}
+	return open, nil
+}
+
 // ErrNoSchema is Check's error for a database that Bellhop's migrations
 // have never been applied to.
 var ErrNoSchema = errors.New("database has no Bellhop schema: run `bellhop migrate`")

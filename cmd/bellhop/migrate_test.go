@@ -42,6 +42,28 @@ func TestMigrateNewerSchema(t *testing.T) {
 	}
 }
 
+// TestMigrateWarnsOfOpenPublicSchema: where every role may create in
+// schema public (PostgreSQL's default before 15), migrate says so, and
+// how to close it, on stderr; it still migrates and exits 0. Where the
+// schema is closed, it says nothing.
+func TestMigrateWarnsOfOpenPublicSchema(t *testing.T) {
+	t.Parallel()
+	const warning = "bellhop: warning: every role may create objects in schema public"
+	dsn := pgtest.ConnString(t)
+	pool := db(t, dsn)
+	if r := exe(t, dsn, "", "migrate"); r.code != 0 || strings.Contains(r.stderr, warning) {
+		t.Fatalf("migrate with schema public closed: want exit 0 and no warning; got %s", r)
+	}
+	if _, err := pool.Exec(context.Background(), "GRANT CREATE ON SCHEMA public TO PUBLIC"); err != nil {
+		t.Fatal(err)
+	}
+	r := exe(t, dsn, "", "migrate")
+	if r.code != 0 || !strings.Contains(r.stderr, warning) || !strings.Contains(r.stderr, "REVOKE CREATE ON SCHEMA public FROM PUBLIC") ||
+		!strings.HasPrefix(r.stdout, "database is at schema version") {
+		t.Fatalf("migrate with schema public open: want exit 0, the version and a warning; got %s", r)
+	}
+}
+
 // TestMigrateInterrupted: SIGINT to a `bellhop migrate` that waits for a
 // lock cancels its statement on the server: no backend is left queued for
 // the ACCESS EXCLUSIVE lock on queue_messages (which would block every

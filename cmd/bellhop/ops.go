@@ -70,6 +70,12 @@ func migrateCommand(d *deps) *cli.Command {
 			if err != nil {
 				return err
 			}
+			if open, err := migrations.PublicSchemaOpen(ctx, conn); err != nil {
+				return err
+			} else if open {
+				fmt.Fprintln(d.stderr, "bellhop: warning: every role may create objects in schema public, where Bellhop's are, "+
+					"and so run code as Bellhop's roles; run REVOKE CREATE ON SCHEMA public FROM PUBLIC (docs/roles.sql does)")
+			}
 			if v > latest {
 				fmt.Fprintf(d.stdout, "database schema is at version %d, newer than this bellhop's %d: nothing to apply\n", v, latest)
 				return nil
