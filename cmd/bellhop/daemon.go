@@ -166,7 +166,7 @@ func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.
 		return err
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.Handle("/metrics", metricsHandler(reg))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.Handle("/readyz", readyz(disp.Ready, log))
 	srv := probeServer(mux)
@@ -181,6 +181,20 @@ func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.
 	defer cancel()
 	_ = srv.Shutdown(sctx)
 	return runErr
+}
+
+// maxScrapes is how many /metrics answers are built at once: the two
+// Prometheus servers of a pair. Anyone who reaches the port may ask, and
+// an answer is held until its client has read it or WriteTimeout ends:
+// at 10,000 queues delivered from, 52 MB, built in 2 to 3 s of CPU. With
+// no limit, twelve clients that asked and never read took the daemon past
+// a gigabyte and kept both cores busy.
+const maxScrapes = 2
+
+// metricsHandler serves reg, answering 503 at once to a request beyond
+// maxScrapes in flight.
+func metricsHandler(reg prometheus.Gatherer) http.Handler {
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{MaxRequestsInFlight: maxScrapes})
 }
 
 // readyz answers 200 while ready reports nil. The endpoint is not

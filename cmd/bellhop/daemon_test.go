@@ -18,8 +18,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bellhopq/bellhop/internal/pgtest"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+
+	"github.com/bellhopq/bellhop/internal/pgtest"
 )
 
 var stoppingRE = regexp.MustCompile(`stopping gracefully`)
@@ -433,6 +435,78 @@ func TestReadyzHidesTheError(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestMetricsScrapesBounded: while maxScrapes answers are being built,
+// another /metrics request gets a 503 at once rather than a build of its
+// own; once one ends, scrapes are served again. With no bound, clients
+// that asked and never read made the daemon hold a build each, past a
+// gigabyte at 10,000 queues.
+func TestMetricsScrapesBounded(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	c := &blockingCollector{entered: make(chan struct{}, maxScrapes), release: make(chan struct{})}
+	reg.MustRegister(c)
+	h := metricsHandler(reg)
+	done := make(chan int, maxScrapes)
+	for range maxScrapes {
+		go func() {
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+			done <- rec.Code
+		}()
+	}
+	for range maxScrapes {
+		select {
+		case <-c.entered:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the first scrapes did not start within 10s")
+		}
+	}
+	extra := make(chan int, 1)
+	go func() {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+		extra <- rec.Code
+	}()
+	select {
+	case code := <-extra:
+		if code != http.StatusServiceUnavailable {
+			t.Errorf("a scrape beyond %d in flight got %d, want 503", maxScrapes, code)
+		}
+	case <-time.After(10 * time.Second):
+		t.Errorf("a scrape beyond %d in flight was still being built after 10s, not refused", maxScrapes)
+	}
+	close(c.release)
+	for range maxScrapes {
+		if code := <-done; code != http.StatusOK {
+			t.Errorf("a scrape in flight got %d, want 200", code)
+		}
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), "test_blocking") {
+		t.Errorf("a scrape after the others ended got %d, want 200 with the metric", rec.Code)
+	}
+}
+
+// blockingCollector's Collect signals entered, then waits for release.
+type blockingCollector struct {
+	entered chan struct{}
+	release chan struct{}
+}
+
+var blockingDesc = prometheus.NewDesc("test_blocking", "A gauge whose collection blocks.", nil, nil)
+
+func (c *blockingCollector) Describe(ch chan<- *prometheus.Desc) { ch <- blockingDesc }
+
+func (c *blockingCollector) Collect(ch chan<- prometheus.Metric) {
+	select {
+	case c.entered <- struct{}{}:
+	default:
+	}
+	<-c.release
+	ch <- prometheus.MustNewConstMetric(blockingDesc, prometheus.GaugeValue, 1)
 }
 
 // silentServer is a server that accepts connections and never answers: a
