@@ -229,8 +229,10 @@ type Dispatcher struct {
 	db       *pgxpool.Pool
 	log      zerolog.Logger
 	listener *notify.Listener
-	// listenerUp is when the listener last connected (unix ns), for the
-	// pool's ShouldPing.
+	// listenerUp is when the listener last connected, as time since
+	// created (monotonic, unlike a wall-clock time), for the pool's
+	// ShouldPing; 0 until it first connects.
+	created    time.Time
 	listenerUp atomic.Int64
 	reclaim    *reclaim.Reclaimer
 	// marks holds the busy keys producers test; nil with DisableBusyMarks.
@@ -406,6 +408,7 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 		owner:        uuid.New(),
 		claimFailLog: logthrottle.New(1, 10*time.Second),
 		offers:       offerBook{byToken: map[uuid.UUID]*offer{}},
+		created:      time.Now(),
 	}
 	// pgxpool pings a connection idle for over a second before handing it
 	// out; that is one more round trip in front of the first claim after
@@ -417,7 +420,8 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 	// reload first, backing off between tries, and the catch-up that
 	// follows a reconnect came 10 to 25 s late.
 	pc.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool {
-		return p.IdleDuration > time.Minute || p.IdleDuration > time.Since(time.Unix(0, d.listenerUp.Load()))
+		up := time.Duration(d.listenerUp.Load())
+		return p.IdleDuration > time.Minute || up > 0 && p.IdleDuration > time.Since(d.created)-up
 	}
 	var onConnect func(context.Context, *pgx.Conn) error
 	if cfg.LeaseAtInsert {
@@ -665,7 +669,7 @@ func (r *routes) HandleEvent(ev notify.Event) {
 // lanes that have work (wakeAfterConnect).
 func (r *routes) Connected() {
 	d := (*Dispatcher)(r)
-	d.listenerUp.Store(time.Now().UnixNano())
+	d.listenerUp.Store(int64(max(time.Since(d.created), 1)))
 	d.requestReload(true)
 }
 

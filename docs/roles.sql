@@ -31,10 +31,18 @@ GRANT USAGE ON SCHEMA public TO bellhop_producer, bellhop_dispatcher;
 -- that Bellhop's SQL calls and a closer match for its arguments, runs as
 -- whichever role runs that SQL (the owner, in Bellhop's SECURITY DEFINER
 -- functions). PostgreSQL 15 and later grant PUBLIC no CREATE on it; before
--- 15 every role has it, and `bellhop migrate` warns while it does. Roles
--- of other applications that create objects there need a grant of their
--- own, or better a schema of their own. Run by a role that does not own
--- the schema, this only warns that it revoked nothing.
+-- 15 every role has it, and `bellhop migrate` warns while it does. The
+-- owner of Bellhop's tables, which `bellhop migrate` runs as, gets a grant
+-- of its own first, or the next migration that adds an object would fail.
+-- Roles of other applications that create objects there need one too, or
+-- better a schema of their own. Run by a role that does not own the
+-- schema, this only warns that it granted and revoked nothing.
+DO $$
+BEGIN
+    EXECUTE format('GRANT CREATE ON SCHEMA public TO %I',
+                   (SELECT tableowner FROM pg_tables WHERE schemaname = 'public' AND tablename = 'queue_messages'));
+END
+$$;
 REVOKE CREATE ON SCHEMA public FROM PUBLIC;
 
 -- Producers may add messages, with a plain INSERT (without RETURNING,

@@ -246,13 +246,14 @@ func Current(ctx context.Context, q Queryer) (int, error) {
 // the name of a built-in that Bellhop's SQL calls and a closer match for
 // its arguments, then runs as whichever role runs that SQL: the owner, in
 // Bellhop's SECURITY DEFINER functions. `REVOKE CREATE ON SCHEMA public
-// FROM PUBLIC` closes it.
-func PublicSchemaOpen(ctx context.Context, q Queryer) (bool, error) {
-	var open bool
-	if err := q.QueryRow(ctx, "SELECT has_schema_privilege('public', 'public', 'CREATE')").Scan(&open); err != nil {
-		return false, fmt.Errorf("read the privileges on schema public: %w", err)
+// FROM PUBLIC` closes it. user is the session's role, which may itself
+// create there only through PUBLIC's grant: it needs one of its own first,
+// or the next migration that adds an object fails.
+func PublicSchemaOpen(ctx context.Context, q Queryer) (open bool, user string, err error) {
+	if err := q.QueryRow(ctx, "SELECT has_schema_privilege('public', 'public', 'CREATE'), current_user").Scan(&open, &user); err != nil {
+		return false, "", fmt.Errorf("read the privileges on schema public: %w", err)
 	}
-	return open, nil
+	return open, user, nil
 }
 
 // ErrNoSchema is Check's error for a database that Bellhop's migrations

@@ -51,6 +51,10 @@ func TestMigrateWarnsOfOpenPublicSchema(t *testing.T) {
 	const warning = "bellhop: warning: every role may create objects in schema public"
 	dsn := pgtest.ConnString(t)
 	pool := db(t, dsn)
+	// Closed, as from PostgreSQL 15 on.
+	if _, err := pool.Exec(context.Background(), "REVOKE CREATE ON SCHEMA public FROM PUBLIC"); err != nil {
+		t.Fatal(err)
+	}
 	if r := exe(t, dsn, "", "migrate"); r.code != 0 || strings.Contains(r.stderr, warning) {
 		t.Fatalf("migrate with schema public closed: want exit 0 and no warning; got %s", r)
 	}
@@ -59,6 +63,7 @@ func TestMigrateWarnsOfOpenPublicSchema(t *testing.T) {
 	}
 	r := exe(t, dsn, "", "migrate")
 	if r.code != 0 || !strings.Contains(r.stderr, warning) || !strings.Contains(r.stderr, "REVOKE CREATE ON SCHEMA public FROM PUBLIC") ||
+		!regexp.MustCompile(`GRANT CREATE ON SCHEMA public TO "[^"]+";`).MatchString(r.stderr) ||
 		!strings.HasPrefix(r.stdout, "database is at schema version") {
 		t.Fatalf("migrate with schema public open: want exit 0, the version and a warning; got %s", r)
 	}

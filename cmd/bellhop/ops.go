@@ -70,11 +70,12 @@ func migrateCommand(d *deps) *cli.Command {
 			if err != nil {
 				return err
 			}
-			if open, err := migrations.PublicSchemaOpen(ctx, conn); err != nil {
+			if open, user, err := migrations.PublicSchemaOpen(ctx, conn); err != nil {
 				return err
 			} else if open {
-				fmt.Fprintln(d.stderr, "bellhop: warning: every role may create objects in schema public, where Bellhop's are, "+
-					"and so run code as Bellhop's roles; run REVOKE CREATE ON SCHEMA public FROM PUBLIC (docs/roles.sql does)")
+				fmt.Fprintf(d.stderr, "bellhop: warning: every role may create objects in schema public, where Bellhop's are, "+
+					"and so run code as Bellhop's roles; as the schema's owner run GRANT CREATE ON SCHEMA public TO %s; "+
+					"REVOKE CREATE ON SCHEMA public FROM PUBLIC (docs/roles.sql does both)\n", pgx.Identifier{user}.Sanitize())
 			}
 			if v > latest {
 				fmt.Fprintf(d.stdout, "database schema is at version %d, newer than this bellhop's %d: nothing to apply\n", v, latest)

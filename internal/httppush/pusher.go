@@ -569,7 +569,7 @@ func (h *handler) transportError(ctx, rctx context.Context, err error, sent, wro
 	if errors.As(err, &ue) {
 		err = ue.Err
 	}
-	if !fromNetwork(err) {
+	if quotesPeer(err) {
 		// net/http quotes what the consumer sent in the errors of a
 		// response it cannot read (a malformed status line, a header line,
 		// an HTTP/2 GOAWAY's debug data): up to 64 KiB that the consumer
@@ -588,9 +588,22 @@ func (h *handler) transportError(ctx, rctx context.Context, err error, sent, wro
 	return fmt.Errorf("push to %s: %w", h.host, err)
 }
 
-// fromNetwork reports whether err, a request's error, comes from the
-// network or TLS layer, whose texts name addresses, system errors and
-// certificates but quote nothing the consumer sent.
+// quotesPeer reports whether err, a request's error, may quote what the
+// consumer sent: net/http and net/textproto quote it with %q ("malformed
+// HTTP status code \"...\""), and a proxy's refusal of a tunnel is its
+// reason phrase as is, which can be long. Errors of the network and TLS
+// layers name addresses, system errors and certificates, and other short
+// texts without a quote are net/http's own ("http: server gave HTTP
+// response to HTTPS client"): an operator reads those in the info log.
+func quotesPeer(err error) bool {
+	if fromNetwork(err) {
+		return false
+	}
+	text := err.Error()
+	return strings.ContainsRune(text, '"') || len(text) > maxSnippet
+}
+
+// fromNetwork reports whether err comes from the network or TLS layer.
 func fromNetwork(err error) bool {
 	var (
 		ne net.Error // *net.OpError, *net.DNSError, net/http's own timeouts

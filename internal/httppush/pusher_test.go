@@ -513,17 +513,27 @@ func TestUnreadableResponse(t *testing.T) {
 	}
 }
 
-// TestTLSErrorShown: a TLS failure quotes nothing the consumer sent, and
-// its text is what an operator needs in the info log.
-func TestTLSErrorShown(t *testing.T) {
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
-	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshake
-	srv.StartTLS()
-	defer srv.Close()
-	err := deliver(t, New(Options{}), consumerFor(srv.URL+"/hook"))
-	var lt interface{ LogText() string }
-	if kind(err) != "retry" || errors.As(err, &lt) || !strings.Contains(err.Error(), "certificate") {
-		t.Fatalf("err %v (%s), want a retry whose whole text, naming the certificate, is logged", err, kind(err))
+// TestPlainErrorShown: an error that quotes nothing the consumer sent (a
+// TLS failure, a plain HTTP server behind an https URL) is logged whole at
+// info level: it is what an operator needs.
+func TestPlainErrorShown(t *testing.T) {
+	tlsSrv := httptest.NewUnstartedServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	tlsSrv.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshake
+	tlsSrv.StartTLS()
+	defer tlsSrv.Close()
+	plain := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	defer plain.Close()
+	for _, tt := range []struct{ name, url, want string }{
+		{"untrusted certificate", tlsSrv.URL + "/hook", "certificate"},
+		{"https to a plain HTTP server", strings.Replace(plain.URL, "http://", "https://", 1) + "/hook", "server gave HTTP response to HTTPS client"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			err := deliver(t, New(Options{}), consumerFor(tt.url))
+			var lt interface{ LogText() string }
+			if kind(err) != "retry" || errors.As(err, &lt) || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err %v (%s), want a retry whose whole text, naming %q, is logged", err, kind(err), tt.want)
+			}
+		})
 	}
 }
 

@@ -110,19 +110,53 @@ func Payload(b []byte) error {
 			ErrPayload, quote(sc.badNumber), maxNumericInt, maxNumericScale)
 	}
 	// The database's own check would refuse these too, but only after
-	// building their text: a gigabyte from a payload of 100 KB.
+	// building their text: a gigabyte from a payload of 100 KB. jsonb
+	// keeps only the last of an object's duplicate keys, so a sum over
+	// every number is counted again over those jsonb keeps.
 	if sc.numbers > MaxPayloadBytes {
-		return fmt.Errorf("%w: its numbers alone are %d bytes as jsonb text, which writes them out in full (1e6 as 1000000), more than the %d-byte limit",
-			ErrTooLarge, sc.numbers, MaxPayloadBytes)
+		if n := keptNumbers(b); n > MaxPayloadBytes {
+			return fmt.Errorf("%w: its numbers alone are %d bytes as jsonb text, which writes them out in full (1e6 as 1000000), more than the %d-byte limit",
+				ErrTooLarge, n, MaxPayloadBytes)
+		}
 	}
 	return nil
 }
 
+// keptNumbers is the length of the numbers of valid JSON b as jsonb writes
+// them, counting, as jsonb keeps, only the last value of a duplicate key.
+// encoding/json keeps the last one too.
+func keptNumbers(b []byte) int {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var v any
+	if dec.Decode(&v) != nil {
+		return 0
+	}
+	var walk func(any) int
+	walk = func(v any) int {
+		n := 0
+		switch x := v.(type) {
+		case json.Number:
+			n, _ = NumberText([]byte(x))
+		case []any:
+			for _, e := range x {
+				n = min(n+walk(e), math.MaxInt32)
+			}
+		case map[string]any:
+			for _, e := range x {
+				n = min(n+walk(e), math.MaxInt32)
+			}
+		}
+		return n
+	}
+	return walk(v)
+}
+
 // The range of PostgreSQL's numeric, in decimal digits.
 const (
-	maxNumericInt   = 131072 // before the point
-	maxNumericScale = 16383  // after the point, trailing zeros included
-	maxNumericExp   = 1<<30 - 1
+	maxNumericInt   = 131072    // before the point
+	maxNumericScale = 16383     // after the point, trailing zeros included
+	maxNumericExp   = 1<<30 - 1 // PostgreSQL 16's bound; 14 and 15 refuse it too
 )
 
 // NumberText returns the length of the text that PostgreSQL's numeric,
@@ -154,7 +188,7 @@ func NumberText(num []byte) (n int, ok bool) {
 		v, _ := strconv.ParseInt(string(exp), 10, 64) // "" (all zeros) is 0
 		e = sign * v
 	}
-	if e >= maxNumericExp || e <= -maxNumericExp {
+	if e > maxNumericExp || e < -maxNumericExp {
 		return 0, false
 	}
 	scale := max(int64(len(frac))-e, 0)
