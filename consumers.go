@@ -56,7 +56,9 @@ type ConsumerSpec struct {
 	MaxInFlight int
 	// URL makes this an HTTP push consumer: the daemon POSTs each message
 	// there, signed with a secret generated at registration. "" means a
-	// Go handler serves the queue.
+	// Go handler serves the queue. It is an absolute http or https URL of
+	// at most 2048 bytes, with a host and no credentials, and holds no
+	// space and nothing unprintable (percent-encode them).
 	URL string
 	// Timeout bounds each HTTP push request, in whole milliseconds from
 	// 100ms. 0 means the visibility timeout minus its margin, so a request

@@ -10,7 +10,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -25,6 +24,7 @@ import (
 
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/httppush"
+	"github.com/bellhopq/bellhop/internal/printable"
 	"github.com/bellhopq/bellhop/internal/validate"
 	"github.com/bellhopq/bellhop/migrations"
 )
@@ -333,7 +333,7 @@ func consumerCommand(d *deps) *cli.Command {
 					if x.LastFiredAt != nil {
 						last = x.LastFiredAt.UTC().Format(time.RFC3339)
 					}
-					url := x.URL
+					url := printable.Line(x.URL) // registered before URLs had to be printable
 					if url == "" {
 						url = "(go handler)"
 					}
@@ -771,7 +771,10 @@ func deadCommand(d *deps) *cli.Command {
 				tw := tabwriter.NewWriter(d.stdout, 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "ID\tQUEUE\tSOURCE\tATTEMPTS\tDIED\tLAST ERROR")
 				for _, x := range ds {
-					errText := x.LastError
+					// A handler's error may quote what a producer sent:
+					// shown as it is, an escape sequence in it would run
+					// on the operator's terminal.
+					errText := printable.Line(x.LastError)
 					if len(errText) > 80 {
 						cut := 80
 						for cut > 0 && !utf8.RuneStart(errText[cut]) {
@@ -780,7 +783,7 @@ func deadCommand(d *deps) *cli.Command {
 						errText = errText[:cut] + "…"
 					}
 					fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\t%s\n", x.ID, x.Queue, x.Source, x.Attempt, x.MaxAttempts,
-						x.DiedAt.UTC().Format(time.RFC3339), strings.ReplaceAll(errText, "\n", " "))
+						x.DiedAt.UTC().Format(time.RFC3339), errText)
 				}
 				return tw.Flush()
 			},
@@ -815,14 +818,18 @@ func deadCommand(d *deps) *cli.Command {
 				if len(ds) == 0 {
 					return noDeadLetter(id, cmd.String("app"))
 				}
-				enc := json.NewEncoder(d.stdout)
+				var buf bytes.Buffer
+				enc := json.NewEncoder(&buf)
 				enc.SetIndent("", "  ")
 				for _, x := range ds {
 					if err := enc.Encode(x); err != nil {
 						return err
 					}
 				}
-				return nil
+				// Payloads and errors are producers' and consumers' text:
+				// bidi overrides and C1 controls in them are escaped too.
+				_, err = d.stdout.Write(printable.JSON(buf.Bytes()))
+				return err
 			},
 		}, {
 			Name: "redrive", Usage: "move dead letters back to their queue: one MESSAGE_ID, or all of --queue (not both)",

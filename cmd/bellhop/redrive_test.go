@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unicode"
 
 	"github.com/bellhopq/bellhop/internal/pgtest"
 )
@@ -71,5 +72,53 @@ func TestDeadShowSharedID(t *testing.T) {
 	slices.Sort(sources)
 	if !slices.Equal(sources, []string{"invoke", "queue"}) {
 		t.Errorf("dead show printed the dead letters of sources %v, want [invoke queue]", sources)
+	}
+}
+
+// TestDeadListingsEscapeTerminalCodes: a dead letter's error may quote
+// what a producer sent (a handler's fmt.Errorf("bad note %s", ...)), and
+// its payload is the producer's. Printed as they were, an OSC 52 sequence
+// set the operator's clipboard and cursor movements hid rows of dead ls;
+// dead show's JSON escaped ESC but wrote bidi overrides and C1 controls
+// as they are. Both now print them harmless, dead show as the same JSON.
+func TestDeadListingsEscapeTerminalCodes(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.ConnString(t)
+	ok(t, dsn, "app", "create", "shop")
+	pool := db(t, dsn)
+	const id = "0b6e4d7a-2222-4c2b-9a55-2f0c3e7d9a01"
+	payload := `{"note":"\u001b]52;c;ZWNobyBwd25lZAo=\u0007\u001b[1A\u001b[2K\r", "n":"a\u202eb\u009b31mc"}`
+	lastError := "attempts exhausted: bad note \x1b]52;c;ZWNobyBwd25lZAo=\x07\x1b[1A\x1b[2K\r\tgpj.exe\u202e"
+	if _, err := pool.Exec(t.Context(), `
+		INSERT INTO dead_letters (id, source, app_id, queue_name, payload, enqueued_at, attempt, max_attempts, last_error)
+		SELECT $1, 'queue', a.id, 'orders', $2, now(), 3, 3, $3 FROM apps a WHERE a.name = 'shop'`, id, payload, lastError); err != nil {
+		t.Fatal(err)
+	}
+	bad := func(out string) []rune {
+		var found []rune
+		for _, r := range out {
+			if r != '\n' && !unicode.IsPrint(r) {
+				found = append(found, r)
+			}
+		}
+		return found
+	}
+	ls := ok(t, dsn, "dead", "ls", "--app", "shop")
+	if found := bad(ls); len(found) > 0 || !strings.Contains(ls, "bad note ?]52;c;") {
+		t.Errorf("dead ls prints %q (unprintable %q)", ls, found)
+	}
+	show := ok(t, dsn, "dead", "show", "--app", "shop", id)
+	if found := bad(show); len(found) > 0 {
+		t.Errorf("dead show prints %q (unprintable %q)", show, found)
+	}
+	var dl struct {
+		Payload   map[string]string
+		LastError string
+	}
+	if err := json.Unmarshal([]byte(show), &dl); err != nil {
+		t.Fatalf("dead show is not JSON: %v", err)
+	}
+	if dl.Payload["n"] != "a\u202eb\u009b31mc" || dl.LastError != lastError {
+		t.Errorf("dead show's JSON decodes to %q and %q, not the dead letter's payload and error", dl.Payload, dl.LastError)
 	}
 }

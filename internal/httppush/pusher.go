@@ -68,6 +68,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/internal/printable"
 	"github.com/bellhopq/bellhop/internal/validate"
 )
 
@@ -758,27 +759,10 @@ func readBody(body io.Reader, limit int64) []byte {
 	return head
 }
 
-// snippet makes untrusted response text safe to log: control and other
-// non-printable characters (including bidi overrides and invalid UTF-8)
-// become '?', runs of white space become one space, and the result is at
+// snippet makes untrusted response text safe to log (printable.Line), at
 // most maxSnippet bytes, ending in "..." if cut.
 func snippet(b []byte) string {
-	var sb strings.Builder
-	for _, f := range strings.Fields(string(b)) {
-		if sb.Len() > 0 {
-			sb.WriteByte(' ')
-		}
-		for _, r := range f { // invalid UTF-8 arrives as utf8.RuneError
-			if r == utf8.RuneError || !unicode.IsPrint(r) {
-				r = '?'
-			}
-			sb.WriteRune(r)
-		}
-		if sb.Len() > maxSnippet {
-			break
-		}
-	}
-	s := sb.String()
+	s := printable.Line(string(b))
 	if len(s) <= maxSnippet {
 		return s
 	}

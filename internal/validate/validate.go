@@ -21,6 +21,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/bellhopq/bellhop/internal/printable"
 )
 
 // Limits shared with the schema's constraints.
@@ -390,6 +392,10 @@ func PushURL(s string) error {
 		return fmt.Errorf("%w: URL %s has no host", ErrOption, shown)
 	case u.User != nil:
 		return fmt.Errorf("%w: URL %s carries credentials; use the signing secret instead", ErrOption, shown)
+	case strings.ContainsRune(s, ' ') || !printable.Is(s):
+		// Listings show it: a bidi override there reorders it, a C1
+		// control is a terminal's escape, spaces shift the columns.
+		return fmt.Errorf("%w: URL %s holds a space or a character that is not printable; percent-encode it", ErrOption, shown)
 	}
 	if why := BadPort(u); why != "" {
 		return fmt.Errorf("%w: URL %s: %s", ErrOption, shown, why)
