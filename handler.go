@@ -159,6 +159,12 @@ func (l *lease) extend(ctx context.Context) error {
 	start := time.Now()
 	held, vt, err := claim.Extend(ctx, l.db, l.msg.ID, l.msg.Token)
 	if err != nil {
+		if l.lost.Load() {
+			// Ended while the renewal waited (on a lock, a connection):
+			// the query's error is most likely that of the handler's own
+			// context, which this ended.
+			return fmt.Errorf("extend lease of %s: %w (%w)", l.msg.ID, ErrLeaseLost, err)
+		}
 		return err
 	}
 	if !held {

@@ -779,10 +779,10 @@ func (l *lane) finish(st *consumerState, m *Message, cm *claim.Message, hctx con
 	out.Done = func(applied bool, werr error) {
 		switch {
 		case errors.Is(werr, claim.ErrOutcomeUnknown):
-			l.msgEvent(&log, zerolog.WarnLevel).Str("outcome", out.Verdict.String()).
-				Msg("the outcome's write was retried and found the lease gone: the first try may have recorded it; the message may be delivered again")
+			l.msgEvent(&log, zerolog.WarnLevel).Err(werr).Str("outcome", out.Verdict.String()).
+				Msg("the outcome's write was retried; it may not have been recorded, and the message may be delivered again")
 			if out.Verdict == claim.Nack {
-				l.afterNack()
+				l.afterNack() // recorded, the retry is due then
 			}
 		case werr != nil:
 			log.Error().Err(werr).Str("outcome", out.Verdict.String()).
@@ -873,7 +873,9 @@ func (l *lane) releaseUnstarted(st *consumerState, cm *claim.Message, vt time.Du
 	log.Warn().Dur("claim_took", time.Since(cm.LeasedAt)).Dur("visibility_timeout", vt).
 		Msg("the claim returned after the lease had run out; releasing the message undelivered")
 	l.d.complete.Submit(claim.Outcome{Message: cm, Verdict: claim.Release, Done: func(_ bool, err error) {
-		if err != nil && !errors.Is(err, claim.ErrOutcomeUnknown) { // unknown: released, or reclaimed
+		// ErrOutcomeUnknown itself: a retry found it released, or
+		// reclaimed. Wrapping another error: every try failed.
+		if err != nil && err != claim.ErrOutcomeUnknown {
 			log.Warn().Err(err).Msg("could not release an undelivered message; it comes back after its lease")
 		}
 	}})

@@ -254,35 +254,61 @@ func TestRunReturnsWithConsumerRowLocked(t *testing.T) {
 
 // TestExtendLeaseWithEndedContext: a handler that renews with its own
 // context after the dispatcher ended it for the lease gets ErrLeaseLost,
-// as documented, not that context's error.
+// as documented, not that context's error; so does one whose renewal was
+// still waiting (here for the message's row, which another transaction
+// holds) when the lease ended, which got "context canceled".
 func TestExtendLeaseWithEndedContext(t *testing.T) {
-	e := fxNew(t)
-	e.app("shop")
-	if _, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders", VisibilityTimeout: time.Second, MaxAttempts: 1}); err != nil {
-		t.Fatal(err)
-	}
-	type result struct{ cause, err error }
-	got := make(chan result, 1)
-	mux := bellhop.NewMux()
-	mux.Handle("shop", "orders", bellhop.HandlerFunc(func(ctx context.Context, m *bellhop.Message) error {
-		<-ctx.Done()
-		got <- result{context.Cause(ctx), m.ExtendLease(ctx)}
-		return ctx.Err()
-	}))
-	runDispatcher(t, e.pool.Config().ConnString(), mux)
-	if _, err := e.client.Enqueue(e.ctx, "shop", "orders", []byte(`1`), bellhop.EnqueueOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case r := <-got:
-		if !errors.Is(r.cause, bellhop.ErrLeaseLost) {
-			t.Fatalf("the handler's context ended with %v, not ErrLeaseLost", r.cause)
-		}
-		if !errors.Is(r.err, bellhop.ErrLeaseLost) {
-			t.Errorf("ExtendLease with the ended context: %v, want ErrLeaseLost", r.err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the handler's context did not end")
+	for _, waiting := range []bool{false, true} {
+		t.Run(fmt.Sprintf("waiting=%t", waiting), func(t *testing.T) {
+			e := fxNew(t)
+			e.app("shop")
+			if _, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders", VisibilityTimeout: time.Second, MaxAttempts: 1}); err != nil {
+				t.Fatal(err)
+			}
+			type result struct{ cause, err error }
+			got := make(chan result, 1)
+			started := make(chan uuid.UUID, 1)
+			locked := make(chan struct{})
+			mux := bellhop.NewMux()
+			mux.Handle("shop", "orders", bellhop.HandlerFunc(func(ctx context.Context, m *bellhop.Message) error {
+				if waiting {
+					started <- m.ID
+					<-locked
+				} else {
+					<-ctx.Done()
+				}
+				err := m.ExtendLease(ctx)
+				got <- result{context.Cause(ctx), err}
+				return ctx.Err()
+			}))
+			runDispatcher(t, e.pool.Config().ConnString(), mux)
+			if _, err := e.client.Enqueue(e.ctx, "shop", "orders", []byte(`1`), bellhop.EnqueueOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if waiting {
+				id := <-started
+				tx, err := e.pool.Begin(e.ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer tx.Rollback(context.Background())
+				if _, err := tx.Exec(e.ctx, `SELECT 1 FROM queue_messages WHERE id = $1 FOR UPDATE`, id); err != nil {
+					t.Fatal(err)
+				}
+				close(locked)
+			}
+			select {
+			case r := <-got:
+				if !errors.Is(r.cause, bellhop.ErrLeaseLost) {
+					t.Fatalf("the handler's context ended with %v, not ErrLeaseLost", r.cause)
+				}
+				if !errors.Is(r.err, bellhop.ErrLeaseLost) {
+					t.Errorf("ExtendLease with the ended context: %v, want ErrLeaseLost", r.err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the handler's context did not end")
+			}
+		})
 	}
 }
 

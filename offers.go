@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -461,7 +460,9 @@ func (d *Dispatcher) releaseLeased(cm *claim.Message, t claim.Target) {
 		return
 	}
 	d.complete.Submit(claim.Outcome{Message: cm, Verdict: claim.Release, Done: func(_ bool, err error) {
-		if err != nil && !errors.Is(err, claim.ErrOutcomeUnknown) { // unknown: released, or reclaimed
+		// ErrOutcomeUnknown itself: a retry found it released, or
+		// reclaimed. Wrapping another error: every try failed.
+		if err != nil && err != claim.ErrOutcomeUnknown {
 			d.log.Warn().Err(err).Str("app_id", t.AppID.String()).Str("queue", t.Queue).
 				Str("message_id", cm.ID.String()).Int("attempt", cm.Attempt).
 				Msg("could not release a leased message; it comes back after its lease")

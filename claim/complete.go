@@ -58,18 +58,21 @@ type Outcome struct {
 	Error string
 	Queue string // DeadLetter of an Invoke delivery: its consumer's queue
 	// Done, if set, is called once the outcome is written (applied: the
-	// token still matched) or could not be written (err != nil; the lease
-	// then expires and the message is delivered again). err is
-	// ErrOutcomeUnknown when a write succeeded without it after an
-	// earlier try failed: that try may have applied it.
+	// token still matched, or not) or when it is not known whether it was:
+	// then err wraps ErrOutcomeUnknown, because a try failed and may have
+	// committed before its answer was lost. Either a later try found the
+	// token gone, or every try failed (the last one's error is wrapped
+	// too). An outcome not written leaves the lease to expire and the
+	// message to be delivered again.
 	Done func(applied bool, err error)
 }
 
-// ErrOutcomeUnknown is Done's error for an outcome that a retried write
-// did not apply: the token no longer matched, which an earlier try that
-// committed but whose answer was lost (a connection cut, a timeout after
-// the commit) also explains.
-var ErrOutcomeUnknown = errors.New("outcome not applied by a retried write: an earlier try may have applied it")
+// ErrOutcomeUnknown is wrapped by Done's error for an outcome whose write
+// was tried more than once: a try that committed but whose answer was
+// lost (a connection cut, a timeout after the commit) applied it, or none
+// did. A later try that found the token gone, or every try failing,
+// cannot tell which.
+var ErrOutcomeUnknown = errors.New("outcome may or may not have been applied: an earlier try may have committed")
 
 // Completer writes outcomes in batches: whatever has queued up while the
 // previous batch was in flight goes in the next one, so a lone outcome is
@@ -150,19 +153,24 @@ func (c *Completer) flush(batch []Outcome) {
 		}
 		retried = true
 		c.log.Warn().Err(err).Int("batch", len(batch)).Int("try", try).Msg("writing message outcomes failed")
-		time.Sleep(delay)
-		delay *= 2
+		if try < 5 {
+			time.Sleep(delay)
+			delay *= 2
+		}
 	}
 	for _, o := range batch {
 		if o.Done == nil {
 			continue
 		}
 		has := applied.Has(o.Message)
-		if err == nil && !has && retried {
+		switch {
+		case err != nil:
+			o.Done(false, fmt.Errorf("%w; every try failed, the last with: %w", ErrOutcomeUnknown, err))
+		case !has && retried:
 			o.Done(false, ErrOutcomeUnknown)
-			continue
+		default:
+			o.Done(has, nil)
 		}
-		o.Done(has, err)
 	}
 }
 

@@ -80,67 +80,83 @@ func TestDeadLetterErrorText(t *testing.T) {
 // Completer's retry finds the token gone. It reports the outcome as
 // unknown (ErrOutcomeUnknown), not as a lease lost, so that the lane of a
 // nack still reads the message's new due time rather than leave it to the
-// fallback poll.
+// fallback poll. So it does when the database is unreachable for every
+// retry after the cut: that was reported as an outcome not written, the
+// lease left to expire, though the nack was applied.
 func TestCompleterAnswerLost(t *testing.T) {
-	ctx := context.Background()
-	pool, client, appID := setup(t)
-	id, _, target := newMessage(t, client, appID, claim.Queue, "lost")
-	m := claimOne(t, pool, target, id)
+	for _, tc := range []struct {
+		name string
+		down bool // no new connection after the cut
+	}{{"then retried", false}, {"then the database unreachable", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			pool, client, appID := setup(t)
+			id, _, target := newMessage(t, client, appID, claim.Queue, "lost")
+			m := claimOne(t, pool, target, id)
 
-	var armed atomic.Bool
-	var cuts atomic.Int32
-	cfg := pool.Config().Copy()
-	cfg.MaxConns = 1
-	// The cut reads the protocol, so it must be in the clear.
-	cfg.ConnConfig.TLSConfig, cfg.ConnConfig.Fallbacks = nil, nil
-	var dialer net.Dialer
-	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		conn, err := dialer.DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return &cutConn{Conn: conn, armed: &armed, cuts: &cuts}, nil
-	}
-	cutting, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cutting.Close()
-	if err := cutting.Ping(ctx); err != nil {
-		t.Fatal(err)
-	}
-	comp := claim.NewCompleter(cutting, zerolog.Nop(), 1, 10)
-	defer comp.Close()
+			var armed, down atomic.Bool
+			var cuts atomic.Int32
+			cfg := pool.Config().Copy()
+			cfg.MaxConns = 1
+			// The cut reads the protocol, so it must be in the clear.
+			cfg.ConnConfig.TLSConfig, cfg.ConnConfig.Fallbacks = nil, nil
+			var dialer net.Dialer
+			cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+				if down.Load() {
+					return nil, errors.New("database unreachable (test)")
+				}
+				conn, err := dialer.DialContext(ctx, network, addr)
+				if err != nil {
+					return nil, err
+				}
+				return &cutConn{Conn: conn, armed: &armed, cuts: &cuts}, nil
+			}
+			cutting, err := pgxpool.NewWithConfig(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cutting.Close()
+			if err := cutting.Ping(ctx); err != nil {
+				t.Fatal(err)
+			}
+			comp := claim.NewCompleter(cutting, zerolog.Nop(), 1, 10)
+			defer comp.Close()
 
-	type answer struct {
-		applied bool
-		err     error
-	}
-	done := make(chan answer, 1)
-	armed.Store(true)
-	comp.Submit(claim.Outcome{Message: &m, Verdict: claim.Nack, Delay: time.Hour, Done: func(applied bool, err error) {
-		done <- answer{applied, err}
-	}})
-	var a answer
-	select {
-	case a = <-done:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the outcome was not answered")
-	}
-	if n := cuts.Load(); n != 1 {
-		t.Fatalf("%d connections cut, want 1", n)
-	}
-	if a.applied || !errors.Is(a.err, claim.ErrOutcomeUnknown) {
-		t.Errorf("Done(%v, %v), want (false, ErrOutcomeUnknown)", a.applied, a.err)
-	}
-	// The first try did commit: the message is released, due in an hour.
-	var token *uuid.UUID
-	var due time.Time
-	if err := pool.QueryRow(ctx, `SELECT claim_token, deliver_after FROM queue_messages WHERE id = $1`, id).Scan(&token, &due); err != nil {
-		t.Fatal(err)
-	}
-	if token != nil || time.Until(due) < 50*time.Minute {
-		t.Errorf("after the cut write: claim_token %v, deliver_after in %s; want no token, in about an hour", token, time.Until(due).Round(time.Second))
+			type answer struct {
+				applied bool
+				err     error
+			}
+			done := make(chan answer, 1)
+			armed.Store(true)
+			down.Store(tc.down)
+			comp.Submit(claim.Outcome{Message: &m, Verdict: claim.Nack, Delay: time.Hour, Done: func(applied bool, err error) {
+				done <- answer{applied, err}
+			}})
+			var a answer
+			select {
+			case a = <-done:
+			case <-time.After(30 * time.Second):
+				t.Fatal("the outcome was not answered")
+			}
+			if n := cuts.Load(); n != 1 {
+				t.Fatalf("%d connections cut, want 1", n)
+			}
+			if a.applied || !errors.Is(a.err, claim.ErrOutcomeUnknown) {
+				t.Errorf("Done(%v, %v), want (false, ErrOutcomeUnknown)", a.applied, a.err)
+			}
+			if tc.down && (a.err == nil || !strings.Contains(a.err.Error(), "database unreachable (test)")) {
+				t.Errorf("Done's error %v does not say why the last try failed", a.err)
+			}
+			// The first try did commit: the message is released, due in an hour.
+			var token *uuid.UUID
+			var due time.Time
+			if err := pool.QueryRow(ctx, `SELECT claim_token, deliver_after FROM queue_messages WHERE id = $1`, id).Scan(&token, &due); err != nil {
+				t.Fatal(err)
+			}
+			if token != nil || time.Until(due) < 50*time.Minute {
+				t.Errorf("after the cut write: claim_token %v, deliver_after in %s; want no token, in about an hour", token, time.Until(due).Round(time.Second))
+			}
+		})
 	}
 }
 

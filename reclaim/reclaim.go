@@ -89,10 +89,14 @@ type Reclaimer struct {
 	log  zerolog.Logger
 	opts Options
 
-	mu    sync.Mutex
-	next  time.Time // zero: nothing known in flight
-	timer *time.Timer
-	kick  chan struct{}
+	mu   sync.Mutex
+	next time.Time // zero: nothing known in flight
+	// notBefore, after a failed pass, is when its retry is due: a lease
+	// that ends sooner waits for it, or every claim's Observe would undo
+	// the backoff and retry a pass that keeps failing at each lease's end.
+	notBefore time.Time
+	timer     *time.Timer
+	kick      chan struct{}
 
 	// retryBase and retryCeiling, here so that a test can shorten them.
 	retryBase, retryCeiling time.Duration
@@ -111,13 +115,15 @@ func New(db *pgxpool.Pool, log zerolog.Logger, opts Options) *Reclaimer {
 }
 
 // Observe tells the reclaimer that some lease can expire at t. It arms the
-// timer for t unless it is already armed for earlier.
+// timer for t unless it is already armed for earlier, or, while passes
+// fail, for when the next retry is due if t comes before that.
 func (r *Reclaimer) Observe(t time.Time) {
 	if t.IsZero() {
 		return
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	t = later(t, r.notBefore)
 	if !r.next.IsZero() && !t.Before(r.next) {
 		return
 	}
@@ -157,9 +163,16 @@ func (r *Reclaimer) Run(ctx context.Context) {
 				bound = min(2*bound, maxGrowth*r.opts.Timeout)
 			}
 			r.log.Warn().Err(err).Dur("retry_in", wait).Dur("timeout", bound).Msg("reclaim pass failed")
-			r.Observe(time.Now().Add(wait))
+			retry := time.Now().Add(wait)
+			r.mu.Lock()
+			r.notBefore = retry
+			r.mu.Unlock()
+			r.Observe(retry)
 			continue
 		}
+		r.mu.Lock()
+		r.notBefore = time.Time{}
+		r.mu.Unlock()
 		failures, bound = 0, r.opts.Timeout
 		if more {
 			stuck = 0

@@ -104,3 +104,51 @@ func TestGrowthAndRetryAreCapped(t *testing.T) {
 		}
 	}
 }
+
+// TestRetryWaitsDespiteObserve: while passes fail, a lease that ends
+// before the retry is due does not bring the retry forward. Every claim a
+// dispatcher's lanes make observes its lease's end, so a pass that kept
+// failing (a revoked grant, a broken function) was retried at each lease's
+// end, not backing off, while its log line named a wait it did not keep.
+func TestRetryWaitsDespiteObserve(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	if _, err := pool.Exec(ctx, `ALTER FUNCTION bellhop_start_seen_vt_floors() RENAME TO broken`); err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncbuf.Buffer{}
+	r := New(pool, zerolog.New(logs), Options{DefaultVT: 5 * time.Second, Timeout: 5 * time.Second})
+	r.retryBase, r.retryCeiling = 2*time.Second, 2*time.Second // a wait of 1 – 2 s
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r.Run(runCtx)
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	r.Observe(time.Now())
+	waitFailures := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for len(failures(t, logs)) < n {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d failed passes within 10s, want %d", len(failures(t, logs)), n)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	waitFailures(1)
+	// Leases ending every 10 ms, as lanes claiming, for 500 ms: well under
+	// the shortest wait, so no pass is due.
+	for end := time.Now().Add(500 * time.Millisecond); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		r.Observe(time.Now().Add(10 * time.Millisecond))
+		if n := len(failures(t, logs)); n != 1 {
+			t.Fatalf("%d failed passes before the first retry was due: observed leases brought it forward", n)
+		}
+	}
+	waitFailures(2) // and the retry still comes
+}
