@@ -47,6 +47,20 @@ func failures(t *testing.T, logs *syncbuf.Buffer) []failure {
 	return out
 }
 
+// run runs r until the test ends.
+func run(t *testing.T, r *Reclaimer) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+}
+
 // TestGrowthAndRetryAreCapped: a pass that never answers in time (here
 // each one sleeps 10 s on the server) is retried with its timeout doubled
 // after each, up to 32 times Options.Timeout and no further, so that a
@@ -67,16 +81,7 @@ func TestGrowthAndRetryAreCapped(t *testing.T) {
 	base := 20 * time.Millisecond
 	r := New(pool, zerolog.New(logs), Options{DefaultVT: 5 * time.Second, Timeout: base})
 	r.retryBase, r.retryCeiling = 5*time.Millisecond, 40*time.Millisecond
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		r.Run(runCtx)
-	}()
-	defer func() {
-		cancel()
-		<-done
-	}()
+	run(t, r)
 	r.Observe(time.Now())
 
 	// The timeouts after each failure: 40, 80 ... 640 ms, then 640 ms
@@ -120,16 +125,7 @@ func TestRetryWaitsDespiteObserve(t *testing.T) {
 	logs := &syncbuf.Buffer{}
 	r := New(pool, zerolog.New(logs), Options{DefaultVT: 5 * time.Second, Timeout: 5 * time.Second})
 	r.retryBase, r.retryCeiling = 2*time.Second, 2*time.Second // a wait of 1 – 2 s
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		r.Run(runCtx)
-	}()
-	defer func() {
-		cancel()
-		<-done
-	}()
+	run(t, r)
 	r.Observe(time.Now())
 	waitFailures := func(n int) {
 		t.Helper()
