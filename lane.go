@@ -778,15 +778,20 @@ func (l *lane) finish(st *consumerState, m *Message, cm *claim.Message, hctx con
 	out.Message = cm
 	out.Done = func(applied bool, werr error) {
 		switch {
-		case errors.Is(werr, claim.ErrOutcomeUnknown):
-			l.msgEvent(&log, zerolog.WarnLevel).Err(werr).Str("outcome", out.Verdict.String()).
-				Msg("the outcome's write was retried; it may not have been recorded, and the message may be delivered again")
+		case werr != nil && werr != claim.ErrOutcomeUnknown:
+			// Every try failed (it wraps ErrOutcomeUnknown: the first may
+			// have committed before its answer was lost).
+			log.Error().Err(werr).Str("outcome", out.Verdict.String()).
+				Msg("could not record outcome; unless a try did, the message will be delivered again after its lease")
 			if out.Verdict == claim.Nack {
 				l.afterNack() // recorded, the retry is due then
 			}
 		case werr != nil:
-			log.Error().Err(werr).Str("outcome", out.Verdict.String()).
-				Msg("could not record outcome; the message will be delivered again after its lease")
+			l.msgEvent(&log, zerolog.WarnLevel).Str("outcome", out.Verdict.String()).
+				Msg("the outcome's write was retried and found the lease gone: the first try may have recorded it; the message may be delivered again")
+			if out.Verdict == claim.Nack {
+				l.afterNack()
+			}
 		case !applied:
 			l.msgEvent(&log, zerolog.WarnLevel).Str("outcome", out.Verdict.String()).
 				Msg("lease was lost before the outcome was recorded; the message may be delivered again")

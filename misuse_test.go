@@ -273,7 +273,10 @@ func TestExtendLeaseWithEndedContext(t *testing.T) {
 			mux.Handle("shop", "orders", bellhop.HandlerFunc(func(ctx context.Context, m *bellhop.Message) error {
 				if waiting {
 					started <- m.ID
-					<-locked
+					select {
+					case <-locked:
+					case <-ctx.Done(): // the test failed before locking
+					}
 				} else {
 					<-ctx.Done()
 				}
@@ -286,7 +289,12 @@ func TestExtendLeaseWithEndedContext(t *testing.T) {
 				t.Fatal(err)
 			}
 			if waiting {
-				id := <-started
+				var id uuid.UUID
+				select {
+				case id = <-started:
+				case <-time.After(10 * time.Second):
+					t.Fatal("the handler did not start")
+				}
 				tx, err := e.pool.Begin(e.ctx)
 				if err != nil {
 					t.Fatal(err)

@@ -150,6 +150,13 @@ func (r *Reclaimer) Run(ctx context.Context) {
 		case <-r.kick:
 		}
 		r.mu.Lock()
+		if wait := time.Until(r.notBefore); wait > 0 {
+			// A kick left from before the retry was armed: keep to it.
+			r.next = r.notBefore
+			r.timer.Reset(wait)
+			r.mu.Unlock()
+			continue
+		}
 		r.next = time.Time{}
 		r.mu.Unlock()
 		res, next, more, err := r.pass(ctx, bound)
@@ -162,12 +169,18 @@ func (r *Reclaimer) Run(ctx context.Context) {
 			if timeout.Expired(err) {
 				bound = min(2*bound, maxGrowth*r.opts.Timeout)
 			}
-			r.log.Warn().Err(err).Dur("retry_in", wait).Dur("timeout", bound).Msg("reclaim pass failed")
-			retry := time.Now().Add(wait)
+			// The retry, and nothing sooner: a lease end observed during
+			// the pass may have armed the timer earlier, or fired it.
 			r.mu.Lock()
-			r.notBefore = retry
+			r.notBefore = time.Now().Add(wait)
+			r.next = r.notBefore
+			r.timer.Reset(wait)
+			select {
+			case <-r.kick:
+			default:
+			}
 			r.mu.Unlock()
-			r.Observe(retry)
+			r.log.Warn().Err(err).Dur("retry_in", wait).Dur("timeout", bound).Msg("reclaim pass failed")
 			continue
 		}
 		r.mu.Lock()

@@ -110,41 +110,55 @@ func TestGrowthAndRetryAreCapped(t *testing.T) {
 	}
 }
 
-// TestRetryWaitsDespiteObserve: while passes fail, a lease that ends
-// before the retry is due does not bring the retry forward. Every claim a
-// dispatcher's lanes make observes its lease's end, so a pass that kept
-// failing (a revoked grant, a broken function) was retried at each lease's
-// end, not backing off, while its log line named a wait it did not keep.
+// TestRetryWaitsDespiteObserve: while passes fail, a lease end observed
+// before the retry is due, during a pass or between passes, does not bring
+// the retry forward. Every claim a dispatcher's lanes make observes its
+// lease's end, so a pass that kept failing (a revoked grant, a broken
+// function) was retried at each lease's end, not backing off, while its
+// log line named a wait it did not keep.
 func TestRetryWaitsDespiteObserve(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := pgtest.NewPool(t)
-	if _, err := pool.Exec(ctx, `ALTER FUNCTION bellhop_start_seen_vt_floors() RENAME TO broken`); err != nil {
+	if _, err := pool.Exec(ctx, `ALTER FUNCTION bellhop_start_seen_vt_floors() RENAME TO quick_floors;
+		CREATE FUNCTION bellhop_start_seen_vt_floors() RETURNS bigint LANGUAGE plpgsql
+		AS $$ BEGIN PERFORM pg_sleep(0.3); RAISE EXCEPTION 'broken (test)'; END $$`); err != nil {
 		t.Fatal(err)
 	}
 	logs := &syncbuf.Buffer{}
 	r := New(pool, zerolog.New(logs), Options{DefaultVT: 5 * time.Second, Timeout: 5 * time.Second})
 	r.retryBase, r.retryCeiling = 2*time.Second, 2*time.Second // a wait of 1 – 2 s
 	run(t, r)
-	r.Observe(time.Now())
-	waitFailures := func(n int) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for len(failures(t, logs)) < n {
-			if time.Now().After(deadline) {
-				t.Fatalf("%d failed passes within 10s, want %d", len(failures(t, logs)), n)
+	// Leases ending 10 ms ahead, observed every 10 ms, as lanes claiming.
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+				r.Observe(time.Now().Add(10 * time.Millisecond))
 			}
-			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	// When each failure was logged, to within the 5 ms of the polling.
+	var at []time.Time
+	deadline := time.Now().Add(30 * time.Second)
+	for len(at) < 4 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d failed passes within 30s, want 4", len(at))
+		}
+		for n := len(failures(t, logs)); len(at) < n; {
+			at = append(at, time.Now())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	got := failures(t, logs)
+	for i := 1; i < len(at); i++ {
+		promised := time.Duration(got[i-1].RetryIn * float64(time.Millisecond))
+		if gap := at[i].Sub(at[i-1]); gap < promised-20*time.Millisecond {
+			t.Errorf("failure %d came %s after the one before, which said retry in %s", i+1, gap.Round(time.Millisecond), promised)
 		}
 	}
-	waitFailures(1)
-	// Leases ending every 10 ms, as lanes claiming, for 500 ms: well under
-	// the shortest wait, so no pass is due.
-	for end := time.Now().Add(500 * time.Millisecond); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
-		r.Observe(time.Now().Add(10 * time.Millisecond))
-		if n := len(failures(t, logs)); n != 1 {
-			t.Fatalf("%d failed passes before the first retry was due: observed leases brought it forward", n)
-		}
-	}
-	waitFailures(2) // and the retry still comes
 }

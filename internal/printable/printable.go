@@ -23,14 +23,25 @@ func Line(s string) string {
 		if sb.Len() > 0 {
 			sb.WriteByte(' ')
 		}
-		for _, r := range f { // invalid UTF-8 arrives as utf8.RuneError
-			if r == utf8.RuneError || !unicode.IsPrint(r) {
+		for i, r := range f {
+			if !unicode.IsPrint(r) || invalid(f, i, r) {
 				r = '?'
 			}
 			sb.WriteRune(r)
 		}
 	}
 	return sb.String()
+}
+
+// invalid reports whether r, at s[i], stands for a byte that is not UTF-8
+// (ranging over a string gives utf8.RuneError for it, as for a U+FFFD that
+// is there).
+func invalid(s string, i int, r rune) bool {
+	if r != utf8.RuneError {
+		return false
+	}
+	_, size := utf8.DecodeRuneInString(s[i:])
+	return size == 1
 }
 
 // Is reports whether s is all printable characters, ASCII space included:

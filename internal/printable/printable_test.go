@@ -18,6 +18,7 @@ func TestLine(t *testing.T) {
 		{"bidi \u202egpj.exe \u2066x\u2069 zero\u200bwidth", "bidi ?gpj.exe ?x? zero?width"},
 		{"c1 \u009b31m", "c1 ?31m"},
 		{"bad \xff utf-8", "bad ? utf-8"},
+		{"replacement \ufffd kept", "replacement \ufffd kept"}, // how lastError writes bad bytes
 		{"café ✓ 日本", "café ✓ 日本"},
 	} {
 		if got := Line(tc.in); got != tc.want {
