@@ -102,6 +102,7 @@ type lane struct {
 	settle   bool      // producers may have skipped announcing: confirm the lock, then claim once more
 	tries    int       // failed lock confirmations in a row
 	needFree bool      // our busy key was lost, not released: settle also waits until it is free
+	refused  bool      // the last Hold found the busy key taken (a producer testing it, or another dispatcher)
 	watching bool      // another dispatcher's mark was seen: settle once it is gone
 	// watchHint is set by a "b" notification: another dispatcher marked
 	// the queue, so this lane must watch it even if its next pass comes
@@ -391,9 +392,19 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 		// refreshed only once half its lease has gone: other dispatchers
 		// read the row, and it need not change every millisecond.
 		mark := l.busy && (!l.marked || time.Since(l.markedAt) >= l.d.cfg.BusyLease/2)
-		if mark {
+		switch {
+		case mark:
 			// The mark producers see; the row written by the pass is the
 			// one other dispatchers see.
+			l.hold(ctx)
+		case l.refused && l.busy && !l.watching:
+			// The key was refused at the mark: a producer was testing
+			// it at that instant (another dispatcher's mark would have
+			// been seen). Try again now, not at the mark's refresh, half
+			// a lease away, while producers go on notifying: a stream
+			// under load lost a second of them that way. (A Hold that
+			// failed, as on a broken lock connection, waits for the
+			// refresh: a connection attempt every pass would cost more.)
 			l.hold(ctx)
 		}
 		// Take the free slots for the pass: a message leased to us at
@@ -661,7 +672,9 @@ func (l *lane) hold(ctx context.Context) {
 	}
 	bctx, cancel := l.d.bound(ctx)
 	defer cancel()
-	if _, err := l.d.marks.Hold(bctx, l.busyKey()); err != nil && !timeout.Stopping(bctx) {
+	held, err := l.d.marks.Hold(bctx, l.busyKey())
+	l.refused = err == nil && !held
+	if err != nil && !timeout.Stopping(bctx) {
 		l.d.log.Debug().Err(timeout.Explain(bctx, err)).Str("app_id", l.target.AppID.String()).Str("queue", l.target.Queue).
 			Msg("could not take the busy lock; producers keep notifying")
 	}

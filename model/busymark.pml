@@ -307,8 +307,9 @@ proctype producers() {
 /* Lane d tries to take B exclusively (busy_hold.sql, on its lock session),
  * in a round trip of its own before a busy pass.  The try fails when
  * another session holds B, and may fail at any time (a producer's
- * momentary shared hold, or no try on this pass: lane.go takes B only when
- * it upserts the row).  A try that succeeds also notifies the other
+ * momentary shared hold, or no try on this pass: lane.go tries when it
+ * upserts the row, and on every busy pass after a refused try).  A try
+ * that succeeds also notifies the other
  * dispatchers (the fix for FLAW_HOLD_SILENT).  got: the lane's lock holder
  * has B as held (or as lost, if its session has since been dropped). */
 inline take_b() {
