@@ -791,9 +791,9 @@ func (l *lane) finish(st *consumerState, m *Message, cm *claim.Message, hctx con
 	out.Message = cm
 	out.Done = func(applied bool, werr error) {
 		switch {
-		case werr != nil && werr != claim.ErrOutcomeUnknown:
-			// Every try failed (it wraps ErrOutcomeUnknown: the first may
-			// have committed before its answer was lost).
+		case errors.Is(werr, claim.ErrWriteFailed):
+			// The first try may have committed before its answer was
+			// lost: the outcome is unknown too.
 			log.Error().Err(werr).Str("outcome", out.Verdict.String()).
 				Msg("could not record outcome; unless a try did, the message will be delivered again after its lease")
 			if out.Verdict == claim.Nack {
@@ -891,9 +891,8 @@ func (l *lane) releaseUnstarted(st *consumerState, cm *claim.Message, vt time.Du
 	log.Warn().Dur("claim_took", time.Since(cm.LeasedAt)).Dur("visibility_timeout", vt).
 		Msg("the claim returned after the lease had run out; releasing the message undelivered")
 	l.d.complete.Submit(claim.Outcome{Message: cm, Verdict: claim.Release, Done: func(_ bool, err error) {
-		// ErrOutcomeUnknown itself: a retry found it released, or
-		// reclaimed. Wrapping another error: every try failed.
-		if err != nil && err != claim.ErrOutcomeUnknown {
+		// Not when a retry found it released, or reclaimed.
+		if errors.Is(err, claim.ErrWriteFailed) {
 			log.Warn().Err(err).Msg("could not release an undelivered message; it comes back after its lease")
 		}
 	}})

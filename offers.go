@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -460,9 +461,8 @@ func (d *Dispatcher) releaseLeased(cm *claim.Message, t claim.Target) {
 		return
 	}
 	d.complete.Submit(claim.Outcome{Message: cm, Verdict: claim.Release, Done: func(_ bool, err error) {
-		// ErrOutcomeUnknown itself: a retry found it released, or
-		// reclaimed. Wrapping another error: every try failed.
-		if err != nil && err != claim.ErrOutcomeUnknown {
+		// Not when a retry found it released, or reclaimed.
+		if errors.Is(err, claim.ErrWriteFailed) {
 			d.log.Warn().Err(err).Str("app_id", t.AppID.String()).Str("queue", t.Queue).
 				Str("message_id", cm.ID.String()).Int("attempt", cm.Attempt).
 				Msg("could not release a leased message; it comes back after its lease")

@@ -61,9 +61,9 @@ type Outcome struct {
 	// token still matched, or not) or when it is not known whether it was:
 	// then err wraps ErrOutcomeUnknown, because a try failed and may have
 	// committed before its answer was lost. Either a later try found the
-	// token gone, or every try failed (the last one's error is wrapped
-	// too). An outcome not written leaves the lease to expire and the
-	// message to be delivered again.
+	// token gone, or every try failed (then it wraps ErrWriteFailed and
+	// the last try's error too). An outcome not written leaves the lease
+	// to expire and the message to be delivered again.
 	Done func(applied bool, err error)
 }
 
@@ -73,6 +73,11 @@ type Outcome struct {
 // did. A later try that found the token gone, or every try failing,
 // cannot tell which.
 var ErrOutcomeUnknown = errors.New("outcome may or may not have been applied: an earlier try may have committed")
+
+// ErrWriteFailed is wrapped, with ErrOutcomeUnknown and the last try's
+// error, by Done's error for an outcome whose every try failed; without
+// it, ErrOutcomeUnknown means that a later try found the token gone.
+var ErrWriteFailed = errors.New("every try to write the outcome failed")
 
 // Completer writes outcomes in batches: whatever has queued up while the
 // previous batch was in flight goes in the next one, so a lone outcome is
@@ -165,7 +170,7 @@ func (c *Completer) flush(batch []Outcome) {
 		has := applied.Has(o.Message)
 		switch {
 		case err != nil:
-			o.Done(false, fmt.Errorf("%w; every try failed, the last with: %w", ErrOutcomeUnknown, err))
+			o.Done(false, fmt.Errorf("%w; %w, the last with: %w", ErrOutcomeUnknown, ErrWriteFailed, err))
 		case !has && retried:
 			o.Done(false, ErrOutcomeUnknown)
 		default:

@@ -144,6 +144,9 @@ func TestCompleterAnswerLost(t *testing.T) {
 			if a.applied || !errors.Is(a.err, claim.ErrOutcomeUnknown) {
 				t.Errorf("Done(%v, %v), want (false, ErrOutcomeUnknown)", a.applied, a.err)
 			}
+			if tc.down != errors.Is(a.err, claim.ErrWriteFailed) {
+				t.Errorf("Done's error %v: ErrWriteFailed %t, want %t", a.err, errors.Is(a.err, claim.ErrWriteFailed), tc.down)
+			}
 			if tc.down && (a.err == nil || !strings.Contains(a.err.Error(), "database unreachable (test)")) {
 				t.Errorf("Done's error %v does not say why the last try failed", a.err)
 			}

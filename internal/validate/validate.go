@@ -167,12 +167,10 @@ const (
 // sign; ok is false if num is beyond numeric's range.
 func NumberText(num []byte) (n int, ok bool) {
 	num = bytes.TrimPrefix(num, []byte("-"))
-	mant, exp, _ := bytes.Cut(bytes.Map(func(r rune) rune {
-		if r == 'E' {
-			return 'e'
-		}
-		return r
-	}, num), []byte("e"))
+	mant, exp := num, []byte(nil)
+	if i := bytes.IndexAny(num, "eE"); i >= 0 {
+		mant, exp = num[:i], num[i+1:]
+	}
 	intPart, frac, _ := bytes.Cut(mant, []byte("."))
 	var e int64
 	if len(exp) > 0 {
