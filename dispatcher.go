@@ -22,6 +22,7 @@ import (
 	"github.com/bellhopq/bellhop/internal/backoff"
 	"github.com/bellhopq/bellhop/internal/busylock"
 	"github.com/bellhopq/bellhop/internal/logthrottle"
+	"github.com/bellhopq/bellhop/internal/probe"
 	"github.com/bellhopq/bellhop/internal/timeout"
 	"github.com/bellhopq/bellhop/internal/validate"
 	"github.com/bellhopq/bellhop/migrations"
@@ -223,7 +224,12 @@ type Dispatcher struct {
 	ended atomic.Bool // Run's context has ended, or Run has returned
 	// pool is db once Run has made it, for Ready, which may run
 	// concurrently with Run's start.
-	pool     atomic.Pointer[pgxpool.Pool]
+	pool atomic.Pointer[pgxpool.Pool]
+	// ping is Ready's database check, shared by its concurrent callers and
+	// reused for a second after it succeeds: /readyz answers anyone who
+	// reaches its port, and each check holds one of the pool's
+	// connections, which the lanes' claims need.
+	ping     *probe.Probe
 	cfg      DispatcherConfig
 	poolCfg  *pgxpool.Config
 	db       *pgxpool.Pool
@@ -410,6 +416,8 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 		offers:       offerBook{byToken: map[uuid.UUID]*offer{}},
 		created:      time.Now(),
 	}
+	d.ping = probe.New(func(ctx context.Context) error { return d.pool.Load().Ping(ctx) },
+		cfg.StatementTimeout, time.Second)
 	// pgxpool pings a connection idle for over a second before handing it
 	// out; that is one more round trip in front of the first claim after
 	// a quiet spell, exactly where latency matters. A failed statement is
@@ -582,7 +590,11 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 // "dispatcher stopped"), the database answers, and the listener is
 // connected, and not deaf: a listener that has missed two heartbeats and
 // heard none, as through PgBouncer's transaction pooling, makes it fail
-// with notify.ErrDeaf until one comes back.
+// with notify.ErrDeaf until one comes back. Concurrent calls share one
+// database check, and one that succeeded is reused for a second, so that
+// frequent callers cost the database at most one check a second while it
+// answers; ctx bounds the wait, the check itself is bounded by
+// StatementTimeout.
 func (d *Dispatcher) Ready(ctx context.Context) error {
 	db := d.pool.Load()
 	switch {
@@ -596,7 +608,7 @@ func (d *Dispatcher) Ready(ctx context.Context) error {
 	if err := d.listener.Deaf(); err != nil {
 		return err
 	}
-	if err := db.Ping(ctx); err != nil {
+	if err := d.ping.Check(ctx); err != nil {
 		return fmt.Errorf("database: %w", err)
 	}
 	return nil

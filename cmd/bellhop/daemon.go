@@ -20,6 +20,7 @@ import (
 
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/httppush"
+	"github.com/bellhopq/bellhop/internal/logthrottle"
 	"github.com/bellhopq/bellhop/internal/metrics"
 	"github.com/bellhopq/bellhop/migrations"
 	"github.com/bellhopq/bellhop/notify"
@@ -199,13 +200,18 @@ func metricsHandler(reg prometheus.Gatherer) http.Handler {
 
 // readyz answers 200 while ready reports nil. The endpoint is not
 // authenticated and a database error can name the server's host, user and
-// database, so why it is not ready goes to the log, not to the caller.
+// database, so why it is not ready goes to the log, not to the caller; at
+// most once every 10s, since anyone may ask as often as they like.
 func readyz(ready func(context.Context) error, log zerolog.Logger) http.Handler {
+	throttle := logthrottle.New(1, 10*time.Second)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
 		if err := ready(rctx); err != nil {
-			log.Warn().Err(err).Msg("not ready")
+			if ok, held := throttle.Allow(); ok {
+				log.Warn().Err(err).Int("held_back", held).
+					Msg("not ready (logged at most once every 10s; held_back counts the answers not logged)")
+			}
 			http.Error(w, "not ready", http.StatusServiceUnavailable)
 			return
 		}

@@ -433,6 +433,14 @@ func TestReadyzHidesTheError(t *testing.T) {
 			if tt.err != nil && !strings.Contains(logs.String(), detail) {
 				t.Errorf("the reason is not logged: %q", logs.String())
 			}
+			// Anyone may ask as often as they like: the log does not
+			// grow with them.
+			for range 20 {
+				h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/readyz", nil))
+			}
+			if n := strings.Count(logs.String(), "not ready"); tt.err != nil && n != 1 {
+				t.Errorf("21 answers of not ready logged %d lines, want 1: %s", n, logs.String())
+			}
 		})
 	}
 }
