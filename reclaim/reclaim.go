@@ -21,7 +21,9 @@
 // beside one with a short timeout) and, more slowly, when consumers'
 // timeouts differ: a pass cancelled for its timeout is tried again with
 // twice the timeout, up to maxGrowth times Options.Timeout, so that many
-// leases in flight cannot stop reclaim for good.
+// leases in flight cannot stop reclaim for good, and after a pass that
+// succeeds the next one has twice as long as it took, or
+// Options.Timeout if that is longer.
 package reclaim
 
 import (
@@ -159,6 +161,7 @@ func (r *Reclaimer) Run(ctx context.Context) {
 		}
 		r.next = time.Time{}
 		r.mu.Unlock()
+		began := time.Now()
 		res, next, more, err := r.pass(ctx, bound)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -186,7 +189,12 @@ func (r *Reclaimer) Run(ctx context.Context) {
 		r.mu.Lock()
 		r.notBefore = time.Time{}
 		r.mu.Unlock()
-		failures, bound = 0, r.opts.Timeout
+		// A pass that needed a grown timeout is likely to need it again:
+		// back at Options.Timeout, every other pass ran out of it, doing
+		// its work for nothing and backing off. So the next pass gets
+		// twice what this one took, within the same bounds.
+		failures = 0
+		bound = min(max(2*time.Since(began), r.opts.Timeout), maxGrowth*r.opts.Timeout)
 		if more {
 			stuck = 0
 			r.fire()

@@ -162,3 +162,46 @@ func TestRetryWaitsDespiteObserve(t *testing.T) {
 		}
 	}
 }
+
+// TestGrownTimeoutKept: after a pass that needed a grown timeout
+// succeeds, the passes after it get as long, rather than
+// Options.Timeout again, at which every other pass ran out of time and
+// was retried after a backoff. Each pass here takes 0.3 s on the server,
+// over its 0.2 s Options.Timeout.
+func TestGrownTimeoutKept(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	if _, err := pool.Exec(ctx, `ALTER FUNCTION bellhop_start_seen_vt_floors() RENAME TO quick_floors;
+		CREATE SEQUENCE passes;
+		CREATE FUNCTION bellhop_start_seen_vt_floors() RETURNS bigint LANGUAGE sql
+		AS $$ SELECT nextval('passes'); SELECT pg_sleep(0.3); SELECT quick_floors() $$`); err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncbuf.Buffer{}
+	r := New(pool, zerolog.New(logs), Options{DefaultVT: 5 * time.Second, Timeout: 200 * time.Millisecond})
+	r.retryBase, r.retryCeiling = 5*time.Millisecond, 10*time.Millisecond
+	run(t, r)
+
+	// Ask for a pass every 50 ms until six have begun: the first runs out
+	// of time, and its retry, with 0.4 s, does not.
+	const want = 6
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var began int
+		if err := pool.QueryRow(ctx, `SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM passes`).Scan(&began); err != nil {
+			t.Fatal(err)
+		}
+		if began >= want {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d passes began within 30s, want %d", began, want)
+		}
+		r.Observe(time.Now())
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got := failures(t, logs); len(got) != 1 {
+		t.Errorf("%d of the first %d passes ran out of time, want only the first: %+v", len(got), want, got)
+	}
+}
