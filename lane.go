@@ -623,8 +623,13 @@ const (
 )
 
 // msgEvent starts a per-message line at level, or at debug level when the
-// lane has written its share of them (logthrottle).
+// lane has written its share of them (logthrottle). A line of a level the
+// logger leaves out takes no share: at warn, the retries' info lines
+// would otherwise use up the dead letters' share.
 func (l *lane) msgEvent(log *zerolog.Logger, level zerolog.Level) *zerolog.Event {
+	if level < log.GetLevel() || level < zerolog.GlobalLevel() {
+		return log.WithLevel(level)
+	}
 	ok, held := l.msgLog.Allow()
 	if !ok {
 		return log.Debug()

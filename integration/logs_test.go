@@ -154,6 +154,9 @@ func logLines(t *testing.T, logs *syncBuffer, msg string) map[string]int {
 	t.Helper()
 	n := map[string]int{}
 	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		if line == "" {
+			continue // nothing logged yet
+		}
 		var l struct{ Level, Message string }
 		if err := json.Unmarshal([]byte(line), &l); err != nil {
 			t.Fatalf("log line %q: %v", line, err)
@@ -195,6 +198,41 @@ func TestPerMessageLinesThrottled(t *testing.T) {
 		t.Errorf("%d of %d dead letters logged at warn level (%v) in %s, want 10 to %d", lines["warn"], n, lines,
 			time.Since(start).Round(time.Millisecond), limit)
 	}
+}
+
+// TestPerMessageLinesAtHiddenLevels: per-message lines of a level the
+// logger does not write take nothing from the lane's allowance. With the
+// logger at warn, ten messages that each fail once (an info line, not
+// written) and then for good (a warn line) log all ten dead letters at
+// warn. Found by review: the hidden retry lines used up the burst, so the
+// dead letters went to the debug level, and at --log-level warn, the
+// level bellhop demo runs at, they were not logged at all.
+func TestPerMessageLinesAtHiddenLevels(t *testing.T) {
+	const n = 10
+	e := newEnv(t)
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", MaxInFlight: n, MaxAttempts: 2,
+		BackoffBase: 10 * time.Millisecond, BackoffCap: 20 * time.Millisecond})
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", bellhop.HandlerFunc(func(context.Context, *bellhop.Message) error {
+		return errors.New("consumer down")
+	}))
+	logs := &syncBuffer{}
+	startLogged(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour,
+		Logger: zerolog.New(logs).Level(zerolog.WarnLevel)}, nil)
+	if _, err := e.pool.Exec(context.Background(), `INSERT INTO queue_messages (app_id, queue_name, payload, max_attempts)
+		SELECT id, 'orders', '{}', 2 FROM apps, generate_series(1, $1::int)`, n); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "every message dead-lettered", func() bool {
+		return e.count(t, `SELECT count(*) FROM dead_letters`) == n
+	})
+	// Within the second after, in which the allowance gives one line more
+	// at most; each line is written just after its dead letter.
+	var lines map[string]int
+	waitFor(t, 900*time.Millisecond, "every dead letter logged at warn", func() bool {
+		lines = logLines(t, logs, "message dead-lettered")
+		return lines["warn"] == n
+	})
 }
 
 // TestStuckClaimTimesOut: a claim pass stuck behind a lock is cancelled
