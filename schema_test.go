@@ -599,6 +599,9 @@ func TestEnqueueSQLFunction(t *testing.T) {
 		{"deliver_after -infinity", `SELECT enqueue($1, 'plain', '{}', '-infinity')`, []any{shop.ID}, "BH004"},
 		{"deliver_after infinity", `SELECT enqueue($1, 'plain', '{}', 'infinity')`, []any{shop.ID}, "BH004"},
 		{"deliver_after 3651 days ahead", `SELECT enqueue($1, 'plain', '{}', now() + interval '3651 days')`, []any{shop.ID}, "BH004"},
+		{"deliver_after 87600 hours and a minute ahead", `SELECT enqueue($1, 'plain', '{}', now() + interval '87600 hours 1 minute')`, []any{shop.ID}, "BH004"},
+		// 1e131071 prints as 131,072 digits: nine of them pass 1 MiB.
+		{"numbers that print past 1 MiB", `SELECT enqueue($1, 'plain', (SELECT ('[' || string_agg('1e131071', ',') || ']')::jsonb FROM generate_series(1, 9)))`, []any{shop.ID}, "BH003"},
 		{"principal of another app", call, []any{shop.ID, "plain", `{}`, nil, nil, other.DefaultPrincipal}, "BH005"},
 		{"unknown principal", call, []any{shop.ID, "plain", `{}`, nil, nil, uuid.New()}, "BH005"},
 	}
@@ -616,6 +619,125 @@ func TestEnqueueSQLFunction(t *testing.T) {
 			if after := e.tableState("queue_messages"); after != before {
 				t.Errorf("queue_messages changed: %s, was %s", after, before)
 			}
+		})
+	}
+
+	// The limits are the Go client's: 87600 hours, whatever the session's
+	// time zone (days follow its daylight-saving changes), and numbers
+	// measured one at a time, before the payload is printed whole, which
+	// for a few kilobytes of long numbers built a gigabyte and failed with
+	// "out of memory" rather than BH003.
+	limits := []struct {
+		name, sql, message string
+	}{
+		{"deliver_after", `SELECT enqueue($1, 'plain', '{}', now() + interval '87600 hours 1 minute')`, "more than 87600 hours ahead"},
+		{"numbers", `SELECT enqueue($1, 'plain', (SELECT ('[' || string_agg('1e131071', ',') || ']')::jsonb FROM generate_series(1, 1000)))`,
+			"numbers alone print to more than the 1048576-byte limit"},
+	}
+	for _, tc := range limits {
+		t.Run("says why for "+tc.name, func(t *testing.T) {
+			var id uuid.UUID
+			err := e.pool.QueryRow(e.ctx, tc.sql, shop.ID).Scan(&id)
+			if pe := fxPgError(t, err); !strings.Contains(pe.Message, tc.message) {
+				t.Errorf("enqueue() said %q, want it to say %q", pe.Message, tc.message)
+			}
+		})
+	}
+	t.Run("accepts long numbers within the limit", func(t *testing.T) {
+		var id uuid.UUID
+		if err := e.pool.QueryRow(e.ctx, `SELECT enqueue($1, 'plain', '[1e1000, -1e1000, 1e-1000, 0, 1.5]')`, shop.ID).Scan(&id); err != nil {
+			t.Fatalf("enqueue(): %v", err)
+		}
+		if got := read(t, id).Payload; len(got) < 3000 {
+			t.Errorf("stored payload of %d bytes, want the numbers printed in full", len(got))
+		}
+	})
+	t.Run("accepts 87600 hours less a minute", func(t *testing.T) {
+		tx, err := e.pool.Begin(e.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(e.ctx)
+		if _, err := tx.Exec(e.ctx, `SET LOCAL TimeZone = 'America/New_York'`); err != nil {
+			t.Fatal(err)
+		}
+		var id uuid.UUID
+		if err := tx.QueryRow(e.ctx, `SELECT enqueue($1, 'plain', '{}', now() + interval '87599 hours 59 minutes')`, shop.ID).Scan(&id); err != nil {
+			t.Fatalf("enqueue(): %v", err)
+		}
+	})
+}
+
+// TestPayloadSizeCheckedOnWrite: the payload's size rule is checked when
+// a payload is written, by any role and in replica mode too, and not when
+// an UPDATE leaves the payload alone. As a CHECK constraint (0038) it was
+// checked on every UPDATE, printing the whole payload to measure it at
+// every claim, extend, nack, release and reclaim (0062). A row over the
+// limit, written with the trigger disabled, shows which: its claim
+// succeeds, and only a write of its payload is refused.
+func TestPayloadSizeCheckedOnWrite(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	app := e.app("shop")
+	_, con := e.appConsumer("hooks", "q")
+	const big = `jsonb_build_object('x', repeat('a', 1100000))`
+	wantRefused := func(t *testing.T, err error, constraint string) {
+		t.Helper()
+		if err == nil {
+			t.Fatal("the write succeeded, want a check violation")
+		}
+		if pe := fxPgError(t, err); pe.Code != "23514" || pe.ConstraintName != constraint {
+			t.Errorf("SQLSTATE %s, constraint %q (%s); want 23514, %q", pe.Code, pe.ConstraintName, pe.Message, constraint)
+		}
+	}
+	tables := []struct {
+		table, trigger, constraint, insert string
+		args                               []any
+	}{
+		{"queue_messages", "queue_messages_payload_size", "queue_messages_payload_size_check",
+			`INSERT INTO queue_messages (app_id, queue_name, payload) VALUES ($1, 'orders', ` + big + `) RETURNING id`,
+			[]any{app.ID}},
+		{"outbox", "outbox_payload_size", "outbox_payload_size_check",
+			`INSERT INTO outbox (app_id, source_kind, trigger_id, payload) SELECT app_id, 'invoke', id, ` + big + `
+			 FROM triggers WHERE id = $1 RETURNING id`,
+			[]any{con.ID}},
+	}
+	for _, tc := range tables {
+		t.Run(tc.table, func(t *testing.T) {
+			_, err := e.pool.Exec(e.ctx, tc.insert, tc.args...)
+			wantRefused(t, err, tc.constraint)
+
+			conn, err := e.pool.Acquire(e.ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Release()
+			if _, err := conn.Exec(e.ctx, `SET session_replication_role = replica`); err != nil {
+				t.Fatal(err)
+			}
+			_, err = conn.Exec(e.ctx, tc.insert, tc.args...)
+			wantRefused(t, err, tc.constraint)
+			if _, err := conn.Exec(e.ctx, `RESET session_replication_role`); err != nil {
+				t.Fatal(err)
+			}
+
+			if _, err := e.pool.Exec(e.ctx, `ALTER TABLE `+tc.table+` DISABLE TRIGGER `+tc.trigger); err != nil {
+				t.Fatal(err)
+			}
+			var id uuid.UUID
+			err = e.pool.QueryRow(e.ctx, tc.insert, tc.args...).Scan(&id)
+			if _, err := e.pool.Exec(e.ctx, `ALTER TABLE `+tc.table+` ENABLE ALWAYS TRIGGER `+tc.trigger); err != nil {
+				t.Fatal(err)
+			}
+			if err != nil {
+				t.Fatalf("insert with the trigger disabled: %v", err)
+			}
+			if _, err := e.pool.Exec(e.ctx, `UPDATE `+tc.table+` SET claim_token = gen_random_uuid(), claimed_at = now(),
+				attempt = attempt + 1 WHERE id = $1`, id); err != nil {
+				t.Errorf("a claim of a row over the limit: %v, want it to succeed (the payload is not written)", err)
+			}
+			_, err = e.pool.Exec(e.ctx, `UPDATE `+tc.table+` SET payload = payload || '{}' WHERE id = $1`, id)
+			wantRefused(t, err, tc.constraint)
 		})
 	}
 }
