@@ -105,8 +105,13 @@ func (c *Client) DeadLetters(ctx context.Context, f DeadFilter) ([]DeadLetter, e
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadLetter, error) {
 		var d DeadLetter
-		err := r.Scan(&d.ID, &d.Source, &d.App, &d.Queue, &d.ConsumerID, &d.Payload, &d.EnqueuedAt,
+		// Scanned as bytes: into a json.RawMessage pgx would decode it,
+		// and a payload nested deeper than encoding/json reads (10,000;
+		// plain SQL may store deeper) failed the whole listing.
+		var payload []byte
+		err := r.Scan(&d.ID, &d.Source, &d.App, &d.Queue, &d.ConsumerID, &payload, &d.EnqueuedAt,
 			&d.DeliverAfter, &d.Attempt, &d.MaxAttempts, &d.EnqueuedBy, &d.LastError, &d.DiedAt, &d.RedriveAfter)
+		d.Payload = payload
 		return d, err
 	})
 	if err != nil {

@@ -822,8 +822,15 @@ func deadCommand(d *deps) *cli.Command {
 				enc := json.NewEncoder(&buf)
 				enc.SetIndent("", "  ")
 				for _, x := range ds {
-					if err := enc.Encode(x); err != nil {
-						return err
+					v := shownDead(x)
+					if err := enc.Encode(v); err != nil {
+						// encoding/json reads no deeper than 10,000
+						// levels; plain SQL can store deeper.
+						v.Payload, _ = json.Marshal(string(x.Payload))
+						if err := enc.Encode(v); err != nil {
+							return err
+						}
+						fmt.Fprintf(d.stderr, "bellhop: the payload of %s nests too deep to show as JSON: shown as a string\n", x.ID)
 					}
 				}
 				// Payloads and errors are producers' and consumers' text:
@@ -841,4 +848,39 @@ func deadCommand(d *deps) *cli.Command {
 			Action: bulk("purged", (*bellhop.Client).PurgeDead),
 		}},
 	}
+}
+
+// deadView is a DeadLetter as dead show prints it: the same fields in the
+// same order, with the times as RFC 3339 text, which, unlike
+// time.Time's MarshalJSON, takes any year: plain SQL may write times
+// before year 0 or after 9999, and one such dead letter made dead show
+// fail.
+type deadView struct {
+	ID           uuid.UUID
+	Source       string
+	App          string
+	Queue        string
+	ConsumerID   *uuid.UUID
+	Payload      json.RawMessage
+	EnqueuedAt   string
+	DeliverAfter *string
+	Attempt      int
+	MaxAttempts  int
+	EnqueuedBy   *uuid.UUID
+	LastError    string
+	DiedAt       string
+	RedriveAfter *string
+}
+
+func shownDead(x bellhop.DeadLetter) deadView {
+	at := func(t *time.Time) *string {
+		if t == nil {
+			return nil
+		}
+		s := t.Format(time.RFC3339Nano)
+		return &s
+	}
+	return deadView{ID: x.ID, Source: x.Source, App: x.App, Queue: x.Queue, ConsumerID: x.ConsumerID, Payload: x.Payload,
+		EnqueuedAt: *at(&x.EnqueuedAt), DeliverAfter: at(x.DeliverAfter), Attempt: x.Attempt, MaxAttempts: x.MaxAttempts,
+		EnqueuedBy: x.EnqueuedBy, LastError: x.LastError, DiedAt: *at(&x.DiedAt), RedriveAfter: at(x.RedriveAfter)}
 }

@@ -3,11 +3,13 @@ package main
 import (
 	"encoding/json"
 	"io"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
 	"unicode"
 
+	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/pgtest"
 )
 
@@ -120,5 +122,64 @@ func TestDeadListingsEscapeTerminalCodes(t *testing.T) {
 	}
 	if dl.Payload["n"] != "a\u202eb\u009b31mc" || dl.LastError != lastError {
 		t.Errorf("dead show's JSON decodes to %q and %q, not the dead letter's payload and error", dl.Payload, dl.LastError)
+	}
+}
+
+// TestDeadListingsOfOddRows: plain SQL may store what the Go client would
+// not: a payload nested deeper than encoding/json reads (10,000 levels),
+// and times outside years 0 to 9999. Found by review: one such dead
+// letter made dead ls fail for its whole app ("exceeded max depth"), and
+// dead show fail on it (Time.MarshalJSON refuses such years).
+func TestDeadListingsOfOddRows(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.ConnString(t)
+	ok(t, dsn, "app", "create", "shop")
+	pool := db(t, dsn)
+	const deep, old = "0b6e4d7a-3333-4c2b-9a55-2f0c3e7d9a01", "0b6e4d7a-4444-4c2b-9a55-2f0c3e7d9a01"
+	if _, err := pool.Exec(t.Context(), `
+		INSERT INTO dead_letters (id, source, app_id, queue_name, payload, enqueued_at, deliver_after, attempt, max_attempts, last_error)
+		SELECT $1::uuid, 'queue', a.id, 'orders', (repeat('[', 10001) || repeat(']', 10001))::jsonb, now(), NULL::timestamptz, 3, 3, 'deep'
+		FROM apps a WHERE a.name = 'shop'
+		UNION ALL
+		SELECT $2::uuid, 'queue', a.id, 'orders', '{}', '0044-03-15 12:00:00+00 BC'::timestamptz, '20000-01-01 00:00:00+00'::timestamptz, 3, 3, 'old'
+		FROM apps a WHERE a.name = 'shop'`, deep, old); err != nil {
+		t.Fatal(err)
+	}
+	ls := ok(t, dsn, "dead", "ls", "--app", "shop")
+	if !strings.Contains(ls, deep) || !strings.Contains(ls, old) {
+		t.Errorf("dead ls does not list both dead letters:\n%s", ls)
+	}
+
+	r := exe(t, dsn, "", "dead", "show", "--app", "shop", deep)
+	var shown struct{ Payload string }
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &shown) != nil || len(shown.Payload) != 2*10001 ||
+		!strings.Contains(r.stderr, "nests too deep") {
+		t.Errorf("dead show of the deep payload: exit %d, stderr %q, %d bytes of payload as a string; want exit 0, the payload as a string of %d bytes, and a word on stderr",
+			r.code, r.stderr, len(shown.Payload), 2*10001)
+	}
+
+	show := ok(t, dsn, "dead", "show", "--app", "shop", old)
+	var times struct{ EnqueuedAt, DeliverAfter string }
+	if err := json.Unmarshal([]byte(show), &times); err != nil {
+		t.Fatalf("dead show is not JSON: %v\n%s", err, show)
+	}
+	if !strings.HasPrefix(times.EnqueuedAt, "-0043-03-15T12:00:00") || !strings.HasPrefix(times.DeliverAfter, "20000-01-01T00:00:00") {
+		t.Errorf("dead show's times are %q and %q, want 44 BC (year -43) and year 20000", times.EnqueuedAt, times.DeliverAfter)
+	}
+}
+
+// TestDeadViewMirrorsDeadLetter: dead show prints deadView, which must
+// keep DeadLetter's fields, names and order, as it grows.
+func TestDeadViewMirrorsDeadLetter(t *testing.T) {
+	t.Parallel()
+	names := func(v any) []string {
+		var out []string
+		for f := range reflect.TypeOf(v).Fields() {
+			out = append(out, f.Name)
+		}
+		return out
+	}
+	if got, want := names(deadView{}), names(bellhop.DeadLetter{}); !slices.Equal(got, want) {
+		t.Errorf("deadView's fields are %v, DeadLetter's %v", got, want)
 	}
 }
