@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 	"github.com/urfave/cli/v3"
@@ -84,29 +83,33 @@ func runDemo(ctx context.Context, d *deps, cmd *cli.Command, log zerolog.Logger)
 	if err != nil {
 		return err
 	}
-	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
-	if err != nil {
-		return fmt.Errorf("connect to the database: %w", err)
-	}
-	err = migrations.Migrate(ctx, conn)
-	conn.Close(context.Background())
-	if err != nil {
-		return err
-	}
 	client, pool, err := openClient(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
+	// Migrating on the pool's connection, rather than on one of its own
+	// closed just before the pool connected, keeps the demo to one
+	// connection: a role's connection limit could refuse the pool while
+	// the closed connection's backend was still exiting.
+	if err := pool.AcquireFunc(ctx, func(c *pgxpool.Conn) error { return migrations.Migrate(ctx, c.Conn()) }); err != nil {
+		return err
+	}
 	if _, err := client.CreateApp(ctx, demoApp); err != nil && !errors.Is(err, bellhop.ErrAppExists) {
 		return err
 	}
+
+	// The run's messages carry its id, so that the deliveries and dead
+	// letters counted at the end are this run's: with DATABASE_URL,
+	// demo/orders keeps those of earlier runs, and docker-compose's
+	// producer and setup-demo's users enqueue there too.
+	run := uuid.New()
 
 	// The demo consumer: an HTTP endpoint on loopback that verifies each
 	// request's signature and acts on the message's "kind".
 	var secret atomic.Value
 	secret.Store("")
-	var delivered atomic.Int64
+	var delivered, others atomic.Int64
 	consumer := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(io.LimitReader(r.Body, 1<<20))
 		if err := bellhop.VerifyPush(secret.Load().(string), r.Header, body, time.Now(), 5*time.Minute); err != nil {
@@ -114,12 +117,21 @@ func runDemo(ctx context.Context, d *deps, cmd *cli.Command, log zerolog.Logger)
 			return
 		}
 		var m struct {
+			Run    string `json:"run"`
 			N      int    `json:"n"`
 			Kind   string `json:"kind"`
 			SentAt int64  `json:"sent_at_unix_nano"`
 		}
-		_ = json.Unmarshal(body, &m)
-		attempt, _ := strconv.Atoi(r.Header.Get("Bellhop-Attempt"))
+		attempt, _ := strconv.Atoi(r.Header.Get(bellhop.HeaderAttempt))
+		if err := json.Unmarshal(body, &m); err != nil || m.Run != run.String() {
+			// Not enqueued by this run: it has no n, kind or send time
+			// of ours (a latency from a zero send time read as 55
+			// years), and it is acked, not tested on.
+			others.Add(1)
+			say("  message %s (not from this demo run) attempt %d → 200 acked", r.Header.Get(bellhop.HeaderMessageID), attempt)
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
 		latency := time.Duration(time.Now().UnixNano() - m.SentAt)
 		delivered.Add(1)
 		switch {
@@ -170,16 +182,26 @@ func runDemo(ctx context.Context, d *deps, cmd *cli.Command, log zerolog.Logger)
 	say("enqueuing a message every %s: most succeed, every 7th fails twice then succeeds, every 11th is rejected (dead letter), every 5th is delayed 2s. Ctrl-C to stop.", cmd.Duration("interval"))
 	tick := time.NewTicker(cmd.Duration("interval"))
 	defer tick.Stop()
-	// The run's messages carry its id, so that the dead letters counted at
-	// the end are this run's: with DATABASE_URL, demo/orders keeps those of
-	// earlier runs.
-	run := uuid.New()
 	n := 0
+	var runErr error
+	returned := false // Run has returned runErr
 produce:
 	for {
 		select {
 		case <-ctx.Done():
 			break produce
+		case runErr = <-done:
+			returned = true
+			if ctx.Err() != nil {
+				break produce // it stopped for the stop
+			}
+			// Run returns before the stop only when it cannot start
+			// (the database refuses its connection, say): nothing
+			// enqueued would be delivered.
+			if runErr == nil {
+				runErr = errors.New("it stopped without an error")
+			}
+			return fmt.Errorf("the demo's dispatcher failed, so the demo stopped after enqueuing %s: %w", plural(n, "message"), runErr)
 		case <-tick.C:
 		}
 		n++
@@ -198,16 +220,38 @@ produce:
 		}
 	}
 	say("stopping…")
-	if err := <-done; err != nil {
-		return err
+	if !returned {
+		runErr = <-done
+	}
+	if runErr != nil {
+		return runErr
 	}
 	dead, err := demoDeadLetters(context.Background(), pool, run)
-	if err != nil {
-		say("done: %d messages enqueued, %d deliveries; counting the dead letters failed: %v", n, delivered.Load(), err)
-		return nil
-	}
-	say("done: %d messages enqueued, %d deliveries, %d dead letters (see `bellhop dead ls --app demo` against a kept database)", n, delivered.Load(), dead)
+	say("%s", demoSummary(n, delivered.Load(), dead, err, others.Load()))
 	return nil
+}
+
+// demoSummary is the demo's closing line: n messages enqueued, this run's
+// deliveries and dead letters (or deadErr, which kept them from being
+// counted), and the messages it acked that it had not enqueued, which are
+// none of the run's deliveries.
+func demoSummary(n int, delivered, dead int64, deadErr error, others int64) string {
+	s := fmt.Sprintf("done: %s enqueued, ", plural(n, "message"))
+	// plural would write "deliverys".
+	if delivered == 1 {
+		s += "1 delivery"
+	} else {
+		s += fmt.Sprintf("%d deliveries", delivered)
+	}
+	if deadErr != nil {
+		s += fmt.Sprintf("; counting the dead letters failed: %v", deadErr)
+	} else {
+		s += fmt.Sprintf(", %s (see `bellhop dead ls --app demo` against a kept database)", plural(int(dead), "dead letter"))
+	}
+	if others > 0 {
+		s += fmt.Sprintf("; also acked %s not from this demo run", plural(int(others), "message"))
+	}
+	return s
 }
 
 // demoDeadLetters counts the dead letters of the demo's queue whose

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -11,14 +12,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
 	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/internal/pgdsn"
 	"github.com/bellhopq/bellhop/internal/pgtest"
 )
 
 var (
 	demoDirRE   = regexp.MustCompile(`^PostgreSQL data in (\S+) \(removed on exit\)$`)
 	demoAckedRE = regexp.MustCompile(`^\s+#\d+\s+\S+\s+attempt \d+ → 200 acked, `)
-	demoDoneRE  = regexp.MustCompile(`^done: (\d+) messages enqueued, (\d+) deliveries, (\d+) dead letters`)
+	demoDoneRE  = regexp.MustCompile(`^done: (\d+) messages? enqueued, (\d+) deliver(?:y|ies), (\d+) dead letters?`)
 )
 
 // TestDemo: `bellhop demo` without DATABASE_URL starts its own
@@ -123,6 +128,119 @@ func TestDemoWithDatabaseURL(t *testing.T) {
 	c, err := bellhop.NewClient(pool).ConsumerOf(t.Context(), demoApp, demoQueue)
 	if err != nil || !strings.HasPrefix(c.URL, "http://127.0.0.1:") || c.URL == "http://127.0.0.1:9/hook" {
 		t.Errorf("demo/orders' consumer after the demo: %+v, %v; want the demo's, on loopback", c, err)
+	}
+}
+
+// TestDemoDispatcherFails: when the demo's dispatcher cannot start, the
+// demo stops enqueueing and exits 1 at once, saying so. It waited for
+// Ctrl-C, enqueueing a message every interval that nothing would
+// deliver, and said nothing of the error until then. Here the dispatcher
+// is refused its connection: the demo's role may have one connection,
+// which the demo's own pool holds.
+func TestDemoDispatcherFails(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.ConnString(t)
+	pool := db(t, dsn)
+	var owner string
+	if err := pool.QueryRow(t.Context(), "SELECT current_user").Scan(&owner); err != nil {
+		t.Fatal(err)
+	}
+	// A member of the schema's owner may use all of it, but, unlike a
+	// superuser, is held to its connection limit.
+	role := "bellhop_demo_" + uuid.NewString()[:8]
+	if _, err := pool.Exec(t.Context(), "CREATE ROLE "+role+" LOGIN CONNECTION LIMIT 1 IN ROLE "+pgx.Identifier{owner}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { // after the demo's, registered below
+		if _, err := pool.Exec(context.Background(), "DROP ROLE "+role); err != nil {
+			t.Errorf("drop role %s: %v", role, err)
+		}
+	})
+	limited, err := pgdsn.WithUser(dsn, role)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	p := start(t, []string{"DATABASE_URL=" + limited}, "demo", "--interval", "5ms")
+	p.waitLine(false, regexp.MustCompile(`^enqueuing a message every 5ms`), 60*time.Second)
+	if code := p.wait(15 * time.Second); code != 1 {
+		t.Errorf("demo exited %d when its dispatcher could not connect, want 1", code)
+	}
+	m := p.waitLine(true, regexp.MustCompile(`^bellhop: the demo's dispatcher failed, so the demo stopped after enqueuing (\d+) messages?: dispatcher: connect: .*too many connections for role`), time.Second)
+	// It enqueued nothing after the failure: the queue holds what it
+	// says it enqueued (no dispatcher took any).
+	queued := queryInt(t, pool, `SELECT count(*) FROM queue_messages q JOIN apps a ON a.id = q.app_id
+		WHERE a.name = $1 AND q.queue_name = $2`, demoApp, demoQueue)
+	if strconv.Itoa(queued) != m[1] {
+		t.Errorf("demo/orders holds %d messages; the demo says it enqueued %s", queued, m[1])
+	}
+}
+
+// TestDemoNotItsMessages: messages in demo/orders that this run of the
+// demo did not enqueue (docker-compose's producer's, setup-demo users',
+// an earlier run's) are acked and printed as not the demo's, without a
+// latency, and counted apart from the run's deliveries. They were
+// printed as deliveries "#0" with a latency from a send time of zero
+// ("499020h36m12s after enqueue") and counted among them.
+func TestDemoNotItsMessages(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.ConnString(t)
+	ok(t, dsn, "app", "create", demoApp)
+	addConsumer(t, dsn, "--app", demoApp, "--queue", demoQueue, "--url", "http://127.0.0.1:9/hook")
+	ids := map[string]bool{}
+	for _, payload := range []string{
+		`{"sent_at": "2025-06-01T12:00:00Z"}`,                                                  // docker-compose's producer
+		`{"n": 3, "kind": "flaky", "run": "` + uuid.NewString() + `", "sent_at_unix_nano": 1}`, // an earlier run
+		`"not an object"`,
+	} {
+		ids[enqueue(t, dsn, demoApp, demoQueue, payload)] = false
+	}
+
+	// At an interval of an hour the demo enqueues none of its own.
+	p := start(t, []string{"DATABASE_URL=" + dsn}, "demo", "--interval", "1h")
+	otherRE := regexp.MustCompile(`^  message (\S+) \(not from this demo run\) attempt 1 → 200 acked$`)
+	waitFor(t, 60*time.Second, "the demo to ack the messages it did not enqueue", func() bool { return p.countLines(otherRE) >= len(ids) })
+	for _, line := range strings.Split(p.stdout(), "\n") {
+		if m := otherRE.FindStringSubmatch(line); m != nil {
+			if seen, ok := ids[m[1]]; !ok || seen {
+				t.Errorf("the demo acks %s, which is not one of %v or is acked twice", m[1], ids)
+			}
+			ids[m[1]] = true
+		}
+	}
+	p.signal(os.Interrupt)
+	if code := p.wait(30 * time.Second); code != 0 {
+		t.Fatalf("demo exited %d after SIGINT", code)
+	}
+	const want = "done: 0 messages enqueued, 0 deliveries, 0 dead letters (see `bellhop dead ls --app demo` against a kept database); also acked 3 messages not from this demo run"
+	if done := p.waitLine(false, regexp.MustCompile(`^done: .*`), time.Second)[0]; done != want {
+		t.Errorf("the demo's closing line is %q, want %q", done, want)
+	}
+	if n := p.countLines(regexp.MustCompile(`after enqueue|^\s+#`)); n != 0 {
+		t.Errorf("the demo printed %d messages it did not enqueue as its own deliveries", n)
+	}
+}
+
+// TestDemoSummary: the closing line counts in the singular where a count
+// is 1: it read "1 dead letters".
+func TestDemoSummary(t *testing.T) {
+	t.Parallel()
+	const hint = " (see `bellhop dead ls --app demo` against a kept database)"
+	tests := []struct {
+		n                      int
+		delivered, dead, other int64
+		deadErr                error
+		want                   string
+	}{
+		{1, 1, 1, 1, nil, "done: 1 message enqueued, 1 delivery, 1 dead letter" + hint + "; also acked 1 message not from this demo run"},
+		{2, 3, 2, 0, nil, "done: 2 messages enqueued, 3 deliveries, 2 dead letters" + hint},
+		{0, 0, 0, 2, nil, "done: 0 messages enqueued, 0 deliveries, 0 dead letters" + hint + "; also acked 2 messages not from this demo run"},
+		{1, 1, 0, 0, errors.New("boom"), "done: 1 message enqueued, 1 delivery; counting the dead letters failed: boom"},
+	}
+	for _, tc := range tests {
+		if got := demoSummary(tc.n, tc.delivered, tc.dead, tc.deadErr, tc.other); got != tc.want {
+			t.Errorf("demoSummary(%d, %d, %d, %v, %d) = %q, want %q", tc.n, tc.delivered, tc.dead, tc.deadErr, tc.other, got, tc.want)
+		}
 	}
 }
 
