@@ -53,7 +53,11 @@ func TestBadConfiguration(t *testing.T) {
 		{"unknown global flag", dsn, nil, []string{"--bogus", "queues"}, "flag provided but not defined: --bogus"},
 		{"unknown command", dsn, nil, []string{"bogus"}, `unknown command "bogus"`},
 		{"unknown subcommand", dsn, nil, []string{"consumer", "bogus"}, `unknown command "bogus" (see bellhop consumer --help)`},
-		{"missing required flag", dsn, nil, []string{"enqueue", "--queue", "orders", "{}"}, `Required flag "app" not set`},
+		// The library's own words were `Required flag "app" not set`,
+		// the one message to name a flag without its dashes.
+		{"missing required flag", dsn, nil, []string{"enqueue", "--queue", "orders", "{}"}, "bellhop: --app is required\n"},
+		{"missing required flags", dsn, nil, []string{"setup-demo", "--app", "shop"}, "bellhop: --queue, --url and --secret-file are required\n"},
+		{"example-consumer missing --secret-file", "-", nil, []string{"example-consumer", "--addr", "127.0.0.1:0"}, "bellhop: --secret-file is required\n"},
 		{"bad --log-format", dsn, nil, []string{"--log-format", "xml", "run"}, `--log-format "xml": use json or console`},
 		{"bad --log-format elsewhere", dsn, nil, []string{"--log-format", "xml", "queues"}, `--log-format "xml"`},
 		{"bad BELLHOP_LOG_FORMAT", dsn, []string{"BELLHOP_LOG_FORMAT=xml"}, []string{"queues"}, `--log-format "xml"`},

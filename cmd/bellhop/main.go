@@ -207,7 +207,16 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 // which the library would otherwise ignore. It also marks what each
 // action returns (actionError), so that it is not taken for a flag error.
 func strict(cmd *cli.Command) {
-	cmd.OnUsageError = func(_ context.Context, _ *cli.Command, err error, _ bool) error {
+	cmd.OnUsageError = func(_ context.Context, cmd *cli.Command, err error, _ bool) error {
+		// The library names a missing flag without its dashes (Required
+		// flag "app" not set), where every other message names it as
+		// --help and the docs do; it gives the error no type to tell it
+		// by, only its words.
+		if strings.HasPrefix(err.Error(), "Required flag") {
+			if missing := missingFlags(cmd); len(missing) > 0 {
+				return usageError{errors.New(requiredText(missing))}
+			}
+		}
 		return usageError{err}
 	}
 	switch {
@@ -239,6 +248,29 @@ func strict(cmd *cli.Command) {
 	for _, sub := range cmd.Commands {
 		strict(sub)
 	}
+}
+
+// missingFlags names, with their dashes, the required flags of cmd and of
+// the commands above it that are not set: those the library checks.
+func missingFlags(cmd *cli.Command) []string {
+	var missing []string
+	for _, c := range cmd.Lineage() {
+		for _, f := range c.Flags {
+			if rf, ok := f.(cli.RequiredFlag); ok && rf.IsRequired() && !f.IsSet() {
+				missing = append(missing, "--"+f.Names()[0])
+			}
+		}
+	}
+	return missing
+}
+
+// requiredText is the error for missing required flags: "--app is
+// required", "--queue, --url and --secret-file are required".
+func requiredText(missing []string) string {
+	if len(missing) == 1 {
+		return missing[0] + " is required"
+	}
+	return strings.Join(missing[:len(missing)-1], ", ") + " and " + missing[len(missing)-1] + " are required"
 }
 
 // actionError marks an error that a command's action returned, as against
