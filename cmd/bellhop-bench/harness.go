@@ -154,6 +154,22 @@ func (e *env) queueDB(ctx context.Context, prefix string, queues ...string) (*da
 	return db, setup, nil
 }
 
+// checkpoint runs CHECKPOINT on pool, so that the WAL of the set-up
+// before a case (a backlog, a TRUNCATE) does not bring a checkpoint, and
+// its full-page writes, into the case. It takes superuser or, since
+// PostgreSQL 15, pg_checkpoint: without either the run goes on, noted
+// under scenario (what names the step), as its cases may then overlap a
+// checkpoint. It fails only when ctx has ended.
+func (e *env) checkpoint(ctx context.Context, pool *pgxpool.Pool, scenario, what string) error {
+	if _, err := pool.Exec(ctx, "CHECKPOINT"); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		e.res.Note(scenario, "CHECKPOINT %s failed (%v); cases may overlap a checkpoint", what, err)
+	}
+	return nil
+}
+
 // prefill inserts n messages spread round-robin over queues with
 // EnqueueMany in batches.
 func prefill(ctx context.Context, pool *pgxpool.Pool, queues []string, n, batch int) error {

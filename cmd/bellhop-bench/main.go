@@ -6,7 +6,8 @@
 // settings (fsync, synchronous_commit and full_page_writes on) plus
 // shared_preload_libraries=pg_stat_statements, listening on TCP and a unix
 // socket. With DATABASE_URL (or -database-url) it uses that server
-// instead; its user must be allowed to CREATE DATABASE.
+// instead; the -h text lists what its user must be allowed (see
+// privilegesHelp).
 //
 // Every scenario runs -runs times (default 3), each run in a fresh
 // database cloned from a migrated template, and the table shows the median
@@ -42,6 +43,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/internal/pgdsn"
 )
 
 // params are a run's sizes; -quick scales them down.
@@ -72,6 +74,7 @@ type params struct {
 	producerConcurrency []int
 	producerDuration    time.Duration
 	bulkRows            int
+	busyBacklog         int
 
 	scaleQueues   int
 	scaleRate     int
@@ -92,7 +95,7 @@ func fullParams() params {
 		prefillBatch: 5000, throughputTimeout: 15 * time.Minute,
 		loadRates: []int{1000, 5000}, loadDuration: 30 * time.Second,
 		idleConsumers: 1000, idleDuration: 120 * time.Second, idleSettle: 12 * time.Second,
-		producerConcurrency: []int{1, 8, 32, 64}, producerDuration: 10 * time.Second, bulkRows: 10_000,
+		producerConcurrency: []int{1, 8, 32, 64}, producerDuration: 10 * time.Second, bulkRows: 10_000, busyBacklog: 150_000,
 		scaleQueues: 10_000, scaleRate: 1000, scaleDuration: 20 * time.Second,
 		riverLatencyN: 2000, riverBurndownN: 20_000, riverWorkers: []int{10, 2000},
 	}
@@ -111,6 +114,7 @@ func quickParams() params {
 	p.idleSettle = 11 * time.Second
 	p.producerDuration = time.Second
 	p.bulkRows = 1000
+	p.busyBacklog = 15_000
 	p.scaleQueues = 1000
 	p.scaleDuration = 2 * time.Second
 	p.riverLatencyN = 200
@@ -159,7 +163,16 @@ type options struct {
 	sequential  bool
 	timeline    bool
 	dump        string
+	// args is the command line, as the report records it (redacted).
+	args []string
 }
+
+// privilegesHelp is what the user of -database-url must be allowed, for
+// the -h text.
+const privilegesHelp = "its user needs CREATEDB; pg_read_all_settings (the report reads shared_preload_libraries, or the tool stops); " +
+	"for the statement counts, pg_stat_statements preloaded, the extension created in database postgres (the tool tries CREATE EXTENSION, which takes a superuser) " +
+	"and EXECUTE on pg_stat_statements_reset (without it the idle scenario fails and the others record no statement evidence); " +
+	"and pg_checkpoint (without it the CHECKPOINT before a case is skipped and noted). A superuser has all of these"
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o := &options{}
@@ -170,7 +183,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		fs.PrintDefaults()
 	}
 	only := fs.String("only", "", "comma-separated scenarios to run (default all): "+strings.Join(scenarioNames(), ","))
-	fs.StringVar(&o.databaseURL, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL server to use instead of a throwaway cluster (default $DATABASE_URL); its user must be allowed to CREATE DATABASE")
+	// The default is empty, not $DATABASE_URL itself: -h prints defaults,
+	// and a URL's password with them.
+	fs.StringVar(&o.databaseURL, "database-url", "", "PostgreSQL server to use instead of a throwaway cluster (if empty, $DATABASE_URL; if that is empty too, a throwaway cluster); "+privilegesHelp)
 	fs.IntVar(&o.runs, "runs", 3, "runs per scenario; the table shows the median, min and max")
 	fs.BoolVar(&o.quick, "quick", false, "about 10x fewer messages and shorter durations, for a smoke test")
 	fs.StringVar(&o.markdown, "markdown", "", "also write the report as Markdown to this file")
@@ -185,6 +200,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.verbose, "v", false, "log the dispatchers' info messages to stderr (default: warnings)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	if o.databaseURL == "" {
+		o.databaseURL = os.Getenv("DATABASE_URL")
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
@@ -220,6 +238,7 @@ func main() {
 		fmt.Fprintf(os.Stderr, "bellhop-bench: %v\n", err)
 		os.Exit(2)
 	}
+	o.args = os.Args
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	code, err := run(ctx, o, os.Stdout, os.Stderr)
@@ -300,7 +319,7 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) (int, error)
 	}
 	p.Runs = o.runs
 	p.poolMaxConns = o.poolMax
-	rep := &Report{Started: time.Now(), Command: strings.Join(os.Args, " "), Machine: machineInfo(), Params: p, Sequential: o.sequential}
+	rep := &Report{Started: time.Now(), Command: commandLine(o.args), Machine: machineInfo(), Params: p, Sequential: o.sequential}
 
 	level := zerolog.WarnLevel
 	if o.verbose {
@@ -340,7 +359,9 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) (int, error)
 	e.logf("starting PostgreSQL (%s)", serverDesc(o.databaseURL))
 	e.srv, err = startServer(ctx, o.databaseURL, nil)
 	if err != nil {
-		return 1, err
+		// The URL's password must not reach the terminal in an error
+		// that quotes the URL.
+		return 1, pgdsn.RedactError(err, o.databaseURL)
 	}
 	defer func() {
 		if err := e.srv.close(); err != nil {
@@ -386,6 +407,7 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) (int, error)
 		e.logf("%s: run %d of %d (load average %s)", sc.title, r, p.Runs, la)
 		t0 := time.Now()
 		c0, cok := readCPUTimes()
+		e.res.StartRun(r)
 		err := sc.run(ctx, e, r)
 		cpu := "cpu unknown"
 		if c1, ok := readCPUTimes(); ok && cok {
@@ -393,7 +415,8 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) (int, error)
 		}
 		rep.Load = append(rep.Load, fmt.Sprintf("%s run %d: load average %s at start, %s at end (%s); %s", sc.name, r, la, loadavg(), time.Since(t0).Round(time.Second), cpu))
 		if err != nil {
-			msg := fmt.Sprintf("%s run %d: %v", sc.name, r, err)
+			e.res.FailRun(sc.name, r)
+			msg := fmt.Sprintf("%s run %d: %v", sc.name, r, pgdsn.RedactError(err, o.databaseURL))
 			e.res.Errors = append(e.res.Errors, msg)
 			e.logf("FAILED %s", msg)
 			continue
@@ -435,6 +458,26 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) (int, error)
 		return 1, fmt.Errorf("%d scenario run(s) failed", len(rep.Errors))
 	}
 	return 0, nil
+}
+
+// commandLine is args as the report records them, with the password of
+// a -database-url value hidden: the report goes to stdout and to files
+// that get shared.
+func commandLine(args []string) string {
+	out := slices.Clone(args)
+	for i := 0; i < len(out); i++ {
+		name, value, hasValue := strings.Cut(strings.TrimLeft(out[i], "-"), "=")
+		if !strings.HasPrefix(out[i], "-") || name != "database-url" {
+			continue
+		}
+		if hasValue {
+			out[i] = out[i][:len(out[i])-len(value)] + pgdsn.Redact(value)
+		} else if i+1 < len(out) {
+			i++
+			out[i] = pgdsn.Redact(out[i])
+		}
+	}
+	return strings.Join(out, " ")
 }
 
 func runOrder(sequential bool) string {
@@ -623,5 +666,6 @@ func writeReport(w io.Writer, rep *Report, md bool) {
 		for _, e := range rep.Errors {
 			item("%s", e)
 		}
+		item("what these runs measured before they failed is left out of the table and the targets")
 	}
 }

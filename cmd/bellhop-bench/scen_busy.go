@@ -25,11 +25,6 @@ var busyModes = []struct {
 	{"trigger on, busy marks disabled", true, true},
 }
 
-// busyBacklog is the backlog in front of the producers in the draining
-// cases: more than the dispatcher can claim in the producer duration, so
-// that it drains throughout, whether or not notifications wake it.
-const busyBacklog = 150_000
-
 // busyCase names a case of scenario 6b.
 func busyCase(p int, backlog bool, mode string) string {
 	if backlog {
@@ -60,10 +55,10 @@ func runBusy(ctx context.Context, e *env, run int) error {
 		producers int
 		backlog   bool
 	}
-	backlog := busyBacklog
-	if e.p.Quick {
-		backlog /= 10
-	}
+	// The backlog in front of the producers in the draining cases: more
+	// than the dispatcher can claim in the producer duration, so that it
+	// drains throughout, whether or not notifications wake it.
+	backlog := e.p.busyBacklog
 	// Even runs take the modes in reverse order, so that a drift within
 	// a run (autovacuum, the machine's load) does not always fall on the
 	// same mode.
@@ -96,7 +91,7 @@ func runBusy(ctx context.Context, e *env, run int) error {
 			}
 			// The prefill's WAL would otherwise bring a checkpoint, and its
 			// full-page writes, into whichever case comes next.
-			if _, err := setup.Exec(ctx, "CHECKPOINT"); err != nil {
+			if err := e.checkpoint(ctx, setup, "busy", "before a case"); err != nil {
 				return err
 			}
 			r, err := produceWhileDraining(ctx, e, db, s.producers, m.disableMarks)
@@ -121,17 +116,22 @@ func runBusy(ctx context.Context, e *env, run int) error {
 		return err
 	}
 	e.res.Note("busy", "one queue with a consumer served by a no-op Go handler (max in-flight 10) in a dispatcher in this process; producers as in scenario 6 for %s per case, each case after TRUNCATE (and the backlog, if any) and CHECKPOINT, the modes in reverse order in even runs; busy marks disabled with DispatcherConfig.DisableBusyMarks; the trigger disabled with ALTER TABLE ... DISABLE TRIGGER", e.p.producerDuration)
+	e.res.Note("busy", "'acked while producing': the acks the dispatcher reported from the producers' start to the return of the last Enqueue, over that time, the window 'enqueues/s' is counted in")
 	e.res.Note("busy", "'draining': %d messages enqueued (EnqueueMany, then VACUUM ANALYZE) before the dispatcher starts, so that it claims throughout in every mode; 'backlog left' counts those still there when the producers stop (0 would mean the dispatcher ran dry). 'keeping up': no backlog; with the trigger off the dispatcher only finds messages at its fallback poll, so it does no work and that row is an upper bound", backlog)
 	return nil
 }
 
 // drainRun is what produceWhileDraining measured.
 type drainRun struct {
+	// start is before the producers' pool opened: every message of the
+	// backlog was enqueued before it.
 	start    time.Time
 	enqueued int
-	acked    int64
-	elapsed  time.Duration
-	waits    map[string]int
+	// acked is how many acks the dispatcher reported while the
+	// producers ran: over elapsed, the window enqueued is counted in.
+	acked   int64
+	elapsed time.Duration
+	waits   map[string]int
 }
 
 // produceWhileDraining runs a dispatcher on db and p producers for the
@@ -163,11 +163,9 @@ func produceWhileDraining(ctx context.Context, e *env, db *database, p int, disa
 			return drainRun{}, err
 		}
 	}
-	r := drainRun{start: time.Now()}
-	before := obs.acked.Load()
-	r.enqueued, r.elapsed, r.waits, err = produceFor(ctx, db, p, e.p.producerDuration)
-	r.acked = obs.acked.Load() - before
-	return r, err
+	start := time.Now()
+	pr, err := produceFor(ctx, db, p, e.p.producerDuration, obs.acked.Load)
+	return drainRun{start: start, enqueued: pr.sent, acked: pr.counted, elapsed: pr.elapsed, waits: pr.waits}, err
 }
 
 // countBefore counts the messages enqueued before t that are still queued.

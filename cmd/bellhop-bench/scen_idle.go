@@ -28,7 +28,9 @@ func runIdle(ctx context.Context, e *env, run int) error {
 	}
 	if db.s.pss {
 		if err := db.resetStatements(ctx); err != nil {
-			return err
+			// The start-up and window counts need the resets: without
+			// them they would hold the set-up's statements too.
+			return fmt.Errorf("reset pg_stat_statements (the user needs EXECUTE on pg_stat_statements_reset): %w", err)
 		}
 	}
 	obs := newObserver(0)
@@ -72,7 +74,7 @@ func runIdle(ctx context.Context, e *env, run int) error {
 			e.evidence.addStatements("idle: start-up statements (run 1)", st, 6)
 		}
 		if err := db.resetStatements(ctx); err != nil {
-			return err
+			return fmt.Errorf("reset pg_stat_statements (the user needs EXECUTE on pg_stat_statements_reset): %w", err)
 		}
 	}
 	x0, err := db.transactions(ctx)

@@ -88,14 +88,11 @@ func latencyOnce(ctx context.Context, e *env, cas string, run int, at reportAs) 
 	}
 	h := &hooks{disableMarks: cas == caseGoNoMarks, leaseAtInsert: cas == caseGoLease, claims: &claimTracer{}}
 	if db.s.pss && run == 1 {
-		h.settled = func(time.Duration) { _ = db.resetStatements(ctx) }
-		h.delivered = func() {
-			if st, err := db.statements(ctx); err == nil {
-				e.evidence.addStatements(at.scenario+": "+at.label+" (run 1)", st, 8)
-			}
-		}
+		w := &stmtWindow{e: e, db: db, scenario: at.scenario, label: at.scenario + ": " + at.label + " (run 1)", top: 8}
+		h.settled = func(time.Duration) { w.open(ctx) }
+		h.delivered = func() { w.close(ctx) }
 	}
-	st, _, err := latencyRunRate(ctx, e, db, []string{"lat"}, spec, res, rec, e.p.latencyInterval, 1, h)
+	st, _, err := latencyRunRate(ctx, e, db, at, run, []string{"lat"}, spec, res, rec, e.p.latencyInterval, 1, h)
 	if err != nil {
 		return st, err
 	}
@@ -232,7 +229,11 @@ type hooks struct {
 	warmup time.Duration
 }
 
-func latencyRunRate(ctx context.Context, e *env, db *database, queues []string, spec bellhop.ConsumerSpec,
+// latencyRunRate runs one latency measurement on db: consumers on
+// queues, a dispatcher, and producers sending rec's messages interval
+// apart; it returns their latencies and the rate at which they were sent.
+// at and run name the measurement in what it notes.
+func latencyRunRate(ctx context.Context, e *env, db *database, at reportAs, run int, queues []string, spec bellhop.ConsumerSpec,
 	res bellhop.Resolver, rec *recorder, interval time.Duration, producers int, h *hooks) (latencyStats, float64, error) {
 	if h == nil {
 		h = &hooks{}
@@ -279,7 +280,9 @@ func latencyRunRate(ctx context.Context, e *env, db *database, queues []string, 
 	}
 	if h.warmup > 0 {
 		warmN := int(h.warmup / interval)
-		sent, _, err := pace(ctx, warmN, interval, 0, producers, func(ctx context.Context, i int) error {
+		// The warm-up lasts h.warmup, as the measured part lasts
+		// h.duration: producers that fall behind stop at its end.
+		sent, _, err := pace(ctx, warmN, interval, h.warmup, producers, func(ctx context.Context, i int) error {
 			_, err := client.Enqueue(ctx, benchApp, queues[rand.N(len(queues))], warmupBody, bellhop.EnqueueOptions{})
 			return err
 		})
@@ -346,7 +349,7 @@ func latencyRunRate(ctx context.Context, e *env, db *database, queues []string, 
 		h.delivered()
 	}
 	if rec.dups.Load() > 0 || rec.bad.Load() > 0 {
-		e.res.Note("latency", "warning: %d duplicate and %d unparsable deliveries", rec.dups.Load(), rec.bad.Load())
+		e.res.Note(at.scenario, "warning: %s, run %d: %d duplicate and %d unparsable deliveries", at.label, run, rec.dups.Load(), rec.bad.Load())
 	}
 	return rec.stats(), rate(sent, elapsed), nil
 }

@@ -64,15 +64,12 @@ func loadOnce(ctx context.Context, e *env, c loadRun, run int) error {
 	if run == 1 {
 		h.sampleWaits = "load: " + cas + " (run 1), all sessions"
 		if db.s.pss {
-			h.settled = func(time.Duration) { _ = db.resetStatements(ctx) }
-			h.delivered = func() {
-				if st, err := db.statements(ctx); err == nil {
-					e.evidence.addStatements("load: "+cas+" (run 1), while producing", st, 6)
-				}
-			}
+			w := &stmtWindow{e: e, db: db, scenario: "load", label: "load: " + cas + " (run 1), while producing", top: 6}
+			h.settled = func(time.Duration) { w.open(ctx) }
+			h.delivered = func() { w.close(ctx) }
 		}
 	}
-	st, achieved, err := latencyRunRate(ctx, e, db, []string{"load"}, bellhop.ConsumerSpec{MaxInFlight: c.inFlight}, every(rec.handler()), rec,
+	st, achieved, err := latencyRunRate(ctx, e, db, reportAs{"load", cas}, run, []string{"load"}, bellhop.ConsumerSpec{MaxInFlight: c.inFlight}, every(rec.handler()), rec,
 		time.Second/time.Duration(r), producersFor(r), h)
 	if err != nil {
 		return err
@@ -82,7 +79,7 @@ func loadOnce(ctx context.Context, e *env, c loadRun, run int) error {
 		printTimeline(e.progress, rec)
 	}
 	addLatency(e.res, "load", cas, st, true)
-	e.res.Add(Metric{Scenario: "load", Case: cas, Name: "achieved enqueue rate", Unit: "msgs/s"}, achieved)
+	e.res.Add(Metric{Scenario: "load", Case: cas, Name: mAchievedRate, Unit: "msgs/s"}, achieved)
 	e.res.Add(Metric{Scenario: "load", Case: cas, Name: "delivered while producing", Unit: "msgs/s"}, rec.deliveredBy(time.Duration(achievedWindow(rec))))
 	return nil
 }

@@ -49,14 +49,10 @@ func runProducer(ctx context.Context, e *env, run int) error {
 		return err
 	}
 	reset := func() error {
-		_, err := setup.Exec(ctx, "TRUNCATE queue_messages")
-		if err == nil {
-			_, err = setup.Exec(ctx, "CHECKPOINT")
-			if err != nil {
-				err = nil // not superuser: fine, just noisier
-			}
+		if _, err := setup.Exec(ctx, "TRUNCATE queue_messages"); err != nil {
+			return err
 		}
-		return err
+		return e.checkpoint(ctx, setup, "producer", "after the TRUNCATE before a case")
 	}
 	for _, p := range e.p.producerConcurrency {
 		for _, on := range []bool{true, false} {
@@ -66,13 +62,13 @@ func runProducer(ctx context.Context, e *env, run int) error {
 			if err := reset(); err != nil {
 				return err
 			}
-			n, elapsed, waits, err := produceFor(ctx, db, p, e.p.producerDuration)
+			r, err := produceFor(ctx, db, p, e.p.producerDuration, nil)
 			if err != nil {
 				return fmt.Errorf("%s: %w", producerCase(p, on), err)
 			}
-			e.res.Add(Metric{Scenario: "producer", Case: producerCase(p, on), Name: "enqueues/s (1 msg per transaction)", Unit: "msgs/s"}, rate(n, elapsed))
+			e.res.Add(Metric{Scenario: "producer", Case: producerCase(p, on), Name: "enqueues/s (1 msg per transaction)", Unit: "msgs/s"}, rate(r.sent, r.elapsed))
 			if run == 1 {
-				e.evidence.WaitEvents = append(e.evidence.WaitEvents, WaitSample{Case: "producer: " + producerCase(p, on) + " (run 1), producers' sessions", Counts: waits})
+				e.evidence.WaitEvents = append(e.evidence.WaitEvents, WaitSample{Case: "producer: " + producerCase(p, on) + " (run 1), producers' sessions", Counts: r.waits})
 			}
 		}
 	}
@@ -97,13 +93,29 @@ func runProducer(ctx context.Context, e *env, run int) error {
 	return nil
 }
 
-// produceFor runs p producers for d and returns how many messages they
-// enqueued, the exact time it took, and wait events of the producers'
-// backends sampled every 50ms.
-func produceFor(ctx context.Context, db *database, p int, d time.Duration) (int, time.Duration, map[string]int, error) {
+// produced is what produceFor measured.
+type produced struct {
+	// sent is how many messages the producers enqueued in elapsed, the
+	// exact time from their start to the return of the last.
+	sent    int
+	elapsed time.Duration
+	// counted is how much the counter given to produceFor grew over
+	// that same window.
+	counted int64
+	// waits are wait events of the producers' backends sampled every
+	// 50ms.
+	waits map[string]int
+}
+
+// produceFor runs p producers for d. counter, if not nil, is read right
+// as the producers start and right as the last returns, so that what it
+// counts (the dispatcher's acks, say) is over the window that elapsed
+// measures, not over the opening of the producers' pool before it or
+// the wait for the sampler after.
+func produceFor(ctx context.Context, db *database, p int, d time.Duration, counter func() int64) (produced, error) {
 	pool, err := openPool(ctx, db.DSN, p, map[string]string{"application_name": "bench-producer"})
 	if err != nil {
-		return 0, 0, nil, err
+		return produced{}, err
 	}
 	defer pool.Close()
 	client := bellhop.NewClient(pool)
@@ -118,6 +130,10 @@ func produceFor(ctx context.Context, db *database, p int, d time.Duration) (int,
 		defer close(sampled)
 		sampleWaits(rctx, db, "bench-producer", waits)
 	}()
+	if counter == nil {
+		counter = func() int64 { return 0 }
+	}
+	c0 := counter()
 	start := time.Now()
 	deadline := start.Add(d)
 	var wg sync.WaitGroup
@@ -134,9 +150,10 @@ func produceFor(ctx context.Context, db *database, p int, d time.Duration) (int,
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	counted := counter() - c0
 	cancel()
 	<-sampled
-	return int(count.Load()), elapsed, waits, firstErr
+	return produced{sent: int(count.Load()), elapsed: elapsed, counted: counted, waits: waits}, firstErr
 }
 
 // sampleWaits counts the wait events of db's sessions every 50ms until

@@ -18,23 +18,50 @@ func scaleCase(queues, r int) string {
 	return fmt.Sprintf("%s queues, %s msgs/s to random queues", groupThousands(fmt.Sprint(queues)), groupThousands(fmt.Sprint(r)))
 }
 
+// Scale metric names, used by the targets too.
+const (
+	mAchievedRate  = "achieved enqueue rate"
+	mScaleP99Ratio = "p99 ratio"
+)
+
+// scaleRatioCase names the per-run comparison of the two scale cases.
+func scaleRatioCase(p params) string {
+	return fmt.Sprintf("%s queues ÷ 1 queue, same run", groupThousands(fmt.Sprint(p.scaleQueues)))
+}
+
 // runScale: many queues, each with a consumer, and a producer sending to
 // random ones; latency and the dispatcher's memory.
 func runScale(ctx context.Context, e *env, run int) error {
 	// The one-queue reference runs right before, under the same
-	// conditions, so the two compare on a shared, noisy machine.
-	for _, queues := range []int{1, e.p.scaleQueues} {
-		if err := scaleOnce(ctx, e, run, queues); err != nil {
+	// conditions, so the two compare on a shared, noisy machine; the
+	// target takes the ratio of each such pair, as the River scenario's
+	// back-to-back pairs do.
+	var p99 [2]float64
+	for i, queues := range []int{1, e.p.scaleQueues} {
+		st, err := scaleOnce(ctx, e, run, queues)
+		if err != nil {
 			return fmt.Errorf("%s: %w", scaleCase(queues, e.p.scaleRate), err)
 		}
+		p99[i] = st.P99
 	}
+	addScaleRatio(e.res, e.p, p99[0], p99[1])
+	e.res.Note("scale", "'%s': each run's p99 with %s queues over its own p99 with 1 queue, measured right before; the target takes the median of these per-run ratios, and fails if in any run either case reached less than 95%% of %s msgs/s",
+		scaleRatioCase(e.p), groupThousands(fmt.Sprint(e.p.scaleQueues)), groupThousands(fmt.Sprint(e.p.scaleRate)))
 	return nil
 }
 
-func scaleOnce(ctx context.Context, e *env, run, queues int) error {
+// addScaleRatio records a run's p99 with many queues over its p99 with
+// one.
+func addScaleRatio(r *Results, p params, one, many float64) {
+	r.Add(Metric{Scenario: "scale", Case: scaleRatioCase(p), Name: mScaleP99Ratio, Unit: "×", LowerIsBetter: true}, many/one)
+}
+
+// scaleOnce measures the scale case with queues queues and returns its
+// latencies.
+func scaleOnce(ctx context.Context, e *env, run, queues int) (latencyStats, error) {
 	db, err := e.srv.newDatabase(ctx, "scale", true)
 	if err != nil {
-		return err
+		return latencyStats{}, err
 	}
 	defer db.drop()
 	cas := scaleCase(queues, e.p.scaleRate)
@@ -68,7 +95,12 @@ func scaleOnce(ctx context.Context, e *env, run, queues int) error {
 		sample()
 	}
 	h := &hooks{
-		warmup: min(2*time.Second, e.p.scaleDuration/4),
+		// The producers stop at the end of the period whether or not
+		// they kept up, as in the load scenario: the rate check of the
+		// target then sees the shortfall as a rate, and a run that fell
+		// behind does not go on for minutes.
+		duration: e.p.scaleDuration,
+		warmup:   min(2*time.Second, e.p.scaleDuration/4),
 		beforeStart: func() error {
 			// Everything but the dispatcher exists now: the consumers
 			// are registered, the producers' pool is open and the
@@ -105,30 +137,29 @@ func scaleOnce(ctx context.Context, e *env, run, queues int) error {
 	if run == 1 && queues > 1 {
 		h.sampleWaits = "scale: " + cas + " (run 1), all sessions"
 		if db.s.pss {
+			w := &stmtWindow{e: e, db: db, scenario: "scale", label: "scale: " + cas + " (run 1), while producing", top: 8}
 			settled := h.settled
-			h.settled = func(d time.Duration) { settled(d); _ = db.resetStatements(ctx) }
+			h.settled = func(d time.Duration) { settled(d); w.open(ctx) }
 			h.delivered = func() {
 				delivered()
-				if st, err := db.statements(ctx); err == nil {
-					e.evidence.addStatements("scale: "+cas+" (run 1), while producing", st, 8)
-				}
+				w.close(ctx)
 			}
 		}
 	}
-	st, achieved, err := latencyRunRate(ctx, e, db, queueNames(queues), bellhop.ConsumerSpec{}, every(rec.handler()), rec,
+	st, achieved, err := latencyRunRate(ctx, e, db, reportAs{"scale", cas}, run, queueNames(queues), bellhop.ConsumerSpec{}, every(rec.handler()), rec,
 		time.Second/time.Duration(e.p.scaleRate), producersFor(e.p.scaleRate), h)
 	if err != nil {
-		return err
+		return st, err
 	}
 	if stopProfile != nil {
 		stopProfile()
 	}
 	if err := rec.dump(e, "scale", cas, run); err != nil {
-		return err
+		return st, err
 	}
 	const mib = 1 << 20
 	addLatency(e.res, "scale", cas, st, true)
-	e.res.Add(Metric{Scenario: "scale", Case: cas, Name: "achieved enqueue rate", Unit: "msgs/s"}, achieved)
+	e.res.Add(Metric{Scenario: "scale", Case: cas, Name: mAchievedRate, Unit: "msgs/s"}, achieved)
 	e.res.Add(Metric{Scenario: "scale", Case: cas, Name: "dispatcher RSS (peak VmRSS − baseline)", Unit: "MiB", LowerIsBetter: true}, float64(peak.Load()-baseline)/mib)
 	e.res.Add(Metric{Scenario: "scale", Case: cas, Name: "dispatcher RSS (VmRSS at end − baseline)", Unit: "MiB", LowerIsBetter: true}, float64(end-baseline)/mib)
 	e.res.Add(Metric{Scenario: "scale", Case: cas, Name: "goroutines at end (whole process)", Unit: "goroutines", LowerIsBetter: true}, float64(goroutines))
@@ -137,6 +168,7 @@ func scaleOnce(ctx context.Context, e *env, run, queues int) error {
 	e.res.Add(Metric{Scenario: "scale", Case: cas, Name: "start-up: ready → claims settled", Unit: "s", LowerIsBetter: true}, settle.Seconds())
 	e.res.Note("scale", "%d queues (and, right before it in each run, the same with 1 queue, as the reference), one consumer each (defaults), one no-op Go handler through a Resolver; after the start-up claims settle, %s at %d msgs/s, each to a random queue, one Client.Enqueue per message from %d producer goroutines (who stop at the end of the period whether or not they kept up), after a warm-up of %s at the same rate, delivered but not measured (since 2026-11-30: the pools open their connections lazily, and new server sessions are slow at first); latency as in the latency scenario; unix socket",
 		e.p.scaleQueues, e.p.scaleDuration, e.p.scaleRate, producersFor(e.p.scaleRate), min(2*time.Second, e.p.scaleDuration/4))
+	e.res.Note("scale", "'%s': messages sent divided by the time from the first scheduled send to the return of the last Enqueue", mAchievedRate)
 	e.res.Note("scale", "RSS: the dispatcher runs in this process; VmRSS from /proc/self/status sampled every 250ms from just before Dispatcher.Run (start-up claims included) to the last delivery, minus a baseline taken just before Dispatcher.Run (after GC and FreeOSMemory; consumers registered, producer pool open, latency arrays allocated); so it includes the latency payloads in flight and Go heap not yet returned to the OS")
-	return nil
+	return st, nil
 }

@@ -82,8 +82,8 @@ func throughputOnce(ctx context.Context, e *env, run int, c throughputCase, at r
 	if _, err := setup.Exec(ctx, "VACUUM ANALYZE queue_messages"); err != nil {
 		return 0, err
 	}
-	if _, err := setup.Exec(ctx, "CHECKPOINT"); err != nil {
-		e.res.Note(at.scenario, "CHECKPOINT before the burn-down failed (%v); runs may overlap a checkpoint", err)
+	if err := e.checkpoint(ctx, setup, at.scenario, "before the burn-down"); err != nil {
+		return 0, err
 	}
 	setup.Close()
 
@@ -111,10 +111,10 @@ func throughputOnce(ctx context.Context, e *env, run int, c throughputCase, at r
 			}
 		}()
 	}
+	var stmts *stmtWindow
 	if run == 1 && db.s.pss {
-		if err := db.resetStatements(ctx); err != nil {
-			return 0, err
-		}
+		stmts = &stmtWindow{e: e, db: db, scenario: at.scenario, label: at.scenario + ": " + at.label + " (run 1)", top: 6}
+		stmts.open(ctx)
 	}
 	start = time.Now()
 	obs.start = start
@@ -154,10 +154,8 @@ func throughputOnce(ctx context.Context, e *env, run int, c throughputCase, at r
 	e.res.Add(Metric{Scenario: at.scenario, Case: at.label, Name: mToLast, Unit: "msgs/s"}, rate(c.N, last))
 	e.res.Add(Metric{Scenario: at.scenario, Case: at.label, Name: mToEmpty, Unit: "msgs/s"}, rate(c.N, empty))
 	e.res.Add(Metric{Scenario: at.scenario, Case: at.label, Name: "start → first handler", Unit: "ms", LowerIsBetter: true}, float64(firstAt.Load())/1e6)
-	if run == 1 && db.s.pss {
-		if st, err := db.statements(ctx); err == nil {
-			e.evidence.addStatements(at.scenario+": "+at.label+" (run 1)", st, 6)
-		}
+	if stmts != nil {
+		stmts.close(ctx)
 	}
 	return rate(c.N, empty), nil
 }

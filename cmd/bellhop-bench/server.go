@@ -204,6 +204,44 @@ func (db *database) resetStatements(ctx context.Context) error {
 	return db.s.adminExec(ctx, "SELECT pg_stat_statements_reset(0, $1::oid, 0)", db.OID)
 }
 
+// stmtWindow gathers pg_stat_statements evidence of db over a stretch
+// of a scenario run: open resets the statistics, close files what was
+// counted since under label.
+type stmtWindow struct {
+	e               *env
+	db              *database
+	scenario, label string
+	top             int
+	opened          bool
+}
+
+// open resets db's statement statistics. When the reset fails (its user
+// may not EXECUTE pg_stat_statements_reset) what close would read counts
+// the run's set-up statements too: it is noted under the scenario, and
+// close files nothing.
+func (w *stmtWindow) open(ctx context.Context) {
+	if err := w.db.resetStatements(ctx); err != nil {
+		w.e.res.Note(w.scenario, "%s: no statement evidence: pg_stat_statements_reset failed (%v), so the statements counted would include the set-up's", w.label, pgdsn.RedactError(err, w.db.s.adminDSN))
+		w.opened = false
+		return
+	}
+	w.opened = true
+}
+
+// close files db's statements since open as evidence, if open's reset
+// succeeded.
+func (w *stmtWindow) close(ctx context.Context) {
+	if !w.opened {
+		return
+	}
+	st, err := w.db.statements(ctx)
+	if err != nil {
+		w.e.res.Note(w.scenario, "%s: no statement evidence: reading pg_stat_statements failed (%v)", w.label, pgdsn.RedactError(err, w.db.s.adminDSN))
+		return
+	}
+	w.e.evidence.addStatements(w.label, st, w.top)
+}
+
 // statements returns db's statements since the last reset, by total time.
 func (db *database) statements(ctx context.Context) ([]stmtStat, error) {
 	if !db.s.pss {

@@ -61,27 +61,50 @@ type Metric struct {
 }
 
 // Results collects the values of every metric across runs, in the order
-// metrics were first seen.
+// metrics were first seen, each value with the run it came from.
 type Results struct {
 	order  []Metric
-	values map[Metric][]float64
+	values map[Metric][]runValue
 	// Notes are free-form lines per scenario (transport, settings used,
 	// load averages, errors), printed under the table.
 	notes map[string][]string
 	// Errors holds failed scenario runs.
 	Errors []string
+	// run is the scenario run under way, which Add tags values with.
+	run int
+	// failed holds, per scenario, the runs that failed (listed under
+	// Errors): a run that stopped part way may have recorded some of its
+	// figures, and neither the medians nor the targets take them.
+	failed map[string][]int
+}
+
+// runValue is one value of a metric and the scenario run it came from.
+type runValue struct {
+	Run int
+	V   float64
 }
 
 func newResults() *Results {
-	return &Results{values: map[Metric][]float64{}, notes: map[string][]string{}}
+	return &Results{values: map[Metric][]runValue{}, notes: map[string][]string{}, failed: map[string][]int{}}
 }
 
-// Add records one value of m.
+// StartRun tags the values Add records from now on with run.
+func (r *Results) StartRun(run int) { r.run = run }
+
+// FailRun marks run of scenario as failed: the values it recorded are
+// left out of the table and the targets from now on.
+func (r *Results) FailRun(scenario string, run int) {
+	if !slices.Contains(r.failed[scenario], run) {
+		r.failed[scenario] = append(r.failed[scenario], run)
+	}
+}
+
+// Add records one value of m, from the run under way.
 func (r *Results) Add(m Metric, v float64) {
 	if _, ok := r.values[m]; !ok {
 		r.order = append(r.order, m)
 	}
-	r.values[m] = append(r.values[m], v)
+	r.values[m] = append(r.values[m], runValue{Run: r.run, V: v})
 }
 
 // Note records a line about scenario, once.
@@ -99,35 +122,73 @@ type Summary struct {
 	Min    float64   `json:"min"`
 	Max    float64   `json:"max"`
 	Values []float64 `json:"values"`
+	// Runs are the runs Values came from, in the same order.
+	Runs []int `json:"runs"`
 }
 
-// Summaries returns every metric's median, min and max in report order.
+// Summaries returns every metric's median, min and max in report order,
+// over the runs that did not fail.
 func (r *Results) Summaries() []Summary {
 	out := make([]Summary, 0, len(r.order))
 	for _, m := range r.order {
-		v := r.values[m]
-		out = append(out, Summary{Metric: m, Median: median(v), Min: slices.Min(v), Max: slices.Max(v), Values: slices.Clone(v)})
+		rv := r.kept(m)
+		if len(rv) == 0 {
+			continue
+		}
+		s := Summary{Metric: m}
+		for _, x := range rv {
+			s.Values = append(s.Values, x.V)
+			s.Runs = append(s.Runs, x.Run)
+		}
+		s.Median, s.Min, s.Max = median(s.Values), slices.Min(s.Values), slices.Max(s.Values)
+		out = append(out, s)
+	}
+	return out
+}
+
+// kept returns m's values from the runs that did not fail.
+func (r *Results) kept(m Metric) []runValue {
+	var out []runValue
+	for _, x := range r.values[m] {
+		if !slices.Contains(r.failed[m.Scenario], x.Run) {
+			out = append(out, x)
+		}
 	}
 	return out
 }
 
 // Get returns the median of the metric identified by scenario, case and
-// name, and whether it exists.
+// name over the runs that did not fail, and whether it has any such
+// value.
 func (r *Results) Get(scenario, cas, name string) (float64, bool) {
 	v := r.Values(scenario, cas, name)
 	return median(v), v != nil
 }
 
 // Values returns the values of the metric identified by scenario, case
-// and name, in the order they were added (run order).
+// and name, in the order they were added (run order), from the runs that
+// did not fail.
 func (r *Results) Values(scenario, cas, name string) []float64 {
+	var out []float64
+	for _, x := range r.RunValues(scenario, cas, name) {
+		out = append(out, x.V)
+	}
+	return out
+}
+
+// RunValues is Values with the run each value came from.
+func (r *Results) RunValues(scenario, cas, name string) []runValue {
 	for _, m := range r.order {
 		if m.Scenario == scenario && m.Case == cas && m.Name == name {
-			return slices.Clone(r.values[m])
+			return r.kept(m)
 		}
 	}
 	return nil
 }
+
+// FailedRuns returns the runs of scenario that failed, in the order they
+// did.
+func (r *Results) FailedRuns(scenario string) []int { return slices.Clone(r.failed[scenario]) }
 
 // median of an even number of values is the mean of the middle two.
 func median(v []float64) float64 {
