@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -416,5 +417,107 @@ func TestBusyKeysOfCollidingQueues(t *testing.T) {
 	waitFor(t, 10*time.Second, "B's message delivered while A is busy", func() bool { return len(recB.deliveries()) == 1 })
 	if n := len(slow.deliveries()); n == 60 {
 		t.Errorf("A had drained before B's delivery: the test did not make them overlap")
+	}
+}
+
+// fullHolder starts dispatcher A on queue "orders" (MaxInFlight 1, the
+// given busy lease) and leaves it busy and holding the queue's busy key,
+// its one slot taken by a handler that blocks until the test ends, so
+// that it makes no claim pass. It returns the mux serving "orders" with
+// the same handler, for another dispatcher, and the recorder of the
+// deliveries that finished (the blocked one never does).
+func fullHolder(t *testing.T, e *env, lease time.Duration) (*bellhop.Mux, *recorder) {
+	t.Helper()
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", MaxInFlight: 1, VisibilityTimeout: time.Minute})
+	release := make(chan struct{})
+	var blocked atomic.Bool
+	rec := &recorder{result: func(ctx context.Context, m *bellhop.Message) error {
+		if string(m.Payload) == `"block"` {
+			blocked.Store(true)
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+		}
+		return nil
+	}}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", rec)
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour, BusyLease: lease}, nil)
+	t.Cleanup(func() { close(release) }) // before the dispatcher stops
+	// The first pass fills the slot, which makes the lane busy; the next
+	// ones, as the slot frees, take the key, until "block" holds the slot.
+	msgs := []bellhop.NewMessage{{Queue: "orders", Payload: []byte(`1`)}, {Queue: "orders", Payload: []byte(`2`)},
+		{Queue: "orders", Payload: []byte(`3`)}, {Queue: "orders", Payload: []byte(`"block"`)}}
+	if _, err := e.client.EnqueueMany(context.Background(), "app", msgs); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "A's slot taken by the blocking handler", blocked.Load)
+	waitFor(t, 10*time.Second, "A holds the busy key", func() bool {
+		return e.count(t, busyKeyHeld+` AND mode = 'ExclusiveLock'`, "orders") == 1
+	})
+	waitFor(t, 10*time.Second, "A's other deliveries finished", func() bool { return len(rec.deliveries()) == 3 })
+	return mux, rec
+}
+
+// deliveredBy waits until message id's delivery has finished, and returns
+// when it started.
+func deliveredBy(t *testing.T, rec *recorder, id uuid.UUID, timeout time.Duration) time.Time {
+	t.Helper()
+	var at time.Time
+	waitFor(t, timeout, "message "+id.String()+" delivered", func() bool {
+		for _, d := range rec.deliveries() {
+			if d.ID == id {
+				at = d.Start
+				return true
+			}
+		}
+		return false
+	})
+	return at
+}
+
+// TestBusyKeyRefusedKeepsLockSession: a dispatcher B whose lane turns
+// busy while another dispatcher A holds the queue's busy key is refused
+// the key, and its lock session, which then holds no key and sends no
+// keep-alives, must not be timed out. Its Hold used to arm the session's
+// idle_session_timeout all the same: the server ended the session after
+// BusyLease, B's next Hold failed, B counted the key as lost, and settled,
+// a lock check and a claim every 20 ms or less, for as long as A held the
+// key, instead of watching it once per lease.
+func TestBusyKeyRefusedKeepsLockSession(t *testing.T) {
+	e := newEnv(t)
+	const lease = 500 * time.Millisecond
+	mux, rec := fullHolder(t, e, lease)
+	lockSessions := func() int {
+		return e.count(t, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = 'bellhop-busy-locks' AND datname = current_database()`)
+	}
+	if n := lockSessions(); n != 1 {
+		t.Fatalf("%d busy-lock sessions with only A running; want 1", n)
+	}
+	claims := &claimCounter{}
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour, BusyLease: lease},
+		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = claims })
+
+	// B's watch pass claims it (producers are silent), which fills B's
+	// slot: B's lane turns busy, and its next pass asks for the key.
+	first := e.enqueue(t, "orders", "first", bellhop.EnqueueOptions{})
+	deliveredBy(t, rec, first, 10*lease)
+	waitFor(t, 10*lease, "B's lock session opened by its Hold", func() bool { return lockSessions() == 2 })
+	holdsFor(t, 4*lease, "B's lock session alive", func() bool { return lockSessions() == 2 })
+
+	// B turns busy again, and is refused again, not failed.
+	second := e.enqueue(t, "orders", "second", bellhop.EnqueueOptions{})
+	deliveredBy(t, rec, second, 10*lease)
+	before := claims.queue.Load()
+	window := 4 * lease
+	holdsFor(t, window, "B's lock session alive", func() bool { return lockSessions() == 2 })
+	passes := claims.queue.Load() - before
+	t.Logf("B made %d claim passes in %s while A held the key (BusyLease %s)", passes, window, lease)
+	// Watching: about one pass per lease. Settling: one every 20 ms.
+	if limit := int64(3 * window / lease); passes > limit {
+		t.Errorf("B made %d claim passes in %s while A held the key; want about one per lease (%s), at most %d",
+			passes, window, lease, limit)
 	}
 }

@@ -12,12 +12,19 @@
 -- notification goes out with the key's grant (the implicit transaction's
 -- commit) or not at all (model/README.md, finding A).
 --
--- Sets idle_session_timeout so that a hung dispatcher's session, and so its
--- marks, end: the dispatcher sends keep-alives while it holds marks.
+-- Sets idle_session_timeout to @idle_ms while the session holds a key
+-- (this one, or others: @holding), so that a hung dispatcher's session, and
+-- so its marks, end: the dispatcher sends keep-alives while it holds marks,
+-- and only then. A session refused the key that holds none gets 0 (off),
+-- as busy_release.sql leaves it after its last key: with the timeout armed
+-- and no keep-alives, the server ended it after @idle_ms, and the next hold
+-- failed, so that the lane counted the key, held by another dispatcher, as
+-- lost, and settled every 20 ms until that one let go.
 WITH k AS MATERIALIZED (
     SELECT pg_try_advisory_lock(hashtextextended(@app_id::uuid::text || ':' || @queue_name::text, 1650814062)) AS held
 )
-SELECT set_config('idle_session_timeout', @idle_ms::bigint::text, false) IS NULL AS unset,
+SELECT set_config('idle_session_timeout',
+                  (CASE WHEN k.held OR @holding::bool THEN @idle_ms::bigint ELSE 0 END)::text, false) IS NULL AS unset,
        k.held,
        (SELECT count(pg_notify('bellhop', 'b:' || @app_id::uuid::text || ':' || @owner::uuid::text || ':' || @queue_name::text))
         FROM k WHERE k.held) AS notified

@@ -5,14 +5,14 @@
 //
 // The locks end with the session, so a dispatcher that dies loses its
 // marks at once. A dispatcher that hangs loses them to the server's
-// idle_session_timeout, set on the session while it holds any mark; the
-// holder keeps it from firing with keep-alives. A broken or timed-out
-// session loses every mark without the lanes knowing: Release then
-// reports the release as unconfirmed, because the old backend may still
-// hold the key for a moment, and the lane must confirm that the key is
-// free before it sleeps (claim.TryBusyLock). So does a Hold that failed
-// once its statement was sent: the statement may have taken the key
-// before its answer was lost.
+// idle_session_timeout, set on the session while it holds any mark, and
+// only then; the holder keeps it from firing with keep-alives, which it
+// sends only then. A broken or timed-out session loses every mark without
+// the lanes knowing: Release then reports the release as unconfirmed,
+// because the old backend may still hold the key for a moment, and the
+// lane must confirm that the key is free before it sleeps
+// (claim.TryBusyLock). So does a Hold that failed once its statement was
+// sent: the statement may have taken the key before its answer was lost.
 package busylock
 
 import (
@@ -96,10 +96,17 @@ func (h *Holder) Hold(ctx context.Context, k Key) (bool, error) {
 		}
 		h.conn = c
 	}
+	// Whether the session holds other keys: if it is refused this one, its
+	// idle_session_timeout stays armed only then, since keep-alives are
+	// sent only then (Run).
+	h.keys.Lock()
+	holding := len(h.held) > 0
+	h.keys.Unlock()
 	var unset, held bool
 	var notified int64
 	err := h.conn.QueryRow(ctx, queries.BusyHold, queries.Args{
-		"app_id": queries.UUID(k.AppID), "queue_name": k.Queue, "owner": queries.UUID(h.owner), "idle_ms": h.idle.Milliseconds(),
+		"app_id": queries.UUID(k.AppID), "queue_name": k.Queue, "owner": queries.UUID(h.owner),
+		"idle_ms": h.idle.Milliseconds(), "holding": holding,
 	}).Scan(&unset, &held, &notified)
 	if err != nil {
 		h.drop()

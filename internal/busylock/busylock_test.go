@@ -7,6 +7,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -530,4 +531,83 @@ func (c *severable) Close() error {
 		return c.Conn.Close()
 	}
 	return c.Conn.SetDeadline(time.Unix(1, 0))
+}
+
+// TestRefusedHoldLeavesSessionUntimed: a Hold refused because another
+// dispatcher holds the key leaves a session that holds no key without an
+// idle_session_timeout, since the holder sends keep-alives only while it
+// holds keys. It used to arm the timeout all the same: the server ended
+// the silent session after idle (a FATAL in its log), the next Hold
+// failed, and the key, which this holder never had, was counted as lost,
+// so that the lane's settle waited, checking every 20 ms, for as long as
+// the other dispatcher held it. A session that holds other keys keeps its
+// timeout when refused: a hung dispatcher must still lose them.
+func TestRefusedHoldLeavesSessionUntimed(t *testing.T) {
+	f := newFixture(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const idle = 300 * time.Millisecond
+	other := busylock.Key{AppID: f.key.AppID, Queue: "other"}
+	// The other dispatcher, which holds "other" throughout.
+	a := f.holder(t, time.Minute)
+	if ok, err := a.Hold(ctx, other); err != nil || !ok {
+		t.Fatalf("a.Hold(other) = %v, %v; want true", ok, err)
+	}
+
+	t.Run("no keys", func(t *testing.T) {
+		var pid atomic.Uint32
+		b := busylock.New(func(ctx context.Context) (*pgx.Conn, error) {
+			c, err := pgx.Connect(ctx, f.dsn)
+			if err == nil {
+				pid.Store(c.PgConn().PID())
+			}
+			return c, err
+		}, uuid.New(), idle, zerolog.Nop())
+		run, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { b.Run(run); close(done) }() // keep-alives, as a dispatcher runs them
+		defer func() { stop(); <-done }()
+		if ok, err := b.Hold(ctx, other); err != nil || ok {
+			t.Fatalf("b.Hold(other) while a holds it = %v, %v; want false", ok, err)
+		}
+		first := pid.Load()
+		// The server would end the session idle after the Hold: make sure
+		// it lives on for several times that.
+		until := time.Now().Add(5 * idle)
+		for time.Now().Before(until) {
+			var alive bool
+			if err := f.admin.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1)", first).Scan(&alive); err != nil {
+				t.Fatal(err)
+			}
+			if !alive {
+				t.Fatalf("the session refused a key, holding none, ended within %s; idle_session_timeout is %s", 5*idle, idle)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if ok, err := b.Hold(ctx, other); err != nil || ok {
+			t.Errorf("b.Hold(other) again, %s later = %v, %v; want false, no error", 5*idle, ok, err)
+		}
+		if pid.Load() != first {
+			t.Error("b reconnected: its session was lost")
+		}
+		if ok, err := b.Release(ctx, other); err != nil || !ok {
+			t.Errorf("b.Release(other), never held = %v, %v; want confirmed", ok, err)
+		}
+	})
+
+	t.Run("other keys held", func(t *testing.T) {
+		c := f.holder(t, idle) // no Run: a hung dispatcher
+		if ok, err := c.Hold(ctx, f.key); err != nil || !ok {
+			t.Fatalf("c.Hold = %v, %v; want true", ok, err)
+		}
+		if ok, err := c.Hold(ctx, other); err != nil || ok {
+			t.Fatalf("c.Hold(other) while a holds it = %v, %v; want false", ok, err)
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for !f.notifies(t, pgx.ReadCommitted) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the silent session kept its key for 5s after a refused Hold; idle_session_timeout is %s", idle)
+			}
+		}
+	})
 }
