@@ -420,6 +420,9 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 		pass, err := l.claimPass(ctx, free, mark)
 		if err != nil {
 			l.freeSlots(free)
+			if l.busy && ctx.Err() == nil {
+				l.quitBusy(ctx)
+			}
 			return l.retry(ctx, st, err), claimed
 		}
 		l.failures = 0
@@ -581,6 +584,26 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 	return time.Time{}, claimed
 }
 
+// quitBusy ends a busy period whose claim failed, before the lane backs
+// off (retry): a busy lane is woken by its own polls, not by producers,
+// and holding the key through the backoff, up to 10s, kept them silent
+// with nobody polling, though a notification would have woken the lane
+// at once. It releases the key, so that producers announce again, and
+// settles at the next pass as a drained lane does: producers that saw the
+// key may commit after the release without announcing, and the lock check
+// waits for them. The row stays until its lease ends, or a later busy
+// period's mark refreshes it: deleting it costs a statement on the pool
+// that just failed, and only other dispatchers read it, who watch it
+// until it is gone.
+func (l *lane) quitBusy(ctx context.Context) {
+	l.busy = false
+	l.release(ctx)
+	l.settle = true
+	// The next busy period takes the key at its first pass, not once
+	// half the lease of the row written before has gone.
+	l.markedAt = time.Time{}
+}
+
 // claimPass runs one claim pass, combined with other lanes' if theirs
 // are waiting (claim.Combiner, which also says what a stop does to it).
 func (l *lane) claimPass(ctx context.Context, free int, mark bool) (claim.Pass, error) {
@@ -591,7 +614,9 @@ func (l *lane) claimPass(ctx context.Context, free int, mark bool) (claim.Pass, 
 // retry logs a failed statement and says when to try again: backing off
 // from 1s to 10s while the failures last, so that every queue with work
 // does not keep claiming from a database that is away (a notification, or
-// the scan after the listener reconnects, still wakes the lane at once).
+// the scan after the listener reconnects, still wakes the lane at once;
+// a busy lane whose claim failed has released its busy key first, so that
+// its producers notify: quitBusy).
 // No more than 10s: when only the pool failed and the listener stayed,
 // nothing else wakes a queue whose messages are already there.
 // The line is the dispatcher's to throttle, since a failure of the
