@@ -363,7 +363,10 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 		l.backlog.Store(true)
 		free := st.MaxInFlight - int(l.inFlight.Load())
 		if free <= 0 {
-			return time.Time{}, claimed // a finishing delivery pokes us
+			// A finishing delivery pokes us. A busy lane keeps its key
+			// meanwhile: other dispatchers' watch passes find what its
+			// silent producers commit (docs/busy-marks.md, step 2).
+			return time.Time{}, claimed
 		}
 		l.backlog.Store(false)
 		if l.settle && (l.checkFailures == 0 || !time.Now().Before(l.checkAt)) {

@@ -643,3 +643,35 @@ func TestBusyLaneClaimFailureReleasesKey(t *testing.T) {
 			late, after, failed.retryIn.Round(time.Millisecond))
 	}
 }
+
+// TestFullHolderWatched: a busy lane whose slots are all taken keeps the
+// busy key while it waits for one (docs/busy-marks.md, step 2), so its
+// producers stay silent; another dispatcher serving the queue with slots
+// to spare claims their messages at its watch passes, within a BusyLease
+// of each commit, not only when the holder frees a slot (here never).
+func TestFullHolderWatched(t *testing.T) {
+	e := newEnv(t)
+	const lease = 500 * time.Millisecond
+	mux, rec := fullHolder(t, e, lease)
+	claims := &claimCounter{}
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour, BusyLease: lease},
+		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = claims })
+	for i := range 3 {
+		// B's lane has settled after its last delivery (a busy period:
+		// MaxInFlight 1) and only watches, between two watch passes.
+		claims.waitQuiet(t, 10*time.Second, lease/5, "B's lane asleep")
+		id := e.enqueue(t, "orders", i, bellhop.EnqueueOptions{})
+		sent := time.Now()
+		at := deliveredBy(t, rec, id, 10*time.Second)
+		if n := e.count(t, busyKeyHeld+` AND mode = 'ExclusiveLock'`, "orders"); n != 1 {
+			t.Fatalf("%d sessions hold the busy key; want A's", n)
+		}
+		// The test allows a second more, for scheduling.
+		if took := at.Sub(sent); took > lease+time.Second {
+			t.Errorf("message %d delivered %s after its commit while the full holder kept the key; want within a BusyLease (%s) and a margin",
+				i, took.Round(time.Millisecond), lease)
+		} else {
+			t.Logf("message %d delivered %s after its commit", i, took.Round(time.Millisecond))
+		}
+	}
+}
