@@ -537,7 +537,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	d.reclaim.Observe(time.Now())
 	bg.Go(func() { d.control(ctx) })
 	bg.Go(func() { d.touchLoop(ctx) })
-	d.log.Info().Dur("poll_interval", d.cfg.PollInterval).Msg("dispatcher started")
+	d.log.Info().Stringer("poll_interval", d.cfg.PollInterval).Msg("dispatcher started")
 
 	<-ctx.Done()
 	d.ended.Store(true)
@@ -547,7 +547,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	graceOver := make(chan struct{})
 	grace := time.AfterFunc(d.cfg.ShutdownGrace, func() {
 		defer close(graceOver)
-		d.log.Warn().Dur("grace", d.cfg.ShutdownGrace).
+		d.log.Warn().Stringer("grace", d.cfg.ShutdownGrace).
 			Msg("shutdown grace over: cancelling any handler still running; its message is released")
 		handlersCancel()
 	})
@@ -736,7 +736,7 @@ func (d *Dispatcher) control(ctx context.Context) {
 			}
 			reloadFailures++
 			wait := backoff.Delay(reloadFailures, time.Second, 30*time.Second)
-			d.log.Warn().Err(timeout.Explain(rctx, err)).Dur("retry_in", wait).Msg("reloading consumers failed")
+			d.log.Warn().Err(timeout.Explain(rctx, err)).Stringer("retry_in", wait).Msg("reloading consumers failed")
 			retry, retryWake = time.After(wait), wakeAll
 			continue
 		}

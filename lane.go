@@ -635,7 +635,7 @@ func (l *lane) retryAt(ctx context.Context, st *consumerState, err error, failur
 	if ctx.Err() == nil {
 		if ok, held := l.d.claimFailLog.Allow(); ok {
 			l.d.log.Warn().Err(err).Str("app_id", l.target.AppID.String()).Str("queue", st.Queue).
-				Dur("retry_in", wait).Int("held_back", held).
+				Stringer("retry_in", wait).Int("held_back", held).
 				Msg("claim failed (logged at most once every 10s for every queue; held_back counts the others)")
 		}
 	}
@@ -867,7 +867,7 @@ func (l *lane) finish(st *consumerState, m *Message, cm *claim.Message, hctx con
 			msg = "handler cancelled by the stop; message released, attempt refunded"
 		}
 		text := logText(err.Error(), err)
-		l.msgEvent(&log, zerolog.InfoLevel).Str("error", text).Dur("retry_in", retryIn).Msg(msg)
+		l.msgEvent(&log, zerolog.InfoLevel).Str("error", text).Stringer("retry_in", retryIn).Msg(msg)
 		if text != err.Error() {
 			log.Debug().Err(err).Msg("the handler's error in full")
 		}
@@ -921,7 +921,7 @@ func (l *lane) slotDone() {
 func (l *lane) releaseUnstarted(st *consumerState, cm *claim.Message, vt time.Duration) {
 	log := l.d.log.With().Str("app_id", st.AppID.String()).Str("queue", st.Queue).
 		Str("message_id", cm.ID.String()).Int("attempt", cm.Attempt).Logger()
-	log.Warn().Dur("claim_took", time.Since(cm.LeasedAt)).Dur("visibility_timeout", vt).
+	log.Warn().Stringer("claim_took", time.Since(cm.LeasedAt)).Stringer("visibility_timeout", vt).
 		Msg("the claim returned after the lease had run out; releasing the message undelivered")
 	l.d.complete.Submit(claim.Outcome{Message: cm, Verdict: claim.Release, Done: func(_ bool, err error) {
 		// Not when a retry found it released, or reclaimed.

@@ -541,13 +541,17 @@ type claimFailure struct {
 
 func (c *claimFailures) Write(p []byte) (int, error) {
 	var line struct {
-		Message string  `json:"message"`
-		RetryIn float64 `json:"retry_in"` // zerolog's Dur: milliseconds
+		Message string `json:"message"`
+		RetryIn string `json:"retry_in"` // as time.Duration prints it
 	}
 	if json.Unmarshal(p, &line) == nil && strings.HasPrefix(line.Message, "claim failed") {
 		at := time.Now()
+		retryIn, err := time.ParseDuration(line.RetryIn)
+		if err != nil {
+			retryIn = -1 // the test fails on it
+		}
 		c.once.Do(func() {
-			c.seen <- claimFailure{at: at, retryIn: time.Duration(line.RetryIn * float64(time.Millisecond))}
+			c.seen <- claimFailure{at: at, retryIn: retryIn}
 		})
 	}
 	return c.next.Write(p)

@@ -286,7 +286,7 @@ func (l *Listener) armLocked(token string) {
 		l.mu.Unlock()
 		if missed {
 			l.hungRestarts.Add(1)
-			ev := l.cfg.Logger.Warn().Dur("timeout", l.cfg.HeartbeatTimeout)
+			ev := l.cfg.Logger.Warn().Stringer("timeout", l.cfg.HeartbeatTimeout)
 			if !l.beatHeard.Load() {
 				// What a connection that cannot LISTEN looks like: its
 				// LISTEN succeeded on a server session that is not the
@@ -369,7 +369,7 @@ func (l *Listener) logError(ctx context.Context, err error) {
 		// lease channel's name is kept out of the log (Config.LeaseChannel).
 		text = strings.ReplaceAll(text, c, "(the lease channel)")
 	}
-	l.cfg.Logger.Warn().Str("error", text).Dur("reconnect_delay", l.cfg.ReconnectDelay).Msg("listener connection lost")
+	l.cfg.Logger.Warn().Str("error", text).Stringer("reconnect_delay", l.cfg.ReconnectDelay).Msg("listener connection lost")
 }
 
 func (l *Listener) receive(payload string) {

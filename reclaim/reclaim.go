@@ -183,7 +183,7 @@ func (r *Reclaimer) Run(ctx context.Context) {
 			default:
 			}
 			r.mu.Unlock()
-			r.log.Warn().Err(err).Dur("retry_in", wait).Dur("timeout", bound).Msg("reclaim pass failed")
+			r.log.Warn().Err(err).Stringer("retry_in", wait).Stringer("timeout", bound).Msg("reclaim pass failed")
 			continue
 		}
 		r.mu.Lock()

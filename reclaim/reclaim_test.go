@@ -21,8 +21,8 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // failure is a "reclaim pass failed" log line: the timeout of the next
 // pass and the wait before it, in milliseconds.
 type failure struct {
-	Timeout float64 `json:"timeout"`
-	RetryIn float64 `json:"retry_in"`
+	Timeout float64
+	RetryIn float64
 }
 
 // failures returns the failures logged so far.
@@ -35,14 +35,25 @@ func failures(t *testing.T, logs *syncbuf.Buffer) []failure {
 		}
 		var l struct {
 			Message string `json:"message"`
-			failure
+			Timeout string `json:"timeout"`
+			RetryIn string `json:"retry_in"`
 		}
 		if err := json.Unmarshal([]byte(line), &l); err != nil {
 			t.Fatalf("log line %q: %v", line, err)
 		}
-		if l.Message == "reclaim pass failed" {
-			out = append(out, l.failure)
+		if l.Message != "reclaim pass failed" {
+			continue
 		}
+		timeout, err := time.ParseDuration(l.Timeout)
+		if err != nil {
+			t.Fatalf("log line %q: timeout: %v", line, err)
+		}
+		retryIn, err := time.ParseDuration(l.RetryIn)
+		if err != nil {
+			t.Fatalf("log line %q: retry_in: %v", line, err)
+		}
+		ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+		out = append(out, failure{Timeout: ms(timeout), RetryIn: ms(retryIn)})
 	}
 	return out
 }

@@ -480,7 +480,7 @@ func (h *handler) Handle(ctx context.Context, m *bellhop.Message) error {
 		Str("app_id", m.AppID.String()).Str("queue", m.Queue).
 		Str("message_id", m.ID.String()).Int("attempt", m.Attempt).
 		Str("consumer_id", m.ConsumerID.String()).Str("target", h.host).
-		Int("status", status).Dur("duration", time.Since(start))
+		Int("status", status).Stringer("duration", time.Since(start))
 	if err != nil {
 		ev = ev.Err(err)
 	}
