@@ -17,6 +17,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -41,19 +42,30 @@ const benchQueue = "bench"
 // target of that queue.
 func benchSetup(b *testing.B, n int) (*pgxpool.Pool, claim.Target) {
 	b.Helper()
+	return benchSetupSized(b, n, 0, benchBacklog)
+}
+
+// benchSetupSized is benchSetup with payloads padded to about pad bytes,
+// and backlog messages behind the n.
+func benchSetupSized(b *testing.B, n, pad, backlog int) (*pgxpool.Pool, claim.Target) {
+	b.Helper()
 	ctx := context.Background()
 	pool, c, appID := setup(b)
 	// A consumer, as in production: enqueue looks up its max attempts.
 	if _, err := c.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "app", Queue: benchQueue}); err != nil {
 		b.Fatal(err)
 	}
-	total := n + benchBacklog
-	const chunk = 5000
+	total := n + backlog
+	const chunk = 500
 	msgs := make([]bellhop.NewMessage, 0, chunk)
 	for i := 0; i < total; {
 		msgs = msgs[:0]
 		for ; i < total && len(msgs) < chunk; i++ {
-			msgs = append(msgs, bellhop.NewMessage{Queue: benchQueue, Payload: []byte(`{"n":` + strconv.Itoa(i) + `}`)})
+			payload := `{"n":` + strconv.Itoa(i) + `}`
+			if pad > 0 {
+				payload = `{"n":` + strconv.Itoa(i) + `,"pad":"` + strings.Repeat("x", pad) + `"}`
+			}
+			msgs = append(msgs, bellhop.NewMessage{Queue: benchQueue, Payload: []byte(payload)})
 		}
 		if _, err := c.EnqueueMany(ctx, "app", msgs); err != nil {
 			b.Fatal(err)
@@ -96,6 +108,33 @@ func BenchmarkClaim(b *testing.B) {
 			pool, target := benchSetup(b, b.N*batch)
 			ctx := context.Background()
 			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				msgs, _, err := claim.Claim(ctx, pool, target, batch)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if len(msgs) != batch {
+					b.Fatalf("claimed %d, want %d", len(msgs), batch)
+				}
+			}
+			b.StopTimer()
+			reportRate(b, batch)
+		})
+	}
+}
+
+// BenchmarkClaimPayload: one Claim of 10 messages, by payload size. Up to
+// 0061 a CHECK printed every payload again at each claim to measure it;
+// 0062 measures a payload only when it is written.
+func BenchmarkClaimPayload(b *testing.B) {
+	for _, pad := range []int{0, 64 << 10} {
+		b.Run(fmt.Sprintf("pad=%d", pad), func(b *testing.B) {
+			const batch = 10
+			// A small backlog: 10,000 messages of 64 KB take minutes to
+			// write.
+			pool, target := benchSetupSized(b, b.N*batch, pad, 1000)
+			ctx := context.Background()
 			b.ResetTimer()
 			for range b.N {
 				msgs, _, err := claim.Claim(ctx, pool, target, batch)
