@@ -226,10 +226,11 @@ func TestPerMessageLinesAtHiddenLevels(t *testing.T) {
 	waitFor(t, 30*time.Second, "every message dead-lettered", func() bool {
 		return e.count(t, `SELECT count(*) FROM dead_letters`) == n
 	})
-	// Within the second after, in which the allowance gives one line more
-	// at most; each line is written just after its dead letter.
+	// Each line is written just after its dead letter; 3 s allow for a
+	// loaded machine, in which the allowance gives three lines more at
+	// most, short of the ten.
 	var lines map[string]int
-	waitFor(t, 900*time.Millisecond, "every dead letter logged at warn", func() bool {
+	waitFor(t, 3*time.Second, "every dead letter logged at warn", func() bool {
 		lines = logLines(t, logs, "message dead-lettered")
 		return lines["warn"] == n
 	})

@@ -36,8 +36,10 @@
 -- Otherwise 0058's enqueue(), word for word: CREATE OR REPLACE keeps its
 -- owner and grants (EXECUTE revoked from PUBLIC, granted by
 -- docs/roles.sql).
+--
+-- Every statement can run again, as those since 0052 can.
 
-CREATE FUNCTION bellhop_payload_too_large() RETURNS trigger
+CREATE OR REPLACE FUNCTION bellhop_payload_too_large() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     -- TG_ARGV[0] is the name of the constraint this trigger replaces.
@@ -48,16 +50,16 @@ BEGIN
 END
 $$;
 
-ALTER TABLE queue_messages DROP CONSTRAINT queue_messages_payload_size_check;
-CREATE TRIGGER queue_messages_payload_size
+ALTER TABLE queue_messages DROP CONSTRAINT IF EXISTS queue_messages_payload_size_check;
+CREATE OR REPLACE TRIGGER queue_messages_payload_size
     BEFORE INSERT OR UPDATE OF payload ON queue_messages
     FOR EACH ROW
     WHEN (octet_length(NEW.payload::text) > 1048576)
     EXECUTE FUNCTION bellhop_payload_too_large('queue_messages_payload_size_check');
 ALTER TABLE queue_messages ENABLE ALWAYS TRIGGER queue_messages_payload_size;
 
-ALTER TABLE outbox DROP CONSTRAINT outbox_payload_size_check;
-CREATE TRIGGER outbox_payload_size
+ALTER TABLE outbox DROP CONSTRAINT IF EXISTS outbox_payload_size_check;
+CREATE OR REPLACE TRIGGER outbox_payload_size
     BEFORE INSERT OR UPDATE OF payload ON outbox
     FOR EACH ROW
     WHEN (octet_length(NEW.payload::text) > 1048576)
