@@ -633,6 +633,9 @@ func TestEnqueueSQLFunction(t *testing.T) {
 		{"deliver_after", `SELECT enqueue($1, 'plain', '{}', now() + interval '87600 hours 1 minute')`, "more than 87600 hours ahead"},
 		{"numbers", `SELECT enqueue($1, 'plain', (SELECT ('[' || string_agg('1e131071', ',') || ']')::jsonb FROM generate_series(1, 1000)))`,
 			"numbers alone print to more than the 1048576-byte limit"},
+		// A zero keeps its scale: 0e-16383 prints 16,385 characters.
+		{"zeros", `SELECT enqueue($1, 'plain', (SELECT ('[' || string_agg('0e-16383', ',') || ']')::jsonb FROM generate_series(1, 100)))`,
+			"numbers alone print to more than the 1048576-byte limit"},
 	}
 	for _, tc := range limits {
 		t.Run("says why for "+tc.name, func(t *testing.T) {
@@ -645,7 +648,7 @@ func TestEnqueueSQLFunction(t *testing.T) {
 	}
 	t.Run("accepts long numbers within the limit", func(t *testing.T) {
 		var id uuid.UUID
-		if err := e.pool.QueryRow(e.ctx, `SELECT enqueue($1, 'plain', '[1e1000, -1e1000, 1e-1000, 0, 1.5]')`, shop.ID).Scan(&id); err != nil {
+		if err := e.pool.QueryRow(e.ctx, `SELECT enqueue($1, 'plain', '[1e1000, -1e1000, 1e-1000, 0, 0e-100, 1.5]')`, shop.ID).Scan(&id); err != nil {
 			t.Fatalf("enqueue(): %v", err)
 		}
 		if got := read(t, id).Payload; len(got) < 3000 {

@@ -22,8 +22,9 @@
 -- measured its payload by printing it, so 74 KB of such numbers made the
 -- server build a gigabyte for 10 s and fail with "out of memory" (54000)
 -- rather than BH003. It now measures first the numbers whose magnitude
--- lets them print long, one at a time, stopping at the limit; the rest
--- print to at most about 8 times their size in the payload given. A
+-- lets them print long (zeros too, which keep their scale: 0e-16383
+-- prints 16,385 characters), one at a time, stopping at the limit; the
+-- rest print to at most about 8 times their size in the payload given. A
 -- plain INSERT is measured by the trigger's WHEN clause, as by the CHECK
 -- before: the same number-by-number walk there would cost every INSERT
 -- about 3.5 µs more (README, Security).
@@ -94,13 +95,14 @@ BEGIN
         RAISE EXCEPTION 'bellhop: payload is NULL; send a JSON value (JSON null is ''null''::jsonb)' USING ERRCODE = 'BH003';
     END IF;
     -- Numbers of magnitude 1e30 or more, or below 1e-30, print to 31
-    -- characters or more however short they were written. The test for
-    -- any comes first: a loop over a query costs a payload without them
-    -- several times what the test does.
-    IF jsonb_path_exists(p_payload, 'strict $.** ? (@.type() == "number" && (@ >= 1e30 || @ <= -1e30 || (@ != 0 && @ < 1e-30 && @ > -1e-30)))') THEN
+    -- characters or more however short they were written; so may a zero,
+    -- which keeps its scale (0e-16383 prints 16,385 characters). The
+    -- test for any comes first: a loop over a query costs a payload
+    -- without them several times what the test does.
+    IF jsonb_path_exists(p_payload, 'strict $.** ? (@.type() == "number" && (@ >= 1e30 || @ <= -1e30 || (@ < 1e-30 && @ > -1e-30)))') THEN
         FOR v_number IN
             SELECT jsonb_path_query(p_payload,
-                'strict $.** ? (@.type() == "number" && (@ >= 1e30 || @ <= -1e30 || (@ != 0 && @ < 1e-30 && @ > -1e-30)))')
+                'strict $.** ? (@.type() == "number" && (@ >= 1e30 || @ <= -1e30 || (@ < 1e-30 && @ > -1e-30)))')
         LOOP
             v_printed := v_printed + octet_length(v_number::text);
             IF v_printed > 1048576 THEN

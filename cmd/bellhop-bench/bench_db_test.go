@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -167,9 +168,11 @@ func TestDeliveryWarningsFiledUnderCaller(t *testing.T) {
 	if _, _, err := latencyRunRate(ctx, e, db, reportAs{"load", "some case"}, 2, []string{"w"}, bellhop.ConsumerSpec{}, every(twice), rec, 5*time.Millisecond, 1, nil); err != nil {
 		t.Fatal(err)
 	}
-	want := "warning: some case, run 2: 3 duplicate and 0 unparsable deliveries"
-	if !slices.Contains(e.res.notes["load"], want) || len(e.res.notes["latency"]) != 0 {
-		t.Errorf("notes: load %q, latency %q; want %q under load", e.res.notes["load"], e.res.notes["latency"], want)
+	// How many of the three were seen twice before the run ended depends
+	// on the machine's load: at least one.
+	want := regexp.MustCompile(`^warning: some case, run 2: [123] duplicate and 0 unparsable deliveries$`)
+	if !slices.ContainsFunc(e.res.notes["load"], want.MatchString) || len(e.res.notes["latency"]) != 0 {
+		t.Errorf("notes: load %q, latency %q; want one matching %q under load", e.res.notes["load"], e.res.notes["latency"], want)
 	}
 }
 
