@@ -106,22 +106,27 @@ func BenchmarkClaim(b *testing.B) {
 	for _, batch := range []int{1, 10, 100, 1000} {
 		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
 			pool, target := benchSetup(b, b.N*batch)
-			ctx := context.Background()
 			b.ReportAllocs()
-			b.ResetTimer()
-			for range b.N {
-				msgs, _, err := claim.Claim(ctx, pool, target, batch)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if len(msgs) != batch {
-					b.Fatalf("claimed %d, want %d", len(msgs), batch)
-				}
-			}
-			b.StopTimer()
-			reportRate(b, batch)
+			benchClaims(b, pool, target, batch)
 		})
 	}
+}
+
+// benchClaims times b.N claims of batch messages each.
+func benchClaims(b *testing.B, pool *pgxpool.Pool, target claim.Target, batch int) {
+	ctx := context.Background()
+	b.ResetTimer()
+	for range b.N {
+		msgs, _, err := claim.Claim(ctx, pool, target, batch)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(msgs) != batch {
+			b.Fatalf("claimed %d, want %d", len(msgs), batch)
+		}
+	}
+	b.StopTimer()
+	reportRate(b, batch)
 }
 
 // BenchmarkClaimPayload: one Claim of 10 messages, by payload size. Up to
@@ -134,19 +139,7 @@ func BenchmarkClaimPayload(b *testing.B) {
 			// A small backlog: 10,000 messages of 64 KB take minutes to
 			// write.
 			pool, target := benchSetupSized(b, b.N*batch, pad, 1000)
-			ctx := context.Background()
-			b.ResetTimer()
-			for range b.N {
-				msgs, _, err := claim.Claim(ctx, pool, target, batch)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if len(msgs) != batch {
-					b.Fatalf("claimed %d, want %d", len(msgs), batch)
-				}
-			}
-			b.StopTimer()
-			reportRate(b, batch)
+			benchClaims(b, pool, target, batch)
 		})
 	}
 }
