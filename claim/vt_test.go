@@ -197,8 +197,9 @@ func TestTimeoutFloor(t *testing.T) {
 }
 
 // TestClaimWithoutConsumer: a claim for a consumer that no longer serves
-// the queue reads no visibility timeout, and the dispatcher gives back
-// what it claimed: nothing would measure the lease.
+// the queue reads no visibility timeout, which is how the dispatcher knows
+// to give back what it claimed (lane.go; not exercised here): nothing
+// would measure the lease.
 func TestClaimWithoutConsumer(t *testing.T) {
 	ctx := context.Background()
 	pool, c, appID := setup(t)

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/bellhopq/bellhop"
+	queries "github.com/bellhopq/bellhop/sql"
 )
 
 // TestNackAfterReplaceIsRetriedOnTime: a consumer replaced (removed and
@@ -69,7 +71,7 @@ func TestNackAfterReplaceIsRetriedOnTime(t *testing.T) {
 // queue is served again; the serving lane's first pass delivers "third".
 // Only then does the producer commit, and its message must be delivered
 // with the fallback poll at an hour.
-func lateProducerAcrossChange(t *testing.T, change func(e *env, cons bellhop.Consumer)) {
+func lateProducerAcrossChange(t *testing.T, tweak func(*pgxpool.Config), change func(e *env, cons bellhop.Consumer, unblock func())) {
 	e := newEnv(t)
 	ctx := context.Background()
 	cons := e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", MaxInFlight: 1})
@@ -89,9 +91,10 @@ func lateProducerAcrossChange(t *testing.T, change func(e *env, cons bellhop.Con
 	}}
 	mux := bellhop.NewMux()
 	mux.Handle("app", "orders", rec)
-	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour}, nil)
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour}, tweak)
 	var once sync.Once
-	t.Cleanup(func() { once.Do(func() { close(unblock) }) })
+	release := func() { once.Do(func() { close(unblock) }) }
+	t.Cleanup(release)
 	if _, err := e.client.EnqueueMany(ctx, "app", []bellhop.NewMessage{
 		{Queue: "orders", Payload: []byte(`"first"`)},
 		{Queue: "orders", Payload: []byte(`"second"`)},
@@ -109,7 +112,7 @@ func lateProducerAcrossChange(t *testing.T, change func(e *env, cons bellhop.Con
 	if _, err := e.client.EnqueueTx(ctx, tx, "app", "orders", []byte(`"late"`), bellhop.EnqueueOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	change(e, cons)
+	change(e, cons, release)
 	waitFor(t, 10*time.Second, "the serving lane's first pass (delivers third)", func() bool {
 		_, ok := done.Load(`"third"`)
 		return ok
@@ -137,7 +140,7 @@ func keyGivenUp(t *testing.T, e *env) {
 // for the queue (lane.settleGone). The message used to wait for the
 // fallback poll.
 func TestReplacedBusyConsumerLosesNoWakeUp(t *testing.T) {
-	lateProducerAcrossChange(t, func(e *env, cons bellhop.Consumer) {
+	lateProducerAcrossChange(t, nil, func(e *env, cons bellhop.Consumer, _ func()) {
 		if err := e.client.RemoveConsumer(context.Background(), "app", cons.ID); err != nil {
 			t.Fatal(err)
 		}
@@ -151,7 +154,7 @@ func TestReplacedBusyConsumerLosesNoWakeUp(t *testing.T) {
 // (dropMark), so the resumed lane's passes confirm the queue lock, and
 // claim once more after the producer commits.
 func TestPausedBusyConsumerLosesNoWakeUp(t *testing.T) {
-	lateProducerAcrossChange(t, func(e *env, cons bellhop.Consumer) {
+	lateProducerAcrossChange(t, nil, func(e *env, cons bellhop.Consumer, _ func()) {
 		off, on, ten := false, true, 10
 		if err := e.client.UpdateConsumer(context.Background(), "app", cons.ID, bellhop.ConsumerUpdate{Enabled: &off}); err != nil {
 			t.Fatal(err)
@@ -162,6 +165,54 @@ func TestPausedBusyConsumerLosesNoWakeUp(t *testing.T) {
 		}
 	})
 }
+
+// TestDrainedBusyLaneLosesNoWakeUp: the busy lane drains its queue and
+// gives up its key while a producer that saw the key has not committed.
+// Its settle (docs/busy-marks.md step 3) waits for that producer's commit
+// (the queue lock) and claims once more. Found by review: the stress test
+// cited for this guarantee (TestBusyMarksLoseNoWakeUp) still passed with
+// a settle that waited for nobody, since the next message notified
+// covered the stranded one; here nothing comes after it, and the poll is
+// an hour away.
+func TestDrainedBusyLaneLosesNoWakeUp(t *testing.T) {
+	checks := &busyLockChecks{}
+	lateProducerAcrossChange(t, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = checks },
+		func(e *env, _ bellhop.Consumer, unblock func()) {
+			unblock()
+			keyGivenUp(t, e)
+			// The settle's lock checks, refused while the producer's
+			// transaction holds the queue lock, go on: the commit comes
+			// after the lane has started to wait for it.
+			from := checks.n.Load()
+			waitFor(t, 10*time.Second, "the settle to check the queue lock again", func() bool { return checks.n.Load() >= from+2 })
+		})
+}
+
+// busyLockChecks counts the dispatcher's statements that check the queue
+// lock and busy key (sql/busy_lock.sql), alone or in a batch.
+type busyLockChecks struct{ n atomic.Int64 }
+
+func (c *busyLockChecks) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if d.SQL == queries.BusyLock {
+		c.n.Add(1)
+	}
+	return ctx
+}
+
+func (c *busyLockChecks) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (c *busyLockChecks) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	for _, q := range d.Batch.QueuedQueries {
+		if q.SQL == queries.BusyLock {
+			c.n.Add(1)
+		}
+	}
+	return ctx
+}
+
+func (c *busyLockChecks) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+
+func (c *busyLockChecks) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 // lockedReadyRow enqueues one message, locks it in a transaction of its
 // own (rolled back when t ends, or by the caller), and starts a dispatcher
