@@ -55,8 +55,9 @@ func NewClient(db *pgxpool.Pool) *Client {
 // operation that names an app then fails with ErrForbidden unless the
 // principal belongs to that app; consumers it registers are registered by
 // it, and messages it enqueues record it as their enqueuing principal.
-// No principal has the id uuid.Nil, so a Client made with it (a failed
-// lookup's zero value, say) is refused everything. The confinement binds
+// Bellhop gives no principal the id uuid.Nil, so a Client made with it (a
+// failed lookup's zero value, say) is refused everything, unless a row
+// with that id was written into principals by hand. The confinement binds
 // what the Client does, not the code that holds it: that code has the
 // pool, and its database role's rights, and may call As again.
 func (c *Client) As(principal uuid.UUID) *Client {

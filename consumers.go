@@ -42,7 +42,8 @@ type ConsumerSpec struct {
 	MaxAttempts int
 	// BackoffBase and BackoffCap shape the delay before attempt n+1:
 	// min(BackoffCap, BackoffBase * 2^(n-1)), of which a random half is
-	// jitter. Whole milliseconds: base from 1ms, cap up to 24h.
+	// jitter. Whole milliseconds: base from 1ms, cap up to 24h. A zero
+	// BackoffCap is DefaultBackoffCap, or BackoffBase if that is longer.
 	BackoffBase time.Duration
 	BackoffCap  time.Duration
 	// VisibilityTimeout is the lease on a claimed message, whole seconds
@@ -307,7 +308,9 @@ func (c *Client) RegisterConsumer(ctx context.Context, spec ConsumerSpec) (Consu
 
 // ConsumerUpdate changes some of a consumer's settings; nil fields stay.
 // The settings take the values ConsumerSpec allows, except that URL cannot
-// be added to a Go handler's consumer or removed from a push consumer.
+// be added to a Go handler's consumer or removed from a push consumer, and
+// that 0 means the default only for Timeout: for the other numbers it is
+// ErrInvalidOptions, as below their ranges.
 type ConsumerUpdate struct {
 	// Enabled pauses (false) or resumes (true) the consumer.
 	Enabled           *bool

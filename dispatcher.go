@@ -222,6 +222,8 @@ type Observer interface {
 type Dispatcher struct {
 	ran   atomic.Bool // Run was called
 	ended atomic.Bool // Run's context has ended, or Run has returned
+	// startErr is why Run could not start, for Ready.
+	startErr atomic.Pointer[error]
 	// pool is db once Run has made it, for Ready, which may run
 	// concurrently with Run's start.
 	pool atomic.Pointer[pgxpool.Pool]
@@ -471,11 +473,16 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 // if it cannot start: among those, a database without Bellhop's schema
 // (migrations.ErrNoSchema) or with an older one than this code's
 // (migrations.ErrSchemaBehind); a newer one is fine.
-func (d *Dispatcher) Run(ctx context.Context) error {
+func (d *Dispatcher) Run(ctx context.Context) (err error) {
 	if !d.ran.CompareAndSwap(false, true) {
 		return errors.New("bellhop: Dispatcher.Run called more than once (a Dispatcher runs once; make a new one)")
 	}
-	defer d.ended.Store(true)
+	defer func() {
+		if err != nil {
+			d.startErr.Store(&err)
+		}
+		d.ended.Store(true)
+	}()
 	// The pool is made here, not in NewDispatcher: pgxpool starts a
 	// goroutine at once (and connections, with pool_min_conns), which a
 	// Dispatcher that never runs could not release.
@@ -586,8 +593,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 }
 
 // Ready reports whether the dispatcher can deliver right now: Run is
-// running and not stopping (its errors say "dispatcher not running" and
-// "dispatcher stopped"), the database answers, and the listener is
+// running and not stopping (its errors say "dispatcher not running",
+// "dispatcher stopped" and, wrapping Run's error, "dispatcher could not
+// start"), the database answers, and the listener is
 // connected, and not deaf: a listener that has missed two heartbeats and
 // heard none, as through PgBouncer's transaction pooling, makes it fail
 // with notify.ErrDeaf until one comes back. Concurrent calls share one
@@ -597,6 +605,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 // StatementTimeout.
 func (d *Dispatcher) Ready(ctx context.Context) error {
 	db := d.pool.Load()
+	if err := d.startErr.Load(); err != nil {
+		return fmt.Errorf("dispatcher could not start: %w", *err)
+	}
 	switch {
 	case d.ended.Load():
 		return errors.New("dispatcher stopped: Run's context has ended")

@@ -19,6 +19,7 @@ import (
 
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/pgtest"
+	"github.com/bellhopq/bellhop/migrations"
 )
 
 // nilErr is a handler's own error type whose Error reads a field, so a nil
@@ -869,6 +870,26 @@ func TestAfterRun(t *testing.T) {
 	}
 	if err := m.ExtendLease(e.ctx); !errors.Is(err, bellhop.ErrLeaseLost) {
 		t.Errorf("ExtendLease after the handler and Run returned: %v, want ErrLeaseLost", err)
+	}
+}
+
+// TestReadyAfterFailedStart: when Run cannot start (here the schema is
+// older than the code), Ready says so, with Run's error, rather than that
+// Run's context ended, which it never did. Found by review.
+func TestReadyAfterFailedStart(t *testing.T) {
+	e := fxNew(t)
+	if _, err := e.pool.Exec(e.ctx, "UPDATE "+migrations.VersionTable+" SET version = version - 1"); err != nil {
+		t.Fatal(err)
+	}
+	d, err := bellhop.NewDispatcher(e.pool.Config().Copy(), bellhop.DispatcherConfig{Resolver: bellhop.NewMux(), Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Run(e.ctx); !errors.Is(err, migrations.ErrSchemaBehind) {
+		t.Fatalf("Run on an older schema: %v, want ErrSchemaBehind", err)
+	}
+	if err := d.Ready(e.ctx); !errors.Is(err, migrations.ErrSchemaBehind) || !strings.Contains(err.Error(), "could not start") {
+		t.Errorf("Ready after Run failed to start: %v, want \"dispatcher could not start\" wrapping ErrSchemaBehind", err)
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/urfave/cli/v3"
 	"gopkg.in/yaml.v3"
 
@@ -632,6 +633,14 @@ func TestReadmeEnqueueSQL(t *testing.T) {
 		WHERE m.id = $1 AND a.name = 'shop' AND m.queue_name = 'orders'
 		  AND m.deliver_after > now() + interval '4 minutes'`, ids[0]); n != 1 {
 		t.Errorf("the README's example did not enqueue a delayed message to shop/orders")
+	}
+	// With a name that matches no app it fails, rather than enqueue
+	// nothing without a word (as SELECT enqueue(id, …) FROM apps WHERE
+	// name = … did).
+	_, err = pool.Exec(context.Background(), strings.Replace(example, "'shop'", "'shpo'", 1))
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != "BH001" {
+		t.Errorf("the README's example for an unknown app: %v, want SQLSTATE BH001", err)
 	}
 }
 
