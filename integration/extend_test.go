@@ -156,3 +156,49 @@ func TestLeaseDeadline(t *testing.T) {
 		}
 	}
 }
+
+// TestExtendAfterRemoval: a handler whose consumer was removed while it
+// ran cannot renew its lease: ExtendLease is ErrNoConsumer, and the
+// deadline stays where it was, since nothing would measure a longer lease.
+func TestExtendAfterRemoval(t *testing.T) {
+	e := newEnv(t)
+	cons := e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", VisibilityTimeout: 30 * time.Second})
+	started := make(chan *bellhop.Message, 1)
+	removed := make(chan struct{})
+	renewed := make(chan error, 1)
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", bellhop.HandlerFunc(func(ctx context.Context, m *bellhop.Message) error {
+		started <- m
+		select {
+		case <-removed:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		renewed <- m.ExtendLease(ctx)
+		return nil
+	}))
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour}, nil)
+	e.enqueue(t, "orders", 1, bellhop.EnqueueOptions{})
+	var m *bellhop.Message
+	select {
+	case m = <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no delivery within 10s")
+	}
+	deadline := m.LeaseDeadline()
+	if err := e.client.RemoveConsumer(context.Background(), "app", cons.ID); err != nil {
+		t.Fatal(err)
+	}
+	close(removed)
+	select {
+	case err := <-renewed:
+		if !errors.Is(err, bellhop.ErrNoConsumer) {
+			t.Errorf("ExtendLease after the consumer's removal: %v, want ErrNoConsumer", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler did not renew within 10s")
+	}
+	if got := m.LeaseDeadline(); !got.Equal(deadline) {
+		t.Errorf("the lease deadline moved from %v to %v", deadline, got)
+	}
+}
