@@ -66,12 +66,15 @@ func TestNackAfterReplaceIsRetriedOnTime(t *testing.T) {
 
 // lateProducerAcrossChange runs a busy queue (one slot, three messages:
 // the dispatcher holds the queue's busy key, so producers' WHEN clauses
-// queue no notification) while a producer inserts and does not commit.
-// change then gives up the lane's key and mark, and must return once the
-// queue is served again; the serving lane's first pass delivers "third".
-// Only then does the producer commit, and its message must be delivered
-// with the fallback poll at an hour.
-func lateProducerAcrossChange(t *testing.T, tweak func(*pgxpool.Config), change func(e *env, cons bellhop.Consumer, unblock func())) {
+// queue no notification; "second" is held until unblock is called or the
+// test ends) while a producer inserts and does not commit. change then
+// gives up the lane's key and mark, and must return once the queue is
+// served again; the serving lane's first pass delivers "third" (or, when
+// change lets the busy lane drain, the busy lane did). Only then does the
+// producer commit, unless change has called commit already, and its
+// message must be delivered with the fallback poll at an hour.
+func lateProducerAcrossChange(t *testing.T, tweak func(*pgxpool.Config),
+	change func(e *env, cons bellhop.Consumer, unblock func(), commit func())) {
 	e := newEnv(t)
 	ctx := context.Background()
 	cons := e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", MaxInFlight: 1})
@@ -112,13 +115,17 @@ func lateProducerAcrossChange(t *testing.T, tweak func(*pgxpool.Config), change 
 	if _, err := e.client.EnqueueTx(ctx, tx, "app", "orders", []byte(`"late"`), bellhop.EnqueueOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	change(e, cons, release)
+	var committed sync.Once
+	var commitErr error
+	commit := func() { committed.Do(func() { commitErr = tx.Commit(ctx) }) }
+	change(e, cons, release, commit)
 	waitFor(t, 10*time.Second, "the serving lane's first pass (delivers third)", func() bool {
 		_, ok := done.Load(`"third"`)
 		return ok
 	})
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
+	commit()
+	if commitErr != nil {
+		t.Fatal(commitErr)
 	}
 	waitFor(t, 5*time.Second, "the message committed after the change", func() bool {
 		_, ok := done.Load(`"late"`)
@@ -140,7 +147,7 @@ func keyGivenUp(t *testing.T, e *env) {
 // for the queue (lane.settleGone). The message used to wait for the
 // fallback poll.
 func TestReplacedBusyConsumerLosesNoWakeUp(t *testing.T) {
-	lateProducerAcrossChange(t, nil, func(e *env, cons bellhop.Consumer, _ func()) {
+	lateProducerAcrossChange(t, nil, func(e *env, cons bellhop.Consumer, _, _ func()) {
 		if err := e.client.RemoveConsumer(context.Background(), "app", cons.ID); err != nil {
 			t.Fatal(err)
 		}
@@ -154,7 +161,7 @@ func TestReplacedBusyConsumerLosesNoWakeUp(t *testing.T) {
 // (dropMark), so the resumed lane's passes confirm the queue lock, and
 // claim once more after the producer commits.
 func TestPausedBusyConsumerLosesNoWakeUp(t *testing.T) {
-	lateProducerAcrossChange(t, nil, func(e *env, cons bellhop.Consumer, _ func()) {
+	lateProducerAcrossChange(t, nil, func(e *env, cons bellhop.Consumer, _, _ func()) {
 		off, on, ten := false, true, 10
 		if err := e.client.UpdateConsumer(context.Background(), "app", cons.ID, bellhop.ConsumerUpdate{Enabled: &off}); err != nil {
 			t.Fatal(err)
@@ -168,8 +175,12 @@ func TestPausedBusyConsumerLosesNoWakeUp(t *testing.T) {
 
 // TestDrainedBusyLaneLosesNoWakeUp: the busy lane drains its queue and
 // gives up its key while a producer that saw the key has not committed.
-// Its settle (docs/busy-marks.md step 3) waits for that producer's commit
-// (the queue lock) and claims once more. Found by review: the stress test
+// Its settle (docs/busy-marks.md step 3) goes on checking the queue lock
+// for as long as the producer holds it (here for 50 checks, a second or
+// more), and after the check that succeeds it claims once more. The
+// producer commits just after one of the settle's claims, before the
+// next check: a settle that checked after claiming would end there
+// without a claim to find the message. Found by review: the stress test
 // cited for this guarantee (TestBusyMarksLoseNoWakeUp) still passed with
 // a settle that waited for nobody, since the next message notified
 // covered the stranded one; here nothing comes after it, and the poll is
@@ -177,34 +188,56 @@ func TestPausedBusyConsumerLosesNoWakeUp(t *testing.T) {
 func TestDrainedBusyLaneLosesNoWakeUp(t *testing.T) {
 	checks := &busyLockChecks{}
 	lateProducerAcrossChange(t, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = checks },
-		func(e *env, _ bellhop.Consumer, unblock func()) {
+		func(e *env, _ bellhop.Consumer, unblock, commit func()) {
 			unblock()
 			keyGivenUp(t, e)
-			// The settle's lock checks, refused while the producer's
-			// transaction holds the queue lock, go on: the commit comes
-			// after the lane has started to wait for it.
 			from := checks.n.Load()
-			waitFor(t, 10*time.Second, "the settle to check the queue lock again", func() bool { return checks.n.Load() >= from+2 })
+			waitFor(t, 30*time.Second, "the settle to keep checking the queue lock", func() bool { return checks.n.Load() >= from+50 })
+			done := make(chan struct{})
+			after := func() {
+				commit()
+				close(done)
+			}
+			checks.afterClaim.Store(&after)
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("no claim by the settling lane within 10s")
+			}
 		})
 }
 
 // busyLockChecks counts the dispatcher's statements that check the queue
-// lock and busy key (sql/busy_lock.sql), alone or in a batch.
-type busyLockChecks struct{ n atomic.Int64 }
+// lock and busy key (sql/busy_lock.sql), alone or in a batch, and runs
+// afterClaim, once, when a queue claim statement has ended.
+type busyLockChecks struct {
+	n          atomic.Int64
+	afterClaim atomic.Pointer[func()]
+}
+
+type claimKey struct{}
 
 func (c *busyLockChecks) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	if d.SQL == queries.BusyLock {
 		c.n.Add(1)
 	}
+	if isQueueClaim(d.SQL) {
+		ctx = context.WithValue(ctx, claimKey{}, true)
+	}
 	return ctx
 }
 
-func (c *busyLockChecks) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *busyLockChecks) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	c.claimEnded(ctx)
+}
 
 func (c *busyLockChecks) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
 	for _, q := range d.Batch.QueuedQueries {
 		if q.SQL == queries.BusyLock {
 			c.n.Add(1)
+		}
+		if isQueueClaim(q.SQL) {
+			ctx = context.WithValue(ctx, claimKey{}, true)
 		}
 	}
 	return ctx
@@ -212,7 +245,18 @@ func (c *busyLockChecks) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx
 
 func (c *busyLockChecks) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
 
-func (c *busyLockChecks) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+func (c *busyLockChecks) TraceBatchEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchEndData) {
+	c.claimEnded(ctx)
+}
+
+func (c *busyLockChecks) claimEnded(ctx context.Context) {
+	if ctx.Value(claimKey{}) == nil {
+		return
+	}
+	if f := c.afterClaim.Swap(nil); f != nil {
+		(*f)()
+	}
+}
 
 // lockedReadyRow enqueues one message, locks it in a transaction of its
 // own (rolled back when t ends, or by the caller), and starts a dispatcher
