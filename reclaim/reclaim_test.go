@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop/internal/pgtest"
@@ -58,6 +59,22 @@ func failures(t *testing.T, logs *syncbuf.Buffer) []failure {
 	return out
 }
 
+// slowPasses returns a pool on a fresh database in which every reclaim
+// pass runs body, in language, where it calls
+// bellhop_start_seen_vt_floors(); quick_floors() is the original, and the
+// sequence passes is there to count them.
+func slowPasses(t *testing.T, language, body string) *pgxpool.Pool {
+	t.Helper()
+	pool := pgtest.NewPool(t)
+	if _, err := pool.Exec(context.Background(), `ALTER FUNCTION bellhop_start_seen_vt_floors() RENAME TO quick_floors;
+		CREATE SEQUENCE passes;
+		CREATE FUNCTION bellhop_start_seen_vt_floors() RETURNS bigint LANGUAGE `+language+`
+		AS $$ `+body+` $$`); err != nil {
+		t.Fatal(err)
+	}
+	return pool
+}
+
 // run runs r until the test ends.
 func run(t *testing.T, r *Reclaimer) {
 	ctx, cancel := context.WithCancel(context.Background())
@@ -81,13 +98,7 @@ func run(t *testing.T, r *Reclaimer) {
 // 5 – 40 ms so that the test sees the caps within seconds.
 func TestGrowthAndRetryAreCapped(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	pool := pgtest.NewPool(t)
-	if _, err := pool.Exec(ctx, `ALTER FUNCTION bellhop_start_seen_vt_floors() RENAME TO quick_floors;
-		CREATE FUNCTION bellhop_start_seen_vt_floors() RETURNS bigint LANGUAGE sql
-		AS $$ SELECT pg_sleep(10); SELECT quick_floors() $$`); err != nil {
-		t.Fatal(err)
-	}
+	pool := slowPasses(t, "sql", `SELECT pg_sleep(10); SELECT quick_floors()`)
 	logs := &syncbuf.Buffer{}
 	base := 20 * time.Millisecond
 	r := New(pool, zerolog.New(logs), Options{DefaultVT: 5 * time.Second, Timeout: base})
@@ -129,13 +140,7 @@ func TestGrowthAndRetryAreCapped(t *testing.T) {
 // log line named a wait it did not keep.
 func TestRetryWaitsDespiteObserve(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	pool := pgtest.NewPool(t)
-	if _, err := pool.Exec(ctx, `ALTER FUNCTION bellhop_start_seen_vt_floors() RENAME TO quick_floors;
-		CREATE FUNCTION bellhop_start_seen_vt_floors() RETURNS bigint LANGUAGE plpgsql
-		AS $$ BEGIN PERFORM pg_sleep(0.3); RAISE EXCEPTION 'broken (test)'; END $$`); err != nil {
-		t.Fatal(err)
-	}
+	pool := slowPasses(t, "plpgsql", `BEGIN PERFORM pg_sleep(0.3); RAISE EXCEPTION 'broken (test)'; END`)
 	logs := &syncbuf.Buffer{}
 	r := New(pool, zerolog.New(logs), Options{DefaultVT: 5 * time.Second, Timeout: 5 * time.Second})
 	r.retryBase, r.retryCeiling = 2*time.Second, 2*time.Second // a wait of 1 – 2 s
@@ -186,13 +191,7 @@ func TestRetryWaitsDespiteObserve(t *testing.T) {
 func TestGrownTimeoutKept(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := pgtest.NewPool(t)
-	if _, err := pool.Exec(ctx, `ALTER FUNCTION bellhop_start_seen_vt_floors() RENAME TO quick_floors;
-		CREATE SEQUENCE passes;
-		CREATE FUNCTION bellhop_start_seen_vt_floors() RETURNS bigint LANGUAGE sql
-		AS $$ SELECT nextval('passes'); SELECT pg_sleep(0.3); SELECT quick_floors() $$`); err != nil {
-		t.Fatal(err)
-	}
+	pool := slowPasses(t, "sql", `SELECT nextval('passes'); SELECT pg_sleep(0.3); SELECT quick_floors()`)
 	logs := &syncbuf.Buffer{}
 	r := New(pool, zerolog.New(logs), Options{DefaultVT: 5 * time.Second, Timeout: 200 * time.Millisecond})
 	r.retryBase, r.retryCeiling = 5*time.Millisecond, 10*time.Millisecond
