@@ -186,12 +186,24 @@ func (c *DispatcherConfig) checkSigns() error {
 // Outcome is what became of a delivery.
 type Outcome string
 
-// Outcomes reported to an Observer.
+// Outcomes reported to an Observer. The first four were written; the
+// last two are deliveries whose outcome could not be, so that every
+// delivery is counted.
 const (
 	Acked        Outcome = "acked"
 	Nacked       Outcome = "nacked"
 	DeadLettered Outcome = "dead_lettered"
 	Released     Outcome = "released"
+	// LeaseLost: the lease was gone before the outcome was written (it
+	// ran out and the message was reclaimed, or delivered again), so the
+	// outcome changed nothing; or a retried write found it gone, and then
+	// the first try may have recorded it. Either way the message may be
+	// delivered again.
+	LeaseLost Outcome = "lease_lost"
+	// WriteFailed: every try to write the outcome failed (the database
+	// away for some seconds). The message is delivered again after its
+	// lease, unless a try recorded it before its answer was lost.
+	WriteFailed Outcome = "write_failed"
 )
 
 // Observer receives dispatcher events. Methods are called from many
@@ -200,9 +212,9 @@ const (
 type Observer interface {
 	// Delivered is called as a handler starts on m.
 	Delivered(m *Message)
-	// Settled is called once m's outcome is written; handled is how long
-	// the handler ran. Outcomes whose lease had already been lost are not
-	// reported.
+	// Settled is called once for every delivery, when its outcome has been
+	// written (Acked, Nacked, DeadLettered, Released) or could not be
+	// (LeaseLost, WriteFailed); handled is how long the handler ran.
 	Settled(m *Message, o Outcome, handled time.Duration)
 	// Polled is called after every fallback poll that could read the
 	// database (a failed one is logged and retried) with the number of idle

@@ -823,6 +823,10 @@ func (l *lane) finish(st *consumerState, m *Message, cm *claim.Message, hctx con
 		Str("message_id", m.ID.String()).Int("attempt", m.Attempt).Logger()
 	out.Message = cm
 	out.Done = func(applied bool, werr error) {
+		// Every delivery is reported, also one whose outcome was not
+		// written: the settled counts and the handler durations would
+		// otherwise leave out the deliveries that went wrong.
+		settled := outcomeOf(out.Verdict)
 		switch {
 		case errors.Is(werr, claim.ErrWriteFailed):
 			// The first try may have committed before its answer was
@@ -832,15 +836,18 @@ func (l *lane) finish(st *consumerState, m *Message, cm *claim.Message, hctx con
 			if out.Verdict == claim.Nack {
 				l.afterNack() // recorded, the retry is due then
 			}
+			settled = WriteFailed
 		case werr != nil:
 			l.msgEvent(&log, zerolog.WarnLevel).Str("outcome", out.Verdict.String()).
 				Msg("the outcome's write was retried and found the lease gone: the first try may have recorded it; the message may be delivered again")
 			if out.Verdict == claim.Nack {
 				l.afterNack()
 			}
+			settled = LeaseLost
 		case !applied:
 			l.msgEvent(&log, zerolog.WarnLevel).Str("outcome", out.Verdict.String()).
 				Msg("lease was lost before the outcome was recorded; the message may be delivered again")
+			settled = LeaseLost
 		default:
 			if out.Verdict == claim.DeadLetter {
 				text := logText(out.Error, err)
@@ -852,9 +859,9 @@ func (l *lane) finish(st *consumerState, m *Message, cm *claim.Message, hctx con
 			if out.Verdict == claim.Nack {
 				l.afterNack()
 			}
-			if obs != nil {
-				obs.Settled(m, outcomeOf(out.Verdict), handled)
-			}
+		}
+		if obs != nil {
+			obs.Settled(m, settled, handled)
 		}
 	}
 	if err != nil && (out.Verdict == claim.Nack || out.Verdict == claim.Release) {

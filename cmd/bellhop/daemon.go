@@ -157,7 +157,7 @@ func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.
 		ln.Close()
 		return err
 	}
-	rec := metrics.New(reg, func() notify.Stats { return disp.ListenerStats() },
+	rec := metrics.New(reg, log, func() notify.Stats { return disp.ListenerStats() },
 		func(ctx context.Context) ([]bellhop.QueueInfo, error) { return client.Queues(ctx, "") })
 	metrics.RegisterLeases(reg, func() bellhop.LeaseStats { return disp.LeaseStats() })
 	dc.Resolver, dc.Logger, dc.Observer = pushResolver{pusher: pusher, log: log}, log, rec

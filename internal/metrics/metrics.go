@@ -11,8 +11,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/internal/logthrottle"
 	"github.com/bellhopq/bellhop/notify"
 )
 
@@ -29,15 +31,16 @@ type Recorder struct {
 
 // New makes a Recorder and registers its metrics, the Go and process
 // collectors, the listener's counters (from stats) and queue-depth gauges
-// (from queues, called at most once per scrape) with reg.
-func New(reg prometheus.Registerer, stats func() notify.Stats, queues func(context.Context) ([]bellhop.QueueInfo, error)) *Recorder {
+// (from queues, called at most once per scrape) with reg. A failed read of
+// the depths is logged to log.
+func New(reg prometheus.Registerer, log zerolog.Logger, stats func() notify.Stats, queues func(context.Context) ([]bellhop.QueueInfo, error)) *Recorder {
 	lq := []string{"app", "queue"}
 	buckets := []float64{.0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
 	r := &Recorder{
 		delivered: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "bellhop_delivered_total", Help: "Deliveries started, by app and queue."}, lq),
 		settled: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "bellhop_settled_total", Help: "Delivery outcomes written: acked, nacked, dead_lettered, released."},
+			Name: "bellhop_settled_total", Help: "Deliveries settled, by outcome: written (acked, nacked, dead_lettered, released) or not (lease_lost: the lease was gone first; write_failed: every write failed)."},
 			append(lq, "outcome")),
 		reclaimed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "bellhop_reclaimed_total", Help: "Expired leases returned by this dispatcher's reclaimer, by result (released, dead_lettered)."},
@@ -45,19 +48,19 @@ func New(reg prometheus.Registerer, stats func() notify.Stats, queues func(conte
 		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "bellhop_in_flight", Help: "Messages being handled now."}, lq),
 		toStart: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "bellhop_latency_to_start_seconds", Help: "From enqueued_at to the start of delivery (includes deliver_after delays and retries' waits).", Buckets: buckets}, lq),
+			Name: "bellhop_latency_to_start_seconds", Help: "From enqueued_at to the start of delivery (includes deliver_after delays and retries' waits). Compares the database's clock with the daemon's: keep them in sync (NTP).", Buckets: buckets}, lq),
 		toAck: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "bellhop_latency_to_ack_seconds", Help: "From enqueued_at to the ack being written.", Buckets: buckets}, lq),
+			Name: "bellhop_latency_to_ack_seconds", Help: "From enqueued_at to the ack being written. Compares the database's clock with the daemon's: keep them in sync (NTP).", Buckets: buckets}, lq),
 		handler: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "bellhop_handler_duration_seconds", Help: "How long handlers ran.", Buckets: buckets}, lq),
+			Name: "bellhop_handler_duration_seconds", Help: "How long handlers ran, for every delivery settled.", Buckets: buckets}, lq),
 		polls: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "bellhop_fallback_polls_total", Help: "Fallback polls run."}),
+			Name: "bellhop_fallback_polls_total", Help: "Fallback polls that reached the database (failed ones are logged)."}),
 		pollsFound: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "bellhop_fallback_polls_found_work_total", Help: "Fallback polls that found work ready for a second or more on idle queues: non-zero means notifications were missed."}),
 	}
 	reg.MustRegister(r.delivered, r.settled, r.reclaimed, r.inFlight, r.toStart, r.toAck, r.handler, r.polls, r.pollsFound,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		&listenerCollector{stats: stats}, &depthCollector{queues: queues})
+		&listenerCollector{stats: stats}, newDepthCollector(log, queues))
 	return r
 }
 
@@ -65,7 +68,15 @@ func New(reg prometheus.Registerer, stats func() notify.Stats, queues func(conte
 func (r *Recorder) Delivered(m *bellhop.Message) {
 	r.delivered.WithLabelValues(m.App, m.Queue).Inc()
 	r.inFlight.WithLabelValues(m.App, m.Queue).Inc()
-	r.toStart.WithLabelValues(m.App, m.Queue).Observe(time.Since(m.EnqueuedAt).Seconds())
+	r.toStart.WithLabelValues(m.App, m.Queue).Observe(sinceEnqueued(m))
+}
+
+// sinceEnqueued is how long ago m was enqueued, by the daemon's clock,
+// from enqueued_at, which the database's clock set. A database clock ahead
+// of the daemon's makes it negative: counted as 0, since a negative sample
+// would fall in the first bucket and lower the histogram's sum.
+func sinceEnqueued(m *bellhop.Message) float64 {
+	return max(time.Since(m.EnqueuedAt).Seconds(), 0)
 }
 
 // Settled implements bellhop.Observer.
@@ -73,7 +84,7 @@ func (r *Recorder) Settled(m *bellhop.Message, o bellhop.Outcome, handled time.D
 	r.settled.WithLabelValues(m.App, m.Queue, string(o)).Inc()
 	r.handler.WithLabelValues(m.App, m.Queue).Observe(handled.Seconds())
 	if o == bellhop.Acked {
-		r.toAck.WithLabelValues(m.App, m.Queue).Observe(time.Since(m.EnqueuedAt).Seconds())
+		r.toAck.WithLabelValues(m.App, m.Queue).Observe(sinceEnqueued(m))
 	}
 }
 
@@ -140,13 +151,21 @@ func (c *listenerCollector) Collect(ch chan<- prometheus.Metric) {
 // depthCollector reads the queue list once per scrape, and at most once a
 // second however often it is scraped. When the read fails it reports no
 // depths, and bellhop_queue_depths_ok 0: depths kept from an earlier read
-// would look current while the database is gone.
+// would look current while the database is gone. Why the read failed is
+// logged, at most once every 10 s, as scrapes come every few seconds from
+// each Prometheus server.
 type depthCollector struct {
-	queues func(context.Context) ([]bellhop.QueueInfo, error)
-	mu     sync.Mutex
-	at     time.Time
-	cached []bellhop.QueueInfo
-	ok     bool
+	queues   func(context.Context) ([]bellhop.QueueInfo, error)
+	log      zerolog.Logger
+	throttle *logthrottle.Throttle
+	mu       sync.Mutex
+	at       time.Time
+	cached   []bellhop.QueueInfo
+	ok       bool
+}
+
+func newDepthCollector(log zerolog.Logger, queues func(context.Context) ([]bellhop.QueueInfo, error)) *depthCollector {
+	return &depthCollector{queues: queues, log: log, throttle: logthrottle.New(1, 10*time.Second)}
 }
 
 var depthDesc = prometheus.NewDesc("bellhop_queue_messages", "Messages per queue by state: ready, delayed, in_flight, dead.",
@@ -171,6 +190,10 @@ func (c *depthCollector) Collect(ch chan<- prometheus.Metric) {
 		c.cached, c.ok, c.at = qs, err == nil, time.Now()
 		if err != nil {
 			c.cached = nil
+			if ok, held := c.throttle.Allow(); ok {
+				c.log.Warn().Err(err).Int("held_back", held).
+					Msg("could not read the queue depths for /metrics; bellhop_queue_depths_ok is 0 (logged at most once every 10s; held_back counts the failures not logged)")
+			}
 		}
 	}
 	qs, ok := c.cached, c.ok

@@ -1,14 +1,18 @@
 package metrics
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"maps"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/notify"
@@ -20,30 +24,12 @@ import (
 // database was down.
 func TestDepthsWhenTheReadFails(t *testing.T) {
 	fail := false
-	c := &depthCollector{queues: func(context.Context) ([]bellhop.QueueInfo, error) {
+	c := newDepthCollector(zerolog.Nop(), func(context.Context) ([]bellhop.QueueInfo, error) {
 		if fail {
 			return nil, errors.New("database down")
 		}
 		return []bellhop.QueueInfo{{App: "shop", Queue: "orders", Ready: 3}}, nil
-	}}
-	collect := func() (ok float64, depths int) {
-		ch := make(chan prometheus.Metric, 16)
-		c.Collect(ch)
-		close(ch)
-		ok = -1
-		for m := range ch {
-			if m.Desc() == depthsOKDesc {
-				var pb dto.Metric
-				if err := m.Write(&pb); err != nil {
-					t.Fatal(err)
-				}
-				ok = pb.GetGauge().GetValue()
-				continue
-			}
-			depths++
-		}
-		return ok, depths
-	}
+	})
 	for _, step := range []struct {
 		fail   bool
 		ok     float64
@@ -54,12 +40,102 @@ func TestDepthsWhenTheReadFails(t *testing.T) {
 		{false, 1, 5},
 	} {
 		fail = step.fail
-		c.mu.Lock()
-		c.at = time.Time{} // read again now, not a second later
-		c.mu.Unlock()
-		if ok, depths := collect(); ok != step.ok || depths != step.depths {
+		if ok, depths := scrapeDepths(t, c); ok != step.ok || depths != step.depths {
 			t.Errorf("read failing %v: bellhop_queue_depths_ok %v and %d depth series, want %v and %d", step.fail, ok, depths, step.ok, step.depths)
 		}
+	}
+}
+
+// scrapeDepths collects c now (not a second after its last read) and
+// returns bellhop_queue_depths_ok (-1 if absent) and the number of the
+// other series.
+func scrapeDepths(t *testing.T, c *depthCollector) (ok float64, depths int) {
+	t.Helper()
+	c.mu.Lock()
+	c.at = time.Time{}
+	c.mu.Unlock()
+	ch := make(chan prometheus.Metric, 16)
+	c.Collect(ch)
+	close(ch)
+	ok = -1
+	for m := range ch {
+		if m.Desc() == depthsOKDesc {
+			var pb dto.Metric
+			if err := m.Write(&pb); err != nil {
+				t.Fatal(err)
+			}
+			ok = pb.GetGauge().GetValue()
+			continue
+		}
+		depths++
+	}
+	return ok, depths
+}
+
+// TestDepthsReadFailureLogged: why a read of the queue depths failed is
+// logged at warn, once for two failed scrapes within 10 s, the second
+// held back. It was not logged at all: bellhop_queue_depths_ok went to 0
+// and nothing said why.
+func TestDepthsReadFailureLogged(t *testing.T) {
+	var logs bytes.Buffer
+	fail := true
+	c := newDepthCollector(zerolog.New(&logs), func(context.Context) ([]bellhop.QueueInfo, error) {
+		if fail {
+			return nil, errors.New("database down (test)")
+		}
+		return []bellhop.QueueInfo{{App: "shop", Queue: "orders"}}, nil
+	})
+	for i := range 2 {
+		if ok, _ := scrapeDepths(t, c); ok != 0 {
+			t.Fatalf("failed scrape %d: bellhop_queue_depths_ok %v, want 0", i+1, ok)
+		}
+	}
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	if len(lines) != 1 || lines[0] == "" {
+		t.Fatalf("logged %q for two failed reads within 10s, want one line", logs.String())
+	}
+	var line map[string]any
+	if err := json.Unmarshal([]byte(lines[0]), &line); err != nil {
+		t.Fatalf("log line %q: %v", lines[0], err)
+	}
+	if line["level"] != "warn" || line["error"] != "database down (test)" || line["held_back"] != float64(0) {
+		t.Errorf("logged %v, want level warn, the read's error and held_back 0", line)
+	}
+	fail = false
+	if ok, depths := scrapeDepths(t, c); ok != 1 || depths != 5 {
+		t.Errorf("after recovery: bellhop_queue_depths_ok %v and %d depth series, want 1 and 5", ok, depths)
+	}
+}
+
+// TestLatencyClockAhead: a message whose enqueued_at is ahead of the
+// daemon's clock (the database's clock ahead) is counted as 0 s in the
+// latency histograms. It was a negative sample, which lowered _sum.
+func TestLatencyClockAhead(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	r := New(reg, zerolog.Nop(), func() notify.Stats { return notify.Stats{} },
+		func(context.Context) ([]bellhop.QueueInfo, error) { return nil, nil })
+	m := &bellhop.Message{App: "shop", Queue: "orders", EnqueuedAt: time.Now().Add(20 * time.Millisecond)}
+	r.Delivered(m)
+	r.Settled(m, bellhop.Acked, time.Millisecond)
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := 0
+	for _, f := range families {
+		if n := f.GetName(); n != "bellhop_latency_to_start_seconds" && n != "bellhop_latency_to_ack_seconds" {
+			continue
+		}
+		for _, s := range f.GetMetric() {
+			seen++
+			h := s.GetHistogram()
+			if h.GetSampleCount() != 1 || h.GetSampleSum() != 0 {
+				t.Errorf("%s: %d samples summing to %v, want 1 of 0", f.GetName(), h.GetSampleCount(), h.GetSampleSum())
+			}
+		}
+	}
+	if seen != 2 {
+		t.Errorf("found %d latency histograms, want 2", seen)
 	}
 }
 

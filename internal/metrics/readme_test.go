@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/notify"
@@ -25,7 +26,7 @@ func (c *collecting) Unregister(prometheus.Collector) bool    { return false }
 // not. The README once left four of them out.
 func TestReadmeListsEveryMetric(t *testing.T) {
 	reg := &collecting{}
-	New(reg, func() notify.Stats { return notify.Stats{} },
+	New(reg, zerolog.Nop(), func() notify.Stats { return notify.Stats{} },
 		func(context.Context) ([]bellhop.QueueInfo, error) { return nil, nil })
 	RegisterLeases(reg, func() bellhop.LeaseStats { return bellhop.LeaseStats{} })
 

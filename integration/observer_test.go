@@ -1,0 +1,140 @@
+package integration
+
+import (
+	"context"
+	"maps"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/bellhopq/bellhop"
+)
+
+// settledObserver records the deliveries and outcomes a dispatcher
+// reports.
+type settledObserver struct {
+	mu        sync.Mutex
+	delivered int
+	settled   map[bellhop.Outcome]int
+	handled   []time.Duration
+}
+
+func (o *settledObserver) Delivered(*bellhop.Message) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.delivered++
+}
+
+func (o *settledObserver) Settled(_ *bellhop.Message, out bellhop.Outcome, handled time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.settled == nil {
+		o.settled = map[bellhop.Outcome]int{}
+	}
+	o.settled[out]++
+	o.handled = append(o.handled, handled)
+}
+
+func (o *settledObserver) Polled(int)                {}
+func (o *settledObserver) Reclaimed(int64, int64)    {}
+func (o *settledObserver) Finished(*bellhop.Message) {}
+
+// report returns the deliveries, the outcomes and the handler durations
+// reported so far.
+func (o *settledObserver) report() (int, map[bellhop.Outcome]int, []time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.delivered, maps.Clone(o.settled), append([]time.Duration(nil), o.handled...)
+}
+
+// waitSettled waits until n outcomes have been reported and returns the
+// report.
+func (o *settledObserver) waitSettled(t *testing.T, n int) (int, map[bellhop.Outcome]int, []time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		delivered, settled, handled := o.report()
+		total := 0
+		for _, c := range settled {
+			total += c
+		}
+		if total >= n {
+			return delivered, settled, handled
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 30s, delivered %d and settled %v: want %d outcomes reported", delivered, settled, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestSettledLeaseLost: a handler that ignores its context and outlives
+// its lease has its message reclaimed and delivered again; its ack then
+// finds the lease gone and is reported as lease_lost, beside the second
+// delivery's ack, so that every delivery is counted, with its handler's
+// duration. Only acks written were reported: the reviewer's run gave two
+// deliveries and settled map[acked:1].
+func TestSettledLeaseLost(t *testing.T) {
+	e := newEnv(t)
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "slow", VisibilityTimeout: time.Second})
+	second := make(chan struct{})
+	var once sync.Once
+	mux := bellhop.NewMux()
+	mux.Handle("app", "slow", bellhop.HandlerFunc(func(_ context.Context, m *bellhop.Message) error {
+		if m.Attempt > 1 {
+			once.Do(func() { close(second) })
+			return nil
+		}
+		// Ignores its context: returns once the message has been
+		// delivered again, long after its lease ran out.
+		select {
+		case <-second:
+		case <-time.After(30 * time.Second):
+		}
+		return nil
+	}))
+	obs := &settledObserver{}
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour, Observer: obs}, nil)
+	e.enqueue(t, "slow", 1, bellhop.EnqueueOptions{})
+
+	delivered, settled, handled := obs.waitSettled(t, 2)
+	want := map[bellhop.Outcome]int{bellhop.Acked: 1, bellhop.LeaseLost: 1}
+	if delivered != 2 || !maps.Equal(settled, want) {
+		t.Errorf("delivered %d, settled %v; want 2 and %v", delivered, settled, want)
+	}
+	if len(handled) != 2 {
+		t.Errorf("%d handler durations reported, want one per delivery, 2", len(handled))
+	}
+}
+
+// TestSettledWriteFailed: an ack that cannot be written (a trigger
+// refuses the DELETE on every try) is reported as write_failed, with its
+// handler's duration. It was not reported at all.
+func TestSettledWriteFailed(t *testing.T) {
+	e := newEnv(t)
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders"})
+	for _, sql := range []string{
+		`CREATE FUNCTION refuse_ack() RETURNS trigger LANGUAGE plpgsql AS $$
+		 BEGIN RAISE EXCEPTION 'ack refused by the test'; END $$`,
+		`CREATE TRIGGER refuse_ack BEFORE DELETE ON queue_messages FOR EACH ROW EXECUTE FUNCTION refuse_ack()`,
+	} {
+		if _, err := e.pool.Exec(context.Background(), sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rec := &recorder{}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", rec)
+	obs := &settledObserver{}
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour, Observer: obs}, nil)
+	id := e.enqueue(t, "orders", 1, bellhop.EnqueueOptions{})
+
+	delivered, settled, handled := obs.waitSettled(t, 1) // after the completer's five tries
+	want := map[bellhop.Outcome]int{bellhop.WriteFailed: 1}
+	if delivered != 1 || !maps.Equal(settled, want) || len(handled) != 1 {
+		t.Errorf("delivered %d, settled %v, %d handler durations; want 1, %v and 1", delivered, settled, len(handled), want)
+	}
+	if n := e.count(t, `SELECT count(*) FROM queue_messages WHERE id = $1 AND claim_token IS NOT NULL`, id); n != 1 {
+		t.Errorf("%d leased rows for the message, want it still leased (the ack not written)", n)
+	}
+}
