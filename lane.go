@@ -52,9 +52,18 @@ type lane struct {
 	tidied chan struct{}
 	after  *lane
 	// timer wakes the lane at the time its last pass asked for; fired
-	// tells the pass that it was started by the timer.
-	timer *time.Timer
-	fired atomic.Bool
+	// tells the pass that it was started by the timer. forDue is set when
+	// the timer was armed for the due time of a message (a retry, a
+	// delayed message) rather than for a busy lane's poll, a settle or a
+	// watch; renacked is set by afterNack for the pass it asks for. Both
+	// decide whether a pass that finds no free slot hands the work over
+	// (handOff). forDue and due (the next due time the last claim of a
+	// pass read) are touched only by the lane's goroutine.
+	timer    *time.Timer
+	fired    atomic.Bool
+	forDue   bool
+	due      time.Time
+	renacked atomic.Bool
 	// timed is set while the timer is armed for a due time, and nacked
 	// once the lane has nacked a message (whose retry time only this lane
 	// hears of): a stop hands such lanes over to the other dispatchers
@@ -298,8 +307,9 @@ func (l *lane) run() {
 			continue
 		}
 		byTimer := l.fired.Swap(false)
-		if l.claimReq.Swap(false) || byTimer {
-			l.pass(ctx, byTimer)
+		byNack := l.renacked.Swap(false)
+		if l.claimReq.Swap(false) || byTimer || byNack {
+			l.pass(ctx, byTimer, byNack)
 		}
 		if l.wantsOffer() {
 			l.makeOffer(ctx)
@@ -318,11 +328,16 @@ func (l *lane) exitStopped() {
 	}
 }
 
-// pass runs one wake-up's claims and sets the timer.
-func (l *lane) pass(ctx context.Context, byTimer bool) {
+// pass runs one wake-up's claims and sets the timer. byTimer says that
+// the timer started it, byNack that afterNack did.
+func (l *lane) pass(ctx context.Context, byTimer, byNack bool) {
+	dueFired := byTimer && l.forDue
 	l.draining.Store(true)
 	l.passes.Add(1)
-	next, claimed := l.drain(ctx)
+	next, claimed, full := l.drain(ctx)
+	if full && ((dueFired && !claimed) || byNack) {
+		l.handOff(ctx)
+	}
 	l.watched.Store(l.watching || l.busy)
 	l.draining.Store(false)
 	// A due time that has already passed by our clock but found
@@ -336,23 +351,57 @@ func (l *lane) pass(ctx context.Context, byTimer bool) {
 	}
 	l.timed.Store(!next.IsZero())
 	if !next.IsZero() {
+		l.forDue = !l.due.IsZero() && !next.Before(l.due)
 		l.timer.Reset(time.Until(next))
+	}
+}
+
+// handOff wakes every dispatcher, this one included, for the lane's queue
+// or invoke deliveries (sql/hand_over.sql), when a pass found all the
+// consumer's slots taken at a time it may be the only one to know of: its
+// timer fired for a due time and the pass claimed nothing, or the pass was
+// the one afterNack asked for, which was to read a retry's due time and
+// could not. A nack sends no notification, so only this lane knows when
+// the retry is due, and its slots can stay taken (by the consumer's other
+// lane, or by messages leased to it at INSERT) while the other
+// dispatchers' lanes, with slots to spare, never run a pass: the retry
+// waited for a slot here or for their fallback poll, which counted it as
+// a missed notification. Woken, each of them claims what is due or arms a
+// timer of its own for it. This lane's pass on its own notification finds
+// no free slot either, but neither fired nor renacked is set for it, so it
+// hands nothing over again: one notification per timer firing or nack. A
+// lane that stays full arms no timer, and the next slot freed wakes it
+// (backlog), to claim or re-arm.
+// Nacks do not notify at commit instead (nack.sql): every nack would then
+// take the notification lock and wake a claim pass on every dispatcher,
+// though the nacking lane nearly always has a slot for its own retry, and
+// a failing consumer under load nacks at the rate it is delivered to.
+func (l *lane) handOff(ctx context.Context) {
+	bctx, cancel := l.d.bound(ctx)
+	defer cancel()
+	if err := l.d.wake(bctx, []*lane{l}); err != nil && !timeout.Stopping(bctx) {
+		l.d.log.Debug().Err(timeout.Explain(bctx, err)).Str("app_id", l.target.AppID.String()).Str("queue", l.target.Queue).
+			Stringer("source", l.target.Source).
+			Msg("could not hand a due time over to the other dispatchers; it waits for a free slot or their fallback poll")
 	}
 }
 
 // drain claims until the lane's slots are full or nothing is ready. It
 // returns when it wants to look again on its own (zero: only when woken):
 // the next due time, the end of another dispatcher's busy mark, or a retry.
-// claimed reports whether it claimed anything.
-func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
+// claimed reports whether it claimed anything, full that it stopped
+// because no slot was free. It sets l.due to the next due time its last
+// claim read, if it returns that claim's.
+func (l *lane) drain(ctx context.Context) (next time.Time, claimed, full bool) {
 	marks := l.target.Source == claim.Queue && !l.d.cfg.DisableBusyMarks
 	for ctx.Err() == nil {
+		l.due = time.Time{}
 		st := l.state.Load()
 		if !st.Enabled {
 			l.dropMark(ctx)
 			l.withdraw(ctx)
 			l.releasePending()
-			return time.Time{}, claimed
+			return time.Time{}, claimed, false
 		}
 		if l.inFlight.Load() > 0 {
 			// Deliveries are finishing (one of them may have woken us):
@@ -365,8 +414,9 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 		if free <= 0 {
 			// A finishing delivery pokes us. A busy lane keeps its key
 			// meanwhile: other dispatchers' watch passes find what its
-			// silent producers commit (docs/busy-marks.md, step 2).
-			return time.Time{}, claimed
+			// silent producers commit (docs/busy-marks.md, step 2). A due
+			// time only we may know goes to the others (pass, handOff).
+			return time.Time{}, claimed, true
 		}
 		l.backlog.Store(false)
 		if l.settle && (l.checkFailures == 0 || !time.Now().Before(l.checkAt)) {
@@ -415,7 +465,7 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 		if free = l.reserve(st.MaxInFlight); free == 0 {
 			l.backlog.Store(true)
 			if free = l.reserve(st.MaxInFlight); free == 0 {
-				return time.Time{}, claimed
+				return time.Time{}, claimed, true
 			}
 			l.backlog.Store(false)
 		}
@@ -426,7 +476,7 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 			if l.busy && ctx.Err() == nil {
 				l.quitBusy(ctx)
 			}
-			return l.retry(ctx, st, err), claimed
+			return l.retry(ctx, st, err), claimed, false
 		}
 		l.failures = 0
 		if mark {
@@ -439,7 +489,7 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 				l.d.complete.Submit(claim.Outcome{Message: &pass.Messages[i], Verdict: claim.Release})
 			}
 			l.freeSlots(free)
-			return time.Time{}, claimed
+			return time.Time{}, claimed, false
 		}
 		// A reload while the claim ran (it may have waited long for a
 		// connection, a lock or the combiner) applies to what it claimed:
@@ -493,7 +543,7 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 		}
 		l.freeSlots(free - len(msgs) + orphans)
 		if orphans > 0 {
-			return time.Time{}, claimed
+			return time.Time{}, claimed, false
 		}
 		if cut {
 			continue // the next round sees the pause, or the full slots
@@ -512,7 +562,7 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 		// ends in milliseconds; a lock held for longer (an operator's
 		// transaction) is looked at less and less often, up to once a
 		// second, rather than fifty times a second for as long as it lasts.
-		next = pass.NextDue
+		next, l.due = pass.NextDue, pass.NextDue
 		if pass.ReadyLeft {
 			l.tries++
 			next = earliest(next, time.Now().Add(doubling(l.tries, time.Second)))
@@ -521,7 +571,7 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 			if !pass.ReadyLeft {
 				l.tries = 0
 			}
-			return next, claimed
+			return next, claimed, false
 		}
 		if stream {
 			// Mark the queue from the next pass on.
@@ -535,7 +585,7 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 			if !pass.ReadyLeft {
 				l.tries = 0
 			}
-			return earliest(next, now.Add(l.d.cfg.BusyWindow/4)), claimed
+			return earliest(next, now.Add(l.d.cfg.BusyWindow/4)), claimed, false
 		case l.busy:
 			// Drained. Drop the mark; the lock then tells us when every
 			// producer that read it has committed, and one more pass
@@ -548,7 +598,7 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 			if err != nil {
 				err = timeout.Explain(bctx, err)
 				l.settle = true
-				return l.retry(ctx, st, err), claimed
+				return l.retry(ctx, st, err), claimed, false
 			}
 			// The check in Unmark answered: the next one need not wait.
 			l.marked, l.checkFailures, l.checkAt = false, 0, time.Time{}
@@ -567,11 +617,11 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 		}
 		if l.settle {
 			if l.checkFailures > 0 {
-				return earliest(next, l.checkAt), claimed
+				return earliest(next, l.checkAt), claimed, false
 			}
 			// A producer that read a mark has not committed yet.
 			l.tries++
-			return earliest(next, time.Now().Add(doubling(l.tries, 20*time.Millisecond))), claimed
+			return earliest(next, time.Now().Add(doubling(l.tries, 20*time.Millisecond))), claimed, false
 		}
 		if pass.ForeignLease.IsZero() && l.watching {
 			// The mark we watched is gone or expired; its producers may
@@ -582,9 +632,9 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed bool) {
 		if !pass.ReadyLeft {
 			l.tries = 0
 		}
-		return next, claimed
+		return next, claimed, false
 	}
-	return time.Time{}, claimed
+	return time.Time{}, claimed, false
 }
 
 // quitBusy ends a busy period whose claim failed, before the lane backs
@@ -891,10 +941,12 @@ func (l *lane) finish(st *consumerState, m *Message, cm *claim.Message, hctx con
 // written. A nack sends no notification, and the lane's timer was set
 // before the message's new deliver_after existed: a claim pass now reads
 // it (as the next due time) and arms the timer, or claims at once if it
-// is due. A lane stopped by a reload meanwhile cannot: the one serving the
-// queue now does.
+// is due. If that pass finds every slot taken, it reads nothing, and it
+// wakes the other dispatchers instead (handOff). A lane stopped by a
+// reload meanwhile cannot: the one serving the queue now does.
 func (l *lane) afterNack() {
 	l.nacked.Store(true)
+	l.renacked.Store(true)
 	l.poke()
 	if l.ctx.Err() != nil {
 		l.d.pokeServing(l.target)

@@ -4,7 +4,10 @@
 -- retry time lived in the nacking lane's timer, which the stop cancelled.
 -- Each dispatcher that hears one runs a claim pass, which reads the due
 -- time and arms a timer of its own. Without this they would find the
--- retry only at their fallback poll. A lane stopped while producers may
+-- retry only at their fallback poll. A running lane that has no free slot
+-- for such a retry sends one too: as its timer fires for a due time, or
+-- as the pass after its nack, which was to read the retry's due time,
+-- finds its slots taken (lane.handOff). A lane stopped while producers may
 -- have skipped announcing (they saw its busy key) sends one too, for its
 -- queue, once they have committed (lane.settleGone).
 SELECT count(pg_notify('bellhop', p)) FROM unnest(@payloads::text[]) AS p

@@ -9,7 +9,10 @@
 -- consumer may still be working on the request we no longer wait for.
 -- It sends no notification: the dispatcher that nacked runs a claim pass
 -- once this commits, which reads the new deliver_after as its queue's
--- next due time and arms its timer (lane.go).
+-- next due time and arms its timer (lane.go). If that dispatcher has no
+-- free slot for the retry then, or when the timer fires, it wakes the
+-- others (hand_over.sql, lane.handOff); a notification here would wake a
+-- claim pass on every dispatcher for every nack.
 WITH q AS (
     UPDATE queue_messages AS m
     SET claim_token = NULL, claimed_at = NULL,
