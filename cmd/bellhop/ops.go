@@ -207,7 +207,7 @@ func consumerSettingFlags(withDefaults bool) []cli.Flag {
 	return []cli.Flag{
 		&cli.DurationFlag{Name: "visibility-timeout", Value: def(bellhop.DefaultVisibilityTimeout), HideDefault: hide, Usage: "lease on a delivered message (whole seconds, 1s to 12h)"},
 		&cli.IntFlag{Name: "max-attempts", Value: defInt(bellhop.DefaultMaxAttempts), HideDefault: hide, Usage: "deliveries before a message is dead-lettered (1 to 1000); applies to messages enqueued with bellhop enqueue, the Go client or the enqueue() SQL function, while a plain INSERT gets the column default, 3"},
-		&cli.DurationFlag{Name: "backoff-min", Value: def(bellhop.DefaultBackoffBase), HideDefault: hide, Usage: "retry delay after the first failure; doubles per attempt"},
+		&cli.DurationFlag{Name: "backoff-min", Value: def(bellhop.DefaultBackoffBase), HideDefault: hide, Usage: "retry delay after the first failure, doubling per attempt; up to half of each delay is taken off as jitter"},
 		&cli.DurationFlag{Name: "backoff-max", Value: def(bellhop.DefaultBackoffCap), HideDefault: hide, Usage: "longest retry delay (by default, at least --backoff-min)"},
 		&cli.IntFlag{Name: "max-in-flight", Value: defInt(bellhop.DefaultMaxInFlight), HideDefault: hide, Usage: "deliveries at once, per dispatcher process"},
 		&cli.DurationFlag{Name: "timeout", HideDefault: true, Usage: timeoutUsage},
