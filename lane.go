@@ -56,14 +56,19 @@ type lane struct {
 	// the timer was armed for the due time of a message (a retry, a
 	// delayed message) rather than for a busy lane's poll, a settle or a
 	// watch; renacked is set by afterNack for the pass it asks for. Both
-	// decide whether a pass that finds no free slot hands the work over
-	// (handOff). forDue and due (the next due time the last claim of a
-	// pass read) are touched only by the lane's goroutine.
+	// decide whether a pass that finds no free slot owes the other
+	// dispatchers a hand-over (handOff); owed keeps it until it is sent,
+	// at most one each handOffEvery (handedAt, the last), or until a pass
+	// finds a free slot and reads the due times itself. forDue, due (the
+	// next due time the last claim of a pass read), owed and handedAt are
+	// touched only by the lane's goroutine.
 	timer    *time.Timer
 	fired    atomic.Bool
 	forDue   bool
 	due      time.Time
 	renacked atomic.Bool
+	owed     bool
+	handedAt time.Time
 	// timed is set while the timer is armed for a due time, and nacked
 	// once the lane has nacked a message (whose retry time only this lane
 	// hears of): a stop hands such lanes over to the other dispatchers
@@ -336,7 +341,19 @@ func (l *lane) pass(ctx context.Context, byTimer, byNack bool) {
 	l.passes.Add(1)
 	next, claimed, full := l.drain(ctx)
 	if full && ((dueFired && !claimed) || byNack) {
-		l.handOff(ctx)
+		l.owed = true
+	}
+	if !full {
+		l.owed = false
+	}
+	if l.owed {
+		if wait := handOffEvery - time.Since(l.handedAt); wait > 0 {
+			// Sent when the period ends, if the lane is still full then.
+			next = time.Now().Add(wait)
+		} else {
+			l.handOff(ctx)
+			l.owed, l.handedAt = false, time.Now()
+		}
 	}
 	l.watched.Store(l.watching || l.busy)
 	l.draining.Store(false)
@@ -356,6 +373,9 @@ func (l *lane) pass(ctx context.Context, byTimer, byNack bool) {
 	}
 }
 
+// handOffEvery is the least time between two hand-overs of a lane (handOff).
+const handOffEvery = time.Second
+
 // handOff wakes every dispatcher, this one included, for the lane's queue
 // or invoke deliveries (sql/hand_over.sql), when a pass found all the
 // consumer's slots taken at a time it may be the only one to know of: its
@@ -372,6 +392,12 @@ func (l *lane) pass(ctx context.Context, byTimer, byNack bool) {
 // hands nothing over again: one notification per timer firing or nack. A
 // lane that stays full arms no timer, and the next slot freed wakes it
 // (backlog), to claim or re-arm.
+// A lane hands over at most once each handOffEvery: under load, with a
+// failing consumer and a backlog, nearly every nack's pass finds the slots
+// taken (measured: 515 hand-overs for 3,000 nacks of 5 ms handlers at
+// in-flight 10), while one hand-over is enough for the other dispatchers'
+// lanes with free slots to arm timers of their own from then on. One owed
+// meanwhile is sent as the period ends, if the lane is still full then.
 // Nacks do not notify at commit instead (nack.sql): every nack would then
 // take the notification lock and wake a claim pass on every dispatcher,
 // though the nacking lane nearly always has a slot for its own retry, and
