@@ -219,8 +219,10 @@ type Observer interface {
 	// Polled is called after every fallback poll that could read the
 	// database (a failed one is logged and retried) with the number of idle
 	// queues it found holding work ready for a second or more (missed
-	// notifications; work that came due just now is woken but not
-	// counted, since a timer may be taking it at that moment).
+	// notifications, or a retry whose due time only a dispatcher that died
+	// or could not wake the others knew; work that came due just now is
+	// woken but not counted, since a timer may be taking it at that
+	// moment).
 	Polled(missed int)
 	// Reclaimed is called after a reclaim pass that changed something.
 	Reclaimed(released, deadLettered int64)
@@ -938,7 +940,7 @@ func (d *Dispatcher) poll(ctx context.Context) {
 	}
 	d.mu.RUnlock()
 	if missed > 0 {
-		d.log.Warn().Int("queues", missed).Msg("fallback poll found ready work on idle queues; notifications were missed")
+		d.log.Warn().Int("queues", missed).Msg("fallback poll found ready work on idle queues; notifications were missed, or a dispatcher that alone knew a retry's due time died or could not wake the others")
 	}
 	if d.cfg.Observer != nil {
 		d.cfg.Observer.Polled(missed)

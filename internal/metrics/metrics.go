@@ -56,7 +56,7 @@ func New(reg prometheus.Registerer, log zerolog.Logger, stats func() notify.Stat
 		polls: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "bellhop_fallback_polls_total", Help: "Fallback polls that reached the database (failed ones are logged)."}),
 		pollsFound: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "bellhop_fallback_polls_found_work_total", Help: "Fallback polls that found work ready for a second or more on idle queues: non-zero means notifications were missed."}),
+			Name: "bellhop_fallback_polls_found_work_total", Help: "Fallback polls that found work ready for a second or more on idle queues: non-zero means notifications were missed, or a dispatcher died (or could not wake the others) while it alone knew a retry's due time."}),
 	}
 	reg.MustRegister(r.delivered, r.settled, r.reclaimed, r.inFlight, r.toStart, r.toAck, r.handler, r.polls, r.pollsFound,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
