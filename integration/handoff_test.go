@@ -2,6 +2,8 @@ package integration
 
 import (
 	"context"
+	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -32,20 +34,32 @@ const nackBatch = "AS a(id, token, delay_ms, hold_ms)"
 const handOverSQL = "pg_notify('bellhop', p)"
 
 // handoffTracer counts A's claim passes, its invoke claims apart, and its
-// hand-overs, and holds back its nacks while gate is set, until gate is
-// closed.
+// hand-overs (handedAt, when each started), and holds back its nacks while
+// gate is set, until gate is closed.
 type handoffTracer struct {
 	claimCounter
 	invoke    atomic.Int64
 	handOvers atomic.Int64
 	gate      atomic.Pointer[chan struct{}]
+	mu        sync.Mutex
+	handedAt  []time.Time
 }
 
 func (h *handoffTracer) TraceQueryStart(ctx context.Context, c *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	if strings.Contains(d.SQL, handOverSQL) {
+		h.mu.Lock()
+		h.handedAt = append(h.handedAt, time.Now())
+		h.mu.Unlock()
 		h.handOvers.Add(1)
 	}
 	return h.claimCounter.TraceQueryStart(ctx, c, d)
+}
+
+// handOverTimes returns when each hand-over so far started.
+func (h *handoffTracer) handOverTimes() []time.Time {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]time.Time(nil), h.handedAt...)
 }
 
 func (h *handoffTracer) TraceBatchStart(ctx context.Context, c *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
@@ -72,9 +86,12 @@ type handoff struct {
 	// A's handler: a message whose payload is "fail" fails its first
 	// attempt with RetryAfter(retry) once fail is closed, and sends its
 	// later attempts to retried; one whose payload is "hold" counts in
-	// held and runs until the test ends.
+	// held and runs until the test ends. Other failing payloads
+	// (newHandoffFailing) do as "fail" does, each with its own gate and
+	// retry delay, kept in fails by payload.
 	fail    chan struct{}
-	first   chan struct{} // a "fail" message's first attempt started on A
+	fails   map[string]failing
+	first   chan struct{} // a failing message's first attempt started on A
 	retried chan int      // attempts of a "fail" message after its first, on A
 	held    atomic.Int32
 	release func()    // ends the "hold" messages' handlers
@@ -82,11 +99,30 @@ type handoff struct {
 	trB     *claimCounter
 }
 
+// failing is how A's handler fails a message's first attempt: once gate
+// is closed, with RetryAfter(retry).
+type failing struct {
+	gate  chan struct{}
+	retry time.Duration
+}
+
 // newHandoff starts A; startB starts B.
 func newHandoff(t *testing.T, retry time.Duration) *handoff {
 	t.Helper()
-	h := &handoff{e: newEnv(t), trA: &handoffTracer{}, fail: make(chan struct{}), first: make(chan struct{}, 1),
+	return newHandoffFailing(t, map[string]time.Duration{"fail": retry})
+}
+
+// newHandoffFailing is newHandoff with one failing payload per entry of
+// retries, each failing with its own delay once its gate (h.fails) is
+// closed; h.fail is the gate of "fail", if there is one.
+func newHandoffFailing(t *testing.T, retries map[string]time.Duration) *handoff {
+	t.Helper()
+	h := &handoff{e: newEnv(t), trA: &handoffTracer{}, fails: make(map[string]failing), first: make(chan struct{}, len(retries)),
 		retried: make(chan int, 4), b: &recorder{}, trB: &claimCounter{}}
+	for payload, retry := range retries {
+		h.fails[`"`+payload+`"`] = failing{gate: make(chan struct{}), retry: retry}
+	}
+	h.fail = h.fails[`"fail"`].gate
 	h.cons = h.e.consumer(t, bellhop.ConsumerSpec{Queue: "q", MaxInFlight: 2})
 	release := make(chan struct{})
 	var once sync.Once
@@ -102,9 +138,13 @@ func newHandoff(t *testing.T, retry time.Duration) *handoff {
 			h.retried <- m.Attempt
 			return nil
 		}
+		f, ok := h.fails[string(m.Payload)]
+		if !ok {
+			return bellhop.Permanent(fmt.Errorf("unexpected payload %s", m.Payload))
+		}
 		h.first <- struct{}{}
-		<-h.fail
-		return bellhop.RetryAfter(retry)
+		<-f.gate
+		return bellhop.RetryAfter(f.retry)
 	}))
 	startDispatcher(t, h.e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour, LeaseAtInsert: true},
 		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = h.trA })
@@ -322,4 +362,155 @@ func TestRetryAfterHandOverAlone(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("A did not deliver the retry within 5s of its slots being freed")
 	}
+}
+
+// handOffEvery is lane.go's: the least time between two hand-overs of a
+// lane.
+const handOffEvery = time.Second
+
+// TestHandOffsRateLimited: a failing consumer with a backlog finds its
+// slots taken by the next messages at nearly every pass a nack asks for,
+// each of which owes the other dispatchers a hand-over; a lane sends at
+// most one each handOffEvery. Before that limit, a scratch test of 3,000
+// such messages counted 515 hand-overs, each a notification that wakes
+// every dispatcher's lane.
+func TestHandOffsRateLimited(t *testing.T) {
+	const n = 1500
+	e := newEnv(t)
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "q", MaxInFlight: 10, MaxAttempts: 100})
+	if _, err := e.pool.Exec(context.Background(), `INSERT INTO queue_messages (app_id, queue_name, payload, max_attempts)
+		SELECT id, 'q', '{}', 100 FROM apps, generate_series(1, $1::int)`, n); err != nil {
+		t.Fatal(err)
+	}
+	var delivered, again atomic.Int64
+	mux := bellhop.NewMux()
+	mux.Handle("app", "q", bellhop.HandlerFunc(func(context.Context, *bellhop.Message) error {
+		// Every message's retry is an hour away: more deliveries than
+		// messages are repeats.
+		if delivered.Add(1) > n {
+			again.Add(1)
+		}
+		time.Sleep(5 * time.Millisecond) // a handler's work
+		return bellhop.RetryAfter(time.Hour)
+	}))
+	tr := &handoffTracer{}
+	start := time.Now()
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour},
+		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = tr })
+	// Until every nack is written: the hand-overs come from the passes
+	// the nacks ask for.
+	waitFor(t, 60*time.Second, "every message delivered and nacked", func() bool {
+		return delivered.Load() >= n &&
+			e.count(t, `SELECT count(*) FROM queue_messages WHERE claim_token IS NULL AND deliver_after > now() + interval '30 minutes'`) == n
+	})
+	elapsed := time.Since(start)
+	handOvers := tr.handOvers.Load()
+	t.Logf("%d messages delivered and nacked in %s, with %d hand-overs", n, elapsed.Round(time.Millisecond), handOvers)
+	if again.Load() > 0 {
+		t.Errorf("%d messages delivered again, though their retries are an hour away", again.Load())
+	}
+	if limit := 2 + int64(math.Ceil(elapsed.Seconds()/handOffEvery.Seconds())); handOvers > limit {
+		t.Errorf("%d hand-overs in %s, want at most %d: one each %s", handOvers, elapsed.Round(time.Millisecond), limit, handOffEvery)
+	}
+}
+
+// TestOwedHandOffSent: A's slots are taken when the passes two nacks ask
+// for run, within the same second. The first pass hands the queue over
+// at once, and B arms its timer for the first retry, due late; the second
+// owes a hand-over, which the rate limit holds back until the second
+// ends: A, still full then, sends it, and B, reading the due times again,
+// delivers the second retry, due well before the first, on time. Were the
+// owed hand-over dropped, B would find the second retry only when its
+// timer for the first fired, or, when A's busy mark had B watching it, at
+// the mark's end (up to a BusyLease after the retry's due time, so maybe
+// within pushLimit): A's count of hand-overs tells that case apart.
+func TestOwedHandOffSent(t *testing.T) {
+	h := newHandoffFailing(t, map[string]time.Duration{"fail": 5 * time.Second, "soon": 1500 * time.Millisecond})
+	x := h.e.enqueue(t, "q", "fail", bellhop.EnqueueOptions{})
+	y := h.e.enqueue(t, "q", "soon", bellhop.EnqueueOptions{})
+	h.waitFirst(t)
+	h.waitFirst(t)
+	h.startB(t)
+
+	// X fails; its freed slot goes to a message leased to A before its
+	// nack is written, so the pass the nack asks for finds A full.
+	gate := make(chan struct{})
+	h.trA.gate.Store(&gate)
+	close(h.fail)
+	h.lease(t)
+	waitFor(t, 5*time.Second, "the leased message takes X's slot", func() bool { return h.held.Load() == 1 })
+	// B's claim passes so far (on A's busy mark, say) are over: the next
+	// is the one on the hand-over.
+	h.trB.waitQuiet(t, 10*time.Second, 100*time.Millisecond, "B's claims to end")
+	bClaims := h.trB.n.Load()
+	close(gate)
+	dueX := h.nacked(t, "queue_messages", x)
+	waitFor(t, 5*time.Second, "A's first hand-over", func() bool { return h.trA.handOvers.Load() == 1 })
+	first := h.trA.handOverTimes()[0]
+	// B's pass on it has read X's due time, and Y's nack is not yet
+	// written: B's timer is armed for X.
+	waitFor(t, 5*time.Second, "B's pass on the hand-over", func() bool {
+		n := h.trB.n.Load()
+		return n > bClaims && h.trB.ended.Load() == n
+	})
+
+	// The same for Y, within the second.
+	gate = make(chan struct{})
+	h.trA.gate.Store(&gate)
+	close(h.fails[`"soon"`].gate)
+	h.lease(t)
+	waitFor(t, 5*time.Second, "the leased message takes Y's slot", func() bool { return h.held.Load() == 2 })
+	since := time.Since(first)
+	if since >= handOffEvery {
+		t.Fatalf("inconclusive: Y's nack was let through %s after A's first hand-over, which a second one then need not wait for",
+			since.Round(time.Millisecond))
+	}
+	t.Logf("Y's nack let through %s after A's first hand-over", since.Round(time.Millisecond))
+	close(gate)
+	dueY := h.nacked(t, "queue_messages", y)
+	if dueY.Add(3 * pushLimit).After(dueX) {
+		t.Fatalf("inconclusive: Y is due at %s, X at %s: too close to tell B's timers apart", dueY, dueX)
+	}
+
+	// B's deliveries of Y's retry: its first claim after X's due time
+	// would take both, X's first, were Y's due time not handed over.
+	ofY := func() (delivery, bool) {
+		for _, d := range h.b.deliveries() {
+			if d.ID == y {
+				return d, true
+			}
+		}
+		return delivery{}, false
+	}
+	deadline := dueX.Add(5 * time.Second)
+	d, ok := ofY()
+	for !ok && len(h.retried) == 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+		d, ok = ofY()
+	}
+	if len(h.retried) > 0 {
+		t.Fatal("A delivered a retry, with its slots all taken")
+	}
+	if !ok {
+		t.Fatal("B did not deliver Y's retry within 5s of X's due time")
+	}
+	if d.Attempt != 2 {
+		t.Fatalf("B delivered Y's attempt %d, want 2", d.Attempt)
+	}
+	late := d.Start.Sub(dueY)
+	t.Logf("B delivered Y %s after its due time (X is due %s after Y)", late.Round(time.Millisecond), dueX.Sub(dueY).Round(time.Millisecond))
+	if late > pushLimit {
+		t.Errorf("B delivered Y %s after its due time, though A owed it a hand-over %s before", late.Round(time.Millisecond),
+			dueY.Sub(first.Add(handOffEvery)).Round(time.Millisecond))
+	}
+	handed := h.trA.handOverTimes()
+	if len(handed) != 2 {
+		t.Fatalf("A handed over %d times by Y's delivery, want 2: at X's nack, and for Y's once the second ended", len(handed))
+	}
+	if gap := handed[1].Sub(handed[0]); gap < handOffEvery {
+		t.Errorf("A's second hand-over came %s after its first, want at least %s", gap.Round(time.Millisecond), handOffEvery)
+	}
+	// A, still full, sends no more: its own notifications leave nothing
+	// owed, and no timer of its is armed for X.
+	holdsFor(t, 300*time.Millisecond, "A's two hand-overs", func() bool { return h.trA.handOvers.Load() == 2 })
 }
