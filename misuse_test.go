@@ -165,7 +165,7 @@ func TestNewDispatcherHoldsNothing(t *testing.T) {
 	// its connections would show.
 	deadline := time.Now().Add(2 * time.Second)
 	for time.Now().Before(deadline) {
-		if n := e.int64(`SELECT count(*) FROM pg_stat_activity WHERE application_name = 'never_run'`); n != 0 {
+		if n := e.int64(`SELECT count(*) FROM pg_stat_activity WHERE application_name = 'never_run' AND datname = current_database()`); n != 0 {
 			t.Fatalf("%d connections of dispatchers that never ran", n)
 		}
 		time.Sleep(50 * time.Millisecond)

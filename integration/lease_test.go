@@ -66,11 +66,14 @@ func firstAttemptDelivered(t *testing.T, e *env, rec *recorder, id uuid.UUID) {
 	}
 }
 
-// leaseKeyHolders counts the sessions holding the lease key, by their
-// application_name.
+// leaseKeyHolders counts the sessions holding the lease key in the
+// test's database, by their application_name. Advisory locks are per
+// database, and other tests' dispatchers may hold the key in theirs on a
+// shared server (DATABASE_URL).
 func (e *env) leaseKeyHolders(t *testing.T, app string) int {
 	return e.count(t, `SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
 	    WHERE l.locktype = 'advisory' AND l.classid = 1650814063 AND l.objid = 0 AND l.objsubid = 2
+	      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 	      AND l.granted AND l.mode = 'ShareLock' AND a.application_name = $1`, app)
 }
 
@@ -859,7 +862,7 @@ func TestStopWaitsForLockedOffer(t *testing.T) {
 		default:
 		}
 		return e.count(t, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'
-		                    AND query LIKE '%bellhop_offers%'`) > 0
+		                    AND datname = current_database() AND query LIKE '%bellhop_offers%'`) > 0
 	})
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
