@@ -888,10 +888,16 @@ func TestStopWaitsForLockedOffer(t *testing.T) {
 // still running withdraws its idle lane's offer at once, not when its
 // grace ends: with another leasing dispatcher connected, a producer would
 // lease the next message to that offer, and a running dispatcher that
-// could take it at once would wait for the stop's grace.
+// could take it at once would wait for the stop's grace. The test's
+// session holds the lease key, standing in for that other dispatcher, and
+// the stopping dispatcher's owner key, standing in for its listener's
+// session while the server still keeps it (a partition, or the instant
+// before the listener closes): without it, producers leave the offer alone
+// once the listener is gone (migration 0055) whether or not the stop
+// withdrew it, and the test passed with the early withdrawal removed.
 func TestStopWithdrawsOffersFirst(t *testing.T) {
 	e := newEnv(t)
-	e.holdLeaseKey(t)
+	holder := e.holdLeaseKey(t)
 	const grace = 3 * time.Second
 	block := make(chan struct{})
 	defer close(block)
@@ -913,6 +919,11 @@ func TestStopWithdrawsOffersFirst(t *testing.T) {
 	waitFor(t, 5*time.Second, "the blocker running and an offer out", func() bool {
 		return e.count(t, `SELECT count(*) FROM queue_messages WHERE claim_token IS NOT NULL`) == 1 && e.offers(t) == 1
 	})
+	var owner uuid.UUID
+	if err := e.pool.QueryRow(context.Background(), `SELECT owner FROM bellhop_offers`).Scan(&owner); err != nil {
+		t.Fatal(err)
+	}
+	holdOwnerKey(t, holder, owner)
 	go d.stop()
 	waitFor(t, 5*time.Second, "the stopping dispatcher's listener gone", func() bool {
 		return e.leaseKeyHolders(t, "bellhop-listener") == 0
