@@ -577,7 +577,7 @@ func (d *Dispatcher) Run(ctx context.Context) (err error) {
 	if d.cfg.LeaseAtInsert {
 		// No producer may lease to us while handlers finish: a lease
 		// made now waits for the end of the grace to be released.
-		wctx, wcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		wctx, wcancel := timeout.Bound(context.Background(), 5*time.Second)
 		d.dropOffers(wctx, nil)
 		wcancel()
 	}
@@ -585,7 +585,9 @@ func (d *Dispatcher) Run(ctx context.Context) (err error) {
 	if !grace.Stop() {
 		<-graceOver // its line is written before Run goes on, and returns
 	}
-	octx, ocancel := context.WithTimeout(context.Background(), 5*time.Second)
+	// Bound, so that the warnings of a stop that ran out of it say so
+	// (timeout.Explain).
+	octx, ocancel := timeout.Bound(context.Background(), 5*time.Second)
 	d.closeOffers(octx)
 	ocancel()
 	d.complete.Close()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/bellhopq/bellhop/claim"
 	"github.com/bellhopq/bellhop/internal/timeout"
@@ -20,15 +21,24 @@ import (
 )
 
 // LeaseStats counts what leasing at INSERT did (DispatcherConfig.LeaseAtInsert).
+// Each message leased to this dispatcher that it took charge of counts
+// once, in Leased or in Recovered; it was then delivered, or released with
+// its attempt refunded (its lane had stopped or was paused, its queue had
+// no consumer any more, the dispatcher was stopping, or it waited for a
+// slot too long).
 type LeaseStats struct {
-	// Offers counts the offers made.
+	// Offers counts the offers made: the INSERTs that succeeded. One
+	// that returned an error is not counted, although its offer may
+	// have been written (its reply lost).
 	Offers uint64
 	// Leased counts messages that producers leased to this dispatcher
 	// and that it heard of by their notification.
 	Leased uint64
-	// Recovered counts messages leased to this dispatcher whose
-	// notification it did not hear, found by their token after a
-	// reconnect or a poll.
+	// Recovered counts messages leased to this dispatcher that it found
+	// by their token before it heard their notification: after a
+	// listener reconnect, after a poll found the offer taken (the
+	// notification lost, or still on its way), and at a clean stop,
+	// whose finds are released.
 	Recovered uint64
 }
 
@@ -104,9 +114,26 @@ func (d *Dispatcher) holdLeaseKey(ctx context.Context, conn *pgx.Conn) error {
 	}
 }
 
+// maxOfferTTL bounds offerTTL, for a PollInterval of decades, which means
+// "never poll": an offer that lives a century lives for ever. Without the
+// bound, three times a PollInterval of about 97 years or more wrapped to a
+// negative TTL, every offer was written expired, and leasing was off
+// without a word. A century keeps what the TTL feeds in range: the
+// token's forget time (retire adds the visibility timeout, at most 12 h,
+// to it) and the offer's expires_at, now() plus the TTL in PostgreSQL,
+// whose timestamps end in 294276 AD. A bound of days instead would leave
+// the offers of a longer PollInterval expired, and so unused by
+// producers, for most of each interval.
+const maxOfferTTL = 100 * 365 * 24 * time.Hour
+
 // offerTTL is how long an offer lives without its dispatcher's poll: three
-// polls, so that one failed poll does not end it.
-func (d *Dispatcher) offerTTL() time.Duration { return 3 * d.cfg.PollInterval }
+// polls, so that one failed poll does not end it, and at most maxOfferTTL.
+func (d *Dispatcher) offerTTL() time.Duration {
+	if d.cfg.PollInterval > maxOfferTTL/3 {
+		return maxOfferTTL
+	}
+	return 3 * d.cfg.PollInterval
+}
 
 // makeOffer puts one token of l's queue on offer. It runs on l's goroutine.
 // The lane's offered flag is set before the offer is sent, since its lease
@@ -121,7 +148,6 @@ func (l *lane) makeOffer(ctx context.Context) {
 		return
 	}
 	d.offers.byToken[token] = o
-	d.offers.stats.Offers++
 	d.offers.mu.Unlock()
 	l.offered.Store(true)
 
@@ -145,6 +171,9 @@ func (l *lane) makeOffer(ctx context.Context) {
 		}
 		return
 	}
+	// Counted only now: a failed INSERT (a database outage) made no
+	// offer that the count could show.
+	d.offers.stats.Offers++
 	o.ahead, o.aheadKnown = dbNow.Sub(o.sentAt), true
 }
 
@@ -231,7 +260,16 @@ func (d *Dispatcher) dropAllOffers(ctx context.Context) {
 		return err
 	})
 	if err != nil {
-		d.log.Warn().Err(err).Msg("could not withdraw offers while a producer held one; skipping it")
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
+			// The wait ran out: a producer still holds one.
+			d.log.Warn().Err(err).Msg("a producer held one of our offers through the stop's wait; " +
+				"withdrawing the others: a lease it commits after the stop's lookup runs out, its attempt spent")
+		} else {
+			d.log.Warn().Err(timeout.Explain(ctx, err)).Msg("could not withdraw our offers at the stop; " +
+				"trying once more without waiting for producers (those left expire, and no producer " +
+				"takes one once our listener's session has ended)")
+		}
 		d.dropOffers(ctx, nil)
 		return
 	}
@@ -543,33 +581,44 @@ func (d *Dispatcher) afterPoll(ctx context.Context, sent, dbNow time.Time, asked
 }
 
 // recoverLeases finds the messages leased under the given tokens whose
-// notifications we have not heard, and delivers them like leases heard of.
+// notifications we have not heard (lost, or still on their way), and
+// delivers them like leases heard of.
 func (d *Dispatcher) recoverLeases(ctx context.Context, tokens []uuid.UUID) {
-	if len(tokens) == 0 {
-		return
-	}
-	rows, err := d.db.Query(ctx, queries.OfferRecover, queries.Args{"tokens": queries.UUIDs(tokens)})
+	fs, err := d.findLeases(ctx, tokens)
 	if err != nil {
 		if !timeout.Stopping(ctx) {
-			d.log.Warn().Err(timeout.Explain(ctx, err)).Msg("could not look for leases whose notification was missed; they come back after their lease")
+			d.log.Warn().Err(timeout.Explain(ctx, err)).Int("tokens", len(tokens)).
+				Msg("could not look for leases whose notification we have not heard; they come back after their lease")
 		}
 		return
 	}
-	type found struct {
-		m         claim.Message
-		claimedAt time.Time
+	d.takeLeases(fs)
+}
+
+// foundLease is a message leased under one of our tokens, as
+// offer_recover.sql found it.
+type foundLease struct {
+	m         claim.Message
+	claimedAt time.Time
+}
+
+// findLeases looks up the messages leased under tokens (offer_recover.sql).
+func (d *Dispatcher) findLeases(ctx context.Context, tokens []uuid.UUID) ([]foundLease, error) {
+	if len(tokens) == 0 {
+		return nil, nil
 	}
-	var fs []found
+	rows, err := d.db.Query(ctx, queries.OfferRecover, queries.Args{"tokens": queries.UUIDs(tokens)})
+	if err != nil {
+		return nil, fmt.Errorf("look up leases by token: %w", err)
+	}
+	defer rows.Close()
+	var fs []foundLease
 	for rows.Next() {
-		var f found
+		var f foundLease
 		var vtSecs *int32
 		if err := rows.Scan(&f.m.ID, &f.m.Payload, &f.m.EnqueuedAt, &f.m.Token, &f.m.Attempt, &f.m.MaxAttempts,
 			&f.m.EnqueuedBy, &f.claimedAt, &vtSecs); err != nil {
-			rows.Close()
-			if !timeout.Stopping(ctx) {
-				d.log.Warn().Err(timeout.Explain(ctx, err)).Msg("could not read leases whose notification was missed")
-			}
-			return
+			return nil, fmt.Errorf("read leases found by token: %w", err)
 		}
 		if vtSecs != nil {
 			f.m.VisibilityTimeout = time.Duration(*vtSecs) * time.Second
@@ -577,11 +626,14 @@ func (d *Dispatcher) recoverLeases(ctx context.Context, tokens []uuid.UUID) {
 		fs = append(fs, f)
 	}
 	if err := rows.Err(); err != nil {
-		if !timeout.Stopping(ctx) {
-			d.log.Warn().Err(timeout.Explain(ctx, err)).Msg("could not read leases whose notification was missed")
-		}
-		return
+		return nil, fmt.Errorf("read leases found by token: %w", err)
 	}
+	return fs, nil
+}
+
+// takeLeases delivers the leases findLeases found whose tokens are still
+// in the book; a lane that has stopped releases them (leased).
+func (d *Dispatcher) takeLeases(fs []foundLease) {
 	for i := range fs {
 		f := &fs[i]
 		o, leasedAt := d.useToken(f.m.Token, f.claimedAt, true)
@@ -597,7 +649,7 @@ func (d *Dispatcher) recoverLeases(ctx context.Context, tokens []uuid.UUID) {
 		}
 		d.log.Info().Str("app_id", o.lane.target.AppID.String()).Str("queue", o.lane.target.Queue).
 			Str("message_id", f.m.ID.String()).Int("attempt", f.m.Attempt).
-			Msg("found a message leased to us whose notification was missed")
+			Msg("found by its token a message leased to us whose notification we had not heard")
 		o.lane.leased(&f.m)
 	}
 }
@@ -607,19 +659,35 @@ func (d *Dispatcher) recoverLeases(ctx context.Context, tokens []uuid.UUID) {
 // the messages leased under tokens we have not heard of, and ignores
 // leases from then on (with our listener gone, producers make none).
 // It runs after the last delivery finished and before the completer
-// closes.
+// closes. ctx is the stop's budget for all of it; if the lookup fails
+// (the budget ran out, the database is away), a lease under a token we
+// have not heard of is not released: it runs out, its attempt spent, and
+// the warning says how many tokens that may concern.
 func (d *Dispatcher) closeOffers(ctx context.Context) {
 	if !d.cfg.LeaseAtInsert {
 		return
 	}
 	d.dropAllOffers(ctx)
 	var tokens []uuid.UUID
+	notWithdrawn := 0 // live tokens that dropAllOffers left in the book
 	d.offers.mu.Lock()
-	for t := range d.offers.byToken {
+	for t, o := range d.offers.byToken {
 		tokens = append(tokens, t)
+		if o.live {
+			notWithdrawn++
+		}
 	}
 	d.offers.mu.Unlock()
-	d.recoverLeases(ctx, tokens) // every lane has stopped: leased releases them
+	fs, err := d.findLeases(ctx, tokens)
+	if err != nil {
+		// Whatever ended ctx, the stop is the caller: the log line is
+		// the only sign that leases may be held past it.
+		d.log.Warn().Err(timeout.Explain(ctx, err)).Int("tokens", len(tokens)).Int("offers_not_withdrawn", notWithdrawn).
+			Msg("could not look for leases under our tokens at the stop; a message leased under one " +
+				"stays leased until its lease runs out, its attempt spent, and is then reclaimed")
+	} else {
+		d.takeLeases(fs) // every lane has stopped: leased releases them
+	}
 	// A lease heard from now on is ignored, and runs out: the completer
 	// closes after this, and a release submitted then would panic.
 	d.offers.closing.Lock()

@@ -1,20 +1,25 @@
 package bellhop
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop/claim"
 	"github.com/bellhopq/bellhop/internal/pgtest"
+	"github.com/bellhopq/bellhop/internal/timeout"
 )
 
 // TestRetiredTokenOutlivesItsLease checks the rule found by the model of
@@ -259,5 +264,204 @@ func TestWithdrawKeepsOtherLanesOffers(t *testing.T) {
 	}
 	if l.offered.Load() {
 		t.Error("the lane still counts an offer as out")
+	}
+}
+
+// TestFailedOfferNotCounted: LeaseStats.Offers (bellhop_offers_total)
+// counts the offers written, not the attempts: a database that refuses
+// connections must not make it climb with no offer made. Found by review:
+// the count was taken before the INSERT.
+func TestFailedOfferNotCounted(t *testing.T) {
+	cfg := DispatcherConfig{PollInterval: time.Minute, LeaseAtInsert: true}
+	d, l := testBook(t, cfg, closedPool(t), 30*time.Second)
+	l.makeOffer(context.Background())
+	if len(d.offers.byToken) != 1 {
+		t.Fatalf("book holds %d tokens after the failed offer; want 1 (the INSERT was tried)", len(d.offers.byToken))
+	}
+	if n := d.LeaseStats().Offers; n != 0 {
+		t.Errorf("Offers = %d after an INSERT that failed; want 0", n)
+	}
+
+	// The same offer against a database that answers is counted.
+	d, l = testBook(t, cfg, pgtest.NewPool(t), 30*time.Second)
+	d.owner = uuid.New()
+	l.makeOffer(context.Background())
+	if n := d.LeaseStats().Offers; n != 1 {
+		t.Errorf("Offers = %d after an offer made; want 1", n)
+	}
+}
+
+// TestStopLookupFailureWarns: a stop whose lookup of our unheard tokens
+// fails (here its budget has run out) says that leases under them may be
+// held until they run out, and how many tokens that concerns; and the
+// failed withdrawal of offers says what failed, not that a producer held
+// one. Found by review: with Run's plain deadline the lookup's failure
+// was taken for the caller stopping and logged nothing, and every error
+// of the withdrawal was logged as a producer holding an offer.
+func TestStopLookupFailureWarns(t *testing.T) {
+	pool := pgtest.NewPool(t)
+	for _, tc := range []struct {
+		name    string
+		ctx     func() (context.Context, context.CancelFunc)
+		explain string // in the errors logged
+	}{
+		{"a plain deadline", func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(context.Background(), time.Nanosecond)
+		}, "deadline exceeded"},
+		{"Run's bound", func() (context.Context, context.CancelFunc) {
+			return timeout.Bound(context.Background(), time.Nanosecond)
+		}, "no answer within 1ns"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d, l := testBook(t, DispatcherConfig{PollInterval: time.Minute, LeaseAtInsert: true}, pool, 30*time.Second)
+			d.owner = uuid.New()
+			var logs syncBuffer
+			d.log = zerolog.New(&logs).Level(zerolog.WarnLevel)
+			o := &offer{lane: l, live: true, sentAt: time.Now()}
+			d.retire(o, time.Now()) // a token taken by a producer, its notification not heard
+			d.offers.byToken[uuid.New()] = o
+
+			ctx, cancel := tc.ctx()
+			defer cancel()
+			<-ctx.Done()
+			d.closeOffers(ctx)
+
+			type line struct {
+				Level, Message, Error string
+				Tokens                int
+			}
+			var lookup, withdraw *line
+			for _, s := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+				var ln line
+				if err := json.Unmarshal([]byte(s), &ln); err != nil {
+					t.Fatalf("log line %q: %v", s, err)
+				}
+				switch {
+				case strings.Contains(ln.Message, "could not look for leases under our tokens at the stop"):
+					lookup = &ln
+				case strings.Contains(ln.Message, "offers"):
+					withdraw = &ln
+				}
+			}
+			if lookup == nil {
+				t.Fatalf("no warning that the stop's lookup failed; logs:\n%s", logs.String())
+			}
+			if lookup.Level != "warn" || lookup.Tokens != 1 || !strings.Contains(lookup.Error, tc.explain) ||
+				!strings.Contains(lookup.Message, "until its lease runs out") {
+				t.Errorf("the lookup's warning is %+v; want a warning about 1 token, its lease held until it runs out, error saying %q",
+					*lookup, tc.explain)
+			}
+			if withdraw == nil {
+				t.Fatalf("no warning that the withdrawal failed; logs:\n%s", logs.String())
+			}
+			if strings.Contains(withdraw.Message, "producer held") || !strings.Contains(withdraw.Error, tc.explain) {
+				t.Errorf("the withdrawal's warning is %+v; want the error (%q), not a producer holding an offer", *withdraw, tc.explain)
+			}
+		})
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writes: a logger's.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestHugePollIntervalOffers: a PollInterval meant as "never" (100 years)
+// still makes offers that live: three times it wrapped to a negative TTL,
+// every offer was written expired, and leasing was off without a word.
+// The offer's expires_at must also stay within PostgreSQL's timestamps,
+// and the token's forget time after now.
+func TestHugePollIntervalOffers(t *testing.T) {
+	const century = 100 * 365 * 24 * time.Hour
+	pool := pgtest.NewPool(t)
+	d, l := testBook(t, DispatcherConfig{PollInterval: century, LeaseAtInsert: true}, pool, 12*time.Hour)
+	d.owner = uuid.New()
+	if ttl := d.offerTTL(); ttl < 3*24*time.Hour {
+		t.Fatalf("offerTTL = %s with a PollInterval of 100 years; want at least days", ttl)
+	}
+	var logs syncBuffer
+	d.log = zerolog.New(&logs).Level(zerolog.DebugLevel)
+	l.makeOffer(context.Background())
+	if n := d.LeaseStats().Offers; n != 1 {
+		t.Fatalf("Offers = %d; want the offer made (logs: %s)", n, logs.String())
+	}
+	var live bool
+	if err := pool.QueryRow(context.Background(),
+		`SELECT expires_at > now() + interval '1 year' FROM bellhop_offers WHERE owner = $1`, d.owner).Scan(&live); err != nil {
+		t.Fatal(err)
+	}
+	if !live {
+		t.Error("the offer was written expiring within a year, with a PollInterval of 100 years")
+	}
+	o := &offer{lane: l, live: true}
+	now := time.Now()
+	d.retire(o, now)
+	if !o.forget.After(now.Add(24 * time.Hour)) {
+		t.Errorf("a retired token is forgotten at %v, before its offer could have expired", o.forget)
+	}
+}
+
+// TestStopDropWaitRunsOut: when a producer holds one of the stopping
+// dispatcher's offers through the stop's wait (offer_drop_all_wait.sql's
+// lock_timeout), the warning says so, and the other offers are withdrawn
+// all the same. The warning used to be the same for any error.
+func TestStopDropWaitRunsOut(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	d, l := testBook(t, DispatcherConfig{PollInterval: time.Minute, LeaseAtInsert: true}, pool, 30*time.Second)
+	d.owner = uuid.New()
+	var logs syncBuffer
+	d.log = zerolog.New(&logs).Level(zerolog.WarnLevel)
+	held, free := uuid.New(), uuid.New()
+	for _, token := range []uuid.UUID{held, free} {
+		if _, err := pool.Exec(ctx, `INSERT INTO bellhop_offers (token, app_id, queue_name, owner, channel, expires_at)
+			VALUES ($1, $2, 'q', $3, 'bellhop_l_test', now() + interval '1 minute')`, token, l.target.AppID, d.owner); err != nil {
+			t.Fatal(err)
+		}
+		d.offers.byToken[token] = &offer{lane: l, live: true, sentAt: time.Now()}
+	}
+	// A producer's lease function holds the offer locked (FOR UPDATE)
+	// until its transaction ends.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM bellhop_offers WHERE token = $1 FOR UPDATE`, held); err != nil {
+		t.Fatal(err)
+	}
+
+	sctx, cancel := timeout.Bound(ctx, 10*time.Second)
+	defer cancel()
+	d.closeOffers(sctx)
+
+	out := logs.String()
+	if !strings.Contains(out, "a producer held one of our offers through the stop's wait") ||
+		strings.Contains(out, "could not withdraw our offers at the stop") {
+		t.Errorf("want the warning that a producer held an offer through the wait, and no other; logs:\n%s", out)
+	}
+	var left []uuid.UUID
+	rows, err := pool.Query(ctx, `SELECT token FROM bellhop_offers WHERE owner = $1`, d.owner)
+	if err == nil {
+		left, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(left) != 1 || left[0] != held {
+		t.Errorf("offers left after the stop: %v; want only the held one, %v", left, held)
 	}
 }

@@ -220,9 +220,10 @@ func RegisterLeases(reg prometheus.Registerer, stats func() bellhop.LeaseStats) 
 type leaseCollector struct{ stats func() bellhop.LeaseStats }
 
 var (
-	offersDesc = prometheus.NewDesc("bellhop_offers_total", "Offers made by idle queues for producers to lease their next message to this dispatcher.", nil, nil)
+	offersDesc = prometheus.NewDesc("bellhop_offers_total",
+		"Offers made by idle queues for producers to lease their next message to this dispatcher (INSERTs that succeeded).", nil, nil)
 	leasedDesc = prometheus.NewDesc("bellhop_leased_at_insert_total",
-		"Messages producers leased to this dispatcher, by how it learned of them: notification, or recovered by token after a missed notification.",
+		"Messages producers leased to this dispatcher, by how it learned of them: notification, or recovered: found by token before its notification was heard (after a reconnect, a poll, or at a clean stop, which releases it).",
 		[]string{"found"}, nil)
 )
 
