@@ -1,7 +1,8 @@
 /*
  * offers.pml -- Promela model of leasing at INSERT: offers, the lease key,
  * lease notifications and their recovery (docs/lease-at-insert.md;
- * migrations 0044-0046; offers.go, lane.go, dispatcher.go, notify/).
+ * migrations 0044-0046 and 0055's owner key; offers.go, lane.go,
+ * dispatcher.go, notify/).
  * OFFERS.md beside this file maps the model to the code and gives the
  * abstractions and the results.
  *
@@ -45,13 +46,20 @@
  *                       reload with wakeAll)
  *   FLAW_FORGET_GONE    afterPoll forgets an offer that the poll found gone,
  *                       instead of keeping its token until its lease could
- *                       have run out: a producer that had locked the offer
- *                       commits after the poll, and its lease is ignored
+ *                       have run out: the poll ran while the offer's INSERT
+ *                       was on its way, and a lease made under the offer
+ *                       once it is in the table is ignored
  *   FLAW_SHARE_OFFER    the producer's offer lookup does not skip locked
  *                       offers: two producers take one offer
  *   FLAW_SHORT_FORGET   (the code before finding A) a token whose offer's
  *                       INSERT failed is forgotten after the offer's TTL
  *                       only, while a lease made under it may still hold
+ *   FLAW_DROP_SKIP      (before offer_drop_all.sql) a clean stop's final
+ *                       drop skips an offer a producer holds locked: the
+ *                       producer commits a lease after the book is closed
+ *   FLAW_NO_OWNER_KEY   (before migration 0055) producers take any live
+ *                       offer, whether its owner's listener holds its key
+ *                       or not: a crashed dispatcher's offer is used
  * Model switches:
  *   NO_POLL      no fallback poll (and a reclaimer that only knows of the
  *                leases its own dispatcher heard of)
@@ -270,7 +278,9 @@ inline start(m, t) {
 
 #ifndef NO_POLL
 /* poll.sql for dispatcher d, with offerTokens before it: extends d's
- * offers (those a producer has locked are skipped, so they count as gone),
+ * offers and returns those still in the table, a locked one included (the
+ * extension skips it, but it is in the statement's snapshot: its producer
+ * may roll back), so only an offer no longer in the table counts as gone;
  * forgets unheard tokens whose time is up, looks up the others, deletes
  * d's unheard offers and those of dispatchers long gone; and pokes the
  * lane.  The poll's other work (the heartbeat, the next lease expiry for
@@ -280,8 +290,8 @@ inline poll(d) {
 	do
 	:: t < NTOK ->
 		if
-		:: town[t] == d && bk[t] == B_LIVE ->     /* offers: extended if free */
-			if :: orow[t] != O_FREE -> gone[d] = gone[d] | BIT(t) :: else -> skip fi
+		:: town[t] == d && bk[t] == B_LIVE ->     /* offers: still in the table? */
+			if :: orow[t] == O_NONE -> gone[d] = gone[d] | BIT(t) :: else -> skip fi
 		:: town[t] == d && bk[t] == B_UNHEARD ->
 			if
 			:: FORGETTABLE(t) ->          /* offerTokens: its time is up */
@@ -663,9 +673,10 @@ end_clock:
  * producer may lease to one while another dispatcher holds the key), its
  * leases run out.  A clean stop (Dispatcher.Run after ctx is done): the
  * lanes and the listener stop; leases waiting for a slot are released;
- * the running handler finishes; closeOffers deletes its offers (not those
- * a producer has locked), releases the leases found under its other
- * tokens, and closes the book. */
+ * offer_drop.sql deletes its offers, skipping those a producer has locked;
+ * the running handler finishes; closeOffers deletes the rest, waiting for
+ * any producer that holds one (offer_drop_all.sql), releases the leases
+ * found under its other tokens, and closes the book. */
 proctype failure() {
 	byte f, i, t;
 	bool ok;
@@ -692,13 +703,18 @@ proctype failure() {
 	:: atomic {
 		ph[f] = P_STOP; drop_listener(f); wq[f] = false; rc[f] = false; rset[f] = 0; fnd[f] = 0; gone[f] = 0;
 		if :: mk[f] != 0 -> if :: orow[mk[f]] = O_FREE :: skip fi; mk[f] = 0 :: else -> skip fi;
-		EV("EV d%d STOPS: lanes and listener stopped\n", f);
+		EV("EV d%d STOPS: lanes and listener stopped; its offers not locked deleted\n", f);
 		t = 1;
 		do
 		:: t < NTOK -> if :: pendl[t] && town[t] == f -> pendl[t] = false; release(t) :: else -> skip fi; t++
 		:: else -> break
 		od;
-		npend[f] = 0
+		npend[f] = 0;
+		t = 1;                           /* offer_drop.sql: ours, skipping locked ones */
+		do
+		:: t < NTOK -> if :: town[t] == f && orow[t] == O_FREE -> orow[t] = O_NONE; bk[t] = B_NONE :: else -> skip fi; t++
+		:: else -> break
+		od
 	   };
 #ifndef FLAW_DROP_SKIP
 #define LOCKEDBYF(m) (mst[m] == M_LOCK && town[plk[m]] == f)
@@ -706,7 +722,7 @@ proctype failure() {
 #else
 	   atomic { slot[f] == 0 ->           /* the running handler finished */
 #endif
-		t = 1;                           /* offer_drop.sql: all of ours */
+		t = 1;                           /* offer_drop_all.sql: all of ours (FLAW_DROP_SKIP: offer_drop.sql again) */
 		do
 		:: t < NTOK -> if :: town[t] == f && orow[t] == O_FREE -> orow[t] = O_NONE; bk[t] = B_NONE :: else -> skip fi; t++
 		:: else -> break
