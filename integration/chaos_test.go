@@ -390,7 +390,7 @@ type chaosRig struct {
 	leasers  int // dispatchers 0 .. leasers-1 lease at INSERT
 	// leased and recovered sum the lease counters of each dispatcher
 	// over its lives (a restart zeroes them): leases heard of by
-	// notification, and leases found by token after a missed one.
+	// notification, and leases found by token before their notification was heard.
 	leased, recovered []float64
 }
 
