@@ -245,8 +245,9 @@ func (d *Dispatcher) dropOffers(ctx context.Context, tokens []uuid.UUID) {
 // offer_drop_all_wait.sql), so that offer_recover.sql, run next, sees its
 // lease. If the wait runs out (a producer that fired the trigger early
 // with SET CONSTRAINTS ... IMMEDIATE and keeps its transaction open), it
-// drops the others, skipping the locked ones, as before.
-func (d *Dispatcher) dropAllOffers(ctx context.Context) {
+// drops the others, skipping the locked ones, as before. It reports
+// whether it deleted every offer of ours.
+func (d *Dispatcher) dropAllOffers(ctx context.Context) (all bool) {
 	var gone []uuid.UUID
 	err := pgx.BeginFunc(ctx, d.db, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, queries.OfferDropAllWait); err != nil {
@@ -271,13 +272,14 @@ func (d *Dispatcher) dropAllOffers(ctx context.Context) {
 				"takes one once our listener's session has ended)")
 		}
 		d.dropOffers(ctx, nil)
-		return
+		return false
 	}
 	d.offers.mu.Lock()
 	for _, t := range gone {
 		delete(d.offers.byToken, t)
 	}
 	d.offers.mu.Unlock()
+	return true
 }
 
 // onLease routes a lease notification. It runs on the listener's
@@ -667,22 +669,22 @@ func (d *Dispatcher) closeOffers(ctx context.Context) {
 	if !d.cfg.LeaseAtInsert {
 		return
 	}
-	d.dropAllOffers(ctx)
+	// The tokens left in the book are not only offers not withdrawn: a
+	// taken offer's token stays until its notification is heard, and
+	// the listener has stopped. Whether any offer may still be out is
+	// what dropAllOffers knows.
+	withdrawn := d.dropAllOffers(ctx)
 	var tokens []uuid.UUID
-	notWithdrawn := 0 // live tokens that dropAllOffers left in the book
 	d.offers.mu.Lock()
-	for t, o := range d.offers.byToken {
+	for t := range d.offers.byToken {
 		tokens = append(tokens, t)
-		if o.live {
-			notWithdrawn++
-		}
 	}
 	d.offers.mu.Unlock()
 	fs, err := d.findLeases(ctx, tokens)
 	if err != nil {
 		// Whatever ended ctx, the stop is the caller: the log line is
 		// the only sign that leases may be held past it.
-		d.log.Warn().Err(timeout.Explain(ctx, err)).Int("tokens", len(tokens)).Int("offers_not_withdrawn", notWithdrawn).
+		d.log.Warn().Err(timeout.Explain(ctx, err)).Int("tokens", len(tokens)).Bool("offers_withdrawn", withdrawn).
 			Msg("could not look for leases under our tokens at the stop; a message leased under one " +
 				"stays leased until its lease runs out, its attempt spent, and is then reclaimed")
 	} else {
