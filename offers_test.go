@@ -1,7 +1,6 @@
 package bellhop
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/bellhopq/bellhop/claim"
 	"github.com/bellhopq/bellhop/internal/pgtest"
+	"github.com/bellhopq/bellhop/internal/syncbuf"
 	"github.com/bellhopq/bellhop/internal/timeout"
 )
 
@@ -315,7 +315,7 @@ func TestStopLookupFailureWarns(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			d, l := testBook(t, DispatcherConfig{PollInterval: time.Minute, LeaseAtInsert: true}, pool, 30*time.Second)
 			d.owner = uuid.New()
-			var logs syncBuffer
+			var logs syncbuf.Buffer
 			d.log = zerolog.New(&logs).Level(zerolog.WarnLevel)
 			o := &offer{lane: l, live: true, sentAt: time.Now()}
 			d.retire(o, time.Now()) // a token taken by a producer, its notification not heard
@@ -372,7 +372,7 @@ func TestStopLookupFailureAfterWithdrawal(t *testing.T) {
 	ctx := context.Background()
 	d, l := testBook(t, DispatcherConfig{PollInterval: time.Minute, LeaseAtInsert: true}, pool, 30*time.Second)
 	d.owner = uuid.New()
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	d.log = zerolog.New(&logs).Level(zerolog.WarnLevel)
 	o := &offer{lane: l, live: true, sentAt: time.Now()}
 	d.offers.byToken[uuid.New()] = o // taken by a producer, its notification not heard
@@ -404,24 +404,6 @@ func TestStopLookupFailureAfterWithdrawal(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for concurrent writes: a logger's.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestHugePollIntervalOffers: a PollInterval meant as "never" (100 years)
 // still makes offers that live: three times it wrapped to a negative TTL,
 // every offer was written expired, and leasing was off without a word.
@@ -435,7 +417,7 @@ func TestHugePollIntervalOffers(t *testing.T) {
 	if ttl := d.offerTTL(); ttl < 3*24*time.Hour {
 		t.Fatalf("offerTTL = %s with a PollInterval of 100 years; want at least days", ttl)
 	}
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	d.log = zerolog.New(&logs).Level(zerolog.DebugLevel)
 	l.makeOffer(context.Background())
 	if n := d.LeaseStats().Offers; n != 1 {
@@ -466,7 +448,7 @@ func TestStopDropWaitRunsOut(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	d, l := testBook(t, DispatcherConfig{PollInterval: time.Minute, LeaseAtInsert: true}, pool, 30*time.Second)
 	d.owner = uuid.New()
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	d.log = zerolog.New(&logs).Level(zerolog.WarnLevel)
 	held, free := uuid.New(), uuid.New()
 	for _, token := range []uuid.UUID{held, free} {

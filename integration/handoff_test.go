@@ -255,22 +255,7 @@ func (h *handoff) expectB(t *testing.T, id uuid.UUID, due time.Time) {
 func TestRetryHandedOverByFullNacker(t *testing.T) {
 	h := newHandoff(t, 3*time.Second)
 	id := h.e.enqueue(t, "q", "fail", bellhop.EnqueueOptions{})
-	h.waitFirst(t)
-	h.startB(t)
-	queue, _ := h.quietA(t)
-	close(h.fail)
-	due := h.nacked(t, "queue_messages", id)
-	// The pass the nack asks for has run, with a slot free: A's timer is
-	// armed for the retry, and the hand-over comes from its firing.
-	waitFor(t, 5*time.Second, "A's pass after the nack", func() bool {
-		q, _ := h.quietA(t)
-		return q > queue
-	})
-	h.fillA(t)
-	if !time.Now().Before(due) {
-		t.Fatal("inconclusive: the set-up ran past the retry's due time")
-	}
-	h.expectB(t, id, due)
+	h.handedOverAtDue(t, id, "queue_messages")
 }
 
 // TestInvokeRetryHandedOverByFullNacker: as TestRetryHandedOverByFullNacker,
@@ -283,15 +268,32 @@ func TestInvokeRetryHandedOverByFullNacker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	h.handedOverAtDue(t, id, "outbox")
+}
+
+// handedOverAtDue runs the timer case of the two tests above for message
+// id of table (queue_messages, or outbox for an invoke delivery): A's
+// first attempt fails once B is up, A's pass after the nack arms its
+// timer with a slot free, A's slots are then filled, and B must deliver
+// the retry as the timer fires.
+func (h *handoff) handedOverAtDue(t *testing.T, id uuid.UUID, table string) {
+	t.Helper()
+	// The claim passes of the lane that nacks: A's queue or invoke lane.
+	passes := func() int64 {
+		q, i := h.quietA(t)
+		if table == "outbox" {
+			return i
+		}
+		return q
+	}
 	h.waitFirst(t)
 	h.startB(t)
-	_, invoke := h.quietA(t)
+	before := passes()
 	close(h.fail)
-	due := h.nacked(t, "outbox", id)
-	waitFor(t, 5*time.Second, "A's invoke pass after the nack", func() bool {
-		_, i := h.quietA(t)
-		return i > invoke
-	})
+	due := h.nacked(t, table, id)
+	// The pass the nack asks for has run, with a slot free: A's timer is
+	// armed for the retry, and the hand-over comes from its firing.
+	waitFor(t, 5*time.Second, "A's pass after the nack", func() bool { return passes() > before })
 	h.fillA(t)
 	if !time.Now().Before(due) {
 		t.Fatal("inconclusive: the set-up ran past the retry's due time")
