@@ -15,6 +15,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -66,6 +67,13 @@ type Config struct {
 	// leasing dispatcher's lease key). An error drops the connection, and
 	// the listener tries again after ReconnectDelay.
 	OnConnect func(ctx context.Context, conn *pgx.Conn) error
+	// SetupTimeout bounds a connection's set-up: connecting and
+	// authenticating, OnConnect, and the LISTENs. A server that accepts
+	// the connection but never answers (a hung process, a proxy that lost
+	// its upstream) would otherwise hold the listener in its set-up for
+	// ever, since the heartbeat only watches a connection once it
+	// listens. Default twice HeartbeatTimeout, at least 10s.
+	SetupTimeout time.Duration
 }
 
 // Stats are counters for metrics.
@@ -99,6 +107,10 @@ type Listener struct {
 	lastGarbledLog time.Time
 	// listened counts the channels listened on since the last connect.
 	listened atomic.Int32
+	// setups counts connects; setupTimer, under mu, restarts the one in
+	// set-up if its LISTENs are not in place within SetupTimeout.
+	setups     atomic.Uint64
+	setupTimer *time.Timer
 }
 
 // New returns a Listener; call Run to start it.
@@ -108,6 +120,9 @@ func New(cfg Config) *Listener {
 	}
 	if cfg.HeartbeatTimeout <= 0 {
 		cfg.HeartbeatTimeout = 5 * time.Second
+	}
+	if cfg.SetupTimeout <= 0 {
+		cfg.SetupTimeout = max(10*time.Second, 2*cfg.HeartbeatTimeout)
 	}
 	return &Listener{cfg: cfg, restart: make(chan struct{}, 1)}
 }
@@ -322,22 +337,53 @@ func (l *Listener) connect(ctx context.Context) (*pgx.Conn, error) {
 		cfg.RuntimeParams = map[string]string{}
 	}
 	cfg.RuntimeParams["application_name"] = "bellhop-listener"
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil || l.cfg.OnConnect == nil {
-		return conn, err
+	setup := l.setups.Add(1)
+	start := time.Now()
+	cctx, cancel := context.WithTimeout(ctx, l.cfg.SetupTimeout)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(cctx, cfg)
+	if err == nil && l.cfg.OnConnect != nil {
+		if err = l.cfg.OnConnect(cctx, conn); err != nil {
+			_ = conn.Close(ctx)
+			conn = nil
+		}
 	}
-	if err := l.cfg.OnConnect(ctx, conn); err != nil {
-		_ = conn.Close(ctx)
+	if err != nil {
+		if cctx.Err() != nil && ctx.Err() == nil {
+			err = fmt.Errorf("no answer within %s (SetupTimeout): %w", l.cfg.SetupTimeout, err)
+		}
 		return nil, err
 	}
+	// pgxlisten LISTENs next, on its own context: what is left of the
+	// set-up's time bounds that too.
+	l.mu.Lock()
+	if l.setupTimer != nil {
+		l.setupTimer.Stop()
+	}
+	l.setupTimer = time.AfterFunc(l.cfg.SetupTimeout-time.Since(start), func() {
+		if l.setups.Load() == setup && l.listened.Load() < l.channels() && ctx.Err() == nil {
+			l.cfg.Logger.Warn().Stringer("setup_timeout", l.cfg.SetupTimeout).
+				Msg("listener connection did not get its LISTEN in place in time; reconnecting")
+			l.Restart()
+		}
+	})
+	l.mu.Unlock()
 	return conn, nil
+}
+
+// channels is how many channels a connection listens on.
+func (l *Listener) channels() int32 {
+	if l.cfg.LeaseChannel != "" {
+		return 2
+	}
+	return 1
 }
 
 // keepAliveDial wraps the configured dialer (a cloud connector's, a
 // tunnel's: the pool and the listener must reach the server the same way)
 // with a 10s limit, and sets TCP keepalive so that a dead network path is
-// noticed in about 25s instead of the kernel's two hours; the heartbeat
-// covers a hung server.
+// noticed in about 25s instead of the kernel's two hours; SetupTimeout
+// and then the heartbeat cover a hung server.
 func keepAliveDial(dial pgconn.DialFunc) pgconn.DialFunc {
 	if dial == nil {
 		dial = (&net.Dialer{}).DialContext
@@ -419,11 +465,7 @@ func (h handler) HandleNotification(_ context.Context, n *pgconn.Notification, _
 // on, it marks the connection live and lets the dispatcher catch up on
 // what it could not hear.
 func (h handler) HandleBacklog(context.Context, string, *pgx.Conn) error {
-	channels := int32(1)
-	if h.l.cfg.LeaseChannel != "" {
-		channels = 2
-	}
-	if h.l.listened.Add(1) != channels {
+	if h.l.listened.Add(1) != h.l.channels() {
 		return nil
 	}
 	// A heartbeat sent before LISTEN was in place, on the lost connection

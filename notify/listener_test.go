@@ -353,3 +353,91 @@ func TestLeaseChannelNotLogged(t *testing.T) {
 		t.Errorf("the lease channel's name was logged:\n%s", logs.String())
 	}
 }
+
+// swallowConn passes its traffic on until swallow first says so of a
+// write, and from then on drops every write unsent: a server that stops
+// answering mid-set-up, its kernel still acknowledging. A deadline set
+// on it (pgx's, when its context ends) still ends a read.
+type swallowConn struct {
+	net.Conn
+	swallow  func(p []byte) bool
+	silenced atomic.Bool
+}
+
+func (c *swallowConn) Write(p []byte) (int, error) {
+	if c.silenced.Load() || c.swallow(p) {
+		c.silenced.Store(true)
+		return len(p), nil
+	}
+	return c.Conn.Write(p)
+}
+
+// silentDialer dials cfg's server, and makes the connections for which
+// silent(n) holds (n counts from 1) swallowConns with swallow.
+func silentDialer(cfg *pgx.ConnConfig, dials *atomic.Int32, silent func(n int32) bool, swallow func([]byte) bool) {
+	real := cfg.DialFunc
+	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		n := dials.Add(1)
+		c, err := real(ctx, network, addr)
+		if err != nil || !silent(n) {
+			return c, err
+		}
+		return &swallowConn{Conn: c, swallow: swallow}, nil
+	}
+}
+
+// TestSetupTimeoutBoundsConnect: a server that accepts the connection but
+// never answers its start-up (a hung process, a proxy that lost its
+// upstream) is given up after SetupTimeout, and tried again. The connect
+// had no bound but the dial's: the listener waited in its first connect
+// for as long as the server kept the socket open (found by review: one
+// attempt in 20s).
+func TestSetupTimeoutBoundsConnect(t *testing.T) {
+	cfg, err := pgx.ParseConfig(pgtest.ConnString(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dials atomic.Int32
+	silentDialer(cfg, &dials, func(int32) bool { return true }, func([]byte) bool { return true })
+	var logs syncBuffer
+	l := notify.New(notify.Config{ConnConfig: cfg, Handler: &counting{}, Logger: zerolog.New(&logs),
+		ReconnectDelay: 50 * time.Millisecond, SetupTimeout: 300 * time.Millisecond})
+	run(t, l)
+	waitUntil(t, "a third connection attempt", func() bool { return dials.Load() >= 3 })
+	if l.Connected() {
+		t.Error("connected through a server that never answered")
+	}
+	if !strings.Contains(logs.String(), "no answer within 300ms (SetupTimeout)") {
+		t.Errorf("the log does not say the set-up ran out of time:\n%s", logs.String())
+	}
+}
+
+// TestSetupTimeoutBoundsListen: a connection whose LISTEN is never
+// answered is replaced once SetupTimeout has passed since its connect, and
+// the next one listens. The heartbeat watches a connection only once it
+// listens, so the listener used to wait on that LISTEN for ever.
+func TestSetupTimeoutBoundsListen(t *testing.T) {
+	cfg, err := pgx.ParseConfig(pgtest.ConnString(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dials atomic.Int32
+	silentDialer(cfg, &dials, func(n int32) bool { return n == 1 }, func(p []byte) bool {
+		// Not "bellhop-listener", the start-up's application_name.
+		return strings.Contains(strings.ToLower(string(p)), `listen "`)
+	})
+	var logs syncBuffer
+	h := &counting{}
+	l := notify.New(notify.Config{ConnConfig: cfg, Handler: h, Logger: zerolog.New(&logs),
+		ReconnectDelay: 50 * time.Millisecond, SetupTimeout: time.Second})
+	run(t, l)
+	waitUntil(t, "the second connection to listen", func() bool { return l.Connected() })
+	// Dials: the silenced one, pgx's cancel request for its LISTEN, and
+	// the one that listens.
+	if n := dials.Load(); n < 2 || h.connects.Load() != 1 {
+		t.Errorf("%d connections dialled and %d listened; want at least 2 and 1 (the first never answered its LISTEN)", n, h.connects.Load())
+	}
+	if !strings.Contains(logs.String(), "did not get its LISTEN in place in time") {
+		t.Errorf("the log does not say why the first connection was replaced:\n%s", logs.String())
+	}
+}
