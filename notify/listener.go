@@ -31,8 +31,8 @@ import (
 // Handler receives what the listener hears. Both methods run on the
 // listener's goroutine and must return at once: route, don't work.
 type Handler interface {
-	// HandleEvent is called for every well-formed notification except the
-	// listener's own heartbeats.
+	// HandleEvent is called for every well-formed notification except
+	// heartbeats (h:), which the listener keeps, ours and any other's.
 	HandleEvent(Event)
 	// Connected is called after every connect and reconnect, once LISTEN
 	// is in place. Work committed while the listener was away has sent

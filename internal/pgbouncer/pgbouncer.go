@@ -32,7 +32,7 @@ type Options struct {
 	// PoolSize is the server connections per database and user.
 	PoolSize int
 	// IgnoreStartupParameters are start-up parameters that PgBouncer
-	// accepts and drops, besides extra_float_digits, which pgx sends.
+	// accepts and drops (pgx v5 itself sends none it refuses).
 	IgnoreStartupParameters []string
 }
 
@@ -122,7 +122,7 @@ func Start(ctx context.Context, opts Options) (b *Bouncer, err error) {
 		"max_client_conn = 500",
 		"logfile = " + filepath.Join(dir, "pgbouncer.log"),
 		// PgBouncer refuses a start-up parameter it does not track.
-		"ignore_startup_parameters = " + strings.Join(append([]string{"extra_float_digits"}, opts.IgnoreStartupParameters...), ","),
+		"ignore_startup_parameters = " + strings.Join(opts.IgnoreStartupParameters, ","),
 		"",
 	}, "\n")
 	users := fmt.Sprintf("%q \"\"\n", server.User)
