@@ -884,6 +884,7 @@ func TestRequest(t *testing.T) {
 		bellhop.HeaderMaxAttempts: "5",
 		bellhop.HeaderEnqueuedAt:  "2025-03-04T04:06:07.890123456Z",
 		bellhop.HeaderConsumerID:  m.ConsumerID.String(),
+		bellhop.HeaderSource:      "queue",
 		bellhop.HeaderTimestamp:   strconv.FormatInt(now.Unix(), 10),
 		bellhop.HeaderSignature:   bellhop.SignPush(testSecret, now.Unix(), m.Payload),
 		"Content-Length":          strconv.Itoa(len(m.Payload)),
@@ -905,6 +906,16 @@ func TestRequest(t *testing.T) {
 	}
 	if c := got.Header.Get("Cookie"); c != "" {
 		t.Errorf("Cookie %q", c)
+	}
+
+	// An InvokeAsync delivery says so.
+	inv := newMessage(t)
+	inv.Invoked = true
+	if err := h.Handle(context.Background(), inv); err != nil {
+		t.Fatal(err)
+	}
+	if v := got.Header.Values(bellhop.HeaderSource); len(v) != 1 || v[0] != "invoke" {
+		t.Errorf("invoke delivery: header %s = %q, want \"invoke\"", bellhop.HeaderSource, v)
 	}
 }
 
