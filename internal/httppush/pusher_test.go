@@ -12,7 +12,9 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"net/http/cookiejar"
 	"net/http/httptest"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -231,17 +233,54 @@ func TestRedirectNotFollowedWithCallerClient(t *testing.T) {
 	var redirected atomic.Int32
 	target := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { redirected.Add(1) }))
 	defer target.Close()
-	srv := httptest.NewServer(http.RedirectHandler(target.URL, http.StatusFound))
+	// Every response sets a cookie; the requests' Cookie headers are kept.
+	var (
+		mu      sync.Mutex
+		cookies []string
+	)
+	mux := http.NewServeMux()
+	mux.HandleFunc("/redirect", func(w http.ResponseWriter, r *http.Request) {
+		http.SetCookie(w, &http.Cookie{Name: "session", Value: "from-redirect"})
+		http.Redirect(w, r, target.URL, http.StatusFound)
+	})
+	mux.HandleFunc("/ok", func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		cookies = append(cookies, r.Header.Get("Cookie"))
+		mu.Unlock()
+		http.SetCookie(w, &http.Cookie{Name: "session", Value: "from-ok"})
+	})
+	srv := httptest.NewServer(mux)
 	defer srv.Close()
 
 	// A client whose policy follows redirects and keeps cookies: New must
-	// override both.
-	jarClient := &http.Client{}
-	err := deliver(t, New(Options{Client: jarClient}), consumerFor(srv.URL))
+	// override both, on a copy, leaving the caller's client as it was.
+	jar, err := cookiejar.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	jarClient := &http.Client{Jar: jar}
+	p := New(Options{Client: jarClient})
+	err = deliver(t, p, consumerFor(srv.URL+"/redirect"))
 	if kind(err) != "permanent" || redirected.Load() != 0 {
 		t.Fatalf("err %v (%s), redirect target hit %d times", err, kind(err), redirected.Load())
 	}
-	if jarClient.CheckRedirect != nil {
+	for i := 0; i < 2; i++ {
+		if err := deliver(t, p, consumerFor(srv.URL+"/ok")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i, c := range cookies {
+		if c != "" {
+			t.Errorf("request %d to /ok carried Cookie %q: cookies were kept", i+1, c)
+		}
+	}
+	u, _ := url.Parse(srv.URL)
+	if got := jar.Cookies(u); len(got) != 0 {
+		t.Errorf("the caller's jar holds %v: the Pusher used it", got)
+	}
+	if jarClient.CheckRedirect != nil || jarClient.Jar != jar {
 		t.Error("New modified the caller's client")
 	}
 }
