@@ -33,8 +33,8 @@
 // the backoff: the consumer may still be working on it. Such are a
 // timeout, a 504 from a gateway in front of the consumer or Cloudflare's
 // 524, a connection lost or a response that cannot be read after the
-// whole request was written, and the dispatcher stopping or its lease
-// running short. That includes a keep-alive connection that the consumer
+// whole request was written, a response whose headers exceed 64 KiB,
+// and the dispatcher stopping or its lease running short. That includes a keep-alive connection that the consumer
 // closed just as the request was written to it: rare, and the safe side.
 //
 // Requests go through the proxy that HTTP_PROXY, HTTPS_PROXY and NO_PROXY
@@ -549,7 +549,8 @@ func (h *handler) push(ctx context.Context, m *bellhop.Message) (int, error) {
 // wraps *url.Error, whose text holds the full URL. A request given up
 // after it may have reached the consumer (sent: a connection was ours),
 // or whose connection failed after the whole request was written (wrote:
-// a proxy that cut it, a consumer that closed it and works on), wraps
+// a proxy that cut it, a consumer that closed it and works on), or that
+// got a response whose headers were too large to read, wraps
 // bellhop.ErrAbandoned: the consumer may still be working on it, so its
 // retry waits for the end of the lease.
 func (h *handler) transportError(ctx, rctx context.Context, err error, sent, wrote bool) error {
@@ -570,6 +571,13 @@ func (h *handler) transportError(ctx, rctx context.Context, err error, sent, wro
 	if errors.As(err, &ue) {
 		err = ue.Err
 	}
+	if big := headersTooLarge(err); big != nil {
+		// The consumer answered, so it got the request, but its status
+		// was never read: as for any unreadable response, its retry waits
+		// for the lease's end. Not "connection lost": the connection was
+		// fine, the answer was too big.
+		return fmt.Errorf("push to %s: response headers too large (%w): %w", h.host, bellhop.ErrAbandoned, big)
+	}
 	if quotesPeer(err) {
 		// net/http quotes what the consumer sent in the errors of a
 		// response it cannot read (a malformed status line, a header line,
@@ -587,6 +595,34 @@ func (h *handler) transportError(ctx, rctx context.Context, err error, sent, wro
 		return fmt.Errorf("push to %s: connection lost after the request was sent (%w): %w", h.host, bellhop.ErrAbandoned, err)
 	}
 	return fmt.Errorf("push to %s: %w", h.host, err)
+}
+
+// headersTooLarge returns the error in err's chain (a request's error)
+// that says the response's headers exceeded the transport's limit
+// (maxHeaderBytes, or a caller client's MaxResponseHeaderBytes), or nil.
+// net/http exports no sentinel or type for it, so its two texts are
+// matched, each in full: HTTP/1's "net/http: server response headers
+// exceeded N bytes; aborted" (which comes wrapped in "connection
+// broken") and HTTP/2's stream error with the cause "http2: response
+// header list larger than advertised limit". Should a Go release reword
+// them, such a response is reported as a lost connection again (abandoned
+// if the whole request was written), so only the wording suffers. An
+// HTTP/2 response that overruns the limit by a whole frame or more ends
+// the connection with a bare PROTOCOL_ERROR instead, which names no
+// headers, and is reported as such.
+func headersTooLarge(err error) error {
+	for ; err != nil; err = errors.Unwrap(err) {
+		text := err.Error()
+		if rest, ok := strings.CutPrefix(text, "net/http: server response headers exceeded "); ok &&
+			strings.HasSuffix(rest, " bytes; aborted") {
+			return err
+		}
+		if strings.HasPrefix(text, "stream error: ") &&
+			strings.HasSuffix(text, "; http2: response header list larger than advertised limit") {
+			return err
+		}
+	}
+	return nil
 }
 
 // quotesPeer reports whether err, a request's error, may quote what the

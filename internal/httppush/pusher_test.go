@@ -363,6 +363,54 @@ func TestConnectionLost(t *testing.T) {
 	}
 }
 
+// TestResponseHeadersTooLarge: a consumer whose response headers exceed
+// the limit did answer, but its status was never read. It is reported as
+// such, not as a lost connection, and abandoned: retried no earlier than
+// the lease's end.
+func TestResponseHeadersTooLarge(t *testing.T) {
+	// HTTP/1: one header over the limit.
+	h1 := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("X-Pad", strings.Repeat("a", maxHeaderBytes+1024))
+	}))
+	defer h1.Close()
+	// HTTP/2: many copies of one small header, which HPACK sends as
+	// one-byte references, so the list overruns the client's limit within
+	// a frame (a list overrunning it by a frame or more ends the
+	// connection with a bare PROTOCOL_ERROR instead).
+	h2 := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		pad := make([]string, 2*maxHeaderBytes/64)
+		for i := range pad {
+			pad[i] = "0123456789abcdef0123456789abcdef"
+		}
+		w.Header()["X-Pad"] = pad
+	}))
+	h2.EnableHTTP2 = true
+	h2.StartTLS()
+	defer h2.Close()
+	h2Client := h2.Client()
+	h2Client.Transport.(*http.Transport).MaxResponseHeaderBytes = maxHeaderBytes
+
+	for _, tt := range []struct {
+		name, url string
+		opts      Options
+	}{
+		{"HTTP/1", h1.URL, Options{}},
+		{"HTTP/2", h2.URL, Options{Client: h2Client}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			err := deliver(t, New(tt.opts), consumerFor(tt.url))
+			if kind(err) != "retry" || !errors.Is(err, bellhop.ErrAbandoned) {
+				t.Fatalf("err %v (%s), want a retry marked abandoned", err, kind(err))
+			}
+			if !strings.Contains(err.Error(), "response headers too large (abandoned)") || strings.Contains(err.Error(), "connection") {
+				t.Errorf("error %q: want it to say the response headers were too large", err)
+			}
+		})
+	}
+}
+
 // hang answers only when the client gives up. It reads the body first:
 // the server notices a closed connection only once the body is consumed.
 func hang(w http.ResponseWriter, r *http.Request) {
