@@ -100,6 +100,11 @@ func setupDemoCommand(d *deps) *cli.Command {
 					return err
 				}
 			}
+			// The secret is written once the consumer is registered: the
+			// registration makes it, and a file written first would hold
+			// a secret nobody signs with if the registration failed. A
+			// running daemon may push with the new secret in between;
+			// the example consumer answers those 503, which is retried.
 			con, err := c.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: app, Queue: queue, URL: url})
 			if err != nil {
 				return err
@@ -254,7 +259,9 @@ func stopServing(srv *http.Server, handling *atomic.Int64, timeout time.Duration
 }
 
 // exampleConsumerCommand is a minimal HTTP push consumer: it verifies each
-// request's signature and timestamp, prints the delivery and acks it.
+// request's signature and timestamp, prints the delivery and acks it. A
+// check that fails is answered 503, which Bellhop retries, unless the
+// request is not signed at all (401).
 func exampleConsumerCommand(d *deps) *cli.Command {
 	return &cli.Command{
 		Name:  "example-consumer",
@@ -307,8 +314,23 @@ func exampleConsumerCommand(d *deps) *cli.Command {
 				}
 				lastMissing.Store("")
 				if err := bellhop.VerifyPush(secret, r.Header, body, time.Now(), cmd.Duration("replay-window")); err != nil {
-					fmt.Fprintf(d.stdout, "rejected a request: %v\n", err)
-					http.Error(w, err.Error(), http.StatusUnauthorized)
+					// A signature that does not match, or a timestamp out
+					// of the window, may be Bellhop's all the same: signed
+					// with a secret the file does not hold yet (setup-demo
+					// registers the consumer, which a running daemon
+					// pushes for at once, before it can write the new
+					// secret here) or no longer holds (a daemon that has
+					// not reloaded yet), or by a host whose clock is off.
+					// 503 is retried with the consumer's backoff, which
+					// spreads the attempts wider than a short Retry-After
+					// would; 401 would dead-letter the message at once.
+					// A request with no signature at all is not Bellhop's.
+					code := http.StatusUnauthorized
+					if errors.Is(err, bellhop.ErrBadSignature) || errors.Is(err, bellhop.ErrStaleSignature) {
+						code = http.StatusServiceUnavailable
+					}
+					fmt.Fprintf(d.stdout, "rejected a request with %d: %v\n", code, err)
+					http.Error(w, err.Error(), code)
 					return
 				}
 				fmt.Fprintf(d.stdout, "%s %s/%s message %s attempt %s: %d bytes\n", time.Now().UTC().Format(time.RFC3339Nano),
