@@ -34,8 +34,9 @@
 // timeout, a 504 from a gateway in front of the consumer or Cloudflare's
 // 524, a connection lost or a response that cannot be read after the
 // whole request was written, a response whose headers exceed 64 KiB,
-// and the dispatcher stopping or its lease running short. That includes a keep-alive connection that the consumer
-// closed just as the request was written to it: rare, and the safe side.
+// and the dispatcher stopping or its lease running short. That includes a
+// keep-alive connection that the consumer closed just as the request was
+// written to it: rare, and the safe side.
 //
 // Requests go through the proxy that HTTP_PROXY, HTTPS_PROXY and NO_PROXY
 // name (net/http's ProxyFromEnvironment), unless Options.Client says
