@@ -227,3 +227,45 @@ func TestRedriveBesideDyingReusedID(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestRedriveSharedIDMovesOnlyItsOwn: a queue dead letter and an invoke
+// dead letter may share an id (dead letters are keyed by id, app and
+// source); a redrive by that id whose invoke one cannot move, its consumer
+// removed, moves the queue one and leaves the invoke one. Were the delete
+// of what moved to match on id and app alone, the queue message's insert
+// would delete both dead letters, losing the invoke one from both tables,
+// and report 2 moved with no error.
+func TestRedriveSharedIDMovesOnlyItsOwn(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	shop, cons := e.appConsumer("shop", "orders")
+	id := uuid.New()
+	e.exec(`INSERT INTO dead_letters (id, source, app_id, queue_name, trigger_id, payload, enqueued_at, attempt, max_attempts, last_error)
+		VALUES ($1, 'queue', $2, 'orders', NULL, '{"q":1}', now(), 3, 3, 'boom'),
+		       ($1, 'invoke', $2, 'orders', $3, '{"i":1}', now(), 3, 3, 'boom')`, id, shop.ID, cons.ID)
+	if err := e.client.RemoveConsumer(e.ctx, "shop", cons.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	n, err := e.client.Redrive(e.ctx, "shop", "", id)
+	var nr *bellhop.NotRedrivenError
+	if !errors.Is(err, bellhop.ErrNotRedriven) || !errors.As(err, &nr) {
+		t.Errorf("Redrive: %d, %v; want ErrNotRedriven", n, err)
+		nr = &bellhop.NotRedrivenError{}
+	}
+	if n != 1 || nr.ConsumerGone != 1 || nr.IDInUse != 0 {
+		t.Errorf("moved %d, left %+v; want 1 moved, 1 consumer gone, 0 id in use", n, *nr)
+	}
+	if got := e.int64(`SELECT count(*) FROM dead_letters WHERE id = $1 AND source = 'invoke' AND payload = '{"i":1}'`, id); got != 1 {
+		t.Error("the invoke dead letter that could not move is gone: lost from both tables")
+	}
+	if got := e.int64(`SELECT count(*) FROM outbox WHERE id = $1`, id); got != 0 {
+		t.Error("the invoke dead letter whose consumer is gone was moved to the outbox")
+	}
+	if got := e.int64(`SELECT count(*) FROM dead_letters WHERE id = $1 AND source = 'queue'`, id); got != 0 {
+		t.Error("the queue dead letter was not redriven")
+	}
+	if got := e.int64(`SELECT count(*) FROM queue_messages WHERE id = $1 AND payload = '{"q":1}' AND attempt = 0`, id); got != 1 {
+		t.Error("the queue dead letter is not back in its queue, fresh")
+	}
+}
