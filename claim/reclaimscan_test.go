@@ -113,7 +113,7 @@ func TestReclaimReadsOnlyOldLeases(t *testing.T) {
 					before := rowsRead(t, tx)
 					var released, dead, woken, started int64
 					var more bool
-					if err := tx.QueryRow(ctx, queries.Reclaim, args).Scan(&released, &dead, &woken, &started, &more); err != nil {
+					if err := tx.QueryRow(ctx, queries.Reclaim, args).Scan(&released, &dead, &woken, &started, &more, nil); err != nil {
 						t.Fatal(err)
 					}
 					wantReleased := int64(min(tc.expired, tc.batch)) + 1
@@ -290,7 +290,7 @@ func TestNextLeaseExpiryIsTheEarliestEnd(t *testing.T) {
 			var released, dead, woken, started int64
 			var more bool
 			if err := tx.QueryRow(ctx, queries.Reclaim, queries.Args{"default_vt_secs": tc.defaultVT, "batch": 10000}).
-				Scan(&released, &dead, &woken, &started, &more); err != nil {
+				Scan(&released, &dead, &woken, &started, &more, nil); err != nil {
 				t.Fatal(err)
 			}
 			if released+dead != stale {

@@ -24,19 +24,29 @@
 // leases in flight cannot stop reclaim for good, and after a pass that
 // succeeds the next one has twice as long as it took, or
 // Options.Timeout if that is longer.
+//
+// Each message a pass dead-letters is logged at warn with its app_id,
+// queue, message_id and attempt, as a handler's dead letter is, at most
+// deadLogBurst a pass: the pass returns the details of that many, and one
+// more line counts the rest. These lines are written deadLogBurst+1 at
+// once and then one a second; the others go to the debug level, and the
+// next warn line counts the dead letters they left out in held_back.
 package reclaim
 
 import (
 	"context"
+	"encoding/json"
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop/claim"
 	"github.com/bellhopq/bellhop/internal/backoff"
+	"github.com/bellhopq/bellhop/internal/logthrottle"
 	"github.com/bellhopq/bellhop/internal/timeout"
 	queries "github.com/bellhopq/bellhop/sql"
 )
@@ -70,6 +80,17 @@ const (
 	retryCeiling = 30 * time.Second
 )
 
+// A pass logs at most deadLogBurst of its dead letters one by one, and
+// one line more for the rest; a burst of those lines is let through at
+// once, then one every deadLogInterval (see the package comment).
+const (
+	deadLogBurst    = 10
+	deadLogInterval = time.Second
+)
+
+// deadLetterMessage is the log line of a message a pass dead-lettered.
+const deadLetterMessage = "message dead-lettered by the reclaim: its lease expired on the last attempt"
+
 // Options configures a Reclaimer.
 type Options struct {
 	// DefaultVT applies to messages of queues that have no consumer.
@@ -102,6 +123,24 @@ type Reclaimer struct {
 
 	// retryBase and retryCeiling, here so that a test can shorten them.
 	retryBase, retryCeiling time.Duration
+
+	// deadLog bounds the dead letters' warn lines; deadHeld counts the
+	// dead letters left out of them since the last one written, for the
+	// next to say. deadHeld is guarded by mu.
+	deadLog  *logthrottle.Throttle
+	deadHeld int64
+}
+
+// deadLetter is one of the dead letters a pass lists (reclaim.sql's
+// logged column).
+type deadLetter struct {
+	ID          uuid.UUID  `json:"id"`
+	Source      string     `json:"source"`
+	AppID       uuid.UUID  `json:"app_id"`
+	Queue       string     `json:"queue"`
+	ConsumerID  *uuid.UUID `json:"consumer_id"`
+	Attempt     int        `json:"attempt"`
+	MaxAttempts int        `json:"max_attempts"`
 }
 
 // New returns a Reclaimer.
@@ -110,7 +149,7 @@ func New(db *pgxpool.Pool, log zerolog.Logger, opts Options) *Reclaimer {
 		opts.Batch = DefaultBatch
 	}
 	r := &Reclaimer{db: db, log: log, opts: opts, kick: make(chan struct{}, 1),
-		retryBase: retryBase, retryCeiling: retryCeiling}
+		retryBase: retryBase, retryCeiling: retryCeiling, deadLog: logthrottle.New(deadLogBurst+1, deadLogInterval)}
 	r.timer = time.AfterFunc(time.Hour, r.fire)
 	r.timer.Stop()
 	return r
@@ -243,7 +282,8 @@ func (r *Reclaimer) pass(ctx context.Context, bound time.Duration) (res Result, 
 }
 
 func (r *Reclaimer) send(ctx context.Context) (Result, time.Time, bool, error) {
-	args := queries.Args{"default_vt_secs": int(r.opts.DefaultVT / time.Second), "batch": r.opts.Batch}
+	args := queries.Args{"default_vt_secs": int(r.opts.DefaultVT / time.Second), "batch": r.opts.Batch,
+		"dead_logged": deadLogBurst}
 	b := &pgx.Batch{}
 	b.Queue(queries.Reclaim, args)
 	b.Queue(queries.NextLeaseExpiry, args)
@@ -252,7 +292,8 @@ func (r *Reclaimer) send(ctx context.Context) (Result, time.Time, bool, error) {
 	var res Result
 	var woken, floorsStarted int64
 	var more bool
-	if err := br.QueryRow().Scan(&res.Released, &res.DeadLettered, &woken, &floorsStarted, &more); err != nil {
+	var logged []byte
+	if err := br.QueryRow().Scan(&res.Released, &res.DeadLettered, &woken, &floorsStarted, &more, &logged); err != nil {
 		return res, time.Time{}, false, err
 	}
 	var next *time.Time
@@ -266,6 +307,7 @@ func (r *Reclaimer) send(ctx context.Context) (Result, time.Time, bool, error) {
 	if res.Released+res.DeadLettered > 0 {
 		r.log.Info().Int64("released", res.Released).Int64("dead_lettered", res.DeadLettered).
 			Msg("reclaimed expired leases")
+		r.logDead(res.DeadLettered, logged)
 		if r.opts.OnPass != nil {
 			r.opts.OnPass(res)
 		}
@@ -274,6 +316,59 @@ func (r *Reclaimer) send(ctx context.Context) (Result, time.Time, bool, error) {
 		return res, time.Time{}, more, nil
 	}
 	return res, claim.LocalClock(dbNow)(*next), more, nil
+}
+
+// logDead logs the dead letters of a pass: one line each for those it
+// listed (logged, JSON), one line for the rest of its total. Each line is
+// a warning while deadLog lets it through, else a debug line, whose dead
+// letters the next warning counts in held_back.
+func (r *Reclaimer) logDead(total int64, logged []byte) {
+	if total == 0 {
+		return
+	}
+	var list []deadLetter
+	if len(logged) > 0 {
+		if err := json.Unmarshal(logged, &list); err != nil {
+			r.log.Warn().Err(err).Int64("dead_lettered", total).Msg("could not read the list of messages the reclaim dead-lettered")
+			list = nil
+		}
+	}
+	for _, d := range list {
+		ev := r.deadEvent(1).Str("source", d.Source).Str("app_id", d.AppID.String()).Str("queue", d.Queue)
+		if d.ConsumerID != nil {
+			ev = ev.Str("consumer_id", d.ConsumerID.String())
+		}
+		ev.Str("message_id", d.ID.String()).Int("attempt", d.Attempt).Int("max_attempts", d.MaxAttempts).
+			Msg(deadLetterMessage)
+	}
+	if rest := total - int64(len(list)); rest > 0 {
+		r.deadEvent(rest).Int64("dead_lettered", total).Int64("not_listed", rest).
+			Msg("more messages dead-lettered by the reclaim than are logged one by one: their leases expired on the last attempt")
+	}
+}
+
+// deadEvent starts a line about n dead letters: a warning, with the
+// count held back since the last one, if deadLog lets it through, else a
+// debug line, whose n dead letters are held back. A warning the logger
+// leaves out takes no share.
+func (r *Reclaimer) deadEvent(n int64) *zerolog.Event {
+	if zerolog.WarnLevel < r.log.GetLevel() || zerolog.WarnLevel < zerolog.GlobalLevel() {
+		return r.log.Warn()
+	}
+	ok, _ := r.deadLog.Allow()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !ok {
+		r.deadHeld += n
+		return r.log.Debug()
+	}
+	held := r.deadHeld
+	r.deadHeld = 0
+	ev := r.log.Warn()
+	if held > 0 {
+		ev = ev.Int64("held_back", held)
+	}
+	return ev
 }
 
 func later(a, b time.Time) time.Time {

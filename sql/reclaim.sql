@@ -14,6 +14,13 @@
 -- within its timeout); more says that a table may hold more, and the
 -- reclaimer runs the next pass at once.
 --
+-- logged lists, as a JSON array, at most @dead_logged of the messages it
+-- dead-lettered (id, source, app, queue, consumer for an invoke delivery,
+-- attempt), for the reclaimer to log them one by one; dead_lettered
+-- counts them all. NULL when it dead-lettered none, as nearly every pass:
+-- the list costs only the passes that dead-letter, and at most
+-- @dead_logged rows' JSON then.
+--
 -- It reads only leases claimed before now() less bellhop_min_vt (migration
 -- 0060), through the claimed_at index: no timeout can have ended a later
 -- one, so a pass costs in proportion to the leases older than the
@@ -100,7 +107,7 @@ WITH floors AS (
         deliver_after = EXCLUDED.deliver_after, attempt = EXCLUDED.attempt, max_attempts = EXCLUDED.max_attempts,
         enqueued_by_principal = EXCLUDED.enqueued_by_principal, last_error = EXCLUDED.last_error,
         died_at = EXCLUDED.died_at, redrive_after = EXCLUDED.redrive_after
-    RETURNING 1
+    RETURNING id, source, app_id, queue_name, trigger_id, attempt, max_attempts
 ), wake AS (
     SELECT DISTINCT 'q:' || app_id::text || ':' || queue_name AS payload FROM released_q
     UNION
@@ -110,4 +117,7 @@ SELECT (SELECT count(*) FROM released_q) + (SELECT count(*) FROM released_o) AS 
        (SELECT count(*) FROM dead) AS dead_lettered,
        (SELECT count(pg_notify('bellhop', payload)) FROM wake) AS woken,
        (SELECT started FROM floors) AS floors_started,
-       (SELECT count(*) FROM stale_q) >= @batch OR (SELECT count(*) FROM stale_o) >= @batch AS more
+       (SELECT count(*) FROM stale_q) >= @batch OR (SELECT count(*) FROM stale_o) >= @batch AS more,
+       (SELECT json_agg(json_build_object('id', id, 'source', source, 'app_id', app_id, 'queue', queue_name,
+                                          'consumer_id', trigger_id, 'attempt', attempt, 'max_attempts', max_attempts))
+        FROM (SELECT * FROM dead LIMIT @dead_logged) d) AS logged
