@@ -348,3 +348,64 @@ func TestRegisterRaceUnderRepeatableRead(t *testing.T) {
 		}
 	}
 }
+
+// TestInvokeRacingRemoval: an InvokeAsync that meets a RemoveConsumer in
+// progress waits for it, and reports the consumer unknown once the
+// removal commits, or invokes it if the removal rolls back. It checked
+// the consumer in its own snapshot, and the outbox's foreign key, which
+// waited for the delete, then failed with a raw SQLSTATE 23503.
+func TestInvokeRacingRemoval(t *testing.T) {
+	t.Parallel()
+	for _, commit := range []bool{true, false} {
+		t.Run(fmt.Sprintf("commit=%t", commit), func(t *testing.T) {
+			e := fxNew(t)
+			e.app("shop")
+			c, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			tx, err := e.pool.Begin(e.ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(e.ctx)
+			if _, err := tx.Exec(e.ctx, `DELETE FROM triggers WHERE id = $1`, c.ID); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() {
+				_, err := e.client.InvokeAsync(e.ctx, c.ID, []byte(`1`), bellhop.EnqueueOptions{})
+				done <- err
+			}()
+			waitUntil(t, 30*time.Second, "the invoke to wait for the removal", func() bool {
+				return e.int64(`SELECT count(*) FROM pg_stat_activity
+					WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO outbox%'`) > 0
+			})
+			if commit {
+				err = tx.Commit(e.ctx)
+			} else {
+				err = tx.Rollback(e.ctx)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = <-done
+			outbox := e.int64(`SELECT count(*) FROM outbox`)
+			if !commit {
+				if err != nil || outbox != 1 {
+					t.Fatalf("InvokeAsync after a rolled-back removal: %v, %d outbox rows; want nil, 1", err, outbox)
+				}
+				return
+			}
+			if !errors.Is(err, bellhop.ErrUnknownConsumer) {
+				t.Fatalf("InvokeAsync racing a removal: %v, want ErrUnknownConsumer", err)
+			}
+			if !strings.Contains(err.Error(), c.ID.String()) {
+				t.Errorf("error %q does not name the consumer", err)
+			}
+			if outbox != 0 {
+				t.Errorf("%d outbox rows, want 0", outbox)
+			}
+		})
+	}
+}
