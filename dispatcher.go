@@ -198,7 +198,9 @@ const (
 	// ran out and the message was reclaimed, or delivered again), so the
 	// outcome changed nothing; or a retried write found it gone, and then
 	// the first try may have recorded it. Either way the message may be
-	// delivered again.
+	// delivered again, except an invoke delivery that RemoveConsumer
+	// deleted with its consumer, which also ends as LeaseLost: nothing
+	// delivers it again. The outcome does not tell which.
 	LeaseLost Outcome = "lease_lost"
 	// WriteFailed: every try to write the outcome failed (the database
 	// away for some seconds). The message is delivered again after its

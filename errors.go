@@ -45,7 +45,8 @@ var (
 	// ErrForbidden: the Client acts as a principal of another app.
 	ErrForbidden = errors.New("forbidden")
 	// ErrLeaseLost: the message's lease expired and it may be delivered
-	// again; the handler's work on it no longer counts.
+	// again, or, for an invoke delivery, it was removed with its consumer;
+	// the handler's work on it no longer counts.
 	ErrLeaseLost = errors.New("lease lost")
 	// ErrNoConsumer: Message.ExtendLease found the queue message's
 	// consumer removed, and left the lease to end when it would have.

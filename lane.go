@@ -896,6 +896,7 @@ func (l *lane) finish(st *consumerState, m *Message, cm *claim.Message, hctx con
 
 	out := l.decide(st, m, err, cause)
 	log := l.d.log.With().Str("app_id", m.AppID.String()).Str("queue", m.Queue).
+		Stringer("source", cm.Source).Str("consumer_id", m.ConsumerID.String()).
 		Str("message_id", m.ID.String()).Int("attempt", m.Attempt).Logger()
 	out.Message = cm
 	out.Done = func(applied bool, werr error) {
@@ -914,15 +915,13 @@ func (l *lane) finish(st *consumerState, m *Message, cm *claim.Message, hctx con
 			}
 			settled = WriteFailed
 		case werr != nil:
-			l.msgEvent(&log, zerolog.WarnLevel).Str("outcome", out.Verdict.String()).
-				Msg("the outcome's write was retried and found the lease gone: the first try may have recorded it; the message may be delivered again")
+			l.msgEvent(&log, zerolog.WarnLevel).Str("outcome", out.Verdict.String()).Msg(retriedGone[cm.Source])
 			if out.Verdict == claim.Nack {
 				l.afterNack()
 			}
 			settled = LeaseLost
 		case !applied:
-			l.msgEvent(&log, zerolog.WarnLevel).Str("outcome", out.Verdict.String()).
-				Msg("lease was lost before the outcome was recorded; the message may be delivered again")
+			l.msgEvent(&log, zerolog.WarnLevel).Str("outcome", out.Verdict.String()).Msg(notApplied[cm.Source])
 			settled = LeaseLost
 		default:
 			if out.Verdict == claim.DeadLetter {
@@ -962,6 +961,23 @@ func (l *lane) finish(st *consumerState, m *Message, cm *claim.Message, hctx con
 	}
 	l.slotDone()
 }
+
+// The warnings of an outcome that matched no row (LeaseLost), by source.
+// An invoke delivery's row may also be gone because RemoveConsumer deleted
+// it with its consumer, and then nothing delivers it again. The ack does
+// not tell that from a lost lease: it matches by id and token, and a
+// reclaimed delivery may be gone too, acked after its redelivery.
+var (
+	notApplied = map[claim.Source]string{
+		claim.Queue:  "lease was lost before the outcome was recorded; the message may be delivered again",
+		claim.Invoke: "the lease was lost, or the delivery was removed with its consumer, before the outcome was recorded; unless it was removed, it may be delivered again",
+	}
+	retriedGone = map[claim.Source]string{
+		claim.Queue: "the outcome's write was retried and found the lease gone: the first try may have recorded it; the message may be delivered again",
+		claim.Invoke: "the outcome's write was retried and found the lease gone: the first try may have recorded it, or the delivery was removed with its consumer; " +
+			"unless either, it may be delivered again",
+	}
+)
 
 // afterNack has the queue's new deliver_after read once a nack is
 // written. A nack sends no notification, and the lane's timer was set

@@ -726,3 +726,51 @@ func TestLeasedReleaseWarning(t *testing.T) {
 		t.Errorf("LeaseStats %+v, %d deliveries; want the lease heard of and not delivered", st, rec.n.Load())
 	}
 }
+
+// TestRemovedInvokeDeliveryLogged: an invoke delivery removed with its
+// consumer while its handler ran finds no row to ack. Its warning says
+// that the delivery may have been removed with its consumer, not only
+// that it may be delivered again, which it will not be, and names the
+// source and the consumer. Found by review: the line said the message may
+// be delivered again, and logged queue "" and no consumer id.
+func TestRemovedInvokeDeliveryLogged(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	cons := e.consumer(t, bellhop.ConsumerSpec{Queue: "jobs"})
+	started, release := make(chan struct{}, 1), make(chan struct{})
+	mux := bellhop.NewMux()
+	mux.Handle("app", "jobs", bellhop.HandlerFunc(func(context.Context, *bellhop.Message) error {
+		started <- struct{}{}
+		<-release
+		return nil
+	}))
+	logs := &syncBuffer{}
+	startLogged(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour,
+		Logger: zerolog.New(logs).Level(zerolog.DebugLevel)}, nil)
+	id, err := e.client.InvokeAsync(ctx, cons.ID, []byte(`1`), bellhop.EnqueueOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the invoke delivery did not start within 10s")
+	}
+	if err := e.client.RemoveConsumer(ctx, "app", cons.ID); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.count(t, `SELECT count(*) FROM outbox`); n != 0 {
+		t.Fatalf("%d outbox rows after the removal, want 0", n)
+	}
+	close(release)
+	waitFor(t, 10*time.Second, "the unapplied ack's warning", func() bool {
+		return lineWith(logs, `"level":"warn"`, `"message_id":"`+id.String()+`"`)
+	})
+	if !lineWith(logs, `"level":"warn"`, `"message_id":"`+id.String()+`"`, `"source":"invoke"`,
+		`"consumer_id":"`+cons.ID.String()+`"`, "or the delivery was removed with its consumer") {
+		t.Errorf("the warning does not say the delivery may have been removed with its consumer, or lacks source or consumer_id:\n%s", logs.String())
+	}
+	if lineWith(logs, `"message_id":"`+id.String()+`"`, "the message may be delivered again") {
+		t.Errorf("a line says the removed delivery may be delivered again:\n%s", logs.String())
+	}
+}
