@@ -976,10 +976,12 @@ func (d *Dispatcher) loadConsumers(ctx context.Context) (added int, err error) {
 		}
 		seen[c.ID] = true
 		st := &consumerState{Consumer: c, handler: h}
+		var moved *consumerLanes
 		if cl := d.lanes[c.ID]; cl != nil && cl.queue.target.Queue != c.Queue {
 			// Moved to another queue (by SQL; the API cannot): new lanes.
 			d.dropLanes(cl)
 			delete(d.lanes, c.ID)
+			moved = cl
 		}
 		if cl := d.lanes[c.ID]; cl != nil {
 			old := cl.queue.state.Swap(st)
@@ -996,12 +998,22 @@ func (d *Dispatcher) loadConsumers(ctx context.Context) (added int, err error) {
 		}
 		lctx, cancel := context.WithCancel(context.Background())
 		slots := new(atomic.Int32)
+		if moved != nil {
+			// The old lanes' deliveries run on and hold their slots: the
+			// new lanes count them, against the same MaxInFlight, and
+			// each one that ends frees its slot for them (freeSlots).
+			slots = moved.queue.inFlight
+		}
 		cl := &consumerLanes{
 			queue:  newLane(lctx, d, st, claim.Target{Source: claim.Queue, AppID: c.AppID, Queue: c.Queue, TriggerID: c.ID}, slots),
 			invoke: newLane(lctx, d, st, claim.Target{Source: claim.Invoke, AppID: c.AppID, TriggerID: c.ID}, slots),
 			cancel: cancel,
 		}
 		cl.queue.sibling, cl.invoke.sibling = cl.invoke, cl.queue
+		if moved != nil {
+			moved.queue.heir.Store(cl)
+			moved.invoke.heir.Store(cl)
+		}
 		d.lanes[c.ID] = cl
 		d.byQueue[queueKey{c.AppID, c.Queue}] = cl.queue
 		// No goroutines yet: the first wake-up starts them.

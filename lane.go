@@ -92,6 +92,11 @@ type lane struct {
 	// bounds the consumer's deliveries from both.
 	inFlight *atomic.Int32
 	sibling  *lane
+	// heir is set on a lane stopped because its consumer moved to another
+	// queue (by SQL): the consumer's new lanes, which took over inFlight,
+	// since this lane's deliveries still hold slots there. The slots they
+	// free wake the heir's lanes as a sibling's would (freeSlots).
+	heir atomic.Pointer[consumerLanes]
 	// delivering counts this lane's own deliveries, started and not yet
 	// finished (quiet).
 	delivering atomic.Int32

@@ -411,7 +411,9 @@ func (l *lane) startPending() {
 	defer l.pendMu.Unlock()
 	for len(l.pending) > 0 {
 		st := l.state.Load()
-		if !st.Enabled {
+		if !st.Enabled || l.ctx.Err() != nil {
+			// Stopped too: released without taking a slot, which a
+			// stopped lane's heir may be holding (freeSlots).
 			cm := l.pending[0]
 			l.pending = l.pending[1:]
 			l.d.releaseLeased(cm, l.target)
@@ -476,13 +478,31 @@ func (l *lane) freeSlots(n int) (siblingWoken bool) {
 		l.inFlight.Add(-int32(n))
 	}
 	l.startPending()
-	if s := l.sibling; s != nil && n > 0 {
-		s.startPending()
-		s.reoffer()
-		if s.backlog.Swap(false) {
-			s.poke()
-			return true
-		}
+	if n <= 0 {
+		return false
+	}
+	if s := l.sibling; s != nil {
+		siblingWoken = s.slotFreed()
+	}
+	// A lane stopped by its consumer's move hands the slots on to the
+	// consumer's new lanes, which share its count, and to theirs, should
+	// the consumer have moved again since.
+	for h := l.heir.Load(); h != nil; h = h.queue.heir.Load() {
+		h.queue.slotFreed()
+		h.invoke.slotFreed()
+	}
+	return siblingWoken
+}
+
+// slotFreed tells l that another lane freed one of its slots: it starts
+// its waiting messages, offers again, and claims if it stopped for want
+// of a slot, which it reports.
+func (l *lane) slotFreed() bool {
+	l.startPending()
+	l.reoffer()
+	if l.backlog.Swap(false) {
+		l.poke()
+		return true
 	}
 	return false
 }

@@ -433,3 +433,76 @@ func notifyConsumers(t *testing.T, e *env) {
 		t.Fatal(err)
 	}
 }
+
+// queueResolver serves every consumer with one handler and records the
+// queue each reload resolved a consumer with.
+type queueResolver struct {
+	h     bellhop.Handler
+	mu    sync.Mutex
+	queue map[uuid.UUID]string
+}
+
+func (r *queueResolver) Resolve(c bellhop.Consumer) bellhop.Handler {
+	r.mu.Lock()
+	r.queue[c.ID] = c.Queue
+	r.mu.Unlock()
+	return r.h
+}
+
+func (r *queueResolver) queueOf(id uuid.UUID) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.queue[id]
+}
+
+// TestMovedConsumerKeepsInFlight: a consumer whose queue is renamed by
+// SQL (the API cannot) while a delivery runs gets new lanes, which count
+// that delivery against MaxInFlight, and start the next delivery once it
+// ends. The new lanes counted from zero: at MaxInFlight 1, a second
+// invoke delivery ran beside the first.
+func TestMovedConsumerKeepsInFlight(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	c := e.consumer(t, bellhop.ConsumerSpec{Queue: "jobs", MaxInFlight: 1})
+	started := make(chan struct{}, 3)
+	release := make(chan struct{})
+	var running, peak atomic.Int32
+	rec := &recorder{result: func(context.Context, *bellhop.Message) error {
+		n := running.Add(1)
+		defer running.Add(-1)
+		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+		}
+		started <- struct{}{}
+		<-release
+		return nil
+	}}
+	r := &queueResolver{h: rec, queue: map[uuid.UUID]string{}}
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: r, PollInterval: time.Hour}, nil)
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free) // before the dispatcher's stop, should the test fail
+
+	if _, err := e.client.InvokeAsync(ctx, c.ID, []byte(`1`), bellhop.EnqueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first invoke delivery did not start within 10s")
+	}
+	if _, err := e.pool.Exec(ctx, `UPDATE queue_trigger_details SET queue_name = 'jobs2' WHERE trigger_id = $1`, c.ID); err != nil {
+		t.Fatal(err)
+	}
+	notifyConsumers(t, e)
+	waitFor(t, 10*time.Second, "the reload that reads the new queue", func() bool { return r.queueOf(c.ID) == "jobs2" })
+	if _, err := e.client.InvokeAsync(ctx, c.ID, []byte(`2`), bellhop.EnqueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.enqueue(t, "jobs2", 3, bellhop.EnqueueOptions{})
+	holdsFor(t, 500*time.Millisecond, "one delivery at a time", func() bool { return peak.Load() == 1 })
+	free()
+	waitFor(t, 10*time.Second, "the other two delivered once the slot is free", func() bool { return rec.n.Load() == 3 })
+	if p := peak.Load(); p != 1 {
+		t.Errorf("peak in flight %d, want 1 (MaxInFlight)", p)
+	}
+}
