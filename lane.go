@@ -411,8 +411,8 @@ func (l *lane) handOff(ctx context.Context) {
 	bctx, cancel := l.d.bound(ctx)
 	defer cancel()
 	if err := l.d.wake(bctx, []*lane{l}); err != nil && !timeout.Stopping(bctx) {
-		l.d.log.Debug().Err(timeout.Explain(bctx, err)).Str("app_id", l.target.AppID.String()).Str("queue", l.target.Queue).
-			Stringer("source", l.target.Source).
+		l.d.log.Debug().Err(timeout.Explain(bctx, err)).Str("app_id", l.target.AppID.String()).Str("queue", l.state.Load().Queue).
+			Stringer("source", l.target.Source).Str("consumer_id", l.target.TriggerID.String()).
 			Msg("could not hand a due time over to the other dispatchers; it waits for a free slot or their fallback poll")
 	}
 }
