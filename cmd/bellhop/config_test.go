@@ -87,7 +87,7 @@ func TestBadConfiguration(t *testing.T) {
 		{"zero --shutdown-grace", dsn, nil, []string{"run", "--shutdown-grace", "0s"}, "--shutdown-grace 0s: must be positive"},
 		// An empty address used to listen on a random port.
 		{"empty --http-addr", dsn, nil, []string{"run", "--http-addr", ""}, "--http-addr is empty"},
-		{"empty BELLHOP_HTTP_ADDR", dsn, []string{"BELLHOP_HTTP_ADDR="}, []string{"run"}, "--http-addr is empty"},
+		{"empty BELLHOP_HTTP_ADDR", dsn, []string{"BELLHOP_HTTP_ADDR="}, []string{"run"}, "BELLHOP_HTTP_ADDR is set but empty"},
 		// VerifyPush reads a window that is not positive as 5 minutes.
 		{"example-consumer empty --addr", "-", nil, []string{"example-consumer", "--addr", "", "--secret-file", "/nonexistent"}, "--addr is empty"},
 		{"example-consumer zero --replay-window", "-", nil, []string{"example-consumer", "--addr", "127.0.0.1:0", "--secret-file", "/nonexistent", "--replay-window", "0s"}, "--replay-window 0s: must be positive"},
@@ -382,6 +382,71 @@ func TestFlagsOverrideEnv(t *testing.T) {
 		"--url", "http://127.0.0.1:9/", "--allowed-hosts", "127.0.0.1")
 	if r.code != 0 {
 		t.Errorf("--allowed-hosts did not override BELLHOP_ALLOWED_HOSTS: %s", r)
+	}
+}
+
+// TestEmptyEnvRefused: a BELLHOP_ variable that is set but empty exits 2
+// naming it, for every variable a flag reads, unless the command line
+// gives the flag. The CLI library read an empty list, duration or number
+// as unset, so BELLHOP_ALLOWED_HOSTS= silently allowed every host.
+func TestEmptyEnvRefused(t *testing.T) {
+	t.Parallel()
+	const id = "00000000-0000-0000-0000-000000000001"
+	tests := []struct {
+		env  string
+		cmd  string   // a command that reads env,
+		args []string // with what else it needs
+		flag []string // the flag given on the command line instead
+	}{
+		{"BELLHOP_ALLOWED_HOSTS", "run", nil, []string{"--allowed-hosts", "example.com"}},
+		{"BELLHOP_ALLOWED_HOSTS", "consumer add", []string{"--app", "shop", "--queue", "q", "--url", "http://example.com/"}, []string{"--allowed-hosts", "example.com"}},
+		{"BELLHOP_ALLOWED_HOSTS", "consumer update", []string{"--app", "shop", "--url", "http://example.com/", id}, []string{"--allowed-hosts", "example.com"}},
+		{"BELLHOP_POLL_INTERVAL", "run", nil, []string{"--poll-interval", "1m"}},
+		{"BELLHOP_SHUTDOWN_GRACE", "run", nil, []string{"--shutdown-grace", "10s"}},
+		{"BELLHOP_HTTP_ADDR", "run", nil, []string{"--http-addr", "127.0.0.1:0"}},
+		{"BELLHOP_LEASE_AT_INSERT", "run", nil, []string{"--lease-at-insert"}},
+		{"BELLHOP_LOG_FORMAT", "queues", nil, []string{"--log-format", "json"}},
+		{"BELLHOP_LOG_LEVEL", "queues", nil, []string{"--log-level", "info"}},
+		{"BELLHOP_APP", "consumer ls", nil, []string{"--app", "shop"}},
+		// A required flag: named rather than "--app is required".
+		{"BELLHOP_APP", "enqueue", []string{"--queue", "q", "{}"}, []string{"--app", "shop"}},
+	}
+	// Every variable a flag reads is in the table.
+	covered := map[string]bool{}
+	for _, tc := range tests {
+		covered[tc.env] = true
+	}
+	walk(newApp(strings.NewReader(""), io.Discard, io.Discard), nil, func(cmd *cli.Command, path []string) {
+		for _, f := range cmd.Flags {
+			for _, key := range envKeys(f) {
+				if strings.HasPrefix(key, envPrefix) && !covered[key] {
+					covered[key] = true
+					t.Errorf("%s (bellhop %s --%s) is not tested", key, strings.Join(path, " "), f.Names()[0])
+				}
+			}
+		}
+	})
+	for _, tc := range tests {
+		t.Run(tc.env+" "+tc.cmd, func(t *testing.T) {
+			t.Parallel()
+			cmd := strings.Fields(tc.cmd)
+			// No database: every refusal comes before connecting.
+			r := exeEnv(t, []string{tc.env + "="}, "", append(cmd, tc.args...)...)
+			if want := tc.env + " is set but empty; unset it"; r.code != 2 || !strings.Contains(r.stderr, want) {
+				t.Errorf("%s= bellhop %s: %s\nwant exit 2 and %q", tc.env, tc.cmd, r, want)
+			}
+			// Given on the command line, the flag wins over the variable:
+			// what stops the command now is the missing database.
+			r = exeEnv(t, []string{tc.env + "="}, "", slices.Concat(cmd, tc.flag, tc.args)...)
+			if r.code != 2 || !strings.Contains(r.stderr, "no database") {
+				t.Errorf("%s= bellhop %s %s: %s\nwant exit 2 and \"no database\"", tc.env, tc.cmd, strings.Join(tc.flag, " "), r)
+			}
+		})
+	}
+	// The message for an empty allow-list says what it would have meant.
+	r := exeEnv(t, []string{"BELLHOP_ALLOWED_HOSTS="}, "", "run")
+	if want := "bellhop: BELLHOP_ALLOWED_HOSTS is set but empty; unset it to allow every host, or list the hosts\n"; r.stderr != want {
+		t.Errorf("stderr %q, want %q", r.stderr, want)
 	}
 }
 

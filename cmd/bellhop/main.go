@@ -5,7 +5,9 @@
 // Configuration comes from flags, then environment variables: DATABASE_URL
 // for --database-url, and BELLHOP_<FLAG> for the logging flags, --app,
 // --allowed-hosts and bellhop run's flags. A flag's help names its
-// variable; other flags have none. A bad configuration, a bad flag or input that
+// variable; other flags have none. A BELLHOP_ variable that is set but
+// empty is refused, unless the command line gives its flag: unset it for
+// the default. A bad configuration, a bad flag or input that
 // can never succeed (an invalid name, payload or option, an unknown app or
 // consumer) exits with status 2 and one line naming the problem; other
 // failures (the database is unreachable, a conflict) exit with status 1.
@@ -154,7 +156,64 @@ func isFlagError(err error) bool {
 
 const envPrefix = "BELLHOP_"
 
-func env(name string) cli.ValueSourceChain { return cli.EnvVars(envPrefix + name) }
+// env is the source of a flag's BELLHOP_<name> variable.
+func env(name string) cli.ValueSourceChain {
+	return cli.NewValueSourceChain(envSource(envPrefix + name))
+}
+
+// envSource reads an environment variable as cli.EnvVar does, except that
+// a variable set to the empty string gives the flag no value, and
+// checkEmptyEnv refuses it. The CLI library skips an empty value for most
+// kinds of flag (durations, numbers, lists: the default applies) and takes
+// it for others (an empty string, false for a bool): either way it was
+// silently not a setting, and BELLHOP_ALLOWED_HOSTS= from a deploy
+// template whose variable was missing allowed every host.
+type envSource string
+
+// Lookup returns the variable's value, and whether it is set and not empty.
+func (s envSource) Lookup() (string, bool) {
+	v, ok := os.LookupEnv(string(s))
+	return v, ok && v != ""
+}
+
+func (s envSource) String() string   { return fmt.Sprintf("environment variable %q", string(s)) }
+func (s envSource) GoString() string { return fmt.Sprintf("envSource(%q)", string(s)) }
+
+// IsFromEnv and Key make --help name the variable.
+func (s envSource) IsFromEnv() bool { return true }
+func (s envSource) Key() string     { return string(s) }
+
+// checkEmptyEnv refuses a BELLHOP_ variable that is set but empty, for a
+// flag of cmd or of the commands above it that the command line does not
+// give: unset, the flag has its default; empty, it is a mistake (a
+// template's missing variable), not a way to ask for the default.
+func checkEmptyEnv(cmd *cli.Command) error {
+	for _, c := range cmd.Lineage() {
+		for _, f := range c.Flags {
+			df, ok := f.(cli.DocGenerationFlag)
+			if !ok || f.IsSet() {
+				continue
+			}
+			for _, key := range df.GetEnvVars() {
+				if v, set := os.LookupEnv(key); set && v == "" && strings.HasPrefix(key, envPrefix) {
+					return usagef("%s is set but empty; %s", key, emptyEnvAdvice(f.Names()[0]))
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// emptyEnvAdvice says what to do instead of leaving flag's variable empty.
+func emptyEnvAdvice(flag string) string {
+	switch flag {
+	case "allowed-hosts":
+		return "unset it to allow every host, or list the hosts"
+	case "app":
+		return "unset it, or name the app"
+	}
+	return fmt.Sprintf("unset it for the default of --%s, or give a value", flag)
+}
 
 // deps carries what commands share.
 type deps struct {
@@ -202,6 +261,7 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 // strict makes every command of the tree report a bad flag or a missing
 // required flag as one line (the library's default prints the whole help
 // and "Incorrect Usage", and only the root's OnUsageError would apply),
+// refuses an empty BELLHOP_ variable (checkEmptyEnv) before any action,
 // makes a command group refuse an unknown subcommand by name, and makes a
 // command that takes no arguments (one without ArgsUsage) refuse any,
 // which the library would otherwise ignore. It also marks what each
@@ -213,6 +273,10 @@ func strict(cmd *cli.Command) {
 		// --help and the docs do; it gives the error no type to tell it
 		// by, only its words.
 		if strings.HasPrefix(err.Error(), "Required flag") {
+			// BELLHOP_APP= is the likelier mistake than a missing --app.
+			if err := checkEmptyEnv(cmd); err != nil {
+				return err
+			}
 			if missing := missingFlags(cmd); len(missing) > 0 {
 				return usageError{errors.New(requiredText(missing))}
 			}
@@ -239,6 +303,9 @@ func strict(cmd *cli.Command) {
 	}
 	if action := cmd.Action; action != nil {
 		cmd.Action = func(ctx context.Context, cmd *cli.Command) error {
+			if err := checkEmptyEnv(cmd); err != nil {
+				return err
+			}
 			if err := action(ctx, cmd); err != nil {
 				return actionError{err}
 			}

@@ -162,7 +162,9 @@ func oneArg(cmd *cli.Command, what string) (string, error) {
 
 // allowedHosts reads --allowed-hosts (or BELLHOP_ALLOWED_HOSTS) and
 // refuses an entry that can never match, and a list of blank entries,
-// which httppush would take as allowing no host at all.
+// which httppush would take as allowing no host at all. An empty
+// BELLHOP_ALLOWED_HOSTS, which would leave the list unset (every host
+// allowed), is refused before, by checkEmptyEnv.
 func allowedHosts(cmd *cli.Command) ([]string, error) {
 	hosts := cmd.StringSlice("allowed-hosts")
 	if err := httppush.CheckAllowedHosts(hosts); err != nil {
