@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -260,6 +261,62 @@ func TestDatabaseURLPasswordNeverShown(t *testing.T) {
 				break // connecting is the same for every command; once is enough
 			}
 		}
+	}
+}
+
+// TestErrorsKeepWordsBesidePassword: a password that is also a word of
+// the message, as docker-compose.yml's "bellhop" is, is hidden only where
+// it could leak, not from the CLI's own wording or the database and user
+// names the error prints on purpose; one the server echoes is hidden.
+// Every copy was masked: database "xxxxx_..." does not exist, run
+// `xxxxx migrate`.
+func TestErrorsKeepWordsBesidePassword(t *testing.T) {
+	t.Parallel()
+	withPassword := func(dsn, pw string) string {
+		t.Helper()
+		u, err := url.Parse(dsn)
+		if err != nil || u.Scheme != "postgres" && u.Scheme != "postgresql" {
+			t.Skipf("the test server's connection string is not a postgres:// URL")
+		}
+		u.User = url.UserPassword(u.User.Username(), pw)
+		return u.String()
+	}
+	empty := withPassword(emptyDatabase(t), "bellhop")
+	missing, err := pgdsn.WithDatabase(empty, "bellhop_no_such_db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A setting the server refuses, quoting its value: the password.
+	echo := withPassword(pgtest.ConnString(t), "S3CRETpw")
+	echo += "&options=-c%20statement_timeout%3DS3CRETpw"
+	if !strings.Contains(echo, "?") {
+		t.Skipf("the test server's connection string has no query")
+	}
+	tests := []struct {
+		name, dsn string
+		args      []string
+		want      []string // in the message
+	}{
+		{"unmigrated", empty, []string{"run", "--http-addr", "127.0.0.1:0"}, []string{"run `bellhop migrate`"}},
+		{"no such database", missing, []string{"queues"}, []string{`database "bellhop_no_such_db" does not exist`, "database=bellhop_no_such_db"}},
+		{"echoed password", echo, []string{"queues"}, []string{`invalid value for parameter "statement_timeout": "xxxxx"`}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := exe(t, tc.dsn, "", tc.args...)
+			if r.code == 0 {
+				t.Fatalf("succeeded: %s", r)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(r.stderr, w) {
+					t.Errorf("stderr lacks %q: %s", w, r.stderr)
+				}
+			}
+			if strings.Contains(r.stderr, "S3CRET") || strings.Contains(r.stderr, "xxxxx") != (tc.name == "echoed password") {
+				t.Errorf("password masked where it should not be, or shown: %s", r.stderr)
+			}
+		})
 	}
 }
 

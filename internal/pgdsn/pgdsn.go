@@ -9,13 +9,14 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"reflect"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// mask replaces a password wherever one is hidden.
-const mask = "xxxxx"
+// masked replaces a password wherever one is hidden.
+const masked = "xxxxx"
 
 // WithDatabase returns dsn pointing at dbname instead of its own database,
 // with everything else unchanged.
@@ -122,7 +123,7 @@ func redactURL(s string) (string, []string) {
 					secrets = appendSecret(secrets, p, true)
 				}
 			}
-			s = s[:colon+1] + mask + s[at:]
+			s = s[:colon+1] + masked + s[at:]
 		}
 	}
 	q := strings.IndexByte(s, '?')
@@ -138,7 +139,7 @@ func redactURL(s string) (string, []string) {
 		key, err := url.PathUnescape(rawKey)
 		if err != nil || strings.Contains(strings.ToLower(key), "password") {
 			secrets = appendSecret(secrets, value, true)
-			pairs[i] = rawKey + "=" + mask
+			pairs[i] = rawKey + "=" + masked
 		}
 	}
 	return s[:q+1] + strings.Join(pairs, "&"), secrets
@@ -161,7 +162,7 @@ func redactKV(s string) (string, []string) {
 		if eq < 0 || strings.TrimSpace(s[:eq]) == "" || strings.ContainsAny(strings.TrimRight(s[:eq], spaces), spaces+"@") {
 			// Malformed: whatever follows may be a mistyped password.
 			secrets = appendSecret(secrets, s, false)
-			out.WriteString(mask)
+			out.WriteString(masked)
 			return out.String(), secrets
 		}
 		key := strings.TrimRight(s[:eq], spaces)
@@ -171,12 +172,12 @@ func redactKV(s string) (string, []string) {
 		end, ok := kvValueEnd(value)
 		if !ok {
 			secrets = appendSecret(secrets, value, false)
-			out.WriteString(mask)
+			out.WriteString(masked)
 			return out.String(), secrets
 		}
 		if strings.Contains(strings.ToLower(key), "password") {
 			secrets = appendSecret(secrets, value[:end], false)
-			out.WriteString(mask)
+			out.WriteString(masked)
 		} else {
 			out.WriteString(value[:end])
 		}
@@ -263,20 +264,57 @@ func CheckHosts(cfg *pgconn.Config) error {
 const minScrub = 3
 
 // RedactError returns err with dsn's passwords hidden from its text, for
-// errors from parsing or connecting with dsn. pgx redacts its own parse
-// errors only on a best-effort basis (it misses "password = x", with
-// spaces), and net/url quotes the whole URL: both are replaced by their
-// Redact form, and any remaining copy of a password, raw or decoded, is
-// masked. The result unwraps to err, so errors.Is and errors.As still
-// work; its text is safe to print, err's own may not be. nil stays nil.
+// errors from parsing or connecting with dsn, or from the server it names.
+//
+// A password can reach error text only through the errors of the packages
+// that read the connection string or talk to the server: pgx's (which
+// quote the string when it does not parse, and the host, user and
+// database when a connection fails; a host can hold the rest of a
+// password with an unescaped '@'), net/url's (the whole URL) and the
+// server's own messages, which echo what they were sent. Only the text of
+// such errors in err's chain is redacted: pgx's parse errors and net/url's
+// by quoting their connection string in its Redact form (pgx redacts its
+// own only on a best-effort basis, and misses "password = x", with
+// spaces), then any copy of a password, raw or decoded, by masking it.
+// The rest of the text is the wording of the caller and of this module,
+// whose wrapping with %w (fmt.Errorf, errors.Join, the types of this
+// module and of the program's main package) leads
+// to the errors above: it never quotes a connection string, and is left
+// as it is, so that a password that is also a word of it ("bellhop", in
+// "run `bellhop migrate`") does not garble it. An error formatted into
+// the caller's text (%v) rather than wrapped counts as that text: wrap
+// one that may quote a connection string with %w.
+//
+// The user, database and host names of dsn stay readable where they
+// appear, as the errors print them on purpose: a copy of a password that
+// lies within one of them is not masked. If the password is the user name
+// (postgres:postgres) or the database name, or lies within one, printing
+// that name prints the password: that cannot be helped without hiding
+// which user or database the error is about, and such a password is no
+// secret from anyone who may read the name.
+//
+// The result unwraps to err, so errors.Is and errors.As still work; its
+// text is safe to print, err's own may not be. nil stays nil.
 func RedactError(err error, dsn string) error {
 	if err == nil {
 		return nil
 	}
-	msg := err.Error()
 	_, secrets := redact(dsn)
+	keep := printedNames(dsn)
+	msg := err.Error()
+	for _, f := range foreignErrors(err, nil) {
+		raw := f.Error()
+		msg = strings.ReplaceAll(msg, raw, redactForeign(f, raw, secrets, keep))
+	}
+	return &redactedError{msg: msg, err: err}
+}
+
+// redactForeign is the redacted form of raw, the text of f, an error of
+// another package than this module, fmt and errors.
+func redactForeign(f error, raw string, secrets, keep []string) string {
+	msg := raw
 	var pce *pgconn.ParseConfigError
-	if errors.As(err, &pce) {
+	if errors.As(f, &pce) {
 		clean := *pce
 		var more []string
 		clean.ConnString, more = redact(pce.ConnString)
@@ -284,7 +322,7 @@ func RedactError(err error, dsn string) error {
 		msg = strings.ReplaceAll(msg, pce.Error(), clean.Error())
 	}
 	var ue *url.Error
-	if errors.As(err, &ue) {
+	if errors.As(f, &ue) {
 		clean := *ue
 		var more []string
 		clean.URL, more = redact(ue.URL)
@@ -296,12 +334,114 @@ func RedactError(err error, dsn string) error {
 		}
 		msg = strings.ReplaceAll(msg, ue.Error(), clean.Error())
 	}
-	for _, s := range secrets {
-		if len(s) >= minScrub {
-			msg = strings.ReplaceAll(msg, s, mask)
+	return mask(msg, secrets, keep)
+}
+
+// foreignErrors appends to into the outermost errors of err's chain whose
+// text may quote a connection string or a server: every one whose type
+// is not from this module, the program's main package, fmt or errors.
+// It goes down through the others (the wrapping), which it takes as the
+// caller's wording.
+func foreignErrors(err error, into []error) []error {
+	if err == nil {
+		return into
+	}
+	t := reflect.TypeOf(err)
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch pkg := t.PkgPath(); {
+	case pkg == "fmt" || pkg == "errors" || pkg == "main" || pkg == modulePath || strings.HasPrefix(pkg, modulePath+"/"):
+	default:
+		return append(into, err)
+	}
+	switch u := err.(type) {
+	case interface{ Unwrap() error }:
+		return foreignErrors(u.Unwrap(), into)
+	case interface{ Unwrap() []error }:
+		for _, e := range u.Unwrap() {
+			into = foreignErrors(e, into)
 		}
 	}
-	return &redactedError{msg: msg, err: err}
+	return into
+}
+
+// modulePath is this module's import path: that of this package, without
+// "/internal/pgdsn".
+var modulePath = strings.TrimSuffix(reflect.TypeOf(redactedError{}).PkgPath(), "/internal/pgdsn")
+
+// printedNames are the names that dsn's errors print on purpose: its user,
+// database and hosts, as pgx reads them. A host that holds '@' is left
+// out: it is the rest of a password with an unescaped '@' (CheckHosts).
+// A dsn that does not parse has none: its errors are pgx's parse errors,
+// whose quoted string is redacted as a whole.
+func printedNames(dsn string) []string {
+	cfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		return nil
+	}
+	names := []string{cfg.User, cfg.Database}
+	hosts := []string{cfg.Host}
+	for _, f := range cfg.Fallbacks {
+		hosts = append(hosts, f.Host)
+	}
+	for _, h := range hosts {
+		if !strings.ContainsRune(h, '@') {
+			names = append(names, h)
+		}
+	}
+	return names
+}
+
+// mask replaces every copy in text of a secret at least minScrub bytes
+// long with xxxxx, except a copy that lies within a copy of one of keep.
+// Copies that overlap or touch are masked as one.
+func mask(text string, secrets, keep []string) string {
+	type span struct{ start, end int }
+	find := func(s string, f func(span)) {
+		for i := 0; i <= len(text); {
+			j := strings.Index(text[i:], s)
+			if j < 0 {
+				return
+			}
+			f(span{i + j, i + j + len(s)})
+			i += j + 1
+		}
+	}
+	var kept []span
+	for _, k := range keep {
+		if k != "" {
+			find(k, func(sp span) { kept = append(kept, sp) })
+		}
+	}
+	hide := make([]bool, len(text))
+	for _, s := range secrets {
+		if len(s) < minScrub {
+			continue
+		}
+		find(s, func(sp span) {
+			for _, k := range kept {
+				if k.start <= sp.start && sp.end <= k.end {
+					return
+				}
+			}
+			for i := sp.start; i < sp.end; i++ {
+				hide[i] = true
+			}
+		})
+	}
+	var b strings.Builder
+	for i := 0; i < len(text); i++ {
+		if !hide[i] {
+			b.WriteByte(text[i])
+			continue
+		}
+		b.WriteString(masked)
+		for i+1 < len(text) && hide[i+1] {
+			i++
+		}
+	}
+	return b.String()
 }
 
 // redactedError is an error whose text has been redacted.

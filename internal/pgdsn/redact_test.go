@@ -1,11 +1,13 @@
 package pgdsn
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -112,7 +114,15 @@ func TestRedactError(t *testing.T) {
 	for _, dsn := range []string{"postgres://u:P@S3CRETpw@localhost:1/db", "postgres://u:P@ss%S3CRETpw@localhost:1/db"} {
 		_, err := pgconn.ParseConfig(dsn)
 		if err == nil {
-			err = fmt.Errorf("failed to connect to `host=%s`: hostname resolving error", strings.SplitN(dsn, "@", 2)[1])
+			// The host "S3CRETpw@localhost" does not resolve: pgx's
+			// error quotes it.
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			_, err = pgconn.Connect(ctx, dsn)
+			cancel()
+			if err == nil || !strings.Contains(err.Error(), "S3CRETpw@localhost") {
+				t.Fatalf("connecting with %q: %v, want an error that names the host", dsn, err)
+			}
+			err = fmt.Errorf("connect: %w", err)
 		}
 		if red := RedactError(err, dsn); strings.Contains(red.Error(), "S3CRET") {
 			t.Errorf("RedactError(%q) for %q shows part of the password", red, dsn)
@@ -142,5 +152,69 @@ func TestRewriteErrorsRedacted(t *testing.T) {
 				t.Errorf("%s(%q): %v", name, dsn, err)
 			}
 		}
+	}
+}
+
+// TestRedactErrorKeepsWording: with docker-compose.yml's connection
+// string, whose password is also the database's name and the command's,
+// the database and user names that the errors print on purpose and the
+// wording around them stay readable; a password that a server echoes
+// elsewhere is still hidden. Every copy of the password used to be
+// masked: database "xxxxx" does not exist, run `xxxxx migrate`.
+func TestRedactErrorKeepsWording(t *testing.T) {
+	const compose = "postgres://postgres:bellhop@db:5432/bellhop"
+	// A real connect error, which names the user and the database: to a
+	// socket directory that does not exist, so that no server is needed.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, connErr := pgconn.Connect(ctx, "postgres://postgres:bellhop@/bellhop?host=/nonexistent&port=5432")
+	if connErr == nil {
+		t.Fatal("connecting to /nonexistent succeeded")
+	}
+	noDatabase := &pgconn.PgError{Severity: "FATAL", Code: "3D000", Message: `database "bellhop" does not exist`}
+	tests := []struct {
+		name     string
+		dsn      string
+		err      error
+		want     string // exactly
+		password string // must not appear, "" for none
+	}{
+		{"our wording", compose, fmt.Errorf("check schema: %w", errors.New("database has no Bellhop schema: run `bellhop migrate`")),
+			"check schema: database has no Bellhop schema: run `bellhop migrate`", ""},
+		{"joined wording", compose, errors.Join(errors.New("run `bellhop migrate`"), errors.New("bellhop again")),
+			"run `bellhop migrate`\nbellhop again", ""},
+		{"the server names the database", compose, fmt.Errorf("connect to the database: %w", noDatabase),
+			`connect to the database: FATAL: database "bellhop" does not exist (SQLSTATE 3D000)`, ""},
+		{"pgx names the user and database", compose, fmt.Errorf("connect to the database: %w", connErr),
+			"connect to the database: " + connErr.Error(), ""},
+		// The password is the user name: printing the user prints it.
+		{"password equal to the user", "postgres://postgres:postgres@db/bellhop", fmt.Errorf("connect: %w", connErr),
+			"connect: " + connErr.Error(), ""},
+		{"an echoed password", "postgres://postgres:S3CRETpw@db/bellhop",
+			fmt.Errorf("run `bellhop migrate`: %w", &pgconn.PgError{Severity: "ERROR", Code: "22023",
+				Message: `invalid value for parameter "application_name": "S3CRETpw" in database "bellhop"`}),
+			"run `bellhop migrate`: ERROR: invalid value for parameter \"application_name\": \"xxxxx\" in database \"bellhop\" (SQLSTATE 22023)", "S3CRETpw"},
+		// A password within the database's name is shown with it (its
+		// other copies are hidden), as one equal to the name would be.
+		{"a password within a name", "postgres://postgres:hop@db/bellhop",
+			fmt.Errorf("connect: %w", &pgconn.PgError{Severity: "FATAL", Code: "28000", Message: `database "bellhop" said hop, hop`}),
+			`connect: FATAL: database "bellhop" said xxxxx, xxxxx (SQLSTATE 28000)`, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			red := RedactError(tc.err, tc.dsn)
+			if red.Error() != tc.want {
+				t.Errorf("RedactError = %q\nwant          %q", red, tc.want)
+			}
+			if tc.password != "" && strings.Contains(red.Error(), tc.password) {
+				t.Errorf("RedactError = %q shows the password", red)
+			}
+			if !errors.Is(red, tc.err) {
+				t.Errorf("RedactError does not unwrap to the error")
+			}
+		})
+	}
+	if !strings.Contains(connErr.Error(), "user=postgres database=bellhop") {
+		t.Errorf("pgx's connect error %q does not name the user and database as the test expects", connErr)
 	}
 }
