@@ -33,7 +33,7 @@ func runCommand(d *deps) *cli.Command {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "http-addr", Value: ":9090", Usage: "address for /metrics, /healthz and /readyz", Sources: env("HTTP_ADDR")},
 			&cli.DurationFlag{Name: "poll-interval", Value: bellhop.DefaultPollInterval, Usage: "fallback poll period, at least 1s (catches lost notifications only)", Sources: env("POLL_INTERVAL")},
-			&cli.DurationFlag{Name: "shutdown-grace", Value: bellhop.DefaultShutdownGrace, Usage: "on SIGINT/SIGTERM, how long in-flight deliveries may finish", Sources: env("SHUTDOWN_GRACE")},
+			&cli.DurationFlag{Name: "shutdown-grace", Value: bellhop.DefaultShutdownGrace, Usage: "on SIGINT, SIGTERM or SIGHUP, how long in-flight deliveries may finish", Sources: env("SHUTDOWN_GRACE")},
 			&cli.StringSliceFlag{Name: "allowed-hosts", Usage: "if set, only push to these hosts (exact, or *.suffix)", Sources: env("ALLOWED_HOSTS")},
 			&cli.BoolFlag{Name: "lease-at-insert", Usage: "let producers lease new messages of idle queues to this dispatcher, saving a claim round trip (docs/lease-at-insert.md)", Sources: env("LEASE_AT_INSERT")},
 		},
@@ -42,8 +42,8 @@ func runCommand(d *deps) *cli.Command {
 			if err != nil {
 				return err
 			}
-			// From here on, SIGINT or SIGTERM stops the daemon cleanly,
-			// also while it starts up.
+			// From here on, SIGINT, SIGTERM or SIGHUP stops the daemon
+			// cleanly, also while it starts up.
 			ctx, stop := signalContext(ctx, log)
 			defer stop()
 			cfg, err := poolConfig(cmd)
@@ -91,23 +91,45 @@ func runCommand(d *deps) *cli.Command {
 	}
 }
 
-// signalContext is cancelled by the first SIGINT or SIGTERM (a graceful
-// stop); a second one exits at once.
+// stopSignals stop a command gracefully. SIGHUP is one (a closed terminal
+// or ssh session sends it): its default action killed the daemon with no
+// stop sequence, in-flight deliveries cut short and their leases left to
+// run out. There is no configuration to reload on it: consumers are
+// reloaded from the database.
+var stopSignals = []os.Signal{os.Interrupt, syscall.SIGTERM, syscall.SIGHUP}
+
+// repeatWindow is how long after the first stop signal the same signal
+// again is taken for the same request delivered twice, not for a second
+// one: GNU timeout signals its child and then the child's process group,
+// so the child gets its signal twice, about a millisecond apart.
+const repeatWindow = time.Second
+
+// signalContext is cancelled by the first SIGINT, SIGTERM or SIGHUP (a
+// graceful stop); a second one exits at once, unless it is the same
+// signal within repeatWindow of the first, which is ignored.
 func signalContext(parent context.Context, log zerolog.Logger) (context.Context, func()) {
 	ctx, cancel := context.WithCancel(parent)
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, stopSignals...)
 	go func() {
+		var first os.Signal
 		select {
-		case s := <-sigs:
-			log.Info().Str("signal", s.String()).Msg("stopping gracefully; send it again to stop at once")
+		case first = <-sigs:
+			log.Info().Str("signal", first.String()).Msg("stopping gracefully; send it again to stop at once")
 			cancel()
 		case <-ctx.Done():
 			return
 		}
-		s := <-sigs
-		log.Warn().Str("signal", s.String()).Msg("second signal: exiting now")
-		os.Exit(130)
+		firstAt := time.Now()
+		for s := range sigs {
+			if s == first && time.Since(firstAt) < repeatWindow {
+				log.Debug().Str("signal", s.String()).Dur("after", time.Since(firstAt)).
+					Msg("the stop signal again at once: taken for the same request, ignored")
+				continue
+			}
+			log.Warn().Str("signal", s.String()).Msg("second signal: exiting now")
+			os.Exit(130)
+		}
 	}()
 	return ctx, func() { signal.Stop(sigs); cancel() }
 }

@@ -24,45 +24,66 @@ import (
 	"github.com/bellhopq/bellhop/internal/pgtest"
 )
 
-var stoppingRE = regexp.MustCompile(`stopping gracefully`)
+var (
+	stoppingRE = regexp.MustCompile(`stopping gracefully`)
+	repeatRE   = regexp.MustCompile(`"level":"debug".*the stop signal again at once`)
+)
 
 // TestGracefulStop: SIGTERM during a delivery lets it finish (or, past
 // the grace period, releases its message, attempt refunded, to be retried
 // when its lease would have ended: the consumer never answered and may
-// still be working on it); a second signal exits at once.
+// still be working on it); so does SIGHUP, which used to kill the daemon
+// with no stop at all. A second signal exits at once, unless it is the
+// first again within a second, as GNU timeout sends it (to the child,
+// then to its process group), which used to exit at once.
 func TestGracefulStop(t *testing.T) {
 	t.Parallel()
+	const (
+		release     = iota + 1 // release the handler
+		repeat                 // the first signal again at once, then release
+		other                  // SIGINT at once
+		repeatLater            // the first signal again until it is heeded
+	)
 	tests := []struct {
 		name  string
 		grace string
-		// after the first SIGTERM: release the handler, or send a
-		// second signal, or neither (the grace period runs out)
-		release, second bool
-		wantCode        int
-		maxExit         time.Duration
+		sig   syscall.Signal // the first; SIGTERM if 0
+		// after the first signal, one of the above, or nothing (the
+		// grace period runs out)
+		then     int
+		wantCode int
+		maxExit  time.Duration
 		// what must become of the message
 		wantAcked, wantReleased bool
 	}{
-		{name: "delivery finishes", grace: "20s", release: true, wantCode: 0, maxExit: 15 * time.Second, wantAcked: true},
+		{name: "delivery finishes", grace: "20s", then: release, wantCode: 0, maxExit: 15 * time.Second, wantAcked: true},
 		{name: "grace runs out", grace: "1s", wantCode: 0, maxExit: 15 * time.Second, wantReleased: true},
-		{name: "second signal", grace: "60s", second: true, wantCode: 130, maxExit: 5 * time.Second},
+		{name: "SIGHUP", grace: "20s", sig: syscall.SIGHUP, then: release, wantCode: 0, maxExit: 15 * time.Second, wantAcked: true},
+		{name: "SIGTERM twice at once", grace: "20s", then: repeat, wantCode: 0, maxExit: 15 * time.Second, wantAcked: true},
+		{name: "SIGHUP twice at once", grace: "20s", sig: syscall.SIGHUP, then: repeat, wantCode: 0, maxExit: 15 * time.Second, wantAcked: true},
+		{name: "second signal, another", grace: "60s", then: other, wantCode: 130, maxExit: 5 * time.Second},
+		{name: "second signal, later", grace: "60s", then: repeatLater, wantCode: 130, maxExit: 5 * time.Second},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
+			sig := tc.sig
+			if sig == 0 {
+				sig = syscall.SIGTERM
+			}
 			dsn, h, _ := setup(t, "--visibility-timeout", "60s")
-			release := make(chan struct{})
+			releaseCh := make(chan struct{})
 			entered := make(chan struct{}, 1)
 			h.respond = func(w http.ResponseWriter, r *http.Request, _ delivery, _ int) {
 				entered <- struct{}{}
 				select {
-				case <-release:
+				case <-releaseCh:
 					w.WriteHeader(http.StatusOK)
 				case <-r.Context().Done(): // the daemon gave up on the request
 				}
 			}
-			t.Cleanup(func() { close(release) }) // before the hook server closes
-			d := startDaemon(t, dsn, "--shutdown-grace", tc.grace)
+			t.Cleanup(func() { close(releaseCh) }) // before the hook server closes
+			d := startDaemon(t, dsn, "--shutdown-grace", tc.grace, "--log-level", "debug")
 			id := enqueue(t, dsn, "shop", "orders", `{"slow":true}`)
 			select {
 			case <-entered:
@@ -70,14 +91,45 @@ func TestGracefulStop(t *testing.T) {
 				t.Fatal("the message was not delivered")
 			}
 
-			d.signal(syscall.SIGTERM)
+			sentAt := time.Now()
+			d.signal(sig)
 			d.waitLine(true, stoppingRE, 10*time.Second)
 			stopAt := time.Now()
-			switch {
-			case tc.release:
-				release <- struct{}{}
-			case tc.second:
-				d.signal(syscall.SIGTERM)
+			switch tc.then {
+			case release:
+				releaseCh <- struct{}{}
+			case repeat:
+				// The line is written once the first signal is handled,
+				// so this one is a delivery of its own, not merged with
+				// the first by the kernel.
+				d.signal(sig)
+				if gap := time.Since(sentAt); gap >= repeatWindow {
+					t.Skipf("the second signal went %s after the first, past the %s window: the machine is too slow for this test", gap, repeatWindow)
+				}
+				d.waitLine(true, repeatRE, 10*time.Second)
+				releaseCh <- struct{}{}
+			case other:
+				d.signal(os.Interrupt)
+			case repeatLater:
+				// Every 100ms until the daemon exits: those within the
+				// window are ignored, the first after it is heeded.
+				tick := time.NewTicker(100 * time.Millisecond)
+				defer tick.Stop()
+				deadline := time.After(tc.maxExit)
+			loop:
+				for {
+					select {
+					case <-d.done:
+						break loop
+					case <-deadline:
+						t.Fatalf("the daemon did not exit within %s of repeated signals", tc.maxExit)
+					case <-tick.C:
+						_ = d.cmd.Process.Signal(sig) // fails once it has exited
+					}
+				}
+				if took := time.Since(sentAt); took < repeatWindow {
+					t.Errorf("exited %s after the first signal: a repeat within the %s window was heeded", took, repeatWindow)
+				}
 			}
 			if code := d.wait(tc.maxExit); code != tc.wantCode {
 				t.Fatalf("exit code %d, want %d", code, tc.wantCode)
@@ -105,7 +157,7 @@ func TestGracefulStop(t *testing.T) {
 				// stop cut short: the message waits for the end of its
 				// 60s lease, which began before the signal.
 				t.Errorf("released message is due in %.1fs, want at its lease's end (30 - 60s from now)", dueIn)
-			case tc.second && took > 3*time.Second:
+			case tc.then == other && took > 3*time.Second:
 				t.Errorf("second signal: exit took %s", took)
 			}
 		})

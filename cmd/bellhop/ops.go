@@ -38,7 +38,7 @@ func migrateCommand(d *deps) *cli.Command {
 			if err != nil {
 				return err
 			}
-			// SIGINT or SIGTERM cancels the statement in progress on the
+			// SIGINT, SIGTERM or SIGHUP cancels the statement in progress on the
 			// server (a cancel request), and its transaction rolls back;
 			// a second signal exits at once. Without it, the process died
 			// and left its backend queued for the ACCESS EXCLUSIVE lock a
