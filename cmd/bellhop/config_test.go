@@ -72,17 +72,17 @@ func TestBadConfiguration(t *testing.T) {
 		{"password with an unescaped @ for run", "postgres://u:P@ss3cretpw@localhost:1/db", nil, []string{"run"}, "write an '@' in the user name or password as %40"},
 		{"bad duration", dsn, nil, append(add, "--visibility-timeout", "5x"), `invalid value "5x" for flag --visibility-timeout`},
 		{"bad duration in env", dsn, []string{"BELLHOP_POLL_INTERVAL=5x"}, []string{"run"}, `BELLHOP_POLL_INTERVAL`},
-		{"fractional visibility timeout", dsn, nil, append(add, "--visibility-timeout", "0.5s"), "visibility timeout 500ms is outside 1s..12h"},
+		{"fractional visibility timeout", dsn, nil, append(add, "--visibility-timeout", "0.5s"), "--visibility-timeout 500ms is outside 1s..12h"},
 		{"visibility timeout not whole seconds", dsn, nil, append(add, "--visibility-timeout", "1500ms"), "not a whole number of seconds"},
 		{"zero max attempts", dsn, nil, append(add, "--max-attempts", "0"), "--max-attempts 0: must be at least 1"},
-		{"too many max attempts", dsn, nil, append(add, "--max-attempts", "1001"), "max attempts 1001 is outside 1..1000"},
+		{"too many max attempts", dsn, nil, append(add, "--max-attempts", "1001"), "--max-attempts 1001 is outside 1..1000"},
 		{"zero max in flight", dsn, nil, append(add, "--max-in-flight", "0"), "--max-in-flight 0: must be at least 1"},
-		{"backoff cap below base", dsn, nil, append(add, "--backoff-min", "2s", "--backoff-max", "1s"), "backoff cap 1s is below backoff base 2s"},
+		{"backoff cap below base", dsn, nil, append(add, "--backoff-min", "2s", "--backoff-max", "1s"), "--backoff-max 1s is below --backoff-min 2s"},
 		{"zero max attempts on enqueue", dsn, nil, append(enq, "--max-attempts", "0", "{}"), "--max-attempts 0: must be 1 to 1000"},
 		// The library's message would add "(0 means the default)", which
 		// the flag refuses.
 		{"too many max attempts on enqueue", dsn, nil, append(enq, "--max-attempts", "1001", "{}"), "--max-attempts 1001: must be 1 to 1000"},
-		{"zero max attempts on update", dsn, nil, []string{"consumer", "update", "--app", "shop", "--max-attempts", "0", "00000000-0000-0000-0000-000000000001"}, "max attempts 0 is outside 1..1000"},
+		{"zero max attempts on update", dsn, nil, []string{"consumer", "update", "--app", "shop", "--max-attempts", "0", "00000000-0000-0000-0000-000000000001"}, "--max-attempts 0 is outside 1..1000"},
 		{"unusable --http-addr", dsn, nil, []string{"run", "--http-addr", "nonsense:99999"}, `--http-addr "nonsense:99999"`},
 		{"short --poll-interval", dsn, nil, []string{"run", "--poll-interval", "10ms"}, "--poll-interval 10ms: must be at least 1s"},
 		{"zero --shutdown-grace", dsn, nil, []string{"run", "--shutdown-grace", "0s"}, "--shutdown-grace 0s: must be positive"},
@@ -261,6 +261,57 @@ func TestDatabaseURLPasswordNeverShown(t *testing.T) {
 				break // connecting is the same for every command; once is enough
 			}
 		}
+	}
+}
+
+// TestConsumerErrorsNameFlags: consumer add and update name a bad setting
+// by its flag, as the user gave it, not by the library's name for it
+// ("backoff base 0s is outside 1ms..24h0m0s"); a bad value from a
+// variable names its flag with its dashes, as every other message does.
+func TestConsumerErrorsNameFlags(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.ConnString(t)
+	ok(t, dsn, "app", "create", "shop")
+	id, _ := addConsumer(t, dsn, "--app", "shop", "--queue", "stored", "--url", "http://127.0.0.1:9/hook",
+		"--backoff-min", "5s", "--backoff-max", "10s", "--visibility-timeout", "60s", "--timeout", "40s")
+	add := []string{"consumer", "add", "--app", "shop", "--queue", "q", "--url", "http://127.0.0.1:9/hook"}
+	update := []string{"consumer", "update", "--app", "shop", id}
+	tests := []struct {
+		name string
+		env  []string
+		args []string
+		want string
+	}{
+		{"add --backoff-max below --backoff-min", nil, append(add, "--backoff-max", "1s", "--backoff-min", "5s"), "invalid option: --backoff-max 1s is below --backoff-min 5s"},
+		{"add --timeout too short", nil, append(add, "--timeout", "50ms"), "invalid option: --timeout 50ms is outside 100ms..12h0m0s"},
+		{"add --timeout past the lease", nil, append(add, "--timeout", "40s", "--visibility-timeout", "30s"), "invalid option: --timeout 40s does not fit the --visibility-timeout 30s"},
+		{"add --backoff-min too long", nil, append(add, "--backoff-min", "25h"), "invalid option: --backoff-min 25h0m0s is outside 1ms..24h0m0s"},
+		{"add --backoff-max not whole", nil, append(add, "--backoff-max", "1500us"), "invalid option: --backoff-max 1.5ms is not a whole number of milliseconds"},
+		{"add --visibility-timeout too long", nil, append(add, "--visibility-timeout", "13h"), "invalid option: --visibility-timeout 13h0m0s is outside 1s..12h0m0s"},
+		{"add --max-in-flight too many", nil, append(add, "--max-in-flight", "10001"), "invalid option: --max-in-flight 10001 is outside 1..10000"},
+		{"add --max-attempts too many", nil, append(add, "--max-attempts", "1001"), "invalid option: --max-attempts 1001 is outside 1..1000"},
+		{"update --backoff-min 0s", nil, append(update, "--backoff-min", "0s"), "invalid option: --backoff-min 0s is outside 1ms..24h0m0s"},
+		{"update --timeout too short", nil, append(update, "--timeout", "50ms"), "invalid option: --timeout 50ms is outside 100ms..12h0m0s"},
+		{"update --max-attempts 0", nil, append(update, "--max-attempts", "0"), "invalid option: --max-attempts 0 is outside 1..1000"},
+		// Checked against the consumer's stored settings.
+		{"update --backoff-max below the stored --backoff-min", nil, append(update, "--backoff-max", "1s"), "--backoff-max 1s is below --backoff-min 5s"},
+		{"update --visibility-timeout below the stored --timeout", nil, append(update, "--visibility-timeout", "30s"), "--timeout 40s does not fit the --visibility-timeout 30s"},
+		{"bad BELLHOP_POLL_INTERVAL", []string{"BELLHOP_POLL_INTERVAL=5x"}, []string{"run"}, `from environment variable "BELLHOP_POLL_INTERVAL" for flag --poll-interval:`},
+		{"bad BELLHOP_LEASE_AT_INSERT", []string{"BELLHOP_LEASE_AT_INSERT=maybe"}, []string{"run"}, `for flag --lease-at-insert:`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := exeEnv(t, append([]string{"DATABASE_URL=" + dsn}, tc.env...), "", tc.args...)
+			if r.code != 2 || !strings.Contains(r.stderr, tc.want) {
+				t.Errorf("bellhop %s: %s\nwant exit 2 and %q", strings.Join(tc.args, " "), r, tc.want)
+			}
+			for _, name := range []string{"backoff base", "backoff cap", "push timeout", " visibility timeout", "max attempts", "max in-flight", "flag poll", "flag lease"} {
+				if strings.Contains(r.stderr, name) {
+					t.Errorf("stderr names %q: %s", name, r.stderr)
+				}
+			}
+		})
 	}
 }
 

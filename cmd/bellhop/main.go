@@ -130,9 +130,11 @@ func oneLine(err error) string {
 	return b.String()
 }
 
-// singleDashFlag finds a long flag named with one dash in the flag package's
-// errors ("flag provided but not defined: -x", "invalid value ... for flag -x").
-var singleDashFlag = regexp.MustCompile(`(not defined: |for flag )-(\w\w)`)
+// singleDashFlag finds a long flag named with one dash, or none, in the
+// flag package's errors ("flag provided but not defined: -x", "invalid
+// value ... for flag -x", and for a bad value from its environment
+// variable "... for flag x").
+var singleDashFlag = regexp.MustCompile(`(not defined: |for flag )-?(\w\w)`)
 
 // isFlagError recognises the CLI library's own parse errors, which it
 // gives no type to tell them by: only by their words, and so only among

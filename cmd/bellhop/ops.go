@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -236,6 +237,39 @@ func checkGivenSettings(cmd *cli.Command) error {
 	return nil
 }
 
+// settingFlags rewrites the names the library's errors give a consumer's
+// settings ("backoff base 0s is outside 1ms..24h0m0s") as the flags that
+// set them. The library checks the settings, some against the consumer's
+// stored ones in the same transaction as the update: naming its errors'
+// settings here keeps one set of checks and limits.
+var settingFlags = strings.NewReplacer(
+	"backoff base", "--backoff-min",
+	"backoff cap", "--backoff-max",
+	"push timeout", "--timeout",
+	"visibility timeout", "--visibility-timeout",
+	"max attempts", "--max-attempts",
+	"max in-flight", "--max-in-flight",
+)
+
+// flagNamed returns an ErrInvalidOptions error from registering or
+// updating a consumer with its settings named as flags (settingFlags);
+// it still unwraps to err. Other errors are returned as they are.
+func flagNamed(err error) error {
+	if !errors.Is(err, bellhop.ErrInvalidOptions) {
+		return err
+	}
+	return renamedError{msg: settingFlags.Replace(err.Error()), err: err}
+}
+
+// renamedError is err with its text reworded.
+type renamedError struct {
+	msg string
+	err error
+}
+
+func (e renamedError) Error() string { return e.msg }
+func (e renamedError) Unwrap() error { return e.err }
+
 func consumerCommand(d *deps) *cli.Command {
 	appFlag := &cli.StringFlag{Name: "app", Usage: "app name (required)", Required: true, Sources: env("APP")}
 	idArg := func(cmd *cli.Command) (uuid.UUID, error) {
@@ -308,7 +342,7 @@ func consumerCommand(d *deps) *cli.Command {
 					MaxInFlight: int(cmd.Int("max-in-flight")),
 				})
 				if err != nil {
-					return err
+					return flagNamed(err)
 				}
 				fmt.Fprintf(d.stdout, "consumer %s registered for %s/%s\n", con.ID, con.App, con.Queue)
 				fmt.Fprintf(d.stdout, "signing secret (shown only now): %s\n", con.Secret)
@@ -394,7 +428,7 @@ func consumerCommand(d *deps) *cli.Command {
 				}
 				defer pool.Close()
 				if err := c.UpdateConsumer(ctx, cmd.String("app"), id, u); err != nil {
-					return err
+					return flagNamed(err)
 				}
 				fmt.Fprintf(d.stdout, "consumer %s updated\n", id)
 				return nil
