@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"reflect"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -265,33 +264,21 @@ const minScrub = 3
 
 // RedactError returns err with dsn's passwords hidden from its text, for
 // errors from parsing or connecting with dsn, or from the server it names.
+// pgx redacts its own parse errors only on a best-effort basis (it misses
+// "password = x", with spaces), and net/url quotes the whole URL: both are
+// replaced by their Redact form. Then every remaining copy of a password,
+// raw or decoded, is masked, wherever it is in the text: whichever package
+// wrote it, and however the caller wrapped it.
 //
-// A password can reach error text only through the errors of the packages
-// that read the connection string or talk to the server: pgx's (which
-// quote the string when it does not parse, and the host, user and
-// database when a connection fails; a host can hold the rest of a
-// password with an unescaped '@'), net/url's (the whole URL) and the
-// server's own messages, which echo what they were sent. Only the text of
-// such errors in err's chain is redacted: pgx's parse errors and net/url's
-// by quoting their connection string in its Redact form (pgx redacts its
-// own only on a best-effort basis, and misses "password = x", with
-// spaces), then any copy of a password, raw or decoded, by masking it.
-// The rest of the text is the wording of the caller and of this module,
-// whose wrapping with %w (fmt.Errorf, errors.Join, the types of this
-// module and of the program's main package) leads
-// to the errors above: it never quotes a connection string, and is left
-// as it is, so that a password that is also a word of it ("bellhop", in
-// "run `bellhop migrate`") does not garble it. An error formatted into
-// the caller's text (%v) rather than wrapped counts as that text: wrap
-// one that may quote a connection string with %w.
-//
-// The user, database and host names of dsn stay readable where they
-// appear, as the errors print them on purpose: a copy of a password that
-// lies within one of them is not masked. If the password is the user name
-// (postgres:postgres) or the database name, or lies within one, printing
-// that name prints the password: that cannot be helped without hiding
-// which user or database the error is about, and such a password is no
-// secret from anyone who may read the name.
+// Except a copy that lies within one of the names the errors print on
+// purpose: dsn's user, database and hosts, and the program's own name,
+// "bellhop" (run `bellhop migrate`). Masking those garbled the message
+// (database "xxxxx" does not exist, run `xxxxx migrate`, with
+// docker-compose.yml's password, "bellhop", which is also its database's
+// name). A password that is one of those names, or lies within one, is
+// shown where the name is: it cannot be hidden without hiding which user
+// or database the error is about, and it is no secret from whoever may
+// read the name.
 //
 // The result unwraps to err, so errors.Is and errors.As still work; its
 // text is safe to print, err's own may not be. nil stays nil.
@@ -299,22 +286,10 @@ func RedactError(err error, dsn string) error {
 	if err == nil {
 		return nil
 	}
-	_, secrets := redact(dsn)
-	keep := printedNames(dsn)
 	msg := err.Error()
-	for _, f := range foreignErrors(err, nil) {
-		raw := f.Error()
-		msg = strings.ReplaceAll(msg, raw, redactForeign(f, raw, secrets, keep))
-	}
-	return &redactedError{msg: msg, err: err}
-}
-
-// redactForeign is the redacted form of raw, the text of f, an error of
-// another package than this module, fmt and errors.
-func redactForeign(f error, raw string, secrets, keep []string) string {
-	msg := raw
+	_, secrets := redact(dsn)
 	var pce *pgconn.ParseConfigError
-	if errors.As(f, &pce) {
+	if errors.As(err, &pce) {
 		clean := *pce
 		var more []string
 		clean.ConnString, more = redact(pce.ConnString)
@@ -322,7 +297,7 @@ func redactForeign(f error, raw string, secrets, keep []string) string {
 		msg = strings.ReplaceAll(msg, pce.Error(), clean.Error())
 	}
 	var ue *url.Error
-	if errors.As(f, &ue) {
+	if errors.As(err, &ue) {
 		clean := *ue
 		var more []string
 		clean.URL, more = redact(ue.URL)
@@ -334,41 +309,11 @@ func redactForeign(f error, raw string, secrets, keep []string) string {
 		}
 		msg = strings.ReplaceAll(msg, ue.Error(), clean.Error())
 	}
-	return mask(msg, secrets, keep)
+	return &redactedError{msg: mask(msg, secrets, append(printedNames(dsn), programName)), err: err}
 }
 
-// foreignErrors appends to into the outermost errors of err's chain whose
-// text may quote a connection string or a server: every one whose type
-// is not from this module, the program's main package, fmt or errors.
-// It goes down through the others (the wrapping), which it takes as the
-// caller's wording.
-func foreignErrors(err error, into []error) []error {
-	if err == nil {
-		return into
-	}
-	t := reflect.TypeOf(err)
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	switch pkg := t.PkgPath(); {
-	case pkg == "fmt" || pkg == "errors" || pkg == "main" || pkg == modulePath || strings.HasPrefix(pkg, modulePath+"/"):
-	default:
-		return append(into, err)
-	}
-	switch u := err.(type) {
-	case interface{ Unwrap() error }:
-		return foreignErrors(u.Unwrap(), into)
-	case interface{ Unwrap() []error }:
-		for _, e := range u.Unwrap() {
-			into = foreignErrors(e, into)
-		}
-	}
-	return into
-}
-
-// modulePath is this module's import path: that of this package, without
-// "/internal/pgdsn".
-var modulePath = strings.TrimSuffix(reflect.TypeOf(redactedError{}).PkgPath(), "/internal/pgdsn")
+// programName is the program's name as its messages print it.
+const programName = "bellhop"
 
 // printedNames are the names that dsn's errors print on purpose: its user,
 // database and hosts, as pgx reads them. A host that holds '@' is left

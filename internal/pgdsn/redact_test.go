@@ -194,6 +194,12 @@ func TestRedactErrorKeepsWording(t *testing.T) {
 			fmt.Errorf("run `bellhop migrate`: %w", &pgconn.PgError{Severity: "ERROR", Code: "22023",
 				Message: `invalid value for parameter "application_name": "S3CRETpw" in database "bellhop"`}),
 			"run `bellhop migrate`: ERROR: invalid value for parameter \"application_name\": \"xxxxx\" in database \"bellhop\" (SQLSTATE 22023)", "S3CRETpw"},
+		// Masked wherever it is, even in an error formatted into the
+		// caller's text rather than wrapped.
+		{"an echoed password formatted with %v", "postgres://postgres:S3CRETpw@db/bellhop",
+			fmt.Errorf("connect: %v", &pgconn.PgError{Severity: "ERROR", Code: "22023",
+				Message: `invalid value for parameter "application_name": "S3CRETpw"`}),
+			"connect: ERROR: invalid value for parameter \"application_name\": \"xxxxx\" (SQLSTATE 22023)", "S3CRETpw"},
 		// A password within the database's name is shown with it (its
 		// other copies are hidden), as one equal to the name would be.
 		{"a password within a name", "postgres://postgres:hop@db/bellhop",
