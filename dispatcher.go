@@ -1117,11 +1117,14 @@ func (d *Dispatcher) wake(ctx context.Context, lanes []*lane) error {
 	return err
 }
 
-// pokeServing pokes the lane that serves target now, if this dispatcher
-// has one: a nack written after its lane was stopped by a reload (its
-// consumer replaced, paused or moved) sends no notification, and the
-// stopped lane's timer is gone, so nobody else would learn its retry time
-// before the fallback poll.
+// pokeServing wakes the lane that serves target now, if this dispatcher
+// has one, for the pass a nack asks for (lane.afterNack): a nack written
+// after its lane was stopped by a reload (its consumer replaced, paused or
+// moved) sends no notification, and the stopped lane's timer is gone, so
+// nobody else would learn its retry time before the fallback poll. The
+// serving lane takes the nack as its own: if it has no free slot to read
+// the retry's due time, it hands it over (lane.handOff), and a stop hands
+// it over too (handOver).
 func (d *Dispatcher) pokeServing(t claim.Target) {
 	d.mu.RLock()
 	var l *lane
@@ -1132,6 +1135,8 @@ func (d *Dispatcher) pokeServing(t claim.Target) {
 	}
 	d.mu.RUnlock()
 	if l != nil {
+		l.nacked.Store(true)
+		l.renacked.Store(true)
 		l.poke()
 	}
 }

@@ -52,19 +52,18 @@ type lane struct {
 	tidied chan struct{}
 	after  *lane
 	// timer wakes the lane at the time its last pass asked for; fired
-	// tells the pass that it was started by the timer. forDue is set when
-	// the timer was armed for the due time of a message (a retry, a
-	// delayed message) rather than for a busy lane's poll, a settle or a
-	// watch; renacked is set by afterNack for the pass it asks for. Both
-	// decide whether a pass that finds no free slot owes the other
-	// dispatchers a hand-over (handOff); owed keeps it until it is sent,
-	// at most one each handOffEvery (handedAt, the last), or until a pass
-	// finds a free slot and reads the due times itself. forDue, due (the
-	// next due time the last claim of a pass read), owed and handedAt are
-	// touched only by the lane's goroutine.
+	// tells the pass that it was started by the timer. due is the next
+	// due time (a retry's, a delayed message's) the lane's last claim
+	// read, kept until a pass finds it reached: a pass that finds no free
+	// slot reads nothing, and arms the timer for due instead, or, once it
+	// is reached, owes the other dispatchers a hand-over (handOff), as
+	// does the pass afterNack asked for (renacked) unless a claim of it
+	// reads the retry's due time. owed keeps the hand-over until a pass
+	// that finds no free slot sends it, at most one each handOffEvery
+	// (handedAt, the last), or until a claim reads the due times itself.
+	// due, owed and handedAt are touched only by the lane's goroutine.
 	timer    *time.Timer
 	fired    atomic.Bool
-	forDue   bool
 	due      time.Time
 	renacked atomic.Bool
 	owed     bool
@@ -341,20 +340,28 @@ func (l *lane) exitStopped() {
 // pass runs one wake-up's claims and sets the timer. byTimer says that
 // the timer started it, byNack that afterNack did.
 func (l *lane) pass(ctx context.Context, byTimer, byNack bool) {
-	dueFired := byTimer && l.forDue
 	l.draining.Store(true)
 	l.passes.Add(1)
-	next, claimed, full := l.drain(ctx)
-	if full && ((dueFired && !claimed) || byNack) {
+	if byNack {
+		// Owed unless a claim reads the retry's due time.
 		l.owed = true
 	}
-	if !full {
-		l.owed = false
+	next, claimed, full := l.drain(ctx)
+	if full && !l.due.IsZero() {
+		// No claim read the due times: keep the one we know. Once it is
+		// reached with no slot free, it is the other dispatchers' to
+		// claim, and only we may know of it.
+		if l.due.After(time.Now()) {
+			next = l.due
+		} else {
+			l.owed, l.due = true, time.Time{}
+		}
 	}
-	if l.owed {
+	if l.owed && full && ctx.Err() == nil {
 		if wait := handOffEvery - time.Since(l.handedAt); wait > 0 {
-			// Sent when the period ends, if the lane is still full then.
-			next = time.Now().Add(wait)
+			// Sent when the period ends, if the lane is still full
+			// then and no claim has read the due times.
+			next = earliest(next, time.Now().Add(wait))
 		} else {
 			l.handOff(ctx)
 			l.owed, l.handedAt = false, time.Now()
@@ -373,7 +380,6 @@ func (l *lane) pass(ctx context.Context, byTimer, byNack bool) {
 	}
 	l.timed.Store(!next.IsZero())
 	if !next.IsZero() {
-		l.forDue = !l.due.IsZero() && !next.Before(l.due)
 		l.timer.Reset(time.Until(next))
 	}
 }
@@ -382,27 +388,31 @@ func (l *lane) pass(ctx context.Context, byTimer, byNack bool) {
 const handOffEvery = time.Second
 
 // handOff wakes every dispatcher, this one included, for the lane's queue
-// or invoke deliveries (sql/hand_over.sql), when a pass found all the
-// consumer's slots taken at a time it may be the only one to know of: its
-// timer fired for a due time and the pass claimed nothing, or the pass was
-// the one afterNack asked for, which was to read a retry's due time and
-// could not. A nack sends no notification, so only this lane knows when
+// or invoke deliveries (sql/hand_over.sql), when the lane may be the only
+// one to know of a due time it cannot serve: a pass found all the
+// consumer's slots taken once the due time the lane's last claim read
+// (due) was reached, or before any claim read the due time of a retry
+// nacked since (afterNack). A nack sends no notification, so only this
+// lane knows when
 // the retry is due, and its slots can stay taken (by the consumer's other
 // lane, or by messages leased to it at INSERT) while the other
 // dispatchers' lanes, with slots to spare, never run a pass: the retry
 // waited for a slot here or for their fallback poll, which counted it as
 // a missed notification. Woken, each of them claims what is due or arms a
 // timer of its own for it. This lane's pass on its own notification finds
-// no free slot either, but neither fired nor renacked is set for it, so it
-// hands nothing over again: one notification per timer firing or nack. A
-// lane that stays full arms no timer, and the next slot freed wakes it
-// (backlog), to claim or re-arm.
+// no free slot either, but the due time it handed over is forgotten and
+// renacked is not set for it, so it hands nothing over again: one
+// notification per due time reached or nack. A lane that stays full arms
+// its timer for the due time it knows, if one is ahead, and for nothing
+// else: its extra wake-ups run no statement, and the next slot freed
+// wakes it (backlog), to claim and read the due times afresh.
 // A lane hands over at most once each handOffEvery: under load, with a
 // failing consumer and a backlog, nearly every nack's pass finds the slots
 // taken (measured: 515 hand-overs for 3,000 nacks of 5 ms handlers at
 // in-flight 10), while one hand-over is enough for the other dispatchers'
 // lanes with free slots to arm timers of their own from then on. One owed
-// meanwhile is sent as the period ends, if the lane is still full then.
+// meanwhile is sent by the first pass from the period's end that finds no
+// free slot, unless a claim reads the due times first.
 // Nacks do not notify at commit instead (nack.sql): every nack would then
 // take the notification lock and wake a claim pass on every dispatcher,
 // though the nacking lane nearly always has a slot for its own retry, and
@@ -421,12 +431,11 @@ func (l *lane) handOff(ctx context.Context) {
 // returns when it wants to look again on its own (zero: only when woken):
 // the next due time, the end of another dispatcher's busy mark, or a retry.
 // claimed reports whether it claimed anything, full that it stopped
-// because no slot was free. It sets l.due to the next due time its last
-// claim read, if it returns that claim's.
+// because no slot was free. Each claim sets l.due to the next due time it
+// read, and clears l.owed: it read the due times itself.
 func (l *lane) drain(ctx context.Context) (next time.Time, claimed, full bool) {
 	marks := l.target.Source == claim.Queue && !l.d.cfg.DisableBusyMarks
 	for ctx.Err() == nil {
-		l.due = time.Time{}
 		st := l.state.Load()
 		if !st.Enabled {
 			l.dropMark(ctx)
@@ -510,6 +519,7 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed, full bool) {
 			return l.retry(ctx, st, err), claimed, false
 		}
 		l.failures = 0
+		l.due, l.owed = pass.NextDue, false
 		if mark {
 			l.marked, l.markedAt = true, sent
 		}
@@ -593,7 +603,7 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed, full bool) {
 		// ends in milliseconds; a lock held for longer (an operator's
 		// transaction) is looked at less and less often, up to once a
 		// second, rather than fifty times a second for as long as it lasts.
-		next, l.due = pass.NextDue, pass.NextDue
+		next = pass.NextDue
 		if pass.ReadyLeft {
 			l.tries++
 			next = earliest(next, time.Now().Add(doubling(l.tries, time.Second)))

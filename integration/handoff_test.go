@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -88,7 +89,8 @@ type handoff struct {
 	// later attempts to retried; one whose payload is "hold" counts in
 	// held and runs until the test ends. Other failing payloads
 	// (newHandoffFailing) do as "fail" does, each with its own gate and
-	// retry delay, kept in fails by payload.
+	// retry delay, kept in fails by payload; those of handoffOpts.holds
+	// hold their later attempts as "hold" does.
 	fail    chan struct{}
 	fails   map[string]failing
 	first   chan struct{} // a failing message's first attempt started on A
@@ -97,13 +99,23 @@ type handoff struct {
 	release func()    // ends the "hold" messages' handlers
 	b       *recorder // B's deliveries
 	trB     *claimCounter
+	noMarks bool // A and B run with DisableBusyMarks
 }
 
 // failing is how A's handler fails a message's first attempt: once gate
-// is closed, with RetryAfter(retry).
+// is closed, with RetryAfter(retry). With hold, its later attempts do as
+// "hold" does.
 type failing struct {
 	gate  chan struct{}
 	retry time.Duration
+	hold  bool
+}
+
+// handoffOpts is what newHandoffWith sets up.
+type handoffOpts struct {
+	retries map[string]time.Duration // failing payloads, with their retry delays
+	holds   []string                 // failing payloads whose later attempts are held
+	noMarks bool                     // A and B run with DisableBusyMarks
 }
 
 // newHandoff starts A; startB starts B.
@@ -117,10 +129,16 @@ func newHandoff(t *testing.T, retry time.Duration) *handoff {
 // closed; h.fail is the gate of "fail", if there is one.
 func newHandoffFailing(t *testing.T, retries map[string]time.Duration) *handoff {
 	t.Helper()
-	h := &handoff{e: newEnv(t), trA: &handoffTracer{}, fails: make(map[string]failing), first: make(chan struct{}, len(retries)),
-		retried: make(chan int, 4), b: &recorder{}, trB: &claimCounter{}}
-	for payload, retry := range retries {
-		h.fails[`"`+payload+`"`] = failing{gate: make(chan struct{}), retry: retry}
+	return newHandoffWith(t, handoffOpts{retries: retries})
+}
+
+// newHandoffWith is newHandoff as o says.
+func newHandoffWith(t *testing.T, o handoffOpts) *handoff {
+	t.Helper()
+	h := &handoff{e: newEnv(t), trA: &handoffTracer{}, fails: make(map[string]failing), first: make(chan struct{}, len(o.retries)),
+		retried: make(chan int, 4), b: &recorder{}, trB: &claimCounter{}, noMarks: o.noMarks}
+	for payload, retry := range o.retries {
+		h.fails[`"`+payload+`"`] = failing{gate: make(chan struct{}), retry: retry, hold: slices.Contains(o.holds, payload)}
 	}
 	h.fail = h.fails[`"fail"`].gate
 	h.cons = h.e.consumer(t, bellhop.ConsumerSpec{Queue: "q", MaxInFlight: 2})
@@ -130,7 +148,7 @@ func newHandoffFailing(t *testing.T, retries map[string]time.Duration) *handoff 
 	mux := bellhop.NewMux()
 	mux.Handle("app", "q", bellhop.HandlerFunc(func(ctx context.Context, m *bellhop.Message) error {
 		switch {
-		case string(m.Payload) == `"hold"`:
+		case string(m.Payload) == `"hold"` || m.Attempt > 1 && h.fails[string(m.Payload)].hold:
 			h.held.Add(1)
 			<-release
 			return nil
@@ -146,8 +164,8 @@ func newHandoffFailing(t *testing.T, retries map[string]time.Duration) *handoff 
 		<-f.gate
 		return bellhop.RetryAfter(f.retry)
 	}))
-	startDispatcher(t, h.e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour, LeaseAtInsert: true},
-		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = h.trA })
+	startDispatcher(t, h.e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour, LeaseAtInsert: true,
+		DisableBusyMarks: o.noMarks}, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = h.trA })
 	// Before A's stop, which waits for its handlers.
 	t.Cleanup(h.release)
 	return h
@@ -157,7 +175,7 @@ func (h *handoff) startB(t *testing.T) {
 	t.Helper()
 	mux := bellhop.NewMux()
 	mux.Handle("app", "q", h.b)
-	startDispatcher(t, h.e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour},
+	startDispatcher(t, h.e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour, DisableBusyMarks: h.noMarks},
 		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = h.trB })
 	// B's scan after connecting has run, and found nothing to wake.
 	waitFor(t, 10*time.Second, "B's wake scan", func() bool {
@@ -178,13 +196,20 @@ func (h *handoff) waitFirst(t *testing.T) {
 // that the producer leased it to A at INSERT.
 func (h *handoff) lease(t *testing.T) {
 	t.Helper()
+	h.leased(t, "hold")
+}
+
+// leased is lease for a message of payload, whose id it returns.
+func (h *handoff) leased(t *testing.T, payload string) uuid.UUID {
+	t.Helper()
 	waitFor(t, 5*time.Second, "A's offer", func() bool {
 		return h.e.count(t, `SELECT count(*) FROM bellhop_offers`) == 1
 	})
-	id := h.e.enqueue(t, "q", "hold", bellhop.EnqueueOptions{})
+	id := h.e.enqueue(t, "q", payload, bellhop.EnqueueOptions{})
 	if h.e.count(t, `SELECT count(*) FROM queue_messages WHERE id = $1 AND claim_token IS NOT NULL`, id) != 1 {
 		t.Fatal("the message was not leased at INSERT")
 	}
+	return id
 }
 
 // fillA fills A's two slots with leased messages.
@@ -515,4 +540,137 @@ func TestOwedHandOffSent(t *testing.T) {
 	// A, still full, sends no more: its own notifications leave nothing
 	// owed, and no timer of its is armed for X.
 	holdsFor(t, 300*time.Millisecond, "A's two hand-overs", func() bool { return h.trA.handOvers.Load() == 2 })
+}
+
+// TestFillingClaimKeepsNextDue: A nacks R1 and R2, R2 due well after R1:
+// both due times are A's alone. One of A's slots is then taken by a
+// leased message, and at R1's due time A's timer fires and its claim
+// takes R1's retry (which runs until the test ends), filling A's slots.
+// That claim also read R2's due time: A, full, arms its timer for it, and
+// as it fires hands the queue over, and B, idle, delivers R2 on time. A
+// claim that filled the slots used to drop the due time it read, and the
+// next round, finding no free slot, armed nothing and owed nothing: R2
+// waited for a slot on A or for B's poll. Queue lanes, with busy marks
+// (a lane not yet marked busy: R2 is leased at INSERT, with no claim
+// pass to make a stream with R1's) and without, and invoke lanes.
+func TestFillingClaimKeepsNextDue(t *testing.T) {
+	for _, tc := range []struct {
+		name            string
+		invoke, noMarks bool
+	}{
+		{"queue", false, false},
+		{"queue-nomarks", false, true},
+		{"invoke", true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHandoffWith(t, handoffOpts{
+				retries: map[string]time.Duration{"r1": 1500 * time.Millisecond, "r2": 4 * time.Second},
+				holds:   []string{"r1"}, noMarks: tc.noMarks})
+			table := "queue_messages"
+			var r1, r2 uuid.UUID
+			if tc.invoke {
+				table = "outbox"
+				var err error
+				if r1, err = h.e.client.InvokeAsync(context.Background(), h.cons.ID, []byte(`"r1"`), bellhop.EnqueueOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				if r2, err = h.e.client.InvokeAsync(context.Background(), h.cons.ID, []byte(`"r2"`), bellhop.EnqueueOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				h.waitFirst(t)
+				h.waitFirst(t)
+			} else {
+				r1 = h.e.enqueue(t, "q", "r1", bellhop.EnqueueOptions{})
+				h.waitFirst(t)
+				r2 = h.leased(t, "r2")
+				h.waitFirst(t)
+			}
+			h.startB(t)
+			close(h.fails[`"r1"`].gate)
+			close(h.fails[`"r2"`].gate)
+			due1, due2 := h.nacked(t, table, r1), h.nacked(t, table, r2)
+			// The passes the nacks asked for have run, with slots free:
+			// A's timer is armed for R1.
+			h.quietA(t)
+			h.lease(t)
+			waitFor(t, 5*time.Second, "A delivers the leased message", func() bool { return h.held.Load() == 1 })
+			if !time.Now().Before(due1) {
+				t.Fatal("inconclusive: the set-up ran past R1's due time")
+			}
+			waitFor(t, time.Until(due1)+5*time.Second, "A's claim of R1's retry, which fills its slots", func() bool {
+				if n := h.b.n.Load(); n > 0 {
+					t.Fatalf("inconclusive: B delivered %s first", h.b.deliveries()[0].ID)
+				}
+				return h.held.Load() == 2
+			})
+			h.expectB(t, r2, due2)
+		})
+	}
+}
+
+// TestNackAfterReplaceHandedOver: A's consumer is replaced while A runs
+// its handler's first attempt, and the lane serving the queue now has all
+// its slots taken when the nack is written. The nack wakes that lane
+// (pokeServing) for the pass it asks for, which cannot read the retry's
+// due time: the lane hands the queue over, as the nacking lane would
+// have, and B delivers the retry on time. The wake-up used to be a plain
+// poke, which owed nothing.
+func TestNackAfterReplaceHandedOver(t *testing.T) {
+	h := newHandoff(t, time.Second)
+	ctx := context.Background()
+	waitFor(t, 10*time.Second, "A's wake scan after connecting", func() bool { return h.trA.scans.Load() == 1 })
+	id := h.e.enqueue(t, "q", "fail", bellhop.EnqueueOptions{})
+	h.waitFirst(t)
+	if err := h.e.client.RemoveConsumer(ctx, "app", h.cons.ID); err != nil {
+		t.Fatal(err)
+	}
+	h.cons = h.e.consumer(t, bellhop.ConsumerSpec{Queue: "q", MaxInFlight: 2})
+	waitFor(t, 10*time.Second, "A's wake scan after the reload", func() bool { return h.trA.scans.Load() == 2 })
+	h.e.enqueue(t, "q", "hold", bellhop.EnqueueOptions{})
+	h.e.enqueue(t, "q", "hold", bellhop.EnqueueOptions{})
+	waitFor(t, 5*time.Second, "A's new lane delivers both held messages", func() bool { return h.held.Load() == 2 })
+	h.startB(t)
+	close(h.fail)
+	due := h.nacked(t, "queue_messages", id)
+	h.expectB(t, id, due)
+}
+
+// TestSaturatedHandOversBounded: a healthy lane kept full by a ready
+// backlog, with delayed messages coming due every 10ms meanwhile. Its
+// claims fill its slots and read due times it has no slot for: the lane
+// arms its timer for each, and as each is reached with the slots still
+// full, it owes the other dispatchers a hand-over, which it sends at most
+// once each handOffEvery (a scratch run counted 3 in 3s, against 0 when
+// a filling claim dropped the due time it read).
+func TestSaturatedHandOversBounded(t *testing.T) {
+	const ready, delayed = 2000, 300
+	e := newEnv(t)
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "q", MaxInFlight: 10})
+	if _, err := e.pool.Exec(context.Background(), `INSERT INTO queue_messages (app_id, queue_name, payload)
+		SELECT id, 'q', '{}' FROM apps, generate_series(1, $1::int)`, ready); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(context.Background(), `INSERT INTO queue_messages (app_id, queue_name, payload, deliver_after)
+		SELECT id, 'q', '{}', now() + g * interval '10 milliseconds' FROM apps, generate_series(1, $1::int) g`, delayed); err != nil {
+		t.Fatal(err)
+	}
+	var n atomic.Int64
+	mux := bellhop.NewMux()
+	mux.Handle("app", "q", bellhop.HandlerFunc(func(context.Context, *bellhop.Message) error {
+		n.Add(1)
+		time.Sleep(5 * time.Millisecond) // a handler's work
+		return nil
+	}))
+	tr := &handoffTracer{}
+	start := time.Now()
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour},
+		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = tr })
+	waitFor(t, 120*time.Second, "every message delivered", func() bool { return n.Load() >= ready+delayed })
+	elapsed := time.Since(start)
+	handOvers := tr.handOvers.Load()
+	t.Logf("%d messages delivered in %s, with %d hand-overs and %d claim passes", n.Load(), elapsed.Round(time.Millisecond),
+		handOvers, tr.n.Load())
+	if limit := 2 + int64(math.Ceil(elapsed.Seconds()/handOffEvery.Seconds())); handOvers > limit {
+		t.Errorf("%d hand-overs in %s, want at most %d: one each %s", handOvers, elapsed.Round(time.Millisecond), limit, handOffEvery)
+	}
 }
