@@ -115,7 +115,7 @@ func signalContext(parent context.Context, log zerolog.Logger) (context.Context,
 		var first os.Signal
 		select {
 		case first = <-sigs:
-			log.Info().Str("signal", first.String()).Msg("stopping gracefully; send it again to stop at once")
+			log.Info().Str("signal", first.String()).Msg("stopping gracefully; send it again, a second from now or later, to stop at once")
 			cancel()
 		case <-ctx.Done():
 			return

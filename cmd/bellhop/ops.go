@@ -41,7 +41,8 @@ func migrateCommand(d *deps) *cli.Command {
 			}
 			// SIGINT, SIGTERM or SIGHUP cancels the statement in progress on the
 			// server (a cancel request), and its transaction rolls back;
-			// a second signal exits at once. Without it, the process died
+			// a second signal (not a repeat of the first within a second:
+			// signalContext) exits at once. Without it, the process died
 			// and left its backend queued for the ACCESS EXCLUSIVE lock a
 			// migration takes, which blocks every producer behind it
 			// until the lock is granted.
