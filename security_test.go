@@ -718,3 +718,65 @@ func TestLeaseMessageOnlyOwnRows(t *testing.T) {
 		t.Error("the savepoint's insert took the offer")
 	}
 }
+
+// TestLeaseAtInsertOfferGuards: a message is leased at INSERT only under an
+// offer of its own app and queue (a same-named queue of another app is
+// another queue: its handler must not get the message), that has not
+// expired, and whose consumer still serves the queue (nothing else would
+// measure the lease). Otherwise the message stays unclaimed and the offer
+// is left for a message it may take. The offers' leasing dispatcher is
+// connected throughout (the lease key and its owner key held shared).
+func TestLeaseAtInsertOfferGuards(t *testing.T) {
+	e := fxNew(t)
+	shop, rival := e.app("shop"), e.app("rival")
+	owner := uuid.New()
+	key, err := e.pool.Acquire(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer key.Release()
+	if _, err := key.Exec(e.ctx, `SELECT pg_advisory_lock_shared(1650814063, 0),
+		pg_advisory_lock_shared(hashtextextended($1::text, 1650814064))`, owner); err != nil {
+		t.Fatal(err)
+	}
+	defer key.Exec(context.Background(), `SELECT pg_advisory_unlock_shared(1650814063, 0),
+		pg_advisory_unlock_shared(hashtextextended($1::text, 1650814064))`, owner)
+
+	for _, tc := range []struct {
+		name, queue string
+		offerApp    bellhop.App   // whose consumer of the queue makes the offer
+		expiresIn   time.Duration // the offer's expires_at from now
+		moved       bool          // the consumer moved to another queue after the offer
+		leased      bool
+	}{
+		{name: "own offer", queue: "own", offerApp: shop, expiresIn: time.Minute, leased: true},
+		{name: "other app's offer", queue: "shared", offerApp: rival, expiresIn: time.Minute},
+		{name: "expired offer", queue: "expired", offerApp: shop, expiresIn: -time.Minute},
+		{name: "consumer moved", queue: "moved", offerApp: shop, expiresIn: time.Minute, moved: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			queue := tc.queue
+			c, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: tc.offerApp.Name, Queue: queue})
+			if err != nil {
+				t.Fatal(err)
+			}
+			token := e.uuid(`INSERT INTO bellhop_offers (token, app_id, queue_name, owner, channel, expires_at, consumer_id)
+				VALUES (gen_random_uuid(), $1, $2, $3, 'bellhop_l_test', now() + $4 * interval '1 millisecond', $5)
+				RETURNING token`, tc.offerApp.ID, queue, owner, tc.expiresIn.Milliseconds(), c.ID)
+			if tc.moved {
+				e.exec(`UPDATE queue_trigger_details SET queue_name = 'elsewhere' WHERE trigger_id = $1`, c.ID)
+			}
+			id, err := e.client.Enqueue(e.ctx, "shop", queue, []byte(`{}`), bellhop.EnqueueOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			leased := e.int64(`SELECT count(*) FROM queue_messages WHERE id = $1 AND claim_token = $2`, id, token) == 1
+			unclaimed := e.int64(`SELECT count(*) FROM queue_messages WHERE id = $1 AND claim_token IS NULL`, id) == 1
+			offered := e.int64(`SELECT count(*) FROM bellhop_offers WHERE token = $1`, token) == 1
+			if leased != tc.leased || unclaimed == tc.leased || offered == tc.leased {
+				t.Errorf("shop's message under %s's offer: leased %t, unclaimed %t, offer left %t; want leased %t",
+					tc.offerApp.Name, leased, unclaimed, offered, tc.leased)
+			}
+		})
+	}
+}
