@@ -159,13 +159,15 @@ func TestLeaseDeadline(t *testing.T) {
 
 // TestExtendAfterRemoval: a handler whose consumer was removed while it
 // ran cannot renew its lease: ExtendLease is ErrNoConsumer, and the
-// deadline stays where it was, since nothing would measure a longer lease.
+// deadline stays where it was, since nothing would measure a longer lease;
+// nor does the lease's start (claimed_at) move in the database.
 func TestExtendAfterRemoval(t *testing.T) {
 	e := newEnv(t)
 	cons := e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", VisibilityTimeout: 30 * time.Second})
 	started := make(chan *bellhop.Message, 1)
 	removed := make(chan struct{})
 	renewed := make(chan error, 1)
+	checked := make(chan struct{}) // the handler acks once the test has read claimed_at
 	mux := bellhop.NewMux()
 	mux.Handle("app", "orders", bellhop.HandlerFunc(func(ctx context.Context, m *bellhop.Message) error {
 		started <- m
@@ -175,6 +177,10 @@ func TestExtendAfterRemoval(t *testing.T) {
 			return ctx.Err()
 		}
 		renewed <- m.ExtendLease(ctx)
+		select {
+		case <-checked:
+		case <-ctx.Done():
+		}
 		return nil
 	}))
 	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour}, nil)
@@ -185,7 +191,16 @@ func TestExtendAfterRemoval(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no delivery within 10s")
 	}
-	deadline := m.LeaseDeadline()
+	defer close(checked)
+	claimedAt := func() time.Time {
+		t.Helper()
+		var at time.Time
+		if err := e.pool.QueryRow(context.Background(), `SELECT claimed_at FROM queue_messages WHERE id = $1`, m.ID).Scan(&at); err != nil {
+			t.Fatal(err)
+		}
+		return at
+	}
+	deadline, leasedAt := m.LeaseDeadline(), claimedAt()
 	if err := e.client.RemoveConsumer(context.Background(), "app", cons.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -200,5 +215,8 @@ func TestExtendAfterRemoval(t *testing.T) {
 	}
 	if got := m.LeaseDeadline(); !got.Equal(deadline) {
 		t.Errorf("the lease deadline moved from %v to %v", deadline, got)
+	}
+	if got := claimedAt(); !got.Equal(leasedAt) {
+		t.Errorf("claimed_at moved from %v to %v though the lease was not renewed", leasedAt, got)
 	}
 }
