@@ -618,3 +618,79 @@ func TestOversizedBatchInLastConnection(t *testing.T) {
 		t.Fatal("EnqueueManyTx did not return within 10s")
 	}
 }
+
+// TestEnqueueMaxAttemptsFromItsAppsConsumer: a message enqueued without
+// MaxAttempts takes its queue's consumer's, in a batch too, and only the
+// consumer of its own app's queue: another app's consumer of a queue of
+// the same name does not count, and without one of its own the message
+// gets the default of 3.
+func TestEnqueueMaxAttemptsFromItsAppsConsumer(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	e.app("a")
+	e.app("b")
+	e.app("c")
+	for _, s := range []bellhop.ConsumerSpec{{App: "b", Queue: "orders", MaxAttempts: 9}, {App: "c", Queue: "orders", MaxAttempts: 7}} {
+		if _, err := e.client.RegisterConsumer(e.ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(t *testing.T, id uuid.UUID, want int64) {
+		t.Helper()
+		if got := e.int64(`SELECT max_attempts FROM queue_messages WHERE id = $1`, id); got != want {
+			t.Errorf("message %s has max_attempts %d, want %d", id, got, want)
+		}
+	}
+	for _, api := range fxAPIs {
+		t.Run(api.name+"/another app's consumer", func(t *testing.T) {
+			id, err := api.enqueue(e, "a", bellhop.NewMessage{Queue: "orders", Payload: []byte(`1`)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			check(t, id, 3)
+		})
+	}
+	t.Run("EnqueueMany of 2/its own consumer", func(t *testing.T) {
+		ids, err := e.client.EnqueueMany(e.ctx, "c", []bellhop.NewMessage{
+			{Queue: "orders", Payload: []byte(`1`)}, {Queue: "orders", Payload: []byte(`2`)},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range ids {
+			check(t, id, 7)
+		}
+	})
+	t.Run("EnqueueMany of 2/another app's consumer", func(t *testing.T) {
+		ids, err := e.client.EnqueueMany(e.ctx, "a", []bellhop.NewMessage{
+			{Queue: "orders", Payload: []byte(`1`)}, {Queue: "orders", Payload: []byte(`2`)},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range ids {
+			check(t, id, 3)
+		}
+	})
+}
+
+// TestOversizedBatchNamesFirst: a batch refused by the database for two
+// payloads over 1 MiB as jsonb text, the 2nd and the 4th, names the 2nd,
+// the first at fault.
+func TestOversizedBatchNamesFirst(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	e.app("shop")
+	msgs := []bellhop.NewMessage{
+		{Queue: "orders", Payload: []byte(`1`)},
+		{Queue: "orders", Payload: fxGrowsPastMiB},
+		{Queue: "orders", Payload: []byte(`3`)},
+		{Queue: "orders", Payload: fxGrowsPastMiB},
+	}
+	_, err := e.client.EnqueueMany(e.ctx, "shop", msgs)
+	fxCheckTyped(t, err, bellhop.ErrPayloadTooLarge)
+	var at interface{ Position() int }
+	if !strings.Contains(fmt.Sprint(err), "message 2 of 4") || !errors.As(err, &at) || at.Position() != 1 {
+		t.Errorf("error %q does not name message 2 of 4 by its position", err)
+	}
+}

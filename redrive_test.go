@@ -269,3 +269,52 @@ func TestRedriveSharedIDMovesOnlyItsOwn(t *testing.T) {
 		t.Error("the queue dead letter is not back in its queue, fresh")
 	}
 }
+
+// TestRedriveMovesOnlyItsApp: a redrive of one app's dead letters, by
+// queue or by id, leaves another app's alone, also when that app has a
+// queue of the same name and a dead letter of the same id (dead letters
+// are keyed by id, app and source). No other test had two apps' dead
+// letters in reach of one redrive, so one that selected every app's went
+// unnoticed.
+func TestRedriveMovesOnlyItsApp(t *testing.T) {
+	t.Parallel()
+	for _, byID := range []bool{false, true} {
+		name := map[bool]string{false: "by queue", true: "by id"}[byID]
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			e := fxNew(t)
+			alpha, beta := e.app("alpha"), e.app("beta")
+			alphaID, betaID := uuid.New(), uuid.New()
+			if byID {
+				betaID = alphaID
+			}
+			for _, d := range []struct {
+				id  uuid.UUID
+				app uuid.UUID
+			}{{alphaID, alpha.ID}, {betaID, beta.ID}} {
+				e.exec(`INSERT INTO dead_letters (id, source, app_id, queue_name, payload, enqueued_at, attempt, max_attempts, last_error)
+					VALUES ($1, 'queue', $2, 'orders', '{"n":1}', now(), 3, 3, 'boom')`, d.id, d.app)
+			}
+			queue, id := "orders", uuid.Nil
+			if byID {
+				queue, id = "", alphaID
+			}
+			n, err := e.client.Redrive(e.ctx, "alpha", queue, id)
+			if err != nil || n != 1 {
+				t.Errorf("Redrive(alpha, %q, %s): %d, %v; want 1 moved, no error", queue, id, n, err)
+			}
+			if got := e.int64(`SELECT count(*) FROM dead_letters WHERE app_id = $1`, alpha.ID); got != 0 {
+				t.Errorf("%d of alpha's dead letters left, want 0", got)
+			}
+			if got := e.int64(`SELECT count(*) FROM dead_letters WHERE app_id = $1 AND id = $2`, beta.ID, betaID); got != 1 {
+				t.Error("beta's dead letter was moved by alpha's redrive")
+			}
+			if got := e.int64(`SELECT count(*) FROM queue_messages WHERE app_id = $1`, beta.ID); got != 0 {
+				t.Errorf("beta's queue holds %d messages, want 0", got)
+			}
+			if got := e.int64(`SELECT count(*) FROM queue_messages WHERE app_id = $1 AND id = $2`, alpha.ID, alphaID); got != 1 {
+				t.Error("alpha's dead letter is not back in alpha's queue")
+			}
+		})
+	}
+}
