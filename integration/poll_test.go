@@ -29,12 +29,15 @@ func (o *pollObserver) Polled(missed int) {
 // came (the trigger disabled, as if the notification were lost) is found
 // by the fallback poll, delivered, and reported as missed once it has
 // been ready for a second or more; one that came due less than a second
-// before the poll is delivered but not reported (another dispatcher's
-// timer may be taking it at that moment); polls that find nothing report
-// nothing.
+// before the poll, queue message or invoke delivery, is delivered but not
+// reported (another dispatcher's timer may be taking it at that moment);
+// polls that find nothing report nothing. A message claimed long ago
+// (a long handler elsewhere) is not missed work, whatever else is ready.
 func TestFallbackPollFindsMissedWork(t *testing.T) {
 	e := newEnv(t)
-	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders"})
+	// A lease that outlasts the test: the claimed message below stays
+	// claimed.
+	cons := e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", VisibilityTimeout: time.Hour})
 	rec := &recorder{}
 	mux := bellhop.NewMux()
 	mux.Handle("app", "orders", rec)
@@ -59,6 +62,17 @@ func TestFallbackPollFindsMissedWork(t *testing.T) {
 		return id
 	}
 
+	// A message enqueued a minute ago and claimed since, as by another
+	// dispatcher whose handler still runs: not ready, so never missed,
+	// even beside the ready message below.
+	claimed := e.enqueue(t, "orders", map[string]string{"long": "handler"}, bellhop.EnqueueOptions{Delay: time.Hour})
+	if _, err := e.pool.Exec(ctx, `UPDATE queue_messages
+		SET claim_token = gen_random_uuid(), claimed_at = now(), attempt = 1,
+		    deliver_after = NULL, enqueued_at = now() - interval '1 minute'
+		WHERE id = $1`, claimed); err != nil {
+		t.Fatal(err)
+	}
+
 	// Due 200 ms after a poll: the next poll, 0.9 - 1.1 s after that
 	// one, finds it due for less than a second.
 	polls := obs.polls.Load()
@@ -77,12 +91,36 @@ func TestFallbackPollFindsMissedWork(t *testing.T) {
 		t.Fatalf("polls reported %d missed queues for work due under a second, want 0", m)
 	}
 
+	// The same for an invoke delivery: due 200 ms after a poll, without
+	// its notification.
+	polls = obs.polls.Load()
+	waitFor(t, 5*time.Second, "the next poll", func() bool { return obs.polls.Load() > polls })
+	if _, err := e.pool.Exec(ctx, `ALTER TABLE outbox DISABLE TRIGGER outbox_notify`); err != nil {
+		t.Fatal(err)
+	}
+	freshInvoke, err := e.client.InvokeAsync(ctx, cons.ID, []byte(`{"lost":"notification"}`), bellhop.EnqueueOptions{Delay: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx, `ALTER TABLE outbox ENABLE TRIGGER outbox_notify`); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the poll delivers the invoke delivery that just came due", func() bool {
+		d := rec.deliveries()
+		return len(d) == 2 && d[1].ID == freshInvoke && d[1].Invoked
+	})
+	polls = obs.polls.Load()
+	waitFor(t, 5*time.Second, "the delivering poll's report", func() bool { return obs.polls.Load() > polls })
+	if m := obs.missed.Load(); m != 0 {
+		t.Fatalf("polls reported %d missed for an invoke delivery due under a second, want 0", m)
+	}
+
 	// Ready for a minute already (a deliver-after time in the past is
 	// kept as given).
 	stale := unannounced(bellhop.EnqueueOptions{DeliverAfter: time.Now().Add(-time.Minute)})
 	waitFor(t, 5*time.Second, "the poll delivers the unannounced message", func() bool {
 		d := rec.deliveries()
-		return len(d) == 2 && d[1].ID == stale
+		return len(d) == 3 && d[2].ID == stale
 	})
 	// Its report may come after the delivery.
 	waitFor(t, 5*time.Second, "a poll to report the unannounced message as missed", func() bool { return obs.missed.Load() >= 1 })
