@@ -324,3 +324,63 @@ func TestClaimPassGenericPlans(t *testing.T) {
 		t.Errorf("plan_cache_mode after the passes is %q, want auto: it leaked out of the claim pass", mode)
 	}
 }
+
+// TestClaimPassesReportBusyKeyWithoutRow: a combined pass
+// (next_due_queues.sql) reports a queue whose busy key another session
+// holds, with no queue_busy row, as a foreign lease ending Lease from now,
+// as a one-queue pass does: a dispatcher that took the key and died, or
+// hung, before writing its row leaves producers silent, and only this
+// tells the others to watch the queue. The queue beside it, whose key is
+// free, and a key the passing dispatcher says it holds itself, report
+// none.
+func TestClaimPassesReportBusyKeyWithoutRow(t *testing.T) {
+	ctx := context.Background()
+	pool, client, appID := setup(t)
+	var targets []claim.Target
+	for _, q := range []string{"held", "free"} {
+		c, err := client.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "app", Queue: q})
+		if err != nil {
+			t.Fatal(err)
+		}
+		targets = append(targets, claim.Target{Source: claim.Queue, AppID: appID, Queue: q, TriggerID: c.ID})
+	}
+	other, err := pgx.Connect(ctx, pool.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close(ctx)
+	var held bool
+	err = other.QueryRow(ctx, queries.BusyHold, pgx.NamedArgs{
+		"app_id": appID, "queue_name": "held", "owner": uuid.New(), "idle_ms": int64(0), "holding": false,
+	}).Scan(new(bool), &held, new(int64))
+	if err != nil || !held {
+		t.Fatalf("hold the busy key: held %v, %v", held, err)
+	}
+	var rows int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM queue_busy").Scan(&rows); err != nil || rows != 0 {
+		t.Fatalf("%d queue_busy rows (%v); the test needs none", rows, err)
+	}
+
+	const lease = time.Minute
+	for _, selfHeld := range []bool{false, true} {
+		before := time.Now()
+		busy := claim.Busy{Owner: uuid.New(), Lease: lease}
+		ps, err := claim.ClaimPasses(ctx, pool, []claim.Request{
+			{Target: targets[0], Max: 1, Busy: claim.Busy{Owner: busy.Owner, Lease: lease, Held: selfHeld}},
+			{Target: targets[1], Max: 1, Busy: busy},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := ps[0].ForeignLease
+		switch {
+		case selfHeld && !got.IsZero():
+			t.Errorf("key held by the passing dispatcher itself: foreign lease %v, want none", got)
+		case !selfHeld && (got.Before(before.Add(lease-5*time.Second)) || got.After(time.Now().Add(lease+5*time.Second))):
+			t.Errorf("key held by another session: foreign lease %v (%s from the pass), want about %s from the pass", got, got.Sub(before), lease)
+		}
+		if f := ps[1].ForeignLease; !f.IsZero() {
+			t.Errorf("free key (held %v beside it): foreign lease %v, want none", selfHeld, f)
+		}
+	}
+}
