@@ -682,17 +682,7 @@ func TestLeaseMessageOnlyOwnRows(t *testing.T) {
 
 	// A producer's own rows, with the offers' leasing dispatcher connected
 	// (the lease key and its owner key held shared).
-	key, err := e.pool.Acquire(e.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer key.Release()
-	if _, err := key.Exec(e.ctx, `SELECT pg_advisory_lock_shared(1650814063, 0),
-		pg_advisory_lock_shared(hashtextextended($1::text, 1650814064))`, owner); err != nil {
-		t.Fatal(err)
-	}
-	defer key.Exec(context.Background(), `SELECT pg_advisory_unlock_shared(1650814063, 0),
-		pg_advisory_unlock_shared(hashtextextended($1::text, 1650814064))`, owner)
+	holdLeaseKeys(t, e, owner)
 	insert := `INSERT INTO queue_messages (app_id, queue_name, payload) VALUES ($1, 'orders', '{}') RETURNING id`
 	var own, saved uuid.UUID
 	if err := pgx.BeginFunc(e.ctx, e.pool, func(tx pgx.Tx) error {
@@ -730,17 +720,7 @@ func TestLeaseAtInsertOfferGuards(t *testing.T) {
 	e := fxNew(t)
 	shop, rival := e.app("shop"), e.app("rival")
 	owner := uuid.New()
-	key, err := e.pool.Acquire(e.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer key.Release()
-	if _, err := key.Exec(e.ctx, `SELECT pg_advisory_lock_shared(1650814063, 0),
-		pg_advisory_lock_shared(hashtextextended($1::text, 1650814064))`, owner); err != nil {
-		t.Fatal(err)
-	}
-	defer key.Exec(context.Background(), `SELECT pg_advisory_unlock_shared(1650814063, 0),
-		pg_advisory_unlock_shared(hashtextextended($1::text, 1650814064))`, owner)
+	holdLeaseKeys(t, e, owner)
 
 	for _, tc := range []struct {
 		name, queue string
@@ -779,4 +759,23 @@ func TestLeaseAtInsertOfferGuards(t *testing.T) {
 			}
 		})
 	}
+}
+
+// holdLeaseKeys holds the lease key and owner's key shared, as a leasing
+// dispatcher's listener does, until the test ends.
+func holdLeaseKeys(t *testing.T, e *fxEnv, owner uuid.UUID) {
+	t.Helper()
+	key, err := e.pool.Acquire(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(key.Release)
+	if _, err := key.Exec(e.ctx, `SELECT pg_advisory_lock_shared(1650814063, 0),
+		pg_advisory_lock_shared(hashtextextended($1::text, 1650814064))`, owner); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = key.Exec(context.Background(), `SELECT pg_advisory_unlock_shared(1650814063, 0),
+			pg_advisory_unlock_shared(hashtextextended($1::text, 1650814064))`, owner)
+	})
 }
