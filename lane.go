@@ -742,22 +742,9 @@ const (
 )
 
 // msgEvent starts a per-message line at level, or at debug level when the
-// lane has written its share of them (logthrottle). A line of a level the
-// logger leaves out takes no share: at warn, the retries' info lines
-// would otherwise use up the dead letters' share.
+// lane has written its share of them (msgLog).
 func (l *lane) msgEvent(log *zerolog.Logger, level zerolog.Level) *zerolog.Event {
-	if level < log.GetLevel() || level < zerolog.GlobalLevel() {
-		return log.WithLevel(level)
-	}
-	ok, held := l.msgLog.Allow()
-	if !ok {
-		return log.Debug()
-	}
-	ev := log.WithLevel(level)
-	if held > 0 {
-		ev = ev.Int("held_back", held)
-	}
-	return ev
+	return l.msgLog.Event(log, level, 1)
 }
 
 // dropMark deletes the lane's busy mark, if any, when it stops serving

@@ -124,11 +124,9 @@ type Reclaimer struct {
 	// retryBase and retryCeiling, here so that a test can shorten them.
 	retryBase, retryCeiling time.Duration
 
-	// deadLog bounds the dead letters' warn lines; deadHeld counts the
-	// dead letters left out of them since the last one written, for the
-	// next to say. deadHeld is guarded by mu.
-	deadLog  *logthrottle.Throttle
-	deadHeld int64
+	// deadLog bounds the dead letters' warn lines, and counts the dead
+	// letters of the lines it holds back.
+	deadLog *logthrottle.Throttle
 }
 
 // deadLetter is one of the dead letters a pass lists (reclaim.sql's
@@ -347,28 +345,11 @@ func (r *Reclaimer) logDead(total int64, logged []byte) {
 	}
 }
 
-// deadEvent starts a line about n dead letters: a warning, with the
-// count held back since the last one, if deadLog lets it through, else a
-// debug line, whose n dead letters are held back. A warning the logger
-// leaves out takes no share.
+// deadEvent starts a line about n dead letters: a warning if deadLog
+// lets it through, else a debug line, whose n dead letters the next
+// warning counts in held_back.
 func (r *Reclaimer) deadEvent(n int64) *zerolog.Event {
-	if zerolog.WarnLevel < r.log.GetLevel() || zerolog.WarnLevel < zerolog.GlobalLevel() {
-		return r.log.Warn()
-	}
-	ok, _ := r.deadLog.Allow()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if !ok {
-		r.deadHeld += n
-		return r.log.Debug()
-	}
-	held := r.deadHeld
-	r.deadHeld = 0
-	ev := r.log.Warn()
-	if held > 0 {
-		ev = ev.Int64("held_back", held)
-	}
-	return ev
+	return r.deadLog.Event(&r.log, zerolog.WarnLevel, n)
 }
 
 func later(a, b time.Time) time.Time {
