@@ -22,8 +22,8 @@
 // its equivalent in their language). The response decides:
 //
 //	2xx                          ack: the message is deleted
-//	429, 503 with Retry-After    retry after that long (capped at 12h); a
-//	                             date already past is ignored
+//	429, 503 with Retry-After    retry after that long (capped at 12h); 0
+//	                             or a date already past is ignored
 //	407, 408, 429, 503, 5xx      retry with the consumer's backoff
 //	other 4xx, and 3xx           dead-letter at once: retrying cannot help
 //	timeout, connection error    retry with the consumer's backoff
@@ -687,6 +687,13 @@ func (h *handler) outcome(resp *http.Response, head []byte) error {
 			// ours, not when to come back: retrying at once, an attempt
 			// each time, would dead-letter the message within a second.
 			return responseError(fmt.Sprintf("consumer busy: HTTP %d with Retry-After %s already past", code, quote(ra)), head)
+		}
+		if d == 0 {
+			// "Now", which a busy consumer that keeps saying it would
+			// turn into the same quick string of attempts: some rate
+			// limiters in front of consumers send 0 when their window
+			// has just rolled over.
+			return responseError(fmt.Sprintf("consumer busy: HTTP %d with Retry-After %s, which is now", code, quote(ra)), head)
 		}
 		return fmt.Errorf("consumer busy: HTTP %d: %w", code, bellhop.RetryAfter(d))
 	case code == http.StatusRequestTimeout:

@@ -132,8 +132,12 @@ func TestResponseMapping(t *testing.T) {
 		{name: "407 from a proxy", status: 407, want: "retry", errSubstr: "the proxy to the consumer wants credentials: HTTP 407"},
 		{name: "429 Retry-After seconds", status: 429, header: map[string]string{"Retry-After": "120"},
 			want: "retry-after", delay: 2 * time.Minute},
+		// Now: the consumer's backoff, not a retry at once, an attempt
+		// each time, as for a date already past.
 		{name: "429 Retry-After 0", status: 429, header: map[string]string{"Retry-After": "0"},
-			want: "retry-after", delay: 0},
+			want: "retry", errSubstr: `Retry-After "0", which is now`},
+		{name: "503 Retry-After 1", status: 503, header: map[string]string{"Retry-After": "1"},
+			want: "retry-after", delay: time.Second},
 		{name: "429 Retry-After huge is capped", status: 429, header: map[string]string{"Retry-After": "99999999999999999999999"},
 			want: "retry-after", delay: MaxRetryAfter},
 		{name: "429 Retry-After garbled", status: 429, header: map[string]string{"Retry-After": "soon"},
