@@ -629,23 +629,28 @@ func silentServer(t *testing.T) (dsn string, accepted func() bool) {
 	}
 }
 
-// TestSetupDemoStoppedCleansUp: setup-demo stopped by SIGTERM while it
-// waits for the database removes the temporary secret file it made first
-// (docker-compose stops it so during a slow start). It was killed with
-// the file left in the secrets volume.
+// TestSetupDemoStoppedCleansUp: setup-demo stopped by SIGTERM (or
+// SIGHUP) while it waits for the database removes the temporary secret
+// file it made first (docker-compose stops it so during a slow start).
+// It was killed with the file left in the secrets volume.
 func TestSetupDemoStoppedCleansUp(t *testing.T) {
 	t.Parallel()
-	dsn, accepted := silentServer(t)
-	dir := t.TempDir()
-	p := start(t, []string{"DATABASE_URL=" + dsn}, "setup-demo", "--app", "shop", "--queue", "orders",
-		"--url", "http://127.0.0.1:9/hook", "--secret-file", filepath.Join(dir, "orders"))
-	waitFor(t, 30*time.Second, "setup-demo to connect", accepted)
-	p.signal(syscall.SIGTERM)
-	if code := p.wait(15 * time.Second); code == 0 || code == 128+int(syscall.SIGTERM) {
-		t.Errorf("exit %d after SIGTERM, want an error status of its own", code)
-	}
-	if left, _ := os.ReadDir(dir); len(left) != 0 {
-		t.Errorf("left in the secret file's directory: %v", left)
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGHUP} {
+		t.Run(sig.String(), func(t *testing.T) {
+			t.Parallel()
+			dsn, accepted := silentServer(t)
+			dir := t.TempDir()
+			p := start(t, []string{"DATABASE_URL=" + dsn}, "setup-demo", "--app", "shop", "--queue", "orders",
+				"--url", "http://127.0.0.1:9/hook", "--secret-file", filepath.Join(dir, "orders"))
+			waitFor(t, 30*time.Second, "setup-demo to connect", accepted)
+			p.signal(sig)
+			if code := p.wait(15 * time.Second); code == 0 || code == 128+int(sig) {
+				t.Errorf("exit %d after %s, want an error status of its own", code, sig)
+			}
+			if left, _ := os.ReadDir(dir); len(left) != 0 {
+				t.Errorf("left in the secret file's directory: %v", left)
+			}
+		})
 	}
 }
 

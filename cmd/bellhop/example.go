@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/google/uuid"
@@ -69,7 +68,7 @@ func setupDemoCommand(d *deps) *cli.Command {
 			// stops it so during a slow start), it removes its
 			// temporary file rather than leave one in the secrets
 			// volume each time.
-			ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+			ctx, stop := signal.NotifyContext(ctx, stopSignals...)
 			defer stop()
 
 			c, pool, err := client(ctx, cmd)

@@ -8,10 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"os/signal"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 	"unicode/utf8"
@@ -646,9 +644,10 @@ func queuesCommand(d *deps) *cli.Command {
 			}
 			defer pool.Close()
 			if cmd.Bool("watch") {
-				// Ctrl-C ends watching normally: exit 0.
+				// Ctrl-C, SIGTERM or a closed terminal (SIGHUP) ends watching
+				// normally: exit 0.
 				var stop context.CancelFunc
-				ctx, stop = signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+				ctx, stop = signal.NotifyContext(ctx, stopSignals...)
 				defer stop()
 			}
 			for {

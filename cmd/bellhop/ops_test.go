@@ -211,27 +211,33 @@ func TestQueuesOutput(t *testing.T) {
 	}
 }
 
-// TestQueuesWatch: --watch redraws until interrupted, then exits 0.
+// TestQueuesWatch: --watch redraws until interrupted, then exits 0, also
+// when its terminal is closed (SIGHUP), which used to kill it.
 func TestQueuesWatch(t *testing.T) {
 	t.Parallel()
-	dsn := pgtest.ConnString(t)
-	ok(t, dsn, "app", "create", "shop")
-	enqueue(t, dsn, "shop", "orders", `{}`)
-	p := start(t, []string{"DATABASE_URL=" + dsn}, "queues", "--watch")
-	header := regexp.MustCompile(`APP\s+QUEUE\s+READY`)
-	p.waitLine(false, header, 20*time.Second)
-	enqueue(t, dsn, "shop", "orders", `{}`)
-	// A later frame shows the second message.
-	p.waitLine(false, regexp.MustCompile(`^shop\s+orders\s+2\s`), 20*time.Second)
-	if n := p.countLines(header); n < 2 {
-		t.Errorf("%d frames drawn, want at least 2", n)
-	}
-	p.signal(os.Interrupt)
-	if code := p.wait(10 * time.Second); code != 0 {
-		t.Errorf("queues --watch exited %d on SIGINT, want 0", code)
-	}
-	if s := p.stderr(); s != "" {
-		t.Errorf("stderr: %s", s)
+	for _, sig := range []os.Signal{os.Interrupt, syscall.SIGHUP} {
+		t.Run(sig.String(), func(t *testing.T) {
+			t.Parallel()
+			dsn := pgtest.ConnString(t)
+			ok(t, dsn, "app", "create", "shop")
+			enqueue(t, dsn, "shop", "orders", `{}`)
+			p := start(t, []string{"DATABASE_URL=" + dsn}, "queues", "--watch")
+			header := regexp.MustCompile(`APP\s+QUEUE\s+READY`)
+			p.waitLine(false, header, 20*time.Second)
+			enqueue(t, dsn, "shop", "orders", `{}`)
+			// A later frame shows the second message.
+			p.waitLine(false, regexp.MustCompile(`^shop\s+orders\s+2\s`), 20*time.Second)
+			if n := p.countLines(header); n < 2 {
+				t.Errorf("%d frames drawn, want at least 2", n)
+			}
+			p.signal(sig)
+			if code := p.wait(10 * time.Second); code != 0 {
+				t.Errorf("queues --watch exited %d on %s, want 0", code, sig)
+			}
+			if s := p.stderr(); s != "" {
+				t.Errorf("stderr: %s", s)
+			}
+		})
 	}
 }
 
