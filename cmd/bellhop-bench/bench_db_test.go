@@ -5,7 +5,9 @@ import (
 	"context"
 	"io"
 	"os"
+	"path/filepath"
 	"regexp"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"testing"
@@ -244,4 +246,50 @@ func TestReportHidesPassword(t *testing.T) {
 			t.Errorf("%s report:\n%s", name, out)
 		}
 	}
+}
+
+// TestScaleFailureStopsProfiler: a scale case that failed after its
+// beforeStart hook had started the CPU profiler (-cpuprofile, run 1,
+// many queues) left the profiler running, stopped only on success, so
+// the next profile of the tool failed with "cpu profiling already in
+// use". The context is cancelled once the profile file exists, which
+// beforeStart creates just before it starts profiling and before the
+// dispatcher starts: the case fails, and the profiler must be free.
+func TestScaleFailureStopsProfiler(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	e := testEnv(testServer(t, os.Getenv("DATABASE_URL")))
+	e.p.scaleQueues = 2
+	e.p.scaleRate = 100
+	e.p.scaleDuration = 5 * time.Second
+	e.cpuprofile = filepath.Join(t.TempDir(), "cpu")
+	profile := e.cpuprofile + ".scale.pprof"
+	rctx, rcancel := context.WithCancel(ctx)
+	defer rcancel()
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for rctx.Err() == nil {
+			if _, err := os.Stat(profile); err == nil {
+				rcancel()
+				return
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	e.res.StartRun(1)
+	_, err := scaleOnce(rctx, e, 1, 2)
+	rcancel()
+	<-watched
+	if err == nil {
+		t.Fatal("the case did not fail: the context was cancelled too late to test anything")
+	}
+	if _, serr := os.Stat(profile); serr != nil {
+		t.Fatalf("the case failed before it started the profiler (%v): %v", serr, err)
+	}
+	t.Logf("the case failed: %v", err)
+	if err := pprof.StartCPUProfile(io.Discard); err != nil {
+		t.Fatalf("the failed case left the CPU profiler running: %v", err)
+	}
+	pprof.StopCPUProfile()
 }

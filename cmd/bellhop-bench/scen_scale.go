@@ -80,6 +80,14 @@ func scaleOnce(ctx context.Context, e *env, run, queues int) (latencyStats, erro
 		}
 	}
 	var stopProfile func()
+	// A run that fails after beforeStart started the profiler must stop
+	// it too: the next StartCPUProfile would fail ("cpu profiling already
+	// in use").
+	defer func() {
+		if stopProfile != nil {
+			stopProfile()
+		}
+	}()
 	var ms runtime.MemStats
 	var goroutines int
 	delivered := func() {
@@ -153,6 +161,7 @@ func scaleOnce(ctx context.Context, e *env, run, queues int) (latencyStats, erro
 	}
 	if stopProfile != nil {
 		stopProfile()
+		stopProfile = nil
 	}
 	if err := rec.dump(e, "scale", cas, run); err != nil {
 		return st, err
