@@ -426,23 +426,31 @@ func (r *recorder) stats() latencyStats { return summarize(r.seenOnly(r.lat)) }
 // first Enqueue and end (both since base): how fast the dispatcher kept
 // up while the producers ran.
 func (r *recorder) deliveredBy(end time.Duration) float64 {
-	first := int64(-1)
+	first, ok := r.firstSend()
+	if !ok {
+		return 0
+	}
 	n := 0
+	for i := range r.lat {
+		if r.seen[i].Load() && r.started[i] <= int64(end) {
+			n++
+		}
+	}
+	return rate(n, end-time.Duration(first))
+}
+
+// firstSend returns when (since base) the earliest Enqueue call of the
+// recorded messages began; ok is false if none was recorded.
+func (r *recorder) firstSend() (first int64, ok bool) {
 	for i := range r.lat {
 		if !r.seen[i].Load() {
 			continue
 		}
-		if t0 := r.returned[i] - r.enq[i]; first < 0 || t0 < first {
-			first = t0
-		}
-		if r.started[i] <= int64(end) {
-			n++
+		if t0 := r.returned[i] - r.enq[i]; !ok || t0 < first {
+			first, ok = t0, true
 		}
 	}
-	if first < 0 {
-		return 0
-	}
-	return rate(n, end-time.Duration(first))
+	return first, ok
 }
 
 // enqueued notes that message seq's Enqueue call, begun at t (since

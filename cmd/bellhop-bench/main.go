@@ -196,7 +196,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.poolMax, "pool-max-conns", 20, "the dispatcher's pool size (and River's)")
 	fs.BoolVar(&o.sequential, "sequential", false, "run all runs of a scenario before the next scenario (default: interleaved, run 1 of every scenario, then run 2, ..., so that scenarios compared with each other, Bellhop's and River's, share the machine's changing load)")
 	fs.StringVar(&o.dump, "dump", "", "write every message of each latency and scale case run (and of river's back-to-back latency cases) to DIR/<scenario>-<case>-run<N>.csv (enqueued at, Enqueue call, latency; µs), to see when the slow ones came")
-	fs.BoolVar(&o.timeline, "timeline", false, "print, per second of each load run, how many messages were enqueued and delivered (to stderr)")
+	fs.BoolVar(&o.timeline, "timeline", false, "print, per second of each load run counted from its first send, how many messages were enqueued and delivered (to stderr)")
 	fs.BoolVar(&o.verbose, "v", false, "log the dispatchers' info messages to stderr (default: warnings)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err

@@ -518,3 +518,26 @@ func TestCPUShare(t *testing.T) {
 		t.Log("no /proc/stat here; the report says cpu unknown")
 	}
 }
+
+// TestTimelineFromFirstSend: -timeline's header says "second since the
+// first send", but it counted seconds since the recorder's base (the
+// tool's start), so a load run that began minutes in printed its seconds
+// from there. Three messages sent 5.2 s, 5.9 s and 6.3 s after base fall
+// in seconds 0 and 1 from the first send.
+func TestTimelineFromFirstSend(t *testing.T) {
+	r := newRecorder(time.Now(), 3)
+	ms := int64(time.Millisecond)
+	for i, sent := range []int64{5200 * ms, 5900 * ms, 6300 * ms} {
+		r.seen[i].Store(true)
+		r.enq[i] = 10 * ms
+		r.returned[i] = sent + r.enq[i]
+		r.started[i] = sent + 700*ms
+	}
+	var b strings.Builder
+	printTimeline(&b, r)
+	// Returned at 0.01, 0.71, 1.11 s; handlers at 0.7, 1.4, 1.8 s.
+	want := "  t=0s enqueued 2 delivered 1\n  t=1s enqueued 1 delivered 2\n"
+	if b.String() != want {
+		t.Errorf("timeline:\n%s\nwant:\n%s", b.String(), want)
+	}
+}

@@ -84,15 +84,20 @@ func loadOnce(ctx context.Context, e *env, c loadRun, run int) error {
 	return nil
 }
 
-// printTimeline prints, per second, how many Enqueue calls returned and
-// how many handlers started (a debugging aid).
+// printTimeline prints, per second since the first send (the earliest
+// Enqueue call to begin), how many Enqueue calls returned and how many
+// handlers started (a debugging aid).
 func printTimeline(w io.Writer, rec *recorder) {
+	first, ok := rec.firstSend()
+	if !ok {
+		return
+	}
 	var enq, del []int
 	bump := func(xs []int, t int64) []int {
 		if t <= 0 {
 			return xs
 		}
-		i := int(t / int64(time.Second))
+		i := int(max(t-first, 0) / int64(time.Second))
 		for len(xs) <= i {
 			xs = append(xs, 0)
 		}
