@@ -33,6 +33,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"reflect"
 	"runtime"
 	"runtime/debug"
 	"slices"
@@ -46,7 +47,8 @@ import (
 	"github.com/bellhopq/bellhop/internal/pgdsn"
 )
 
-// params are a run's sizes; -quick scales them down.
+// params are a run's sizes; -quick scales them down. The JSON report
+// writes them all (MarshalJSON).
 type params struct {
 	Quick        bool `json:"quick"`
 	Runs         int  `json:"runs"`
@@ -83,6 +85,70 @@ type params struct {
 	riverLatencyN  int
 	riverBurndownN int
 	riverWorkers   []int
+}
+
+// MarshalJSON writes quick and runs, and under "sizes" every other field
+// (the run's sizes, durations and pool size), keyed by its name in snake
+// case (floorN as floor_n), durations as Go writes them ("2m0s"): the
+// JSON report records the sizes the run used.
+func (p params) MarshalJSON() ([]byte, error) {
+	sizes := map[string]any{}
+	v := reflect.ValueOf(p)
+	for i := range v.NumField() {
+		f := v.Type().Field(i)
+		if f.IsExported() {
+			continue
+		}
+		x, err := sizeValue(v.Field(i))
+		if err != nil {
+			return nil, fmt.Errorf("params.%s: %w", f.Name, err)
+		}
+		sizes[snakeCase(f.Name)] = x
+	}
+	return json.Marshal(struct {
+		Quick bool           `json:"quick"`
+		Runs  int            `json:"runs"`
+		Sizes map[string]any `json:"sizes"`
+	}{p.Quick, p.Runs, sizes})
+}
+
+// sizeValue is a field of params as MarshalJSON writes it.
+func sizeValue(v reflect.Value) (any, error) {
+	if v.Type() == reflect.TypeFor[time.Duration]() {
+		return time.Duration(v.Int()).String(), nil
+	}
+	switch v.Kind() {
+	case reflect.Int, reflect.Int64:
+		return v.Int(), nil
+	case reflect.Bool:
+		return v.Bool(), nil
+	case reflect.Slice:
+		out := make([]any, v.Len())
+		for i := range out {
+			x, err := sizeValue(v.Index(i))
+			if err != nil {
+				return nil, err
+			}
+			out[i] = x
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("no JSON form for %s", v.Type())
+}
+
+// snakeCase turns a Go name like riverBurndownN into river_burndown_n.
+func snakeCase(name string) string {
+	var b strings.Builder
+	for i, c := range name {
+		if c >= 'A' && c <= 'Z' {
+			if i > 0 {
+				b.WriteByte('_')
+			}
+			c += 'a' - 'A'
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
 }
 
 // fullParams are the issue's sizes.
@@ -189,7 +255,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.runs, "runs", 3, "runs per scenario; the table shows the median, min and max")
 	fs.BoolVar(&o.quick, "quick", false, "about 10x fewer messages and shorter durations, for a smoke test")
 	fs.StringVar(&o.markdown, "markdown", "", "also write the report as Markdown to this file")
-	fs.StringVar(&o.jsonOut, "json", "", "also write every value, the settings and the evidence as JSON to this file")
+	fs.StringVar(&o.jsonOut, "json", "", "also write every value, the sizes, the settings and the evidence as JSON to this file")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write CPU profiles of this process to FILE.<case>.pprof: the first run of each throughput case (Dispatcher.Run → table empty) and of the scale scenario (Dispatcher.Run → last delivery)")
 	fs.StringVar(&o.riverDir, "river-dir", "", "directory of the River benchmark module (default: bench/river of the module this runs in)")
 	fs.StringVar(&o.riverBin, "river-bin", "", "a prebuilt River benchmark binary (skips the build)")

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"io"
 	"math"
+	"reflect"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -539,5 +540,41 @@ func TestTimelineFromFirstSend(t *testing.T) {
 	want := "  t=0s enqueued 2 delivered 1\n  t=1s enqueued 1 delivered 2\n"
 	if b.String() != want {
 		t.Errorf("timeline:\n%s\nwant:\n%s", b.String(), want)
+	}
+}
+
+// TestParamsJSON: the JSON report's params held only quick and runs (the
+// sizes were unexported fields), though -json is to hold everything.
+func TestParamsJSON(t *testing.T) {
+	b, err := json.Marshal(&Report{Params: quickParams()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Params struct {
+			Quick bool           `json:"quick"`
+			Runs  int            `json:"runs"`
+			Sizes map[string]any `json:"sizes"`
+		} `json:"params"`
+	}
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	p := rep.Params
+	if !p.Quick || p.Runs != 3 {
+		t.Errorf("quick %v runs %d", p.Quick, p.Runs)
+	}
+	want := map[string]any{
+		"floor_n": 200.0, "idle_duration": "12s", "idle_settle": "11s", "pool_max_conns": 20.0,
+		"throughput_sizes": []any{2000.0, 20000.0}, "river_workers": []any{10.0, 2000.0}, "scale_queues": 1000.0,
+	}
+	for k, v := range want {
+		if !reflect.DeepEqual(p.Sizes[k], v) {
+			t.Errorf("sizes[%q] = %#v, want %#v", k, p.Sizes[k], v)
+		}
+	}
+	// Every field but quick and runs is a size.
+	if n := reflect.TypeFor[params]().NumField() - 2; len(p.Sizes) != n {
+		t.Errorf("%d sizes, want %d: %v", len(p.Sizes), n, p.Sizes)
 	}
 }
