@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"runtime/pprof"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -292,4 +294,61 @@ func TestScaleFailureStopsProfiler(t *testing.T) {
 		t.Fatalf("the failed case left the CPU profiler running: %v", err)
 	}
 	pprof.StopCPUProfile()
+}
+
+// lineWatch is a progress writer that calls fn once, when what it was
+// written first contains match.
+type lineWatch struct {
+	mu    sync.Mutex
+	buf   strings.Builder
+	match string
+	fn    func()
+	fired bool
+}
+
+func (w *lineWatch) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(p)
+	if !w.fired && strings.Contains(w.buf.String(), w.match) {
+		w.fired = true
+		w.fn()
+	}
+	return len(p), nil
+}
+
+// TestBadMarkdownKeepsJSON: run wrote -markdown first and returned at its
+// error, so a finished run's -json was never written. The -markdown path
+// here passes the check at the start and is made a directory once the
+// scenario's run is done: the JSON is still written, and the error names
+// the Markdown file.
+func TestBadMarkdownKeepsJSON(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	o := &options{
+		databaseURL: os.Getenv("DATABASE_URL"), only: []string{"floor"}, runs: 1, quick: true, poolMax: 4,
+		markdown: filepath.Join(dir, "bench.md"), jsonOut: filepath.Join(dir, "bench.json"), args: []string{"bellhop-bench"},
+	}
+	var mkdirErr error
+	progress := &lineWatch{match: "run 1 done in", fn: func() { mkdirErr = os.Mkdir(o.markdown, 0o755) }}
+	code, err := run(ctx, o, io.Discard, progress)
+	progress.mu.Lock()
+	fired := progress.fired
+	progress.mu.Unlock()
+	if !fired || mkdirErr != nil {
+		t.Fatalf("the Markdown path was not spoilt (seen %v, %v); run: %d, %v", fired, mkdirErr, code, err)
+	}
+	if code != 1 || err == nil || !strings.Contains(err.Error(), "-markdown:") {
+		t.Errorf("run: %d, %v; want the -markdown error", code, err)
+	}
+	t.Logf("run: %d, %v", code, err)
+	b, err := os.ReadFile(o.jsonOut)
+	if err != nil {
+		t.Fatalf("the JSON report was not written: %v", err)
+	}
+	var rep Report
+	if err := json.Unmarshal(b, &rep); err != nil || len(rep.Metrics) == 0 {
+		t.Errorf("JSON report: %d metrics, %v", len(rep.Metrics), err)
+	}
 }

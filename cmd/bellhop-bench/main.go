@@ -402,6 +402,11 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) (int, error)
 		timeline:   o.timeline,
 		dump:       o.dump,
 	}
+	// A bad output path fails now, not after a run of an hour; it is a
+	// bad flag (status 2).
+	if err := o.checkPaths(); err != nil {
+		return 2, err
+	}
 	tmp, err := os.MkdirTemp("", "bellhop-bench")
 	if err != nil {
 		return 1, err
@@ -498,32 +503,121 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) (int, error)
 	rep.Evidence = e.evidence
 
 	writeReport(stdout, rep, false)
+	// The two files are written independently: one that fails does not
+	// cost the other.
+	var errs []error
+	if err := writeOutputs(o, rep); err != nil {
+		errs = append(errs, err)
+	}
+	if ctx.Err() != nil {
+		errs = append(errs, ctx.Err())
+	} else if len(rep.Errors) > 0 {
+		errs = append(errs, fmt.Errorf("%d scenario run(s) failed", len(rep.Errors)))
+	}
+	if len(errs) > 0 {
+		return 1, errors.Join(errs...)
+	}
+	return 0, nil
+}
+
+// writeOutputs writes the -markdown and -json files, each attempted
+// whether or not the other failed, and returns both errors.
+func writeOutputs(o *options, rep *Report) error {
+	var errs []error
 	if o.markdown != "" {
-		f, err := os.Create(o.markdown)
-		if err != nil {
-			return 1, err
-		}
-		writeReport(f, rep, true)
-		if err := f.Close(); err != nil {
-			return 1, err
+		var b strings.Builder
+		writeReport(&b, rep, true)
+		if err := os.WriteFile(o.markdown, []byte(b.String()), 0o644); err != nil {
+			errs = append(errs, fmt.Errorf("-markdown: %w", err))
 		}
 	}
 	if o.jsonOut != "" {
 		b, err := json.MarshalIndent(rep, "", "  ")
+		if err == nil {
+			err = os.WriteFile(o.jsonOut, b, 0o644)
+		}
 		if err != nil {
-			return 1, err
-		}
-		if err := os.WriteFile(o.jsonOut, b, 0o644); err != nil {
-			return 1, err
+			errs = append(errs, fmt.Errorf("-json: %w", err))
 		}
 	}
-	if ctx.Err() != nil {
-		return 1, ctx.Err()
+	return errors.Join(errs...)
+}
+
+// checkPaths checks, before anything runs, every path the run will
+// write or use later: that the -markdown and -json files and the
+// -cpuprofile files can be created (without changing a file that exists),
+// that the -dump directory exists or can be made and takes files, and,
+// when river runs, that -river-bin is an executable file. It returns
+// every problem found.
+func (o *options) checkPaths() error {
+	var errs []error
+	for _, f := range []struct{ flag, path string }{{"-markdown", o.markdown}, {"-json", o.jsonOut}} {
+		if f.path == "" {
+			continue
+		}
+		if err := checkWritable(f.path); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", f.flag, err))
+		}
 	}
-	if len(rep.Errors) > 0 {
-		return 1, fmt.Errorf("%d scenario run(s) failed", len(rep.Errors))
+	if o.cpuprofile != "" {
+		// The profiles are PREFIX.<case>.pprof, beside the prefix.
+		prefix := strings.TrimSuffix(o.cpuprofile, ".pprof")
+		if err := checkDirTakesFiles(filepath.Dir(prefix), filepath.Base(prefix)+".*.pprof"); err != nil {
+			errs = append(errs, fmt.Errorf("-cpuprofile: %w", err))
+		}
 	}
-	return 0, nil
+	if o.dump != "" {
+		err := os.MkdirAll(o.dump, 0o755)
+		if err == nil {
+			err = checkDirTakesFiles(o.dump, ".bellhop-bench-check-*")
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("-dump: %w", err))
+		}
+	}
+	if o.riverBin != "" && o.selected("river") {
+		fi, err := os.Stat(o.riverBin)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("-river-bin: %w", err))
+		case !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0:
+			errs = append(errs, fmt.Errorf("-river-bin: %s is not an executable file", o.riverBin))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// checkWritable checks that the file at path can be written: a file that
+// exists is opened for writing but not truncated; otherwise it is
+// created and removed again.
+func checkWritable(path string) error {
+	if fi, err := os.Stat(path); err == nil {
+		if fi.IsDir() {
+			return fmt.Errorf("%s is a directory", path)
+		}
+		f, err := os.OpenFile(path, os.O_WRONLY, 0)
+		if err != nil {
+			return err
+		}
+		return f.Close()
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return err
+	}
+	f.Close()
+	return os.Remove(path)
+}
+
+// checkDirTakesFiles checks that a file named by pattern (as
+// os.CreateTemp takes it) can be created in dir, and removes it.
+func checkDirTakesFiles(dir, pattern string) error {
+	f, err := os.CreateTemp(dir, pattern)
+	if err != nil {
+		return err
+	}
+	f.Close()
+	return os.Remove(f.Name())
 }
 
 // commandLine is args as the report records them, with the password of

@@ -8,6 +8,8 @@ import (
 	"flag"
 	"io"
 	"math"
+	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -576,5 +578,55 @@ func TestParamsJSON(t *testing.T) {
 	// Every field but quick and runs is a size.
 	if n := reflect.TypeFor[params]().NumField() - 2; len(p.Sizes) != n {
 		t.Errorf("%d sizes, want %d: %v", len(p.Sizes), n, p.Sizes)
+	}
+}
+
+// TestBadPathsFailAtOnce: the output paths, the -dump directory and
+// -river-bin were checked only when first used, at the end of a run or
+// minutes into it. Now run fails before it starts the server (here one
+// that does not exist, whose error would come first otherwise) and names
+// every bad flag.
+func TestBadPathsFailAtOnce(t *testing.T) {
+	dir := t.TempDir()
+	notDir := filepath.Join(dir, "file")
+	if err := os.WriteFile(notDir, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	o := &options{
+		databaseURL: "postgres://nobody@/x?host=" + filepath.Join(dir, "no-server"), only: []string{"floor", "river"}, runs: 1, quick: true, poolMax: 4,
+		markdown: filepath.Join(dir, "missing", "bench.md"), jsonOut: dir, cpuprofile: filepath.Join(dir, "missing", "cpu"),
+		dump: filepath.Join(notDir, "dump"), riverBin: notDir,
+	}
+	code, err := run(context.Background(), o, io.Discard, io.Discard)
+	if code != 2 || err == nil {
+		t.Fatalf("run: %d, %v; want status 2", code, err)
+	}
+	for _, flag := range []string{"-markdown", "-json", "-cpuprofile", "-dump", "-river-bin"} {
+		if !strings.Contains(err.Error(), flag+":") {
+			t.Errorf("the error does not name %s: %v", flag, err)
+		}
+	}
+
+	// Good paths pass: the dump directory is made, a file that exists is
+	// left as it was, and nothing else is left behind.
+	md := filepath.Join(dir, "old.md")
+	if err := os.WriteFile(md, []byte("old report"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	good := &options{markdown: md, jsonOut: filepath.Join(dir, "new.json"), cpuprofile: filepath.Join(dir, "cpu"), dump: filepath.Join(dir, "d", "e")}
+	if err := good.checkPaths(); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(md); err != nil || string(b) != "old report" {
+		t.Errorf("existing -markdown file: %q, %v", b, err)
+	}
+	if fi, err := os.Stat(good.dump); err != nil || !fi.IsDir() {
+		t.Errorf("-dump directory not made: %v", err)
+	}
+	left, _ := filepath.Glob(filepath.Join(dir, "*"))
+	slices.Sort(left)
+	want := []string{filepath.Join(dir, "d"), filepath.Join(dir, "file"), md}
+	if !slices.Equal(left, want) {
+		t.Errorf("left behind: %v, want %v", left, want)
 	}
 }
