@@ -22,7 +22,8 @@
 # Each line gives pgbench's per-statement latency (client side: the round
 # trip and the commit with its WAL flush) and the statement's mean
 # execution time from pg_stat_statements (server side, AFTER triggers
-# included, the commit not). The script enables the trigger when it ends.
+# included, the commit not). The script enables the trigger when it ends,
+# interrupted or not, and stops if pgbench fails.
 set -eu
 url=${1:?usage: run.sh DATABASE_URL [SECONDS] [ROUNDS] [RATE]}
 secs=${2:-10}
@@ -47,7 +48,21 @@ fi
 
 enqueue=$(mktemp)
 insert=$(mktemp)
-trap 'rm -f "$enqueue" "$insert"; psql -c "ALTER TABLE queue_messages ENABLE TRIGGER queue_messages_notify"' EXIT
+out=$(mktemp)
+# restore runs once, on exit or on a signal: dash runs no EXIT trap when
+# a signal ends it, which left the trigger disabled.
+restored=
+restore() {
+    [ -z "$restored" ] || return 0
+    restored=1
+    rm -f "$enqueue" "$insert" "$out"
+    psql -c "ALTER TABLE queue_messages ENABLE TRIGGER queue_messages_notify" ||
+        echo "run.sh: could not enable trigger queue_messages_notify again" >&2
+}
+trap restore EXIT
+trap 'restore; exit 130' INT
+trap 'restore; exit 143' TERM
+trap 'restore; exit 129' HUP
 grep -v '^ *--' "$dir/../../sql/enqueue_one.sql" |
     sed -e "s/@app_name/'enqueue-cost'/g" -e "s/@principal/NULL/g" -e "s/@id/gen_random_uuid()/g" \
         -e "s/@queue_name/'q'/g" -e "s/@payload/'{\"n\":1}'/g" -e "s/@deliver_after/NULL/g" \
@@ -69,8 +84,19 @@ for round in $(seq "$rounds"); do
         script=$insert
         case $case in enqueue*) script=$enqueue ;; esac
         psql -c "SELECT pg_stat_statements_reset()" >/dev/null
-        client=$(pgbench -n -M prepared -r -T "$secs" -R "$rate" -f "$script" "$url" 2>&1 |
-            awk '/statement latencies/ { getline; print $1 }')
+        # A pgbench that fails stops the script, rather than print an
+        # empty figure.
+        if ! pgbench -n -M prepared -r -T "$secs" -R "$rate" -f "$script" "$url" >"$out" 2>&1; then
+            echo "run.sh: pgbench failed ($case, round $round):" >&2
+            cat "$out" >&2
+            exit 1
+        fi
+        client=$(awk '/statement latencies/ { getline; print $1 }' "$out")
+        if [ -z "$client" ]; then
+            echo "run.sh: no statement latency in pgbench's output ($case, round $round):" >&2
+            cat "$out" >&2
+            exit 1
+        fi
         server=$(psql -c "SELECT round((sum(total_exec_time) / sum(calls))::numeric, 3) FROM pg_stat_statements
                           WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
                             AND query LIKE '%INSERT INTO queue_messages%' AND calls > 1")

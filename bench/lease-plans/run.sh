@@ -25,8 +25,8 @@
 # open during each lease case, as a long report or a forgotten BEGIN
 # would, so that dead offers and index entries cannot be cleaned up.
 #
-# The script puts the current function back when it ends, and removes its
-# offers and messages.
+# The script puts the current function back when it ends, interrupted or
+# not, and removes its offers and messages; it stops if pgbench fails.
 set -eu
 url=${1:?usage: run.sh DATABASE_URL [SECONDS] [ROUNDS] [SNAPSHOT]}
 secs=${2:-20}
@@ -46,6 +46,22 @@ old=$(sed -n '/^CREATE \(OR REPLACE \)\{0,1\}FUNCTION bellhop_lease_message/,/^\
 [ -n "$old" ] || { echo "run.sh: $oldmig's bellhop_lease_message not found" >&2; exit 1; }
 
 work=$(mktemp -d)
+# restore runs once, on exit or on a signal: dash runs no EXIT trap when
+# a signal ends it, which left OLD's function in place.
+restored=
+restore() {
+    [ -z "$restored" ] || return 0
+    restored=1
+    exec 3>&- 4>&-
+    { printf '%s\n' "$current;" | psql &&
+        psql -c "DELETE FROM bellhop_offers WHERE app_id = '$app'" -c "DELETE FROM queue_messages WHERE app_id = '$app'"; } ||
+        echo "run.sh: could not put the current bellhop_lease_message back" >&2
+    rm -rf "$work"
+}
+trap restore EXIT
+trap 'restore; exit 130' INT
+trap 'restore; exit 143' TERM
+trap 'restore; exit 129' HUP
 script=$work/lease.sql
 cat >"$script" <<EOF
 INSERT INTO bellhop_offers (token, app_id, queue_name, owner, channel, expires_at, consumer_id) SELECT gen_random_uuid(), '$app', 'q', gen_random_uuid(), 'bellhop_l_bench', now() + interval '1 minute', id FROM queue_consumers WHERE app_id = '$app' AND queue_name = 'q';
@@ -60,14 +76,6 @@ mkfifo "$work/key" "$work/snap"
 command psql -X -q "$url" <"$work/key" >/dev/null &
 exec 3>"$work/key"
 
-restore() {
-    exec 3>&- 4>&-
-    printf '%s\n' "$current;" | psql
-    psql -c "DELETE FROM bellhop_offers WHERE app_id = '$app'" -c "DELETE FROM queue_messages WHERE app_id = '$app'"
-    rm -rf "$work"
-}
-trap restore EXIT
-
 . "$dir/key.sh"
 
 measure() { # label
@@ -77,8 +85,19 @@ measure() { # label
         exec 4>"$work/snap"
         echo "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1;" >&4
     fi
-    ms=$(pgbench -n -c 1 -T "$secs" -R 100 -r -f "$script" "$url" 2>/dev/null |
-        awk '/INSERT INTO queue_messages/ { print $1 }')
+    # A pgbench that fails stops the script, rather than print an empty
+    # figure.
+    if ! pgbench -n -c 1 -T "$secs" -R 100 -r -f "$script" "$url" >"$work/out" 2>&1; then
+        echo "run.sh: pgbench failed ($1, round $round):" >&2
+        cat "$work/out" >&2
+        exit 1
+    fi
+    ms=$(awk '/INSERT INTO queue_messages/ { print $1 }' "$work/out")
+    if [ -z "$ms" ]; then
+        echo "run.sh: no INSERT latency in pgbench's output ($1, round $round):" >&2
+        cat "$work/out" >&2
+        exit 1
+    fi
     if [ "$snapshot" = snapshot ] && [ "$1" != "key free" ]; then
         exec 4>&-
     fi

@@ -19,7 +19,8 @@
 # execution time from pg_stat_statements, which includes the AFTER
 # triggers and is steadier than the rate.
 #
-# The script puts Bellhop's trigger back when it ends.
+# The script puts Bellhop's trigger back when it ends, interrupted or
+# not, and stops if pgbench fails.
 set -eu
 url=${1:?usage: run.sh DATABASE_URL [CLIENTS] [SECONDS] [ROUNDS] [VARIANTS]}
 clients=${2:-32}
@@ -46,6 +47,29 @@ PGOPTIONS="-c client_connection_check_interval=1s" command psql -X -q -At "$url"
     -c "SELECT pg_advisory_lock(1650814062, hashtext('$app' || ':q')), pg_advisory_lock(hashtextextended('$app' || ':q', 1650814062))" \
     -c "SELECT pg_sleep(86400)" >/dev/null &
 holder=$!
+script=
+out=
+current=
+# restore runs once, on exit or on a signal: dash runs no EXIT trap when
+# a signal ends it, which left the trigger replaced and the holder alive.
+restored=
+restore() {
+    [ -z "$restored" ] || return 0
+    restored=1
+    kill "$holder" 2>/dev/null || true
+    rm -f "$script" "$out"
+    if [ -n "$current" ]; then
+        psql -c "DROP TRIGGER IF EXISTS queue_messages_notify ON queue_messages" \
+             -c "$current" \
+             -c "DELETE FROM queue_busy WHERE app_id = '$app'" \
+             -c "TRUNCATE queue_messages" ||
+            echo "run.sh: could not put trigger queue_messages_notify back" >&2
+    fi
+}
+trap restore EXIT
+trap 'restore; exit 130' INT
+trap 'restore; exit 143' TERM
+trap 'restore; exit 129' HUP
 until [ "$(psql -c "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
                       AND ((classid = 1650814062 AND objsubid = 2)
                            OR (objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = hashtextextended('$app' || ':q', 1650814062)))")" = 2 ]; do
@@ -53,21 +77,12 @@ until [ "$(psql -c "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AN
 done
 
 script=$(mktemp)
+out=$(mktemp)
 printf "INSERT INTO queue_messages (app_id, queue_name, payload) VALUES ('%s', 'q', '{\"a\":1}');\n" "$app" >"$script"
 
 # Bellhop's own trigger, as the migrations left it.
 current=$(psql -c "SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgname = 'queue_messages_notify' AND tgrelid = 'queue_messages'::regclass")
-[ -n "$current" ] || { echo "run.sh: trigger queue_messages_notify is missing; re-create it first" >&2; kill "$holder"; exit 1; }
-
-restore() {
-    psql -c "DROP TRIGGER IF EXISTS queue_messages_notify ON queue_messages" \
-         -c "$current" \
-         -c "DELETE FROM queue_busy WHERE app_id = '$app'" \
-         -c "TRUNCATE queue_messages"
-    rm -f "$script"
-    kill "$holder" 2>/dev/null || true
-}
-trap restore EXIT
+[ -n "$current" ] || { echo "run.sh: trigger queue_messages_notify is missing; re-create it first" >&2; exit 1; }
 
 install() {
     psql -c "DROP TRIGGER IF EXISTS queue_messages_notify ON queue_messages"
@@ -88,7 +103,19 @@ for _ in $(seq "$rounds"); do
     for v in $variants; do
         install "$v"
         psql -c "TRUNCATE queue_messages" -c "CHECKPOINT" -c "SELECT pg_stat_statements_reset()" >/dev/null
-        tps=$(pgbench -n -M prepared -c "$clients" -j 2 -T "$secs" -f "$script" "$url" 2>&1 | sed -n 's/^tps = \([0-9.]*\).*/\1/p')
+        # A pgbench that fails stops the script, rather than print an
+        # empty figure.
+        if ! pgbench -n -M prepared -c "$clients" -j 2 -T "$secs" -f "$script" "$url" >"$out" 2>&1; then
+            echo "run.sh: pgbench failed (variant $v):" >&2
+            cat "$out" >&2
+            exit 1
+        fi
+        tps=$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' "$out")
+        if [ -z "$tps" ]; then
+            echo "run.sh: no tps in pgbench's output (variant $v):" >&2
+            cat "$out" >&2
+            exit 1
+        fi
         mean=$(psql -c "SELECT round(mean_exec_time::numeric * 1000, 1) FROM pg_stat_statements
                         WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
                           AND query LIKE 'INSERT INTO queue_messages%'")
