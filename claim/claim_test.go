@@ -384,3 +384,64 @@ func TestClaimPassesReportBusyKeyWithoutRow(t *testing.T) {
 		}
 	}
 }
+
+// TestInvokePassReportsReadyLeft: an invoke pass (next_due_invoke.sql)
+// says whether ready, unclaimed deliveries of its consumer remain after
+// the claim, as the lane needs to look again for rows a dying claim would
+// leave unannounced, and to stop looking once none remain. One left
+// beside a full claim counts, and so does one another transaction holds
+// locked, which the claim skips; delayed deliveries, claimed ones and
+// another consumer's ready ones do not.
+func TestInvokePassReportsReadyLeft(t *testing.T) {
+	ctx := context.Background()
+	pool, client, appID := setup(t)
+	var cons []bellhop.Consumer
+	for _, q := range []string{"q", "other"} {
+		c, err := client.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "app", Queue: q})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cons = append(cons, c)
+	}
+	invoke := func(c bellhop.Consumer, opts bellhop.EnqueueOptions) uuid.UUID {
+		t.Helper()
+		id, err := client.InvokeAsync(ctx, c.ID, []byte(`1`), opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	target := claim.Target{Source: claim.Invoke, AppID: appID, TriggerID: cons[0].ID}
+	pass := func(what string, wantMsgs int, wantLeft bool) {
+		t.Helper()
+		p, err := claim.ClaimPass(ctx, pool, target, 1, claim.Busy{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(p.Messages) != wantMsgs || p.ReadyLeft != wantLeft {
+			t.Fatalf("%s: claimed %d, ReadyLeft %v; want %d, %v", what, len(p.Messages), p.ReadyLeft, wantMsgs, wantLeft)
+		}
+	}
+	// Never ready during the test, whatever else happens.
+	invoke(cons[0], bellhop.EnqueueOptions{Delay: time.Hour})
+	invoke(cons[1], bellhop.EnqueueOptions{})
+	invoke(cons[0], bellhop.EnqueueOptions{})
+	invoke(cons[0], bellhop.EnqueueOptions{})
+	pass("two ready, one slot", 1, true)
+	pass("the last ready one", 1, false)
+
+	locked := invoke(cons[0], bellhop.EnqueueOptions{})
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM outbox WHERE id = $1 FOR UPDATE`, locked); err != nil {
+		t.Fatal(err)
+	}
+	pass("the one ready delivery locked by another transaction", 0, true)
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pass("the delivery, once free", 1, false)
+}

@@ -238,12 +238,17 @@ func (r *recorder) deliveries() []delivery {
 // does not see). ended counts the batches holding one that have finished.
 // claimCounter counts claim passes (and wake scans) as a pgx tracer.
 // queue counts the queue claims alone (sql/claim_queue.sql), without the
-// reclaim passes.
-type claimCounter struct{ n, ended, scans, queue atomic.Int64 }
+// reclaim passes; invoke the invoke claims (sql/claim_invoke.sql).
+type claimCounter struct{ n, ended, scans, queue, invoke atomic.Int64 }
 
 // isQueueClaim tells sql/claim_queue.sql from the other statements.
 func isQueueClaim(sql string) bool {
 	return strings.Contains(sql, "SET claim_token = gen_random_uuid()") && strings.Contains(sql, "FROM queue_messages AS c")
+}
+
+// isInvokeClaim tells sql/claim_invoke.sql from the other statements.
+func isInvokeClaim(sql string) bool {
+	return strings.Contains(sql, "SET claim_token = gen_random_uuid()") && strings.Contains(sql, "FROM outbox AS c")
 }
 
 // wakeScanMarker is in the statement a dispatcher runs after it connects
@@ -285,6 +290,9 @@ func (c *claimCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.T
 	if isQueueClaim(d.SQL) {
 		c.queue.Add(1)
 	}
+	if isInvokeClaim(d.SQL) {
+		c.invoke.Add(1)
+	}
 	if strings.Contains(d.SQL, wakeScanMarker) {
 		return context.WithValue(ctx, wakeScanKey{}, true)
 	}
@@ -308,6 +316,9 @@ func (c *claimCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.T
 		}
 		if isQueueClaim(q.SQL) {
 			c.queue.Add(1)
+		}
+		if isInvokeClaim(q.SQL) {
+			c.invoke.Add(1)
 		}
 	}
 	return context.WithValue(ctx, claimBatchKey{}, claims)

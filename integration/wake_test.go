@@ -347,6 +347,53 @@ func TestLockedRowBackoffStartsOver(t *testing.T) {
 	}
 }
 
+// TestLockedInvokeDeliveryLooksAgain: the invoke lane, like the queue's
+// (TestLockedReadyRowBacksOff), looks again at a ready delivery that an
+// outside transaction holds locked, since its claim reports it left
+// (next_due_invoke.sql), and delivers it once the lock goes, with no
+// notification and no poll (an hour away); and it stops looking once no
+// ready delivery is left.
+func TestLockedInvokeDeliveryLooksAgain(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	c := e.consumer(t, bellhop.ConsumerSpec{Queue: "orders"})
+	id, err := e.client.InvokeAsync(ctx, c.ID, []byte(`1`), bellhop.EnqueueOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM outbox WHERE id = $1 FOR UPDATE`, id); err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", rec)
+	cc := &claimCounter{}
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour},
+		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = cc })
+
+	waitFor(t, 30*time.Second, "five claims of the locked delivery", func() bool { return cc.invoke.Load() >= 5 })
+	if n := rec.n.Load(); n != 0 {
+		t.Fatalf("%d deliveries of a row another transaction holds locked", n)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the delivery, once its row is free", func() bool {
+		d := rec.deliveries()
+		return len(d) == 1 && d[0].ID == id && d[0].Invoked
+	})
+	// Nothing ready is left: the look-agains end. They come at least once
+	// a second while a claim reports a row left.
+	cc.waitQuiet(t, 10*time.Second, 300*time.Millisecond, "the passes after the delivery done")
+	base := cc.invoke.Load()
+	holdsFor(t, 2500*time.Millisecond, "no invoke claim with nothing ready", func() bool { return cc.invoke.Load() == base })
+}
+
 // TestHeartbeatAfterConnect: the scan after connecting carries the
 // listener's first heartbeat, so a listener that hears is known to from
 // the start, not from the first fallback poll (an hour away here), and it
