@@ -626,6 +626,99 @@ func TestLeaseAtInsertPollKeepsBook(t *testing.T) {
 	}
 }
 
+// TestPollSkipsOffersProducersHold: a producer taking one of the
+// dispatcher's offers holds its row locked until it commits, which may be
+// long; the fallback poll goes on meanwhile (its extension and its
+// deletion skip locked offers) rather than wait for it, keeping the
+// heartbeat and the missed-work scan to schedule. It still counts the
+// locked offer as out (no second offer is made), and once the lock goes it
+// extends the offer, and deletes the offers it had left, as before: ours
+// that we no longer hold, made ten seconds ago, and a dispatcher's gone
+// for two hours.
+func TestPollSkipsOffersProducersHold(t *testing.T) {
+	e := newEnv(t)
+	obs := &pollObserver{}
+	startLeasing(t, e, bellhop.ConsumerSpec{}, &recorder{}, bellhop.DispatcherConfig{Observer: obs, PollInterval: 200 * time.Millisecond})
+	ctx := context.Background()
+	var token, owner uuid.UUID
+	if err := e.pool.QueryRow(ctx, `SELECT token, owner FROM bellhop_offers`).Scan(&token, &owner); err != nil {
+		t.Fatal(err)
+	}
+	// hold locks the offers named as a producer does, once all of them are
+	// there to lock; insert, if not nil, (re)makes them first: a poll may
+	// delete them before the lock.
+	hold := func(what string, tokens []uuid.UUID, insert func()) pgx.Tx {
+		t.Helper()
+		var tx pgx.Tx
+		waitFor(t, 10*time.Second, "a lock on "+what, func() bool {
+			if insert != nil {
+				insert()
+			}
+			var err error
+			if tx, err = e.pool.Begin(ctx); err != nil {
+				t.Fatal(err)
+			}
+			var n int
+			if err := tx.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM bellhop_offers WHERE token = ANY($1) FOR UPDATE) l`, tokens).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			if n != len(tokens) {
+				_ = tx.Rollback(ctx)
+			}
+			return n == len(tokens)
+		})
+		t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+		return tx
+	}
+	expiry := func() time.Time {
+		t.Helper()
+		var at time.Time
+		if err := e.pool.QueryRow(ctx, `SELECT expires_at FROM bellhop_offers WHERE token = $1`, token).Scan(&at); err != nil {
+			t.Fatal(err)
+		}
+		return at
+	}
+
+	// The offer the poll extends (CTE refreshed).
+	tx := hold("our live offer", []uuid.UUID{token}, nil)
+	polls := obs.polls.Load()
+	waitFor(t, 5*time.Second, "two polls while a producer holds our live offer", func() bool { return obs.polls.Load() >= polls+2 })
+	if n := e.count(t, `SELECT count(*) FROM bellhop_offers WHERE owner = $1`, owner); n != 1 {
+		t.Errorf("%d offers of ours while a producer holds the one out; want 1 (the held one still counts as out)", n)
+	}
+	held := expiry()
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the offer extended once free", func() bool { return expiry().After(held) })
+
+	// Offers the poll deletes (CTE forgotten).
+	ours, gone := uuid.New(), uuid.New()
+	stale := []uuid.UUID{ours, gone}
+	tx = hold("offers the poll deletes", stale, func() {
+		if _, err := e.pool.Exec(ctx, `INSERT INTO bellhop_offers (token, app_id, queue_name, owner, channel, expires_at)
+		    SELECT $1::uuid, id, 'orders', $2::uuid, 'bellhop_l_x', now() + interval '0.6 seconds' - interval '10 seconds' FROM apps
+		    UNION ALL SELECT $3::uuid, id, 'orders', gen_random_uuid(), 'bellhop_l_y', now() - interval '2 hours' FROM apps
+		    ON CONFLICT DO NOTHING`, ours, owner, gone); err != nil {
+			t.Fatal(err)
+		}
+	})
+	polls = obs.polls.Load()
+	waitFor(t, 5*time.Second, "two polls while a producer holds offers the poll deletes", func() bool { return obs.polls.Load() >= polls+2 })
+	if n := e.count(t, `SELECT count(*) FROM bellhop_offers WHERE token = ANY($1)`, stale); n != 2 {
+		t.Errorf("%d of the 2 held offers left; want both, the poll skipping them", n)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the offers deleted once free", func() bool {
+		return e.count(t, `SELECT count(*) FROM bellhop_offers WHERE token = ANY($1)`, stale) == 0
+	})
+	if n := e.count(t, `SELECT count(*) FROM bellhop_offers WHERE token = $1`, token); n != 1 {
+		t.Error("the live offer went with the others")
+	}
+}
+
 // TestLeaseKey: producers lease only while a session holds the lease key,
 // which a leasing dispatcher holds on its listener connection, exactly
 // while that connection lives; without it, an offer in the table is left
