@@ -20,6 +20,7 @@ import (
 	"github.com/bellhopq/bellhop/internal/pgtest"
 	"github.com/bellhopq/bellhop/internal/syncbuf"
 	"github.com/bellhopq/bellhop/internal/timeout"
+	queries "github.com/bellhopq/bellhop/sql"
 )
 
 // TestRetiredTokenOutlivesItsLease checks the rule found by the model of
@@ -146,6 +147,74 @@ func TestPollRenewsClockBound(t *testing.T) {
 	if want := claimedAt.Add(-lead); leasedAt.After(want) {
 		t.Fatalf("lease measured from %v after its start by our clock; want no later than it began",
 			leasedAt.Sub(want))
+	}
+}
+
+// TestPollKeepsOffersMadeAfterListing: the fallback poll (poll.sql)
+// deletes the offers of ours missing from the tokens it was given, except
+// those made in the last five seconds, which the dispatcher may have made
+// after it listed the tokens (offerTokens runs before the statement), and
+// the offers of dispatchers gone for an hour. One transaction runs the
+// inserts and the poll, so that every row's age, measured by now(), is
+// exact.
+func TestPollKeepsOffersMadeAfterListing(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	const ttl = 3 * time.Second
+	owner := uuid.New()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	rows := []struct {
+		name  string
+		ours  bool
+		ends  string // expires_at
+		token uuid.UUID
+		kept  bool
+	}{
+		{name: "ours, listed", ours: true, ends: "now() + interval '3 seconds'", kept: true},
+		{name: "ours, not listed, made 2.5s ago", ours: true, ends: "now() + interval '0.5 seconds'", kept: true},
+		{name: "ours, not listed, made 7.5s ago", ours: true, ends: "now() - interval '4.5 seconds'"},
+		{name: "another's, expired half an hour ago", ends: "now() - interval '30 minutes'", kept: true},
+		{name: "another's, expired two hours ago", ends: "now() - interval '2 hours'"},
+	}
+	for i := range rows {
+		r := &rows[i]
+		r.token = uuid.New()
+		o := uuid.New()
+		if r.ours {
+			o = owner
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO bellhop_offers (token, app_id, queue_name, owner, channel, expires_at)
+			VALUES ($1, $2, 'q', $3, 'bellhop_l_test', `+r.ends+`)`, r.token, uuid.New(), o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var live []uuid.UUID
+	err = tx.QueryRow(ctx, queries.Poll, queries.Args{
+		"heartbeat":       "h:test",
+		"default_vt_secs": 30,
+		"owner":           owner,
+		"offers":          queries.UUIDs([]uuid.UUID{rows[0].token}),
+		"offer_ttl_ms":    ttl.Milliseconds(),
+		"grace_ms":        missedGrace.Milliseconds(),
+	}).Scan(new(bool), new([]uuid.UUID), new([]uuid.UUID), new([]uuid.UUID), new([]uuid.UUID), new(*time.Time), &live, new(time.Time))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(live) != 1 || live[0] != rows[0].token {
+		t.Errorf("live offers %v, want only the listed one, %v", live, rows[0].token)
+	}
+	for _, r := range rows {
+		var n int
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM bellhop_offers WHERE token = $1`, r.token).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if kept := n == 1; kept != r.kept {
+			t.Errorf("%s: kept %v, want %v", r.name, kept, r.kept)
+		}
 	}
 }
 
