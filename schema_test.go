@@ -669,6 +669,46 @@ func TestEnqueueSQLFunction(t *testing.T) {
 			t.Fatalf("enqueue(): %v", err)
 		}
 	})
+	// 3650 days is 87600 hours give or take the hour of a daylight-saving
+	// change between now and then in the session's time zone. A POSIX
+	// time zone whose yearly change falls between today's date and that
+	// of 3650 days on (two or three days earlier in the year) makes the
+	// two differ whatever today is: the limit is the hours, both ways.
+	for _, shift := range []int{3600, -3600} {
+		t.Run(fmt.Sprintf("limit is 87600 hours where 3650 days are it %+ds", shift), func(t *testing.T) {
+			tx, err := e.pool.Begin(e.ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(e.ctx)
+			zone := ""
+			for n := 1; n <= 365 && zone == ""; n++ {
+				z := fmt.Sprintf("AAA5BBB,J%d,J%d", n, (n+181)%365+1)
+				var diff int
+				if err := tx.QueryRow(e.ctx, `SELECT extract(epoch FROM (now() + interval '3650 days') - (now() + interval '87600 hours'))::int
+					FROM set_config('TimeZone', $1, true)`, z).Scan(&diff); err != nil {
+					t.Fatal(err)
+				}
+				if diff == shift {
+					zone = z
+				}
+			}
+			if zone == "" {
+				t.Fatalf("no POSIX time zone AAA5BBB,Jn,Jm makes 3650 days %+ds more than 87600 hours", shift)
+			}
+			var id uuid.UUID
+			if err := tx.QueryRow(e.ctx, `SELECT enqueue($1, 'plain', '{}', now() + interval '87599 hours 30 minutes')`, shop.ID).Scan(&id); err != nil {
+				t.Fatalf("TimeZone %s: enqueue() 87600 hours less half an hour ahead: %v", zone, err)
+			}
+			err = tx.QueryRow(e.ctx, `SELECT enqueue($1, 'plain', '{}', now() + interval '87600 hours 30 minutes')`, shop.ID).Scan(&id)
+			if err == nil {
+				t.Fatalf("TimeZone %s: enqueue() accepted 87600 hours and half an hour ahead", zone)
+			}
+			if pe := fxPgError(t, err); pe.Code != "BH004" {
+				t.Errorf("TimeZone %s: SQLSTATE %s (%s), want BH004", zone, pe.Code, pe.Message)
+			}
+		})
+	}
 }
 
 // TestPayloadSizeCheckedOnWrite: the payload's size rule is checked when
