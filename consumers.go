@@ -36,9 +36,16 @@ type ConsumerSpec struct {
 	// (1 to 63 bytes of [A-Za-z0-9._-], starting with a letter or digit)
 	// is ErrUnknownPrincipal, for every Client.
 	Principal string
-	// MaxAttempts is the retry policy's attempt limit (1 to 1000). It is
-	// also the default max_attempts of messages enqueued to this queue
-	// through Enqueue or the enqueue() SQL function.
+	// MaxAttempts (1 to 1000) is the max_attempts, the deliveries before
+	// it is dead-lettered, that a message enqueued to this queue while the
+	// consumer exists gets when its producer chooses none
+	// (EnqueueOptions.MaxAttempts 0), through Enqueue, EnqueueMany, the
+	// CLI or the enqueue() SQL function; InvokeAsync's deliveries get it
+	// the same way. The limit that counts is the message's own, fixed when
+	// it is enqueued: a message enqueued before the consumer existed (3,
+	// without one) or by a plain INSERT (the column default, 3) keeps its
+	// own, as do queued messages when UpdateConsumer changes MaxAttempts,
+	// and dead letters when they are redriven.
 	MaxAttempts int
 	// BackoffBase and BackoffCap shape the delay before attempt n+1:
 	// min(BackoffCap, BackoffBase * 2^(n-1)), of which a random half is
@@ -313,7 +320,11 @@ func (c *Client) RegisterConsumer(ctx context.Context, spec ConsumerSpec) (Consu
 // ErrInvalidOptions, as below their ranges.
 type ConsumerUpdate struct {
 	// Enabled pauses (false) or resumes (true) the consumer.
-	Enabled           *bool
+	Enabled *bool
+	// MaxAttempts changes the max_attempts that messages (and invoke
+	// deliveries) enqueued from then on without their own get. Messages
+	// already queued, and dead letters redriven later, keep the limit
+	// they were enqueued with (ConsumerSpec.MaxAttempts).
 	MaxAttempts       *int
 	BackoffBase       *time.Duration
 	BackoffCap        *time.Duration
@@ -325,7 +336,9 @@ type ConsumerUpdate struct {
 
 // UpdateConsumer changes the consumer id of app. Running dispatchers pick
 // the change up within a moment: the update sends a notification that
-// makes them reload their consumer list.
+// makes them reload their consumer list. A changed MaxAttempts is the
+// exception: it applies to messages enqueued afterwards, not to those
+// already queued (see ConsumerUpdate).
 func (c *Client) UpdateConsumer(ctx context.Context, app string, id uuid.UUID, u ConsumerUpdate) error {
 	return c.updateConsumer(ctx, "update", app, id, u)
 }

@@ -120,10 +120,12 @@ func (c *Client) DeadLetters(ctx context.Context, f DeadFilter) ([]DeadLetter, e
 	return out, nil
 }
 
-// Redrive moves app's dead letters back for a fresh round of attempts: the
-// one with id (when id is not uuid.Nil, and in queue too if queue is not
-// ""), or all of queue (when queue is not ""), or every one of app's. It
-// returns how many moved. Two kinds stay where they are: an invoke dead
+// Redrive moves app's dead letters back to be delivered again: the one
+// with id (when id is not uuid.Nil, and in queue too if queue is not ""),
+// or all of queue (when queue is not ""), or every one of app's. Each
+// starts again at attempt 0 and keeps its max_attempts, the limit it was
+// enqueued with (perhaps its producer's own choice), not the consumer's
+// MaxAttempts of now. It returns how many moved. Two kinds stay where they are: an invoke dead
 // letter whose consumer was removed, and one whose id a live message has
 // taken again (producers may choose ids); if the selection held any, the
 // error is a *NotRedrivenError (errors.Is ErrNotRedriven) saying how many

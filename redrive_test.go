@@ -1,12 +1,17 @@
 package bellhop_test
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop"
 	queries "github.com/bellhopq/bellhop/sql"
@@ -317,4 +322,106 @@ func TestRedriveMovesOnlyItsApp(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestMaxAttemptsIsTheMessages: the attempt limit that counts is each
+// message's own max_attempts, fixed when it is enqueued: the producer's,
+// else the queue consumer's MaxAttempts of that moment, else 3 (no
+// consumer, or a plain INSERT). Registering a consumer or changing its
+// MaxAttempts leaves queued messages' limits alone, and a redrive counts
+// attempts from 0 again against the dead letter's own limit, not the
+// consumer's MaxAttempts of now.
+func TestMaxAttemptsIsTheMessages(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	shop := e.app("shop")
+	enqueue := func(opts bellhop.EnqueueOptions) uuid.UUID {
+		t.Helper()
+		id, err := e.client.Enqueue(e.ctx, "shop", "orders", []byte(`1`), opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	setMax := func(id uuid.UUID, n int) {
+		t.Helper()
+		if err := e.client.UpdateConsumer(e.ctx, "shop", id, bellhop.ConsumerUpdate{MaxAttempts: &n}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	beforeConsumer := enqueue(bellhop.EnqueueOptions{})
+	cons, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders", MaxAttempts: 2,
+		BackoffBase: time.Millisecond, BackoffCap: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	underFirst := enqueue(bellhop.EnqueueOptions{})
+	own := enqueue(bellhop.EnqueueOptions{MaxAttempts: 4})
+	setMax(cons.ID, 5)
+	plain := uuid.New()
+	e.exec(`INSERT INTO queue_messages (id, app_id, queue_name, payload) VALUES ($1, $2, 'orders', '1')`, plain, shop.ID)
+	afterUpdate := enqueue(bellhop.EnqueueOptions{})
+	cases := []struct {
+		name string
+		id   uuid.UUID
+		max  int
+	}{
+		{"enqueued before the consumer", beforeConsumer, 3},
+		{"enqueued under MaxAttempts 2, then updated to 5", underFirst, 2},
+		{"its own MaxAttempts 4", own, 4},
+		{"plain INSERT", plain, 3},
+		{"enqueued after the update to 5", afterUpdate, 5},
+	}
+
+	var mu sync.Mutex
+	seen := map[uuid.UUID][]string{}
+	mux := bellhop.NewMux()
+	mux.Handle("shop", "orders", bellhop.HandlerFunc(func(_ context.Context, m *bellhop.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		seen[m.ID] = append(seen[m.ID], fmt.Sprintf("%d/%d", m.Attempt, m.MaxAttempts))
+		return errors.New("fail")
+	}))
+	d, err := bellhop.NewDispatcher(e.pool.Config().Copy(), bellhop.DispatcherConfig{Resolver: mux,
+		Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.ErrorLevel)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stoppable(t, e.ctx, d)
+
+	// round waits for every message to be dead, then checks that each was
+	// delivered up to its own limit, rounds times over.
+	round := func(rounds int) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for e.int64(`SELECT count(*) FROM dead_letters`) < int64(len(cases)) {
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: %d of %d messages dead-lettered after 30s", rounds, e.int64(`SELECT count(*) FROM dead_letters`), len(cases))
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range cases {
+			var want []string
+			for range rounds {
+				for n := 1; n <= c.max; n++ {
+					want = append(want, fmt.Sprintf("%d/%d", n, c.max))
+				}
+			}
+			if !slices.Equal(seen[c.id], want) {
+				t.Errorf("round %d, %s: deliveries %v, want %v", rounds, c.name, seen[c.id], want)
+			}
+			dead := e.int64(`SELECT count(*) FROM dead_letters WHERE id = $1 AND attempt = $2 AND max_attempts = $2`, c.id, c.max)
+			if dead != 1 {
+				t.Errorf("round %d, %s: no dead letter at attempt %d/%d", rounds, c.name, c.max, c.max)
+			}
+		}
+	}
+	round(1)
+	setMax(cons.ID, 7)
+	if n, err := e.client.Redrive(e.ctx, "shop", "orders", uuid.Nil); err != nil || n != int64(len(cases)) {
+		t.Fatalf("Redrive: %d, %v; want %d moved", n, err, len(cases))
+	}
+	round(2)
 }

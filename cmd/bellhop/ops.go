@@ -208,7 +208,7 @@ func consumerSettingFlags(withDefaults bool) []cli.Flag {
 	}
 	return []cli.Flag{
 		&cli.DurationFlag{Name: "visibility-timeout", Value: def(bellhop.DefaultVisibilityTimeout), HideDefault: hide, Usage: "lease on a delivered message (whole seconds, 1s to 12h)"},
-		&cli.IntFlag{Name: "max-attempts", Value: defInt(bellhop.DefaultMaxAttempts), HideDefault: hide, Usage: "deliveries before a message is dead-lettered (1 to 1000); applies to messages enqueued with bellhop enqueue, the Go client or the enqueue() SQL function, while a plain INSERT gets the column default, 3"},
+		&cli.IntFlag{Name: "max-attempts", Value: defInt(bellhop.DefaultMaxAttempts), HideDefault: hide, Usage: "deliveries before a message is dead-lettered (1 to 1000), for messages enqueued from now on without their own --max-attempts, with bellhop enqueue, the Go client or the enqueue() SQL function; messages already queued keep theirs, redriven ones too, and a plain INSERT gets the column default, 3"},
 		&cli.DurationFlag{Name: "backoff-min", Value: def(bellhop.DefaultBackoffBase), HideDefault: hide, Usage: "retry delay after the first failure, doubling per attempt; up to half of each delay is taken off as jitter"},
 		&cli.DurationFlag{Name: "backoff-max", Value: def(bellhop.DefaultBackoffCap), HideDefault: hide, Usage: "longest retry delay (by default, at least --backoff-min)"},
 		&cli.IntFlag{Name: "max-in-flight", Value: defInt(bellhop.DefaultMaxInFlight), HideDefault: hide, Usage: "deliveries at once, per dispatcher process"},
@@ -475,7 +475,7 @@ func enqueueCommand(d *deps) *cli.Command {
 			&cli.StringFlag{Name: "queue", Usage: "queue name (required)", Required: true},
 			&cli.DurationFlag{Name: "delay", Usage: "deliver after this long"},
 			&cli.StringFlag{Name: "at", Usage: "deliver at this time (RFC 3339, e.g. 2030-01-02T15:04:05Z)"},
-			&cli.IntFlag{Name: "max-attempts", HideDefault: true, Usage: "attempts before dead-lettering (default: the consumer's)"},
+			&cli.IntFlag{Name: "max-attempts", HideDefault: true, Usage: "attempts before dead-lettering, kept by the message (default: the queue consumer's, or 3 if it has none)"},
 		},
 		Action: func(ctx context.Context, cmd *cli.Command) error {
 			body, err := oneArg(cmd, "JSON or -")
@@ -875,7 +875,7 @@ func deadCommand(d *deps) *cli.Command {
 				return err
 			},
 		}, {
-			Name: "redrive", Usage: "move dead letters back to their queue: one MESSAGE_ID, or all of --queue (not both)",
+			Name: "redrive", Usage: "move dead letters back to their queue, attempts counted from 0 again against each one's own max attempts: one MESSAGE_ID, or all of --queue (not both)",
 			ArgsUsage: "[MESSAGE_ID]", Flags: []cli.Flag{appFlag, &cli.StringFlag{Name: "queue", Usage: "every dead letter of this queue (instead of a MESSAGE_ID)"}},
 			Action: bulk("redrove", (*bellhop.Client).Redrive),
 		}, {
