@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/bellhopq/bellhop/internal/validate"
+	"github.com/bellhopq/bellhop/migrations"
 	queries "github.com/bellhopq/bellhop/sql"
 )
 
@@ -40,7 +41,10 @@ func (c *Client) clock() time.Time {
 }
 
 // NewClient returns an operator Client that runs its statements on db. The
-// database must be migrated (see package migrations). It panics if db is
+// database must be migrated (see package migrations): on one without
+// Bellhop's schema, a method's error wraps migrations.ErrNoSchema, and on
+// one an older bellhop migrated, when a statement misses a table or
+// function, migrations.ErrSchemaBehind. It panics if db is
 // nil, as from a pgxpool.New whose error was dropped: every method would
 // otherwise panic later, far from the cause. The zero Client is not
 // usable; make one with NewClient.
@@ -93,7 +97,8 @@ type App struct {
 
 // CreateApp creates an app and its "default" principal. Only an operator
 // Client may: one made with As gets ErrForbidden.
-func (c *Client) CreateApp(ctx context.Context, name string) (App, error) {
+func (c *Client) CreateApp(ctx context.Context, name string) (_ App, err error) {
+	defer c.schemaError(ctx, &err)
 	if err := validate.Name("app", name); err != nil {
 		return App{}, fmt.Errorf("create app: %w", err)
 	}
@@ -101,7 +106,7 @@ func (c *Client) CreateApp(ctx context.Context, name string) (App, error) {
 		return App{}, fmt.Errorf("create app \"%s\": %w: principal %s may act on its own app only", printable(name), ErrForbidden, c.actor)
 	}
 	var a App
-	err := c.db.QueryRow(ctx, queries.AppCreate, queries.Args{"name": name}).
+	err = c.db.QueryRow(ctx, queries.AppCreate, queries.Args{"name": name}).
 		Scan(&a.ID, &a.Name, &a.CreatedAt, &a.DefaultPrincipal)
 	if isUniqueViolation(err) {
 		return App{}, fmt.Errorf("create app %q: %w", name, ErrAppExists)
@@ -114,7 +119,8 @@ func (c *Client) CreateApp(ctx context.Context, name string) (App, error) {
 
 // Apps lists every app by name, or, for a Client made with As, its
 // principal's app. DefaultPrincipal is not filled in.
-func (c *Client) Apps(ctx context.Context) ([]App, error) {
+func (c *Client) Apps(ctx context.Context) (_ []App, err error) {
+	defer c.schemaError(ctx, &err)
 	own, err := c.listApp(ctx, "")
 	if err != nil {
 		return nil, fmt.Errorf("list apps: %w", err)
@@ -153,7 +159,8 @@ func (c *Client) listApp(ctx context.Context, app string) (string, error) {
 
 // CreatePrincipal adds a principal named name to app and returns its id.
 // A Client made with As may add one to its own app only (ErrForbidden).
-func (c *Client) CreatePrincipal(ctx context.Context, app, name string) (uuid.UUID, error) {
+func (c *Client) CreatePrincipal(ctx context.Context, app, name string) (_ uuid.UUID, err error) {
+	defer c.schemaError(ctx, &err)
 	if err := validate.Name("principal", name); err != nil {
 		return uuid.Nil, fmt.Errorf("create principal: %w", err)
 	}
@@ -166,7 +173,7 @@ func (c *Client) CreatePrincipal(ctx context.Context, app, name string) (uuid.UU
 		}
 	}
 	var id uuid.UUID
-	err := c.db.QueryRow(ctx, queries.PrincipalCreate, queries.Args{"app_name": app, "principal_name": name}).Scan(&id)
+	err = c.db.QueryRow(ctx, queries.PrincipalCreate, queries.Args{"app_name": app, "principal_name": name}).Scan(&id)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return uuid.Nil, fmt.Errorf("create principal \"%s\": %w", printable(name), unknownApp(app))
@@ -226,6 +233,30 @@ func pgCode(err error) (code, constraint string) {
 func isUniqueViolation(err error) bool {
 	code, _ := pgCode(err)
 	return code == "23505"
+}
+
+// schemaError is the last word on every error a Client method returns
+// (each defers it): a statement of Bellhop's that found no table or
+// function of its name (42P01 undefined_table, 42883 undefined_function)
+// means the database lacks Bellhop's schema, or has an older one than
+// this code. It reads which from the schema version (migrations.Check, on
+// the Client's pool, since a caller's transaction is aborted by then), and
+// makes *err say so, wrapping migrations.ErrNoSchema or
+// migrations.ErrSchemaBehind, with the database's error kept as detail,
+// and still in the chain. With a current schema, or a version that cannot
+// be read, the missing object is something else's doing (a search_path
+// without public, say), and *err stays as it is.
+func (c *Client) schemaError(ctx context.Context, err *error) {
+	if code, _ := pgCode(*err); code != "42P01" && code != "42883" {
+		return
+	}
+	if errors.Is(*err, migrations.ErrNoSchema) || errors.Is(*err, migrations.ErrSchemaBehind) {
+		return // a method called by another has said so already
+	}
+	why := migrations.Check(ctx, c.db)
+	if errors.Is(why, migrations.ErrNoSchema) || errors.Is(why, migrations.ErrSchemaBehind) {
+		*err = fmt.Errorf("%w (%w)", why, *err)
+	}
 }
 
 // constraintError turns a violated table constraint into the typed error

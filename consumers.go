@@ -247,7 +247,8 @@ var readCommitted = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
 // most one consumer: a second registration fails with ErrConsumerExists,
 // even when both race, because registrations of one (app, queue) are
 // serialised by a transaction-scoped advisory lock.
-func (c *Client) RegisterConsumer(ctx context.Context, spec ConsumerSpec) (Consumer, error) {
+func (c *Client) RegisterConsumer(ctx context.Context, spec ConsumerSpec) (_ Consumer, err error) {
+	defer c.schemaError(ctx, &err)
 	spec.fill()
 	fail := func(err error) (Consumer, error) {
 		return Consumer{}, fmt.Errorf("register consumer %s/%s: %w", printable(spec.App), printable(spec.Queue), err)
@@ -275,7 +276,7 @@ func (c *Client) RegisterConsumer(ctx context.Context, spec ConsumerSpec) (Consu
 		}
 	}
 	var out Consumer
-	err := pgx.BeginTxFunc(ctx, c.db, readCommitted, func(tx pgx.Tx) error {
+	err = pgx.BeginTxFunc(ctx, c.db, readCommitted, func(tx pgx.Tx) error {
 		appID, principalID, err := c.resolve(ctx, tx, spec.App, spec.Principal)
 		if err != nil {
 			return err
@@ -339,7 +340,8 @@ type ConsumerUpdate struct {
 // makes them reload their consumer list. A changed MaxAttempts is the
 // exception: it applies to messages enqueued afterwards, not to those
 // already queued (see ConsumerUpdate).
-func (c *Client) UpdateConsumer(ctx context.Context, app string, id uuid.UUID, u ConsumerUpdate) error {
+func (c *Client) UpdateConsumer(ctx context.Context, app string, id uuid.UUID, u ConsumerUpdate) (err error) {
+	defer c.schemaError(ctx, &err)
 	return c.updateConsumer(ctx, "update", app, id, u)
 }
 
@@ -467,7 +469,8 @@ func checkUpdatedTimeouts(ctx context.Context, tx pgx.Tx, id, appID uuid.UUID, u
 
 // SetConsumerEnabled pauses (false) or resumes (true) a consumer. A paused
 // consumer's messages stay queued; in-flight deliveries finish.
-func (c *Client) SetConsumerEnabled(ctx context.Context, app string, id uuid.UUID, enabled bool) error {
+func (c *Client) SetConsumerEnabled(ctx context.Context, app string, id uuid.UUID, enabled bool) (err error) {
+	defer c.schemaError(ctx, &err)
 	verb := "pause"
 	if enabled {
 		verb = "resume"
@@ -477,7 +480,8 @@ func (c *Client) SetConsumerEnabled(ctx context.Context, app string, id uuid.UUI
 
 // RemoveConsumer deletes the consumer id of app. Its queue's messages stay
 // for a future consumer; its pending invoke_async deliveries are deleted.
-func (c *Client) RemoveConsumer(ctx context.Context, app string, id uuid.UUID) error {
+func (c *Client) RemoveConsumer(ctx context.Context, app string, id uuid.UUID) (err error) {
+	defer c.schemaError(ctx, &err)
 	appID, _, err := c.resolve(ctx, c.db, app, "")
 	if err == nil {
 		var gone uuid.UUID
@@ -496,8 +500,9 @@ func (c *Client) RemoveConsumer(ctx context.Context, app string, id uuid.UUID) e
 // (of its principal's app, for a Client made with As).
 // An app that does not exist is ErrUnknownApp (ErrForbidden, for a Client
 // made with As, when it is another app), as in the methods that act on one.
-func (c *Client) Consumers(ctx context.Context, app string) ([]Consumer, error) {
-	app, err := c.listApp(ctx, app)
+func (c *Client) Consumers(ctx context.Context, app string) (_ []Consumer, err error) {
+	defer c.schemaError(ctx, &err)
+	app, err = c.listApp(ctx, app)
 	if err != nil {
 		return nil, fmt.Errorf("list consumers: %w", err)
 	}
@@ -536,7 +541,8 @@ func (c *Client) consumerByID(ctx context.Context, app string, id uuid.UUID) (Co
 // it has none. An invalid queue name is ErrInvalidQueueName, an unknown app
 // ErrUnknownApp, and, for a Client made with As, an app that is not its
 // principal's ErrForbidden.
-func (c *Client) ConsumerOf(ctx context.Context, app, queue string) (Consumer, error) {
+func (c *Client) ConsumerOf(ctx context.Context, app, queue string) (_ Consumer, err error) {
+	defer c.schemaError(ctx, &err)
 	fail := func(err error) (Consumer, error) {
 		return Consumer{}, fmt.Errorf("consumer of %s/%s: %w", printable(app), printable(queue), err)
 	}

@@ -75,7 +75,8 @@ func nullable[T comparable](v T) *T {
 // with ErrUnknownApp for an f.App that names no app (ErrForbidden, for a
 // Client made with As, for another app), with ErrInvalidQueueName for a
 // bad f.Queue and with ErrInvalidOptions for a Limit out of range.
-func (c *Client) DeadLetters(ctx context.Context, f DeadFilter) ([]DeadLetter, error) {
+func (c *Client) DeadLetters(ctx context.Context, f DeadFilter) (_ []DeadLetter, err error) {
+	defer c.schemaError(ctx, &err)
 	if f.Limit == 0 {
 		f.Limit = DefaultDeadLimit
 	}
@@ -132,13 +133,14 @@ func (c *Client) DeadLetters(ctx context.Context, f DeadFilter) ([]DeadLetter, e
 // of each, beside the count of those that moved. An unknown app is
 // ErrUnknownApp, and a queue that is not a valid queue name is
 // ErrInvalidQueueName: neither could select anything.
-func (c *Client) Redrive(ctx context.Context, app, queue string, id uuid.UUID) (int64, error) {
+func (c *Client) Redrive(ctx context.Context, app, queue string, id uuid.UUID) (_ int64, err error) {
+	defer c.schemaError(ctx, &err)
 	if err := c.deadCheck(ctx, "redrive", app, queue); err != nil {
 		return 0, err
 	}
 	var moved int64
 	var left NotRedrivenError
-	err := c.db.QueryRow(ctx, queries.DeadRedrive, queries.Args{"app_name": app, "queue_name": nullable(queue), "id": nullable(id)}).
+	err = c.db.QueryRow(ctx, queries.DeadRedrive, queries.Args{"app_name": app, "queue_name": nullable(queue), "id": nullable(id)}).
 		Scan(&moved, &left.ConsumerGone, &left.IDInUse)
 	if err != nil {
 		return 0, fmt.Errorf("redrive dead letters of %s: %w", printable(app), err)
@@ -150,7 +152,8 @@ func (c *Client) Redrive(ctx context.Context, app, queue string, id uuid.UUID) (
 }
 
 // PurgeDead deletes app's dead letters for good, selected as in Redrive.
-func (c *Client) PurgeDead(ctx context.Context, app, queue string, id uuid.UUID) (int64, error) {
+func (c *Client) PurgeDead(ctx context.Context, app, queue string, id uuid.UUID) (_ int64, err error) {
+	defer c.schemaError(ctx, &err)
 	return c.deadOp(ctx, "purge", queries.DeadPurge, app, queue, id)
 }
 

@@ -42,7 +42,8 @@ type NewMessage struct {
 
 // Enqueue adds one message to app's queue and returns its id. Payload must
 // be one JSON value of at most 1 MiB.
-func (c *Client) Enqueue(ctx context.Context, app, queue string, payload []byte, opts EnqueueOptions) (uuid.UUID, error) {
+func (c *Client) Enqueue(ctx context.Context, app, queue string, payload []byte, opts EnqueueOptions) (_ uuid.UUID, err error) {
+	defer c.schemaError(ctx, &err)
 	ids, err := c.enqueue(ctx, c.db, app, []NewMessage{{Queue: queue, Payload: payload, Options: opts}})
 	if err != nil {
 		return uuid.Nil, err
@@ -61,7 +62,8 @@ func (c *Client) Enqueue(ctx context.Context, app, queue string, payload []byte,
 // exceeds 1 MiB) comes back as the same ErrPayloadTooLarge, but as a failed
 // statement it aborts tx, as in PostgreSQL any error does: roll it back,
 // or wrap the call in a savepoint (tx.Begin) to go on without the message.
-func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, app, queue string, payload []byte, opts EnqueueOptions) (uuid.UUID, error) {
+func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, app, queue string, payload []byte, opts EnqueueOptions) (_ uuid.UUID, err error) {
+	defer c.schemaError(ctx, &err)
 	if isNil(tx) {
 		return uuid.Nil, fmt.Errorf("bellhop: EnqueueTx: nil transaction: %w", ErrInvalidOptions)
 	}
@@ -76,13 +78,15 @@ func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, app, queue string, pa
 // returns their ids in order. If any message is invalid, none is written.
 // An empty batch writes nothing, and fails as a batch would for an unknown
 // app or a principal that is not of app.
-func (c *Client) EnqueueMany(ctx context.Context, app string, msgs []NewMessage) ([]uuid.UUID, error) {
+func (c *Client) EnqueueMany(ctx context.Context, app string, msgs []NewMessage) (_ []uuid.UUID, err error) {
+	defer c.schemaError(ctx, &err)
 	return c.enqueue(ctx, c.db, app, msgs)
 }
 
 // EnqueueManyTx is EnqueueMany inside the caller's transaction. A
 // rejection by the database aborts tx, as for EnqueueTx.
-func (c *Client) EnqueueManyTx(ctx context.Context, tx pgx.Tx, app string, msgs []NewMessage) ([]uuid.UUID, error) {
+func (c *Client) EnqueueManyTx(ctx context.Context, tx pgx.Tx, app string, msgs []NewMessage) (_ []uuid.UUID, err error) {
+	defer c.schemaError(ctx, &err)
 	if isNil(tx) {
 		return nil, fmt.Errorf("bellhop: EnqueueManyTx: nil transaction: %w", ErrInvalidOptions)
 	}

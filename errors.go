@@ -10,7 +10,9 @@ import (
 
 // Errors returned by Client methods (and ErrInvalidOptions by
 // NewDispatcher and Run too). They are wrapped with context; test for them
-// with errors.Is.
+// with errors.Is. A database without Bellhop's schema, or with an older
+// one, is migrations.ErrNoSchema or migrations.ErrSchemaBehind (see
+// NewClient).
 var (
 	// ErrInvalidQueueName: a queue name is 1 to 128 bytes of [A-Za-z0-9._:-].
 	ErrInvalidQueueName = validate.ErrQueueName

@@ -19,7 +19,8 @@ import (
 // message. opts.Principal is ignored; MaxAttempts 0 takes the consumer's.
 // A Client made with As may invoke only its own app's consumers; others
 // are reported as unknown.
-func (c *Client) InvokeAsync(ctx context.Context, consumer uuid.UUID, payload []byte, opts EnqueueOptions) (uuid.UUID, error) {
+func (c *Client) InvokeAsync(ctx context.Context, consumer uuid.UUID, payload []byte, opts EnqueueOptions) (_ uuid.UUID, err error) {
+	defer c.schemaError(ctx, &err)
 	fail := func(err error) (uuid.UUID, error) {
 		return uuid.Nil, fmt.Errorf("invoke consumer %s: %w", consumer, err)
 	}

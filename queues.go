@@ -49,8 +49,9 @@ func ageDuration(secs float64) time.Duration {
 // principal's app, for a Client made with As). An app
 // that does not exist is ErrUnknownApp (ErrForbidden, for a Client made
 // with As, when it is another app), as in the methods that act on one.
-func (c *Client) Queues(ctx context.Context, app string) ([]QueueInfo, error) {
-	app, err := c.listApp(ctx, app)
+func (c *Client) Queues(ctx context.Context, app string) (_ []QueueInfo, err error) {
+	defer c.schemaError(ctx, &err)
+	app, err = c.listApp(ctx, app)
 	if err != nil {
 		return nil, fmt.Errorf("list queues: %w", err)
 	}

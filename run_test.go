@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/tern/v2/migrate"
 	"github.com/rs/zerolog"
@@ -264,3 +265,107 @@ func (s *statementTimes) times() []time.Time {
 
 // lineLog keeps a dispatcher's log, for a test to wait for a line.
 type lineLog = syncbuf.Buffer
+
+// TestClientWithoutSchema: every Client method on a database without
+// Bellhop's schema fails with an error wrapping migrations.ErrNoSchema,
+// which says to run `bellhop migrate`, with the database's error kept in
+// the chain; on one whose schema is behind, with
+// migrations.ErrSchemaBehind. They returned the bare "relation \"apps\"
+// does not exist (SQLSTATE 42P01)". A missing object on a current schema
+// (not Bellhop's doing) is left as the database said it.
+func TestClientWithoutSchema(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	emptyCfg := emptyDatabase(t)
+	empty, err := pgxpool.NewWithConfig(ctx, emptyCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(empty.Close)
+	// A migrated database whose apps table is gone: at the version before
+	// this code's, and at this code's.
+	broken := func(behind bool) *pgxpool.Pool {
+		e := fxNew(t)
+		e.exec(`ALTER TABLE apps RENAME TO apps_gone`)
+		if behind {
+			e.exec(`UPDATE ` + migrations.VersionTable + ` SET version = version - 1`)
+		}
+		return e.pool
+	}
+	ptr := func(n int) *int { return &n }
+	type call struct {
+		name string
+		do   func(c *bellhop.Client) error
+	}
+	calls := []call{
+		{"CreateApp", func(c *bellhop.Client) error { _, err := c.CreateApp(ctx, "shop"); return err }},
+		{"Apps", func(c *bellhop.Client) error { _, err := c.Apps(ctx); return err }},
+		{"CreatePrincipal", func(c *bellhop.Client) error { _, err := c.CreatePrincipal(ctx, "shop", "p"); return err }},
+		{"Enqueue", func(c *bellhop.Client) error {
+			_, err := c.Enqueue(ctx, "shop", "orders", []byte(`1`), bellhop.EnqueueOptions{})
+			return err
+		}},
+		{"EnqueueMany", func(c *bellhop.Client) error {
+			_, err := c.EnqueueMany(ctx, "shop", []bellhop.NewMessage{{Queue: "orders", Payload: []byte(`1`)}, {Queue: "orders", Payload: []byte(`2`)}})
+			return err
+		}},
+		{"EnqueueTx", func(c *bellhop.Client) error {
+			tx, err := empty.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			defer tx.Rollback(ctx)
+			_, err = c.EnqueueTx(ctx, tx, "shop", "orders", []byte(`1`), bellhop.EnqueueOptions{})
+			return err
+		}},
+		{"InvokeAsync", func(c *bellhop.Client) error {
+			_, err := c.InvokeAsync(ctx, uuid.New(), []byte(`1`), bellhop.EnqueueOptions{})
+			return err
+		}},
+		{"RegisterConsumer", func(c *bellhop.Client) error {
+			_, err := c.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders"})
+			return err
+		}},
+		{"UpdateConsumer", func(c *bellhop.Client) error {
+			return c.UpdateConsumer(ctx, "shop", uuid.New(), bellhop.ConsumerUpdate{MaxAttempts: ptr(2)})
+		}},
+		{"SetConsumerEnabled", func(c *bellhop.Client) error { return c.SetConsumerEnabled(ctx, "shop", uuid.New(), false) }},
+		{"RemoveConsumer", func(c *bellhop.Client) error { return c.RemoveConsumer(ctx, "shop", uuid.New()) }},
+		{"Consumers", func(c *bellhop.Client) error { _, err := c.Consumers(ctx, ""); return err }},
+		{"ConsumerOf", func(c *bellhop.Client) error { _, err := c.ConsumerOf(ctx, "shop", "orders"); return err }},
+		{"DeadLetters", func(c *bellhop.Client) error { _, err := c.DeadLetters(ctx, bellhop.DeadFilter{}); return err }},
+		{"Redrive", func(c *bellhop.Client) error { _, err := c.Redrive(ctx, "shop", "orders", uuid.Nil); return err }},
+		{"PurgeDead", func(c *bellhop.Client) error { _, err := c.PurgeDead(ctx, "shop", "", uuid.Nil); return err }},
+		{"Queues", func(c *bellhop.Client) error { _, err := c.Queues(ctx, ""); return err }},
+		{"As(p).Queues", func(c *bellhop.Client) error { _, err := c.As(uuid.New()).Queues(ctx, ""); return err }},
+	}
+	for _, db := range []struct {
+		name  string
+		pool  *pgxpool.Pool
+		calls []call
+		want  error // nil: neither ErrNoSchema nor ErrSchemaBehind
+	}{
+		{"no schema", empty, calls, migrations.ErrNoSchema},
+		{"schema behind", broken(true), calls[:2], migrations.ErrSchemaBehind},
+		{"schema current", broken(false), calls[:2], nil},
+	} {
+		c := bellhop.NewClient(db.pool)
+		for _, call := range db.calls {
+			t.Run(db.name+"/"+call.name, func(t *testing.T) {
+				err := call.do(c)
+				var pgErr *pgconn.PgError
+				if !errors.As(err, &pgErr) || pgErr.Code != "42P01" && pgErr.Code != "42883" {
+					t.Fatalf("%s: %v; want the database's undefined table or function error in the chain", call.name, err)
+				}
+				noSchema, behind := errors.Is(err, migrations.ErrNoSchema), errors.Is(err, migrations.ErrSchemaBehind)
+				switch {
+				case db.want == nil && (noSchema || behind):
+					t.Errorf("%s: %v; want the database's error as it is", call.name, err)
+				case db.want != nil && (!errors.Is(err, db.want) || strings.Count(err.Error(), "bellhop migrate") != 1):
+					t.Errorf("%s: %v; want %q once, with the database's error", call.name, err, db.want)
+				}
+			})
+		}
+	}
+}

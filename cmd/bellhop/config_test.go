@@ -410,7 +410,8 @@ func TestOperationalErrorsExit1(t *testing.T) {
 		{"app exists", dsn, []string{"app", "create", "shop"}, "app already exists"},
 		{"consumer exists", dsn, []string{"consumer", "add", "--app", "shop", "--queue", "orders", "--url", "http://127.0.0.1:9/other"}, "queue already has a consumer"},
 		{"--http-addr in use", dsn, []string{"run", "--http-addr", busy.Addr().String()}, "address already in use"},
-		{"database not migrated", empty, []string{"queues"}, "(is the database migrated? run `bellhop migrate`)"},
+		{"database not migrated", empty, []string{"queues"}, "database has no Bellhop schema: run `bellhop migrate` (list queues: "},
+		{"database not migrated for app create", empty, []string{"app", "create", "shop"}, "database has no Bellhop schema: run `bellhop migrate` (create app"},
 		{"database not migrated for run", empty, []string{"run", "--http-addr", "127.0.0.1:0"}, "database has no Bellhop schema: run `bellhop migrate`"},
 		{"database schema behind", behind, []string{"run", "--http-addr", "127.0.0.1:0"}, fmt.Sprintf("database schema at version %d, this code needs %d: run `bellhop migrate`", latest-1, latest)},
 	}
@@ -421,6 +422,11 @@ func TestOperationalErrorsExit1(t *testing.T) {
 			lines := strings.Split(strings.TrimRight(r.stderr, "\n"), "\n")
 			if r.code != 1 || len(lines) != 1 || !strings.Contains(r.stderr, tc.want) || strings.Contains(r.stderr, "goroutine") {
 				t.Errorf("want exit 1 and one line with %q; got %s", tc.want, r)
+			}
+			// The library's error says it; the CLI's own hint must not
+			// say it again.
+			if n := strings.Count(r.stderr, "bellhop migrate"); n > 1 {
+				t.Errorf("the migrate advice is given %d times: %s", n, r)
 			}
 		})
 	}

@@ -30,6 +30,7 @@ import (
 
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/pgdsn"
+	"github.com/bellhopq/bellhop/migrations"
 )
 
 func main() {
@@ -73,8 +74,14 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 }
 
 // hint suggests the likely fix for an error whose text alone would not
-// tell: a missing table or function means the schema is not there.
+// tell: a missing table or function means the schema is not there. The
+// library's errors that say so already (migrations.ErrNoSchema,
+// migrations.ErrSchemaBehind, which keep the database's error in their
+// chain) get none: the advice would be printed twice.
 func hint(err error) string {
+	if errors.Is(err, migrations.ErrNoSchema) || errors.Is(err, migrations.ErrSchemaBehind) {
+		return ""
+	}
 	// 42P01 undefined_table, 42883 undefined_function
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "42883") {
