@@ -234,7 +234,9 @@ type Observer interface {
 }
 
 // Dispatcher delivers messages to handlers. Create it with NewDispatcher
-// and start it with Run.
+// and start it with Run. A Dispatcher made otherwise (its zero value, say)
+// does not run: Run returns an error wrapping ErrInvalidOptions, Ready
+// reports it, and ListenerStats and LeaseStats return zeros.
 type Dispatcher struct {
 	ran   atomic.Bool // Run was called
 	ended atomic.Bool // Run's context has ended, or Run has returned
@@ -331,7 +333,11 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 	if isNil(cfg.Resolver) {
 		// A typed nil, such as a (*Mux)(nil), would panic on every
 		// consumer, and no queue would be served.
-		return nil, fmt.Errorf("bellhop: DispatcherConfig.Resolver is required (got %T(nil)): %w", cfg.Resolver, ErrInvalidOptions)
+		got := ""
+		if cfg.Resolver != nil {
+			got = fmt.Sprintf(" (got %T(nil))", cfg.Resolver)
+		}
+		return nil, fmt.Errorf("bellhop: DispatcherConfig.Resolver is required%s: %w", got, ErrInvalidOptions)
 	}
 	if o := reflect.ValueOf(cfg.Observer); o.Kind() == reflect.Pointer && o.IsNil() {
 		// Called on the lanes' goroutines, a nil pointer's method would
@@ -490,6 +496,13 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 // (migrations.ErrNoSchema) or with an older one than this code's
 // (migrations.ErrSchemaBehind); a newer one is fine.
 func (d *Dispatcher) Run(ctx context.Context) (err error) {
+	if d.listener == nil {
+		// Not made by NewDispatcher: no pool config, listener or maps.
+		// Without this, pgxpool panicked on the nil config.
+		err := fmt.Errorf("bellhop: Dispatcher.Run: the Dispatcher was not made by NewDispatcher: %w", ErrInvalidOptions)
+		d.startErr.Store(&err)
+		return err
+	}
 	if !d.ran.CompareAndSwap(false, true) {
 		return errors.New("bellhop: Dispatcher.Run called more than once (a Dispatcher runs once; make a new one)")
 	}
@@ -643,8 +656,12 @@ func (d *Dispatcher) Ready(ctx context.Context) error {
 	return nil
 }
 
-// ListenerStats returns the listener's counters, for metrics.
+// ListenerStats returns the listener's counters, for metrics: zeros for a
+// Dispatcher not made by NewDispatcher, which has no listener.
 func (d *Dispatcher) ListenerStats() notify.Stats {
+	if d.listener == nil {
+		return notify.Stats{}
+	}
 	return d.listener.Stats()
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/pgtest"
 	"github.com/bellhopq/bellhop/migrations"
+	"github.com/bellhopq/bellhop/notify"
 )
 
 // nilErr is a handler's own error type whose Error reads a field, so a nil
@@ -691,7 +692,8 @@ func TestNewDispatcherRefusesBadConfig(t *testing.T) {
 		r    bellhop.Resolver
 		want string
 	}{
-		{"no Resolver", cfg, nil, "DispatcherConfig.Resolver is required"},
+		// An untyped nil is not printed: it read "(got <nil>(nil))".
+		{"no Resolver", cfg, nil, "DispatcherConfig.Resolver is required: "},
 		{"nil *Mux", cfg, nilMux, "DispatcherConfig.Resolver is required (got *bellhop.Mux(nil))"},
 		{"no pool config", nil, bellhop.NewMux(), "a pool config is required"},
 	} {
@@ -701,6 +703,35 @@ func TestNewDispatcherRefusesBadConfig(t *testing.T) {
 				t.Errorf("NewDispatcher: %v; want ErrInvalidOptions saying %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestZeroDispatcher: a Dispatcher not made by NewDispatcher does not
+// run, and says why: Run returns ErrInvalidOptions saying so (it returned
+// a recovered nil-pointer panic from pgxpool, about the pool config),
+// every time, and Ready reports it once Run has failed. Its other methods
+// return zeros: ListenerStats panicked on the missing listener.
+func TestZeroDispatcher(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := &bellhop.Dispatcher{}
+	if s := d.ListenerStats(); s != (notify.Stats{}) {
+		t.Errorf("ListenerStats: %+v, want zeros", s)
+	}
+	if s := d.LeaseStats(); s != (bellhop.LeaseStats{}) {
+		t.Errorf("LeaseStats: %+v, want zeros", s)
+	}
+	if err := d.Ready(ctx); err == nil || !strings.Contains(err.Error(), "not running") {
+		t.Errorf("Ready before Run: %v, want \"dispatcher not running\"", err)
+	}
+	const want = "not made by NewDispatcher"
+	for i := range 2 {
+		if err := d.Run(ctx); !errors.Is(err, bellhop.ErrInvalidOptions) || !strings.Contains(err.Error(), want) {
+			t.Errorf("Run #%d: %v; want ErrInvalidOptions saying %q", i+1, err, want)
+		}
+	}
+	if err := d.Ready(ctx); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("Ready after Run: %v; want it to say %q", err, want)
 	}
 }
 
