@@ -267,8 +267,6 @@ func (e *batchError) Unwrap() error { return e.err }
 // finds it with errors.As, to name the line.
 func (e *batchError) Position() int { return e.i }
 
-// printable keeps untrusted names short and free of control characters in
-// error messages.
 // unknownApp is ErrUnknownApp for app, saying why when app breaks the
 // naming rules (which the apps table enforces).
 func unknownApp(app string) error {
@@ -293,6 +291,8 @@ func nameHint(kind, name string) string {
 	return ""
 }
 
+// printable keeps untrusted names short and free of control characters in
+// error messages.
 func printable(s string) string {
 	if len(s) > 64 {
 		s = s[:64] + "…"

@@ -29,13 +29,16 @@ var (
 	ErrPayloadTooLarge = validate.ErrTooLarge
 	// ErrInvalidOptions: an option is out of range or contradicts another.
 	ErrInvalidOptions = validate.ErrOption
-	// ErrUnknownApp: no app has that name. For a name that breaks the
-	// naming rules (CreateApp), the error also says so.
+	// ErrUnknownApp: no app has that name. A method that looks an app up
+	// returns it too for a name that breaks the naming rules, and then
+	// says so; CreateApp returns ErrInvalidName for one.
 	ErrUnknownApp = errors.New("unknown app")
 	// ErrAppExists: an app with that name exists already.
 	ErrAppExists = errors.New("app already exists")
-	// ErrUnknownPrincipal: the principal does not exist in that app. For
-	// a name that breaks the naming rules, the error also says so.
+	// ErrUnknownPrincipal: the principal does not exist in that app. A
+	// method that looks a principal up returns it too for a name that
+	// breaks the naming rules, and then says so; CreatePrincipal returns
+	// ErrInvalidName for one.
 	ErrUnknownPrincipal = errors.New("unknown principal")
 	// ErrPrincipalExists: the app has a principal of that name already.
 	ErrPrincipalExists = errors.New("principal already exists")

@@ -517,6 +517,15 @@ func TestNamesNoneCanHave(t *testing.T) {
 			_, err := e.client.CreatePrincipal(e.ctx, "-shop", "ops")
 			return err
 		}, bellhop.ErrUnknownApp, `create principal "ops": unknown app "-shop" (not a valid app name: `, true},
+		// Creating one, a bad name is what it is.
+		{"create app with a bad name", func() error {
+			_, err := e.client.CreateApp(e.ctx, "bad name")
+			return err
+		}, bellhop.ErrInvalidName, `create app: invalid name: app name "bad name": ` + rule, false},
+		{"create principal with a bad name", func() error {
+			_, err := e.client.CreatePrincipal(e.ctx, "shop", "ops/1")
+			return err
+		}, bellhop.ErrInvalidName, `create principal: invalid name: principal name "ops/1": ` + rule, false},
 	} {
 		err := tc.call()
 		if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.text) {
