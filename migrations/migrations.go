@@ -83,8 +83,8 @@ func Files() ([]File, error) {
 // session advisory lock while it migrates, and each file runs in its own
 // transaction together with the version bump.
 //
-// It refuses to start the schema in a database whose encoding is neither
-// UTF8 nor SQL_ASCII, with nothing applied (checkEncoding says why).
+// It refuses to start the schema in a database whose encoding is not
+// UTF8, with nothing applied (checkEncoding says why).
 //
 // A database whose schema is newer than this code's migrations (this code
 // was rolled back after a newer version migrated it) is left as it is, and
@@ -149,15 +149,19 @@ func Migrate(ctx context.Context, conn *pgx.Conn) error {
 const seedFile = "0034_queue_messages.sql"
 
 // checkEncoding refuses to install the schema in a database whose encoding
-// is neither UTF8 nor SQL_ASCII. pgx sends UTF-8 without setting
-// client_encoding, which then defaults to the database's encoding: in
-// another encoding, PostgreSQL takes the bytes for that encoding's
-// characters, so payloads, queue names and error texts are stored garbled
-// for every client that reads them correctly; and in a multibyte encoding
-// such as EUC_JP, UTF-8 that is not also a valid sequence of it ("—")
-// fails its statement: the seed migration's comments, or a handler's
-// error text, and with it the whole batch of outcomes written with it.
-// SQL_ASCII stores bytes as they come.
+// is not UTF8. pgx sends UTF-8 without setting client_encoding, which then
+// defaults to the database's encoding: in another encoding, PostgreSQL
+// takes the bytes for that encoding's characters, so payloads, queue names
+// and error texts are stored garbled for every client that reads them
+// correctly; and in a multibyte encoding such as EUC_JP, UTF-8 that is not
+// also a valid sequence of it ("—") fails its statement: the seed
+// migration's comments, or a handler's error text, and with it the whole
+// batch of outcomes written with it. SQL_ASCII stores bytes as they come,
+// but cannot convert a jsonb \u escape above U+007F: a valid payload such
+// as {"a":"\u00e9"} (Python's json.dumps writes it so by default, Go's
+// json.Marshal for U+2028) fails every enqueue with SQLSTATE 0A000
+// "conversion between UTF8 and SQL_ASCII is not supported", which names
+// neither the payload nor the cause.
 // A database already past the seed migration is left to run as it has.
 func checkEncoding(conn *pgx.Conn, current int, fs []File) error {
 	for i, f := range fs {
@@ -166,7 +170,7 @@ func checkEncoding(conn *pgx.Conn, current int, fs []File) error {
 		}
 	}
 	switch enc := conn.PgConn().ParameterStatus("server_encoding"); enc {
-	case "UTF8", "SQL_ASCII":
+	case "UTF8":
 		return nil
 	default:
 		return fmt.Errorf("migrate: database %q has encoding %s; Bellhop needs UTF8 (CREATE DATABASE ... ENCODING 'UTF8' TEMPLATE template0): nothing was applied",

@@ -284,11 +284,14 @@ func TestMigrateFromEmpty(t *testing.T) {
 	}
 }
 
-// TestMigrateEncodings: Migrate installs the schema in a UTF8 or SQL_ASCII
-// database, and refuses any other encoding up front, naming it, with
-// nothing applied. Before, LATIN1 and WIN1252 databases took the whole
-// schema, and then stored what pgx sent them garbled, and in EUC_JP the
-// seed migration failed on its comments after 0001 had been applied.
+// TestMigrateEncodings: Migrate installs the schema in a UTF8 database,
+// and refuses any other encoding up front, naming it, with nothing
+// applied. Before, LATIN1 and WIN1252 databases took the whole schema, and
+// then stored what pgx sent them garbled, and in EUC_JP the seed migration
+// failed on its comments after 0001 had been applied. SQL_ASCII took the
+// schema too, and then refused every enqueue of a valid payload with a \u
+// escape above U+007F ({"a":"\u00e9"}) with SQLSTATE 0A000, naming neither
+// the payload nor the encoding.
 func TestMigrateEncodings(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -296,7 +299,7 @@ func TestMigrateEncodings(t *testing.T) {
 		ok       bool
 	}{
 		{"UTF8", true},
-		{"SQL_ASCII", true},
+		{"SQL_ASCII", false},
 		{"LATIN1", false},
 		{"WIN1252", false},
 		{"EUC_JP", false},
@@ -321,6 +324,29 @@ func TestMigrateEncodings(t *testing.T) {
 			}
 			if left := fingerprint(t, ctx, conn); len(left) != 0 {
 				t.Errorf("the refused database is no longer empty:\n%s", strings.Join(left, "\n"))
+			}
+		})
+	}
+}
+
+// TestMigrateEncodingPastSeed: a database that an older version installed
+// in an encoding Migrate now refuses (SQL_ASCII was accepted; before that
+// any encoding was) is past the seed migration, and Migrate brings it up
+// to date as before instead of refusing it.
+func TestMigrateEncodingPastSeed(t *testing.T) {
+	t.Parallel()
+	for _, encoding := range []string{"SQL_ASCII", "LATIN1"} {
+		t.Run(encoding, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+			defer cancel()
+			conn := connect(t, ctx, emptyDatabaseIn(t, encoding))
+			migrateTo(t, ctx, conn, versionBefore(t, 34)+1)
+			if err := migrations.Migrate(ctx, conn); err != nil {
+				t.Fatalf("Migrate of a database past the seed migration: %v", err)
+			}
+			if v := version(t, ctx, conn); v != latest(t) {
+				t.Errorf("version %d after Migrate, want %d", v, latest(t))
 			}
 		})
 	}
