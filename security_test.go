@@ -19,6 +19,7 @@ import (
 
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/migrations"
+	"github.com/bellhopq/bellhop/notify"
 )
 
 // runDispatcher runs a Dispatcher on connString until the test ends.
@@ -756,6 +757,91 @@ func TestLeaseAtInsertOfferGuards(t *testing.T) {
 			if leased != tc.leased || unclaimed == tc.leased || offered == tc.leased {
 				t.Errorf("shop's message under %s's offer: leased %t, unclaimed %t, offer left %t; want leased %t",
 					tc.offerApp.Name, leased, unclaimed, offered, tc.leased)
+			}
+		})
+	}
+}
+
+// TestLeaseAtInsertFarEnqueuedAt: a message whose enqueued_at does not fit
+// the lease notification's bigint of microseconds since 1970 (after
+// 294247-01-10 UTC; PostgreSQL takes times up to the year 294276, and a
+// producer may set enqueued_at) is not leased at INSERT: its producer
+// commits, it is announced with q: to be claimed, and the offer is left.
+// Before (0055's function), with the offers' leasing dispatcher connected
+// (the lease key and its owner key held shared), the producer's COMMIT
+// failed "bigint out of range" in bellhop_lease_message and rolled its
+// whole transaction back. The last microsecond that PostgreSQL's
+// extract(epoch) gives exactly is leased, and its lease notification
+// parses back to that time.
+func TestLeaseAtInsertFarEnqueuedAt(t *testing.T) {
+	e := fxNew(t)
+	a, c := e.appConsumer("shop", "orders")
+	owner := uuid.New()
+	holdLeaseKeys(t, e, owner)
+	queue := e.listen()
+	leases, err := pgx.ConnectConfig(e.ctx, e.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer leases.Close(context.Background())
+	if _, err := leases.Exec(e.ctx, `LISTEN bellhop_l_test`); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, tc := range []struct {
+		name, at string // enqueued_at
+		leased   bool
+	}{
+		{"2024", "2024-05-01 12:00:00.123456+00", true},
+		{"last exact microsecond", "294247-01-10 04:00:54.775806+00", true},
+		{"a second later", "294247-01-10 04:00:55+00", false},
+		{"year 294250", "294250-01-01 00:00:00+00", false},
+		{"latest PostgreSQL takes", "294276-12-31 23:59:59.999999+00", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			token := e.uuid(`INSERT INTO bellhop_offers (token, app_id, queue_name, owner, channel, expires_at, consumer_id)
+				VALUES (gen_random_uuid(), $1, 'orders', $2, 'bellhop_l_test', now() + interval '1 minute', $3)
+				RETURNING token`, a.ID, owner, c.ID)
+			var id uuid.UUID
+			if err := pgx.BeginFunc(e.ctx, e.pool, func(tx pgx.Tx) error {
+				return tx.QueryRow(e.ctx, `INSERT INTO queue_messages (app_id, queue_name, payload, enqueued_at)
+					VALUES ($1, 'orders', '{"n":1}', $2::text::timestamptz) RETURNING id`, a.ID, tc.at).Scan(&id)
+			}); err != nil {
+				t.Fatalf("the producer's transaction: %v", err)
+			}
+			leased := e.int64(`SELECT count(*) FROM queue_messages WHERE id = $1 AND claim_token = $2`, id, token) == 1
+			unclaimed := e.int64(`SELECT count(*) FROM queue_messages WHERE id = $1 AND claim_token IS NULL`, id) == 1
+			offered := e.int64(`SELECT count(*) FROM bellhop_offers WHERE token = $1`, token) == 1
+			if leased != tc.leased || unclaimed == tc.leased || offered == tc.leased {
+				t.Fatalf("enqueued_at %s: leased %t, unclaimed %t, offer left %t; want leased %t",
+					tc.at, leased, unclaimed, offered, tc.leased)
+			}
+			if !tc.leased {
+				if got, want := queue.next(), fxQueuePayload(a.ID, "orders"); got != want {
+					t.Errorf("notification %q, want %q", got, want)
+				}
+				queue.noMore()
+				e.exec(`DELETE FROM bellhop_offers WHERE token = $1`, token)
+				return
+			}
+			queue.noMore()
+			ctx, cancel := context.WithTimeout(e.ctx, 10*time.Second)
+			defer cancel()
+			n, err := leases.WaitForNotification(ctx)
+			if err != nil {
+				t.Fatalf("wait for the lease notification: %v", err)
+			}
+			l, err := notify.ParseLease(n.Payload)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var want time.Time
+			if err := e.pool.QueryRow(e.ctx, `SELECT enqueued_at FROM queue_messages WHERE id = $1`, id).Scan(&want); err != nil {
+				t.Fatal(err)
+			}
+			if l.Token != token || l.ID != id || !l.EnqueuedAt.Equal(want) {
+				t.Errorf("lease of %s under %s enqueued at %s; want %s under %s enqueued at %s",
+					l.ID, l.Token, l.EnqueuedAt.UTC(), id, token, want.UTC())
 			}
 		})
 	}

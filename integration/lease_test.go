@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -182,6 +183,60 @@ func TestLeaseAtInsertFallsBack(t *testing.T) {
 			t.Errorf("delayed message delivered at %s, before it was due at %s", got.Start, due)
 		}
 	}
+}
+
+// TestLeaseAtInsertFarEnqueuedAt: a message whose enqueued_at is too far
+// ahead for a lease notification's microseconds (the year 294250, which
+// PostgreSQL takes and a producer may write) is inserted while a leasing
+// dispatcher has an offer out: the producer commits, and the message is
+// claimed and delivered on its first attempt with its enqueued_at, which
+// the claim reads whole; the offer is left, and the next message takes
+// it. Before migration 0063, the producer's COMMIT failed "bigint out of
+// range" and its transaction rolled back.
+func TestLeaseAtInsertFarEnqueuedAt(t *testing.T) {
+	e := newEnv(t)
+	var mu sync.Mutex
+	enqueuedAt := map[uuid.UUID]time.Time{}
+	rec := &recorder{result: func(_ context.Context, m *bellhop.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		enqueuedAt[m.ID] = m.EnqueuedAt
+		return nil
+	}}
+	d, claims := startLeasing(t, e, bellhop.ConsumerSpec{}, rec, bellhop.DispatcherConfig{})
+	claims.waitQuiet(t, 5*time.Second, 200*time.Millisecond, "the first pass done")
+	passes := claims.queue.Load()
+
+	var id uuid.UUID
+	if err := e.pool.QueryRow(context.Background(), `INSERT INTO queue_messages (app_id, queue_name, payload, enqueued_at)
+		SELECT id, 'orders', '{"far":true}', '294250-01-01 00:00:00+00' FROM apps WHERE name = 'app'
+		RETURNING id`).Scan(&id); err != nil {
+		t.Fatalf("the producer's INSERT: %v", err)
+	}
+	waitFor(t, 5*time.Second, "the far message delivered", func() bool { return rec.n.Load() == 2 })
+	if got := rec.deliveries()[1]; got.ID != id || got.Attempt != 1 {
+		t.Errorf("delivered %s as attempt %d; want %s as attempt 1", got.ID, got.Attempt, id)
+	}
+	mu.Lock()
+	got := enqueuedAt[id]
+	mu.Unlock()
+	if want := time.Date(294250, 1, 1, 0, 0, 0, 0, time.UTC); !got.Equal(want) {
+		t.Errorf("the handler saw EnqueuedAt %s; want %s", got.UTC(), want)
+	}
+	if st := d.LeaseStats(); st.Leased != 0 {
+		t.Errorf("%d messages leased at INSERT; want none", st.Leased)
+	}
+	if claims.queue.Load() == passes {
+		t.Error("no claim pass delivered the message that was not leased")
+	}
+	if n := e.offers(t); n != 1 {
+		t.Errorf("%d offers; want the one the lane made, still there", n)
+	}
+
+	e.enqueue(t, "orders", map[string]string{"next": "leased"}, bellhop.EnqueueOptions{})
+	waitFor(t, 5*time.Second, "the next message leased and delivered", func() bool {
+		return rec.n.Load() == 3 && d.LeaseStats().Leased == 1
+	})
 }
 
 // TestLeaseAtInsertLostNotification: a lease whose notification the
