@@ -17,7 +17,9 @@ import (
 //
 // The principal is empty when the message has none; the visibility
 // timeout is the consumer's as the producer's transaction read it
-// (migrations/0047_vt_floor.sql), empty when the queue had no consumer.
+// (migrations/0047_vt_floor.sql), whole seconds from 1 to 43,200. It is
+// never empty: since 0047 a queue without a consumer is not leased, so a
+// lease without one can only be forged, and ParseLease rejects it.
 type Lease struct {
 	Token       uuid.UUID
 	ID          uuid.UUID
@@ -28,8 +30,8 @@ type Lease struct {
 	// message: the start of the lease by the reclaimer's reckoning.
 	ClaimedAt  time.Time
 	EnqueuedBy *uuid.UUID
-	// VisibilityTimeout is the one the lease is measured with (zero: the
-	// queue had no consumer).
+	// VisibilityTimeout is the one the lease is measured with: the
+	// consumer's as the producer's transaction read it, never zero.
 	VisibilityTimeout time.Duration
 	Payload           []byte
 }
@@ -79,13 +81,11 @@ func ParseLease(payload string) (Lease, error) {
 		}
 		l.EnqueuedBy = &p
 	}
-	if f[7] != "" {
-		vt, err := strconv.Atoi(f[7])
-		if err != nil || vt < 1 || vt > maxVTSecs || strconv.Itoa(vt) != f[7] {
-			return Lease{}, garbled(payload, "bad visibility timeout")
-		}
-		l.VisibilityTimeout = time.Duration(vt) * time.Second
+	vt, err := strconv.Atoi(f[7])
+	if err != nil || vt < 1 || vt > maxVTSecs || strconv.Itoa(vt) != f[7] {
+		return Lease{}, garbled(payload, "bad visibility timeout")
 	}
+	l.VisibilityTimeout = time.Duration(vt) * time.Second
 	if !json.Valid([]byte(rest)) {
 		return Lease{}, garbled(payload, "payload is not JSON")
 	}
@@ -93,15 +93,14 @@ func ParseLease(payload string) (Lease, error) {
 	return l, nil
 }
 
-// String prints the payload form of l; ParseLease(l.String()) returns l.
+// String prints the payload form of l; ParseLease(l.String()) returns l
+// for every l that ParseLease returns.
 func (l Lease) String() string {
-	by, vt := "", ""
+	by := ""
 	if l.EnqueuedBy != nil {
 		by = l.EnqueuedBy.String()
 	}
-	if l.VisibilityTimeout > 0 {
-		vt = strconv.Itoa(int(l.VisibilityTimeout / time.Second))
-	}
+	vt := strconv.Itoa(int(l.VisibilityTimeout / time.Second))
 	return "l:" + l.Token.String() + ":" + l.ID.String() + ":" + strconv.Itoa(l.Attempt) + ":" +
 		strconv.Itoa(l.MaxAttempts) + ":" + strconv.FormatInt(l.EnqueuedAt.UnixMicro(), 10) + ":" +
 		strconv.FormatInt(l.ClaimedAt.UnixMicro(), 10) + ":" + by + ":" + vt + ":" + string(l.Payload)

@@ -10,8 +10,19 @@ import (
 	"github.com/bellhopq/bellhop/internal/validate"
 )
 
-// Channel is the one channel every Bellhop notification goes to. The
-// triggers in migrations/0036_notify.sql and 0039_helpers.sql send on it.
+// Channel is the one channel every Bellhop notification goes to but the
+// leases (ParseLease), which go to a dispatcher's own channel. Senders:
+//   - q: the notify trigger on queue_messages, bellhop_notify_queue_message
+//     (its function last replaced in migrations/0045_lease_key.sql, its
+//     trigger last re-created in 0052_busy_keys_64.sql), and the
+//     dispatcher's sql/reclaim.sql, sql/release.sql and sql/hand_over.sql;
+//   - o: the outbox's trigger (migrations/0036_notify.sql), and the same
+//     three statements of the dispatcher;
+//   - c: the triggers on triggers and queue_trigger_details
+//     (migrations/0039_helpers.sql, the latter re-created in
+//     0040_push_consumers.sql);
+//   - h: the dispatcher's sql/poll.sql and sql/wake_scan.sql;
+//   - b: the dispatcher's sql/busy_mark.sql and sql/busy_hold.sql.
 const Channel = "bellhop"
 
 // Kind says what a notification announces.

@@ -80,7 +80,7 @@ func FuzzParseLease(f *testing.F) {
 		if l.Attempt < 1 || l.MaxAttempts < 1 {
 			t.Fatalf("accepted attempt %d of %d", l.Attempt, l.MaxAttempts)
 		}
-		if l.VisibilityTimeout < 0 || l.VisibilityTimeout > 12*time.Hour || l.VisibilityTimeout%time.Second != 0 {
+		if l.VisibilityTimeout < time.Second || l.VisibilityTimeout > 12*time.Hour || l.VisibilityTimeout%time.Second != 0 {
 			t.Fatalf("accepted visibility timeout %s", l.VisibilityTimeout)
 		}
 	})
