@@ -1,6 +1,8 @@
 -- bellhop_lease_message leases only a row whose enqueued_at fits the
 -- lease notification's field, a bigint of microseconds since 1970: up to
--- 294247-01-10 04:00:54.775807 UTC. PostgreSQL takes times up to the year
+-- about 294247-01-10 04:00:54 UTC (extract's numeric is coarser than a
+-- microsecond that far out, so the test is on the very expression the
+-- cast takes, not on a time). PostgreSQL takes times up to the year
 -- 294276, 0056 requires only that they be finite, and the producer role
 -- may set enqueued_at (docs/roles.sql). For a later one, while a leasing
 -- dispatcher had a live offer of the queue, the function failed "bigint
