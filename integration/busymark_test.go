@@ -580,12 +580,17 @@ func TestBusyLaneClaimFailureReleasesKey(t *testing.T) {
 		Logger: zerolog.New(failures).With().Timestamp().Logger()},
 		func(pc *pgxpool.Config) { pc.MaxConns, pc.MinConns = 4, 4 })
 
+	// committed holds when each Enqueue began, which its commit cannot
+	// precede. A time taken after Enqueue returned could fall after the
+	// failure for a message committed before it, while producers were
+	// silent: only the retry claims that one, and it would count as late.
 	var committedMu sync.Mutex
 	committed := map[uuid.UUID]time.Time{}
 	enqueue := func(payload any) {
+		began := time.Now()
 		id := e.enqueue(t, "orders", payload, bellhop.EnqueueOptions{})
 		committedMu.Lock()
-		committed[id] = time.Now()
+		committed[id] = began
 		committedMu.Unlock()
 	}
 	var stop atomic.Bool
