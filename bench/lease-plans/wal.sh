@@ -19,8 +19,8 @@
 # whole script's, from pg_current_wal_lsn()). ROUNDS (default 3) repeats
 # the list, interleaved; every case starts after VACUUM and CHECKPOINT.
 #
-# The script puts the current function back when it ends, and removes its
-# offers and messages.
+# The script puts the current function back when it ends, interrupted or
+# not, and removes its offers and messages; it stops if pgbench fails.
 set -eu
 url=${1:?usage: wal.sh DATABASE_URL [SECONDS] [ROUNDS]}
 secs=${2:-15}
@@ -60,21 +60,41 @@ mkfifo "$work/key"
 command psql -X -q "$url" <"$work/key" >/dev/null &
 exec 3>"$work/key"
 
+# restore runs once, on exit or on a signal: dash runs no EXIT trap when
+# a signal ends it, which left the function without its UPDATE in place.
+restored=
 restore() {
+    [ -z "$restored" ] || return 0
+    restored=1
     exec 3>&-
-    printf '%s\n' "$current;" | psql
-    psql -c "DELETE FROM bellhop_offers WHERE app_id = '$app'" -c "DELETE FROM queue_messages WHERE app_id = '$app'"
+    { printf '%s\n' "$current;" | psql &&
+        psql -c "DELETE FROM bellhop_offers WHERE app_id = '$app'" -c "DELETE FROM queue_messages WHERE app_id = '$app'"; } ||
+        echo "wal.sh: could not put the current bellhop_lease_message back" >&2
     rm -rf "$work"
 }
 trap restore EXIT
+trap 'restore; exit 130' INT
+trap 'restore; exit 143' TERM
+trap 'restore; exit 129' HUP
 
 . "$dir/key.sh"
 
 measure() { # label sync
     psql -c "DELETE FROM bellhop_offers WHERE app_id = '$app'" -c "VACUUM bellhop_offers" -c "VACUUM queue_messages" -c "CHECKPOINT"
     lsn=$(psql -c "SELECT pg_current_wal_lsn()")
-    out=$(pgbench -n -c 1 -T "$secs" -R 100 -r -f "$work/lease_$2.sql" "$url" 2>/dev/null)
+    # A pgbench that fails stops the script, rather than print an empty
+    # figure.
+    if ! out=$(pgbench -n -c 1 -T "$secs" -R 100 -r -f "$work/lease_$2.sql" "$url" 2>&1); then
+        echo "wal.sh: pgbench failed ($1, synchronous_commit $2, round $round):" >&2
+        printf '%s\n' "$out" >&2
+        exit 1
+    fi
     ms=$(printf '%s\n' "$out" | awk '/INSERT INTO queue_messages/ { print $1 }')
+    if [ -z "$ms" ]; then
+        echo "wal.sh: no INSERT latency in pgbench's output ($1, synchronous_commit $2, round $round):" >&2
+        printf '%s\n' "$out" >&2
+        exit 1
+    fi
     n=$(printf '%s\n' "$out" | awk -F': ' '/number of transactions actually processed/ { split($2, a, "/"); print a[1] }')
     wal=$(psql -c "SELECT (pg_current_wal_lsn() - '$lsn'::pg_lsn)::bigint / greatest($n, 1)")
     printf 'round %s  synchronous_commit %-3s  %-22s INSERT %s ms  WAL %s B/transaction\n' "$round" "$2" "$1" "$ms" "$wal"
