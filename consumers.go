@@ -103,8 +103,11 @@ type Consumer struct {
 	// Secret is the HMAC-SHA256 key of an HTTP push consumer. It is set
 	// only in the Consumer that RegisterConsumer returns (show it once)
 	// and in the one a dispatcher passes to its Resolver; listings never
-	// carry it.
-	Secret string
+	// carry it. JSON encoding leaves it out (as String hides it), so a
+	// Consumer logged through a JSON logger (zerolog's Interface,
+	// log/slog's JSONHandler) shows no secret; read the field itself to
+	// hand it on.
+	Secret string `json:"-"`
 }
 
 func (s *ConsumerSpec) fill() {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"strings"
 	"sync/atomic"
@@ -800,6 +801,39 @@ func TestPrintingHidesSecretsAndPayloads(t *testing.T) {
 	// A Consumer without a secret shows no placeholder for one.
 	if got := fmt.Sprint(bellhop.Consumer{Queue: "orders"}); strings.Contains(got, "xxxxx") {
 		t.Errorf("a Consumer with no secret prints %s", got)
+	}
+}
+
+// TestJSONHidesConsumerSecret: a Consumer encoded as JSON, by
+// encoding/json or by the JSON loggers that use it (zerolog's Interface,
+// log/slog's JSONHandler), leaves its signing secret out and keeps its
+// other fields, for Resolvers that log one. Only fmt hid the secret: JSON
+// showed it in full. A Message keeps its payload in JSON (a handler may
+// forward it), as the README says.
+func TestJSONHidesConsumerSecret(t *testing.T) {
+	t.Parallel()
+	const secret = "s3cr3t-signing-key"
+	c := bellhop.Consumer{ID: uuid.New(), App: "shop", Queue: "orders", URL: "http://h.example/hook", Secret: secret}
+	var zl, sl strings.Builder
+	zlog := zerolog.New(&zl)
+	zlog.Info().Interface("consumer", c).Send()
+	slog.New(slog.NewJSONHandler(&sl, nil)).Info("resolved", "consumer", &c)
+	outs := map[string]string{"zerolog Interface": zl.String(), "slog JSONHandler": sl.String()}
+	for _, v := range []any{c, &c} {
+		b, err := json.Marshal(v)
+		if err != nil {
+			t.Fatalf("json.Marshal(%T): %v", v, err)
+		}
+		outs[fmt.Sprintf("json.Marshal(%T)", v)] = string(b)
+	}
+	for how, got := range outs {
+		if strings.Contains(got, secret) || strings.Contains(got, `"Secret"`) || !strings.Contains(got, c.ID.String()) || !strings.Contains(got, "http://h.example/hook") {
+			t.Errorf("%s = %s; want the id and URL, and no secret", how, got)
+		}
+	}
+	m := bellhop.Message{ID: uuid.New(), Payload: json.RawMessage(`{"card":"4111"}`)}
+	if b, err := json.Marshal(m); err != nil || !strings.Contains(string(b), `"Payload":{"card":"4111"}`) {
+		t.Errorf("json.Marshal(Message) = %s, %v; want the payload kept", b, err)
 	}
 }
 
