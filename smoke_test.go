@@ -174,3 +174,55 @@ func smokeWait(t *testing.T, timeout time.Duration, what string, cond func() boo
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestRetryAfterOnLastAttemptDeadLetters: RetryAfter counts as an attempt.
+// On a message's last attempt it does not delay a further one: the
+// message is dead-lettered at once, attempts exhausted, as the README's
+// status table says of a push consumer's 429 or 503 with Retry-After.
+// Earlier attempts are retried at its time.
+func TestRetryAfterOnLastAttemptDeadLetters(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dsn := pgtest.ConnString(t)
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	c := bellhop.NewClient(pool)
+	if _, err := c.CreateApp(ctx, "shop"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders", MaxAttempts: 2}); err != nil {
+		t.Fatal(err)
+	}
+	var attempts atomic.Int32
+	mux := bellhop.NewMux()
+	mux.Handle("shop", "orders", bellhop.HandlerFunc(func(ctx context.Context, m *bellhop.Message) error {
+		attempts.Add(1)
+		if m.Attempt == 1 {
+			return bellhop.RetryAfter(time.Millisecond)
+		}
+		// An hour: were it honoured, the message would stay queued.
+		return bellhop.RetryAfter(time.Hour)
+	}))
+	smokeDispatcher(t, dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour})
+	id, err := c.Enqueue(ctx, "shop", "orders", []byte(`{"n":1}`), bellhop.EnqueueOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ds []bellhop.DeadLetter
+	smokeWait(t, 15*time.Second, "the message dead-lettered", func() bool {
+		ds, err = c.DeadLetters(ctx, bellhop.DeadFilter{App: "shop", ID: id})
+		if err != nil {
+			t.Fatalf("DeadLetters: %v", err)
+		}
+		return len(ds) == 1
+	})
+	if d := ds[0]; d.Attempt != 2 || d.MaxAttempts != 2 || !strings.Contains(d.LastError, "attempts exhausted (2 of 2)") || !strings.Contains(d.LastError, "retry after 1h0m0s") {
+		t.Errorf("dead letter at attempt %d of %d with %q; want attempt 2 of 2, attempts exhausted by a RetryAfter", d.Attempt, d.MaxAttempts, d.LastError)
+	}
+	if n := attempts.Load(); n != 2 {
+		t.Errorf("handler called %d times, want 2", n)
+	}
+}
