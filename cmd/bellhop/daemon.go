@@ -123,7 +123,7 @@ func signalContext(parent context.Context, log zerolog.Logger) (context.Context,
 		firstAt := time.Now()
 		for s := range sigs {
 			if s == first && time.Since(firstAt) < repeatWindow {
-				log.Debug().Str("signal", s.String()).Dur("after", time.Since(firstAt)).
+				log.Debug().Str("signal", s.String()).Stringer("after", time.Since(firstAt)).
 					Msg("the stop signal again at once: taken for the same request, ignored")
 				continue
 			}

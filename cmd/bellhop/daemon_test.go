@@ -29,6 +29,9 @@ var (
 	repeatRE   = regexp.MustCompile(`"level":"debug".*the stop signal again at once`)
 	// the repeat ignored, or heeded as a second signal
 	repeatOrExitRE = regexp.MustCompile(`"level":"debug".*the stop signal again at once|second signal: exiting now`)
+	// how long after the first the repeat came, as text with its unit,
+	// as every duration in the logs (it was a bare number of ms)
+	repeatAfterRE = regexp.MustCompile(`"after":"[0-9.]+(ns|µs|ms|s)"`)
 )
 
 // TestGracefulStop: SIGTERM during a delivery lets it finish (or, past
@@ -120,8 +123,11 @@ func TestGracefulStop(t *testing.T) {
 						}
 						return
 					}
-				} else {
-					d.waitLine(true, repeatRE, 10*time.Second)
+					if !repeatAfterRE.MatchString(m[0]) {
+						t.Errorf("the repeat's line %s: want its after field as a duration with its unit", m[0])
+					}
+				} else if m := d.waitLine(true, repeatRE, 10*time.Second); !repeatAfterRE.MatchString(m[0]) {
+					t.Errorf("the repeat's line %s: want its after field as a duration with its unit", m[0])
 				}
 				releaseCh <- struct{}{}
 			case other:
