@@ -12,8 +12,10 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -713,6 +715,124 @@ func TestReadmeCLIDocumentsFlags(t *testing.T) {
 			}
 		}
 	})
+	checkSynopsisDefaults(t, section, root)
+}
+
+// checkSynopsisDefaults: in the synopsis at the top of the README's CLI
+// section, every optional flag given with a value ([--flag V]) has that
+// value as its default, and one given with a placeholder ([--flag D]) has
+// no default that --help shows.
+func checkSynopsisDefaults(t *testing.T, section string, root *cli.Command) {
+	t.Helper()
+	_, block, _ := strings.Cut(section, "```\n")
+	block, _, _ = strings.Cut(block, "```")
+	var lines []string
+	for l := range strings.SplitSeq(strings.TrimRight(block, "\n"), "\n") {
+		if strings.HasPrefix(l, " ") && len(lines) > 0 {
+			lines[len(lines)-1] += " " + strings.TrimSpace(l)
+		} else {
+			lines = append(lines, l)
+		}
+	}
+	sub := func(c *cli.Command, name string) *cli.Command {
+		for _, s := range c.Commands {
+			if s.Name == name {
+				return s
+			}
+		}
+		return nil
+	}
+	// resolve walks the command names that start words from c.
+	resolve := func(c *cli.Command, words []string) (*cli.Command, []string) {
+		var path []string
+		for _, w := range words {
+			s := sub(c, strings.Split(w, "|")[0])
+			if s == nil {
+				break
+			}
+			c, path = s, append(path, s.Name)
+		}
+		return c, path
+	}
+	optional := regexp.MustCompile(`\[--([a-z-]+) ([^\]\s|]+)\]`)
+	placeholder := regexp.MustCompile(`^[A-Z][A-Z_]*$`)
+	checked := 0
+	for _, line := range lines {
+		line, ok := strings.CutPrefix(line, "bellhop ")
+		if !ok {
+			t.Errorf("README CLI synopsis line %q does not start with bellhop", line)
+			continue
+		}
+		if i := strings.Index(line, "   "); i >= 0 {
+			line = line[:i] // the description column
+		}
+		var cur, parent *cli.Command
+		var curPath, parentPath []string
+		// "consumer ls ... | update ..." names update of consumer; a
+		// bracket split by " | " ([--delay D | --at TIME]) continues
+		// the command before it.
+		for _, seg := range strings.Split(line, " | ") {
+			words := strings.Fields(seg)
+			c, p := root, []string(nil)
+			if parent != nil {
+				if c2, p2 := resolve(parent, words); len(p2) > 0 {
+					c, p = c2, append(slices.Clone(parentPath), p2...)
+				}
+			}
+			if len(p) == 0 {
+				c, p = resolve(root, words)
+			}
+			if len(p) > 0 {
+				cur, curPath = c, p
+				parent, parentPath = root, nil
+				for _, name := range p[:len(p)-1] {
+					parent, parentPath = sub(parent, name), append(parentPath, name)
+				}
+			}
+			if cur == nil {
+				t.Errorf("README CLI synopsis %q names no command", seg)
+				break
+			}
+			for _, m := range optional.FindAllStringSubmatch(seg, -1) {
+				name, shown := m[1], m[2]
+				var df cli.DocGenerationFlag
+				for _, f := range cur.Flags {
+					if slices.Contains(f.Names(), name) {
+						df, _ = f.(cli.DocGenerationFlag)
+					}
+				}
+				if df == nil {
+					t.Errorf("README CLI synopsis gives bellhop %s --%s, which it does not take", strings.Join(curPath, " "), name)
+					continue
+				}
+				checked++
+				def := df.GetValue()
+				if u, err := strconv.Unquote(def); err == nil {
+					def = u
+				}
+				if !df.IsDefaultVisible() || def == "0s" || def == "0" {
+					def = ""
+				}
+				if placeholder.MatchString(shown) {
+					if def != "" {
+						t.Errorf("README CLI synopsis shows bellhop %s [--%s %s]; its default is %s", strings.Join(curPath, " "), name, shown, def)
+					}
+					continue
+				}
+				same := shown == def
+				if a, err := time.ParseDuration(shown); err == nil {
+					b, err := time.ParseDuration(def)
+					same = err == nil && a == b
+				}
+				if !same {
+					t.Errorf("README CLI synopsis shows bellhop %s [--%s %s]; its default is %q", strings.Join(curPath, " "), name, shown, def)
+				}
+			}
+		}
+	}
+	if checked < 20 {
+		t.Errorf("checked only %d optional flags of the README's CLI synopsis", checked)
+	}
 }
 
 // TestReadmeExitCodes: the README's CLI section says which failures exit
