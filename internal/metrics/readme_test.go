@@ -5,6 +5,7 @@ import (
 	"os"
 	"regexp"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,7 +24,8 @@ func (c *collecting) Unregister(prometheus.Collector) bool    { return false }
 
 // TestReadmeListsEveryMetric: the README's table of metrics has a row for
 // each bellhop_ metric the daemon registers, and no row for one it does
-// not. The README once left four of them out.
+// not, and a row's labels column names the metric's labels, in order. The
+// README once left four of them out.
 func TestReadmeListsEveryMetric(t *testing.T) {
 	reg := &collecting{}
 	New(reg, zerolog.Nop(), func() notify.Stats { return notify.Stats{} },
@@ -31,7 +33,9 @@ func TestReadmeListsEveryMetric(t *testing.T) {
 	RegisterLeases(reg, func() bellhop.LeaseStats { return bellhop.LeaseStats{} })
 
 	fqName := regexp.MustCompile(`fqName: "(bellhop_[a-z_]+)"`)
+	descLabels := regexp.MustCompile(`constLabels: \{([^}]*)\}, variableLabels: \{([^}]*)\}\}$`)
 	var registered []string
+	labels := map[string]string{} // "app, queue", as the README writes them
 	for _, c := range reg.cs {
 		ch := make(chan *prometheus.Desc, 64)
 		c.Describe(ch)
@@ -39,6 +43,11 @@ func TestReadmeListsEveryMetric(t *testing.T) {
 		for d := range ch {
 			if m := fqName.FindStringSubmatch(d.String()); m != nil {
 				registered = append(registered, m[1])
+				l := descLabels.FindStringSubmatch(d.String())
+				if l == nil || l[1] != "" {
+					t.Fatalf("%s: no variable labels, or constant ones, in %s", m[1], d)
+				}
+				labels[m[1]] = strings.ReplaceAll(l[2], ",", ", ")
 			}
 		}
 	}
@@ -52,8 +61,12 @@ func TestReadmeListsEveryMetric(t *testing.T) {
 		t.Fatal(err)
 	}
 	var documented []string
-	for _, m := range regexp.MustCompile("(?m)^\\| `(bellhop_[a-z_]+)` \\|").FindAllSubmatch(readme, -1) {
-		documented = append(documented, string(m[1]))
+	for _, m := range regexp.MustCompile("(?m)^\\| `(bellhop_[a-z_]+)` \\|([^|]*)\\|").FindAllSubmatch(readme, -1) {
+		name := string(m[1])
+		documented = append(documented, name)
+		if want, ok := labels[name]; ok && strings.TrimSpace(string(m[2])) != want {
+			t.Errorf("README.md gives %s the labels %q; it has %q", name, strings.TrimSpace(string(m[2])), want)
+		}
 	}
 	for _, name := range registered {
 		if !slices.Contains(documented, name) {
