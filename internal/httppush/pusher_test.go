@@ -15,6 +15,9 @@ import (
 	"net/http/cookiejar"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -998,6 +1001,16 @@ func TestRequest(t *testing.T) {
 	if c := got.Header.Get("Cookie"); c != "" {
 		t.Errorf("Cookie %q", c)
 	}
+	// The README lists exactly the Bellhop- headers a consumer receives.
+	var sent []string
+	for name := range got.Header {
+		if strings.HasPrefix(name, "Bellhop-") {
+			sent = append(sent, name)
+		}
+	}
+	if listed := readmePushHeaders(t); !slices.Equal(listed, slices.Sorted(slices.Values(sent))) {
+		t.Errorf("README.md lists the push headers %q; a request carries %q", listed, slices.Sorted(slices.Values(sent)))
+	}
 
 	// An InvokeAsync delivery says so.
 	inv := newMessage(t)
@@ -1008,6 +1021,30 @@ func TestRequest(t *testing.T) {
 	if v := got.Header.Values(bellhop.HeaderSource); len(v) != 1 || v[0] != "invoke" {
 		t.Errorf("invoke delivery: header %s = %q, want \"invoke\"", bellhop.HeaderSource, v)
 	}
+}
+
+// readmePushHeaders returns the Bellhop- headers that README.md's
+// sentence "... and these headers: ..." names, canonicalised and sorted.
+func readmePushHeaders(t *testing.T) []string {
+	t.Helper()
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, found := strings.Cut(string(b), "these headers:")
+	if !found {
+		t.Fatal(`README.md has no "these headers:" list`)
+	}
+	sentence, _, _ := strings.Cut(rest, ".\n")
+	var names []string
+	for _, m := range regexp.MustCompile("`(Bellhop-[A-Za-z-]+)`").FindAllStringSubmatch(sentence, -1) {
+		names = append(names, http.CanonicalHeaderKey(m[1]))
+	}
+	if len(names) == 0 {
+		t.Fatalf("README.md's header list names no Bellhop- header: %q", sentence)
+	}
+	slices.Sort(names)
+	return names
 }
 
 func TestDefaultUserAgent(t *testing.T) {
