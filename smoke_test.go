@@ -181,18 +181,9 @@ func smokeWait(t *testing.T, timeout time.Duration, what string, cond func() boo
 // status table says of a push consumer's 429 or 503 with Retry-After.
 // Earlier attempts are retried at its time.
 func TestRetryAfterOnLastAttemptDeadLetters(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	dsn := pgtest.ConnString(t)
-	pool, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	c := bellhop.NewClient(pool)
-	if _, err := c.CreateApp(ctx, "shop"); err != nil {
-		t.Fatal(err)
-	}
+	e := fxNew(t)
+	ctx, c := e.ctx, e.client
+	e.app("shop")
 	if _, err := c.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders", MaxAttempts: 2}); err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +197,7 @@ func TestRetryAfterOnLastAttemptDeadLetters(t *testing.T) {
 		// An hour: were it honoured, the message would stay queued.
 		return bellhop.RetryAfter(time.Hour)
 	}))
-	smokeDispatcher(t, dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour})
+	smokeDispatcher(t, e.pool.Config().ConnString(), bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour})
 	id, err := c.Enqueue(ctx, "shop", "orders", []byte(`{"n":1}`), bellhop.EnqueueOptions{})
 	if err != nil {
 		t.Fatal(err)
