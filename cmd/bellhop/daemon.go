@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -189,7 +190,7 @@ func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.
 		return err
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", metricsHandler(reg))
+	mux.Handle("/metrics", metricsHandler(reg, log))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.Handle("/readyz", readyz(disp.Ready, log))
 	srv := probeServer(mux)
@@ -215,9 +216,28 @@ func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.
 const maxScrapes = 2
 
 // metricsHandler serves reg, answering 503 at once to a request beyond
-// maxScrapes in flight.
-func metricsHandler(reg prometheus.Gatherer) http.Handler {
-	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{MaxRequestsInFlight: maxScrapes})
+// maxScrapes in flight. A collector that fails leaves out its series, not
+// the whole answer (which was a 500 with no metric and no line logged);
+// the failure is logged at error, at most once a minute.
+func metricsHandler(reg prometheus.Gatherer, log zerolog.Logger) http.Handler {
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{
+		MaxRequestsInFlight: maxScrapes,
+		ErrorHandling:       promhttp.ContinueOnError,
+		ErrorLog:            scrapeErrorLog{log: log, throttle: logthrottle.New(1, time.Minute)},
+	})
+}
+
+// scrapeErrorLog is promhttp's ErrorLog: a line per failed /metrics build.
+type scrapeErrorLog struct {
+	log      zerolog.Logger
+	throttle *logthrottle.Throttle
+}
+
+func (l scrapeErrorLog) Println(v ...any) {
+	if ok, held := l.throttle.Allow(); ok {
+		l.log.Error().Str("error", strings.TrimSpace(fmt.Sprintln(v...))).Int("held_back", held).
+			Msg("/metrics: some series could not be collected and were left out (logged at most once a minute; held_back counts the failures not logged)")
+	}
 }
 
 // readyz answers 200 while ready reports nil. The endpoint is not

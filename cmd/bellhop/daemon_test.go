@@ -22,6 +22,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop/internal/pgtest"
+	"github.com/bellhopq/bellhop/internal/syncbuf"
 )
 
 var (
@@ -529,7 +530,7 @@ func TestMetricsScrapesBounded(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	c := &blockingCollector{entered: make(chan struct{}, maxScrapes), release: make(chan struct{})}
 	reg.MustRegister(c)
-	h := metricsHandler(reg)
+	h := metricsHandler(reg, zerolog.Nop())
 	done := make(chan int, maxScrapes)
 	for range maxScrapes {
 		go func() {
@@ -569,6 +570,83 @@ func TestMetricsScrapesBounded(t *testing.T) {
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 	if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), "test_blocking") {
 		t.Errorf("a scrape after the others ended got %d, want 200 with the metric", rec.Code)
+	}
+}
+
+// TestMetricsCollectorFails: a collector that fails (here, by sending a
+// series twice) leaves out its series, not the whole /metrics answer, and
+// the failure is logged at error, once for two scrapes. promhttp answered
+// 500 with no metric at all and logged nothing.
+func TestMetricsCollectorFails(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	good := prometheus.NewGauge(prometheus.GaugeOpts{Name: "test_good", Help: "A gauge."})
+	good.Set(7)
+	reg.MustRegister(good, twiceCollector{})
+	var logs syncbuf.Buffer
+	h := metricsHandler(reg, zerolog.New(&logs))
+	for i := range 2 {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+		if v, found := metric(rec.Body.String(), "test_good"); rec.Code != http.StatusOK || !found || v != 7 {
+			t.Fatalf("scrape %d: %d, test_good = %v (present %t), want 200 and 7:\n%s", i+1, rec.Code, v, found, rec.Body.String())
+		}
+	}
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	var got map[string]any
+	if len(lines) != 1 || json.Unmarshal([]byte(lines[0]), &got) != nil {
+		t.Fatalf("logged %q for two failed scrapes, want one JSON line", logs.String())
+	}
+	if e, _ := got["error"].(string); got["level"] != "error" || !strings.Contains(e, "collected before with the same name and label values") {
+		t.Errorf("logged %v, want level error and the collector's error", got)
+	}
+}
+
+// twiceCollector sends the same series twice.
+type twiceCollector struct{}
+
+var twiceDesc = prometheus.NewDesc("test_twice", "A gauge sent twice.", nil, nil)
+
+func (twiceCollector) Describe(ch chan<- *prometheus.Desc) { ch <- twiceDesc }
+
+func (twiceCollector) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(twiceDesc, prometheus.GaugeValue, 1)
+	ch <- prometheus.MustNewConstMetric(twiceDesc, prometheus.GaugeValue, 1)
+}
+
+// TestMetricsQueueMovedBySQL: a consumer moved by SQL onto a queue that
+// another consumer serves (which the dispatcher supports) makes two rows
+// of the queue list for that queue; /metrics still answers 200, with the
+// queue's depths once. It answered 500, every metric gone.
+func TestMetricsQueueMovedBySQL(t *testing.T) {
+	t.Parallel()
+	dsn, h, _ := setup(t)
+	moved, _ := addConsumer(t, dsn, "--app", "shop", "--queue", "refunds", "--url", h.srv.URL+"/refunds")
+	d := startDaemon(t, dsn)
+	pool := db(t, dsn)
+	if _, err := pool.Exec(context.Background(), `UPDATE queue_trigger_details SET queue_name = 'orders' WHERE queue_name = 'refunds'`); err != nil {
+		t.Fatal(err)
+	}
+	if n := queryInt(t, pool, `SELECT count(*) FROM queue_list WHERE queue_name = 'orders' AND consumer_id = $1`, moved); n != 1 {
+		t.Fatalf("the moved consumer is in %d rows of queue orders, want 1", n)
+	}
+	var code int
+	var text string
+	// Queue depths are cached for a second: poll until the move shows.
+	waitFor(t, 15*time.Second, "/metrics to show queue orders and not refunds", func() bool {
+		code, text = d.get(t, "/metrics")
+		if code != http.StatusOK {
+			t.Fatalf("/metrics: %d %s", code, text)
+		}
+		_, orders := metric(text, "bellhop_queue_messages", `app="shop"`, `queue="orders"`, `state="ready"`)
+		_, refunds := metric(text, "bellhop_queue_messages", `queue="refunds"`)
+		return orders && !refunds
+	})
+	if n := strings.Count(text, `bellhop_queue_messages{app="shop",queue="orders",state="ready"}`); n != 1 {
+		t.Errorf("queue orders' ready series %d times, want once:\n%s", n, filterMetrics(text))
+	}
+	if v, found := metric(text, "bellhop_listener_connected"); !found || v != 1 {
+		t.Errorf("bellhop_listener_connected = %v (present %t), want 1", v, found)
 	}
 }
 

@@ -203,7 +203,17 @@ func (c *depthCollector) Collect(ch chan<- prometheus.Metric) {
 		up = 1
 	}
 	ch <- prometheus.MustNewConstMetric(depthsOKDesc, prometheus.GaugeValue, up)
+	// The queue list has a row per consumer: two consumers on one queue
+	// (one moved there by SQL) give two rows with the same depths. Each
+	// queue is sent once; a series sent twice failed the whole scrape.
+	type key struct{ app, queue string }
+	sent := make(map[key]bool, len(qs))
 	for _, q := range qs {
+		k := key{q.App, q.Queue}
+		if sent[k] {
+			continue
+		}
+		sent[k] = true
 		for state, v := range map[string]int64{"ready": q.Ready, "delayed": q.Delayed, "in_flight": q.InFlight, "dead": q.Dead} {
 			ch <- prometheus.MustNewConstMetric(depthDesc, prometheus.GaugeValue, float64(v), q.App, q.Queue, state)
 		}

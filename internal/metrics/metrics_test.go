@@ -182,3 +182,39 @@ func TestListenerMetrics(t *testing.T) {
 		})
 	}
 }
+
+// TestDepthsOncePerQueue: two rows of the queue list for one queue (two
+// consumers on it, one moved there by SQL) give one set of its series. The
+// collector sent both, and the registry failed the whole gather: "was
+// collected before with the same name and label values".
+func TestDepthsOncePerQueue(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	New(reg, zerolog.Nop(), func() notify.Stats { return notify.Stats{} },
+		func(context.Context) ([]bellhop.QueueInfo, error) {
+			return []bellhop.QueueInfo{
+				{App: "shop", Queue: "orders", Ready: 3},
+				{App: "shop", Queue: "orders", Ready: 3},
+				{App: "shop", Queue: "refunds", Ready: 1},
+			}, nil
+		})
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatalf("gather: %v", err)
+	}
+	series := map[string]int{}
+	for _, f := range families {
+		if f.GetName() != "bellhop_queue_messages" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "queue" {
+					series[l.GetValue()]++
+				}
+			}
+		}
+	}
+	if want := map[string]int{"orders": 4, "refunds": 4}; !maps.Equal(series, want) {
+		t.Errorf("bellhop_queue_messages series per queue: %v, want %v", series, want)
+	}
+}
