@@ -275,6 +275,10 @@ type Dispatcher struct {
 	// until they have given up their busy mark and offers: a new lane of
 	// the same queue shares both keys, and waits (lane.after).
 	tidying map[queueKey]*lane
+	// panicked holds, by consumer id, the Resolver's panic logged
+	// (resolve): logged again only when it changes, not on every reload;
+	// forgotten once the consumer resolves, or is gone.
+	panicked map[uuid.UUID]string
 
 	// handlers is the parent context of every handler's context; it is
 	// cancelled when a stop's grace period runs out.
@@ -433,6 +437,7 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 		lanes:        map[uuid.UUID]*consumerLanes{},
 		byQueue:      map[queueKey]*lane{},
 		tidying:      map[queueKey]*lane{},
+		panicked:     map[uuid.UUID]string{},
 		stopping:     make(chan struct{}),
 		lastFired:    map[uuid.UUID]bool{},
 		owner:        uuid.New(),
@@ -670,14 +675,25 @@ func (d *Dispatcher) ListenerStats() notify.Stats {
 // that panics (logged): either would otherwise fail every delivery, and
 // dead-letter messages that another dispatcher was meant to serve. The
 // panic value is logged as fmt prints it, so that a Consumer in it shows
-// no secret (Consumer.String); as JSON it would.
+// no secret (Consumer.String); as JSON it would. Every reload resolves
+// every consumer: a panic is logged at error once, and again only when
+// its value changes or after the consumer resolved. d.mu must be held.
 func (d *Dispatcher) resolve(c Consumer) (h Handler) {
 	defer func() {
-		if r := recover(); r != nil {
-			d.log.Error().Str("app_id", c.AppID.String()).Str("queue", c.Queue).Str("panic", fmt.Sprint(r)).
-				Msg("the Resolver panicked; this dispatcher does not serve the consumer")
-			h = nil
+		r := recover()
+		if r == nil {
+			delete(d.panicked, c.ID)
+			return
 		}
+		h = nil
+		text := fmt.Sprint(r)
+		level := zerolog.ErrorLevel
+		if d.panicked[c.ID] == text {
+			level = zerolog.DebugLevel
+		}
+		d.panicked[c.ID] = text
+		d.log.WithLevel(level).Str("app_id", c.AppID.String()).Str("queue", c.Queue).Str("consumer_id", c.ID.String()).Str("panic", text).
+			Msg("the Resolver panicked; this dispatcher does not serve the consumer")
 	}()
 	if h = d.cfg.Resolver.Resolve(c); isNil(h) {
 		return nil
@@ -1040,6 +1056,17 @@ func (d *Dispatcher) loadConsumers(ctx context.Context) (added int, err error) {
 		if !seen[id] {
 			d.dropLanes(cl)
 			delete(d.lanes, id)
+		}
+	}
+	if len(d.panicked) > 0 {
+		exists := make(map[uuid.UUID]bool, len(consumers))
+		for _, c := range consumers {
+			exists[c.ID] = true
+		}
+		for id := range d.panicked {
+			if !exists[id] {
+				delete(d.panicked, id)
+			}
 		}
 	}
 	for _, l := range fresh {

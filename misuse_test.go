@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -619,6 +620,61 @@ func TestNilishHandlersServeNothing(t *testing.T) {
 	if l := logs.String(); !strings.Contains(l, "Queue:panics") || strings.Contains(l, secret) {
 		t.Errorf("want the Resolver's panic value logged without the consumer's secret; logs:\n%s", l)
 	}
+}
+
+// TestResolverPanicLoggedOnce: a Resolver that panics for a consumer is
+// logged at error once, not on every reload (here, three other consumers
+// registered), and again when its panic changes. It was logged on every
+// reload, for every such consumer.
+func TestResolverPanicLoggedOnce(t *testing.T) {
+	e := fxNew(t)
+	e.app("shop")
+	if _, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "panics"}); err != nil {
+		t.Fatal(err)
+	}
+	r := &panickyResolver{value: "first"}
+	logs := &lineLog{}
+	runDispatcher(t, e.pool.Config().ConnString(), r, func(dc *bellhop.DispatcherConfig) {
+		dc.Logger = zerolog.New(io.MultiWriter(logs, zerolog.NewTestWriter(t))).Level(zerolog.InfoLevel)
+	})
+	for i := range 3 {
+		if _, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: fmt.Sprintf("other%d", i)}); err != nil {
+			t.Fatal(err)
+		}
+		waitUntil(t, 10*time.Second, fmt.Sprintf("reload %d", i+1), func() bool { return r.calls.Load() >= int32(i+2) })
+	}
+	if n := strings.Count(logs.String(), "the Resolver panicked"); n != 1 {
+		t.Errorf("%d lines for a Resolver that panicked on 4 loads, want 1:\n%s", n, logs.String())
+	}
+	r.mu.Lock()
+	r.value = "second"
+	r.mu.Unlock()
+	if _, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "other3"}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 10*time.Second, "the changed panic logged", func() bool { return strings.Contains(logs.String(), `"panic":"second"`) })
+	if l := logs.String(); strings.Count(l, "the Resolver panicked") != 2 || !strings.Contains(l, `"level":"error"`) {
+		t.Errorf("want 2 error lines, one per panic value:\n%s", l)
+	}
+}
+
+// panickyResolver panics with value for the consumer of queue panics,
+// counting those calls; it serves no other consumer.
+type panickyResolver struct {
+	calls atomic.Int32
+	mu    sync.Mutex
+	value string
+}
+
+func (r *panickyResolver) Resolve(c bellhop.Consumer) bellhop.Handler {
+	if c.Queue != "panics" {
+		return nil
+	}
+	r.calls.Add(1)
+	r.mu.Lock()
+	v := r.value
+	r.mu.Unlock()
+	panic(v)
 }
 
 // TestHandBuiltPoolConfig: a pool config not made by pgxpool.ParseConfig

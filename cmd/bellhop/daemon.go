@@ -9,9 +9,11 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -149,19 +151,72 @@ func stoppedBySignal(ctx context.Context, err error) bool {
 type pushResolver struct {
 	pusher *httppush.Pusher
 	log    zerolog.Logger
+
+	// refused holds, by consumer id, the refusals logged: consumers are
+	// resolved again on every reload (any consumer's change, any listener
+	// reconnect), and each refusal was logged again every time. One is
+	// logged again when its URL or error changes, or once it is forgotten:
+	// when the consumer is served, or has not been resolved for
+	// refusalMemory (a consumer gone, whose id is never reused).
+	mu       sync.Mutex
+	refused  map[uuid.UUID]refusal
+	prunedAt time.Time
 }
 
-func (r pushResolver) Resolve(c bellhop.Consumer) bellhop.Handler {
+type refusal struct {
+	url, err string
+	at       time.Time // last resolved
+}
+
+// refusalMemory is how long a refusal not seen again is remembered.
+const refusalMemory = 24 * time.Hour
+
+func newPushResolver(pusher *httppush.Pusher, log zerolog.Logger) *pushResolver {
+	return &pushResolver{pusher: pusher, log: log, refused: make(map[uuid.UUID]refusal)}
+}
+
+func (r *pushResolver) Resolve(c bellhop.Consumer) bellhop.Handler {
 	if c.URL == "" {
+		r.forget(c.ID)
 		return nil
 	}
 	h, err := r.pusher.Handler(c)
-	if err != nil {
-		r.log.Error().Err(err).Str("app_id", c.AppID.String()).Str("app", c.App).Str("queue", c.Queue).
-			Str("consumer_id", c.ID.String()).Msg("consumer not served")
+	if err == nil {
+		r.forget(c.ID)
+		return h
+	}
+	if r.refusedBefore(c.ID, refusal{url: c.URL, err: err.Error(), at: time.Now()}) {
+		r.log.Debug().Err(err).Str("app_id", c.AppID.String()).Str("app", c.App).Str("queue", c.Queue).
+			Str("consumer_id", c.ID.String()).Msg("consumer still not served")
 		return nil
 	}
-	return h
+	r.log.Error().Err(err).Str("app_id", c.AppID.String()).Str("app", c.App).Str("queue", c.Queue).
+		Str("consumer_id", c.ID.String()).Msg("consumer not served")
+	return nil
+}
+
+// refusedBefore records ref for consumer id and reports whether the same
+// refusal (URL and error) was recorded before.
+func (r *pushResolver) refusedBefore(id uuid.UUID, ref refusal) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if ref.at.Sub(r.prunedAt) > time.Hour {
+		for k, v := range r.refused {
+			if ref.at.Sub(v.at) > refusalMemory {
+				delete(r.refused, k)
+			}
+		}
+		r.prunedAt = ref.at
+	}
+	prev, ok := r.refused[id]
+	r.refused[id] = ref
+	return ok && prev.url == ref.url && prev.err == ref.err
+}
+
+func (r *pushResolver) forget(id uuid.UUID) {
+	r.mu.Lock()
+	delete(r.refused, id)
+	r.mu.Unlock()
 }
 
 // serve runs a dispatcher and the HTTP endpoints until ctx is cancelled.
@@ -183,7 +238,7 @@ func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.
 	rec := metrics.New(reg, log, func() notify.Stats { return disp.ListenerStats() },
 		func(ctx context.Context) ([]bellhop.QueueInfo, error) { return client.Queues(ctx, "") })
 	metrics.RegisterLeases(reg, func() bellhop.LeaseStats { return disp.LeaseStats() })
-	dc.Resolver, dc.Logger, dc.Observer = pushResolver{pusher: pusher, log: log}, log, rec
+	dc.Resolver, dc.Logger, dc.Observer = newPushResolver(pusher, log), log, rec
 	disp, err = bellhop.NewDispatcher(cfg, dc)
 	if err != nil {
 		ln.Close()

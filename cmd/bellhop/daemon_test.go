@@ -18,9 +18,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/internal/httppush"
 	"github.com/bellhopq/bellhop/internal/pgtest"
 	"github.com/bellhopq/bellhop/internal/syncbuf"
 )
@@ -388,7 +391,10 @@ func TestLeaseAtInsertDaemon(t *testing.T) {
 
 // TestConsumerNotServedLog: a consumer the daemon refuses to serve (its
 // host is not allowed) is logged once with the house fields, app_id
-// among them, and the daemon serves on.
+// among them, and the daemon serves on; the reloads that follow (here,
+// five other consumers added) do not log it again, at error, while its
+// URL and the error stay the same: a new URL is logged. It was logged on
+// every reload: 7 lines for the five additions and the URL change.
 func TestConsumerNotServedLog(t *testing.T) {
 	t.Parallel()
 	dsn := pgtest.ConnString(t)
@@ -398,7 +404,8 @@ func TestConsumerNotServedLog(t *testing.T) {
 	}
 	appID := m[2]
 	consumerID, _ := addConsumer(t, dsn, "--app", "shop", "--queue", "orders", "--url", "http://127.0.0.1:9/hook")
-	d := startDaemon(t, dsn, "--allowed-hosts", "hooks.example.com")
+	p := start(t, []string{"DATABASE_URL=" + dsn, "BELLHOP_LOG_LEVEL=debug"}, "run", "--http-addr", "127.0.0.1:0", "--allowed-hosts", "hooks.example.com")
+	d := &daemon{proc: p, addr: p.waitLine(true, servingRE, 30*time.Second)[1]}
 	line := d.waitLine(true, regexp.MustCompile(`^\{.*"message":"consumer not served".*$`), 20*time.Second)[0]
 	var got map[string]any
 	if err := json.Unmarshal([]byte(line), &got); err != nil {
@@ -415,6 +422,58 @@ func TestConsumerNotServedLog(t *testing.T) {
 	}
 	if code, _ := d.get(t, "/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz: %d", code)
+	}
+	notServed := regexp.MustCompile(`"level":"error".*"message":"consumer not served"`)
+	resolved := regexp.MustCompile(`"consumer_id":"` + consumerID + `".*"message":"consumer (still )?not served"`)
+	// Each consumer added reloads them all: the refused one is resolved
+	// again, which a line shows, at error or debug.
+	for i := range 5 {
+		addConsumer(t, dsn, "--app", "shop", "--queue", fmt.Sprintf("other%d", i), "--url", "https://hooks.example.com/hook")
+		waitFor(t, 20*time.Second, fmt.Sprintf("reload %d", i+1), func() bool { return d.countErrLines(resolved) >= i+2 })
+	}
+	if n := d.countErrLines(notServed); n != 1 {
+		t.Errorf("%d error lines after 5 reloads, want 1:\n%s", n, d.stderr())
+	}
+	ok(t, dsn, "consumer", "update", "--app", "shop", "--url", "http://127.0.0.2:9/hook", consumerID)
+	d.waitLine(true, regexp.MustCompile(`^\{.*"level":"error".*127\.0\.0\.2.*"message":"consumer not served"`), 20*time.Second)
+	if n := d.countErrLines(notServed); n != 2 {
+		t.Errorf("%d error lines after the URL changed, want 2:\n%s", n, d.stderr())
+	}
+}
+
+// TestPushResolverRefusals: a refusal is logged at error once per consumer
+// until its URL or the error changes; a consumer served, or moved away
+// from push, is forgotten, so that its next refusal is logged again.
+func TestPushResolverRefusals(t *testing.T) {
+	t.Parallel()
+	var logs syncbuf.Buffer
+	r := newPushResolver(httppush.New(httppush.Options{AllowedHosts: []string{"hooks.example.com"}}), zerolog.New(&logs).Level(zerolog.InfoLevel))
+	c := bellhop.Consumer{ID: uuid.New(), AppID: uuid.New(), App: "shop", Queue: "orders", URL: "http://127.0.0.1:9/hook", Secret: "s3cret"}
+	errorLines := func() int { return strings.Count(logs.String(), `"level":"error"`) }
+	for _, step := range []struct {
+		name   string
+		url    string
+		served bool
+		lines  int
+	}{
+		{"refused", "http://127.0.0.1:9/hook", false, 1},
+		{"refused again", "http://127.0.0.1:9/hook", false, 1},
+		{"refused again", "http://127.0.0.1:9/hook", false, 1},
+		{"another URL refused", "http://127.0.0.2:9/hook", false, 2},
+		{"served", "https://hooks.example.com/hook", true, 2},
+		{"refused after being served", "http://127.0.0.2:9/hook", false, 3},
+		{"no URL", "", false, 3},
+		{"refused after having no URL", "http://127.0.0.2:9/hook", false, 4},
+	} {
+		c.URL = step.url
+		if h := r.Resolve(c); (h != nil) != step.served || errorLines() != step.lines {
+			t.Fatalf("%s: handler %v and %d error lines, want served %t and %d:\n%s", step.name, h, errorLines(), step.served, step.lines, logs.String())
+		}
+	}
+	other := c
+	other.ID = uuid.New()
+	if r.Resolve(other); errorLines() != 5 {
+		t.Errorf("another consumer refused the same way: %d error lines, want 5", errorLines())
 	}
 }
 

@@ -330,6 +330,19 @@ func (p *proc) countLines(re *regexp.Regexp) int {
 	return n
 }
 
+// countErrLines returns how many stderr lines match re.
+func (p *proc) countErrLines(re *regexp.Regexp) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, l := range p.errs {
+		if re.MatchString(l) {
+			n++
+		}
+	}
+	return n
+}
+
 func (p *proc) signal(sig os.Signal) {
 	p.t.Helper()
 	if err := p.cmd.Process.Signal(sig); err != nil {
