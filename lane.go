@@ -910,7 +910,7 @@ func (l *lane) finish(st *consumerState, m *Message, cm *claim.Message, hctx con
 		case errors.Is(werr, claim.ErrWriteFailed):
 			// The first try may have committed before its answer was
 			// lost: the outcome is unknown too.
-			log.Error().Err(werr).Str("outcome", out.Verdict.String()).
+			l.msgEvent(&log, zerolog.ErrorLevel).Err(werr).Str("outcome", out.Verdict.String()).
 				Msg("could not record outcome; unless a try did, the message will be delivered again after its lease")
 			if out.Verdict == claim.Nack {
 				l.afterNack() // recorded, the retry is due then

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
+	"github.com/bellhopq/bellhop/internal/logthrottle"
 	queries "github.com/bellhopq/bellhop/sql"
 )
 
@@ -85,6 +86,7 @@ var ErrWriteFailed = errors.New("every try to write the outcome failed")
 type Completer struct {
 	db       *pgxpool.Pool
 	log      zerolog.Logger
+	failLog  *logthrottle.Throttle // batches given up on (flush)
 	in       chan Outcome
 	maxBatch int
 	workers  int
@@ -101,7 +103,7 @@ func NewCompleter(db *pgxpool.Pool, log zerolog.Logger, workers, maxBatch int) *
 	if maxBatch <= 0 {
 		maxBatch = 500
 	}
-	c := &Completer{db: db, log: log, in: make(chan Outcome, 4*maxBatch), maxBatch: maxBatch, workers: workers}
+	c := &Completer{db: db, log: log, failLog: logthrottle.New(1, 10*time.Second), in: make(chan Outcome, 4*maxBatch), maxBatch: maxBatch, workers: workers}
 	c.wg.Add(workers)
 	for range workers {
 		go c.loop()
@@ -141,15 +143,20 @@ func (c *Completer) loop() {
 	}
 }
 
+// writeTries is how many times flush tries to write a batch.
+const writeTries = 5
+
 // flush writes one batch, retrying transient failures for a few seconds.
 // It runs on a context of its own: outcomes must be written even while
-// the dispatcher is stopping.
+// the dispatcher is stopping. A failed try is logged at debug; a batch
+// given up on at warn, at most once every 10 s (a database outage fails
+// every batch).
 func (c *Completer) flush(batch []Outcome) {
 	var applied Applied
 	var err error
 	retried := false
 	delay := 50 * time.Millisecond
-	for try := 1; try <= 5; try++ {
+	for try := 1; try <= writeTries; try++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		applied, err = Write(ctx, c.db, batch)
 		cancel()
@@ -157,8 +164,13 @@ func (c *Completer) flush(batch []Outcome) {
 			break
 		}
 		retried = true
-		c.log.Warn().Err(err).Int("batch", len(batch)).Int("try", try).Msg("writing message outcomes failed")
-		if try < 5 {
+		if try < writeTries {
+			c.log.Debug().Err(err).Int("batch", len(batch)).Int("try", try).Msg("writing message outcomes failed; retrying")
+		} else {
+			c.failLog.Event(&c.log, zerolog.WarnLevel, 1).Err(err).Int("batch", len(batch)).Int("try", try).
+				Msg("writing message outcomes failed; gave up after 5 tries (logged at most once every 10s; held_back counts the batches not logged)")
+		}
+		if try < writeTries {
 			time.Sleep(delay)
 			delay *= 2
 		}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/httppush"
+	"github.com/bellhopq/bellhop/internal/pgtest"
 	queries "github.com/bellhopq/bellhop/sql"
 )
 
@@ -772,5 +773,85 @@ func TestRemovedInvokeDeliveryLogged(t *testing.T) {
 	}
 	if lineWith(logs, `"message_id":"`+id.String()+`"`, "the message may be delivered again") {
 		t.Errorf("a line says the removed delivery may be delivered again:\n%s", logs.String())
+	}
+}
+
+// TestWriteFailuresThrottled: deliveries whose outcomes cannot be written
+// (the database refuses connections once their handlers are running) log
+// "could not record outcome" at error up to the lane's burst of 10 and
+// then one a second, the rest at debug; the completer logs each failed try
+// at debug and a batch given up on at warn, at most once every 10 s. Each
+// of the 40 deliveries wrote an error line, and each try of each batch a
+// warning.
+func TestWriteFailuresThrottled(t *testing.T) {
+	const n = 40
+	e := newEnv(t)
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", MaxInFlight: n, VisibilityTimeout: time.Minute})
+	var started atomic.Int32
+	release := make(chan struct{})
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", bellhop.HandlerFunc(func(context.Context, *bellhop.Message) error {
+		started.Add(1)
+		<-release
+		return nil
+	}))
+	logs := &syncBuffer{}
+	startLogged(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour,
+		Logger: zerolog.New(logs).Level(zerolog.DebugLevel)}, nil)
+	t.Cleanup(func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
+	if _, err := e.pool.Exec(context.Background(), `INSERT INTO queue_messages (app_id, queue_name, payload)
+		SELECT id, 'orders', '{}' FROM apps, generate_series(1, $1::int)`, n); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "every handler started", func() bool { return started.Load() == n })
+
+	// The database refuses connections from now until the test's end.
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, pgtest.AdminConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Close(context.Background()) })
+	name := e.pool.Config().ConnConfig.Database
+	if _, err := admin.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{name}.Sanitize()+" ALLOW_CONNECTIONS false"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// Before the dispatcher's stop (cleanups run last first).
+		if _, err := admin.Exec(context.Background(), "ALTER DATABASE "+pgx.Identifier{name}.Sanitize()+" ALLOW_CONNECTIONS true"); err != nil {
+			t.Error(err)
+		}
+	})
+	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1`, name); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "no session left", func() bool {
+		var left int
+		if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = $1`, name).Scan(&left); err != nil {
+			t.Fatal(err)
+		}
+		return left == 0
+	})
+	start := time.Now()
+	close(release)
+	const msg = "could not record outcome"
+	var lines map[string]int
+	waitFor(t, 60*time.Second, "every failed write logged", func() bool {
+		lines = logLines(t, logs, msg)
+		return lines["error"]+lines["debug"] == n
+	})
+	took := time.Since(start)
+	if limit := 10 + int(took/time.Second) + 1; lines["error"] < 10 || lines["error"] > limit {
+		t.Errorf("%d of %d failed writes logged at error (%v) in %s, want 10 to %d", lines["error"], n, lines, took.Round(time.Millisecond), limit)
+	}
+	tries := logLines(t, logs, "writing message outcomes failed")
+	if limit := 1 + int(took/(10*time.Second)) + 1; tries["warn"] < 1 || tries["warn"] > limit || tries["debug"] < 4 {
+		t.Errorf("failed writes of outcomes logged %v in %s, want 1 to %d warn, the other tries at debug", tries, took.Round(time.Millisecond), limit)
 	}
 }
