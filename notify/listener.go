@@ -26,6 +26,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgxlisten"
 	"github.com/rs/zerolog"
+
+	"github.com/bellhopq/bellhop/internal/logthrottle"
 )
 
 // Handler receives what the listener hears. Both methods run on the
@@ -100,6 +102,12 @@ type Listener struct {
 	// connection.
 	beatHeard atomic.Bool
 
+	// connectFailed is set while the last connect failed (logError), and
+	// connectLog bounds those lines: pgxlisten reports each failed
+	// connect, one every ReconnectDelay while the database is away.
+	connectFailed atomic.Bool
+	connectLog    *logthrottle.Throttle
+
 	mu          sync.Mutex
 	pendingBeat string
 	// pendingArmed is set once pendingBeat's deadline runs.
@@ -124,7 +132,7 @@ func New(cfg Config) *Listener {
 	if cfg.SetupTimeout <= 0 {
 		cfg.SetupTimeout = max(10*time.Second, 2*cfg.HeartbeatTimeout)
 	}
-	return &Listener{cfg: cfg, restart: make(chan struct{}, 1)}
+	return &Listener{cfg: cfg, restart: make(chan struct{}, 1), connectLog: logthrottle.New(1, connectLogInterval)}
 }
 
 // Run listens until ctx is done, reconnecting after every failure. It
@@ -348,6 +356,7 @@ func (l *Listener) connect(ctx context.Context) (*pgx.Conn, error) {
 			conn = nil
 		}
 	}
+	l.connectFailed.Store(err != nil)
 	if err != nil {
 		if cctx.Err() != nil && ctx.Err() == nil {
 			err = fmt.Errorf("no answer within %s (SetupTimeout): %w", l.cfg.SetupTimeout, err)
@@ -415,8 +424,20 @@ func (l *Listener) logError(ctx context.Context, err error) {
 		// lease channel's name is kept out of the log (Config.LeaseChannel).
 		text = strings.ReplaceAll(text, c, "(the lease channel)")
 	}
+	if l.connectFailed.Load() {
+		// No connection was made: nothing was lost. The first failure
+		// is logged in full, then one every connectLogInterval, the
+		// others at debug.
+		l.connectLog.Event(&l.cfg.Logger, zerolog.WarnLevel, 1).Str("error", text).Stringer("reconnect_delay", l.cfg.ReconnectDelay).
+			Msgf("could not connect the listener; retrying every %s (logged at most once every %s; held_back counts the failures not logged)",
+				l.cfg.ReconnectDelay, connectLogInterval)
+		return
+	}
 	l.cfg.Logger.Warn().Str("error", text).Stringer("reconnect_delay", l.cfg.ReconnectDelay).Msg("listener connection lost")
 }
+
+// connectLogInterval is how often a listener that cannot connect says so.
+const connectLogInterval = 30 * time.Second
 
 func (l *Listener) receive(payload string) {
 	ev, err := Parse(payload)

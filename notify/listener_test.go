@@ -441,3 +441,51 @@ func TestSetupTimeoutBoundsListen(t *testing.T) {
 		t.Errorf("the log does not say why the first connection was replaced:\n%s", logs.String())
 	}
 }
+
+// TestConnectFailuresThrottled: a listener that cannot connect (nothing
+// listens on its port) says so, "could not connect the listener", in full
+// at warn the first time and then at most once every 30s, the rest at
+// debug. Each failed connect was logged at warn, one every ReconnectDelay
+// (about 1,800 an hour), as "listener connection lost", though no
+// connection had been made.
+func TestConnectFailuresThrottled(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // a closed port: every connect is refused
+	cfg, err := pgx.ParseConfig("postgres://bellhop@" + addr + "/bellhop?sslmode=disable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dials atomic.Int32
+	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		dials.Add(1)
+		return (&net.Dialer{}).DialContext(ctx, network, addr)
+	}
+	var logs syncBuffer
+	l := notify.New(notify.Config{ConnConfig: cfg, Handler: &counting{}, Logger: zerolog.New(&logs).Level(zerolog.DebugLevel),
+		ReconnectDelay: 10 * time.Millisecond})
+	run(t, l)
+	// A failed connect is logged before the next one is dialled.
+	waitUntil(t, "ten connection attempts", func() bool { return dials.Load() >= 10 })
+	var warn, debug int
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		switch {
+		case strings.Contains(line, "listener connection lost"):
+			t.Errorf("a failed connect logged as a connection lost: %s", line)
+		case !strings.Contains(line, "could not connect the listener; retrying every 10ms"):
+		case strings.Contains(line, `"level":"warn"`):
+			warn++
+			if !strings.Contains(line, "connection refused") {
+				t.Errorf("the first failure not logged in full: %s", line)
+			}
+		case strings.Contains(line, `"level":"debug"`):
+			debug++
+		}
+	}
+	if warn != 1 || debug < 8 {
+		t.Errorf("%d warn and %d debug lines for %d failed connects, want 1 warn and the rest at debug:\n%s", warn, debug, dials.Load(), logs.String())
+	}
+}
