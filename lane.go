@@ -1023,8 +1023,9 @@ func (l *lane) slotDone() {
 // nothing was delivered.
 func (l *lane) releaseUnstarted(st *consumerState, cm *claim.Message, vt time.Duration) {
 	log := l.d.log.With().Str("app_id", st.AppID.String()).Str("queue", st.Queue).
+		Stringer("source", cm.Source).Str("consumer_id", st.ID.String()).
 		Str("message_id", cm.ID.String()).Int("attempt", cm.Attempt).Logger()
-	log.Warn().Stringer("claim_took", time.Since(cm.LeasedAt)).Stringer("visibility_timeout", vt).
+	l.msgEvent(&log, zerolog.WarnLevel).Stringer("claim_took", time.Since(cm.LeasedAt)).Stringer("visibility_timeout", vt).
 		Msg("the claim returned after the lease had run out; releasing the message undelivered")
 	l.d.complete.Submit(claim.Outcome{Message: cm, Verdict: claim.Release, Done: func(_ bool, err error) {
 		// Not when a retry found it released, or reclaimed.

@@ -2,6 +2,8 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
+	"io"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -10,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop"
 )
@@ -48,7 +51,7 @@ func (s *stallTracer) TraceBatchStart(ctx context.Context, c *pgx.Conn, d pgx.Tr
 func TestClaimPastLeaseIsReleased(t *testing.T) {
 	e := newEnv(t)
 	const vt = time.Second // the handler's context ends 800ms after the lease clock starts
-	e.consumer(t, bellhop.ConsumerSpec{Queue: "stall", VisibilityTimeout: vt, MaxAttempts: 1})
+	cons := e.consumer(t, bellhop.ConsumerSpec{Queue: "stall", VisibilityTimeout: vt, MaxAttempts: 1})
 
 	var mu sync.Mutex
 	var attempts []int
@@ -69,7 +72,9 @@ func TestClaimPastLeaseIsReleased(t *testing.T) {
 		}
 	}))
 	tr := &stallTracer{stall: vt + 200*time.Millisecond}
-	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour},
+	logs := &syncBuffer{}
+	startLogged(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour,
+		Logger: zerolog.New(io.MultiWriter(logs, zerolog.NewTestWriter(t)))},
 		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = tr })
 	// Let the post-connect wake scan finish (it wakes no lane: the queue
 	// is empty), so that the stall hits the claim of the message below.
@@ -88,5 +93,23 @@ func TestClaimPastLeaseIsReleased(t *testing.T) {
 	defer mu.Unlock()
 	if len(attempts) != 1 || attempts[0] != 1 || ctxDead[0] {
 		t.Errorf("handler calls: attempts %v, context already ended %v; want one live call on attempt 1", attempts, ctxDead)
+	}
+	// The warning names the message as finish's lines do: source and
+	// consumer_id were missing.
+	const msg = "the claim returned after the lease had run out; releasing the message undelivered"
+	var warning map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var l map[string]any
+		if err := json.Unmarshal([]byte(line), &l); err == nil && l["message"] == msg {
+			warning = l
+		}
+	}
+	for field, want := range map[string]any{
+		"level": "warn", "app_id": cons.AppID.String(), "queue": "stall", "source": "queue",
+		"consumer_id": cons.ID.String(), "message_id": id.String(), "attempt": float64(1),
+	} {
+		if got, ok := warning[field]; !ok || got != want {
+			t.Errorf("%s = %v, want %v, in the warning %v", field, got, want, warning)
+		}
 	}
 }
