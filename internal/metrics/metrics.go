@@ -40,7 +40,7 @@ func New(reg prometheus.Registerer, log zerolog.Logger, stats func() notify.Stat
 		delivered: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "bellhop_delivered_total", Help: "Deliveries started, by app and queue."}, lq),
 		settled: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "bellhop_settled_total", Help: "Deliveries settled, by outcome: written (acked, nacked, dead_lettered, released) or not (lease_lost: the lease was gone first, or an invoke delivery was removed with its consumer; write_failed: every write failed)."},
+			Name: "bellhop_settled_total", Help: "Deliveries settled, by outcome: written (acked, nacked, dead_lettered, released) or not (lease_lost: the lease was gone first, or a retried write found it gone, when the first try may have recorded the outcome, or an invoke delivery was removed with its consumer; write_failed: every write failed)."},
 			append(lq, "outcome")),
 		reclaimed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "bellhop_reclaimed_total", Help: "Expired leases returned by this dispatcher's reclaimer, by result (released, dead_lettered)."},

@@ -79,3 +79,28 @@ func TestReadmeListsEveryMetric(t *testing.T) {
 		}
 	}
 }
+
+// TestLeaseLostDocumented: bellhop_settled_total's HELP and its README row
+// say that lease_lost also counts a retried write that found the lease
+// gone, when the first try may have recorded the outcome
+// (bellhop.ErrOutcomeUnknown). Both said only that the lease was gone
+// first, which reads as "not recorded".
+func TestLeaseLostDocumented(t *testing.T) {
+	const says = "a retried write found it gone, when the first try may have recorded the outcome"
+	reg := &collecting{}
+	r := New(reg, zerolog.Nop(), func() notify.Stats { return notify.Stats{} },
+		func(context.Context) ([]bellhop.QueueInfo, error) { return nil, nil })
+	ch := make(chan *prometheus.Desc, 1)
+	r.settled.Describe(ch)
+	if d := (<-ch).String(); !strings.Contains(d, says) {
+		t.Errorf("bellhop_settled_total's HELP does not say %q: %s", says, d)
+	}
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := regexp.MustCompile("(?m)^\\| `bellhop_settled_total` \\|.*$").Find(readme)
+	if !strings.Contains(string(row), says) {
+		t.Errorf("README.md's row for bellhop_settled_total does not say %q: %s", says, row)
+	}
+}
