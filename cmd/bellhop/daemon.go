@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -247,7 +248,7 @@ func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", metricsHandler(reg, log))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.Handle("/readyz", readyz(disp.Ready, log))
+	mux.Handle("/readyz", readyz(ctx, disp.Ready, log))
 	srv := probeServer(mux)
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -298,23 +299,50 @@ func (l scrapeErrorLog) Println(v ...any) {
 // readyz answers 200 while ready reports nil. The endpoint is not
 // authenticated and a database error can name the server's host, user and
 // database, so why it is not ready goes to the log, not to the caller; at
-// most once every 10s, since anyone may ask as often as they like.
-func readyz(ready func(context.Context) error, log zerolog.Logger) http.Handler {
-	throttle := logthrottle.New(1, 10*time.Second)
+// most once every 10s, since anyone may ask as often as they like. Not
+// being ready is normal while the daemon starts (until it was first ready,
+// for up to readyStartGrace) and once a stop began (ctx done): logged at
+// info then, at warn otherwise. The first line of each of these phases is
+// logged at once.
+func readyz(ctx context.Context, ready func(context.Context) error, log zerolog.Logger) http.Handler {
+	created := time.Now()
+	var wasReady atomic.Bool
+	var mu sync.Mutex
+	var phase string
+	var throttle *logthrottle.Throttle
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
-		if err := ready(rctx); err != nil {
-			if ok, held := throttle.Allow(); ok {
-				log.Warn().Err(err).Int("held_back", held).
-					Msg("not ready (logged at most once every 10s; held_back counts the answers not logged)")
-			}
-			http.Error(w, "not ready", http.StatusServiceUnavailable)
+		err := ready(rctx)
+		if err == nil {
+			wasReady.Store(true)
+			fmt.Fprintln(w, "ready")
 			return
 		}
-		fmt.Fprintln(w, "ready")
+		level, why := zerolog.WarnLevel, "failing"
+		switch {
+		case ctx.Err() != nil:
+			level, why = zerolog.InfoLevel, "stopping"
+		case !wasReady.Load() && time.Since(created) < readyStartGrace:
+			level, why = zerolog.InfoLevel, "starting"
+		}
+		mu.Lock()
+		if why != phase {
+			phase, throttle = why, logthrottle.New(1, 10*time.Second)
+		}
+		ok, held := throttle.Allow()
+		mu.Unlock()
+		if ok {
+			log.WithLevel(level).Err(err).Str("phase", why).Int("held_back", held).
+				Msg("not ready (logged at most once every 10s; held_back counts the answers not logged)")
+		}
+		http.Error(w, "not ready", http.StatusServiceUnavailable)
 	})
 }
+
+// readyStartGrace is how long a daemon that has not yet been ready logs
+// why not at info: past it, a daemon that never got ready says so at warn.
+const readyStartGrace = 30 * time.Second
 
 // probeServer serves the daemon's /metrics, /healthz and /readyz, which
 // no one authenticates: every read, write and idle connection has a

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -558,7 +560,7 @@ func TestReadyzHidesTheError(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var logs strings.Builder
-			h := readyz(func(context.Context) error { return tt.err }, zerolog.New(&logs))
+			h := readyz(context.Background(), func(context.Context) error { return tt.err }, zerolog.New(&logs))
 			rec := httptest.NewRecorder()
 			h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
 			if rec.Code != tt.wantCode || rec.Body.String() != tt.wantBody {
@@ -576,6 +578,53 @@ func TestReadyzHidesTheError(t *testing.T) {
 				t.Errorf("21 answers of not ready logged %d lines, want 1: %s", n, logs.String())
 			}
 		})
+	}
+}
+
+// TestReadyzQuietWhileStartingAndStopping: not being ready before the
+// first ready answer (the listener still connecting) and once a stop began
+// is logged at info; after having been ready, at warn. Each was a warning:
+// one at every start and every graceful stop.
+func TestReadyzQuietWhileStartingAndStopping(t *testing.T) {
+	t.Parallel()
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	var mu sync.Mutex
+	var state error
+	set := func(err error) { mu.Lock(); state = err; mu.Unlock() }
+	var logs syncbuf.Buffer
+	h := readyz(ctx, func(context.Context) error { mu.Lock(); defer mu.Unlock(); return state }, zerolog.New(&logs))
+	for _, step := range []struct {
+		err  error
+		stop bool
+		code int
+	}{
+		{errors.New("listener not connected"), false, http.StatusServiceUnavailable},
+		{nil, false, http.StatusOK},
+		{errors.New("database down"), false, http.StatusServiceUnavailable},
+		{errors.New("dispatcher stopped"), true, http.StatusServiceUnavailable},
+	} {
+		set(step.err)
+		if step.stop {
+			stop()
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+		if rec.Code != step.code {
+			t.Fatalf("/readyz with %v = %d, want %d", step.err, rec.Code, step.code)
+		}
+	}
+	var got []string
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var l map[string]any
+		if err := json.Unmarshal([]byte(line), &l); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		got = append(got, fmt.Sprintf("%v: %v", l["level"], l["error"]))
+	}
+	want := []string{"info: listener not connected", "warn: database down", "info: dispatcher stopped"}
+	if !slices.Equal(got, want) {
+		t.Errorf("logged %q, want %q", got, want)
 	}
 }
 
