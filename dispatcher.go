@@ -675,7 +675,8 @@ func (d *Dispatcher) ListenerStats() notify.Stats {
 // that panics (logged): either would otherwise fail every delivery, and
 // dead-letter messages that another dispatcher was meant to serve. The
 // panic value is logged as fmt prints it, so that a Consumer in it shows
-// no secret (Consumer.String); as JSON it would. Every reload resolves
+// no secret (Consumer.String), nor a Message its payload, which JSON
+// would show. Every reload resolves
 // every consumer: a panic is logged at error once, and again only when
 // its value changes or after the consumer resolved. d.mu must be held.
 func (d *Dispatcher) resolve(c Consumer) (h Handler) {
