@@ -150,8 +150,7 @@ func runDemo(ctx context.Context, d *deps, cmd *cli.Command, log zerolog.Logger)
 	if err != nil {
 		return err
 	}
-	go consumer.Serve(ln)
-	defer consumer.Close()
+	defer ln.Close()
 
 	// Register (or re-register, to learn a fresh secret) the consumer.
 	if old, err := client.ConsumerOf(ctx, demoApp, demoQueue); err == nil {
@@ -168,6 +167,13 @@ func runDemo(ctx context.Context, d *deps, cmd *cli.Command, log zerolog.Logger)
 		return err
 	}
 	secret.Store(con.Secret)
+	// Served only now that the secret is known: another dispatcher on the
+	// database (a daemon with DATABASE_URL) may push as soon as the
+	// consumer is registered, and a request checked against no secret
+	// was answered 401, which dead-letters. Until now the listener's
+	// backlog holds such a connection.
+	go consumer.Serve(ln)
+	defer consumer.Close()
 	say("consumer %s pushes %s/%s to %s", con.ID, demoApp, demoQueue, con.URL)
 
 	disp, err := bellhop.NewDispatcher(cfg, bellhop.DispatcherConfig{
