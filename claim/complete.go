@@ -164,16 +164,14 @@ func (c *Completer) flush(batch []Outcome) {
 			break
 		}
 		retried = true
-		if try < writeTries {
-			c.log.Debug().Err(err).Int("batch", len(batch)).Int("try", try).Msg("writing message outcomes failed; retrying")
-		} else {
+		if try == writeTries {
 			c.failLog.Event(&c.log, zerolog.WarnLevel, 1).Err(err).Int("batch", len(batch)).Int("try", try).
-				Msg("writing message outcomes failed; gave up after 5 tries (logged at most once every 10s; held_back counts the batches not logged)")
+				Msgf("writing message outcomes failed; gave up after %d tries (logged at most once every 10s; held_back counts the batches not logged)", writeTries)
+			break
 		}
-		if try < writeTries {
-			time.Sleep(delay)
-			delay *= 2
-		}
+		c.log.Debug().Err(err).Int("batch", len(batch)).Int("try", try).Msg("writing message outcomes failed; retrying")
+		time.Sleep(delay)
+		delay *= 2
 	}
 	for _, o := range batch {
 		if o.Done == nil {
