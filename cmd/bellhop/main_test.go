@@ -318,24 +318,20 @@ func (p *proc) waitLine(stderr bool, re *regexp.Regexp, timeout time.Duration) [
 }
 
 // countLines returns how many stdout lines match re.
-func (p *proc) countLines(re *regexp.Regexp) int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	n := 0
-	for _, l := range p.out {
-		if re.MatchString(l) {
-			n++
-		}
-	}
-	return n
-}
+func (p *proc) countLines(re *regexp.Regexp) int { return p.count(false, re) }
 
 // countErrLines returns how many stderr lines match re.
-func (p *proc) countErrLines(re *regexp.Regexp) int {
+func (p *proc) countErrLines(re *regexp.Regexp) int { return p.count(true, re) }
+
+func (p *proc) count(stderr bool, re *regexp.Regexp) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	lines := p.out
+	if stderr {
+		lines = p.errs
+	}
 	n := 0
-	for _, l := range p.errs {
+	for _, l := range lines {
 		if re.MatchString(l) {
 			n++
 		}
