@@ -162,6 +162,7 @@ type pushResolver struct {
 	mu       sync.Mutex
 	refused  map[uuid.UUID]refusal
 	prunedAt time.Time
+	now      func() time.Time // the clock refusals are timed by
 }
 
 type refusal struct {
@@ -172,10 +173,14 @@ type refusal struct {
 // refusalMemory is how long a refusal not seen again is remembered.
 const refusalMemory = 24 * time.Hour
 
-func newPushResolver(pusher *httppush.Pusher, log zerolog.Logger) *pushResolver {
-	return &pushResolver{pusher: pusher, log: log, refused: make(map[uuid.UUID]refusal)}
+// newPushResolver returns a resolver that serves consumers with pusher and
+// logs their refusals to log, timing them by now (time.Now, but for tests).
+func newPushResolver(pusher *httppush.Pusher, log zerolog.Logger, now func() time.Time) *pushResolver {
+	return &pushResolver{pusher: pusher, log: log, refused: make(map[uuid.UUID]refusal), now: now}
 }
 
+// Resolve implements bellhop.Resolver: a handler for c if it has a URL
+// that pusher serves, nil otherwise.
 func (r *pushResolver) Resolve(c bellhop.Consumer) bellhop.Handler {
 	if c.URL == "" {
 		r.forget(c.ID)
@@ -186,7 +191,7 @@ func (r *pushResolver) Resolve(c bellhop.Consumer) bellhop.Handler {
 		r.forget(c.ID)
 		return h
 	}
-	if r.refusedBefore(c.ID, refusal{url: c.URL, err: err.Error(), at: time.Now()}) {
+	if r.refusedBefore(c.ID, refusal{url: c.URL, err: err.Error(), at: r.now()}) {
 		r.log.Debug().Err(err).Str("app_id", c.AppID.String()).Str("app", c.App).Str("queue", c.Queue).
 			Str("consumer_id", c.ID.String()).Msg("consumer still not served")
 		return nil
@@ -239,7 +244,7 @@ func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.
 	rec := metrics.New(reg, log, func() notify.Stats { return disp.ListenerStats() },
 		func(ctx context.Context) ([]bellhop.QueueInfo, error) { return client.Queues(ctx, "") })
 	metrics.RegisterLeases(reg, func() bellhop.LeaseStats { return disp.LeaseStats() })
-	dc.Resolver, dc.Logger, dc.Observer = newPushResolver(pusher, log), log, rec
+	dc.Resolver, dc.Logger, dc.Observer = newPushResolver(pusher, log, time.Now), log, rec
 	disp, err = bellhop.NewDispatcher(cfg, dc)
 	if err != nil {
 		ln.Close()
@@ -248,7 +253,7 @@ func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", metricsHandler(reg, log))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.Handle("/readyz", readyz(ctx, disp.Ready, log))
+	mux.Handle("/readyz", readyz(ctx, disp.Ready, log, time.Now))
 	srv := probeServer(mux)
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -303,9 +308,10 @@ func (l scrapeErrorLog) Println(v ...any) {
 // being ready is normal while the daemon starts (until it was first ready,
 // for up to readyStartGrace) and once a stop began (ctx done): logged at
 // info then, at warn otherwise. The first line of each of these phases is
-// logged at once.
-func readyz(ctx context.Context, ready func(context.Context) error, log zerolog.Logger) http.Handler {
-	created := time.Now()
+// logged at once. now is the clock the grace is measured by (time.Now,
+// but for tests); the 10s between lines are measured by the real one.
+func readyz(ctx context.Context, ready func(context.Context) error, log zerolog.Logger, now func() time.Time) http.Handler {
+	created := now()
 	var wasReady atomic.Bool
 	var mu sync.Mutex
 	var phase string
@@ -323,7 +329,7 @@ func readyz(ctx context.Context, ready func(context.Context) error, log zerolog.
 		switch {
 		case ctx.Err() != nil:
 			level, why = zerolog.InfoLevel, "stopping"
-		case !wasReady.Load() && time.Since(created) < readyStartGrace:
+		case !wasReady.Load() && now().Sub(created) < readyStartGrace:
 			level, why = zerolog.InfoLevel, "starting"
 		}
 		mu.Lock()

@@ -444,38 +444,125 @@ func TestConsumerNotServedLog(t *testing.T) {
 }
 
 // TestPushResolverRefusals: a refusal is logged at error once per consumer
-// until its URL or the error changes; a consumer served, or moved away
-// from push, is forgotten, so that its next refusal is logged again.
+// until its URL or the error changes, and at debug while it stays the
+// same; a consumer served, or moved away from push, is forgotten, so that
+// its next refusal is logged at error again.
 func TestPushResolverRefusals(t *testing.T) {
 	t.Parallel()
 	var logs syncbuf.Buffer
-	r := newPushResolver(httppush.New(httppush.Options{AllowedHosts: []string{"hooks.example.com"}}), zerolog.New(&logs).Level(zerolog.InfoLevel))
+	r := newPushResolver(httppush.New(httppush.Options{AllowedHosts: []string{"hooks.example.com"}}), zerolog.New(&logs).Level(zerolog.DebugLevel), time.Now)
 	c := bellhop.Consumer{ID: uuid.New(), AppID: uuid.New(), App: "shop", Queue: "orders", URL: "http://127.0.0.1:9/hook", Secret: "s3cret"}
-	errorLines := func() int { return strings.Count(logs.String(), `"level":"error"`) }
+	lines := func() (errs, debugs int) {
+		s := logs.String()
+		return strings.Count(s, `{"level":"error"`), strings.Count(s, `{"level":"debug"`)
+	}
 	for _, step := range []struct {
-		name   string
-		url    string
-		served bool
-		lines  int
+		name         string
+		url, secret  string
+		served       bool
+		errs, debugs int
 	}{
-		{"refused", "http://127.0.0.1:9/hook", false, 1},
-		{"refused again", "http://127.0.0.1:9/hook", false, 1},
-		{"refused again", "http://127.0.0.1:9/hook", false, 1},
-		{"another URL refused", "http://127.0.0.2:9/hook", false, 2},
-		{"served", "https://hooks.example.com/hook", true, 2},
-		{"refused after being served", "http://127.0.0.2:9/hook", false, 3},
-		{"no URL", "", false, 3},
-		{"refused after having no URL", "http://127.0.0.2:9/hook", false, 4},
+		{"refused", "http://127.0.0.1:9/hook", "s3cret", false, 1, 0},
+		{"refused again", "http://127.0.0.1:9/hook", "s3cret", false, 1, 1},
+		{"refused again", "http://127.0.0.1:9/hook", "s3cret", false, 1, 2},
+		{"another URL refused", "http://127.0.0.2:9/hook", "s3cret", false, 2, 2},
+		{"served", "https://hooks.example.com/hook", "s3cret", true, 2, 2},
+		{"refused after being served", "http://127.0.0.2:9/hook", "s3cret", false, 3, 2},
+		{"no URL", "", "s3cret", false, 3, 2},
+		{"refused after having no URL", "http://127.0.0.2:9/hook", "s3cret", false, 4, 2},
+		{"no secret", "https://hooks.example.com/hook", "", false, 5, 2},
+		{"no secret again", "https://hooks.example.com/hook", "", false, 5, 3},
 	} {
-		c.URL = step.url
-		if h := r.Resolve(c); (h != nil) != step.served || errorLines() != step.lines {
-			t.Fatalf("%s: handler %v and %d error lines, want served %t and %d:\n%s", step.name, h, errorLines(), step.served, step.lines, logs.String())
+		c.URL, c.Secret = step.url, step.secret
+		h := r.Resolve(c)
+		if errs, debugs := lines(); (h != nil) != step.served || errs != step.errs || debugs != step.debugs {
+			t.Fatalf("%s: handler %v, %d error and %d debug lines, want served %t, %d and %d:\n%s",
+				step.name, h, errs, debugs, step.served, step.errs, step.debugs, logs.String())
 		}
 	}
 	other := c
 	other.ID = uuid.New()
-	if r.Resolve(other); errorLines() != 5 {
-		t.Errorf("another consumer refused the same way: %d error lines, want 5", errorLines())
+	if r.Resolve(other); func() int { errs, _ := lines(); return errs }() != 6 {
+		t.Errorf("another consumer refused the same way: not logged at error:\n%s", logs.String())
+	}
+
+	// The same URL refused for another reason is a new refusal. The
+	// pusher above refuses a URL for one reason only, so this asks
+	// refusedBefore, which Resolve logs by, directly.
+	id, at := uuid.New(), time.Now()
+	for _, step := range []struct {
+		name     string
+		ref      refusal
+		repeated bool
+	}{
+		{"first", refusal{url: "http://a/hook", err: "host not allowed"}, false},
+		{"same", refusal{url: "http://a/hook", err: "host not allowed"}, true},
+		{"another error", refusal{url: "http://a/hook", err: "no signing secret"}, false},
+		{"same again", refusal{url: "http://a/hook", err: "no signing secret"}, true},
+		{"another URL", refusal{url: "http://b/hook", err: "no signing secret"}, false},
+	} {
+		step.ref.at = at
+		if got := r.refusedBefore(id, step.ref); got != step.repeated {
+			t.Errorf("%s: refusedBefore(url %q, err %q) = %t, want %t", step.name, step.ref.url, step.ref.err, got, step.repeated)
+		}
+	}
+}
+
+// fakeClock is a clock that moves only when told to.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)} }
+
+func (c *fakeClock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+
+func (c *fakeClock) advance(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
+
+// TestPushResolverForgetsOldRefusals: a refusal not seen again for
+// refusalMemory (a consumer gone, whose id is never reused) is forgotten,
+// so that the map does not grow with every consumer ever refused: that
+// consumer's next refusal is logged at error again, while one seen within
+// refusalMemory is still remembered (debug). The sweep runs at most once
+// an hour, so an entry past refusalMemory lasts until the next one.
+func TestPushResolverForgetsOldRefusals(t *testing.T) {
+	t.Parallel()
+	var logs syncbuf.Buffer
+	clock := newFakeClock()
+	r := newPushResolver(httppush.New(httppush.Options{AllowedHosts: []string{"hooks.example.com"}}), zerolog.New(&logs).Level(zerolog.DebugLevel), clock.now)
+	consumer := func(name string) bellhop.Consumer {
+		return bellhop.Consumer{ID: uuid.New(), AppID: uuid.New(), App: "shop", Queue: name, URL: "http://127.0.0.1:9/hook", Secret: "s3cret"}
+	}
+	a, b, c, d := consumer("a"), consumer("b"), consumer("c"), consumer("d")
+	start := clock.now()
+	for _, step := range []struct {
+		at    time.Duration // since start
+		c     bellhop.Consumer
+		level string
+		why   string
+	}{
+		{0, a, "error", "first refusal"},
+		{30 * time.Minute, d, "error", "first refusal"},
+		{2 * time.Hour, b, "error", "first refusal; a sweep, nothing old"},
+		{refusalMemory + 10*time.Minute, c, "error", "first refusal; a sweep forgets a, seen 24h10m ago"},
+		{refusalMemory + 50*time.Minute, d, "debug", "d, seen 24h20m ago, not swept: the last sweep was 40m ago"},
+		{refusalMemory + 50*time.Minute, a, "error", "a was forgotten"},
+		{refusalMemory + 50*time.Minute, b, "debug", "b, seen 22h50m ago, is remembered"},
+		{refusalMemory + 50*time.Minute, c, "debug", "c, seen 40m ago, is remembered"},
+	} {
+		clock.advance(start.Add(step.at).Sub(clock.now()))
+		before := len(logs.String())
+		if h := r.Resolve(step.c); h != nil {
+			t.Fatalf("consumer %s served", step.c.Queue)
+		}
+		var l map[string]any
+		if err := json.Unmarshal([]byte(logs.String()[before:]), &l); err != nil {
+			t.Fatalf("consumer %s at %s: log line %q: %v", step.c.Queue, step.at, logs.String()[before:], err)
+		}
+		if l["level"] != step.level || l["queue"] != step.c.Queue || l["consumer_id"] != step.c.ID.String() {
+			t.Errorf("consumer %s at %s logged %v, want level %s (%s)", step.c.Queue, step.at, l, step.level, step.why)
+		}
 	}
 }
 
@@ -560,7 +647,7 @@ func TestReadyzHidesTheError(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var logs strings.Builder
-			h := readyz(context.Background(), func(context.Context) error { return tt.err }, zerolog.New(&logs))
+			h := readyz(context.Background(), func(context.Context) error { return tt.err }, zerolog.New(&logs), time.Now)
 			rec := httptest.NewRecorder()
 			h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
 			if rec.Code != tt.wantCode || rec.Body.String() != tt.wantBody {
@@ -593,7 +680,7 @@ func TestReadyzQuietWhileStartingAndStopping(t *testing.T) {
 	var state error
 	set := func(err error) { mu.Lock(); state = err; mu.Unlock() }
 	var logs syncbuf.Buffer
-	h := readyz(ctx, func(context.Context) error { mu.Lock(); defer mu.Unlock(); return state }, zerolog.New(&logs))
+	h := readyz(ctx, func(context.Context) error { mu.Lock(); defer mu.Unlock(); return state }, zerolog.New(&logs), time.Now)
 	for _, step := range []struct {
 		err  error
 		stop bool
@@ -625,6 +712,87 @@ func TestReadyzQuietWhileStartingAndStopping(t *testing.T) {
 	want := []string{"info: listener not connected", "warn: database down", "info: dispatcher stopped"}
 	if !slices.Equal(got, want) {
 		t.Errorf("logged %q, want %q", got, want)
+	}
+}
+
+// TestReadyzPhases: why /readyz is not ready is logged with its phase:
+// starting (info) until the daemon was first ready, for up to
+// readyStartGrace; failing (warn) once that grace is over, or after it was
+// ready, even within the grace; stopping (info) once the stop began. The
+// first line of a phase is logged at once, inside the previous phase's 10s
+// between lines; further lines of one phase wait out those 10s. The grace
+// runs on a fake clock, the 10s on the real one: the test never gets near
+// them.
+func TestReadyzPhases(t *testing.T) {
+	t.Parallel()
+	type step struct {
+		advance time.Duration // the fake clock, before asking
+		err     error         // what ready reports
+		stop    bool          // the stop begins, before asking
+		logged  string        // "level/phase: error", or "" if nothing is
+	}
+	for _, tc := range []struct {
+		name  string
+		steps []step
+	}{
+		{"never ready", []step{
+			{0, errors.New("listener not connected"), false, "info/starting: listener not connected"},
+			{time.Second, errors.New("listener not connected"), false, ""},
+			{readyStartGrace - 2*time.Second, errors.New("listener not connected"), false, ""},
+			{2 * time.Second, errors.New("listener not connected"), false, "warn/failing: listener not connected"},
+			{time.Second, errors.New("listener not connected"), false, ""},
+			{0, errors.New("dispatcher stopped"), true, "info/stopping: dispatcher stopped"},
+			{time.Second, errors.New("dispatcher stopped"), true, ""},
+		}},
+		{"ready, then failing within the grace", []step{
+			{0, errors.New("listener not connected"), false, "info/starting: listener not connected"},
+			{time.Second, nil, false, ""},
+			{time.Second, errors.New("database down"), false, "warn/failing: database down"},
+			{time.Second, errors.New("database down"), false, ""},
+			{0, errors.New("dispatcher stopped"), true, "info/stopping: dispatcher stopped"},
+		}},
+		{"stopping while starting", []step{
+			{0, errors.New("listener not connected"), true, "info/stopping: listener not connected"},
+			{readyStartGrace, errors.New("listener not connected"), true, ""},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx, stop := context.WithCancel(context.Background())
+			defer stop()
+			clock := newFakeClock()
+			created := clock.now()
+			var mu sync.Mutex
+			var state error
+			var logs syncbuf.Buffer
+			h := readyz(ctx, func(context.Context) error { mu.Lock(); defer mu.Unlock(); return state }, zerolog.New(&logs), clock.now)
+			for i, st := range tc.steps {
+				clock.advance(st.advance)
+				mu.Lock()
+				state = st.err
+				mu.Unlock()
+				if st.stop {
+					stop()
+				}
+				before := len(logs.String())
+				rec := httptest.NewRecorder()
+				h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+				if want := map[bool]int{true: http.StatusOK, false: http.StatusServiceUnavailable}[st.err == nil]; rec.Code != want {
+					t.Fatalf("step %d: /readyz = %d, want %d", i, rec.Code, want)
+				}
+				got := ""
+				if line := strings.TrimSpace(logs.String()[before:]); line != "" {
+					var l map[string]any
+					if err := json.Unmarshal([]byte(line), &l); err != nil {
+						t.Fatalf("step %d: log line %q: %v", i, line, err)
+					}
+					got = fmt.Sprintf("%v/%v: %v", l["level"], l["phase"], l["error"])
+				}
+				if got != st.logged {
+					t.Errorf("step %d (%s in, %v): logged %q, want %q", i, clock.now().Sub(created), st.err, got, st.logged)
+				}
+			}
+		})
 	}
 }
 

@@ -177,7 +177,7 @@ func runDemo(ctx context.Context, d *deps, cmd *cli.Command, log zerolog.Logger)
 	say("consumer %s pushes %s/%s to %s", con.ID, demoApp, demoQueue, con.URL)
 
 	disp, err := bellhop.NewDispatcher(cfg, bellhop.DispatcherConfig{
-		Resolver: newPushResolver(httppush.New(httppush.Options{Logger: log}), log), Logger: log,
+		Resolver: newPushResolver(httppush.New(httppush.Options{Logger: log}), log, time.Now), Logger: log,
 	})
 	if err != nil {
 		return err
