@@ -28,7 +28,9 @@ type DeadLetter struct {
 	App    string
 	Queue  string
 	// ConsumerID is set for "invoke" dead letters: the consumer invoked.
-	ConsumerID   *uuid.UUID
+	ConsumerID *uuid.UUID
+	// Payload is the message's JSON, nil when listed with
+	// DeadFilter.OmitPayload.
 	Payload      json.RawMessage
 	EnqueuedAt   time.Time
 	DeliverAfter *time.Time
@@ -61,6 +63,14 @@ type DeadFilter struct {
 	Queue string
 	ID    uuid.UUID
 	Limit int
+	// OmitPayload lists the dead letters without their payloads: each
+	// DeadLetter's Payload is nil, and no payload is read from the
+	// database. A listing that does not show payloads should set it: a
+	// payload may be up to 1 MiB, and the listing holds every one it
+	// returns (up to MaxDeadLimit) in memory at once. It also lets a role
+	// that may not read dead_letters' payload column list them. Left
+	// false, as before it existed, payloads are read.
+	OmitPayload bool
 }
 
 func nullable[T comparable](v T) *T {
@@ -71,7 +81,8 @@ func nullable[T comparable](v T) *T {
 	return &v
 }
 
-// DeadLetters lists dead letters, newest first. Like Redrive, it fails
+// DeadLetters lists dead letters, newest first, with their payloads
+// unless f.OmitPayload is set. Like Redrive, it fails
 // with ErrUnknownApp for an f.App that names no app (ErrForbidden, for a
 // Client made with As, for another app), with ErrInvalidQueueName for a
 // bad f.Queue and with ErrInvalidOptions for a Limit out of range.
@@ -98,7 +109,11 @@ func (c *Client) DeadLetters(ctx context.Context, f DeadFilter) (_ []DeadLetter,
 			return nil, fmt.Errorf("list dead letters: %w", err)
 		}
 	}
-	rows, err := c.db.Query(ctx, queries.DeadList, queries.Args{
+	sql := queries.DeadList
+	if f.OmitPayload {
+		sql = queries.DeadListBrief
+	}
+	rows, err := c.db.Query(ctx, sql, queries.Args{
 		"app_name": nullable(f.App), "queue_name": nullable(f.Queue), "id": nullable(f.ID), "max_rows": f.Limit,
 	})
 	if err != nil {
@@ -109,6 +124,7 @@ func (c *Client) DeadLetters(ctx context.Context, f DeadFilter) (_ []DeadLetter,
 		// Scanned as bytes: into a json.RawMessage pgx would decode it,
 		// and a payload nested deeper than encoding/json reads (10,000;
 		// plain SQL may store deeper) failed the whole listing.
+		// DeadListBrief's column is NULL: Payload stays nil.
 		var payload []byte
 		err := r.Scan(&d.ID, &d.Source, &d.App, &d.Queue, &d.ConsumerID, &payload, &d.EnqueuedAt,
 			&d.DeliverAfter, &d.Attempt, &d.MaxAttempts, &d.EnqueuedBy, &d.LastError, &d.DiedAt, &d.RedriveAfter)

@@ -7,14 +7,18 @@ package bellhop_test
 // anything is read or written. Helpers (fxEnv, ...) are in schema_test.go.
 
 import (
+	"context"
 	"errors"
 	"math"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/bellhopq/bellhop"
 	queries "github.com/bellhopq/bellhop/sql"
@@ -286,26 +290,28 @@ func TestDeadListReadsNewestFirst(t *testing.T) {
 			FROM generate_series(1, 20000) g`, a.ID)
 	}
 	e.exec(`ANALYZE dead_letters`)
-	sql := strings.NewReplacer("@app_name", "'shop'", "@queue_name", "NULL", "@id", "NULL", "@max_rows", "100").
-		Replace(queries.DeadList)
-	var plan strings.Builder
-	rows, err := e.pool.Query(e.ctx, "EXPLAIN "+sql)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var line string
-		if err := rows.Scan(&line); err != nil {
+	// Both listings, with and without payloads.
+	for name, stmt := range map[string]string{"dead_list.sql": queries.DeadList, "dead_list_brief.sql": queries.DeadListBrief} {
+		sql := strings.NewReplacer("@app_name", "'shop'", "@queue_name", "NULL", "@id", "NULL", "@max_rows", "100").Replace(stmt)
+		var plan strings.Builder
+		rows, err := e.pool.Query(e.ctx, "EXPLAIN "+sql)
+		if err != nil {
 			t.Fatal(err)
 		}
-		plan.WriteString(line + "\n")
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	p := plan.String()
-	if !strings.Contains(p, "idx_dead_letters_died") || strings.Contains(p, "Sort") || strings.Contains(p, "Seq Scan") {
-		t.Errorf("listing one app's dead letters does not read them newest first from idx_dead_letters_died:\n%s", p)
+		for rows.Next() {
+			var line string
+			if err := rows.Scan(&line); err != nil {
+				t.Fatal(err)
+			}
+			plan.WriteString(line + "\n")
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		p := plan.String()
+		if !strings.Contains(p, "idx_dead_letters_died") || strings.Contains(p, "Sort") || strings.Contains(p, "Seq Scan") {
+			t.Errorf("%s: listing one app's dead letters does not read them newest first from idx_dead_letters_died:\n%s", name, p)
+		}
 	}
 	got, err := e.client.DeadLetters(e.ctx, bellhop.DeadFilter{App: "shop", Limit: 3})
 	if err != nil {
@@ -313,5 +319,71 @@ func TestDeadListReadsNewestFirst(t *testing.T) {
 	}
 	if len(got) != 3 || got[0].App != "shop" || !got[0].DiedAt.After(got[1].DiedAt) || !got[1].DiedAt.After(got[2].DiedAt) {
 		t.Errorf("listed %d dead letters, want shop's 3 newest, newest first: %+v", len(got), got)
+	}
+}
+
+// TestDeadLettersOmitPayload: with OmitPayload, DeadLetters lists the
+// same dead letters without their payloads, and reads none: a role that
+// may read every column of dead_letters but the payload can list them so,
+// and not otherwise. bellhop dead ls read every listed payload into
+// memory (300 of 1 MB: 304 MB) though its table shows none.
+func TestDeadLettersOmitPayload(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	shop := e.app("shop")
+	e.exec(`INSERT INTO dead_letters (id, source, app_id, queue_name, payload, enqueued_at, attempt, max_attempts, last_error)
+		SELECT gen_random_uuid(), 'queue', $1, 'orders', jsonb_build_object('n', g, 'pad', repeat('x', 100000)), now(), 3, 3, 'boom'
+		FROM generate_series(1, 3) g`, shop.ID)
+	full, err := e.client.DeadLetters(e.ctx, bellhop.DeadFilter{App: "shop"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	brief, err := e.client.DeadLetters(e.ctx, bellhop.DeadFilter{App: "shop", OmitPayload: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(full) != 3 || len(brief) != 3 {
+		t.Fatalf("listed %d dead letters with payloads and %d without, want 3 each", len(full), len(brief))
+	}
+	for i := range full {
+		if len(full[i].Payload) < 100000 {
+			t.Errorf("dead letter %s listed by default with a payload of %d bytes, want its 100 KB", full[i].ID, len(full[i].Payload))
+		}
+		if brief[i].Payload != nil {
+			t.Errorf("dead letter %s listed with OmitPayload has a payload of %d bytes, want nil", brief[i].ID, len(brief[i].Payload))
+		}
+		f, b := full[i], brief[i]
+		f.Payload, b.Payload = nil, nil
+		if !reflect.DeepEqual(f, b) {
+			t.Errorf("but for the payload, the dead letter listed with OmitPayload differs:\n%+v\n%+v", f, b)
+		}
+	}
+
+	// A role that may read every column of dead_letters but the payload.
+	dsn := e.login("bellhop_nopayload_", "")
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	role := pgx.Identifier{cfg.User}.Sanitize()
+	// Before the role's drop (cleanups run last-in first-out), which its
+	// grants in this database would refuse.
+	t.Cleanup(func() { _, _ = e.pool.Exec(context.Background(), "DROP OWNED BY "+role) })
+	e.exec(`GRANT SELECT ON apps, principals TO ` + role)
+	e.exec(`DO $$ BEGIN EXECUTE format('GRANT SELECT (%s) ON dead_letters TO %s',
+		(SELECT string_agg(quote_ident(column_name), ', ') FROM information_schema.columns
+		 WHERE table_schema = 'public' AND table_name = 'dead_letters' AND column_name <> 'payload'), '` + cfg.User + `'); END $$`)
+	pool, err := pgxpool.New(e.ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	limited := bellhop.NewClient(pool)
+	if got, err := limited.DeadLetters(e.ctx, bellhop.DeadFilter{App: "shop", OmitPayload: true}); err != nil || len(got) != 3 {
+		t.Errorf("listing without payloads as a role that may not read them: %d listed, %v; want 3", len(got), err)
+	}
+	// The role really cannot read them.
+	if _, err := limited.DeadLetters(e.ctx, bellhop.DeadFilter{App: "shop"}); fxPgError(t, err).Code != "42501" {
+		t.Errorf("listing with payloads as a role that may not read them: %v, want permission denied", err)
 	}
 }

@@ -2,7 +2,8 @@
 -- id, newest first. The app is looked up first, so that its dead letters
 -- are read newest first from idx_dead_letters_died (migration 0059) and
 -- the scan stops at @max_rows; filtered through the join, every dead
--- letter of the table was read and sorted.
+-- letter of the table was read and sorted. dead_list_brief.sql is the
+-- same without the payloads: keep the two alike.
 SELECT d.id, d.source, a.name, d.queue_name, d.trigger_id, d.payload, d.enqueued_at,
        d.deliver_after, d.attempt, d.max_attempts, d.enqueued_by_principal, d.last_error, d.died_at, d.redrive_after
 FROM dead_letters d JOIN apps a ON a.id = d.app_id

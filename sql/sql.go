@@ -126,6 +126,11 @@ var DeadLetter string
 //go:embed dead_list.sql
 var DeadList string
 
+// DeadListBrief is dead_list_brief.sql.
+//
+//go:embed dead_list_brief.sql
+var DeadListBrief string
+
 // DeadPurge is dead_purge.sql.
 //
 //go:embed dead_purge.sql

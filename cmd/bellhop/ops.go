@@ -800,7 +800,10 @@ func deadCommand(d *deps) *cli.Command {
 					return err
 				}
 				defer pool.Close()
-				ds, err := c.DeadLetters(ctx, bellhop.DeadFilter{App: cmd.String("app"), Queue: cmd.String("queue"), Limit: int(cmd.Int("limit"))})
+				// The table shows no payload: reading them held every
+				// listed one in memory, up to 10,000 of up to 1 MiB.
+				ds, err := c.DeadLetters(ctx, bellhop.DeadFilter{App: cmd.String("app"), Queue: cmd.String("queue"),
+					Limit: int(cmd.Int("limit")), OmitPayload: true})
 				if err != nil {
 					return err
 				}

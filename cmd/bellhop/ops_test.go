@@ -18,9 +18,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/internal/pgdsn"
 	"github.com/bellhopq/bellhop/internal/pgtest"
 	"github.com/bellhopq/bellhop/internal/validate"
 )
@@ -791,5 +793,53 @@ func TestConsumerAddBackoffMinAboveDefaultCap(t *testing.T) {
 	pool := db(t, dsn)
 	if n := queryInt(t, pool, `SELECT count(*) FROM queue_consumers WHERE queue_name = 'slow' AND backoff_base_ms = 3600000 AND backoff_cap_ms = 3600000`); n != 1 {
 		t.Errorf("%d consumers with a 1h base and cap, want 1", n)
+	}
+}
+
+// TestDeadLsReadsNoPayload: dead ls, whose table shows no payload, reads
+// none: it runs as a role that may read every column of dead_letters but
+// the payload, which dead show, which prints payloads, may not. It read
+// every listed payload into memory (300 of 1 MB: 304 MB, and up to
+// 10,000 of them with --limit).
+func TestDeadLsReadsNoPayload(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.ConnString(t)
+	ok(t, dsn, "app", "create", "shop")
+	pool := db(t, dsn)
+	seedDeadLetters(t, pool, 3)
+	var id string
+	if err := pool.QueryRow(t.Context(), "SELECT id::text FROM dead_letters LIMIT 1").Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	role := "bellhop_nopayload_" + uuid.NewString()[:8]
+	for _, sql := range []string{
+		"CREATE ROLE " + role + " LOGIN",
+		"GRANT SELECT ON apps, principals TO " + role,
+		`DO $$ BEGIN EXECUTE format('GRANT SELECT (%s) ON dead_letters TO ` + role + `',
+			(SELECT string_agg(quote_ident(column_name), ', ') FROM information_schema.columns
+			 WHERE table_schema = 'public' AND table_name = 'dead_letters' AND column_name <> 'payload')); END $$`,
+	} {
+		if _, err := pool.Exec(t.Context(), sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	t.Cleanup(func() { // before the pool closes: registered after it
+		for _, sql := range []string{"DROP OWNED BY " + role, "DROP ROLE " + role} {
+			if _, err := pool.Exec(context.Background(), sql); err != nil {
+				t.Errorf("%s: %v", sql, err)
+			}
+		}
+	})
+	limited, err := pgdsn.WithUser(dsn, role)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := exe(t, limited, "", "dead", "ls", "--app", "shop")
+	if r.code != 0 || strings.Count(r.stdout, "\n") != 4 || !strings.Contains(r.stdout, id) {
+		t.Errorf("dead ls as a role that may not read payloads: want exit 0 and 3 dead letters listed; got %s", r)
+	}
+	// The role really may not read them.
+	if r := exe(t, limited, "", "dead", "show", "--app", "shop", id); r.code != 1 || !strings.Contains(r.stderr, "permission denied") {
+		t.Errorf("dead show as a role that may not read payloads: want exit 1, permission denied; got %s", r)
 	}
 }
