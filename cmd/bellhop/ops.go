@@ -457,9 +457,24 @@ func consumerCommand(d *deps) *cli.Command {
 	}
 }
 
-// enqueueBatch is how many stdin lines go to the database per statement;
-// every batch of a stream shares one transaction.
-const enqueueBatch = 500
+// streamBatch bounds a batch of `enqueue -`: it goes to the database, as
+// one statement, once it holds lines messages or its payloads bytes bytes.
+// Every batch of a stream shares one transaction.
+type streamBatch struct {
+	lines, bytes int
+}
+
+// The batch of `enqueue -`: at most enqueueBatchLines lines, and its
+// payloads go once they reach enqueueBatchBytes. The lines alone let 500
+// payloads of up to 1 MiB make one batch: 2.5 GB of memory for the lines,
+// their copies and the statement's arguments, and a 520 MB bind message,
+// which the server holds whole too. 8 MiB keeps a batch of large payloads
+// to tens of MB on either side, and is still 500 typical payloads of a few
+// KB, which keep their batches of 500 lines.
+const (
+	enqueueBatchLines = 500
+	enqueueBatchBytes = 8 << 20
+)
 
 // maxLine bounds one stdin line: twice the payload limit leaves room for
 // surrounding white space, and a longer line cannot be a payload.
@@ -532,16 +547,19 @@ func enqueueCommand(d *deps) *cli.Command {
 				fmt.Fprintln(d.stdout, id)
 				return nil
 			}
-			return enqueueStream(ctx, c, pool, app, queue, opts, d.stdin, d.stdout)
+			return enqueueStream(ctx, c, pool, app, queue, opts,
+				streamBatch{lines: enqueueBatchLines, bytes: enqueueBatchBytes}, d.stdin, d.stdout)
 		},
 	}
 }
 
-// enqueueStream reads one JSON value per line and inserts them in batches,
-// all in one transaction: a bad line, or any other failure, writes nothing,
-// so that the stream can be fixed and re-run without duplicates. The
-// messages become visible, and their consumers are notified, at the end.
-func enqueueStream(ctx context.Context, c *bellhop.Client, pool *pgxpool.Pool, app, queue string, opts bellhop.EnqueueOptions, in io.Reader, out io.Writer) error {
+// enqueueStream reads one JSON value per line and inserts them in batches
+// bounded by limit, all in one transaction: a bad line, or any other
+// failure, writes nothing, so that the stream can be fixed and re-run
+// without duplicates. The messages become visible, and their consumers
+// are notified, at the end.
+func enqueueStream(ctx context.Context, c *bellhop.Client, pool *pgxpool.Pool, app, queue string, opts bellhop.EnqueueOptions,
+	limit streamBatch, in io.Reader, out io.Writer) error {
 	// What is the same for every line is checked once, up front: it would
 	// otherwise surface only with the first batch, as a position in it.
 	if err := validate.QueueName(queue); err != nil {
@@ -572,6 +590,7 @@ func enqueueStream(ctx context.Context, c *bellhop.Client, pool *pgxpool.Pool, a
 	var (
 		batch []bellhop.NewMessage
 		lines []int // of batch's messages
+		size  int   // of batch's payloads, in bytes
 		line  int
 		total int
 	)
@@ -590,7 +609,9 @@ func enqueueStream(ctx context.Context, c *bellhop.Client, pool *pgxpool.Pool, a
 			return fmt.Errorf("lines %d to %d: %w; nothing was enqueued", lines[0], lines[len(lines)-1], err)
 		}
 		total += len(batch)
-		batch, lines = batch[:0], lines[:0]
+		// Cleared, so that the flushed payloads can be collected.
+		clear(batch)
+		batch, lines, size = batch[:0], lines[:0], 0
 		return nil
 	}
 	for sc.Scan() {
@@ -605,7 +626,8 @@ func enqueueStream(ctx context.Context, c *bellhop.Client, pool *pgxpool.Pool, a
 		// The scanner reuses its buffer: the payload needs its own copy.
 		batch = append(batch, bellhop.NewMessage{Queue: queue, Payload: bytes.Clone(text), Options: opts})
 		lines = append(lines, line)
-		if len(batch) == enqueueBatch {
+		size += len(text)
+		if len(batch) >= limit.lines || size >= limit.bytes {
 			if err := flush(); err != nil {
 				return err
 			}

@@ -14,17 +14,20 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/pgdsn"
 	"github.com/bellhopq/bellhop/internal/pgtest"
 	"github.com/bellhopq/bellhop/internal/validate"
+	queries "github.com/bellhopq/bellhop/sql"
 )
 
 // consumerRow parses `bellhop consumer ls` and returns the row of id by
@@ -841,5 +844,96 @@ func TestDeadLsReadsNoPayload(t *testing.T) {
 	// The role really may not read them.
 	if r := exe(t, limited, "", "dead", "show", "--app", "shop", id); r.code != 1 || !strings.Contains(r.stderr, "permission denied") {
 		t.Errorf("dead show as a role that may not read payloads: want exit 1, permission denied; got %s", r)
+	}
+}
+
+// batchCounter is a pgx tracer that counts the statements of
+// EnqueueManyTx: one per batch of `enqueue -`.
+type batchCounter struct{ n atomic.Int64 }
+
+func (b *batchCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if data.SQL == queries.Enqueue || data.SQL == queries.EnqueueOne {
+		b.n.Add(1)
+	}
+	return ctx
+}
+
+func (b *batchCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestEnqueueStdinBatchesByBytes: `enqueue -` sends a batch once its
+// payloads reach the byte cap, not only every 500 lines: 500 lines of
+// 1 MB made one batch of 2.5 GB in memory and a 520 MB bind message. The
+// stream is still one transaction: each message arrives once, in order,
+// and a bad line, wherever its batch, writes nothing and is named by its
+// line. The cap is small here, passed to enqueueStream.
+func TestEnqueueStdinBatchesByBytes(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.ConnString(t)
+	ok(t, dsn, "app", "create", "shop")
+	check := db(t, dsn)
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var batches batchCounter
+	cfg.ConnConfig.Tracer = &batches
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	c := bellhop.NewClient(pool)
+	// payload n is 30 bytes: a cap of 100 bytes sends every 4th line.
+	payload := func(n int) string {
+		return fmt.Sprintf(`{"n":%d,"pad":"%s"}`, n, strings.Repeat("x", 30-len(fmt.Sprintf(`{"n":%d,"pad":""}`, n))))
+	}
+	limit := streamBatch{lines: 500, bytes: 100}
+	// Over 1 MiB as jsonb text, which only the database finds: at
+	// position 2 of the batch of lines 5 to 7.
+	tooBig := "[" + strings.Repeat(`{"a":1},`, 131070) + `{"a":1}]`
+	tests := []struct {
+		name        string
+		lines       []string
+		wantErr     string // "": success
+		wantBatches int64
+	}{
+		{name: "split by bytes", lines: []string{payload(1), payload(2), payload(3), payload(4), "", payload(5), payload(6), payload(7), payload(8), payload(9), payload(10)},
+			wantBatches: 3},
+		{name: "bad line after two batches", lines: []string{payload(1), payload(2), payload(3), payload(4), payload(5), payload(6), payload(7), payload(8), "{oops", payload(10)},
+			wantErr: "line 9: invalid payload: not JSON", wantBatches: 2},
+		{name: "database refuses a line within a batch", lines: []string{payload(1), payload(2), payload(3), payload(4), payload(5), payload(6), tooBig, payload(8)},
+			wantErr: "line 7: enqueue to app shop: message 3 of 3", wantBatches: 2},
+	}
+	for i, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			queue := fmt.Sprintf("bytes%d", i)
+			before := batches.n.Load()
+			var out bytes.Buffer
+			err := enqueueStream(t.Context(), c, pool, "shop", queue, bellhop.EnqueueOptions{}, limit,
+				strings.NewReader(strings.Join(tc.lines, "\n")+"\n"), &out)
+			if got := batches.n.Load() - before; got != tc.wantBatches {
+				t.Errorf("%d batches sent, want %d", got, tc.wantBatches)
+			}
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.HasSuffix(err.Error(), "; nothing was enqueued") {
+					t.Errorf("error %v, want one with %q, saying that nothing was enqueued", err, tc.wantErr)
+				}
+				if n := queryInt(t, check, "SELECT count(*) FROM queue_messages WHERE queue_name = $1", queue); n != 0 {
+					t.Errorf("%d messages written, want none", n)
+				}
+				return
+			}
+			if err != nil || out.String() != "enqueued 10 messages\n" {
+				t.Fatalf("enqueueStream: %v, printed %q", err, out.String())
+			}
+			// Each message once, in the order of the lines.
+			if n := queryInt(t, check, `SELECT count(*) FROM (SELECT (payload->>'n')::int AS n, row_number() OVER (ORDER BY id) AS r
+				FROM queue_messages WHERE queue_name = $1) x WHERE n = r`, queue); n != 10 {
+				t.Errorf("%d of 10 messages arrived once in their place", n)
+			}
+			if n := queryInt(t, check, "SELECT count(*) FROM queue_messages WHERE queue_name = $1", queue); n != 10 {
+				t.Errorf("%d messages written, want 10", n)
+			}
+		})
 	}
 }
