@@ -124,6 +124,7 @@ func TestBadConfiguration(t *testing.T) {
 		{"non-http URL on update", dsn, nil, []string{"consumer", "update", "--app", "shop", "--url", "ftp://example.com/hook", "00000000-0000-0000-0000-000000000001"}, `--url: invalid option: URL "ftp://example.com/hook": scheme must be http or https`},
 		{"update without changes", dsn, nil, []string{"consumer", "update", "--app", "shop", "00000000-0000-0000-0000-000000000001"}, "nothing to update"},
 		{"example-consumer bad --addr", "-", nil, []string{"example-consumer", "--addr", "nonsense:99999", "--secret-file", "/nonexistent"}, `--addr "nonsense:99999"`},
+		{"example-consumer --addr without a port", "-", nil, []string{"example-consumer", "--addr", "127.0.0.1", "--secret-file", "/nonexistent"}, `--addr "127.0.0.1": listen tcp: address 127.0.0.1: missing port in address`},
 		{"consumer id not a UUID", dsn, nil, []string{"consumer", "pause", "--app", "shop", "42"}, `consumer id "42" is not a UUID`},
 		{"unknown consumer", dsn, nil, []string{"consumer", "resume", "--app", "shop", "00000000-0000-0000-0000-000000000001"}, "resume consumer 00000000-0000-0000-0000-000000000001 of app shop: unknown consumer"},
 		{"unknown consumer to pause", dsn, nil, []string{"consumer", "pause", "--app", "shop", "00000000-0000-0000-0000-000000000001"}, "pause consumer 00000000-0000-0000-0000-000000000001 of app shop: unknown consumer"},
@@ -412,6 +413,9 @@ func TestOperationalErrorsExit1(t *testing.T) {
 		{"app exists", dsn, []string{"app", "create", "shop"}, "app already exists"},
 		{"consumer exists", dsn, []string{"consumer", "add", "--app", "shop", "--queue", "orders", "--url", "http://127.0.0.1:9/other"}, "queue already has a consumer"},
 		{"--http-addr in use", dsn, []string{"run", "--http-addr", busy.Addr().String()}, "address already in use"},
+		// It exited 2, as if the address were a mistake.
+		{"example-consumer --addr in use", dsn, []string{"example-consumer", "--addr", busy.Addr().String(), "--secret-file", "/nonexistent"},
+			fmt.Sprintf("--addr %q: listen tcp %s: bind: address already in use", busy.Addr(), busy.Addr())},
 		{"database not migrated", empty, []string{"queues"}, "database has no Bellhop schema: run `bellhop migrate` (list queues: "},
 		{"database not migrated for app create", empty, []string{"app", "create", "shop"}, "database has no Bellhop schema: run `bellhop migrate` (create app"},
 		{"database not migrated for run", empty, []string{"run", "--http-addr", "127.0.0.1:0"}, "database has no Bellhop schema: run `bellhop migrate`"},

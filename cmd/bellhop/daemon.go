@@ -72,13 +72,9 @@ func runCommand(d *deps) *cli.Command {
 			if cmd.String("http-addr") == "" {
 				return usagef("--http-addr is empty: give the address for /metrics, /healthz and /readyz, such as :9090")
 			}
-			ln, err := net.Listen("tcp", cmd.String("http-addr"))
-			if errors.Is(err, syscall.EADDRINUSE) {
-				// Another process has it: a conflict, not a bad address.
-				return fmt.Errorf("--http-addr %q: %w", cmd.String("http-addr"), err)
-			}
+			ln, err := listen("--http-addr", cmd.String("http-addr"))
 			if err != nil {
-				return usagef("--http-addr %q: %v", cmd.String("http-addr"), err)
+				return err
 			}
 			pusher := httppush.New(httppush.Options{AllowedHosts: hosts, Logger: log})
 			err = serve(ctx, log, cfg, ln, pusher, bellhop.DispatcherConfig{
@@ -107,6 +103,29 @@ var stopSignals = []os.Signal{os.Interrupt, syscall.SIGTERM, syscall.SIGHUP}
 // one: GNU timeout signals its child and then the child's process group,
 // so the child gets its signal twice, about a millisecond apart.
 const repeatWindow = time.Second
+
+// listen listens on TCP address addr, given by flag. Where the system
+// refuses an address that is well formed, because another process has it
+// (EADDRINUSE) or this user may not bind its port (EACCES), the error is
+// an operational one, exit status 1, as a conflict is: the same command
+// may succeed once the port is free, or as another user. Any other error,
+// such as a bad port or an unknown host, is the address's own: a usage
+// error, exit status 2.
+func listen(flag, addr string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, listenError(flag, addr, err)
+	}
+	return ln, nil
+}
+
+// listenError is listen's error for net.Listen's err.
+func listenError(flag, addr string, err error) error {
+	if errors.Is(err, syscall.EADDRINUSE) || errors.Is(err, syscall.EACCES) {
+		return fmt.Errorf("%s %q: %w", flag, addr, err)
+	}
+	return usagef("%s %q: %v", flag, addr, err)
+}
 
 // signalContext is cancelled by the first SIGINT, SIGTERM or SIGHUP (a
 // graceful stop); a second one exits at once, unless it is the same

@@ -1027,3 +1027,33 @@ func TestConnectTimesOut(t *testing.T) {
 		t.Errorf("after %s: %s; want exit 1 naming a timeout within 30s", took.Round(time.Second), r)
 	}
 }
+
+// TestListenError: run --http-addr and example-consumer --addr exit 1
+// where the system refuses a well-formed address (another process has
+// it, or this user may not bind its port), as for a conflict, and 2 for
+// an address that is wrong in itself. example-consumer exited 2 for
+// every error. EACCES is made up here: the tests may run as root, which
+// may bind any port.
+func TestListenError(t *testing.T) {
+	t.Parallel()
+	sysErr := func(errno syscall.Errno) error {
+		return &net.OpError{Op: "listen", Net: "tcp", Err: os.NewSyscallError("bind", errno)}
+	}
+	tests := []struct {
+		name  string
+		err   error
+		usage bool
+	}{
+		{"in use", sysErr(syscall.EADDRINUSE), false},
+		{"port not allowed", sysErr(syscall.EACCES), false},
+		{"no port", &net.OpError{Op: "listen", Net: "tcp", Err: &net.AddrError{Err: "missing port in address", Addr: "x"}}, true},
+		{"unknown host", &net.OpError{Op: "listen", Net: "tcp", Err: &net.DNSError{Err: "no such host", Name: "x", IsNotFound: true}}, true},
+	}
+	for _, tc := range tests {
+		err := listenError("--addr", "x:1", tc.err)
+		// An operational error keeps the system's in its chain.
+		if isUsage(err) != tc.usage || (!tc.usage && !errors.Is(err, tc.err)) || !strings.HasPrefix(err.Error(), `--addr "x:1": `) {
+			t.Errorf("%s: %v (usage error: %t), want usage error: %t", tc.name, err, isUsage(err), tc.usage)
+		}
+	}
+}

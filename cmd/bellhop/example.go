@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -337,11 +336,12 @@ func exampleConsumerCommand(d *deps) *cli.Command {
 					r.Header.Get("Bellhop-Attempt"), len(body))
 				w.WriteHeader(http.StatusNoContent)
 			})
-			// Listen first, so that a bad --addr is a usage error and the
-			// line below shows the real address (also for port 0).
-			ln, err := net.Listen("tcp", cmd.String("addr"))
+			// Listen first, so that a bad or busy --addr is refused before
+			// anything is served (exit 2, or 1 when it is in use: listen)
+			// and the line below shows the real address (also for port 0).
+			ln, err := listen("--addr", cmd.String("addr"))
 			if err != nil {
-				return usagef("--addr %q: %v", cmd.String("addr"), err)
+				return err
 			}
 			// Deadlines for every read, write and idle connection. Idle
 			// connections are kept longer than the pusher keeps its own
