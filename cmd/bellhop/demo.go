@@ -29,6 +29,10 @@ const (
 	demoQueue = "orders"
 )
 
+// demoEnqueueTimeout bounds one of the demo's enqueues, which a stop
+// lets finish, so that its outcome is known.
+const demoEnqueueTimeout = 10 * time.Second
+
 func demoCommand(d *deps) *cli.Command {
 	return &cli.Command{
 		Name:  "demo",
@@ -188,7 +192,8 @@ func runDemo(ctx context.Context, d *deps, cmd *cli.Command, log zerolog.Logger)
 	say("enqueuing a message every %s: most succeed, every 7th fails twice then succeeds, every 11th is rejected (dead letter), every 5th is delayed 2s. Ctrl-C to stop.", cmd.Duration("interval"))
 	tick := time.NewTicker(cmd.Duration("interval"))
 	defer tick.Stop()
-	n := 0
+	n := 0        // the sequence number of the message being enqueued
+	enqueued := 0 // those the database took
 	var runErr error
 	returned := false // Run has returned runErr
 produce:
@@ -207,8 +212,11 @@ produce:
 			if runErr == nil {
 				runErr = errors.New("it stopped without an error")
 			}
-			return fmt.Errorf("the demo's dispatcher failed, so the demo stopped after enqueuing %s: %w", plural(n, "message"), runErr)
+			return fmt.Errorf("the demo's dispatcher failed, so the demo stopped after enqueuing %s: %w", plural(enqueued, "message"), runErr)
 		case <-tick.C:
+			if ctx.Err() != nil {
+				break produce // both were ready: the stop wins
+			}
 		}
 		n++
 		kind, opts := "ok", bellhop.EnqueueOptions{}
@@ -221,7 +229,16 @@ produce:
 			kind, opts.Delay = "delayed", 2*time.Second
 		}
 		payload, _ := json.Marshal(map[string]any{"n": n, "kind": kind, "run": run, "sent_at_unix_nano": time.Now().UnixNano()})
-		if _, err := client.Enqueue(ctx, demoApp, demoQueue, payload, opts); err != nil && ctx.Err() == nil {
+		// Only a message the database took counts, and the stop does
+		// not cut an enqueue short: cancelled on its way, it may have
+		// been taken or not, and the summary could not tell. One that
+		// hangs still gives up, and a second signal exits at once.
+		ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), demoEnqueueTimeout)
+		_, err := client.Enqueue(ectx, demoApp, demoQueue, payload, opts)
+		cancel()
+		if err == nil {
+			enqueued++
+		} else {
 			say("enqueue #%d failed: %v", n, err)
 		}
 	}
@@ -233,11 +250,12 @@ produce:
 		return runErr
 	}
 	dead, err := demoDeadLetters(context.Background(), pool, run)
-	say("%s", demoSummary(n, delivered.Load(), dead, err, others.Load()))
+	say("%s", demoSummary(enqueued, delivered.Load(), dead, err, others.Load()))
 	return nil
 }
 
-// demoSummary is the demo's closing line: n messages enqueued, this run's
+// demoSummary is the demo's closing line: n messages enqueued (those the
+// database took, not those tried), this run's
 // deliveries and dead letters (or deadErr, which kept them from being
 // counted), and the messages it acked that it had not enqueued, which are
 // none of the run's deliveries.

@@ -221,6 +221,56 @@ func TestDemoNotItsMessages(t *testing.T) {
 	}
 }
 
+// TestDemoCountsWhatWasEnqueued: the closing line's "N messages
+// enqueued" counts the messages the database took, not those the demo
+// tried: it counted every attempt, failed and cancelled ones too. Here
+// the database refuses every third of the run's messages, and records
+// those it takes.
+func TestDemoCountsWhatWasEnqueued(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.ConnString(t)
+	pool := db(t, dsn)
+	if _, err := pool.Exec(t.Context(), `
+		CREATE TABLE demo_taken (n int NOT NULL);
+		CREATE FUNCTION demo_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.payload ? 'run' AND (NEW.payload->>'n')::int % 3 = 0 THEN
+				RAISE EXCEPTION 'refused #%', NEW.payload->>'n';
+			END IF;
+			RETURN NEW;
+		END $$;
+		CREATE FUNCTION demo_record() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			INSERT INTO demo_taken VALUES ((NEW.payload->>'n')::int);
+			RETURN NULL;
+		END $$;
+		CREATE TRIGGER demo_refuse BEFORE INSERT ON queue_messages FOR EACH ROW EXECUTE FUNCTION demo_refuse();
+		CREATE TRIGGER demo_record AFTER INSERT ON queue_messages FOR EACH ROW EXECUTE FUNCTION demo_record();`); err != nil {
+		t.Fatal(err)
+	}
+	p := start(t, []string{"DATABASE_URL=" + dsn}, "demo", "--interval", "20ms")
+	failedRE := regexp.MustCompile(`^enqueue #(\d+) failed: .*refused #`)
+	// A delivery too: stopped while its dispatcher is still starting,
+	// the demo stops without its closing line.
+	waitFor(t, 60*time.Second, "two refused enqueues and a delivery", func() bool {
+		return p.countLines(failedRE) >= 2 && p.countLines(demoAckedRE) >= 1
+	})
+	p.signal(os.Interrupt)
+	if code := p.wait(30 * time.Second); code != 0 {
+		t.Fatalf("demo exited %d after SIGINT:\n%s", code, p.stderr())
+	}
+	done := p.waitLine(false, demoDoneRE, time.Second)
+	reported, _ := strconv.Atoi(done[1])
+	taken := queryInt(t, pool, "SELECT count(*) FROM demo_taken")
+	if reported != taken || taken < 2 {
+		t.Errorf("the demo reports %d messages enqueued (%q); the database took %d", reported, done[0], taken)
+	}
+	// The #n labels stay a sequence: the refused ones keep theirs.
+	if n := p.countLines(regexp.MustCompile(`^enqueue #(3|6) failed: `)); n != 2 {
+		t.Errorf("%d lines for refused messages #3 and #6, want 2:\n%s", n, p.stdout())
+	}
+}
+
 // TestDemoSummary: the closing line counts in the singular where a count
 // is 1: it read "1 dead letters".
 func TestDemoSummary(t *testing.T) {
