@@ -912,7 +912,8 @@ func deadCommand(d *deps) *cli.Command {
 }
 
 // deadView is a DeadLetter as dead show prints it: the same fields in the
-// same order, with the times as RFC 3339 text, which, unlike
+// same order, with the times as RFC 3339 text in UTC, as every listing
+// prints them (pgx gives them in the host's zone), which, unlike
 // time.Time's MarshalJSON, takes any year: plain SQL may write times
 // before year 0 or after 9999, and one such dead letter made dead show
 // fail.
@@ -938,7 +939,7 @@ func shownDead(x bellhop.DeadLetter) deadView {
 		if t == nil {
 			return nil
 		}
-		s := t.Format(time.RFC3339Nano)
+		s := t.UTC().Format(time.RFC3339Nano)
 		return &s
 	}
 	return deadView{ID: x.ID, Source: x.Source, App: x.App, Queue: x.Queue, ConsumerID: x.ConsumerID, Payload: x.Payload,

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 	"unicode"
 
 	"github.com/bellhopq/bellhop"
@@ -181,5 +182,22 @@ func TestDeadViewMirrorsDeadLetter(t *testing.T) {
 	}
 	if got, want := names(deadView{}), names(bellhop.DeadLetter{}); !slices.Equal(got, want) {
 		t.Errorf("deadView's fields are %v, DeadLetter's %v", got, want)
+	}
+}
+
+// TestDeadShowPrintsUTC: dead show prints a dead letter's times in UTC,
+// as every other listing does; it printed them in the host's time zone.
+// The times come in a zone that is not UTC, as pgx gives them on a host
+// whose zone is not: time.Local cannot be set in a parallel test.
+func TestDeadShowPrintsUTC(t *testing.T) {
+	t.Parallel()
+	zone := time.FixedZone("UTC+5:30", 5*3600+1800)
+	at := time.Date(2030, 1, 2, 8, 34, 5, 123456000, zone) // 03:04:05.123456 UTC
+	v := shownDead(bellhop.DeadLetter{EnqueuedAt: at, DeliverAfter: &at, DiedAt: at, RedriveAfter: &at})
+	const want = "2030-01-02T03:04:05.123456Z"
+	for name, got := range map[string]string{"EnqueuedAt": v.EnqueuedAt, "DeliverAfter": *v.DeliverAfter, "DiedAt": v.DiedAt, "RedriveAfter": *v.RedriveAfter} {
+		if got != want {
+			t.Errorf("dead show prints %s as %q, want %q", name, got, want)
+		}
 	}
 }
