@@ -120,6 +120,7 @@ type lane struct {
 	settle   bool      // producers may have skipped announcing: confirm the lock, then claim once more
 	tries    int       // failed lock confirmations in a row
 	needFree bool      // our busy key was lost, not released: settle also waits until it is free
+	keyHeld  bool      // the last settle check found the queue lock free but, with needFree, the busy key held
 	refused  bool      // the last Hold found the busy key taken (a producer testing it, or another dispatcher)
 	watching bool      // another dispatcher's mark was seen: settle once it is gone
 	// watchHint is set by a "b" notification: another dispatcher marked
@@ -239,7 +240,8 @@ func (l *lane) tidyUp() {
 func (l *lane) settleGone() {
 	for tries := 0; ; tries++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		ok, err := claim.TryBusyLock(ctx, l.d.db, l.target, l.needFree)
+		c, err := claim.TryBusyLock(ctx, l.d.db, l.target, l.needFree)
+		ok := c.Locked
 		if ok {
 			err = l.d.wake(ctx, []*lane{l})
 		}
@@ -461,9 +463,10 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed, full bool) {
 		l.backlog.Store(false)
 		if l.settle && (l.checkFailures == 0 || !time.Now().Before(l.checkAt)) {
 			bctx, cancel := l.d.bound(ctx)
-			ok, err := claim.TryBusyLock(bctx, l.d.db, l.target, l.needFree)
+			c, err := claim.TryBusyLock(bctx, l.d.db, l.target, l.needFree)
 			cancel()
 			err = timeout.Explain(bctx, err)
+			l.keyHeld = c.KeyHeld
 			if err != nil {
 				// Claim all the same, as while producers still hold the
 				// lock, and check again later, backing off on the
@@ -473,7 +476,7 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed, full bool) {
 				l.checkAt = l.retryAt(ctx, st, err, l.checkFailures)
 			} else {
 				l.checkFailures = 0
-				if ok {
+				if c.Locked {
 					l.settle, l.tries, l.needFree = false, 0, false
 				}
 			}
@@ -634,8 +637,9 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed, full bool) {
 			l.busy = false
 			l.release(ctx)
 			bctx, cancel := l.d.bound(ctx)
-			ok, err := claim.Unmark(bctx, l.d.db, l.target, l.d.owner, l.needFree)
+			c, err := claim.Unmark(bctx, l.d.db, l.target, l.d.owner, l.needFree)
 			cancel()
+			l.keyHeld = c.KeyHeld
 			if err != nil {
 				err = timeout.Explain(bctx, err)
 				l.settle = true
@@ -643,7 +647,7 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed, full bool) {
 			}
 			// The check in Unmark answered: the next one need not wait.
 			l.marked, l.checkFailures, l.checkAt = false, 0, time.Time{}
-			if !ok {
+			if !c.Locked {
 				l.settle = true
 			}
 			if !l.settle {
@@ -660,9 +664,22 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed, full bool) {
 			if l.checkFailures > 0 {
 				return earliest(next, l.checkAt), claimed, false
 			}
-			// A producer that read a mark has not committed yet.
+			// A producer that read a mark has not committed yet: it
+			// commits in milliseconds.
 			l.tries++
-			return earliest(next, time.Now().Add(doubling(l.tries, 20*time.Millisecond))), claimed, false
+			wait := 20 * time.Millisecond
+			if l.keyHeld && !pass.ForeignLease.IsZero() {
+				// Only the busy key, lost by us and asked to be free,
+				// is in the way, and another session holds it: our old
+				// backend, or another dispatcher that took it once
+				// producers notified again, which may keep it for hours.
+				// Watch it as another dispatcher's mark (next), backing
+				// off from the first tries that catch an old backend
+				// on its way out. needFree stays until a check
+				// succeeds (docs/busy-marks.md, step 3).
+				wait = l.d.cfg.BusyLease
+			}
+			return earliest(next, time.Now().Add(doubling(l.tries, wait))), claimed, false
 		}
 		if pass.ForeignLease.IsZero() && l.watching {
 			// The mark we watched is gone or expired; its producers may

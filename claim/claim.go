@@ -391,13 +391,25 @@ func LocalClock(dbNow time.Time) func(time.Time) time.Time {
 	return func(t time.Time) time.Time { return now.Add(t.Sub(dbNow)) }
 }
 
+// BusyCheck is the answer of busy_lock.sql.
+type BusyCheck struct {
+	// Locked reports that no producer held the queue's lock and, if the
+	// check asked for it, that no session held the queue's busy key: the
+	// producers that might have seen the queue marked have all committed.
+	Locked bool
+	// KeyHeld reports that the queue's lock was free but the busy key,
+	// asked to be free, was held by some session: the old backend of a
+	// lost hold, or another dispatcher that has taken the key since.
+	KeyHeld bool
+}
+
 // Unmark deletes owner's busy mark on t's queue and then tries, once, to
 // confirm that no producer that might have seen the queue marked is still
 // uncommitted (busy_lock.sql); with needFree, also that no session holds
 // the queue's busy key. It reports whether that was confirmed; if not,
 // call TryBusyLock again shortly. Release the key (internal/busylock)
 // before calling it.
-func Unmark(ctx context.Context, db *pgxpool.Pool, t Target, owner uuid.UUID, needFree bool) (bool, error) {
+func Unmark(ctx context.Context, db *pgxpool.Pool, t Target, owner uuid.UUID, needFree bool) (BusyCheck, error) {
 	args := queries.Args{"app_id": queries.UUID(t.AppID), "queue_name": t.Queue, "owner": queries.UUID(owner), "need_free": needFree}
 	batch := &pgx.Batch{}
 	batch.Queue(queries.BusyUnmark, args)
@@ -405,30 +417,30 @@ func Unmark(ctx context.Context, db *pgxpool.Pool, t Target, owner uuid.UUID, ne
 	br := db.SendBatch(ctx, batch)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {
-		return false, fmt.Errorf("unmark %s: %w", t, err)
+		return BusyCheck{}, fmt.Errorf("unmark %s: %w", t, err)
 	}
-	var locked bool
-	if err := br.QueryRow().Scan(&locked); err != nil {
-		return false, fmt.Errorf("unmark %s: %w", t, err)
+	var c BusyCheck
+	if err := br.QueryRow().Scan(&c.Locked, &c.KeyHeld); err != nil {
+		return BusyCheck{}, fmt.Errorf("unmark %s: %w", t, err)
 	}
 	if err := br.Close(); err != nil {
-		return false, fmt.Errorf("unmark %s: %w", t, err)
+		return BusyCheck{}, fmt.Errorf("unmark %s: %w", t, err)
 	}
-	return locked, nil
+	return c, nil
 }
 
-// TryBusyLock is busy_lock.sql: true once no producer of t's queue holds
-// the queue's advisory lock and, with needFree, no session holds its busy
-// key.
-func TryBusyLock(ctx context.Context, db *pgxpool.Pool, t Target, needFree bool) (bool, error) {
-	var locked bool
+// TryBusyLock is busy_lock.sql: Locked once no producer of t's queue
+// holds the queue's advisory lock and, with needFree, no session holds its
+// busy key.
+func TryBusyLock(ctx context.Context, db *pgxpool.Pool, t Target, needFree bool) (BusyCheck, error) {
+	var c BusyCheck
 	err := db.QueryRow(ctx, queries.BusyLock, queries.Args{
 		"app_id": queries.UUID(t.AppID), "queue_name": t.Queue, "need_free": needFree,
-	}).Scan(&locked)
+	}).Scan(&c.Locked, &c.KeyHeld)
 	if err != nil {
-		return false, fmt.Errorf("busy lock %s: %w", t, err)
+		return BusyCheck{}, fmt.Errorf("busy lock %s: %w", t, err)
 	}
-	return locked, nil
+	return c, nil
 }
 
 // ClearMarks deletes every busy mark of owner.

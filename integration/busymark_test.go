@@ -684,3 +684,153 @@ func TestFullHolderWatched(t *testing.T) {
 		}
 	}
 }
+
+// lostKeyLane starts a dispatcher (BusyLease lease, fallback poll an hour
+// away) whose lane of queue "orders" turns busy under a stream and takes
+// the busy key. Then it kills the dispatcher's lock session, so that the
+// key is lost, not released, while another session, queued for the key
+// beforehand, takes it the moment the killed backend lets go, and
+// announces it as busy_hold.sql does (a stand-in for another dispatcher).
+// Last, it ends the stream, so that the lane settles. It returns the
+// handler's recorder, the statement counter, how many messages the stream
+// enqueued, and the other session, which holds the key.
+func lostKeyLane(t *testing.T, e *env, lease time.Duration) (*recorder, *busyLockChecks, int, *pgx.Conn) {
+	t.Helper()
+	ctx := context.Background()
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", MaxInFlight: 10})
+	rec := &recorder{}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", rec)
+	checks := &busyLockChecks{}
+	// A window long enough that the lane still holds the key when the
+	// test sees it held.
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour, BusyLease: lease,
+		BusyWindow: 100 * time.Millisecond}, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = checks })
+	var stop atomic.Bool
+	var sent atomic.Int64
+	streamed := make(chan struct{})
+	go func() {
+		defer close(streamed)
+		for i := 0; !stop.Load(); i++ {
+			e.enqueue(t, "orders", i, bellhop.EnqueueOptions{})
+			sent.Add(1)
+			time.Sleep(2 * time.Millisecond) // a stream's pace, not synchronisation
+		}
+	}()
+	defer func() { stop.Store(true); <-streamed }()
+	waitFor(t, 10*time.Second, "the busy key held", func() bool {
+		return e.count(t, busyKeyHeld+` AND mode = 'ExclusiveLock'`, "orders") == 1
+	})
+
+	var appID uuid.UUID
+	if err := e.pool.QueryRow(ctx, "SELECT id FROM apps WHERE name = 'app'").Scan(&appID); err != nil {
+		t.Fatal(err)
+	}
+	other, err := pgx.Connect(ctx, e.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { other.Close(context.Background()) })
+	granted := make(chan error, 1)
+	go func() {
+		_, err := other.Exec(ctx, `SELECT pg_advisory_lock(hashtextextended($1::uuid::text || ':orders', 1650814062))`, appID)
+		granted <- err
+	}()
+	waitFor(t, 5*time.Second, "the other session queued for the key", func() bool {
+		return e.count(t, strings.Replace(busyKeyHeld, "AND granted", "AND NOT granted", 1), "orders") == 1
+	})
+	if _, err := e.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE application_name = 'bellhop-busy-locks' AND datname = current_database()`); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-granted:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the other session did not get the key within 5s of the lock session's end")
+	}
+	// Taken again by the session that holds it: granted, and announced.
+	var held bool
+	var notified int64
+	err = other.QueryRow(ctx, queries.BusyHold, pgx.NamedArgs{
+		"app_id": appID, "queue_name": "orders", "owner": uuid.New(), "idle_ms": 0,
+	}).Scan(new(bool), &held, &notified)
+	if err != nil || !held || notified != 1 {
+		t.Fatalf("announce the other session's key: held %v, notified %d, %v", held, notified, err)
+	}
+	stop.Store(true)
+	<-streamed
+	return rec, checks, int(sent.Load()), other
+}
+
+// TestLostBusyKeyWatchesNewHolder: a lane whose busy key was lost with
+// its lock session settles by waiting until the key is free of every
+// session (needFree), since the old backend may hold it a moment longer.
+// Here another session takes the key once producers notify again (a
+// stand-in for another dispatcher, announced as busy_hold.sql does) and
+// keeps it. The lane cannot tell that session from its own old backend,
+// and it used to check the lock and claim every 20 ms for as long as the
+// other held the key (89 claim passes in 2 s with a 500 ms BusyLease).
+// It now backs off to watching the key as another dispatcher's mark
+// (docs/busy-marks.md, step 3): a pass per BusyLease. A message committed
+// meanwhile, which producers do not announce, is claimed at a watch pass;
+// one committed after the other session released the key, or died, is
+// announced and delivered at once, and the lane's settle ends.
+func TestLostBusyKeyWatchesNewHolder(t *testing.T) {
+	for _, end := range []string{"released", "died"} {
+		t.Run(end, func(t *testing.T) {
+			e := newEnv(t)
+			const lease = 500 * time.Millisecond
+			rec, checks, n, other := lostKeyLane(t, e, lease)
+			from := checks.n.Load()
+			// The lane finds the key lost when it gives it back, at the
+			// end of its busy period, and settles; the first checks back
+			// off from 2 ms to the watch.
+			waitFor(t, 10*time.Second, "the settle's first checks", func() bool { return checks.n.Load() >= from+10 })
+
+			// A message its producer does not announce: a watch pass
+			// claims it.
+			e.enqueue(t, "orders", "while held", bellhop.EnqueueOptions{})
+			n++
+			const window = 2 * time.Second
+			claims := checks.claims.Load()
+			// One pass per BusyLease, and a margin for the message's.
+			limit := int64(window/lease) + 3
+			holdsFor(t, window, fmt.Sprintf("at most %d claim passes in %s while another session holds the key", limit, window), func() bool {
+				return checks.claims.Load()-claims <= limit
+			})
+			t.Logf("%d claim passes in %s while another session held the key (BusyLease %s)", checks.claims.Load()-claims, window, lease)
+			if got := len(rec.deliveries()); got != n {
+				t.Fatalf("%d of %d messages delivered while another session held the key: the watch passes missed the last", got, n)
+			}
+
+			switch end {
+			case "released":
+				if _, err := other.Exec(context.Background(), `SELECT pg_advisory_unlock_all()`); err != nil {
+					t.Fatal(err)
+				}
+			case "died":
+				if err := other.Close(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			waitFor(t, 5*time.Second, "the key free", func() bool { return e.count(t, busyKeyHeld, "orders") == 0 })
+			sentAt := time.Now()
+			e.enqueue(t, "orders", "after", bellhop.EnqueueOptions{})
+			n++
+			waitFor(t, 5*time.Second, "the message committed after the other session "+end, func() bool { return len(rec.deliveries()) == n })
+			// Its notification wakes the lane; the watch would come up to
+			// a BusyLease later.
+			took := time.Since(sentAt)
+			t.Logf("the message committed after the other session %s delivered in %s", end, took.Round(time.Millisecond))
+			if took > lease {
+				t.Errorf("delivered %s after it was sent; want within a BusyLease (%s), woken by its notification", took, lease)
+			}
+			// The settle ended: no more checks.
+			settled := checks.n.Load()
+			holdsFor(t, 2*lease, "no settle check once the key is free", func() bool { return checks.n.Load() == settled })
+		})
+	}
+}

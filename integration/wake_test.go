@@ -208,10 +208,12 @@ func TestDrainedBusyLaneLosesNoWakeUp(t *testing.T) {
 }
 
 // busyLockChecks counts the dispatcher's statements that check the queue
-// lock and busy key (sql/busy_lock.sql), alone or in a batch, and runs
-// afterClaim, once, when a queue claim statement has ended.
+// lock and busy key (sql/busy_lock.sql), alone or in a batch, and its
+// queue claims (claims), and runs afterClaim, once, when a queue claim
+// statement has ended.
 type busyLockChecks struct {
 	n          atomic.Int64
+	claims     atomic.Int64
 	afterClaim atomic.Pointer[func()]
 }
 
@@ -222,6 +224,7 @@ func (c *busyLockChecks) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx
 		c.n.Add(1)
 	}
 	if isQueueClaim(d.SQL) {
+		c.claims.Add(1)
 		ctx = context.WithValue(ctx, claimKey{}, true)
 	}
 	return ctx
@@ -237,6 +240,7 @@ func (c *busyLockChecks) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx
 			c.n.Add(1)
 		}
 		if isQueueClaim(q.SQL) {
+			c.claims.Add(1)
 			ctx = context.WithValue(ctx, claimKey{}, true)
 		}
 	}
