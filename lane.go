@@ -461,7 +461,12 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed, full bool) {
 			return time.Time{}, claimed, true
 		}
 		l.backlog.Store(false)
-		if l.settle && (l.checkFailures == 0 || !time.Now().Before(l.checkAt)) {
+		// Not while the lane is busy and holds the key again: the check
+		// cannot succeed before it gives the key up (a lost key's settle
+		// asks that no session hold it), and the unmark at the end of the
+		// busy period checks anyway. Producers are not waited for
+		// meanwhile: the busy lane's polls claim what they commit.
+		if l.settle && !(l.busy && l.held()) && (l.checkFailures == 0 || !time.Now().Before(l.checkAt)) {
 			bctx, cancel := l.d.bound(ctx)
 			c, err := claim.TryBusyLock(bctx, l.d.db, l.target, l.needFree)
 			cancel()
@@ -647,7 +652,11 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed, full bool) {
 			}
 			// The check in Unmark answered: the next one need not wait.
 			l.marked, l.checkFailures, l.checkAt = false, 0, time.Time{}
-			if !c.Locked {
+			if c.Locked {
+				// Also a settle left pending from before this busy
+				// period: the check is the same.
+				l.settle, l.tries, l.needFree = false, 0, false
+			} else {
 				l.settle = true
 			}
 			if !l.settle {

@@ -834,3 +834,84 @@ func TestLostBusyKeyWatchesNewHolder(t *testing.T) {
 		})
 	}
 }
+
+// TestRetakenBusyKeySkipsSettleCheck: a lane whose busy key was lost
+// settles by waiting until no session holds the key (needFree). Here a
+// producer that saw the key is still open, so the settle goes on, and a
+// new backlog makes the lane busy again: it takes the key on a new lock
+// session. The settle's check cannot succeed while the lane holds the key
+// itself, and it used to run on every busy pass all the same (18 – 23 in
+// 150 ms). It now waits for the end of the busy period, whose unmark
+// checks anyway; the busy lane's polls claim what the producer commits
+// meanwhile, and every message is delivered.
+func TestRetakenBusyKeySkipsSettleCheck(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", MaxInFlight: 2})
+	rec := &recorder{result: func(context.Context, *bellhop.Message) error {
+		time.Sleep(3 * time.Millisecond) // handler work: the backlogs last
+		return nil
+	}}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", rec)
+	checks := &busyLockChecks{}
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour, BusyWindow: 50 * time.Millisecond},
+		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = checks })
+	backlog := func(n int) {
+		t.Helper()
+		msgs := make([]bellhop.NewMessage, n)
+		for i := range msgs {
+			msgs[i] = bellhop.NewMessage{Queue: "orders", Payload: []byte(`1`)}
+		}
+		if _, err := e.client.EnqueueMany(ctx, "app", msgs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keyHeld := func() bool { return e.count(t, busyKeyHeld+` AND mode = 'ExclusiveLock'`, "orders") == 1 }
+
+	backlog(20)
+	waitFor(t, 10*time.Second, "the busy key held", keyHeld)
+	// A producer that saw the key and stays open: it holds the queue's
+	// lock, so the lane's settle cannot end.
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := e.client.EnqueueTx(ctx, tx, "app", "orders", []byte(`"late"`), bellhop.EnqueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE application_name = 'bellhop-busy-locks' AND datname = current_database()`); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the first backlog delivered", func() bool { return len(rec.deliveries()) == 20 })
+	from := checks.n.Load()
+	waitFor(t, 10*time.Second, "the settle checking the lock the producer holds", func() bool { return checks.n.Load() >= from+3 })
+
+	// A second backlog: producers notify again (the killed backend is
+	// gone), and the lane turns busy and takes the key anew.
+	backlog(400)
+	waitFor(t, 10*time.Second, "the busy key held again", keyHeld)
+	if err := tx.Commit(ctx); err != nil { // the queue's lock is free from now on
+		t.Fatal(err)
+	}
+	n0, c0 := checks.n.Load(), checks.claims.Load()
+	var whileHeld, claimsHeld int64
+	waitFor(t, 30*time.Second, "the end of the busy period", func() bool {
+		n, c := checks.n.Load(), checks.claims.Load()
+		if keyHeld() {
+			whileHeld, claimsHeld = n-n0, c-c0
+			return false
+		}
+		return true
+	})
+	t.Logf("while busy and holding the key: %d lock checks, %d claim passes", whileHeld, claimsHeld)
+	if claimsHeld < 20 {
+		t.Fatalf("only %d claim passes seen while the lane held the key: the test measured too little", claimsHeld)
+	}
+	if whileHeld > 0 {
+		t.Errorf("%d lock checks in %d claim passes while the lane held the key itself; want none", whileHeld, claimsHeld)
+	}
+	waitFor(t, 10*time.Second, "every message delivered", func() bool { return len(rec.deliveries()) == 421 })
+}
