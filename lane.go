@@ -222,6 +222,14 @@ func (l *lane) tidyUp() {
 	l.dropMark(ctx)
 	l.withdraw(ctx)
 	cancel()
+	if l.held() {
+		// The release was not sent (its turn on the lock connection came
+		// too late): once more, since the key would keep the queue's
+		// producers silent for as long as the dispatcher runs.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		l.release(ctx)
+		cancel()
+	}
 	// The lane that replaces this one may start now: it takes the busy
 	// key afresh if it needs it.
 	l.d.tidied(l)
@@ -461,6 +469,12 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed, full bool) {
 			return time.Time{}, claimed, true
 		}
 		l.backlog.Store(false)
+		if !l.busy && l.held() {
+			// A release that could not be sent left the key held
+			// (busylock.Release): give it back before the check, which
+			// cannot succeed while we hold it (needFree was set).
+			l.release(ctx)
+		}
 		// Not while the lane is busy and holds the key again: the check
 		// cannot succeed before it gives the key up (a lost key's settle
 		// asks that no session hold it), and the unmark at the end of the
@@ -834,8 +848,12 @@ func (l *lane) release(ctx context.Context) {
 	defer cancel()
 	confirmed, err := l.d.marks.Release(bctx, l.busyKey())
 	if err != nil && !timeout.Stopping(bctx) {
+		msg := "could not release the busy lock; dropped its connection instead"
+		if l.held() {
+			msg = "could not release the busy lock; nothing was sent, so the lane gives it back at its next pass"
+		}
 		l.d.log.Warn().Err(timeout.Explain(bctx, err)).Str("app_id", l.target.AppID.String()).Str("queue", l.target.Queue).
-			Msg("could not release the busy lock; dropped its connection instead")
+			Msg(msg)
 	}
 	if !confirmed {
 		l.needFree = true

@@ -24,6 +24,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/rs/zerolog"
 
 	queries "github.com/bellhopq/bellhop/sql"
@@ -145,6 +146,13 @@ func (h *Holder) Held(k Key) bool {
 // so the caller must check that the key is free before it relies on
 // producers announcing again. Releasing a key that was never held is
 // confirmed.
+//
+// A Release that fails drops the connection, and with it every key, only
+// when its statement may have reached the server: one whose ctx ended
+// while it waited its turn, or whose statement was never sent on a live
+// connection, leaves the session and its keys as they were, k included
+// (Held still reports it), and returns the error unconfirmed: call
+// Release again.
 func (h *Holder) Release(ctx context.Context, k Key) (confirmed bool, err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -160,6 +168,11 @@ func (h *Holder) Release(ctx context.Context, k Key) (confirmed bool, err error)
 	if !held {
 		return true, nil
 	}
+	if ctx.Err() != nil {
+		// Ended while waiting its turn: nothing was sent, so the session
+		// and every key it holds, k included, are as they were.
+		return false, fmt.Errorf("busy lock %s/%s: release: %w", k.AppID, k.Queue, ctx.Err())
+	}
 	idle := h.idle
 	if last {
 		idle = 0 // no marks left: an idle session needs no keep-alives
@@ -168,6 +181,13 @@ func (h *Holder) Release(ctx context.Context, k Key) (confirmed bool, err error)
 	err = h.conn.QueryRow(ctx, queries.BusyRelease, queries.Args{
 		"app_id": queries.UUID(k.AppID), "queue_name": k.Queue, "idle_ms": idle.Milliseconds(),
 	}).Scan(&unset, &released)
+	if err != nil && pgconn.SafeToRetry(err) && !h.conn.IsClosed() {
+		// Never sent (the context ended just now, say), on a session
+		// that is still there: it holds its keys as before. A write
+		// that failed is safe to retry too, but pgx closes the
+		// connection then, and the session is gone.
+		return false, fmt.Errorf("busy lock %s/%s: release: %w", k.AppID, k.Queue, err)
+	}
 	if err != nil {
 		h.drop()
 		h.keys.Lock()

@@ -407,6 +407,91 @@ func TestHoldEndedWaitingItsTurn(t *testing.T) {
 	}
 }
 
+// TestReleaseEndedWaitingItsTurn: a Release whose context ended while it
+// waited its turn on the lock connection sends nothing, so it leaves the
+// session and its keys as they were: it fails unconfirmed, the key stays
+// held (Held says so, and a later Release gives it back, confirmed), and
+// every other queue's key stays held too. It used to drop the connection,
+// and with it every other queue's key, so that their producers notified
+// again and their lanes settled as after a lost key.
+func TestReleaseEndedWaitingItsTurn(t *testing.T) {
+	f := newFixture(t)
+	h := f.holder(t, time.Minute)
+	other := busylock.Key{AppID: f.key.AppID, Queue: "other"}
+	for _, k := range []busylock.Key{f.key, other} {
+		if ok, err := h.Hold(context.Background(), k); err != nil || !ok {
+			t.Fatalf("Hold(%s) = %v, %v", k.Queue, ok, err)
+		}
+	}
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	if ok, err := h.Release(ended, other); ok || !errors.Is(err, context.Canceled) {
+		t.Fatalf("Release with an ended context = %v, %v; want unconfirmed, context.Canceled", ok, err)
+	}
+	if !h.Held(f.key) {
+		t.Error("Held = false for another queue's key: the connection was dropped")
+	}
+	if f.notifies(t, pgx.ReadCommitted) {
+		t.Error("a producer of the other held queue notified: the session lost its key")
+	}
+	if !h.Held(other) {
+		t.Fatal("Held = false for the key whose release was never sent")
+	}
+	if ok, err := h.Release(context.Background(), other); !ok || err != nil {
+		t.Fatalf("Release again = %v, %v; want confirmed", ok, err)
+	}
+	if !h.Held(f.key) {
+		t.Error("Held = false for the key still held after the second release")
+	}
+}
+
+// TestReleaseOnKilledSessionDrops: a Release that fails on a session the
+// server has ended drops the connection, although it may fail before its
+// statement was sent: the session is gone, so every key it held counts as
+// lost (unconfirmed), not as still held. Release keeps the connection only
+// when nothing was sent on a live one.
+func TestReleaseOnKilledSessionDrops(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	h := f.holder(t, time.Minute)
+	other := busylock.Key{AppID: f.key.AppID, Queue: "other"}
+	for _, k := range []busylock.Key{f.key, other} {
+		if ok, err := h.Hold(ctx, k); err != nil || !ok {
+			t.Fatalf("Hold(%s) = %v, %v", k.Queue, ok, err)
+		}
+	}
+	var killed int
+	if err := f.admin.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE pid <> pg_backend_pid() AND datname = current_database() AND backend_type = 'client backend'`).Scan(&killed); err != nil || killed != 1 {
+		t.Fatalf("killed %d sessions, %v; want the lock session", killed, err)
+	}
+	// Its backend has exited.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var left int
+		if err := f.admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE pid <> pg_backend_pid() AND datname = current_database() AND backend_type = 'client backend'`).Scan(&left); err != nil {
+			t.Fatal(err)
+		}
+		if left == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the killed lock session's backend still there after 5s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if ok, err := h.Release(ctx, other); ok || err == nil {
+		t.Fatalf("Release on a killed session = %v, %v; want an error, unconfirmed", ok, err)
+	}
+	if h.Held(f.key) || h.Held(other) {
+		t.Fatal("keys still held after a release on a killed session: the dead connection was kept")
+	}
+	if ok, err := h.Release(ctx, f.key); ok || err != nil {
+		t.Errorf("Release of a key of the killed session = %v, %v; want unconfirmed (lost), no error", ok, err)
+	}
+}
+
 // TestHoldWithLostAnswer: a Hold whose statement reached the server but
 // whose answer never came back (a dead path) fails, and the key its
 // statement took stays with the dropped session's backend until the server
