@@ -1109,8 +1109,12 @@ func (d *Dispatcher) stopLanes() []*lane {
 	close(d.stopping)
 	stopped := make([]*lane, 0, 2*len(d.lanes))
 	for id, cl := range d.lanes {
-		// Run clears this dispatcher's marks and offers at once, and
-		// closing the lock connection frees its busy keys.
+		// No tidying per lane: the lock connection, closed as the stop
+		// begins (busylock.Holder.Run), frees every busy key at once;
+		// with leasing at INSERT, Run deletes the offers then too
+		// (dropOffers), and ends leasing once the handlers have finished
+		// (closeOffers); the busy-mark rows go last of all
+		// (claim.ClearMarks), and only other dispatchers read them.
 		cl.stop(false)
 		delete(d.lanes, id)
 		stopped = append(stopped, cl.queue, cl.invoke)

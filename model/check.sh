@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Model-checks busymark.pml (README.md) and offers.pml (OFFERS.md) with spin.
 #
-#   ./check.sh            the quick set (about eight minutes on 2 CPUs): the
+#   ./check.sh            the quick set (about 7 minutes on 2 CPUs): the
 #                         protocols are safe and live; every broken variant
 #                         is caught
 #   ./check.sh full       also the larger configurations (about 30 minutes)
