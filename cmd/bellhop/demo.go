@@ -30,8 +30,13 @@ const (
 )
 
 // demoEnqueueTimeout bounds one of the demo's enqueues, which a stop
-// lets finish, so that its outcome is known.
-const demoEnqueueTimeout = 10 * time.Second
+// lets finish, so that its outcome is known; once the stop began, it has
+// demoStopWait left at most, so that a slow database cannot hold a Ctrl-C
+// for the whole timeout.
+const (
+	demoEnqueueTimeout = 10 * time.Second
+	demoStopWait       = 2 * time.Second
+)
 
 func demoCommand(d *deps) *cli.Command {
 	return &cli.Command{
@@ -195,7 +200,8 @@ func runDemo(ctx context.Context, d *deps, cmd *cli.Command, log zerolog.Logger)
 	n := 0        // the sequence number of the message being enqueued
 	enqueued := 0 // those the database took
 	var runErr error
-	returned := false // Run has returned runErr
+	returned := false  // Run has returned runErr
+	announced := false // "stopping…" was said
 produce:
 	for {
 		select {
@@ -232,9 +238,18 @@ produce:
 		// Only a message the database took counts, and the stop does
 		// not cut an enqueue short: cancelled on its way, it may have
 		// been taken or not, and the summary could not tell. One that
-		// hangs still gives up, and a second signal exits at once.
+		// hangs still gives up: after its timeout, or demoStopWait after
+		// the stop began, which is announced at once, not once the
+		// enqueue returns. A second signal exits at once.
 		ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), demoEnqueueTimeout)
+		stopWatch := context.AfterFunc(ctx, func() {
+			say("stopping… (waiting up to %s for the enqueue in progress)", demoStopWait)
+			time.AfterFunc(demoStopWait, cancel)
+		})
 		_, err := client.Enqueue(ectx, demoApp, demoQueue, payload, opts)
+		if !stopWatch() {
+			announced = true
+		}
 		cancel()
 		if err == nil {
 			enqueued++
@@ -242,7 +257,9 @@ produce:
 			say("enqueue #%d failed: %v", n, err)
 		}
 	}
-	say("stopping…")
+	if !announced {
+		say("stopping…")
+	}
 	if !returned {
 		runErr = <-done
 	}

@@ -271,6 +271,57 @@ func TestDemoCountsWhatWasEnqueued(t *testing.T) {
 	}
 }
 
+// TestDemoStopAnnouncedAtOnce: Ctrl-C while an enqueue is held up (a
+// slow database) is answered at once, and the enqueue has demoStopWait
+// left. The demo said nothing until the enqueue returned, up to its whole
+// 10s timeout. Here a trigger holds the run's enqueues at an advisory lock
+// the test keeps.
+func TestDemoStopAnnouncedAtOnce(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.ConnString(t)
+	pool := db(t, dsn)
+	if _, err := pool.Exec(t.Context(), `
+		CREATE FUNCTION demo_gate() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.payload ? 'run' THEN
+				PERFORM pg_advisory_lock_shared(4242);
+				PERFORM pg_advisory_unlock_shared(4242);
+			END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER demo_gate BEFORE INSERT ON queue_messages FOR EACH ROW EXECUTE FUNCTION demo_gate();`); err != nil {
+		t.Fatal(err)
+	}
+	p := start(t, []string{"DATABASE_URL=" + dsn}, "demo", "--interval", "20ms")
+	p.waitLine(false, demoAckedRE, 60*time.Second)
+	gate, err := pool.Acquire(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gate.Release()
+	if _, err := gate.Exec(t.Context(), "SELECT pg_advisory_lock(4242)"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "an enqueue held at the gate", func() bool {
+		return queryInt(t, pool, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = 4242 AND NOT granted") > 0
+	})
+	p.signal(os.Interrupt)
+	p.waitLine(false, regexp.MustCompile(`^stopping… \(waiting up to 2s for the enqueue in progress\)$`), 5*time.Second)
+	// Still held: it gives up after demoStopWait, not after the 10s
+	// timeout that began before the signal.
+	p.waitLine(false, regexp.MustCompile(`^enqueue #\d+ failed: `), 6*time.Second)
+	if _, err := gate.Exec(t.Context(), "SELECT pg_advisory_unlock(4242)"); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.wait(30 * time.Second); code != 0 {
+		t.Fatalf("demo exited %d after SIGINT:\n%s", code, p.stderr())
+	}
+	p.waitLine(false, demoDoneRE, time.Second)
+	if n := p.countLines(regexp.MustCompile(`^stopping`)); n != 1 {
+		t.Errorf("the demo said it was stopping %d times, want once:\n%s", n, p.stdout())
+	}
+}
+
 // TestDemoSummary: the closing line counts in the singular where a count
 // is 1: it read "1 dead letters".
 func TestDemoSummary(t *testing.T) {
