@@ -407,8 +407,11 @@ func TestHoldEndedWaitingItsTurn(t *testing.T) {
 	}
 }
 
-// TestReleaseEndedWaitingItsTurn: a Release whose context ended while it
-// waited its turn on the lock connection sends nothing, so it leaves the
+// TestReleaseEndedWaitingItsTurn: a Release whose context ended before its
+// statement was sent (as when it waits its turn on the lock connection
+// past its deadline; here it has ended before the call, which both
+// Release's own check and pgx's refusal to send on an ended context catch)
+// sends nothing, so it leaves the
 // session and its keys as they were: it fails unconfirmed, the key stays
 // held (Held says so, and a later Release gives it back, confirmed), and
 // every other queue's key stays held too. It used to drop the connection,
