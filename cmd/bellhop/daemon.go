@@ -106,9 +106,11 @@ const repeatWindow = time.Second
 
 // listen listens on TCP address addr, given by flag. Where the system
 // refuses an address that is well formed, because another process has it
-// (EADDRINUSE) or this user may not bind its port (EACCES), the error is
-// an operational one, exit status 1, as a conflict is: the same command
-// may succeed once the port is free, or as another user. Any other error,
+// (EADDRINUSE), this user may not bind its port (EACCES) or this host has
+// no such address yet (EADDRNOTAVAIL: an interface or a floating address
+// not up at boot, say), the error is an operational one, exit status 1,
+// as a conflict is: the same command may succeed once the port is free,
+// the address is up, or as another user. Any other error,
 // such as a bad port or an unknown host, is the address's own: a usage
 // error, exit status 2.
 func listen(flag, addr string) (net.Listener, error) {
@@ -121,7 +123,7 @@ func listen(flag, addr string) (net.Listener, error) {
 
 // listenError is listen's error for net.Listen's err.
 func listenError(flag, addr string, err error) error {
-	if errors.Is(err, syscall.EADDRINUSE) || errors.Is(err, syscall.EACCES) {
+	if errors.Is(err, syscall.EADDRINUSE) || errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.EADDRNOTAVAIL) {
 		return fmt.Errorf("%s %q: %w", flag, addr, err)
 	}
 	return usagef("%s %q: %v", flag, addr, err)

@@ -1030,7 +1030,8 @@ func TestConnectTimesOut(t *testing.T) {
 
 // TestListenError: run --http-addr and example-consumer --addr exit 1
 // where the system refuses a well-formed address (another process has
-// it, or this user may not bind its port), as for a conflict, and 2 for
+// it, this user may not bind its port, or the host has no such address),
+// as for a conflict, and 2 for
 // an address that is wrong in itself. example-consumer exited 2 for
 // every error. EACCES is made up here: the tests may run as root, which
 // may bind any port.
@@ -1046,6 +1047,7 @@ func TestListenError(t *testing.T) {
 	}{
 		{"in use", sysErr(syscall.EADDRINUSE), false},
 		{"port not allowed", sysErr(syscall.EACCES), false},
+		{"address not on this host", sysErr(syscall.EADDRNOTAVAIL), false},
 		{"no port", &net.OpError{Op: "listen", Net: "tcp", Err: &net.AddrError{Err: "missing port in address", Addr: "x"}}, true},
 		{"unknown host", &net.OpError{Op: "listen", Net: "tcp", Err: &net.DNSError{Err: "no such host", Name: "x", IsNotFound: true}}, true},
 	}
