@@ -103,8 +103,10 @@ type Listener struct {
 	beatHeard atomic.Bool
 
 	// connectFailed is set while the last connect failed (logError), and
-	// connectLog bounds those lines: pgxlisten reports each failed
-	// connect, one every ReconnectDelay while the database is away.
+	// connectLog bounds those lines and those of a set-up that failed
+	// once connected (OnConnect, a LISTEN): pgxlisten reports each
+	// failure, one every ReconnectDelay while the database is away or
+	// refuses LISTEN (a hot standby, SQLSTATE 25006).
 	connectFailed atomic.Bool
 	connectLog    *logthrottle.Throttle
 
@@ -350,13 +352,15 @@ func (l *Listener) connect(ctx context.Context) (*pgx.Conn, error) {
 	cctx, cancel := context.WithTimeout(ctx, l.cfg.SetupTimeout)
 	defer cancel()
 	conn, err := pgx.ConnectConfig(cctx, cfg)
+	// A failed OnConnect is a failed set-up, as a failed LISTEN is, not a
+	// failed connect (logError).
+	l.connectFailed.Store(err != nil)
 	if err == nil && l.cfg.OnConnect != nil {
 		if err = l.cfg.OnConnect(cctx, conn); err != nil {
 			_ = conn.Close(ctx)
 			conn = nil
 		}
 	}
-	l.connectFailed.Store(err != nil)
 	if err != nil {
 		if cctx.Err() != nil && ctx.Err() == nil {
 			err = fmt.Errorf("no answer within %s (SetupTimeout): %w", l.cfg.SetupTimeout, err)
@@ -365,19 +369,36 @@ func (l *Listener) connect(ctx context.Context) (*pgx.Conn, error) {
 	}
 	// pgxlisten LISTENs next, on its own context: what is left of the
 	// set-up's time bounds that too.
+	// The timer is disarmed (setupFailed) if a LISTEN fails: that
+	// connection is gone, and the next comes after ReconnectDelay, which
+	// the timer would otherwise cut short when longer than SetupTimeout.
+	// It checks under mu that it is still the one armed, in case it fires
+	// as it is stopped.
 	l.mu.Lock()
-	if l.setupTimer != nil {
-		l.setupTimer.Stop()
-	}
-	l.setupTimer = time.AfterFunc(l.cfg.SetupTimeout-time.Since(start), func() {
-		if l.setups.Load() == setup && l.listened.Load() < l.channels() && ctx.Err() == nil {
+	l.stopSetupTimerLocked()
+	var timer *time.Timer
+	timer = time.AfterFunc(l.cfg.SetupTimeout-time.Since(start), func() {
+		l.mu.Lock()
+		armed := l.setupTimer == timer
+		l.mu.Unlock()
+		if armed && l.setups.Load() == setup && l.listened.Load() < l.channels() && ctx.Err() == nil {
 			l.cfg.Logger.Warn().Stringer("setup_timeout", l.cfg.SetupTimeout).
 				Msg("listener connection did not get its LISTEN in place in time; reconnecting")
 			l.Restart()
 		}
 	})
+	l.setupTimer = timer
 	l.mu.Unlock()
 	return conn, nil
+}
+
+// stopSetupTimerLocked disarms the set-up timer, if one is armed. l.mu
+// must be held.
+func (l *Listener) stopSetupTimerLocked() {
+	if l.setupTimer != nil {
+		l.setupTimer.Stop()
+		l.setupTimer = nil
+	}
 }
 
 // channels is how many channels a connection listens on.
@@ -424,16 +445,36 @@ func (l *Listener) logError(ctx context.Context, err error) {
 		// lease channel's name is kept out of the log (Config.LeaseChannel).
 		text = strings.ReplaceAll(text, c, "(the lease channel)")
 	}
-	if l.connectFailed.Load() {
-		// No connection was made: nothing was lost. The first failure
-		// is logged in full, then one every connectLogInterval, the
-		// others at debug.
-		l.connectLog.Event(&l.cfg.Logger, zerolog.WarnLevel, 1).Str("error", text).Stringer("reconnect_delay", l.cfg.ReconnectDelay).
-			Msgf("could not connect the listener; retrying every %s (logged at most once every %s; held_back counts the failures not logged)",
-				l.cfg.ReconnectDelay, connectLogInterval)
+	// No listening connection was made: nothing was lost. The first
+	// failure of a connect or a set-up is logged in full, then one every
+	// connectLogInterval, the others at debug.
+	what := ""
+	switch {
+	case l.connectFailed.Load():
+		what = "could not connect the listener"
+	case l.listened.Load() < l.channels():
+		// Connected, but OnConnect or a LISTEN failed (a server in
+		// recovery refuses LISTEN): each connect fails the same way,
+		// and the next comes after ReconnectDelay, not SetupTimeout.
+		// (HandleBacklog and HandleNotification, whose errors pgxlisten
+		// reports too without dropping the connection, return none.)
+		l.setupFailed()
+		what = "the listener connected but could not listen"
+	default:
+		l.cfg.Logger.Warn().Str("error", text).Stringer("reconnect_delay", l.cfg.ReconnectDelay).Msg("listener connection lost")
 		return
 	}
-	l.cfg.Logger.Warn().Str("error", text).Stringer("reconnect_delay", l.cfg.ReconnectDelay).Msg("listener connection lost")
+	l.connectLog.Event(&l.cfg.Logger, zerolog.WarnLevel, 1).Str("error", text).Stringer("reconnect_delay", l.cfg.ReconnectDelay).
+		Msgf("%s; retrying every %s (logged at most once every %s; held_back counts the failures not logged)",
+			what, l.cfg.ReconnectDelay, connectLogInterval)
+}
+
+// setupFailed disarms the set-up timer of a connection whose set-up
+// failed.
+func (l *Listener) setupFailed() {
+	l.mu.Lock()
+	l.stopSetupTimerLocked()
+	l.mu.Unlock()
 }
 
 // connectLogInterval is how often a listener that cannot connect says so.

@@ -489,3 +489,104 @@ func TestConnectFailuresThrottled(t *testing.T) {
 		t.Errorf("%d warn and %d debug lines for %d failed connects, want 1 warn and the rest at debug:\n%s", warn, debug, dials.Load(), logs.String())
 	}
 }
+
+// failListen is an OnConnect hook that leaves the connection's transaction
+// aborted, so that every LISTEN on it fails, as on a server in recovery
+// (a hot standby refuses LISTEN with SQLSTATE 25006), and counts the
+// connects.
+func failListen(connects *atomic.Int32) func(context.Context, *pgx.Conn) error {
+	return func(ctx context.Context, conn *pgx.Conn) error {
+		connects.Add(1)
+		if _, err := conn.Exec(ctx, "BEGIN"); err != nil {
+			return err
+		}
+		_, _ = conn.Exec(ctx, "SELECT 1/0")
+		return nil
+	}
+}
+
+// TestListenFailuresThrottled: a listener that connects but cannot LISTEN
+// says so, "could not listen", in full at warn the first time and then at
+// most once every 30s, the rest at debug, as for a connect that fails; so
+// does one whose OnConnect fails. Each was logged at warn as "listener
+// connection lost", one every ReconnectDelay (about 1,800 an hour against a
+// hot standby).
+func TestListenFailuresThrottled(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		hook  func(connects *atomic.Int32) func(context.Context, *pgx.Conn) error
+		cause string // in the first line
+	}{
+		{"LISTEN fails", failListen, "current transaction is aborted"},
+		{"OnConnect fails", func(connects *atomic.Int32) func(context.Context, *pgx.Conn) error {
+			return func(context.Context, *pgx.Conn) error {
+				connects.Add(1)
+				return errors.New("no lease key (test)")
+			}
+		}, "no lease key (test)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := pgx.ParseConfig(pgtest.ConnString(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var connects atomic.Int32
+			var logs syncBuffer
+			l := notify.New(notify.Config{ConnConfig: cfg, Handler: &counting{}, Logger: zerolog.New(&logs).Level(zerolog.DebugLevel),
+				ReconnectDelay: 10 * time.Millisecond, OnConnect: tc.hook(&connects)})
+			run(t, l)
+			// The failure is logged before the next connect: the ninth
+			// connect means eight set-ups failed and were logged.
+			waitUntil(t, "nine connects", func() bool { return connects.Load() >= 9 })
+			var warn, debug int
+			for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+				switch {
+				case strings.Contains(line, "listener connection lost"):
+					t.Errorf("a failed set-up logged as a connection lost: %s", line)
+				case !strings.Contains(line, "the listener connected but could not listen; retrying every 10ms"):
+				case strings.Contains(line, `"level":"warn"`):
+					warn++
+					if !strings.Contains(line, tc.cause) {
+						t.Errorf("the first failure not logged in full: %s", line)
+					}
+				case strings.Contains(line, `"level":"debug"`):
+					debug++
+				}
+			}
+			if warn != 1 || debug < 7 || l.Connected() {
+				t.Errorf("%d warn and %d debug lines for %d connects (connected %v), want 1 warn and the rest at debug:\n%s",
+					warn, debug, connects.Load(), l.Connected(), logs.String())
+			}
+		})
+	}
+}
+
+// TestFailedListenDisarmsSetupTimer: a connection whose LISTEN fails is
+// gone, and the next connect waits for ReconnectDelay even when that is
+// longer than SetupTimeout. The set-up timer stayed armed: it fired,
+// logged that the connection "did not get its LISTEN in place in time" and
+// reconnected at once.
+func TestFailedListenDisarmsSetupTimer(t *testing.T) {
+	cfg, err := pgx.ParseConfig(pgtest.ConnString(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const setup = 200 * time.Millisecond
+	var connects atomic.Int32
+	var logs syncBuffer
+	l := notify.New(notify.Config{ConnConfig: cfg, Handler: &counting{}, Logger: zerolog.New(&logs),
+		ReconnectDelay: time.Hour, SetupTimeout: setup, OnConnect: failListen(&connects)})
+	run(t, l)
+	waitUntil(t, "the failed LISTEN logged", func() bool { return strings.Contains(logs.String(), "could not listen") })
+	// Well past the set-up timer's end, checked by polling.
+	deadline := time.Now().Add(5 * setup)
+	for time.Now().Before(deadline) {
+		if n := connects.Load(); n != 1 {
+			t.Fatalf("%d connects within %s of a failed LISTEN, with ReconnectDelay an hour; want 1:\n%s", n, 5*setup, logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if strings.Contains(logs.String(), "in place in time") {
+		t.Errorf("the set-up timer fired after the failed LISTEN:\n%s", logs.String())
+	}
+}
