@@ -44,6 +44,17 @@ const (
 	// in-flight handlers finish before it cancels them and releases
 	// their messages (see Dispatcher.Run).
 	DefaultShutdownGrace = 10 * time.Second
+	// StopBudget is the time a stop gives all of its writes once its
+	// handlers are done (see Dispatcher.Run): their outcomes, the offers'
+	// withdrawal, the wake-up of the other dispatchers, the busy marks'
+	// deletion and the last last_fired_at update, in that order. Once it
+	// has run out (a frozen server, a failover seen from the old side),
+	// the write under way is cancelled and the others are skipped: an
+	// outcome not written leaves its message to come back after its lease,
+	// offers and busy marks expire by themselves, the other dispatchers
+	// find the retries this one had timed at their fallback poll, and
+	// last_fired_at misses the stop's last second.
+	StopBudget = 5 * time.Second
 	// DefaultBusyLease: see DispatcherConfig.BusyLease.
 	DefaultBusyLease = 2 * time.Second
 	// DefaultBusyWindow: see DispatcherConfig.BusyWindow.
@@ -85,7 +96,10 @@ type DispatcherConfig struct {
 	// fallback poll sends one, and so does the scan after a connect or a
 	// new consumer, until one has been heard or two have been missed.
 	HeartbeatTimeout time.Duration
-	// ShutdownGrace: see DefaultShutdownGrace.
+	// ShutdownGrace: see DefaultShutdownGrace. A stop takes at most
+	// max(ShutdownGrace, min(StatementTimeout, 5s)) + StopBudget, 15s
+	// with the defaults, unless a handler ignores its context's end
+	// (Dispatcher.Run says how).
 	ShutdownGrace time.Duration
 	// DefaultVisibilityTimeout applies to leases on queues that have no
 	// consumer (30s); whole seconds, 1s to 12h, as a consumer's.
@@ -494,7 +508,21 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 // for it to return: its message's outcome is written then (an error it
 // returns, Permanent ones included, counts as the cancellation's, and
 // releases the message, attempt refunded), and the token fences it if its lease has run out meanwhile.
-// The grace counts from ctx's end. Nothing is logged after Run returns:
+// The grace counts from ctx's end.
+//
+// How long the stop takes: while the handlers have their grace, a claim
+// pass already sent gets up to min(StatementTimeout, claim.StopWait (5s))
+// to answer, and what it claimed is released. Once the last handler has
+// returned, the stop's writes (outcomes, offers, the hand-over to the
+// other dispatchers, busy marks, last_fired_at) share StopBudget (5s):
+// once it runs out, as against a server that stopped answering, the
+// write under way is cancelled and the rest are skipped, each of their
+// effects expiring by itself (see StopBudget); nothing is lost, an
+// outcome not written only lets its message be delivered again after its
+// lease. So Run returns at most max(ShutdownGrace,
+// min(StatementTimeout, 5s)) + StopBudget after ctx ends (15s with the
+// defaults), plus however long a handler that ignores its context runs
+// past the grace. Nothing is logged after Run returns:
 // when the grace runs out, Run waits for its warning to reach the
 // Logger, so a Logger that blocks delays Run too. It returns an error only
 // if it cannot start: among those, a database without Bellhop's schema
@@ -534,7 +562,8 @@ func (d *Dispatcher) Run(ctx context.Context) (err error) {
 		},
 	})
 	d.pool.Store(db)
-	defer d.db.Close()
+	var stopBy time.Time // the end of a stop's budget, once it began
+	defer func() { d.closePool(stopBy) }()
 	if err := d.db.Ping(ctx); err != nil {
 		return fmt.Errorf("dispatcher: connect: %w", err)
 	}
@@ -585,6 +614,7 @@ func (d *Dispatcher) Run(ctx context.Context) (err error) {
 	// The grace counts from the stop, not from the end of the waits below
 	// (a claim in flight, offers locked by producers), which could add
 	// seconds to it: a supervisor's own stop timeout is set from it.
+	graceEnd := time.Now().Add(d.cfg.ShutdownGrace)
 	graceOver := make(chan struct{})
 	grace := time.AfterFunc(d.cfg.ShutdownGrace, func() {
 		defer close(graceOver)
@@ -594,10 +624,11 @@ func (d *Dispatcher) Run(ctx context.Context) (err error) {
 	})
 	d.log.Info().Msg("dispatcher stopping: no more claims; waiting for in-flight handlers")
 	stopped := d.stopLanes()
-	if d.cfg.LeaseAtInsert {
+	if left := min(5*time.Second, time.Until(graceEnd)); d.cfg.LeaseAtInsert && left > 0 {
 		// No producer may lease to us while handlers finish: a lease
-		// made now waits for the end of the grace to be released.
-		wctx, wcancel := timeout.Bound(context.Background(), 5*time.Second)
+		// made now waits for the end of the grace to be released. Within
+		// the grace: closeOffers withdraws them all again after it.
+		wctx, wcancel := timeout.Bound(context.Background(), left)
 		d.dropOffers(wctx, nil)
 		wcancel()
 	}
@@ -605,27 +636,84 @@ func (d *Dispatcher) Run(ctx context.Context) (err error) {
 	if !grace.Stop() {
 		<-graceOver // its line is written before Run goes on, and returns
 	}
-	// Bound, so that the warnings of a stop that ran out of it say so
-	// (timeout.Explain).
-	octx, ocancel := timeout.Bound(context.Background(), 5*time.Second)
-	d.closeOffers(octx)
-	ocancel()
-	d.complete.Close()
-	d.handOver(stopped)
-	bg.Wait()
-	cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	if err := claim.ClearMarks(cctx, d.db, d.owner); err != nil {
-		d.log.Warn().Err(err).Msg("could not clear busy marks; they expire with their lease")
-	}
-	cancel()
-	// Bounded like the other writes of a stop: a lock on a consumer's row
-	// or a frozen server must not keep Run from returning, and the column
-	// is informational.
-	fctx, fcancel := timeout.Bound(context.Background(), 5*time.Second)
-	d.flushLastFired(fctx)
-	fcancel()
+	stopBy = d.stopWrites(stopped, bg.Wait)
 	d.log.Info().Msg("dispatcher stopped")
 	return nil
+}
+
+// stopWrites makes a stop's writes, once its handlers are done, within
+// StopBudget for all of them (see StopBudget): the outcomes first, which
+// spare redeliveries; once the budget has run out, the rest are skipped.
+// The budget is a timeout.Bound, so that the warnings of a write cut off
+// by it say so (timeout.Explain). bgDone waits for the background loops,
+// whose ctx has ended, before the busy marks and last_fired_at: the touch
+// loop's last update, failing, hands its consumers back for the final one.
+// It returns the budget's end, which also bounds the wait for the pool
+// to close (closePool).
+func (d *Dispatcher) stopWrites(stopped []*lane, bgDone func()) (by time.Time) {
+	ctx, cancel := timeout.Bound(context.Background(), StopBudget)
+	defer cancel()
+	by, _ = ctx.Deadline()
+	d.closeOffers(ctx)
+	if n := d.complete.Pending(); n > 0 {
+		d.log.Info().Int("outcomes", n).Stringer("stop_budget", StopBudget).
+			Msgf("dispatcher stopping: waiting for %d outcome writes", n)
+	}
+	if err := d.complete.Shutdown(ctx); err != nil {
+		d.log.Warn().Err(err).Int("outcomes_left", d.complete.Pending()).Stringer("stop_budget", StopBudget).
+			Msg("the stop's time for its writes ran out; the outcomes not written let their messages come back after their leases")
+	}
+	skipped := func(what string) bool {
+		if ctx.Err() == nil {
+			return false
+		}
+		d.log.Warn().Stringer("stop_budget", StopBudget).Str("skipped", what).
+			Msg("the stop's time for its writes ran out: skipping its remaining writes (busy marks expire with their lease, " +
+				"the other dispatchers find the retries this one had timed at their fallback poll, last_fired_at misses the last second)")
+		return true
+	}
+	if !skipped("hand-over, busy marks, last_fired_at") {
+		d.handOver(ctx, stopped)
+	}
+	bgDone()
+	if ctx.Err() != nil || skipped("busy marks, last_fired_at") {
+		return by
+	}
+	if err := claim.ClearMarks(ctx, d.db, d.owner); err != nil {
+		d.log.Warn().Err(timeout.Explain(ctx, err)).Msg("could not clear busy marks; they expire with their lease")
+	}
+	if skipped("last_fired_at") {
+		return by
+	}
+	// The column is informational: a lock on a consumer's row or a frozen
+	// server must not keep Run from returning.
+	d.flushLastFired(ctx)
+	return by
+}
+
+// closePool closes the pool, waiting for it until by at most (zero: for as
+// long as it takes, as after a failed start). pgx drains a connection whose
+// statement was cancelled for up to 15s, until the server closes it, and
+// the pool's Close waits for that: against a server that no longer answers
+// (a stop write cut off by StopBudget), that wait goes on in the background
+// once by has passed, so that a stop keeps to its bound, and pgx closes the
+// sockets when it gives up. Nothing is logged meanwhile.
+func (d *Dispatcher) closePool(by time.Time) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		d.db.Close()
+	}()
+	if by.IsZero() {
+		<-done
+		return
+	}
+	t := time.NewTimer(time.Until(by))
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
 }
 
 // Ready reports whether the dispatcher can deliver right now: Run is
@@ -1125,11 +1213,12 @@ func (d *Dispatcher) stopLanes() []*lane {
 	return stopped
 }
 
-// handOver runs once a stop has written every outcome: it wakes the other
+// handOver runs once a stop has written every outcome, within ctx, the
+// stop's budget: it wakes the other
 // dispatchers for each stopped lane that had a due time or had nacked
 // (sql/hand_over.sql), so that the retries whose time only this
 // dispatcher knew are delivered on time and not at a fallback poll.
-func (d *Dispatcher) handOver(lanes []*lane) {
+func (d *Dispatcher) handOver(ctx context.Context, lanes []*lane) {
 	var due []*lane
 	for _, l := range lanes {
 		if l.timed.Load() || l.nacked.Load() {
@@ -1139,10 +1228,8 @@ func (d *Dispatcher) handOver(lanes []*lane) {
 	if len(due) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
 	if err := d.wake(ctx, due); err != nil {
-		d.log.Warn().Err(err).Int("lanes", len(due)).
+		d.log.Warn().Err(timeout.Explain(ctx, err)).Int("lanes", len(due)).
 			Msg("could not wake the other dispatchers for the retries this one had timed; they find them at their fallback poll")
 	}
 }

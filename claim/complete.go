@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -92,6 +93,12 @@ type Completer struct {
 	workers  int
 	wg       sync.WaitGroup
 	once     sync.Once
+	// pending counts the outcomes submitted and not yet settled.
+	pending atomic.Int64
+	// writes is the parent of every try's context: Shutdown cancels it
+	// when its budget runs out, and no try is made from then on.
+	writes       context.Context
+	cancelWrites context.CancelCauseFunc
 }
 
 // NewCompleter returns a Completer writing through db with the given
@@ -104,6 +111,7 @@ func NewCompleter(db *pgxpool.Pool, log zerolog.Logger, workers, maxBatch int) *
 		maxBatch = 500
 	}
 	c := &Completer{db: db, log: log, failLog: logthrottle.New(1, 10*time.Second), in: make(chan Outcome, 4*maxBatch), maxBatch: maxBatch, workers: workers}
+	c.writes, c.cancelWrites = context.WithCancelCause(context.Background())
 	c.wg.Add(workers)
 	for range workers {
 		go c.loop()
@@ -113,13 +121,36 @@ func NewCompleter(db *pgxpool.Pool, log zerolog.Logger, workers, maxBatch int) *
 
 // Submit queues o. It blocks while the queue is full, which slows the
 // dispatcher down to the rate the database can settle messages.
-func (c *Completer) Submit(o Outcome) { c.in <- o }
+func (c *Completer) Submit(o Outcome) {
+	c.pending.Add(1)
+	c.in <- o
+}
+
+// Pending returns how many submitted outcomes are not settled yet: neither
+// written nor given up on.
+func (c *Completer) Pending() int { return int(c.pending.Load()) }
 
 // Close writes everything already submitted and returns when done.
 // Nothing may be submitted after Close.
 func (c *Completer) Close() {
 	c.once.Do(func() { close(c.in) })
 	c.wg.Wait()
+}
+
+// Shutdown is Close within ctx, a stop's budget for its writes: once ctx
+// ends, the try under way is cancelled and no other is made, so every
+// outcome not written by then is given up on at once (its Done gets
+// ErrWriteFailed: the message comes back after its lease, unless the
+// cancelled try committed), and Shutdown returns ctx's cause. It returns
+// nil if ctx was still live once everything was settled.
+func (c *Completer) Shutdown(ctx context.Context) error {
+	stop := context.AfterFunc(ctx, func() { c.cancelWrites(context.Cause(ctx)) })
+	defer stop()
+	c.Close()
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	return nil
 }
 
 func (c *Completer) loop() {
@@ -148,7 +179,9 @@ const writeTries = 5
 
 // flush writes one batch, retrying transient failures for a few seconds.
 // It runs on a context of its own: outcomes must be written even while
-// the dispatcher is stopping. A failed try is logged at debug; a batch
+// the dispatcher is stopping, until Shutdown's budget runs out, which
+// cancels the try under way and ends the retries. A failed try is logged
+// at debug; a batch
 // given up on at warn, at most once every 10 s (a database outage fails
 // every batch).
 func (c *Completer) flush(batch []Outcome) {
@@ -156,23 +189,33 @@ func (c *Completer) flush(batch []Outcome) {
 	var err error
 	retried := false
 	delay := 50 * time.Millisecond
-	for try := 1; try <= writeTries; try++ {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	for try := 1; ; try++ {
+		ctx, cancel := context.WithTimeout(c.writes, 10*time.Second)
 		applied, err = Write(ctx, c.db, batch)
 		cancel()
 		if err == nil {
 			break
 		}
 		retried = true
-		if try == writeTries {
-			c.failLog.Event(&c.log, zerolog.WarnLevel, 1).Err(err).Int("batch", len(batch)).Int("try", try).
-				Msgf("writing message outcomes failed; gave up after %d tries (logged at most once every 10s; held_back counts the batches not logged)", writeTries)
-			break
+		if try < writeTries && c.writes.Err() == nil {
+			c.log.Debug().Err(err).Int("batch", len(batch)).Int("try", try).Msg("writing message outcomes failed; retrying")
+			select {
+			case <-time.After(delay):
+				delay *= 2
+				continue
+			case <-c.writes.Done():
+			}
 		}
-		c.log.Debug().Err(err).Int("batch", len(batch)).Int("try", try).Msg("writing message outcomes failed; retrying")
-		time.Sleep(delay)
-		delay *= 2
+		why := fmt.Sprintf("gave up after %d tries", try)
+		if c.writes.Err() != nil {
+			err = fmt.Errorf("%w (the last try: %w)", context.Cause(c.writes), err)
+			why += ": the stop's time for its writes ran out"
+		}
+		c.failLog.Event(&c.log, zerolog.WarnLevel, 1).Err(err).Int("batch", len(batch)).Int("try", try).
+			Msgf("writing message outcomes failed; %s (logged at most once every 10s; held_back counts the batches not logged)", why)
+		break
 	}
+	defer c.pending.Add(-int64(len(batch)))
 	for _, o := range batch {
 		if o.Done == nil {
 			continue

@@ -1,0 +1,134 @@
+package integration
+
+import (
+	"context"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+
+	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/internal/pgcluster"
+	"github.com/bellhopq/bellhop/migrations"
+)
+
+// ownEnv is newEnv on a cluster of the test's own (ownCluster), for a test
+// that freezes, stops or restarts the server: the package's shared cluster
+// must not be touched. Its producer pool reaches the server over TCP.
+func ownEnv(t *testing.T) (*env, *pgcluster.Cluster) {
+	t.Helper()
+	c := ownCluster(t, nil)
+	dsn := c.TCPConnString("bellhop")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if err := migrations.Migrate(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	e := &env{dsn: dsn, pool: pool, client: bellhop.NewClient(pool)}
+	if _, err := e.client.CreateApp(ctx, "app"); err != nil {
+		t.Fatal(err)
+	}
+	return e, c
+}
+
+// freeze stops every process of c's server (SIGSTOP), as a server that
+// stopped answering looks from the old side of a failover, until thaw;
+// thaw runs when t ends too.
+func freeze(t *testing.T, c *pgcluster.Cluster) (thaw func()) {
+	t.Helper()
+	if err := c.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	thawed := false
+	thaw = func() {
+		if thawed {
+			return
+		}
+		thawed = true
+		if err := c.Signal(syscall.SIGCONT); err != nil {
+			t.Errorf("thaw: %v", err)
+		}
+	}
+	t.Cleanup(thaw)
+	return thaw
+}
+
+// TestStopAgainstFrozenServer: a stop while the server no longer answers
+// (frozen, as a failover looks from the old side) returns within the
+// grace and StopBudget, and loses nothing: the message whose release
+// could not be written comes back once the server answers again. It used
+// to take a minute: the release was tried 5 times for 10 s each, then the
+// busy marks' deletion and the last_fired_at update waited 5 s each.
+func TestStopAgainstFrozenServer(t *testing.T) {
+	e, cluster := ownEnv(t)
+	const vt = 3 * time.Second
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "work", VisibilityTimeout: vt})
+	started := make(chan struct{}, 1)
+	leaving := bellhop.NewMux()
+	leaving.Handle("app", "work", bellhop.HandlerFunc(func(ctx context.Context, m *bellhop.Message) error {
+		started <- struct{}{}
+		<-ctx.Done()
+		return ctx.Err()
+	}))
+	logs := &syncBuffer{}
+	const grace = time.Second
+	d := startLogged(t, e.dsn, bellhop.DispatcherConfig{Resolver: leaving, PollInterval: time.Hour, ShutdownGrace: grace,
+		Logger: zerolog.New(logs).With().Timestamp().Logger()}, nil)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the stopped dispatcher's log:\n%s", logs.String())
+		}
+	})
+	id := e.enqueue(t, "work", 1, bellhop.EnqueueOptions{})
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("handler did not start")
+	}
+
+	thaw := freeze(t, cluster)
+	stopping := time.Now()
+	d.stop()
+	took := time.Since(stopping)
+	t.Logf("Run returned %s after its cancel, with a %s grace and a %s budget", took.Round(time.Millisecond), grace, bellhop.StopBudget)
+	if limit := grace + bellhop.StopBudget + 3*time.Second; took > limit {
+		t.Errorf("Run took %s to return against a frozen server, want at most %s", took.Round(time.Millisecond), limit)
+	}
+	if !lineWith(logs, "waiting for 1 outcome writes") {
+		t.Error("the log does not say the stop waits for the outcome write")
+	}
+	if !lineWith(logs, "the stop's time for its writes ran out") {
+		t.Error("the log does not say the stop's time for writes ran out")
+	}
+	thaw()
+
+	rec := &recorder{}
+	staying := bellhop.NewMux()
+	staying.Handle("app", "work", rec)
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: staying, PollInterval: time.Second}, nil)
+	waitFor(t, vt+15*time.Second, "the message delivered again after the thaw", func() bool { return rec.n.Load() >= 1 })
+	if got := rec.deliveries()[0]; got.ID != id {
+		t.Errorf("delivered %s after the thaw, want %s", got.ID, id)
+	}
+	waitFor(t, 10*time.Second, "the message acked", func() bool {
+		return e.count(t, `SELECT count(*) FROM queue_messages`) == 0
+	})
+}
