@@ -158,7 +158,7 @@ type DispatcherConfig struct {
 	// and the reclaimer's news of other dispatchers' leases, until the kernel
 	// gave up on the connection (about 15 minutes for one whose server
 	// vanished). Not bounded by it: outcome writes, which have their own
-	// (claim.Completer); lease renewals, which run on the handler's context,
+	// (10s a try, retried until their leases end: claim.Completer); lease renewals, which run on the handler's context,
 	// and it ends with the lease; the lock connection's keep-alives, bounded
 	// by BusyLease; the tidying up after a consumer is removed, bounded by 5s;
 	// and the start-up, which Run's context bounds.
@@ -216,9 +216,12 @@ const (
 	// deleted with its consumer, which also ends as LeaseLost: nothing
 	// delivers it again. The outcome does not tell which.
 	LeaseLost Outcome = "lease_lost"
-	// WriteFailed: every try to write the outcome failed (the database
-	// away for some seconds). The message is delivered again after its
-	// lease, unless a try recorded it before its answer was lost.
+	// WriteFailed: every try to write the outcome failed: the database
+	// was away until the lease ended (claim.Completer retries until then),
+	// a stop's StopBudget ran out, or the server answered each of a few
+	// tries with an error that no outage explains. The message is
+	// delivered again after its lease, unless a try recorded it before its
+	// answer was lost.
 	WriteFailed Outcome = "write_failed"
 )
 

@@ -190,10 +190,16 @@ func (l *lease) extend(ctx context.Context) error {
 
 // stop ends the lease's timer once the handler has returned; renewals
 // from then on (a goroutine the handler left behind) fail at once, with
-// no statement: the pool may be closed by then.
+// no statement: the pool may be closed by then. It records the lease's
+// end, renewals included, in the message, for the Completer's retries
+// (claim.Message.LeaseEnd): under mu, so that a renewal still under way
+// finds the timer stopped and changes nothing after it.
 func (l *lease) stop() {
 	l.finished.Store(true)
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	l.timer.Stop()
+	l.msg.LeaseEnd = l.end.Add(leaseMargin(l.vt))
 }
 
 // timeout is the visibility timeout the lease is measured with now.

@@ -56,6 +56,12 @@ type Message struct {
 	// even if the timeout is lowered or the consumer removed later (zero:
 	// t.TriggerID no longer serves the queue; release the message).
 	VisibilityTimeout time.Duration
+	// LeaseEnd, if set, is when the lease ends on this process's clock,
+	// renewals included: the dispatcher sets it once the handler has
+	// returned, before the outcome is submitted. Zero: LeasedAt plus
+	// VisibilityTimeout. The Completer retries an outcome's write until
+	// then (Completer.flush).
+	LeaseEnd time.Time
 }
 
 // Target names what to claim from: a queue, or a consumer's invoke

@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
@@ -174,42 +175,88 @@ func (c *Completer) loop() {
 	}
 }
 
-// writeTries is how many times flush tries to write a batch.
-const writeTries = 5
+// Bounds of flush's retries.
+const (
+	// writeTimeout bounds one try.
+	writeTimeout = 10 * time.Second
+	// maxPause caps the pause between tries, which starts at 50ms and
+	// doubles.
+	maxPause = time.Second
+	// lastTry is the least time a retry gets before the leases end.
+	lastTry = 100 * time.Millisecond
+	// answeredTries is how many times a batch is tried while the server
+	// answers each try with an error other than an outage's (transient).
+	answeredTries = 5
+	// unknownLease is how long a batch is retried when none of its leases
+	// has a known end (claimed for a consumer that no longer serves the
+	// queue: Message.VisibilityTimeout zero).
+	unknownLease = 5 * time.Second
+)
 
-// flush writes one batch, retrying transient failures for a few seconds.
-// It runs on a context of its own: outcomes must be written even while
-// the dispatcher is stopping, until Shutdown's budget runs out, which
-// cancels the try under way and ends the retries. A failed try is logged
-// at debug; a batch
-// given up on at warn, at most once every 10 s (a database outage fails
-// every batch).
+// flush writes one batch, retrying while the database is away until the
+// batch's leases end: the latest lease end of its outcomes, renewals
+// included (Message.LeaseEnd), on this process's clock, which measures a
+// lease from before its claim was sent and so ends it no later than the
+// reclaimer does. The write is fenced by the claim token alone (ack.sql
+// and the others match id and token, not the lease's time), so a try
+// after that would be harmless, but pointless: the message may be
+// reclaimed and delivered again by then, and the write would then change
+// nothing. So a restart of the database that takes seconds loses no
+// outcome whose lease outlasts it. Tries are paused by 50ms, doubling,
+// at most maxPause; each is bounded by writeTimeout (a retry also by the
+// leases' end). An error that the server answered and that no outage
+// explains (transient) is tried answeredTries times at most. Outcomes
+// submitted meanwhile wait for the next batch: one writer keeps them in
+// order. flush runs on a context of its own: outcomes must be written
+// even while the dispatcher is stopping, until Shutdown's budget runs
+// out, which cancels the try under way and ends the retries. A failed try
+// is logged at debug; a batch given up on at warn, at most once every
+// 10 s (a database outage fails every batch).
 func (c *Completer) flush(batch []Outcome) {
 	var applied Applied
 	var err error
 	retried := false
+	start := time.Now()
+	until := leasesEnd(batch, start)
 	delay := 50 * time.Millisecond
+	answered := 0 // tries failed with an error no outage explains
 	for try := 1; ; try++ {
-		ctx, cancel := context.WithTimeout(c.writes, 10*time.Second)
+		by := time.Now().Add(writeTimeout)
+		if try > 1 && until.Before(by) {
+			by = until
+		}
+		ctx, cancel := context.WithDeadline(c.writes, by)
 		applied, err = Write(ctx, c.db, batch)
 		cancel()
 		if err == nil {
 			break
 		}
 		retried = true
-		if try < writeTries && c.writes.Err() == nil {
-			c.log.Debug().Err(err).Int("batch", len(batch)).Int("try", try).Msg("writing message outcomes failed; retrying")
+		if !transient(err) {
+			answered++
+		}
+		// The last retry is made lastTry before the leases end at the
+		// latest, the pause before it cut short to fit.
+		pause := min(delay, maxPause, time.Until(until)-lastTry)
+		if answered < answeredTries && pause >= 0 && c.writes.Err() == nil {
+			c.log.Debug().Err(err).Int("batch", len(batch)).Int("try", try).Stringer("retry_in", pause).
+				Msg("writing message outcomes failed; retrying")
 			select {
-			case <-time.After(delay):
+			case <-time.After(pause):
 				delay *= 2
 				continue
 			case <-c.writes.Done():
 			}
 		}
-		why := fmt.Sprintf("gave up after %d tries", try)
-		if c.writes.Err() != nil {
+		why := fmt.Sprintf("gave up after %d tries in %s", try, time.Since(start).Round(time.Millisecond))
+		switch {
+		case c.writes.Err() != nil:
 			err = fmt.Errorf("%w (the last try: %w)", context.Cause(c.writes), err)
 			why += ": the stop's time for its writes ran out"
+		case answered >= answeredTries:
+			why += fmt.Sprintf(": %d answered with an error that no outage explains", answered)
+		default:
+			why += ": the batch's leases have ended"
 		}
 		c.failLog.Event(&c.log, zerolog.WarnLevel, 1).Err(err).Int("batch", len(batch)).Int("try", try).
 			Msgf("writing message outcomes failed; %s (logged at most once every 10s; held_back counts the batches not logged)", why)
@@ -230,6 +277,46 @@ func (c *Completer) flush(batch []Outcome) {
 			o.Done(has, nil)
 		}
 	}
+}
+
+// leasesEnd returns when the latest lease of batch ends, or unknownLease
+// after start if none has a known end.
+func leasesEnd(batch []Outcome, start time.Time) time.Time {
+	var end time.Time
+	for i := range batch {
+		m := batch[i].Message
+		e := m.LeaseEnd
+		if e.IsZero() && m.VisibilityTimeout > 0 {
+			e = m.LeasedAt.Add(m.VisibilityTimeout)
+		}
+		if e.After(end) {
+			end = e
+		}
+	}
+	if end.IsZero() {
+		return start.Add(unknownLease)
+	}
+	return end
+}
+
+// transient reports whether err is what an outage looks like, worth
+// retrying until the leases end: no answer (a connection refused, cut or
+// timed out), or one of the server's errors of a restart, a failover or a
+// passing conflict: connection exceptions (08), a shutdown or a server
+// not accepting connections yet (57P01 - 57P03), too many connections
+// (53300), a read-only transaction (25006: a primary demoted to a standby,
+// seen before the connection moves on), serialization failures and
+// deadlocks (40001, 40P01).
+func transient(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return true
+	}
+	switch pgErr.Code {
+	case "57P01", "57P02", "57P03", "53300", "25006", "40001", "40P01":
+		return true
+	}
+	return strings.HasPrefix(pgErr.Code, "08")
 }
 
 // Applied is the set of outcomes that a Write applied, each known by its

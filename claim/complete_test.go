@@ -203,3 +203,50 @@ func (c *cutConn) Read(p []byte) (int, error) {
 	}
 	return n, err
 }
+
+// TestCompleterRetriesUntilLeaseEnds: while the database cannot be
+// reached, a batch is retried until its lease ends (Message.LeaseEnd), with
+// pauses of at most a second, and given up on then: not after 5 tries in
+// 0.75s, and not past the lease, when the message may be delivered again.
+func TestCompleterRetriesUntilLeaseEnds(t *testing.T) {
+	ctx := context.Background()
+	pool, client, appID := setup(t)
+	id, _, target := newMessage(t, client, appID, claim.Queue, "away")
+	m := claimOne(t, pool, target, id)
+	cfg := pool.Config().Copy()
+	var dials atomic.Int32
+	cfg.ConnConfig.DialFunc = func(context.Context, string, string) (net.Conn, error) {
+		dials.Add(1)
+		return nil, errors.New("database unreachable (test)")
+	}
+	away, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer away.Close()
+	comp := claim.NewCompleter(away, zerolog.Nop(), 1, 10)
+	defer comp.Close()
+	const lease = 2500 * time.Millisecond
+	start := time.Now()
+	m.LeaseEnd = start.Add(lease)
+	done := make(chan error, 1)
+	comp.Submit(claim.Outcome{Message: &m, Verdict: claim.Ack, Done: func(_ bool, err error) { done <- err }})
+	var got error
+	select {
+	case got = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the outcome was not answered")
+	}
+	took := time.Since(start)
+	t.Logf("given up after %s and %d dials", took.Round(time.Millisecond), dials.Load())
+	if !errors.Is(got, claim.ErrWriteFailed) {
+		t.Errorf("Done's error %v, want ErrWriteFailed", got)
+	}
+	// The last try is made 100ms before the lease ends at the latest.
+	if took < lease-500*time.Millisecond || took > lease+500*time.Millisecond {
+		t.Errorf("given up after %s, want about the lease's %s", took.Round(time.Millisecond), lease)
+	}
+	if n := dials.Load(); n <= 5 {
+		t.Errorf("%d tries, want more than 5 within the lease", n)
+	}
+}

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -131,4 +132,77 @@ func TestStopAgainstFrozenServer(t *testing.T) {
 	waitFor(t, 10*time.Second, "the message acked", func() bool {
 		return e.count(t, `SELECT count(*) FROM queue_messages`) == 0
 	})
+}
+
+// TestAckOutlastsRestart: an ack whose write finds the database stopped
+// is retried until the server is back, within the message's lease, and
+// lands: the work is not delivered again. The write gave up after 5 tries
+// in about 0.75s, so a restart of a few seconds redelivered completed work.
+func TestAckOutlastsRestart(t *testing.T) {
+	e, cluster := ownEnv(t)
+	const vt = 30 * time.Second
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "work", VisibilityTimeout: vt})
+	started := make(chan struct{}, 1)
+	finish := make(chan struct{})
+	rec := &recorder{result: func(context.Context, *bellhop.Message) error {
+		started <- struct{}{}
+		<-finish
+		return nil
+	}}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "work", rec)
+	obs := &settledObserver{}
+	logs := &syncBuffer{}
+	startLogged(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, Observer: obs, PollInterval: time.Hour,
+		Logger: zerolog.New(logs).Level(zerolog.DebugLevel).With().Timestamp().Logger()}, nil)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the dispatcher's log:\n%s", logs.String())
+		}
+	})
+	id := e.enqueue(t, "work", 1, bellhop.EnqueueOptions{})
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("handler did not start")
+	}
+
+	// A fast shutdown: the claim is on disk, the connections end, and new
+	// ones are refused until the restart.
+	if err := cluster.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the server refusing connections", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, e.dsn)
+		if err == nil {
+			conn.Close(ctx)
+		}
+		return err != nil && strings.Contains(err.Error(), "refused")
+	})
+	down := time.Now()
+	close(finish)
+	// Past the old 5 tries, with the server still away.
+	waitFor(t, 20*time.Second, "the ack's sixth try", func() bool {
+		return lineWith(logs, "writing message outcomes failed; retrying", `"try":6`)
+	})
+	if _, got, _ := obs.report(); len(got) != 0 {
+		t.Fatalf("settled as %v while the server was down", got)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := cluster.Restart(ctx, "fast"); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("server back %s after it went down", time.Since(down).Round(time.Millisecond))
+	if _, got, _ := obs.waitSettled(t, 1); got[bellhop.Acked] != 1 {
+		t.Errorf("settled as %v, want acked", got)
+	}
+	if n := e.count(t, `SELECT count(*) FROM queue_messages WHERE id = $1`, id); n != 0 {
+		t.Errorf("the message is still queued after its ack (%d rows)", n)
+	}
+	if n := rec.n.Load(); n != 1 {
+		t.Errorf("%d deliveries, want 1", n)
+	}
 }
