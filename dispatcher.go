@@ -147,7 +147,10 @@ type DispatcherConfig struct {
 	// connection to a server that no longer answers, is cancelled (pgx closes
 	// its connection and sends the server a cancel request) and handled as any
 	// failure of it is: a claim is tried again after a pause, a poll at the
-	// next poll, a reload or a reclaim pass backing off; a failed scan wakes
+	// next poll (a poll or a scan carrying a heartbeat that got no answer
+	// also drops the pool's connections and has the listener prove itself
+	// with that heartbeat, or be replaced: a dead path hangs the listener
+	// too), a reload or a reclaim pass backing off; a failed scan wakes
 	// every queue; a failed busy key statement drops the lock connection, so
 	// that producers notify again; an offer not made is made again
 	// (docs/guarantees.md). Without it, two stuck claim passes would hold
@@ -946,7 +949,7 @@ func (d *Dispatcher) wakeAfterConnect(ctx context.Context) {
 	err := d.db.QueryRow(ctx, queries.WakeScan, queries.Args{"owner": queries.UUID(d.owner), "heartbeat": heartbeat}).Scan(&queueLanes, &invokeLanes, new(bool))
 	if token != "" {
 		if err != nil {
-			d.listener.ForgetHeartbeat(token)
+			d.heartbeatFailed(ctx, token)
 		} else {
 			d.listener.HeartbeatSent(token)
 		}
@@ -979,6 +982,33 @@ func (d *Dispatcher) wakeAll() {
 		cl.queue.poke()
 		cl.invoke.poke()
 	}
+}
+
+// heartbeatFailed handles a statement carrying heartbeat token that
+// failed. If the server answered (an error), nothing was sent: the token
+// is forgotten. If it did not answer within StatementTimeout, the path to
+// the server is suspect, as after a failover or a partition, when every
+// connection opened before it hangs: the listener's too, which hears
+// nothing and says nothing. So the token counts as sent (it may have
+// been: the statement may have run) and the listener must hear it within
+// HeartbeatTimeout or be reconnected; forgetting it left a hung listener
+// in place until a poll succeeded, one poll interval per dead pooled
+// connection. A listener that is fine only reconnects once, and catches
+// up on reconnecting. And the pool's connections are dropped (pgxpool's
+// Reset: idle ones closed at once, those in use when they come back, new
+// ones dialled on demand): the others opened on the same path would each
+// hang a statement for StatementTimeout in turn, the reload and the scan
+// after the listener's reconnect first (ShouldPing's ping waits as long),
+// while a healthy server costs only a few new connections.
+func (d *Dispatcher) heartbeatFailed(ctx context.Context, token string) {
+	if ctx.Err() == nil || timeout.Stopping(ctx) {
+		d.listener.ForgetHeartbeat(token)
+		return
+	}
+	d.listener.HeartbeatSent(token)
+	d.db.Reset()
+	d.log.Warn().Stringer("statement_timeout", d.cfg.StatementTimeout).
+		Msg("no answer from the database: dropping the pool's connections, and reconnecting the listener unless it hears its heartbeat")
 }
 
 // missedGrace is how long work must have been ready for a fallback poll
@@ -1027,10 +1057,10 @@ func (d *Dispatcher) poll(ctx context.Context) {
 		"grace_ms":        missedGrace.Milliseconds(),
 	}).Scan(new(bool), &queueReady, &queueStale, &invokeReady, &invokeStale, &nextExpiry, &liveOffers, &dbNow)
 	if err != nil {
-		d.listener.ForgetHeartbeat(token)
 		if !timeout.Stopping(ctx) {
 			d.log.Warn().Err(timeout.Explain(ctx, err)).Msg("fallback poll failed")
 		}
+		d.heartbeatFailed(ctx, token)
 		return
 	}
 	d.listener.HeartbeatSent(token)

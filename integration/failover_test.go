@@ -2,7 +2,10 @@ package integration
 
 import (
 	"context"
+	"io"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -204,5 +207,100 @@ func TestAckOutlastsRestart(t *testing.T) {
 	}
 	if n := rec.n.Load(); n != 1 {
 		t.Errorf("%d deliveries, want 1", n)
+	}
+}
+
+// freezableLink returns a pool tweak that routes the pool's connections,
+// and the listener's, through a local proxy to dsn's server, and freeze,
+// which holds back from then on everything the server sends on the
+// connections open at the time (as a failover or a partition leaves
+// them: the client hears nothing, and nothing says the connection is
+// gone), and returns how many there were. Connections opened later are
+// left alone.
+func freezableLink(t *testing.T, dsn string) (link func(*pgxpool.Config), freeze func() int) {
+	var mu sync.Mutex
+	var open []*atomic.Bool
+	link = proxyLink(t, dsn, time.Hour, func(client io.Reader) (io.Reader, func() bool) {
+		frozen := new(atomic.Bool)
+		mu.Lock()
+		open = append(open, frozen)
+		mu.Unlock()
+		return client, frozen.Load
+	})
+	freeze = func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, f := range open {
+			f.Store(true)
+		}
+		n := len(open)
+		open = nil
+		return n
+	}
+	return link, freeze
+}
+
+// TestDeadPathReplacesListener: when every connection open goes silent at
+// once (a failover, a partition), the listener hears nothing, and says
+// nothing; the fallback poll that gets no answer within StatementTimeout
+// makes the listener prove itself with its heartbeat, and it is replaced
+// one HeartbeatTimeout later; the pool's connections on the dead path are
+// dropped with it. A message enqueued after the freeze is delivered after
+// the reconnect, well before the next poll. The failed poll used to
+// forget its heartbeat: the listener stayed in place, and the message
+// waited for a poll that succeeded (17.5s in the review's run).
+func TestDeadPathReplacesListener(t *testing.T) {
+	e := newEnv(t)
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders"})
+	rec := &recorder{}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", rec)
+	link, freezeLink := freezableLink(t, e.dsn)
+	const (
+		poll      = 6 * time.Second
+		stmt      = time.Second
+		heartbeat = time.Second
+	)
+	logs := &syncBuffer{}
+	d := startLogged(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: poll, StatementTimeout: stmt,
+		HeartbeatTimeout: heartbeat, ReconnectDelay: 100 * time.Millisecond,
+		Logger: zerolog.New(logs).With().Timestamp().Logger()}, func(pc *pgxpool.Config) {
+		link(pc)
+		pc.MinConns = 3 // idle connections for the poll to pick, frozen with the rest
+	})
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the dispatcher's log:\n%s", logs.String())
+		}
+	})
+	waitFor(t, 10*time.Second, "a heartbeat heard", func() bool { return d.ListenerStats().Notifications >= 1 })
+	waitFor(t, 10*time.Second, "the pool's idle connections", func() bool {
+		return e.count(t, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'bellhop-dispatcher' AND datname = current_database()`) >= 3
+	})
+	connects := d.ListenerStats().Connects
+	if n := freezeLink(); n < 2 {
+		t.Fatalf("froze %d connections, want the listener's and the pool's", n)
+	}
+	id := e.enqueue(t, "orders", 1, bellhop.EnqueueOptions{})
+	waitFor(t, poll+stmt+5*time.Second, "a poll that got no answer", func() bool {
+		return lineWith(logs, `"fallback poll failed"`, "no answer within 1s")
+	})
+	failed := time.Now()
+	if n := rec.n.Load(); n != 0 {
+		t.Fatalf("delivered %d before the listener could hear of the message", n)
+	}
+	waitFor(t, poll, "the message delivered", func() bool { return rec.n.Load() == 1 })
+	took := time.Since(failed)
+	t.Logf("delivered %s after the failed poll's timeout", took.Round(time.Millisecond))
+	if d := rec.deliveries()[0]; d.ID != id {
+		t.Errorf("delivered %s, want %s", d.ID, id)
+	}
+	// The poll was sent stmt before it failed; the next comes about poll
+	// after it.
+	if limit := heartbeat + 2*time.Second; took > limit {
+		t.Errorf("delivered %s after the failed poll, want within %s (HeartbeatTimeout and slack)", took.Round(time.Millisecond), limit)
+	}
+	if st := d.ListenerStats(); st.Connects <= connects || st.HungRestarts == 0 {
+		t.Errorf("listener stats %+v: want it replaced for a missed heartbeat", st)
 	}
 }

@@ -234,7 +234,10 @@ func (l *Listener) Restart() {
 // running stands: were each send to start a fresh wait, callers sending
 // more often than HeartbeatTimeout (a short fallback poll) would keep a
 // hung listener alive for ever. A caller whose send failed calls
-// ForgetHeartbeat. Sends must not overlap: a failed one forgets the token
+// ForgetHeartbeat; one whose send got no answer at all (a path to the
+// server that went dead, which the listener's connection is likely on
+// too) calls HeartbeatSent, so that a listener that hears nothing is
+// replaced. Sends must not overlap: a failed one forgets the token
 // that another, still on its way, carries too, and that one then goes
 // unchecked.
 func (l *Listener) ExpectHeartbeat() string {
