@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -184,8 +186,9 @@ const (
 	maxPause = time.Second
 	// lastTry is the least time a retry gets before the leases end.
 	lastTry = 100 * time.Millisecond
-	// answeredTries is how many times a batch is tried while the server
-	// answers each try with an error other than an outage's (transient).
+	// answeredTries is how many times a batch is tried while each try
+	// fails with an error that no outage explains (transient): the
+	// server's answer, or the client's own.
 	answeredTries = 5
 	// unknownLease is how long a batch is retried when none of its leases
 	// has a known end (claimed for a consumer that no longer serves the
@@ -204,10 +207,10 @@ const (
 // nothing. So a restart of the database that takes seconds loses no
 // outcome whose lease outlasts it. Tries are paused by 50ms, doubling,
 // at most maxPause; each is bounded by writeTimeout (a retry also by the
-// leases' end). An error that the server answered and that no outage
-// explains (transient) is tried answeredTries times at most. Outcomes
-// submitted meanwhile wait for the next batch: one writer keeps them in
-// order. flush runs on a context of its own: outcomes must be written
+// leases' end). An error that no outage explains (transient), the
+// server's answer or the client's own, is tried answeredTries times at
+// most. Outcomes submitted meanwhile wait for the next batch: one writer
+// keeps them in order. flush runs on a context of its own: outcomes must be written
 // even while the dispatcher is stopping, until Shutdown's budget runs
 // out, which cancels the try under way and ends the retries. A failed try
 // is logged at debug; a batch given up on at warn, at most once every
@@ -254,7 +257,7 @@ func (c *Completer) flush(batch []Outcome) {
 			err = fmt.Errorf("%w (the last try: %w)", context.Cause(c.writes), err)
 			why += ": the stop's time for its writes ran out"
 		case answered >= answeredTries:
-			why += fmt.Sprintf(": %d answered with an error that no outage explains", answered)
+			why += fmt.Sprintf(": %d failed with an error that no outage explains", answered)
 		default:
 			why += ": the batch's leases have ended"
 		}
@@ -306,17 +309,23 @@ func leasesEnd(batch []Outcome, start time.Time) time.Time {
 // not accepting connections yet (57P01 - 57P03), too many connections
 // (53300), a read-only transaction (25006: a primary demoted to a standby,
 // seen before the connection moves on), serialization failures and
-// deadlocks (40001, 40P01).
+// deadlocks (40001, 40P01). Any other error, the server's or the client's
+// own (a value pgx cannot encode, say), is no outage's: it fails every
+// try alike, and retried until a lease of up to 12h ended it would hold
+// back every later outcome.
 func transient(err error) bool {
 	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return true
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "57P01", "57P02", "57P03", "53300", "25006", "40001", "40P01":
+			return true
+		}
+		return strings.HasPrefix(pgErr.Code, "08")
 	}
-	switch pgErr.Code {
-	case "57P01", "57P02", "57P03", "53300", "25006", "40001", "40P01":
-		return true
-	}
-	return strings.HasPrefix(pgErr.Code, "08")
+	var connErr *pgconn.ConnectError
+	var netErr net.Error
+	return errors.As(err, &connErr) || errors.As(err, &netErr) || pgconn.Timeout(err) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || pgconn.SafeToRetry(err)
 }
 
 // Applied is the set of outcomes that a Write applied, each known by its

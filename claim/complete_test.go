@@ -4,14 +4,18 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
@@ -248,5 +252,44 @@ func TestCompleterRetriesUntilLeaseEnds(t *testing.T) {
 	}
 	if n := dials.Load(); n <= 5 {
 		t.Errorf("%d tries, want more than 5 within the lease", n)
+	}
+}
+
+// TestTransient: the errors an outage makes are retried until the leases
+// end; any other, the server's or the client's own, a few times only, as
+// it fails every try alike. An error that was not the server's counted as
+// an outage's, so that one pgx could not encode would have held back every
+// later outcome for up to a lease of 12h.
+func TestTransient(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// Port 1 on loopback: refused at once.
+	_, refused := pgconn.Connect(ctx, "postgres://bellhop@127.0.0.1:1/bellhop?connect_timeout=5&sslmode=disable")
+	if refused == nil {
+		t.Fatal("connected to 127.0.0.1:1")
+	}
+	tests := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"connection refused", refused, true},
+		{"connection cut", fmt.Errorf("receive message failed: %w", &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}), true},
+		{"connection closed", fmt.Errorf("receive message failed: %w", io.ErrUnexpectedEOF), true},
+		{"no answer in time", fmt.Errorf("timeout: %w", context.DeadlineExceeded), true},
+		{"admin shutdown", &pgconn.PgError{Code: "57P01"}, true},
+		{"cannot connect now", &pgconn.PgError{Code: "57P03"}, true},
+		{"too many clients", &pgconn.PgError{Code: "53300"}, true},
+		{"read-only standby", &pgconn.PgError{Code: "25006"}, true},
+		{"connection failure", &pgconn.PgError{Code: "08006"}, true},
+		{"deadlock", fmt.Errorf("write: %w", &pgconn.PgError{Code: "40P01"}), true},
+		{"undefined table", &pgconn.PgError{Code: "42P01"}, false},
+		{"check violation", &pgconn.PgError{Code: "23514"}, false},
+		{"cannot encode", errors.New("failed to encode args[3]: unable to encode"), false},
+	}
+	for _, tc := range tests {
+		if got := claim.Transient(tc.err); got != tc.want {
+			t.Errorf("%s: transient(%v) = %t, want %t", tc.name, tc.err, got, tc.want)
+		}
 	}
 }

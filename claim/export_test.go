@@ -7,3 +7,6 @@ func CombinerCounts(c *Combiner) (sent int64, waiting int) {
 	defer c.mu.Unlock()
 	return c.passes.Load(), len(c.waiting)
 }
+
+// Transient is transient: whether flush retries err until the leases end.
+var Transient = transient
