@@ -72,6 +72,10 @@ func TestBadConfiguration(t *testing.T) {
 		// password became a host name, shown in connection errors.
 		{"password with an unescaped @", "postgres://u:P@ss3cretpw@localhost:1/db", nil, []string{"queues"}, "a host name holds '@'"},
 		{"password with an unescaped @ for run", "postgres://u:P@ss3cretpw@localhost:1/db", nil, []string{"run"}, "write an '@' in the user name or password as %40"},
+		// pgx ends the host at a password's unescaped '/': the rest of it
+		// was sent as the database name and shown in connection errors.
+		{"password with an unescaped /", "-", nil, []string{"--database-url", "postgres://app:2024/s3cretpw@db.internal:5432/bellhop", "migrate"}, "--database-url: an '@' follows the first '/' after the scheme: write a '/' in the user name or password as %2F"},
+		{"password with a leading / for run", "postgres://app:/s3cretpw@localhost:1/db", nil, []string{"run"}, "write a '/' in the user name or password as %2F"},
 		{"bad duration", dsn, nil, append(add, "--visibility-timeout", "5x"), `invalid value "5x" for flag --visibility-timeout`},
 		{"bad duration in env", dsn, []string{"BELLHOP_POLL_INTERVAL=5x"}, []string{"run"}, `BELLHOP_POLL_INTERVAL`},
 		{"fractional visibility timeout", dsn, nil, append(add, "--visibility-timeout", "0.5s"), "--visibility-timeout 500ms is outside 1s..12h"},
@@ -237,7 +241,7 @@ func TestDatabaseURLPasswordNeverShown(t *testing.T) {
 		{"postgresql://u:S3CRETpw@host/db?sslmode=bogus", 2, "cannot parse"},
 		{"postgres://u:S3CRETpw%zz@host/db", 2, "cannot parse `postgres://u:xxxxx@host/db`"},
 		{"postgres://u:S3CRET%70w@host:abc/db", 2, "invalid port"},
-		{"postgres://u:S3CR/ETpw@host:abc/db", 2, "cannot parse"},
+		{"postgres://u:S3CR/ETpw@host:abc/db", 2, "write a '/' in the user name or password as %2F"},
 		{"postgres://u@host:abc/db?password=S3CRETpw", 2, "?password=xxxxx"},
 		{"postgres://host/db?sslmode=disable&password=S3CRETpw&port=abc", 2, "password=xxxxx"},
 		{"postgres://host:abc/db?pass%77ord=S3CRETpw", 2, "cannot parse"},
@@ -245,6 +249,14 @@ func TestDatabaseURLPasswordNeverShown(t *testing.T) {
 		{"mysql://u:S3CRETpw@host/db", 2, `scheme "mysql": use postgres:// or postgresql://`},
 		{"host=/nonexistent port=1 user=u password=S3CRETpw connect_timeout=2", 1, "connect to the database"},
 		{"postgres://u:S3CRETpw@/db?host=/nonexistent&port=1&connect_timeout=2", 1, "connect to the database"},
+		// An unescaped '/' in the password ended the host for pgx: the
+		// user name became the host, the password's start its port, and
+		// the rest the database name, which the connect error printed
+		// ("database=S3CRETpw@db.internal:5432/bellhop"). Refused first.
+		{"postgres://app:/S3CRETpw@db.internal:5432/bellhop", 2, "write a '/' in the user name or password as %2F"},
+		{"postgres://app:Summer/S3CRETpw@db.internal:5432/bellhop", 2, "write a '/' in the user name or password as %2F"},
+		{"postgres://app:2024/S3CRETpw@db.internal:5432/bellhop", 2, "write a '/' in the user name or password as %2F"},
+		{"postgres://app:/S3CRETpw@/bellhop?host=/nonexistent&port=1&connect_timeout=2", 2, "an '@' follows the first '/'"},
 	}
 	for _, tc := range tests {
 		// queues stands for every command that connects; demo parses the
@@ -256,7 +268,7 @@ func TestDatabaseURLPasswordNeverShown(t *testing.T) {
 				if r.code != tc.code || !strings.Contains(r.stderr, tc.want) || strings.Count(strings.TrimRight(r.stderr, "\n"), "\n") != 0 {
 					t.Errorf("want exit %d and one line with %q; got %s", tc.code, tc.want, r)
 				}
-				if strings.Contains(r.stdout+r.stderr, secret) || strings.Contains(r.stdout+r.stderr, "S3CRET") {
+				if strings.Contains(r.stdout+r.stderr, secret) || strings.Contains(r.stdout+r.stderr, "S3CRET") || strings.Contains(r.stdout+r.stderr, "Summer") || strings.Contains(r.stdout+r.stderr, "2024") {
 					t.Errorf("the password is in the output:\n%s", r)
 				}
 			})

@@ -397,6 +397,11 @@ func parsePoolConfig(url string) (*pgxpool.Config, error) {
 	if m := urlScheme.FindStringSubmatch(url); m != nil && m[1] != "postgres" && m[1] != "postgresql" {
 		return nil, usagef("--database-url: scheme %q: use postgres:// or postgresql:// (or keyword/value settings, host=... dbname=...)", m[1])
 	}
+	// Before parsing: pgx may refuse such a string for a password's
+	// start read as the port, and that error would not name the cause.
+	if err := pgdsn.CheckURL(url); err != nil {
+		return nil, usagef("--database-url: %v", err)
+	}
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, usagef("--database-url: %s%s", redactErr(err, url), pgEnvHint())

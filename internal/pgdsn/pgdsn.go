@@ -1,8 +1,9 @@
 // Package pgdsn rewrites, checks and redacts PostgreSQL connection
 // strings, in URL or keyword/value form: the rewriting is for the tools
 // that create databases on a server (the test harness and the benchmark),
-// the check (CheckHosts) for a URL whose password holds an unescaped '@',
-// the redaction for every error message that would otherwise quote one.
+// the checks (CheckHosts, CheckURL) for a URL whose user name or password
+// holds an unescaped '@' or '/', the redaction for every error message
+// that would otherwise quote one.
 package pgdsn
 
 import (
@@ -116,9 +117,12 @@ func redactURL(s string) (string, []string) {
 			secrets = appendSecret(secrets, s[colon+1:at], true)
 			// A parser that ends the user info at the first '@' quotes
 			// the rest of a password that holds one as part of the host
-			// ("lookup ss3cret@host"): each part is hidden too.
-			if parts := strings.Split(s[colon+1:at], "@"); len(parts) > 1 {
-				for _, p := range parts {
+			// ("lookup ss3cret@host"), and one that ends it at the first
+			// '/' quotes the rest of a password that holds a '/' as part
+			// of the database ("database=ss3cret@host:5432/db"): each
+			// part is hidden too.
+			if pw := s[colon+1 : at]; strings.ContainsAny(pw, "@/") {
+				for _, p := range strings.FieldsFunc(pw, func(r rune) bool { return r == '@' || r == '/' }) {
 					secrets = appendSecret(secrets, p, true)
 				}
 			}
@@ -257,6 +261,38 @@ func CheckHosts(cfg *pgconn.Config) error {
 	return nil
 }
 
+// CheckURL refuses a URL-form connection string in which an '@' follows
+// the first '/' after the scheme, before any '?', while no '@' comes
+// before that '/': the sign of a user name or password that holds a '/'
+// that is not percent-encoded. pgx, like libpq, ends the user info only
+// at an '@' before the first '/', so it would read the text before the
+// '/' as the host (and a password's start as the port), connect as the
+// default user, and send the rest of the password, up to the real host
+// and database, to that host as the database name, which its errors then
+// print. (A '?' or '#' before the '@' does not end the user info for
+// pgx, so a password may hold those.) The error quotes nothing of dsn.
+// Keyword/value strings, and URLs that pgx does not read as URLs, pass.
+func CheckURL(dsn string) error {
+	rest, ok := strings.CutPrefix(dsn, "postgresql://")
+	if !ok {
+		rest, ok = strings.CutPrefix(dsn, "postgres://")
+	}
+	if !ok {
+		return nil
+	}
+	slash := strings.IndexAny(rest, "@/")
+	if slash < 0 || rest[slash] == '@' || strings.ContainsRune(rest[:slash], '?') {
+		// User info, or no database (a '?' before the '/' starts the
+		// query, whose values may hold '@': ?user=a@b).
+		return nil
+	}
+	database, _, _ := strings.Cut(rest[slash+1:], "?")
+	if strings.ContainsRune(database, '@') {
+		return errors.New("an '@' follows the first '/' after the scheme: write a '/' in the user name or password as %2F (and an '@' in the database name as %40)")
+	}
+	return nil
+}
+
 // minScrub is the shortest hidden value RedactError searches error text
 // for: shorter strings turn up in any text by chance, and hiding them
 // would garble the message without keeping anything secret.
@@ -316,8 +352,9 @@ func RedactError(err error, dsn string) error {
 const programName = "bellhop"
 
 // printedNames are the names that dsn's errors print on purpose: its user,
-// database and hosts, as pgx reads them. A host that holds '@' is left
-// out: it is the rest of a password with an unescaped '@' (CheckHosts).
+// database and hosts, as pgx reads them. A host or database that holds
+// '@' is left out: it is the rest of a password with an unescaped '@'
+// (CheckHosts) or '/' (CheckURL).
 // A dsn that does not parse has none: its errors are pgx's parse errors,
 // whose quoted string is redacted as a whole.
 func printedNames(dsn string) []string {
@@ -325,7 +362,10 @@ func printedNames(dsn string) []string {
 	if err != nil {
 		return nil
 	}
-	names := []string{cfg.User, cfg.Database}
+	names := []string{cfg.User}
+	if !strings.ContainsRune(cfg.Database, '@') {
+		names = append(names, cfg.Database)
+	}
 	hosts := []string{cfg.Host}
 	for _, f := range cfg.Fallbacks {
 		hosts = append(hosts, f.Host)

@@ -70,6 +70,10 @@ func TestWithUser(t *testing.T) {
 
 // TestCheckHosts: a host name with '@' comes from an unescaped '@' in a
 // URL's user info, and is refused; a socket directory's path may hold one.
+// An '@' after the first '/' (CheckURL) comes from an unescaped '/' in the
+// user info, which pgx reads as the end of the host: the rest of the
+// password became the database name, sent to the wrong host and printed
+// in connection errors. Neither error quotes the password.
 func TestCheckHosts(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -81,13 +85,42 @@ func TestCheckHosts(t *testing.T) {
 		{"host=/run/user@1000/pg user=u", true},
 		{"postgres://u:p@ss3cret@db.example.com/x", false},
 		{"postgres://u@a.example.com,b@c.example.com/x", false},
+		// '/' in the user info, escaped or not.
+		{"postgres://u:%2Fss3cret@db.example.com/x", true},
+		{"postgres://u:2024%2Fss3cret@db.example.com/x", true},
+		{"postgres://u:/ss3cret@db.example.com/x", false},
+		{"postgresql://u:Summer/ss3cret@db.example.com:5432/x", false},
+		{"postgres://u:2024/ss3cret@db.example.com:5432/x", false},
+		{"postgres://u:2024/ss3cret/more@db.example.com/x?sslmode=disable", false},
+		{"postgres://a/b:ss3cret@db.example.com/x", false},
+		{"postgres://u:/ss3cret@/x?host=/tmp", false},
+		// pgx reads a '?' or '#' before the '@' as part of the password.
+		{"postgres://u:ss3?cret@db.example.com/x", true},
+		{"postgres://u:ss3#cret@db.example.com/x", true},
+		// An '@' in the query, or in an escaped database name, is no sign.
+		{"postgres:///x?host=/tmp&user=a@b", true},
+		{"postgres://db.example.com?application_name=a/b@c", true},
+		{"postgres://db.example.com/x?application_name=a/b@c", true},
+		{"postgres://u:pw@db.example.com/my@db", true},
+		{"postgres://db.example.com/my%40db", true},
+		{"host=db.example.com dbname=my@db password=/ss3cret", true},
 	} {
-		cfg, err := pgconn.ParseConfig(tc.dsn)
-		if err != nil {
-			t.Fatalf("ParseConfig(%q): %v", tc.dsn, err)
+		err := CheckURL(tc.dsn)
+		if err != nil && !strings.Contains(err.Error(), "write a '/' in the user name or password as %2F") {
+			t.Errorf("CheckURL(%q) = %v, want the advice to write '/' as %%2F", tc.dsn, err)
 		}
-		if err := CheckHosts(cfg); (err == nil) != tc.ok {
-			t.Errorf("CheckHosts(%q) = %v, want ok %v", tc.dsn, err, tc.ok)
+		if err == nil {
+			cfg, perr := pgconn.ParseConfig(tc.dsn)
+			if perr != nil {
+				t.Fatalf("ParseConfig(%q): %v", tc.dsn, perr)
+			}
+			err = CheckHosts(cfg)
+		}
+		if (err == nil) != tc.ok {
+			t.Errorf("CheckURL, CheckHosts(%q) = %v, want ok %v", tc.dsn, err, tc.ok)
+		}
+		if err != nil && strings.Contains(err.Error(), "ss3") {
+			t.Errorf("CheckURL, CheckHosts(%q) = %v: shows the password", tc.dsn, err)
 		}
 	}
 }

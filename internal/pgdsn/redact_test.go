@@ -26,6 +26,8 @@ func TestRedact(t *testing.T) {
 		{dsn: "postgres://u:S3CRET@ho st/db", want: "postgres://u:xxxxx@ho st/db"},
 		{dsn: "postgres://u:S3/CR?ET@host/db", want: "postgres://u:xxxxx@host/db", secret: "CR?ET"},
 		{dsn: "postgres://u:p@S3CRET@host/db", want: "postgres://u:xxxxx@host/db"},
+		{dsn: "postgres://u:/S3CRET@host/db", want: "postgres://u:xxxxx@host/db"},
+		{dsn: "postgres://u:2024/S3CRET@host:5432/db", want: "postgres://u:xxxxx@host:5432/db"},
 		{dsn: "postgres://u:123?S3CRET@host/db", want: "postgres://u:xxxxx@host/db"},
 		{dsn: "postgres://u@host/db?password=S3CRET", want: "postgres://u@host/db?password=xxxxx"},
 		{dsn: "postgres://host/db?sslmode=disable&password=S3CRET&user=u", want: "postgres://host/db?sslmode=disable&password=xxxxx&user=u"},
@@ -126,6 +128,31 @@ func TestRedactError(t *testing.T) {
 		}
 		if red := RedactError(err, dsn); strings.Contains(red.Error(), "S3CRET") {
 			t.Errorf("RedactError(%q) for %q shows part of the password", red, dsn)
+		}
+	}
+	// A password with an unescaped '/': pgx ends the host at it, and the
+	// rest of the password, up to the real host and database, is the
+	// database name that its connect error prints (CheckURL refuses such
+	// a string first; this is the second line of defence). The query
+	// sends the connection to a socket directory that does not exist.
+	for _, tc := range []struct{ dsn, first string }{
+		{"postgres://app:/S3CRETpw@db.internal:5432/bellhop?host=/nonexistent&port=1", ""},
+		{"postgres://app:Summer/S3CRETpw@db.internal:5432/bellhop?host=/nonexistent&port=1", "Summer"},
+		{"postgres://app:2024/S3CRETpw@db.internal:5432/bellhop?host=/nonexistent&port=1", "2024"},
+		{"postgres://app:Summer/S3CRETpw@db.internal:5432/bellhop", "Summer"},
+	} {
+		_, err := pgconn.ParseConfig(tc.dsn)
+		if err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			_, err = pgconn.Connect(ctx, tc.dsn)
+			cancel()
+			if err == nil || !strings.Contains(err.Error(), "database=S3CRETpw@db.internal:5432/bellhop") {
+				t.Fatalf("connecting with %q: %v, want an error that names the database", tc.dsn, err)
+			}
+		}
+		red := RedactError(fmt.Errorf("connect: %w", err), tc.dsn).Error()
+		if strings.Contains(red, "S3CRET") || tc.first != "" && strings.Contains(red, tc.first) {
+			t.Errorf("RedactError(%q) for %q shows part of the password", red, tc.dsn)
 		}
 	}
 	if RedactError(nil, "x") != nil {
