@@ -142,6 +142,10 @@ func (c Consumer) String() string {
 // GoString is String, for %#v.
 func (c Consumer) GoString() string { return c.String() }
 
+// Format writes String for every verb (GoString for %#v), so that no verb
+// prints the fields, secret included, as %d or %x on the struct would.
+func (c Consumer) Format(f fmt.State, verb rune) { formatAs(f, verb, c) }
+
 func checkSettings(maxAttempts *int, base, capacity, vt *time.Duration, inFlight *int) error {
 	if maxAttempts != nil {
 		if err := validate.Int("max attempts", *maxAttempts, 1, validate.MaxAttempts); err != nil {

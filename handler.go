@@ -81,6 +81,27 @@ func (m Message) String() string {
 // GoString is String, for %#v.
 func (m Message) GoString() string { return m.String() }
 
+// Format writes String for every verb (GoString for %#v), so that no verb
+// prints the fields, payload included, as %d or %x on the struct would.
+func (m Message) Format(f fmt.State, verb rune) { formatAs(f, verb, m) }
+
+// formatAs writes v's String, or its GoString for %#v, as v's Format
+// method for verb: quoted for %q, otherwise as %s, with the directive's
+// flags, width and precision. No verb reaches v's fields.
+func formatAs(f fmt.State, verb rune, v interface {
+	fmt.Stringer
+	fmt.GoStringer
+}) {
+	s := v.String()
+	if verb == 'v' && f.Flag('#') {
+		s = v.GoString()
+	}
+	if verb != 'q' {
+		verb = 's'
+	}
+	_, _ = fmt.Fprintf(f, fmt.FormatString(f, verb), s)
+}
+
 // LeaseDeadline is when the handler's context ends unless the lease is
 // extended.
 func (m *Message) LeaseDeadline() time.Time {

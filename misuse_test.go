@@ -838,18 +838,58 @@ func TestPrintingHidesSecretsAndPayloads(t *testing.T) {
 	m := bellhop.Message{ID: uuid.New(), App: "shop", Queue: "orders", Attempt: 2, MaxAttempts: 5,
 		Payload: json.RawMessage(`{"card":"` + card + `"}`)}
 	payloadBytes := fmt.Sprint([]byte(m.Payload))
-	for _, verb := range []string{"%v", "%+v", "%#v", "%s"} {
+	// Every verb letter fmt knows, with flags and widths: String and
+	// GoString alone covered %v, %s and %#v, and %d, %x, %t and the rest
+	// printed the fields ("%!d(string=s3cr3t-signing-key)").
+	//
+	// %p is the exception fmt leaves no way around: it prints a pointer's
+	// address (which shows nothing), but on a struct value it is a bad
+	// verb, whose "%!p(...)" prints the fields without calling any
+	// method, Format included. go vet reports that misuse; the README
+	// names it.
+	hexCard := fmt.Sprintf("%x", card)
+	var verbs []string
+	for _, letter := range "vsqxXdtbcoOUeEfFgGp" {
+		for _, flags := range []string{"", "+", "#", "+#", "-", "30", "-30", "+#30", ".1000"} {
+			verbs = append(verbs, "%"+flags+string(letter))
+		}
+	}
+	for _, verb := range verbs {
+		isP := strings.HasSuffix(verb, "p")
 		for _, v := range []any{c, &c} {
-			if got := fmt.Sprintf(verb, v); strings.Contains(got, secret) || !strings.Contains(got, "xxxxx") || !strings.Contains(got, "orders") {
-				t.Errorf("Sprintf(%q, %T) = %s; want the queue and a placeholder, not the secret", verb, v, got)
+			if _, ptr := v.(*bellhop.Consumer); isP && !ptr {
+				continue
+			}
+			got := fmt.Sprintf(verb, v)
+			if strings.Contains(got, secret) || strings.Contains(got, fmt.Sprintf("%x", secret)) {
+				t.Errorf("Sprintf(%q, %T) = %s; shows the secret", verb, v, got)
+			}
+			if !isP && (!strings.Contains(got, "xxxxx") || !strings.Contains(got, "orders")) {
+				t.Errorf("Sprintf(%q, %T) = %s; want the queue and a placeholder", verb, v, got)
 			}
 		}
 		for _, v := range []any{m, &m} {
+			if _, ptr := v.(*bellhop.Message); isP && !ptr {
+				continue
+			}
 			got := fmt.Sprintf(verb, v)
-			if strings.Contains(got, card) || strings.Contains(got, payloadBytes[1:20]) || !strings.Contains(got, m.ID.String()) {
-				t.Errorf("Sprintf(%q, %T) = %s; want the id and not the payload", verb, v, got)
+			if strings.Contains(got, card) || strings.Contains(got, payloadBytes[1:20]) || strings.Contains(got, hexCard) {
+				t.Errorf("Sprintf(%q, %T) = %s; shows the payload", verb, v, got)
+			}
+			if !isP && !strings.Contains(got, m.ID.String()) {
+				t.Errorf("Sprintf(%q, %T) = %s; want the id", verb, v, got)
 			}
 		}
+	}
+	// The directive's width applies to the description, as to a string.
+	if got, want := fmt.Sprintf("%-120v|", m), fmt.Sprintf("%-120s|", m.String()); got != want {
+		t.Errorf("Sprintf(%%-120v, Message) = %q, want %q", got, want)
+	}
+	if got, want := fmt.Sprintf("%q", &c), fmt.Sprintf("%q", c.String()); got != want {
+		t.Errorf("Sprintf(%%q, *Consumer) = %s, want %s", got, want)
+	}
+	if got, want := fmt.Sprintf("%#v", m), m.GoString(); got != want {
+		t.Errorf("Sprintf(%%#v, Message) = %q, want %q", got, want)
 	}
 	if got, want := m.String(), fmt.Sprintf("message %s of shop/orders, attempt 2 of 5, %d payload bytes", m.ID, len(m.Payload)); got != want {
 		t.Errorf("Message.String() = %q, want %q", got, want)
