@@ -37,8 +37,12 @@ type DeadLetter struct {
 	// Attempt is the number of the last delivery attempt, of MaxAttempts.
 	Attempt     int
 	MaxAttempts int
-	// EnqueuedBy is the principal that enqueued the message (nil: a plain
-	// INSERT that named none).
+	// EnqueuedBy is the principal recorded when the message was enqueued
+	// (nil: none was). enqueue() and the Go client record only a
+	// principal of the message's app; a plain INSERT's
+	// enqueued_by_principal is whatever its author wrote, unchecked:
+	// another app's principal, or one that does not exist. Forensic
+	// only, as self-declared as the INSERT that set it.
 	EnqueuedBy *uuid.UUID
 	// LastError says why it died: its handler's last error (for an HTTP
 	// consumer, with the start of the response body), as valid UTF-8 of

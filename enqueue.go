@@ -28,8 +28,10 @@ type EnqueueOptions struct {
 	// MaxAttempts bounds deliveries, from 1 to 1000; 0 takes the default.
 	MaxAttempts int
 	// Principal records who enqueued, for forensics only; it must belong
-	// to the app. uuid.Nil records nobody, or the Client's principal for
-	// a Client made with As.
+	// to the app, which the client and enqueue() check (a plain INSERT's
+	// enqueued_by_principal is not checked: see Message.EnqueuedBy).
+	// uuid.Nil records nobody, or the Client's principal for a Client
+	// made with As.
 	Principal uuid.UUID
 }
 

@@ -59,7 +59,10 @@ type Message struct {
 	Attempt     int // 1 on the first delivery
 	MaxAttempts int
 	// EnqueuedBy is the principal recorded by the producer, if any; it is
-	// forensic only and nothing in Bellhop decides on it.
+	// forensic only and nothing in Bellhop decides on it. enqueue() and
+	// the Go client record only a principal of the message's app, but a
+	// plain INSERT's enqueued_by_principal is unchecked: whoever may
+	// INSERT can name any UUID, another app's principal included.
 	EnqueuedBy *uuid.UUID
 	// Principal is the principal that registered the consumer: deliveries
 	// act as it.

@@ -865,3 +865,82 @@ func holdLeaseKeys(t *testing.T, e *fxEnv, owner uuid.UUID) {
 			pg_advisory_unlock_shared(hashtextextended($1::text, 1650814064))`, owner)
 	})
 }
+
+// TestEnqueuedByIsSelfDeclared pins what the docs say of EnqueuedBy:
+// enqueue() and the Go client refuse a principal that is not of the app,
+// but nothing checks a plain INSERT's enqueued_by_principal (no foreign
+// key, which would cost every INSERT). Another app's principal, or one
+// that does not exist, is accepted and shows up as the Message's and the
+// DeadLetter's EnqueuedBy. Should a constraint be added, this fails, and
+// the docs that call the value self-declared must change with it.
+func TestEnqueuedByIsSelfDeclared(t *testing.T) {
+	e := fxNew(t)
+	shop := e.app("shop")
+	other := e.app("other")
+	if _, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders", MaxAttempts: 1}); err != nil {
+		t.Fatal(err)
+	}
+	ghost := uuid.New()
+
+	// The checked ways refuse both.
+	for _, p := range []uuid.UUID{other.DefaultPrincipal, ghost} {
+		var id uuid.UUID
+		err := e.pool.QueryRow(e.ctx, `SELECT enqueue($1, 'orders', '{}', NULL, NULL, $2)`, shop.ID, p).Scan(&id)
+		if pgCodeOf(err) != "BH005" {
+			t.Errorf("enqueue() as principal %s: %v, want BH005", p, err)
+		}
+		_, err = e.client.Enqueue(e.ctx, "shop", "orders", []byte(`{}`), bellhop.EnqueueOptions{Principal: p})
+		if !errors.Is(err, bellhop.ErrUnknownPrincipal) {
+			t.Errorf("Client.Enqueue as principal %s: %v, want ErrUnknownPrincipal", p, err)
+		}
+	}
+	if n := e.int64(`SELECT count(*) FROM queue_messages`); n != 0 {
+		t.Fatalf("%d messages after refused enqueues", n)
+	}
+
+	// A plain INSERT declares what it likes.
+	want := map[uuid.UUID]uuid.UUID{} // message id: its declared principal
+	for _, p := range []uuid.UUID{other.DefaultPrincipal, ghost} {
+		id := uuid.New()
+		e.exec(`INSERT INTO queue_messages (id, app_id, queue_name, payload, max_attempts, enqueued_by_principal)
+		        VALUES ($1, $2, 'orders', '{}', 1, $3)`, id, shop.ID, p)
+		want[id] = p
+	}
+
+	type seen struct{ id, by uuid.UUID }
+	handled := make(chan seen, len(want))
+	mux := bellhop.NewMux()
+	mux.Handle("shop", "orders", bellhop.HandlerFunc(func(_ context.Context, m *bellhop.Message) error {
+		var by uuid.UUID
+		if m.EnqueuedBy != nil {
+			by = *m.EnqueuedBy
+		}
+		handled <- seen{m.ID, by}
+		return errors.New("dead-letter it")
+	}))
+	runDispatcher(t, e.pool.Config().ConnString(), mux)
+	for range want {
+		select {
+		case s := <-handled:
+			if s.by != want[s.id] {
+				t.Errorf("message %s delivered with EnqueuedBy %s, want the declared %s", s.id, s.by, want[s.id])
+			}
+		case <-time.After(15 * time.Second):
+			t.Fatal("the inserted messages were not delivered")
+		}
+	}
+	var dead []bellhop.DeadLetter
+	waitUntil(t, 15*time.Second, "both dead letters", func() bool {
+		var err error
+		dead, err = e.client.DeadLetters(e.ctx, bellhop.DeadFilter{App: "shop", OmitPayload: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(dead) == len(want)
+	})
+	for _, d := range dead {
+		if d.EnqueuedBy == nil || *d.EnqueuedBy != want[d.ID] {
+			t.Errorf("dead letter %s: EnqueuedBy %v, want the declared %s", d.ID, d.EnqueuedBy, want[d.ID])
+		}
+	}
+}

@@ -52,7 +52,11 @@ REVOKE CREATE ON SCHEMA public FROM PUBLIC;
 -- claimed_at, attempt): a message inserted already leased, or with
 -- attempts used, would wait for a lease nobody holds, or die early. The
 -- REVOKE takes back the whole-table grant of earlier versions of this
--- script.
+-- script. enqueued_by_principal is checked only by enqueue() (and the Go
+-- client), which refuse a principal not of the message's app: a plain
+-- INSERT may set it to any UUID, another app's principal or none that
+-- exists, so it records what the producer declared, not who it is. Where
+-- it must be trusted, grant producers EXECUTE on enqueue() and no INSERT.
 REVOKE INSERT ON queue_messages FROM bellhop_producer;
 GRANT INSERT (id, app_id, queue_name, payload, enqueued_at, deliver_after, max_attempts, enqueued_by_principal)
     ON queue_messages TO bellhop_producer;
