@@ -944,3 +944,52 @@ func TestEnqueuedByIsSelfDeclared(t *testing.T) {
 		}
 	}
 }
+
+// TestForeignBusyKeyDelaysOnly pins the README's and docs/roles.sql's
+// caveat: a role with no grant at all, only the right to connect, can
+// hold a queue's busy key, an advisory lock that cannot be revoked; the
+// queue's producers then skip their notifications, but the message is
+// still delivered (by the fallback poll, and later ones as the
+// dispatcher watches the key), not lost.
+func TestForeignBusyKeyDelaysOnly(t *testing.T) {
+	e := fxNew(t)
+	shop := e.app("shop")
+	if _, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders"}); err != nil {
+		t.Fatal(err)
+	}
+	stranger, err := pgx.Connect(e.ctx, e.login("bh_stranger_", ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stranger.Close(context.Background())
+	if _, err := stranger.Exec(e.ctx, `SELECT pg_advisory_lock(hashtextextended($1::text || ':' || 'orders', 1650814062))`, shop.ID); err != nil {
+		t.Fatalf("a role without grants holds the busy key: %v", err)
+	}
+
+	l := e.listen()
+	first := e.uuid(`INSERT INTO queue_messages (app_id, queue_name, payload) VALUES ($1, 'orders', '{}') RETURNING id`, shop.ID)
+	l.noMore() // no notification for it
+
+	handled := make(chan uuid.UUID, 2)
+	mux := bellhop.NewMux()
+	mux.Handle("shop", "orders", bellhop.HandlerFunc(func(_ context.Context, m *bellhop.Message) error {
+		handled <- m.ID
+		return nil
+	}))
+	runDispatcher(t, e.pool.Config().ConnString(), mux, func(c *bellhop.DispatcherConfig) { c.PollInterval = time.Second })
+	second := uuid.Nil
+	for _, want := range []uuid.UUID{first, second} {
+		if want == uuid.Nil {
+			// With the key still held: announced to nobody either.
+			want = e.uuid(`INSERT INTO queue_messages (app_id, queue_name, payload) VALUES ($1, 'orders', '{}') RETURNING id`, shop.ID)
+		}
+		select {
+		case got := <-handled:
+			if got != want {
+				t.Errorf("delivered %s, want %s", got, want)
+			}
+		case <-time.After(15 * time.Second):
+			t.Fatalf("message %s not delivered while another role held the busy key", want)
+		}
+	}
+}

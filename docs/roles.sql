@@ -74,6 +74,19 @@ GRANT UPDATE (last_fired_at) ON queue_trigger_details TO bellhop_dispatcher;
 -- Busy marks (migrations/0041_busy_marks.sql): the rows other dispatchers
 -- watch. The busy keys (0042) are advisory locks, which, like pg_notify
 -- and pg_locks, every role may use: neither role needs a grant for them.
+-- Nor can any role be refused them: advisory locks cannot be revoked.
+-- Every role that can connect, Bellhop's or not, can hold a queue's busy
+-- key (hashtextextended(app_id || ':' || queue_name, 1650814062); app ids
+-- and queue names are learnt by LISTEN bellhop), and the queue's
+-- producers then skip their notifications: its next message waits for a
+-- dispatcher's fallback poll (up to PollInterval), and later ones up to
+-- BusyLease (2 s), as the dispatchers watch the foreign key. Holding the
+-- queue's lock (seed 1650814061) exclusively makes its producers wait.
+-- Such a role can delay messages, not lose or read them. To prevent it,
+-- let only Bellhop's login roles (and the owner) connect, e.g.
+--   REVOKE CONNECT ON DATABASE bellhop FROM PUBLIC;
+--   GRANT CONNECT ON DATABASE bellhop TO orders_service, bellhop_daemon;
+-- (not done here: the database's name, and who else needs it, are yours).
 GRANT SELECT, INSERT, UPDATE, DELETE ON queue_busy TO bellhop_dispatcher;
 -- Offers (migrations/0044_lease_at_insert.sql): the dispatcher's poll
 -- extends and deletes them, and a dispatcher with LeaseAtInsert makes
