@@ -161,7 +161,8 @@ type DispatcherConfig struct {
 	// and the reclaimer's news of other dispatchers' leases, until the kernel
 	// gave up on the connection (about 15 minutes for one whose server
 	// vanished). Not bounded by it: outcome writes, which have their own
-	// (10s a try, retried until their leases end: claim.Completer); lease renewals, which run on the handler's context,
+	// (10s a try, retried until their leases end while no connection can
+	// be made, 5 tries otherwise: claim.Completer); lease renewals, which run on the handler's context,
 	// and it ends with the lease; the lock connection's keep-alives, bounded
 	// by BusyLease; the tidying up after a consumer is removed, bounded by 5s;
 	// and the start-up, which Run's context bounds.
@@ -221,8 +222,9 @@ const (
 	LeaseLost Outcome = "lease_lost"
 	// WriteFailed: every try to write the outcome failed: the database
 	// was away until the lease ended (claim.Completer retries until then),
-	// a stop's StopBudget ran out, or the server answered each of a few
-	// tries with an error that no outage explains. The message is
+	// a stop's StopBudget ran out, or each of a few tries failed with an
+	// error that no outage explains, no answer in time from a server it
+	// was connected to included (a slow server, a row lock). The message is
 	// delivered again after its lease, unless a try recorded it before its
 	// answer was lost.
 	WriteFailed Outcome = "write_failed"
@@ -949,7 +951,7 @@ func (d *Dispatcher) wakeAfterConnect(ctx context.Context) {
 	err := d.db.QueryRow(ctx, queries.WakeScan, queries.Args{"owner": queries.UUID(d.owner), "heartbeat": heartbeat}).Scan(&queueLanes, &invokeLanes, new(bool))
 	if token != "" {
 		if err != nil {
-			d.heartbeatFailed(ctx, token)
+			d.listener.ForgetHeartbeat(token)
 		} else {
 			d.listener.HeartbeatSent(token)
 		}
@@ -984,31 +986,38 @@ func (d *Dispatcher) wakeAll() {
 	}
 }
 
-// heartbeatFailed handles a statement carrying heartbeat token that
-// failed. If the server answered (an error), nothing was sent: the token
-// is forgotten. If it did not answer within StatementTimeout, the path to
-// the server is suspect, as after a failover or a partition, when every
-// connection opened before it hangs: the listener's too, which hears
-// nothing and says nothing. So the token counts as sent (it may have
-// been: the statement may have run) and the listener must hear it within
-// HeartbeatTimeout or be reconnected; forgetting it left a hung listener
-// in place until a poll succeeded, one poll interval per dead pooled
-// connection. A listener that is fine only reconnects once, and catches
-// up on reconnecting. And the pool's connections are dropped (pgxpool's
-// Reset: idle ones closed at once, those in use when they come back, new
-// ones dialled on demand): the others opened on the same path would each
-// hang a statement for StatementTimeout in turn, the reload and the scan
-// after the listener's reconnect first (ShouldPing's ping waits as long),
-// while a healthy server costs only a few new connections.
-func (d *Dispatcher) heartbeatFailed(ctx context.Context, token string) {
+// pollFailed handles a fallback poll, carrying heartbeat token, that
+// failed. Its token is forgotten: the cancelled statement's notification
+// was rolled back, and a token from a statement that was answered with an
+// error was never sent. If the server did not answer within
+// StatementTimeout, the path to it is suspect, as after a failover or a
+// partition, when every connection opened before it hangs: the
+// listener's too, which hears nothing and says nothing. So the listener
+// is reconnected at once, and catches up on reconnecting; a poll that
+// failed used to leave a hung listener in place until a poll succeeded,
+// one poll interval per dead pooled connection. The reconnect is not a
+// missed heartbeat: counting it as one (the token armed, then missed)
+// took a listener on a direct connection, whose polls timed out on a
+// locked queue_messages, for one that can never hear (notify.ErrDeaf,
+// with the transaction-pooling hint). And the pool's connections are
+// dropped (pgxpool's Reset: idle ones closed at once, those in use when
+// they come back, new ones dialled on demand): the others opened on the
+// same path would each hang a statement for StatementTimeout in turn, the
+// reload and the scan after the listener's reconnect first (ShouldPing's
+// ping waits as long), while a healthy server costs only a few new
+// connections, once a poll interval at most. The scan after a reconnect
+// only forgets its token when it fails: its connection is new, and a
+// reconnect for each scan timed out on a locked table would repeat every
+// StatementTimeout.
+func (d *Dispatcher) pollFailed(ctx context.Context, token string) {
+	d.listener.ForgetHeartbeat(token)
 	if ctx.Err() == nil || timeout.Stopping(ctx) {
-		d.listener.ForgetHeartbeat(token)
 		return
 	}
-	d.listener.HeartbeatSent(token)
 	d.db.Reset()
+	d.listener.Restart()
 	d.log.Warn().Stringer("statement_timeout", d.cfg.StatementTimeout).
-		Msg("no answer from the database: dropping the pool's connections, and reconnecting the listener unless it hears its heartbeat")
+		Msg("no answer from the database: dropping the pool's connections and reconnecting the listener")
 }
 
 // missedGrace is how long work must have been ready for a fallback poll
@@ -1060,7 +1069,7 @@ func (d *Dispatcher) poll(ctx context.Context) {
 		if !timeout.Stopping(ctx) {
 			d.log.Warn().Err(timeout.Explain(ctx, err)).Msg("fallback poll failed")
 		}
-		d.heartbeatFailed(ctx, token)
+		d.pollFailed(ctx, token)
 		return
 	}
 	d.listener.HeartbeatSent(token)

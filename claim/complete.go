@@ -303,8 +303,8 @@ func leasesEnd(batch []Outcome, start time.Time) time.Time {
 }
 
 // transient reports whether err is what an outage looks like, worth
-// retrying until the leases end: no answer (a connection refused, cut or
-// timed out), or one of the server's errors of a restart, a failover or a
+// retrying until the leases end: no connection (refused, cut, or not
+// made in time), or one of the server's errors of a restart, a failover or a
 // passing conflict: connection exceptions (08), a shutdown or a server
 // not accepting connections yet (57P01 - 57P03), too many connections
 // (53300), a read-only transaction (25006: a primary demoted to a standby,
@@ -323,9 +323,19 @@ func transient(err error) bool {
 		return strings.HasPrefix(pgErr.Code, "08")
 	}
 	var connErr *pgconn.ConnectError
+	if errors.As(err, &connErr) {
+		return true
+	}
+	if pgconn.Timeout(err) || errors.Is(err, context.DeadlineExceeded) {
+		// A try that got no answer within writeTimeout on a connection
+		// it had: a server that is up but slow, or a write waiting on a
+		// row lock, as likely as a dead path. Retried until the leases
+		// end, one such batch held every later outcome of the
+		// dispatcher behind it, for up to a 12h lease.
+		return false
+	}
 	var netErr net.Error
-	return errors.As(err, &connErr) || errors.As(err, &netErr) || pgconn.Timeout(err) ||
-		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || pgconn.SafeToRetry(err)
+	return errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || pgconn.SafeToRetry(err)
 }
 
 // Applied is the set of outcomes that a Write applied, each known by its

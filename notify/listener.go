@@ -234,10 +234,10 @@ func (l *Listener) Restart() {
 // running stands: were each send to start a fresh wait, callers sending
 // more often than HeartbeatTimeout (a short fallback poll) would keep a
 // hung listener alive for ever. A caller whose send failed calls
-// ForgetHeartbeat; one whose send got no answer at all (a path to the
-// server that went dead, which the listener's connection is likely on
-// too) calls HeartbeatSent, so that a listener that hears nothing is
-// replaced. Sends must not overlap: a failed one forgets the token
+// ForgetHeartbeat, and so does one whose send got no answer at all (its
+// notification was rolled back with the cancelled statement); that one
+// may Restart the listener too, whose connection is likely on the same
+// dead path. Sends must not overlap: a failed one forgets the token
 // that another, still on its way, carries too, and that one then goes
 // unchecked.
 func (l *Listener) ExpectHeartbeat() string {
