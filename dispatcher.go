@@ -1,6 +1,7 @@
 package bellhop
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -260,8 +261,11 @@ type Observer interface {
 // does not run: Run returns an error wrapping ErrInvalidOptions, Ready
 // reports it, and ListenerStats and LeaseStats return zeros.
 type Dispatcher struct {
-	ran   atomic.Bool // Run was called
-	ended atomic.Bool // Run's context has ended, or Run has returned
+	ran atomic.Bool // Run was called
+	// outcomeBatch is the Completer's largest batch, a quarter of its
+	// queue (0: 500); tests make it small.
+	outcomeBatch int
+	ended        atomic.Bool // Run's context has ended, or Run has returned
 	// startErr is why Run could not start, for Ready.
 	startErr atomic.Pointer[error]
 	// pool is db once Run has made it, for Ready, which may run
@@ -530,7 +534,11 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 // lease. So Run returns at most max(ShutdownGrace,
 // min(StatementTimeout, 5s)) + StopBudget after ctx ends (15s with the
 // defaults), plus however long a handler that ignores its context runs
-// past the grace. Nothing is logged after Run returns:
+// past the grace; at that bound, the outcomes not yet written are given
+// up on, those such a handler returns later too, however many wait while
+// the database is away. Once Run has returned, the pool's connections to
+// a server that stopped answering may take pgx up to 15s more to close,
+// in the background. Nothing is logged after Run returns:
 // when the grace runs out, Run waits for its warning to reach the
 // Logger, so a Logger that blocks delays Run too. It returns an error only
 // if it cannot start: among those, a database without Bellhop's schema
@@ -585,7 +593,7 @@ func (d *Dispatcher) Run(ctx context.Context) (err error) {
 	// the next one. A second writer took them at once instead, in twice
 	// the statements (9,688 against 6,156 for a 20,000-message burn-down
 	// at in-flight 10), and the burn-down was slower for it.
-	d.complete = claim.NewCompleter(d.db, d.log, 1, 500)
+	d.complete = claim.NewCompleter(d.db, d.log, 1, cmp.Or(d.outcomeBatch, 500))
 	// Two claim passes in flight at once, and the lanes' passes that come
 	// while both are out go together in the next (claim.Combiner). One
 	// alone would make a lane's pass wait behind another lane's even when
@@ -623,6 +631,17 @@ func (d *Dispatcher) Run(ctx context.Context) (err error) {
 	// (a claim in flight, offers locked by producers), which could add
 	// seconds to it: a supervisor's own stop timeout is set from it.
 	graceEnd := time.Now().Add(d.cfg.ShutdownGrace)
+	// The stop's bound holds however many outcomes wait: while the
+	// database is away, the Completer retries a batch until its leases
+	// end, and handlers whose outcomes queue behind it block in Submit,
+	// which inFlight.Wait below waits for, before stopWrites' budget
+	// starts. At the bound, every write still wanted is given up on, so
+	// that those handlers return, and so is any a handler that ignored
+	// its context submits later: its message comes back after its lease.
+	over := time.AfterFunc(max(d.cfg.ShutdownGrace, min(d.cfg.StatementTimeout, claim.StopWait))+StopBudget, func() {
+		d.complete.Abandon(errors.New("the stop's time for its writes ran out (ShutdownGrace, then StopBudget)"))
+	})
+	defer over.Stop()
 	graceOver := make(chan struct{})
 	grace := time.AfterFunc(d.cfg.ShutdownGrace, func() {
 		defer close(graceOver)
@@ -671,10 +690,15 @@ func (d *Dispatcher) stopWrites(stopped []*lane, bgDone func()) (by time.Time) {
 		d.log.Warn().Err(err).Int("outcomes_left", d.complete.Pending()).Stringer("stop_budget", StopBudget).
 			Msg("the stop's time for its writes ran out; the outcomes not written let their messages come back after their leases")
 	}
+	said := false // the skip is logged once, naming every write it skips
 	skipped := func(what string) bool {
 		if ctx.Err() == nil {
 			return false
 		}
+		if said {
+			return true
+		}
+		said = true
 		d.log.Warn().Stringer("stop_budget", StopBudget).Str("skipped", what).
 			Msg("the stop's time for its writes ran out: skipping its remaining writes (busy marks expire with their lease, " +
 				"the other dispatchers find the retries this one had timed at their fallback poll, last_fired_at misses the last second)")
@@ -684,7 +708,7 @@ func (d *Dispatcher) stopWrites(stopped []*lane, bgDone func()) (by time.Time) {
 		d.handOver(ctx, stopped)
 	}
 	bgDone()
-	if ctx.Err() != nil || skipped("busy marks, last_fired_at") {
+	if skipped("busy marks, last_fired_at") {
 		return by
 	}
 	if err := claim.ClearMarks(ctx, d.db, d.owner); err != nil {

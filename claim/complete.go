@@ -156,6 +156,14 @@ func (c *Completer) Shutdown(ctx context.Context) error {
 	return nil
 }
 
+// Abandon gives up at once on every outcome not written yet and on every
+// one submitted from now on: the try under way is cancelled, no other is
+// made, and each Done gets ErrWriteFailed, wrapping cause. For a stop
+// whose time is up: while the database is away, a batch is retried until
+// its leases end, and Submit blocks once the queue is full, so that
+// handlers whose outcomes wait behind it could hold a stop for as long.
+func (c *Completer) Abandon(cause error) { c.cancelWrites(cause) }
+
 func (c *Completer) loop() {
 	defer c.wg.Done()
 	batch := make([]Outcome, 0, c.maxBatch)
