@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -220,26 +219,13 @@ func TestAckOutlastsRestart(t *testing.T) {
 // gone), and returns how many there were. Connections opened later are
 // left alone.
 func freezableLink(t *testing.T, dsn string) (link func(*pgxpool.Config), freeze func() int) {
-	var mu sync.Mutex
-	var open []*atomic.Bool
+	open := &freezeSet{}
 	link = proxyLink(t, dsn, time.Hour, func(client io.Reader) (io.Reader, func() bool) {
 		frozen := new(atomic.Bool)
-		mu.Lock()
-		open = append(open, frozen)
-		mu.Unlock()
+		open.add(frozen)
 		return client, frozen.Load
 	})
-	freeze = func() int {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, f := range open {
-			f.Store(true)
-		}
-		n := len(open)
-		open = nil
-		return n
-	}
-	return link, freeze
+	return link, open.freeze
 }
 
 // TestDeadPathReplacesListener: when every connection open goes silent at

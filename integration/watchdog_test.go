@@ -136,27 +136,39 @@ func TestPollFindsHungListener(t *testing.T) {
 // connections open at the time, and returns how many there were. Other
 // connections, and listener connections opened later, are left alone.
 func freezableListener(t *testing.T, dsn string) (link func(*pgxpool.Config), freeze func() int) {
-	var mu sync.Mutex
-	var listeners []*atomic.Bool
+	listeners := &freezeSet{}
 	link = proxyLink(t, dsn, time.Hour, func(client io.Reader) (io.Reader, func() bool) {
-		s := &startupSniffer{r: client, found: func(frozen *atomic.Bool) {
-			mu.Lock()
-			listeners = append(listeners, frozen)
-			mu.Unlock()
-		}}
+		s := &startupSniffer{r: client, found: listeners.add}
 		return s, s.frozen.Load
 	})
-	freeze = func() int {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, f := range listeners {
-			f.Store(true)
-		}
-		n := len(listeners)
-		listeners = nil
-		return n
+	return link, listeners.freeze
+}
+
+// freezeSet holds the frozen flags of proxied connections, to be set all
+// at once.
+type freezeSet struct {
+	mu    sync.Mutex
+	flags []*atomic.Bool
+}
+
+// add puts a connection's flag in the set.
+func (s *freezeSet) add(frozen *atomic.Bool) {
+	s.mu.Lock()
+	s.flags = append(s.flags, frozen)
+	s.mu.Unlock()
+}
+
+// freeze sets every flag in the set, empties it, and returns how many
+// there were.
+func (s *freezeSet) freeze() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, f := range s.flags {
+		f.Store(true)
 	}
-	return link, freeze
+	n := len(s.flags)
+	s.flags = nil
+	return n
 }
 
 // startupSniffer passes on what a client sends, and calls found once if

@@ -528,15 +528,21 @@ func db(t *testing.T, dsn string) *pgxpool.Pool {
 	return pool
 }
 
-// seedDeadLetters adds n dead letters to app shop's queue orders.
-func seedDeadLetters(t *testing.T, pool *pgxpool.Pool, n int) {
+// shopWithDeadLetters makes a database with an app shop whose queue
+// orders has n dead letters, and returns its connection string and a
+// pool on it.
+func shopWithDeadLetters(t *testing.T, n int) (dsn string, pool *pgxpool.Pool) {
 	t.Helper()
+	dsn = pgtest.ConnString(t)
+	ok(t, dsn, "app", "create", "shop")
+	pool = db(t, dsn)
 	if _, err := pool.Exec(t.Context(), `
 		INSERT INTO dead_letters (id, source, app_id, queue_name, payload, enqueued_at, attempt, max_attempts, last_error)
 		SELECT gen_random_uuid(), 'queue', id, 'orders', jsonb_build_object('n', g), now(), 3, 3, 'boom'
 		FROM apps, generate_series(1, $1::int) AS g WHERE name = 'shop'`, n); err != nil {
 		t.Fatal(err)
 	}
+	return dsn, pool
 }
 
 func queryInt(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {

@@ -663,10 +663,7 @@ func TestSetupDemo(t *testing.T) {
 // it used to select every dead letter of the queue or app.
 func TestDeadRefusesNilID(t *testing.T) {
 	t.Parallel()
-	dsn := pgtest.ConnString(t)
-	ok(t, dsn, "app", "create", "shop")
-	pool := db(t, dsn)
-	seedDeadLetters(t, pool, 3)
+	dsn, pool := shopWithDeadLetters(t, 3)
 	const nilID = "00000000-0000-0000-0000-000000000000"
 	for _, args := range [][]string{
 		{"dead", "purge", "--app", "shop", nilID},
@@ -696,10 +693,7 @@ func TestDeadRefusesNilID(t *testing.T) {
 // goes; it used to select nothing and exit 0.
 func TestDeadLimitAndBadQueue(t *testing.T) {
 	t.Parallel()
-	dsn := pgtest.ConnString(t)
-	ok(t, dsn, "app", "create", "shop")
-	pool := db(t, dsn)
-	seedDeadLetters(t, pool, 101)
+	dsn, pool := shopWithDeadLetters(t, 101)
 	limits := []struct {
 		flags []string
 		want  int // rows listed
@@ -742,10 +736,7 @@ func TestDeadLimitAndBadQueue(t *testing.T) {
 // purged the whole queue. Nothing moves or goes.
 func TestDeadRefusesIDWithQueue(t *testing.T) {
 	t.Parallel()
-	dsn := pgtest.ConnString(t)
-	ok(t, dsn, "app", "create", "shop")
-	pool := db(t, dsn)
-	seedDeadLetters(t, pool, 3)
+	dsn, pool := shopWithDeadLetters(t, 3)
 	var id string
 	if err := pool.QueryRow(t.Context(), "SELECT id::text FROM dead_letters LIMIT 1").Scan(&id); err != nil {
 		t.Fatal(err)
@@ -806,10 +797,7 @@ func TestConsumerAddBackoffMinAboveDefaultCap(t *testing.T) {
 // 10,000 of them with --limit).
 func TestDeadLsReadsNoPayload(t *testing.T) {
 	t.Parallel()
-	dsn := pgtest.ConnString(t)
-	ok(t, dsn, "app", "create", "shop")
-	pool := db(t, dsn)
-	seedDeadLetters(t, pool, 3)
+	dsn, pool := shopWithDeadLetters(t, 3)
 	var id string
 	if err := pool.QueryRow(t.Context(), "SELECT id::text FROM dead_letters LIMIT 1").Scan(&id); err != nil {
 		t.Fatal(err)

@@ -21,10 +21,7 @@ import (
 // (exit 1), moving nothing.
 func TestRedriveSaysWhatStayed(t *testing.T) {
 	t.Parallel()
-	dsn := pgtest.ConnString(t)
-	ok(t, dsn, "app", "create", "shop")
-	pool := db(t, dsn)
-	seedDeadLetters(t, pool, 2)
+	dsn, pool := shopWithDeadLetters(t, 2)
 	if _, err := pool.Exec(t.Context(), `INSERT INTO queue_messages (id, app_id, queue_name, payload)
 		SELECT id, app_id, 'orders', '{"second":"life"}' FROM dead_letters ORDER BY id LIMIT 1`); err != nil {
 		t.Fatal(err)
