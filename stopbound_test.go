@@ -53,7 +53,7 @@ func TestStopBoundWithOutcomesQueued(t *testing.T) {
 	}
 	// Away: no pooled connection is handed out, and no new one is made.
 	var away atomic.Bool
-	cfg.BeforeAcquire = func(context.Context, *pgx.Conn) bool { return !away.Load() }
+	cfg.PrepareConn = func(context.Context, *pgx.Conn) (bool, error) { return !away.Load(), nil }
 	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		if away.Load() {
 			return nil, errors.New("database away (test)")
