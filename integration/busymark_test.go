@@ -828,9 +828,11 @@ func TestLostBusyKeyWatchesNewHolder(t *testing.T) {
 			if took > lease {
 				t.Errorf("delivered %s after it was sent; want within a BusyLease (%s), woken by its notification", took, lease)
 			}
-			// The settle ended: no more checks.
+			// The settle ended: no more checks, except the one of the pass
+			// that claimed the message, which runs after the claim and so
+			// may start after the delivery was seen (a CI run saw it).
 			settled := checks.n.Load()
-			holdsFor(t, 2*lease, "no settle check once the key is free", func() bool { return checks.n.Load() == settled })
+			holdsFor(t, 2*lease, "at most one settle check once the key is free", func() bool { return checks.n.Load() <= settled+1 })
 		})
 	}
 }
