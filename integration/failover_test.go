@@ -123,6 +123,14 @@ func TestStopAgainstFrozenServer(t *testing.T) {
 	if !lineWith(logs, "the stop's time for its writes ran out") {
 		t.Error("the log does not say the stop's time for writes ran out")
 	}
+	// The outcome write took the budget: every later write is skipped,
+	// and the skip is said once.
+	if n := linesWith(logs, "skipping its remaining writes"); n != 1 {
+		t.Errorf("%d lines say the stop skips its remaining writes, want 1", n)
+	}
+	if !lineWith(logs, "skipping its remaining writes", `"skipped":"hand-over, busy marks, last_fired_at"`) {
+		t.Error("the skip does not name the hand-over, the busy marks and last_fired_at")
+	}
 	thaw()
 
 	rec := &recorder{}
@@ -136,6 +144,71 @@ func TestStopAgainstFrozenServer(t *testing.T) {
 	waitFor(t, 10*time.Second, "the message acked", func() bool {
 		return e.count(t, `SELECT count(*) FROM queue_messages`) == 0
 	})
+}
+
+// TestStopSkipAfterHandOver: a stop whose outcomes are all written, but
+// whose hand-over of a retry time finds the server frozen, spends its
+// StopBudget there; the writes after it are skipped, and the log says so
+// once. It used to say nothing when the budget ran out after the
+// outcomes. The retry is not lost: the message waits in the table, and
+// it is delivered once the server answers again.
+func TestStopSkipAfterHandOver(t *testing.T) {
+	e, cluster := ownEnv(t)
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "work"})
+	var tries atomic.Int64
+	mux := bellhop.NewMux()
+	mux.Handle("app", "work", bellhop.HandlerFunc(func(context.Context, *bellhop.Message) error {
+		if tries.Add(1) == 1 {
+			// A retry time only this dispatcher knows: its stop hands
+			// it over to the others.
+			return bellhop.RetryAfter(2 * time.Second)
+		}
+		return nil
+	}))
+	obs := &settledObserver{}
+	logs := &syncBuffer{}
+	d := startLogged(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, Observer: obs, PollInterval: time.Hour,
+		Logger: zerolog.New(logs).With().Timestamp().Logger()}, nil)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the stopped dispatcher's log:\n%s", logs.String())
+		}
+	})
+	id := e.enqueue(t, "work", 1, bellhop.EnqueueOptions{})
+	if _, got, _ := obs.waitSettled(t, 1); got[bellhop.Nacked] != 1 {
+		t.Fatalf("settled as %v, want nacked", got)
+	}
+
+	thaw := freeze(t, cluster)
+	stopping := time.Now()
+	d.stop()
+	took := time.Since(stopping)
+	t.Logf("Run returned %s after its cancel, with a %s budget", took.Round(time.Millisecond), bellhop.StopBudget)
+	if limit := bellhop.StopBudget + 3*time.Second; took > limit {
+		t.Errorf("Run took %s to return against a frozen server, want at most %s", took.Round(time.Millisecond), limit)
+	}
+	if lineWith(logs, "outcome writes") {
+		t.Error("the stop waited for outcome writes, want none left")
+	}
+	if !lineWith(logs, "could not wake the other dispatchers") {
+		t.Error("the log does not say the hand-over failed")
+	}
+	if n := linesWith(logs, "skipping its remaining writes"); n != 1 {
+		t.Errorf("%d lines say the stop skips its remaining writes, want 1", n)
+	}
+	if !lineWith(logs, "skipping its remaining writes", `"skipped":"busy marks, last_fired_at"`) {
+		t.Error("the skip does not name the busy marks and last_fired_at")
+	}
+	thaw()
+
+	rec := &recorder{}
+	staying := bellhop.NewMux()
+	staying.Handle("app", "work", rec)
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: staying, PollInterval: time.Second}, nil)
+	waitFor(t, 15*time.Second, "the retry delivered after the thaw", func() bool { return rec.n.Load() >= 1 })
+	if got := rec.deliveries()[0]; got.ID != id {
+		t.Errorf("delivered %s after the thaw, want %s", got.ID, id)
+	}
 }
 
 // TestAckOutlastsRestart: an ack whose write finds the database stopped

@@ -553,15 +553,19 @@ func TestLastFiredSurvivesAFailedUpdate(t *testing.T) {
 	})
 }
 
-// lineWith reports whether a line of logs contains every one of parts.
-func lineWith(logs *syncBuffer, parts ...string) bool {
+// linesWith counts the lines of logs that contain every one of parts.
+func linesWith(logs *syncBuffer, parts ...string) int {
+	n := 0
 	for line := range strings.Lines(logs.String()) {
 		if !slices.ContainsFunc(parts, func(p string) bool { return !strings.Contains(line, p) }) {
-			return true
+			n++
 		}
 	}
-	return false
+	return n
 }
+
+// lineWith reports whether a line of logs contains every one of parts.
+func lineWith(logs *syncBuffer, parts ...string) bool { return linesWith(logs, parts...) > 0 }
 
 // TestClaimFailuresBackOff: claims that keep failing (here a CHECK that
 // refuses every lease) are retried backing off from 1s, not every second,
