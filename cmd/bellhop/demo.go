@@ -58,8 +58,10 @@ func demoCommand(d *deps) *cli.Command {
 			ctx, stop := signalContext(ctx, log)
 			defer stop()
 			err = runDemo(ctx, d, cmd, log)
-			if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
-				// Ctrl-C while starting up is a normal way to stop.
+			if err != nil && stoppedBySignal(ctx, err) {
+				// Ctrl-C while starting up is a normal way to stop; the
+				// demo's log shows no info line that would say so.
+				fmt.Fprintln(d.stdout, "stopped while starting")
 				return nil
 			}
 			return err

@@ -18,6 +18,7 @@ import (
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/pgdsn"
 	"github.com/bellhopq/bellhop/internal/pgtest"
+	"github.com/bellhopq/bellhop/migrations"
 )
 
 var (
@@ -320,6 +321,32 @@ func TestDemoStopAnnouncedAtOnce(t *testing.T) {
 	if n := p.countLines(regexp.MustCompile(`^stopping`)); n != 1 {
 		t.Errorf("the demo said it was stopping %d times, want once:\n%s", n, p.stdout())
 	}
+}
+
+// TestDemoStoppedWhileStarting: Ctrl-C while the demo starts up (here
+// while it reads the schema's version, which another session has locked)
+// stops it, exit 0, and says so. It used to exit without a word.
+func TestDemoStoppedWhileStarting(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.ConnString(t)
+	pool := db(t, dsn)
+	tx, err := pool.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(t.Context(), "LOCK TABLE "+migrations.VersionTable+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	p := start(t, []string{"DATABASE_URL=" + dsn}, "demo")
+	waitFor(t, 30*time.Second, "the demo waiting for the schema's version", func() bool {
+		return queryInt(t, pool, "SELECT count(*) FROM pg_locks WHERE relation = $1::regclass AND NOT granted", migrations.VersionTable) > 0
+	})
+	p.signal(os.Interrupt)
+	if code := p.wait(30 * time.Second); code != 0 {
+		t.Fatalf("demo exited %d after SIGINT while starting:\n%s", code, p.stderr())
+	}
+	p.waitLine(false, regexp.MustCompile(`^stopped while starting$`), time.Second)
 }
 
 // TestDemoSummary: the closing line counts in the singular where a count
