@@ -507,11 +507,15 @@ func TestEnqueueRejectsPayloadsJSONBCannotStore(t *testing.T) {
 		{"lone low surrogate in an object", `{"k":"\udc00"}`},
 		{"high surrogate, then another escape", `"\ud800\u0041"`},
 		{"number beyond numeric's range", `1e1000000`},
+		// PostgreSQL 14 and 15 refuse this exponent, 16 takes it: the
+		// client refuses it on every version. It reached the server,
+		// which aborted an EnqueueTx caller's transaction.
+		{"zero with the exponent only PostgreSQL 16 takes", `[0.0e1073741823]`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			// The database refuses it indeed.
-			if _, err := e.pool.Exec(e.ctx, "SELECT $1::text::jsonb", tc.payload); err == nil {
+			if _, err := e.pool.Exec(e.ctx, "SELECT $1::text::jsonb", tc.payload); err == nil && !strings.Contains(tc.payload, "1073741823") {
 				t.Fatalf("PostgreSQL accepts %s as jsonb; the case is moot", tc.payload)
 			}
 			before := e.tableState("queue_messages")
@@ -519,6 +523,18 @@ func TestEnqueueRejectsPayloadsJSONBCannotStore(t *testing.T) {
 			fxCheckTyped(t, err, bellhop.ErrInvalidPayload)
 			if after := e.tableState("queue_messages"); after != before {
 				t.Errorf("queue_messages changed: %s, was %s", after, before)
+			}
+			// Refused before any statement: the caller's transaction
+			// goes on (EnqueueTx's doc).
+			tx, err := e.pool.Begin(e.ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(e.ctx)
+			_, err = e.client.EnqueueTx(e.ctx, tx, "shop", "orders", []byte(tc.payload), bellhop.EnqueueOptions{})
+			fxCheckTyped(t, err, bellhop.ErrInvalidPayload)
+			if _, err := tx.Exec(e.ctx, "SELECT 1"); err != nil {
+				t.Errorf("the caller's transaction after the refusal: %v", err)
 			}
 		})
 	}

@@ -158,7 +158,7 @@ func keptNumbers(b []byte) int {
 const (
 	maxNumericInt   = 131072    // before the point
 	maxNumericScale = 16383     // after the point, trailing zeros included
-	maxNumericExp   = 1<<30 - 1 // PostgreSQL 16's bound; 14 and 15 refuse it too
+	maxNumericExp   = 1<<30 - 2 // 14 and 15 refuse 1<<30 - 1, which 16 takes: the stricter holds everywhere
 )
 
 // NumberText returns the length of the text that PostgreSQL's numeric,
