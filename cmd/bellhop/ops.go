@@ -616,7 +616,9 @@ func enqueueStream(ctx context.Context, c *bellhop.Client, pool *pgxpool.Pool, a
 	}
 	for sc.Scan() {
 		line++
-		text := bytes.TrimSpace(sc.Bytes())
+		// JSON's white space only: bytes.TrimSpace also takes Unicode's
+		// (NBSP, NEL), which would let through lines that Enqueue refuses.
+		text := bytes.Trim(sc.Bytes(), " \t\r\n")
 		if len(text) == 0 {
 			continue
 		}

@@ -289,6 +289,10 @@ func TestEnqueueStdin(t *testing.T) {
 		// third batch: the two batches before it are not kept.
 		{name: "bad line", stdin: lines(1200, 1092), wantCode: 2, wantErr: "line 1102: invalid payload: not JSON: invalid character 'o' looking for beginning of object key string; nothing was enqueued"},
 		{name: "bad first line", stdin: "nope\n{}\n", wantCode: 2, wantErr: "line 1: invalid payload: not JSON"},
+		{name: "white space around a line", stdin: " \t{}\t \r\n", wantOut: "enqueued 1 message\n", wantRows: 1},
+		// Only JSON's white space is trimmed, as Enqueue takes: a line
+		// wrapped in no-break spaces is not JSON.
+		{name: "no-break spaces around a line", stdin: "\u00a0{}\u00a0\n", wantCode: 2, wantErr: "line 1: invalid payload: not JSON"},
 		{name: "byte-order mark", stdin: "\ufeff{}\n", wantCode: 2, wantErr: "line 1: invalid payload: not JSON: it starts with a byte-order mark"},
 		{name: "bad last line", stdin: lines(600, 0) + "[1,\n", wantCode: 2, wantErr: "line 607: invalid payload: not JSON"},
 		{name: "payload too large", stdin: lines(600, 0) + `"` + strings.Repeat("x", validate.MaxPayloadBytes) + `"` + "\n", wantCode: 2,
