@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -163,7 +164,7 @@ func (c *Client) enqueue(ctx context.Context, q querier, app string, msgs []NewM
 	err := row.Scan(&appFound, &foreign, &inserted, &firstForeign)
 	switch {
 	case err != nil:
-		err = constraintError(err)
+		err = lockTableFull(constraintError(err), queues)
 		return nil, enqueueError(app, msgs, c.oversized(ctx, err, payloads), err)
 	case !appFound:
 		return nil, enqueueError(app, msgs, -1, unknownApp(app))
@@ -175,6 +176,22 @@ func (c *Client) enqueue(ctx context.Context, q querier, app string, msgs []NewM
 		return nil, enqueueError(app, msgs, -1, fmt.Errorf("inserted %d of %d messages", inserted, n))
 	}
 	return ids, nil
+}
+
+// lockTableFull explains PostgreSQL's "out of shared memory" (53200),
+// whose hint pgx's error text leaves out: the insert trigger takes a lock
+// per distinct queue (docs/busy-marks.md), held until the transaction
+// ends, in a lock table the whole server shares, so a transaction that
+// fans out to thousands of queues fills it, for itself or for the others.
+// Other errors pass through.
+func lockTableFull(err error, queues []string) error {
+	if code, _ := pgCode(err); code != "53200" {
+		return err
+	}
+	distinct := len(slices.Compact(slices.Sorted(slices.Values(queues))))
+	return fmt.Errorf("%w (the server's lock table is full: a transaction holds a lock on each distinct queue it enqueues to, "+
+		"%d in this call, until it ends; enqueue to fewer queues per transaction, end open transactions that did, "+
+		"or raise max_locks_per_transaction)", err, distinct)
 }
 
 // deliverArgs is a message's time to deliver as the enqueue statements

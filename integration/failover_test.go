@@ -25,7 +25,13 @@ import (
 // must not be touched. Its producer pool reaches the server over TCP.
 func ownEnv(t *testing.T) (*env, *pgcluster.Cluster) {
 	t.Helper()
-	c := ownCluster(t, nil)
+	return ownEnvWith(t, nil)
+}
+
+// ownEnvWith is ownEnv on a cluster with the server settings given.
+func ownEnvWith(t *testing.T, settings map[string]string) (*env, *pgcluster.Cluster) {
+	t.Helper()
+	c := ownCluster(t, settings)
 	dsn := c.TCPConnString("bellhop")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
