@@ -64,24 +64,28 @@ type Outcome struct {
 	Queue string // DeadLetter of an Invoke delivery: its consumer's queue
 	// Done, if set, is called once the outcome is written (applied: the
 	// token still matched, or not) or when it is not known whether it was:
-	// then err wraps ErrOutcomeUnknown, because a try failed and may have
-	// committed before its answer was lost. Either a later try found the
-	// token gone, or every try failed (then it wraps ErrWriteFailed and
-	// the last try's error too). An outcome not written leaves the lease
-	// to expire and the message to be delivered again.
+	// then err wraps ErrOutcomeUnknown, because a try that got a
+	// connection failed and may have committed before its answer was
+	// lost. Either a later try found the token gone, or every try failed
+	// (then it wraps ErrWriteFailed and the last try's error too). When
+	// every try failed and none got a connection, nothing was sent: err
+	// wraps ErrWriteFailed and the last try's error, not
+	// ErrOutcomeUnknown. An outcome not written leaves the lease to
+	// expire and the message to be delivered again.
 	Done func(applied bool, err error)
 }
 
 // ErrOutcomeUnknown is wrapped by Done's error for an outcome whose write
-// was tried more than once: a try that committed but whose answer was
-// lost (a connection cut, a timeout after the commit) applied it, or none
-// did. A later try that found the token gone, or every try failing,
-// cannot tell which.
+// was tried more than once, a failed try having got a connection to send
+// it on: a try that committed but whose answer was lost (a connection
+// cut, a timeout after the commit) applied it, or none did. A later try
+// that found the token gone, or every try failing, cannot tell which.
 var ErrOutcomeUnknown = errors.New("outcome may or may not have been applied: an earlier try may have committed")
 
-// ErrWriteFailed is wrapped, with ErrOutcomeUnknown and the last try's
-// error, by Done's error for an outcome whose every try failed; without
-// it, ErrOutcomeUnknown means that a later try found the token gone.
+// ErrWriteFailed is wrapped, with the last try's error, by Done's error
+// for an outcome whose every try failed, and with ErrOutcomeUnknown too
+// unless no try got a connection (then nothing was sent); without it,
+// ErrOutcomeUnknown means that a later try found the token gone.
 var ErrWriteFailed = errors.New("every try to write the outcome failed")
 
 // Completer writes outcomes in batches: whatever has queued up while the
@@ -94,8 +98,10 @@ type Completer struct {
 	in       chan Outcome
 	maxBatch int
 	workers  int
-	wg       sync.WaitGroup
-	once     sync.Once
+	// tryTimeout bounds one try: writeTimeout, shorter in tests.
+	tryTimeout time.Duration
+	wg         sync.WaitGroup
+	once       sync.Once
 	// pending counts the outcomes submitted and not yet settled.
 	pending atomic.Int64
 	// writes is the parent of every try's context: Shutdown cancels it
@@ -113,7 +119,7 @@ func NewCompleter(db *pgxpool.Pool, log zerolog.Logger, workers, maxBatch int) *
 	if maxBatch <= 0 {
 		maxBatch = 500
 	}
-	c := &Completer{db: db, log: log, failLog: logthrottle.New(1, 10*time.Second), in: make(chan Outcome, 4*maxBatch), maxBatch: maxBatch, workers: workers}
+	c := &Completer{db: db, log: log, failLog: logthrottle.New(1, 10*time.Second), in: make(chan Outcome, 4*maxBatch), maxBatch: maxBatch, workers: workers, tryTimeout: writeTimeout}
 	c.writes, c.cancelWrites = context.WithCancelCause(context.Background())
 	c.wg.Add(workers)
 	for range workers {
@@ -196,7 +202,7 @@ const (
 	lastTry = 100 * time.Millisecond
 	// answeredTries is how many times a batch is tried while each try
 	// fails with an error that no outage explains (transient): the
-	// server's answer, or the client's own.
+	// server's answer, or the client's own, on a connection it got.
 	answeredTries = 5
 	// unknownLease is how long a batch is retried when none of its leases
 	// has a known end (claimed for a consumer that no longer serves the
@@ -204,7 +210,8 @@ const (
 	unknownLease = 5 * time.Second
 )
 
-// flush writes one batch, retrying while the database is away until the
+// flush writes one batch, retrying while the database is away (a try gets
+// no connection, or fails as an outage does: transient) until the
 // batch's leases end: the latest lease end of its outcomes, renewals
 // included (Message.LeaseEnd), on this process's clock, which measures a
 // lease from before its claim was sent and so ends it no later than the
@@ -214,8 +221,8 @@ const (
 // reclaimed and delivered again by then, and the write would then change
 // nothing. So a restart of the database that takes seconds loses no
 // outcome whose lease outlasts it. Tries are paused by 50ms, doubling,
-// at most maxPause; each is bounded by writeTimeout (a retry also by the
-// leases' end). An error that no outage explains (transient), the
+// at most maxPause; each is bounded by c.tryTimeout, writeTimeout but in
+// tests (a retry also by the leases' end). An error that no outage explains (transient), the
 // server's answer or the client's own, is tried answeredTries times at
 // most. Outcomes submitted meanwhile wait for the next batch: one writer
 // keeps them in order. flush runs on a context of its own: outcomes must be written
@@ -226,13 +233,14 @@ const (
 func (c *Completer) flush(batch []Outcome) {
 	var applied Applied
 	var err error
-	retried := false
+	// sent: a failed try got a connection, and so may have committed.
+	sent := false
 	start := time.Now()
 	until := leasesEnd(batch, start)
 	delay := 50 * time.Millisecond
 	answered := 0 // tries failed with an error no outage explains
 	for try := 1; ; try++ {
-		by := time.Now().Add(writeTimeout)
+		by := time.Now().Add(c.tryTimeout)
 		if try > 1 && until.Before(by) {
 			by = until
 		}
@@ -242,7 +250,10 @@ func (c *Completer) flush(batch []Outcome) {
 		if err == nil {
 			break
 		}
-		retried = true
+		var noConn *noConnError
+		if !errors.As(err, &noConn) {
+			sent = true
+		}
 		if !transient(err) {
 			answered++
 		}
@@ -269,6 +280,9 @@ func (c *Completer) flush(batch []Outcome) {
 		default:
 			why += ": the batch's leases have ended"
 		}
+		if !sent {
+			why += "; no try got a connection, so none sent the batch"
+		}
 		c.failLog.Event(&c.log, zerolog.WarnLevel, 1).Err(err).Int("batch", len(batch)).Int("try", try).
 			Msgf("writing message outcomes failed; %s (logged at most once every 10s; held_back counts the batches not logged)", why)
 		break
@@ -280,9 +294,11 @@ func (c *Completer) flush(batch []Outcome) {
 		}
 		has := applied.Has(o.Message)
 		switch {
+		case err != nil && !sent:
+			o.Done(false, fmt.Errorf("%w, none got a connection to send it on, the last with: %w", ErrWriteFailed, err))
 		case err != nil:
 			o.Done(false, fmt.Errorf("%w; %w, the last with: %w", ErrOutcomeUnknown, ErrWriteFailed, err))
-		case !has && retried:
+		case !has && sent:
 			o.Done(false, ErrOutcomeUnknown)
 		default:
 			o.Done(has, nil)
@@ -312,7 +328,8 @@ func leasesEnd(batch []Outcome, start time.Time) time.Time {
 
 // transient reports whether err is what an outage looks like, worth
 // retrying until the leases end: no connection (refused, cut, or not
-// made in time), or one of the server's errors of a restart, a failover or a
+// made in time: a try that got none from the pool, whatever the error,
+// noConnError), or one of the server's errors of a restart, a failover or a
 // passing conflict: connection exceptions (08), a shutdown or a server
 // not accepting connections yet (57P01 - 57P03), too many connections
 // (53300), a read-only transaction (25006: a primary demoted to a standby,
@@ -322,6 +339,14 @@ func leasesEnd(batch []Outcome, start time.Time) time.Time {
 // try alike, and retried until a lease of up to 12h ended it would hold
 // back every later outcome.
 func transient(err error) bool {
+	// First: a dial that hangs (a host that drops packets) or a pool
+	// full of them ends the try with the bare context.DeadlineExceeded,
+	// which the check below takes for a live connection's silence, and
+	// such a batch was given up after answeredTries (about 51s).
+	var noConn *noConnError
+	if errors.As(err, &noConn) {
+		return true
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
@@ -335,8 +360,8 @@ func transient(err error) bool {
 		return true
 	}
 	if pgconn.Timeout(err) || errors.Is(err, context.DeadlineExceeded) {
-		// A try that got no answer within writeTimeout on a connection
-		// it had: a server that is up but slow, or a write waiting on a
+		// A try that got no answer within its time on a connection it
+		// had: a server that is up but slow, or a write waiting on a
 		// row lock, as likely as a dead path. Retried until the leases
 		// end, one such batch held every later outcome of the
 		// dispatcher behind it, for up to a 12h lease.
@@ -345,6 +370,16 @@ func transient(err error) bool {
 	var netErr net.Error
 	return errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || pgconn.SafeToRetry(err)
 }
+
+// noConnError is a Write that got no connection from the pool to send its
+// batch on (the dial failed or did not end in time, or the pool stayed
+// full until the try's end): nothing was sent, so nothing can have
+// committed, and transient counts it as an outage whatever its cause.
+type noConnError struct{ err error }
+
+func (e *noConnError) Error() string { return "no connection: " + e.err.Error() }
+
+func (e *noConnError) Unwrap() error { return e.err }
 
 // Applied is the set of outcomes that a Write applied, each known by its
 // message's id and claim token: a batch may hold a stale outcome and the
@@ -357,7 +392,9 @@ func (a Applied) Has(m *Message) bool { return a[[2]uuid.UUID{m.ID, m.Token}] }
 // Write applies outcomes in one round trip (one implicit transaction, its
 // statements run with their generic plans: generic_plans.sql) and
 // returns those whose tokens still matched. Outcomes whose tokens are
-// stale change nothing and are simply absent from the result.
+// stale change nothing and are simply absent from the result. The
+// connection is acquired first, so that a try that got none (its error
+// wraps a noConnError) is known to have sent nothing.
 func Write(ctx context.Context, db *pgxpool.Pool, outcomes []Outcome) (Applied, error) {
 	var acks, nacks, dead, release settle
 	for i := range outcomes {
@@ -400,8 +437,15 @@ func Write(ctx context.Context, db *pgxpool.Pool, outcomes []Outcome) (Applied, 
 			"o_ids": release.o.ids, "o_tokens": release.o.tokens, "o_holds_ms": release.o.holds,
 		})
 	}
+	conn, err := db.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("settle %d messages: %w", len(outcomes), &noConnError{err})
+	}
+	// After br.Close, on every path: the connection goes back to the
+	// pool, or is destroyed if the batch left it broken or busy.
+	defer conn.Release()
 	applied := make(Applied, len(outcomes))
-	br := db.SendBatch(ctx, b)
+	br := conn.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		br.Close()
 		return nil, fmt.Errorf("settle %d messages: %w", len(outcomes), err)

@@ -1,13 +1,16 @@
 package claim_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -255,6 +258,145 @@ func TestCompleterRetriesUntilLeaseEnds(t *testing.T) {
 	}
 }
 
+// hangingPool is a pool on pool's database whose dials never complete, as
+// to a host whose packets are dropped: each blocks until its context ends
+// (the pool's close, pgxpool's dials running on past the Acquire that
+// started them), counted in dials.
+func hangingPool(t *testing.T, cfg *pgxpool.Config, dials *atomic.Int32) *pgxpool.Pool {
+	t.Helper()
+	cfg = cfg.Copy()
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, _ string) (net.Conn, error) {
+		dials.Add(1)
+		<-ctx.Done()
+		return nil, &net.OpError{Op: "dial", Net: network, Err: ctx.Err()}
+	}
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
+// syncBuffer is a log sink safe to read while the Completer writes to it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestCompleterRetriesWhileDialHangs: a try that gets no connection in
+// time, its dial hanging (a host that drops packets, a partition) or the
+// pool full of such dials, is an outage too: the batch is retried until
+// its lease ends. pgxpool returns the bare context.DeadlineExceeded then,
+// which was taken for a live connection's silence: the batch was given up
+// after 5 tries (about 51s with 10s tries), so an ack made during the
+// outage was lost for a lease longer than that. As no try sent the batch,
+// Done's error says it was not written, not that it may have been.
+func TestCompleterRetriesWhileDialHangs(t *testing.T) {
+	pool, client, appID := setup(t)
+	id, _, target := newMessage(t, client, appID, claim.Queue, "hang")
+	m := claimOne(t, pool, target, id)
+	var dials atomic.Int32
+	hanging := hangingPool(t, pool.Config(), &dials)
+	logs := &syncBuffer{}
+	comp := claim.NewCompleter(hanging, zerolog.New(logs), 1, 10)
+	// 5 tries of 200ms and their pauses took 1.75s: well within the lease.
+	claim.SetTryTimeout(comp, 200*time.Millisecond)
+	defer comp.Close()
+	const lease = 4 * time.Second
+	start := time.Now()
+	m.LeaseEnd = start.Add(lease)
+	done := make(chan error, 1)
+	comp.Submit(claim.Outcome{Message: &m, Verdict: claim.Ack, Done: func(_ bool, err error) { done <- err }})
+	var got error
+	select {
+	case got = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the outcome was not answered")
+	}
+	took := time.Since(start)
+	var line struct {
+		Try     int    `json:"try"`
+		Message string `json:"message"`
+	}
+	for l := range strings.Lines(logs.String()) {
+		if strings.Contains(l, "gave up") {
+			if err := json.Unmarshal([]byte(l), &line); err != nil {
+				t.Fatalf("the give-up line %q: %v", l, err)
+			}
+		}
+	}
+	t.Logf("given up after %s, %d tries and %d dials: %s; Done: %v", took.Round(time.Millisecond), line.Try, dials.Load(), line.Message, got)
+	if took < lease-500*time.Millisecond || took > lease+500*time.Millisecond {
+		t.Errorf("given up after %s, want about the lease's %s", took.Round(time.Millisecond), lease)
+	}
+	if line.Try <= 5 {
+		t.Errorf("given up after %d tries, want more than 5 within the lease", line.Try)
+	}
+	if !strings.Contains(line.Message, "leases have ended") || !strings.Contains(line.Message, "no try got a connection") {
+		t.Errorf("the give-up line %q does not say the leases ended and no try got a connection", line.Message)
+	}
+	if !errors.Is(got, claim.ErrWriteFailed) || !errors.Is(got, context.DeadlineExceeded) {
+		t.Errorf("Done's error %v, want ErrWriteFailed and the try's deadline", got)
+	}
+	if errors.Is(got, claim.ErrOutcomeUnknown) {
+		t.Errorf("Done's error %v says an earlier try may have committed; none sent anything", got)
+	}
+}
+
+// TestCompleterNoConnectionIsNotUnknown: a retry that finds the token
+// gone after tries that got no connection reports the lease lost
+// (Done(false, nil)), not the outcome unknown: nothing was sent before.
+func TestCompleterNoConnectionIsNotUnknown(t *testing.T) {
+	pool, client, appID := setup(t)
+	id, _, target := newMessage(t, client, appID, claim.Queue, "stale")
+	m := claimOne(t, pool, target, id)
+	m.Token = uuid.New() // reclaimed meanwhile: the write changes nothing
+	cfg := pool.Config().Copy()
+	var dials atomic.Int32
+	var d net.Dialer
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if dials.Add(1) <= 2 {
+			return nil, errors.New("database unreachable (test)")
+		}
+		return d.DialContext(ctx, network, addr)
+	}
+	flaky, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer flaky.Close()
+	comp := claim.NewCompleter(flaky, zerolog.Nop(), 1, 10)
+	defer comp.Close()
+	m.LeaseEnd = time.Now().Add(time.Minute)
+	type answer struct {
+		applied bool
+		err     error
+	}
+	done := make(chan answer, 1)
+	comp.Submit(claim.Outcome{Message: &m, Verdict: claim.Ack, Done: func(applied bool, err error) { done <- answer{applied, err} }})
+	select {
+	case a := <-done:
+		if a.applied || a.err != nil {
+			t.Errorf("Done(%v, %v) after %d dials, want (false, nil): the lease lost", a.applied, a.err, dials.Load())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the outcome was not answered")
+	}
+}
+
 // TestTransient: the errors an outage makes are retried until the leases
 // end; any other, the server's or the client's own, a few times only, as
 // it fails every try alike. An error that was not the server's counted as
@@ -269,12 +411,28 @@ func TestTransient(t *testing.T) {
 	if refused == nil {
 		t.Fatal("connected to 127.0.0.1:1")
 	}
+	// A dial that hangs: pgxpool gives the bare context.DeadlineExceeded
+	// once the try's time is up, as it does when the pool stays full.
+	cfg, err := pgxpool.ParseConfig("postgres://bellhop@127.0.0.1:1/bellhop?sslmode=disable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dials atomic.Int32
+	hctx, hcancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer hcancel()
+	_, hung := claim.Write(hctx, hangingPool(t, cfg, &dials), []claim.Outcome{{Message: &claim.Message{}, Verdict: claim.Ack}})
+	if !errors.Is(hung, context.DeadlineExceeded) {
+		t.Fatalf("a write whose dial hangs failed with %v, want context.DeadlineExceeded", hung)
+	}
 	tests := []struct {
 		name string
 		err  error
 		want bool
 	}{
 		{"connection refused", refused, true},
+		{"dial hangs", hung, true},
+		{"no connection from a full pool", claim.NoConn(context.DeadlineExceeded), true},
+		{"no connection, the server's refusal", claim.NoConn(&pgconn.PgError{Code: "28P01"}), true},
 		{"connection cut", fmt.Errorf("receive message failed: %w", &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}), true},
 		{"connection closed", fmt.Errorf("receive message failed: %w", io.ErrUnexpectedEOF), true},
 		{"no answer in time", fmt.Errorf("timeout: %w", context.DeadlineExceeded), false},
