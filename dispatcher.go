@@ -686,8 +686,11 @@ func (d *Dispatcher) stopWrites(stopped []*lane, bgDone func()) (by time.Time) {
 		d.log.Info().Int("outcomes", n).Stringer("stop_budget", StopBudget).
 			Msgf("dispatcher stopping: waiting for %d outcome writes", n)
 	}
-	if err := d.complete.Shutdown(ctx); err != nil {
-		d.log.Warn().Err(err).Int("outcomes_left", d.complete.Pending()).Stringer("stop_budget", StopBudget).
+	// Only when outcomes were given up on: Pending, read once Shutdown
+	// has returned, is 0 whatever became of them, and a budget spent by
+	// closeOffers with no outcome pending loses none.
+	if n, err := d.complete.Shutdown(ctx); n > 0 {
+		d.log.Warn().Err(err).Int("outcomes_left", n).Stringer("stop_budget", StopBudget).
 			Msg("the stop's time for its writes ran out; the outcomes not written let their messages come back after their leases")
 	}
 	said := false // the skip is logged once, naming every write it skips

@@ -104,6 +104,9 @@ type Completer struct {
 	once       sync.Once
 	// pending counts the outcomes submitted and not yet settled.
 	pending atomic.Int64
+	// givenUp counts the outcomes given up on because the writes were
+	// cancelled (Shutdown's budget ran out, or Abandon).
+	givenUp atomic.Int64
 	// writes is the parent of every try's context: Shutdown cancels it
 	// when its budget runs out, and no try is made from then on.
 	writes       context.Context
@@ -150,16 +153,20 @@ func (c *Completer) Close() {
 // ends, the try under way is cancelled and no other is made, so every
 // outcome not written by then is given up on at once (its Done gets
 // ErrWriteFailed: the message comes back after its lease, unless the
-// cancelled try committed), and Shutdown returns ctx's cause. It returns
-// nil if ctx was still live once everything was settled.
-func (c *Completer) Shutdown(ctx context.Context) error {
+// cancelled try committed). It returns how many outcomes were given up on
+// so, counting those Abandon gave up on before, and, if any were, why the
+// writes were cancelled (ctx's cause, or Abandon's); (0, nil) if none
+// was, even if ctx ended: Close returns once every outcome is settled, so
+// Pending, read after it, is 0 whatever became of them, and ctx may have
+// ended with nothing left to write.
+func (c *Completer) Shutdown(ctx context.Context) (givenUp int, err error) {
 	stop := context.AfterFunc(ctx, func() { c.cancelWrites(context.Cause(ctx)) })
 	defer stop()
 	c.Close()
-	if ctx.Err() != nil {
-		return context.Cause(ctx)
+	if n := c.givenUp.Load(); n > 0 {
+		return int(n), context.Cause(c.writes)
 	}
-	return nil
+	return 0, nil
 }
 
 // Abandon gives up at once on every outcome not written yet and on every
@@ -275,6 +282,7 @@ func (c *Completer) flush(batch []Outcome) {
 		case c.writes.Err() != nil:
 			err = fmt.Errorf("%w (the last try: %w)", context.Cause(c.writes), err)
 			why += ": the stop's time for its writes ran out"
+			c.givenUp.Add(int64(len(batch)))
 		case answered >= answeredTries:
 			why += fmt.Sprintf(": %d failed with an error that no outage explains", answered)
 		default:

@@ -452,3 +452,62 @@ func TestTransient(t *testing.T) {
 		}
 	}
 }
+
+// TestShutdownCountsGivenUp: Shutdown reports how many outcomes its
+// budget's end gave up on, and why, and nothing when none was. A stop
+// logged Pending() after Shutdown, always 0 since Close waits until every
+// outcome is settled, and warned of outcomes not written whenever the
+// budget had ended, also when none was pending (closeOffers had spent
+// it).
+func TestShutdownCountsGivenUp(t *testing.T) {
+	budgetOver := errors.New("the test's budget ran out")
+	t.Run("given up", func(t *testing.T) {
+		pool, client, appID := setup(t)
+		var dials atomic.Int32
+		comp := claim.NewCompleter(hangingPool(t, pool.Config(), &dials), zerolog.Nop(), 1, 10)
+		var failed atomic.Int32
+		const n = 3
+		for range n {
+			id, _, target := newMessage(t, client, appID, claim.Queue, "given-up")
+			m := claimOne(t, pool, target, id)
+			m.LeaseEnd = time.Now().Add(time.Minute)
+			comp.Submit(claim.Outcome{Message: &m, Verdict: claim.Ack, Done: func(_ bool, err error) {
+				if errors.Is(err, claim.ErrWriteFailed) {
+					failed.Add(1)
+				}
+			}})
+		}
+		ctx, cancel := context.WithTimeoutCause(context.Background(), 500*time.Millisecond, budgetOver)
+		defer cancel()
+		givenUp, err := comp.Shutdown(ctx)
+		t.Logf("Shutdown: (%d, %v); %d Done calls with ErrWriteFailed", givenUp, err, failed.Load())
+		if givenUp != n || int(failed.Load()) != n {
+			t.Errorf("Shutdown reported %d outcomes given up, Done got ErrWriteFailed %d times; want %d", givenUp, failed.Load(), n)
+		}
+		if !errors.Is(err, budgetOver) {
+			t.Errorf("Shutdown's error %v, want the budget's cause", err)
+		}
+	})
+	t.Run("nothing pending, budget already over", func(t *testing.T) {
+		pool, client, appID := setup(t)
+		comp := claim.NewCompleter(pool, zerolog.Nop(), 1, 10)
+		id, _, target := newMessage(t, client, appID, claim.Queue, "written")
+		m := claimOne(t, pool, target, id)
+		m.LeaseEnd = time.Now().Add(time.Minute)
+		written := make(chan error, 1)
+		comp.Submit(claim.Outcome{Message: &m, Verdict: claim.Ack, Done: func(_ bool, err error) { written <- err }})
+		select {
+		case err := <-written:
+			if err != nil {
+				t.Fatalf("the ack before the stop: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("the ack before the stop was not answered")
+		}
+		ctx, cancel := context.WithCancelCause(context.Background())
+		cancel(budgetOver)
+		if givenUp, err := comp.Shutdown(ctx); givenUp != 0 || err != nil {
+			t.Errorf("Shutdown with nothing pending = (%d, %v), want (0, nil): no outcome was given up", givenUp, err)
+		}
+	})
+}

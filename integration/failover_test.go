@@ -129,6 +129,11 @@ func TestStopAgainstFrozenServer(t *testing.T) {
 	if !lineWith(logs, "the stop's time for its writes ran out") {
 		t.Error("the log does not say the stop's time for writes ran out")
 	}
+	// It counts the outcome given up on: it said 0, read once every
+	// outcome was settled.
+	if !lineWith(logs, "the outcomes not written let their messages come back", `"outcomes_left":1`) {
+		t.Error(`the warning of outcomes not written does not count the one given up on ("outcomes_left":1)`)
+	}
 	// The outcome write took the budget: every later write is skipped,
 	// and the skip is said once.
 	if n := linesWith(logs, "skipping its remaining writes"); n != 1 {
