@@ -100,8 +100,11 @@ const (
 type Options struct {
 	// Timeout is the per-request timeout for consumers whose own Timeout
 	// is 0. If it is 0 too, a request gets the consumer's visibility
-	// timeout minus the lease margin, so it ends before the lease does;
-	// that is also the most any request gets.
+	// timeout minus the lease margin; that is also the most any request
+	// gets. Whatever its timeout, a request ends a moment before its
+	// handler's context does (bellhop.Message.LeaseDeadline), so that a
+	// request the lease would cut short times out instead: without a
+	// connection it is an ordinary retry, not one held to the lease's end.
 	Timeout time.Duration
 	// AllowedHosts, if not empty, limits the hosts a consumer URL may
 	// name. An entry is a hostname without port, matched against the URL's
@@ -430,6 +433,7 @@ func (p *Pusher) Handler(c bellhop.Consumer) (bellhop.Handler, error) {
 		query:   u.RawQuery,
 		secret:  c.Secret,
 		timeout: requestTimeout(c, p.timeout),
+		slack:   leaseSlack(c),
 	}, nil
 }
 
@@ -458,6 +462,22 @@ func requestTimeout(c bellhop.Consumer, def time.Duration) time.Duration {
 // a caller hands the handler a context without that deadline.
 func leaseMargin(vt time.Duration) time.Duration { return min(vt/5, 5*time.Second) }
 
+// leaseSlack is how long before the handler's context ends
+// (bellhop.Message.LeaseDeadline) a request's own deadline falls: a
+// quarter of the lease margin, at most 250ms. The request then ends by its
+// timeout, whose outcome the push decides (no connection: nothing reached
+// the consumer, an ordinary retry), and the handler returns before the
+// dispatcher cancels its context, which would make the dispatcher hold the
+// retry to the lease's end. Should the handler still return after that (a
+// starved process), the retry is held: the safe side.
+func leaseSlack(c bellhop.Consumer) time.Duration {
+	vt := c.VisibilityTimeout
+	if vt <= 0 {
+		vt = bellhop.DefaultVisibilityTimeout
+	}
+	return min(leaseMargin(vt)/4, 250*time.Millisecond)
+}
+
 // handler pushes one consumer's messages. It is immutable, so safe for
 // concurrent deliveries.
 type handler struct {
@@ -467,6 +487,7 @@ type handler struct {
 	query   string // the URL's raw query, kept out of error texts
 	secret  string
 	timeout time.Duration
+	slack   time.Duration // see leaseSlack
 }
 
 // errRequestTimeout is the cause of a request's own timeout, to tell it
@@ -491,7 +512,24 @@ func (h *handler) Handle(ctx context.Context, m *bellhop.Message) error {
 
 // push sends m and maps the outcome; status is 0 if no response came.
 func (h *handler) push(ctx context.Context, m *bellhop.Message) (int, error) {
-	rctx, cancel := context.WithTimeoutCause(ctx, h.timeout, errRequestTimeout)
+	// The request's timeout counts from now, later than the lease's start,
+	// so it is cut to end before the handler's context does: otherwise the
+	// lease would end every request that outlasts it, and one that never
+	// got a connection would be held to the lease's end as if it had
+	// reached the consumer. Push handlers do not renew the lease, so its
+	// deadline stays where it is read here.
+	timeout := h.timeout
+	if end := m.LeaseDeadline(); !end.IsZero() {
+		if left := time.Until(end.Add(-h.slack)).Truncate(time.Millisecond); left < timeout {
+			timeout = left
+		}
+	}
+	if timeout <= 0 {
+		// Too late to wait for a connection: not sent, an ordinary retry.
+		return 0, fmt.Errorf("push to %s: not sent: its lease runs short in %s: %w",
+			h.host, max(time.Until(m.LeaseDeadline()), 0).Round(time.Millisecond), context.DeadlineExceeded)
+	}
+	rctx, cancel := context.WithTimeoutCause(ctx, timeout, errRequestTimeout)
 	defer cancel()
 
 	// Whether the request may have reached the consumer: once a
@@ -531,7 +569,7 @@ func (h *handler) push(ctx context.Context, m *bellhop.Message) (int, error) {
 
 	resp, err := h.p.client.Do(req)
 	if err != nil {
-		return 0, h.transportError(ctx, rctx, err, sent.Load(), wrote.Load())
+		return 0, h.transportError(rctx, timeout, err, sent.Load(), wrote.Load())
 	}
 	// Read (a bounded part of) the body whatever the status, so that the
 	// connection goes back to the pool; its start becomes the snippet.
@@ -553,20 +591,24 @@ func (h *handler) push(ctx context.Context, m *bellhop.Message) (int, error) {
 // a proxy that cut it, a consumer that closed it and works on), or that
 // got a response whose headers were too large to read, wraps
 // bellhop.ErrAbandoned: the consumer may still be working on it, so its
-// retry waits for the end of the lease.
-func (h *handler) transportError(ctx, rctx context.Context, err error, sent, wrote bool) error {
+// retry waits for the end of the lease. timeout is the request's own, as
+// push cut it.
+func (h *handler) transportError(rctx context.Context, timeout time.Duration, err error, sent, wrote bool) error {
+	// rctx's cause is whatever ended it first: its own timeout, or the
+	// handler's context (the lease run short, the dispatcher stopping),
+	// whose cause it then carries.
+	cause := context.Cause(rctx)
 	switch {
-	case ctx.Err() != nil && sent:
-		// The handler context ended (lease about to run out, or the
-		// dispatcher stopping): report its cause, which the dispatcher
-		// inspects.
-		return fmt.Errorf("push to %s: stopped waiting for a response (%w): %w", h.host, bellhop.ErrAbandoned, context.Cause(ctx))
-	case ctx.Err() != nil:
-		return fmt.Errorf("push to %s: stopped before the request was sent: %w", h.host, context.Cause(ctx))
-	case errors.Is(context.Cause(rctx), errRequestTimeout) && sent:
-		return fmt.Errorf("push to %s: no response within %s (%w): %w", h.host, h.timeout, bellhop.ErrAbandoned, context.DeadlineExceeded)
-	case errors.Is(context.Cause(rctx), errRequestTimeout):
-		return fmt.Errorf("push to %s: no connection within %s: %w", h.host, h.timeout, context.DeadlineExceeded)
+	case errors.Is(cause, errRequestTimeout) && sent:
+		return fmt.Errorf("push to %s: no response within %s (%w): %w", h.host, timeout, bellhop.ErrAbandoned, context.DeadlineExceeded)
+	case errors.Is(cause, errRequestTimeout):
+		return fmt.Errorf("push to %s: no connection within %s: %w", h.host, timeout, context.DeadlineExceeded)
+	case rctx.Err() != nil && sent:
+		// The handler context ended: report its cause, which the
+		// dispatcher inspects.
+		return fmt.Errorf("push to %s: stopped waiting for a response (%w): %w", h.host, bellhop.ErrAbandoned, cause)
+	case rctx.Err() != nil:
+		return fmt.Errorf("push to %s: stopped before the request was sent: %w", h.host, cause)
 	}
 	var ue *url.Error
 	if errors.As(err, &ue) {

@@ -1,0 +1,175 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/internal/httppush"
+	"github.com/bellhopq/bellhop/internal/syncbuf"
+)
+
+// pushAttempt is one push, as a wrapper around the push handler saw it.
+type pushAttempt struct {
+	attempt    int
+	start      time.Time
+	end        time.Time
+	deadline   time.Time // the handler context's end, Message.LeaseDeadline
+	err        error
+	ctxEndedBy error // the handler context's cause when the push returned
+}
+
+// TestPushTimeoutBeforeLease: with the default push timeout, which counts
+// from the push's start (later than the lease's), a request ends by its
+// own timeout a moment before the lease runs short, not by the handler's
+// context. One that never got a connection reached nothing: it says "no
+// connection within" the time it waited and is retried after its backoff.
+// It used to be cut by the lease ("stopped before the request was sent:
+// lease lost") and held to the lease's end as if the consumer had it. One
+// that got a connection but no answer is still abandoned, its retry held
+// to the lease's end. A push that starts too close to the lease's end
+// to wait for a connection at all (a claim that came back late) is not
+// sent, an ordinary retry too.
+func TestPushTimeoutBeforeLease(t *testing.T) {
+	const vt = 3 * time.Second
+	margin := vt / 5 // the dispatcher's lease margin for vt
+	for _, c := range []struct {
+		name   string
+		noConn bool // the dial never connects
+		late   bool // the push starts 75ms before the handler's context ends
+		want   string
+	}{
+		{name: "no connection", noConn: true, want: "no connection within"},
+		{name: "no response", want: "no response within"},
+		{name: "too late to send", noConn: true, late: true, want: "not sent: its lease runs short in"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t)
+			var opts httppush.Options // no Timeout: the default
+			url := "http://consumer.test/hook"
+			if c.noConn {
+				// A dial that never connects, as to a host that drops packets.
+				opts.Client = &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+					<-ctx.Done()
+					return nil, ctx.Err()
+				}}}
+			} else {
+				quit := make(chan struct{})
+				srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					select {
+					case <-r.Context().Done():
+					case <-quit:
+					}
+				}))
+				t.Cleanup(srv.Close)
+				t.Cleanup(func() { close(quit) }) // runs before srv.Close
+				url = srv.URL + "/hook"
+			}
+			e.consumer(t, bellhop.ConsumerSpec{Queue: "q", URL: url, VisibilityTimeout: vt,
+				BackoffBase: 10 * time.Millisecond, BackoffCap: 10 * time.Millisecond, MaxAttempts: 2})
+			p := httppush.New(opts)
+			var mu sync.Mutex
+			var attempts []pushAttempt
+			var starts []time.Time // of each delivery
+			res := resolverFunc(func(cons bellhop.Consumer) bellhop.Handler {
+				h, err := p.Handler(cons)
+				if err != nil {
+					t.Errorf("handler: %v", err)
+					return nil
+				}
+				return bellhop.HandlerFunc(func(ctx context.Context, m *bellhop.Message) error {
+					mu.Lock()
+					starts = append(starts, time.Now())
+					mu.Unlock()
+					if c.late {
+						<-time.After(time.Until(m.LeaseDeadline()) - 75*time.Millisecond)
+					}
+					a := pushAttempt{attempt: m.Attempt, start: time.Now(), deadline: m.LeaseDeadline()}
+					a.err = h.Handle(ctx, m)
+					a.ctxEndedBy, a.end = context.Cause(ctx), time.Now()
+					mu.Lock()
+					attempts = append(attempts, a)
+					mu.Unlock()
+					return a.err
+				})
+			})
+			var logs syncbuf.Buffer
+			startLogged(t, e.dsn, bellhop.DispatcherConfig{Resolver: res, PollInterval: time.Hour,
+				ShutdownGrace: 100 * time.Millisecond, Logger: zerolog.New(&logs)}, nil)
+			e.enqueue(t, "q", "x", bellhop.EnqueueOptions{})
+
+			waitFor(t, 3*vt, "attempt 2", func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return len(starts) == 2
+			})
+			mu.Lock()
+			first, started2 := attempts[0], starts[1]
+			mu.Unlock()
+			if first.attempt != 1 {
+				t.Fatalf("the first push to return was attempt %d", first.attempt)
+			}
+			leaseEnd := first.deadline.Add(margin)
+			t.Logf("attempt 1 returned %s after its start: %v; attempt 2 started %s after attempt 1's lease end",
+				first.end.Sub(first.start).Round(time.Millisecond), first.err, started2.Sub(leaseEnd).Round(time.Millisecond))
+
+			want := c.want
+			if first.err == nil || !strings.Contains(first.err.Error(), want) {
+				t.Errorf("attempt 1 failed with %v, want it to say %q", first.err, want)
+			}
+			if errors.Is(first.err, bellhop.ErrAbandoned) == c.noConn {
+				t.Errorf("attempt 1's error %v: marked abandoned %t, want %t", first.err, !c.noConn, !c.noConn)
+			}
+			if first.ctxEndedBy != nil {
+				t.Errorf("the handler's context had ended (%v) when the push returned: the lease cut it, not its timeout", first.ctxEndedBy)
+			}
+
+			// The dispatcher's line about the failure: not cut by the
+			// lease; held to its end only with a connection.
+			var line struct {
+				Message, Error string
+				RetryIn        string `json:"retry_in"`
+			}
+			for _, l := range strings.Split(logs.String(), "\n") {
+				if strings.Contains(l, `"handler failed; will retry"`) {
+					if err := json.Unmarshal([]byte(l), &line); err != nil {
+						t.Fatalf("log line %q: %v", l, err)
+					}
+					break
+				}
+			}
+			retryIn, err := time.ParseDuration(line.RetryIn)
+			if err != nil {
+				t.Fatalf("no \"handler failed\" line with a retry_in (%v) in:\n%s", err, logs.String())
+			}
+			if !strings.Contains(line.Error, want) || strings.Contains(line.Error, "lease lost") || strings.Contains(line.Error, "past its lease") {
+				t.Errorf("logged error %q: want it to say %q, and not that the lease was lost", line.Error, want)
+			}
+			if c.noConn {
+				if retryIn > 100*time.Millisecond {
+					t.Errorf("retry in %s, want the backoff (10ms): nothing reached the consumer", retryIn)
+				}
+				if !started2.Before(leaseEnd) {
+					t.Errorf("attempt 2 started %s after attempt 1's lease end, want after the 10ms backoff", started2.Sub(leaseEnd))
+				}
+			} else {
+				if retryIn < margin/2 {
+					t.Errorf("retry in %s, want it held to the lease's end (about %s)", retryIn, margin)
+				}
+				if started2.Before(leaseEnd) {
+					t.Errorf("attempt 2 started %s before attempt 1's lease ended", leaseEnd.Sub(started2))
+				}
+			}
+		})
+	}
+}
