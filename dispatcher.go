@@ -305,6 +305,14 @@ type Dispatcher struct {
 	// (resolve): logged again only when it changes, not on every reload;
 	// forgotten once the consumer resolves, or is gone.
 	panicked map[uuid.UUID]string
+	// holding keeps, by consumer id, the lanes of a consumer that a
+	// reload stopped serving (the Resolver returned nil, or panicked)
+	// while deliveries of theirs still hold slots: should a later reload
+	// serve the consumer again, its new lanes count those slots against
+	// MaxInFlight, as a moved consumer's do, and the slots freed wake
+	// them (lane.heir). An entry is forgotten once its slots are all free
+	// (Dispatcher.slotsDrained), or when its consumer is served again.
+	holding map[uuid.UUID]*consumerLanes
 
 	// handlers is the parent context of every handler's context; it is
 	// cancelled when a stop's grace period runs out.
@@ -464,6 +472,7 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 		byQueue:      map[queueKey]*lane{},
 		tidying:      map[queueKey]*lane{},
 		panicked:     map[uuid.UUID]string{},
+		holding:      map[uuid.UUID]*consumerLanes{},
 		stopping:     make(chan struct{}),
 		lastFired:    map[uuid.UUID]bool{},
 		owner:        uuid.New(),
@@ -1189,11 +1198,19 @@ func (d *Dispatcher) loadConsumers(ctx context.Context) (added int, err error) {
 		}
 		lctx, cancel := context.WithCancel(context.Background())
 		slots := new(atomic.Int32)
-		if moved != nil {
+		// The lanes this consumer had: moved to another queue just now,
+		// or stopped by an earlier reload that did not serve it, whose
+		// deliveries may still run.
+		prev := moved
+		if prev == nil {
+			prev = d.holding[c.ID]
+		}
+		delete(d.holding, c.ID)
+		if prev != nil {
 			// The old lanes' deliveries run on and hold their slots: the
 			// new lanes count them, against the same MaxInFlight, and
 			// each one that ends frees its slot for them (freeSlots).
-			slots = moved.queue.inFlight
+			slots = prev.queue.inFlight
 		}
 		cl := &consumerLanes{
 			queue:  newLane(lctx, d, st, claim.Target{Source: claim.Queue, AppID: c.AppID, Queue: c.Queue, TriggerID: c.ID}, slots),
@@ -1201,9 +1218,9 @@ func (d *Dispatcher) loadConsumers(ctx context.Context) (added int, err error) {
 			cancel: cancel,
 		}
 		cl.queue.sibling, cl.invoke.sibling = cl.invoke, cl.queue
-		if moved != nil {
-			moved.queue.heir.Store(cl)
-			moved.invoke.heir.Store(cl)
+		if prev != nil {
+			prev.queue.heir.Store(cl)
+			prev.invoke.heir.Store(cl)
 		}
 		d.lanes[c.ID] = cl
 		d.byQueue[queueKey{c.AppID, c.Queue}] = cl.queue
@@ -1214,6 +1231,13 @@ func (d *Dispatcher) loadConsumers(ctx context.Context) (added int, err error) {
 		if !seen[id] {
 			d.dropLanes(cl)
 			delete(d.lanes, id)
+		}
+	}
+	for id, cl := range d.holding {
+		// Also forgotten as the last slot is freed (slotsDrained); this
+		// catches a count that a stopped lane's claim took and gave back.
+		if cl.queue.inFlight.Load() == 0 {
+			delete(d.holding, id)
 		}
 	}
 	if len(d.panicked) > 0 {
@@ -1234,9 +1258,17 @@ func (d *Dispatcher) loadConsumers(ctx context.Context) (added int, err error) {
 }
 
 // dropLanes stops the lanes of a consumer gone while the dispatcher
-// runs on. d.mu must be held.
+// runs on (removed, not served by this dispatcher any more, or moved to
+// another queue). Lanes whose deliveries still hold slots are kept in
+// holding until those end, for the lanes that may serve the consumer
+// again. d.mu must be held.
 func (d *Dispatcher) dropLanes(cl *consumerLanes) {
 	cl.stop(true)
+	if cl.queue.inFlight.Load() > 0 {
+		// After stop: a claim pass that the stop did not cut short has
+		// taken its slots by now, and one that it did delivers nothing.
+		d.holding[cl.queue.target.TriggerID] = cl
+	}
 	// A consumer replaced in one reload (removed and registered again
 	// under a new id) has its new lane here already.
 	k := queueKey{cl.queue.target.AppID, cl.queue.target.Queue}
@@ -1244,6 +1276,19 @@ func (d *Dispatcher) dropLanes(cl *consumerLanes) {
 		delete(d.byQueue, k)
 	}
 	d.tidying[k] = cl.queue
+}
+
+// slotsDrained forgets the lanes kept in holding that share l's slot
+// count, once that count is back to zero: l's consumer is not served here
+// now, and its stopped lanes start no delivery (a claim pass of theirs
+// cut short by the stop gives back what it claimed).
+func (d *Dispatcher) slotsDrained(l *lane) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	id := l.target.TriggerID
+	if cl := d.holding[id]; cl != nil && cl.queue.inFlight == l.inFlight && l.inFlight.Load() == 0 {
+		delete(d.holding, id)
+	}
 }
 
 // tidied forgets l once it has given up its busy mark and offers.

@@ -433,7 +433,7 @@ func (l *lane) startPending() {
 		}
 		l.runMu.Unlock()
 		if stopped {
-			l.inFlight.Add(-1)
+			l.unslot(1)
 			l.d.releaseLeased(cm, l.target)
 			continue
 		}
@@ -475,7 +475,7 @@ func (l *lane) reserve(max int) int {
 // freeSlots reports.
 func (l *lane) freeSlots(n int) (siblingWoken bool) {
 	if n > 0 {
-		l.inFlight.Add(-int32(n))
+		l.unslot(n)
 	}
 	l.startPending()
 	if n <= 0 {
@@ -492,6 +492,16 @@ func (l *lane) freeSlots(n int) (siblingWoken bool) {
 		h.invoke.slotFreed()
 	}
 	return siblingWoken
+}
+
+// unslot takes n slots off the count. A stopped lane whose consumer is
+// served here by no lane now, as the last of them is given back, has the
+// dispatcher forget its lanes (Dispatcher.holding): nothing holds a slot
+// of that count any more.
+func (l *lane) unslot(n int) {
+	if l.inFlight.Add(-int32(n)) == 0 && l.ctx.Err() != nil {
+		l.d.slotsDrained(l)
+	}
 }
 
 // slotFreed tells l that another lane freed one of its slots: it starts

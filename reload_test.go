@@ -214,3 +214,146 @@ func eventually(t *testing.T, what string, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestServedAgainKeepsInFlight: a consumer that a reload stops serving
+// (its Resolver returns nil, as when it panics or a push consumer is
+// refused) while a delivery runs, and that a later reload serves again,
+// gets new lanes that count that delivery against MaxInFlight, and start
+// the next delivery once it ends. The lanes kept for that are forgotten
+// once their deliveries have ended. Found by review: the new lanes counted
+// from zero, and at MaxInFlight 1 a second delivery ran beside the first.
+func TestServedAgainKeepsInFlight(t *testing.T) {
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(pgtest.ConnString(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg.Copy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	client := NewClient(pool)
+	if _, err := client.CreateApp(ctx, "app"); err != nil {
+		t.Fatal(err)
+	}
+	con, err := client.RegisterConsumer(ctx, ConsumerSpec{App: "app", Queue: "jobs", MaxInFlight: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Each delivery waits for its own release.
+	var running, peak atomic.Int32
+	started := make(chan struct{}, 3)
+	release := make(chan struct{})
+	done := make(chan struct{})
+	handler := HandlerFunc(func(ctx context.Context, _ *Message) error {
+		n := running.Add(1)
+		defer running.Add(-1)
+		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+		}
+		started <- struct{}{}
+		select {
+		case <-release:
+		case <-done:
+		case <-ctx.Done():
+		}
+		return nil
+	})
+	var off atomic.Bool
+	resolver := resolverFunc(func(Consumer) Handler {
+		if off.Load() {
+			return nil
+		}
+		return handler
+	})
+	d, err := NewDispatcher(cfg, DispatcherConfig{Resolver: resolver, PollInterval: time.Hour, Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	ran := make(chan error, 1)
+	go func() { ran <- d.Run(rctx) }()
+	t.Cleanup(func() {
+		close(done)
+		cancel()
+		if err := <-ran; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	lanes := func() (served, held *consumerLanes) {
+		d.mu.RLock()
+		defer d.mu.RUnlock()
+		return d.lanes[con.ID], d.holding[con.ID]
+	}
+	reload := func(serve bool) {
+		t.Helper()
+		off.Store(!serve)
+		if _, err := pool.Exec(ctx, `SELECT pg_notify('bellhop', 'c')`); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the reload", func() bool { served, _ := lanes(); return (served != nil) == serve })
+	}
+	wait := func(what string) {
+		t.Helper()
+		select {
+		case <-started:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s did not start within 10s", what)
+		}
+	}
+	enqueue := func() {
+		t.Helper()
+		if _, err := client.Enqueue(ctx, "app", "jobs", []byte(`{}`), EnqueueOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "the consumer's lanes", func() bool { served, _ := lanes(); return served != nil })
+
+	enqueue()
+	wait("the first delivery")
+	first, _ := lanes()
+	reload(false)
+	if _, held := lanes(); held != first {
+		t.Fatal("the lanes stopped while their delivery runs are not kept")
+	}
+	reload(true)
+	second, held := lanes()
+	if held != nil {
+		t.Error("the kept lanes are still kept once the consumer is served again")
+	}
+	if second.queue.inFlight != first.queue.inFlight {
+		t.Error("the new lanes do not share the old lanes' slot count")
+	}
+	enqueue()
+	// The second message is claimable now; the new lane would claim it
+	// at once with a slot of its own.
+	deadline := time.Now().Add(500 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		if p := peak.Load(); p > 1 {
+			t.Fatalf("peak in flight %d, want 1 (MaxInFlight)", p)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	release <- struct{}{}
+	// The slot freed by the old lanes' delivery wakes the new lanes.
+	wait("the second delivery, once the first ended")
+	if p := peak.Load(); p != 1 {
+		t.Errorf("peak in flight %d, want 1 (MaxInFlight)", p)
+	}
+
+	// Stopped again with the second delivery running, and not served
+	// again: the lanes are forgotten once it ends, with no reload.
+	reload(false)
+	if _, held := lanes(); held == nil {
+		t.Fatal("the lanes stopped while their delivery runs are not kept")
+	}
+	release <- struct{}{}
+	eventually(t, "the kept lanes forgotten once their delivery ended", func() bool { _, held := lanes(); return held == nil })
+	d.mu.RLock()
+	n := len(d.holding)
+	d.mu.RUnlock()
+	if n != 0 {
+		t.Errorf("%d consumers' lanes kept, want none", n)
+	}
+}
