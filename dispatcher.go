@@ -313,6 +313,15 @@ type Dispatcher struct {
 	// them (lane.heir). An entry is forgotten once its slots are all free
 	// (Dispatcher.slotsDrained), or when its consumer is served again.
 	holding map[uuid.UUID]*consumerLanes
+	// handing holds the queues and invoke outboxes to hand over to every
+	// dispatcher (handOverLater), for handLoop, which runs while
+	// handRunning is set and handers counts; owed holds those for the
+	// stop's hand-over (handOver) once the stop has begun. Keyed by
+	// handTarget.
+	handing     map[claim.Target]bool
+	handRunning bool
+	owed        map[claim.Target]bool
+	handers     sync.WaitGroup
 
 	// handlers is the parent context of every handler's context; it is
 	// cancelled when a stop's grace period runs out.
@@ -473,6 +482,8 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 		tidying:      map[queueKey]*lane{},
 		panicked:     map[uuid.UUID]string{},
 		holding:      map[uuid.UUID]*consumerLanes{},
+		handing:      map[claim.Target]bool{},
+		owed:         map[claim.Target]bool{},
 		stopping:     make(chan struct{}),
 		lastFired:    map[uuid.UUID]bool{},
 		owner:        uuid.New(),
@@ -716,6 +727,8 @@ func (d *Dispatcher) stopWrites(stopped []*lane, bgDone func()) (by time.Time) {
 				"the other dispatchers find the retries this one had timed at their fallback poll, last_fired_at misses the last second)")
 		return true
 	}
+	// Cut short as the stop began: what it had not sent is owed now.
+	d.handers.Wait()
 	if !skipped("hand-over, busy marks, last_fired_at") {
 		d.handOver(ctx, stopped)
 	}
@@ -1330,15 +1343,24 @@ func (d *Dispatcher) stopLanes() []*lane {
 // handOver runs once a stop has written every outcome, within ctx, the
 // stop's budget: it wakes the other
 // dispatchers for each stopped lane that had a due time or had nacked
-// (sql/hand_over.sql), so that the retries whose time only this
-// dispatcher knew are delivered on time and not at a fallback poll.
+// (sql/hand_over.sql), and for what was handed over to it since the stop
+// began or could not be sent before (owed: retries nacked by lanes a
+// reload had stopped, whose queue no lane here served), so that the
+// retries whose time only this dispatcher knew are delivered on time and
+// not at a fallback poll.
 func (d *Dispatcher) handOver(ctx context.Context, lanes []*lane) {
-	var due []*lane
+	var due []claim.Target
 	for _, l := range lanes {
 		if l.timed.Load() || l.nacked.Load() {
-			due = append(due, l)
+			due = append(due, l.target)
 		}
 	}
+	d.mu.Lock()
+	for t := range d.owed {
+		due = append(due, t)
+	}
+	clear(d.owed)
+	d.mu.Unlock()
 	if len(due) == 0 {
 		return
 	}
@@ -1348,15 +1370,15 @@ func (d *Dispatcher) handOver(ctx context.Context, lanes []*lane) {
 	}
 }
 
-// wake notifies every dispatcher, this one included, for the targets of
-// lanes (sql/hand_over.sql).
-func (d *Dispatcher) wake(ctx context.Context, lanes []*lane) error {
+// wake notifies every dispatcher, this one included, for targets
+// (sql/hand_over.sql), one notification for each queue or invoke outbox.
+func (d *Dispatcher) wake(ctx context.Context, targets []claim.Target) error {
 	seen := make(map[string]bool)
 	var payloads []string
-	for _, l := range lanes {
-		e := notify.Event{Kind: notify.KindQueue, AppID: l.target.AppID, Queue: l.target.Queue}
-		if l.target.Source == claim.Invoke {
-			e = notify.Event{Kind: notify.KindInvoke, AppID: l.target.AppID, TriggerID: l.target.TriggerID}
+	for _, t := range targets {
+		e := notify.Event{Kind: notify.KindQueue, AppID: t.AppID, Queue: t.Queue}
+		if t.Source == claim.Invoke {
+			e = notify.Event{Kind: notify.KindInvoke, AppID: t.AppID, TriggerID: t.TriggerID}
 		}
 		if p := e.String(); !seen[p] {
 			seen[p] = true
@@ -1367,6 +1389,103 @@ func (d *Dispatcher) wake(ctx context.Context, lanes []*lane) error {
 	return err
 }
 
+// handTarget is t as its hand-over's notification names it: a queue's
+// without the consumer, an invoke outbox's without the queue.
+func handTarget(t claim.Target) claim.Target {
+	if t.Source == claim.Queue {
+		return claim.Target{Source: claim.Queue, AppID: t.AppID, Queue: t.Queue}
+	}
+	return claim.Target{Source: claim.Invoke, AppID: t.AppID, TriggerID: t.TriggerID}
+}
+
+// handOverLater wakes every dispatcher for t (sql/hand_over.sql) off the
+// caller's goroutine, which may be the Completer's (a nack's Done): a
+// retry nacked, or a due time armed, by a lane that a reload stopped,
+// when no lane here serves its queue or invoke outbox now. Only this
+// dispatcher knows that due time, and the other dispatchers, which may
+// serve the consumer now (a Go handler replaced by a push consumer
+// another process serves), would otherwise find it at their fallback
+// poll. Hand-overs asked for while one is being sent go together in the
+// next statement; once the stop has begun, they are the stop's
+// (handOver), within its budget.
+func (d *Dispatcher) handOverLater(t claim.Target) {
+	t = handTarget(t)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.stopped {
+		d.owed[t] = true
+		return
+	}
+	d.handing[t] = true
+	if !d.handRunning {
+		d.handRunning = true
+		d.handers.Add(1)
+		go d.handLoop()
+	}
+}
+
+// handLoop sends the hand-overs that handOverLater asked for until none
+// is left, each statement bounded by StatementTimeout and cut short by
+// the stop, which then sends what was not (owed).
+func (d *Dispatcher) handLoop() {
+	defer d.handers.Done()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-d.stopping:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	for {
+		d.mu.Lock()
+		if d.stopped {
+			for t := range d.handing {
+				d.owed[t] = true
+			}
+			clear(d.handing)
+		}
+		if len(d.handing) == 0 {
+			d.handRunning = false
+			d.mu.Unlock()
+			return
+		}
+		targets := make([]claim.Target, 0, len(d.handing))
+		for t := range d.handing {
+			targets = append(targets, t)
+		}
+		clear(d.handing)
+		d.mu.Unlock()
+		bctx, bcancel := d.bound(ctx)
+		err := d.wake(bctx, targets)
+		bcancel()
+		if err == nil {
+			continue
+		}
+		if ctx.Err() != nil {
+			// The stop began: its hand-over sends them (stopWrites waits
+			// for this loop first).
+			d.mu.Lock()
+			for _, t := range targets {
+				d.owed[t] = true
+			}
+			d.mu.Unlock()
+			continue
+		}
+		ev := d.log.Warn().Err(timeout.Explain(bctx, err)).Int("targets", len(targets))
+		if len(targets) == 1 {
+			ev = ev.Str("app_id", targets[0].AppID.String()).Stringer("source", targets[0].Source)
+			if targets[0].Source == claim.Queue {
+				ev = ev.Str("queue", targets[0].Queue)
+			} else {
+				ev = ev.Str("consumer_id", targets[0].TriggerID.String())
+			}
+		}
+		ev.Msg("could not wake the other dispatchers for a retry nacked by a consumer this one no longer serves; they find it at their fallback poll")
+	}
+}
+
 // pokeServing wakes the lane that serves target now, if this dispatcher
 // has one, for the pass a nack asks for (lane.afterNack): a nack written
 // after its lane was stopped by a reload (its consumer replaced, paused or
@@ -1374,7 +1493,10 @@ func (d *Dispatcher) wake(ctx context.Context, lanes []*lane) error {
 // nobody else would learn its retry time before the fallback poll. The
 // serving lane takes the nack as its own: if it has no free slot to read
 // the retry's due time, it hands it over (lane.handOff), and a stop hands
-// it over too (handOver).
+// it over too (handOver). With no lane here serving target (the consumer
+// went to a push consumer another process serves, say), the other
+// dispatchers are woken for it (handOverLater). A stopped lane's due time
+// goes the same way as the lane is tidied up (lane.tidyUp).
 func (d *Dispatcher) pokeServing(t claim.Target) {
 	d.mu.RLock()
 	var l *lane
@@ -1384,11 +1506,13 @@ func (d *Dispatcher) pokeServing(t claim.Target) {
 		l = cl.invoke
 	}
 	d.mu.RUnlock()
-	if l != nil {
-		l.nacked.Store(true)
-		l.renacked.Store(true)
-		l.poke()
+	if l == nil {
+		d.handOverLater(t)
+		return
 	}
+	l.nacked.Store(true)
+	l.renacked.Store(true)
+	l.poke()
 }
 
 // fired notes a delivery to consumer id, for last_fired_at.

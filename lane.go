@@ -208,6 +208,13 @@ func (l *lane) stop(cancel context.CancelFunc, tidy bool) {
 // for as long as the process lives, and a mark or offer would outlive
 // the lane until its lease or TTL ran out.
 func (l *lane) tidyUp() {
+	if l.timed.Load() || l.renacked.Swap(false) {
+		// Its timer may have been armed for a due time only it knew (a
+		// retry it nacked), or the pass a nack asked for never ran: the
+		// lane serving the queue or outbox here now looks for it, or, if
+		// none does, the other dispatchers are woken for it.
+		l.d.pokeServing(l.target)
+	}
 	if l.target.Source != claim.Queue {
 		return
 	}
@@ -251,7 +258,7 @@ func (l *lane) settleGone() {
 		c, err := claim.TryBusyLock(ctx, l.d.db, l.target, l.needFree)
 		ok := c.Locked
 		if ok {
-			err = l.d.wake(ctx, []*lane{l})
+			err = l.d.wake(ctx, []claim.Target{l.target})
 		}
 		cancel()
 		if ok && err == nil {
@@ -430,7 +437,7 @@ const handOffEvery = time.Second
 func (l *lane) handOff(ctx context.Context) {
 	bctx, cancel := l.d.bound(ctx)
 	defer cancel()
-	if err := l.d.wake(bctx, []*lane{l}); err != nil && !timeout.Stopping(bctx) {
+	if err := l.d.wake(bctx, []claim.Target{l.target}); err != nil && !timeout.Stopping(bctx) {
 		l.d.log.Debug().Err(timeout.Explain(bctx, err)).Str("app_id", l.target.AppID.String()).Str("queue", l.state.Load().Queue).
 			Stringer("source", l.target.Source).Str("consumer_id", l.target.TriggerID.String()).
 			Msg("could not hand a due time over to the other dispatchers; it waits for a free slot or their fallback poll")
@@ -1031,14 +1038,20 @@ var (
 // it (as the next due time) and arms the timer, or claims at once if it
 // is due. If that pass finds every slot taken, it reads nothing, and it
 // wakes the other dispatchers instead (handOff). A lane stopped by a
-// reload meanwhile cannot: the one serving the queue now does.
+// reload meanwhile cannot: the one serving the queue now does, or, if no
+// lane here does, the other dispatchers are woken (pokeServing).
 func (l *lane) afterNack() {
 	l.nacked.Store(true)
-	l.renacked.Store(true)
-	l.poke()
-	if l.ctx.Err() != nil {
-		l.d.pokeServing(l.target)
+	if l.ctx.Err() == nil {
+		l.renacked.Store(true)
+		l.poke()
+		if l.ctx.Err() == nil || !l.renacked.CompareAndSwap(true, false) {
+			// The lane's pass takes the nack, or, stopped meanwhile, its
+			// tidying up does (tidyUp): not both, not twice.
+			return
+		}
 	}
+	l.d.pokeServing(l.target)
 }
 
 // slotDone gives back a delivery's slot. When the sibling lane was waiting

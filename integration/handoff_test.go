@@ -674,3 +674,179 @@ func TestSaturatedHandOversBounded(t *testing.T) {
 		t.Errorf("%d hand-overs in %s, want at most %d: one each %s", handOvers, elapsed.Round(time.Millisecond), limit, handOffEvery)
 	}
 }
+
+// servedResolver resolves every consumer that serve accepts to h, and
+// records each consumer a reload resolved, and how often: a test knows
+// that the dispatcher has read a change once it has resolved the consumer
+// since (a reload applies what it resolved under the lock that routes
+// notifications).
+type servedResolver struct {
+	h     bellhop.Handler
+	serve func(bellhop.Consumer) bool
+	mu    sync.Mutex
+	seen  map[uuid.UUID]int
+}
+
+func newServedResolver(h bellhop.Handler, serve func(bellhop.Consumer) bool) *servedResolver {
+	return &servedResolver{h: h, serve: serve, seen: map[uuid.UUID]int{}}
+}
+
+func (r *servedResolver) Resolve(c bellhop.Consumer) bellhop.Handler {
+	r.mu.Lock()
+	r.seen[c.ID]++
+	r.mu.Unlock()
+	if !r.serve(c) {
+		return nil
+	}
+	return r.h
+}
+
+// resolved returns how many reloads resolved consumer id.
+func (r *servedResolver) resolved(id uuid.UUID) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.seen[id]
+}
+
+// expectRetryOn waits for b's delivery of message id's second attempt,
+// which must come within pushLimit of its due time, and checks that a
+// handed it over once.
+func expectRetryOn(t *testing.T, b *recorder, trA *handoffTracer, id uuid.UUID, due time.Time) {
+	t.Helper()
+	waitFor(t, time.Until(due)+5*time.Second, "B's delivery of the retry", func() bool { return b.n.Load() > 0 })
+	d := b.deliveries()[0]
+	if d.ID != id || d.Attempt != 2 {
+		t.Fatalf("B delivered %s attempt %d, want %s attempt 2", d.ID, d.Attempt, id)
+	}
+	t.Logf("B delivered the retry %s after its due time", d.Start.Sub(due).Round(time.Millisecond))
+	if late := d.Start.Sub(due); late > pushLimit {
+		t.Errorf("B delivered the retry %s after its due time, though it was idle", late.Round(time.Millisecond))
+	}
+	holdsFor(t, 300*time.Millisecond, "A's single hand-over", func() bool { return trA.handOvers.Load() == 1 })
+}
+
+// TestNackAfterReplaceByPushHandedOver: a Go handler's consumer, served
+// by dispatcher A, is replaced by a push consumer, which A does not serve
+// and B does (as `bellhop run` serves URL consumers), while A's handler
+// runs; the handler then fails with RetryAfter(200ms). No lane of A serves
+// the queue now, so A wakes every dispatcher for it, and B delivers the
+// retry on time. A did nothing (pokeServing found no lane), and B, idle,
+// found the retry at its fallback poll (never, with an hour's).
+func TestNackAfterReplaceByPushHandedOver(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	old := e.consumer(t, bellhop.ConsumerSpec{Queue: "q"})
+	first := make(chan struct{}, 1)
+	fail := make(chan struct{})
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(fail) }) }) // before A's stop, should the test fail
+	goHandler := bellhop.HandlerFunc(func(ctx context.Context, m *bellhop.Message) error {
+		first <- struct{}{}
+		<-fail
+		return bellhop.RetryAfter(200 * time.Millisecond)
+	})
+	rA := newServedResolver(goHandler, func(c bellhop.Consumer) bool { return c.URL == "" })
+	trA := &handoffTracer{}
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: rA, PollInterval: time.Hour},
+		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = trA })
+	id := e.enqueue(t, "q", "x", bellhop.EnqueueOptions{})
+	select {
+	case <-first:
+	case <-time.After(10 * time.Second):
+		t.Fatal("A did not deliver the first attempt")
+	}
+
+	b := &recorder{}
+	rB := newServedResolver(b, func(c bellhop.Consumer) bool { return c.URL != "" })
+	trB := &claimCounter{}
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: rB, PollInterval: time.Hour},
+		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = trB })
+	waitFor(t, 10*time.Second, "B's wake scan", func() bool { return trB.scans.Load() == 1 && trB.ended.Load() == trB.n.Load() })
+	if err := e.client.RemoveConsumer(ctx, "app", old.ID); err != nil {
+		t.Fatal(err)
+	}
+	push := e.consumer(t, bellhop.ConsumerSpec{Queue: "q", URL: "http://consumer.test/hook"})
+	waitFor(t, 10*time.Second, "A's reload, which stops the old consumer's lanes", func() bool { return rA.resolved(push.ID) > 0 })
+	// B's reload starts the push consumer's lanes and ends with a wake
+	// scan, which finds nothing: the message is still leased to A.
+	waitFor(t, 10*time.Second, "B's wake scan after its reload", func() bool {
+		return trB.scans.Load() == 2 && trB.ended.Load() == trB.n.Load()
+	})
+	if n := trA.handOvers.Load(); n != 0 {
+		t.Fatalf("A handed over %d times before the nack", n)
+	}
+
+	once.Do(func() { close(fail) })
+	waitFor(t, 10*time.Second, "A's nack", func() bool {
+		return e.count(t, `SELECT count(*) FROM queue_messages WHERE id = $1 AND claim_token IS NULL`, id) == 1
+	})
+	var due time.Time
+	if err := e.pool.QueryRow(ctx, `SELECT deliver_after FROM queue_messages WHERE id = $1`, id).Scan(&due); err != nil {
+		t.Fatal(err)
+	}
+	expectRetryOn(t, b, trA, id, due)
+}
+
+// TestStoppedTimedLaneHandedOver: dispatcher A nacks a message with
+// RetryAfter(2s) and arms its lane's timer for the retry; then a reload
+// stops A serving the consumer (its Resolver returns nil), while B, which
+// serves it too, is idle. As A tidies the stopped lane up, it wakes every
+// dispatcher for the queue, and B delivers the retry on time. Only the
+// stop of a dispatcher handed a lane's due time over, and B found the
+// retry at its fallback poll (never, with an hour's).
+func TestStoppedTimedLaneHandedOver(t *testing.T) {
+	e := newEnv(t)
+	cons := e.consumer(t, bellhop.ConsumerSpec{Queue: "q"})
+	first := make(chan struct{}, 1)
+	fail := make(chan struct{})
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(fail) }) })
+	var off atomic.Bool
+	rA := newServedResolver(bellhop.HandlerFunc(func(ctx context.Context, m *bellhop.Message) error {
+		if m.Attempt > 1 {
+			return bellhop.Permanent(fmt.Errorf("A delivered attempt %d", m.Attempt))
+		}
+		first <- struct{}{}
+		<-fail
+		return bellhop.RetryAfter(2 * time.Second)
+	}), func(bellhop.Consumer) bool { return !off.Load() })
+	trA := &handoffTracer{}
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: rA, PollInterval: time.Hour},
+		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = trA })
+	id := e.enqueue(t, "q", "x", bellhop.EnqueueOptions{})
+	select {
+	case <-first:
+	case <-time.After(10 * time.Second):
+		t.Fatal("A did not deliver the first attempt")
+	}
+	b := &recorder{}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "q", b)
+	trB := &claimCounter{}
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour},
+		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = trB })
+	waitFor(t, 10*time.Second, "B's wake scan", func() bool { return trB.scans.Load() == 1 && trB.ended.Load() == trB.n.Load() })
+
+	before := trA.queue.Load()
+	once.Do(func() { close(fail) })
+	waitFor(t, 10*time.Second, "A's nack", func() bool {
+		return e.count(t, `SELECT count(*) FROM queue_messages WHERE id = $1 AND claim_token IS NULL`, id) == 1
+	})
+	var due time.Time
+	if err := e.pool.QueryRow(context.Background(), `SELECT deliver_after FROM queue_messages WHERE id = $1`, id).Scan(&due); err != nil {
+		t.Fatal(err)
+	}
+	// The pass the nack asks for reads the retry's due time and arms A's
+	// timer for it.
+	waitFor(t, 5*time.Second, "A's pass after the nack", func() bool {
+		return trA.queue.Load() > before && trA.ended.Load() == trA.n.Load()
+	})
+	k := rA.resolved(cons.ID)
+	off.Store(true)
+	notifyConsumers(t, e)
+	waitFor(t, 5*time.Second, "A's reload, which stops the consumer's lanes", func() bool { return rA.resolved(cons.ID) > k })
+	if !time.Now().Before(due) {
+		t.Fatal("inconclusive: the set-up ran past the retry's due time")
+	}
+	expectRetryOn(t, b, trA, id, due)
+}

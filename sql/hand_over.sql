@@ -9,5 +9,8 @@
 -- as the pass after its nack, which was to read the retry's due time,
 -- finds its slots taken (lane.handOff). A lane stopped while producers may
 -- have skipped announcing (they saw its busy key) sends one too, for its
--- queue, once they have committed (lane.settleGone).
+-- queue, once they have committed (lane.settleGone). So does a dispatcher
+-- that no longer serves a queue or consumer, for a retry nacked by a lane
+-- a reload stopped, or whose time such a lane had armed
+-- (Dispatcher.handOverLater).
 SELECT count(pg_notify('bellhop', p)) FROM unnest(@payloads::text[]) AS p
