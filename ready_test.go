@@ -28,15 +28,7 @@ func TestReadyChecksDatabaseOncePerSecond(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rctx, cancel := context.WithCancel(ctx)
-	ran := make(chan error, 1)
-	go func() { ran <- d.Run(rctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-ran; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	runUntilCleanup(t, d, nil)
 	eventually(t, "the dispatcher ready", func() bool { return d.Ready(ctx) == nil })
 
 	acquires := func() int64 { return d.pool.Load().Stat().AcquireCount() }

@@ -38,23 +38,7 @@ func TestReloadDuringClaim(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx := context.Background()
-			cfg, err := pgxpool.ParseConfig(pgtest.ConnString(t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			pool, err := pgxpool.NewWithConfig(ctx, cfg.Copy())
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(pool.Close)
-			client := NewClient(pool)
-			if _, err := client.CreateApp(ctx, "app"); err != nil {
-				t.Fatal(err)
-			}
-			con, err := client.RegisterConsumer(ctx, ConsumerSpec{App: "app", Queue: "orders", MaxInFlight: 10, MaxAttempts: 5})
-			if err != nil {
-				t.Fatal(err)
-			}
+			cfg, client, con := reloadSetup(t, ConsumerSpec{Queue: "orders", MaxInFlight: 10, MaxAttempts: 5})
 
 			// Each handler knows the max attempts of the consumer it was
 			// resolved for; it blocks until the test ends.
@@ -79,16 +63,9 @@ func TestReloadDuringClaim(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			rctx, cancel := context.WithCancel(ctx)
-			ran := make(chan error, 1)
-			go func() { ran <- d.Run(rctx) }()
-			t.Cleanup(func() {
+			runUntilCleanup(t, d, func() {
 				gate.release()
 				close(done)
-				cancel()
-				if err := <-ran; err != nil {
-					t.Errorf("Run: %v", err)
-				}
 			})
 			state := func() (Consumer, bool) {
 				d.mu.Lock()
@@ -127,7 +104,7 @@ func TestReloadDuringClaim(t *testing.T) {
 
 			unclaimed := func() int {
 				var k int
-				if err := pool.QueryRow(ctx, `SELECT count(*) FROM queue_messages WHERE claim_token IS NULL`).Scan(&k); err != nil {
+				if err := client.db.QueryRow(ctx, `SELECT count(*) FROM queue_messages WHERE claim_token IS NULL`).Scan(&k); err != nil {
 					t.Fatal(err)
 				}
 				return k
@@ -224,23 +201,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 // from zero, and at MaxInFlight 1 a second delivery ran beside the first.
 func TestServedAgainKeepsInFlight(t *testing.T) {
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(pgtest.ConnString(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg.Copy())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	client := NewClient(pool)
-	if _, err := client.CreateApp(ctx, "app"); err != nil {
-		t.Fatal(err)
-	}
-	con, err := client.RegisterConsumer(ctx, ConsumerSpec{App: "app", Queue: "jobs", MaxInFlight: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, client, con := reloadSetup(t, ConsumerSpec{Queue: "jobs", MaxInFlight: 1})
 
 	// Each delivery waits for its own release.
 	var running, peak atomic.Int32
@@ -271,16 +232,7 @@ func TestServedAgainKeepsInFlight(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rctx, cancel := context.WithCancel(ctx)
-	ran := make(chan error, 1)
-	go func() { ran <- d.Run(rctx) }()
-	t.Cleanup(func() {
-		close(done)
-		cancel()
-		if err := <-ran; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	runUntilCleanup(t, d, func() { close(done) })
 	lanes := func() (served, held *consumerLanes) {
 		d.mu.RLock()
 		defer d.mu.RUnlock()
@@ -289,7 +241,7 @@ func TestServedAgainKeepsInFlight(t *testing.T) {
 	reload := func(serve bool) {
 		t.Helper()
 		off.Store(!serve)
-		if _, err := pool.Exec(ctx, `SELECT pg_notify('bellhop', 'c')`); err != nil {
+		if _, err := client.db.Exec(ctx, `SELECT pg_notify('bellhop', 'c')`); err != nil {
 			t.Fatal(err)
 		}
 		eventually(t, "the reload", func() bool { served, _ := lanes(); return (served != nil) == serve })
@@ -356,4 +308,49 @@ func TestServedAgainKeepsInFlight(t *testing.T) {
 	if n != 0 {
 		t.Errorf("%d consumers' lanes kept, want none", n)
 	}
+}
+
+// reloadSetup makes a test database with app "app" and spec's consumer
+// registered in it (its App set to "app"), and returns the pool config for
+// a dispatcher, a client on a pool of its own, and the consumer.
+func reloadSetup(t *testing.T, spec ConsumerSpec) (*pgxpool.Config, *Client, Consumer) {
+	t.Helper()
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(pgtest.ConnString(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg.Copy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	client := NewClient(pool)
+	if _, err := client.CreateApp(ctx, "app"); err != nil {
+		t.Fatal(err)
+	}
+	spec.App = "app"
+	con, err := client.RegisterConsumer(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg, client, con
+}
+
+// runUntilCleanup runs d until the test's cleanup, which calls before
+// (to let blocked handlers return), stops d and checks Run's error.
+func runUntilCleanup(t *testing.T, d *Dispatcher, before func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- d.Run(ctx) }()
+	t.Cleanup(func() {
+		if before != nil {
+			before()
+		}
+		cancel()
+		if err := <-ran; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
 }

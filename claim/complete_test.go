@@ -1,7 +1,6 @@
 package claim_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -10,7 +9,6 @@ import (
 	"io"
 	"net"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -23,6 +21,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop/claim"
+	"github.com/bellhopq/bellhop/internal/syncbuf"
 )
 
 // TestDeadLetterErrorText: a handler's error text that PostgreSQL would
@@ -234,17 +233,7 @@ func TestCompleterRetriesUntilLeaseEnds(t *testing.T) {
 	comp := claim.NewCompleter(away, zerolog.Nop(), 1, 10)
 	defer comp.Close()
 	const lease = 2500 * time.Millisecond
-	start := time.Now()
-	m.LeaseEnd = start.Add(lease)
-	done := make(chan error, 1)
-	comp.Submit(claim.Outcome{Message: &m, Verdict: claim.Ack, Done: func(_ bool, err error) { done <- err }})
-	var got error
-	select {
-	case got = <-done:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the outcome was not answered")
-	}
-	took := time.Since(start)
+	took, got := ackUntil(t, comp, &m, lease)
 	t.Logf("given up after %s and %d dials", took.Round(time.Millisecond), dials.Load())
 	if !errors.Is(got, claim.ErrWriteFailed) {
 		t.Errorf("Done's error %v, want ErrWriteFailed", got)
@@ -278,22 +267,21 @@ func hangingPool(t *testing.T, cfg *pgxpool.Config, dials *atomic.Int32) *pgxpoo
 	return p
 }
 
-// syncBuffer is a log sink safe to read while the Completer writes to it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
+// ackUntil submits m's ack to comp, its lease ending lease from now, and
+// returns how long after the submit Done came, and the error it got.
+func ackUntil(t *testing.T, comp *claim.Completer, m *claim.Message, lease time.Duration) (time.Duration, error) {
+	t.Helper()
+	start := time.Now()
+	m.LeaseEnd = start.Add(lease)
+	done := make(chan error, 1)
+	comp.Submit(claim.Outcome{Message: m, Verdict: claim.Ack, Done: func(_ bool, err error) { done <- err }})
+	select {
+	case err := <-done:
+		return time.Since(start), err
+	case <-time.After(30 * time.Second):
+		t.Fatal("the outcome was not answered")
+		return 0, nil
+	}
 }
 
 // TestCompleterRetriesWhileDialHangs: a try that gets no connection in
@@ -310,23 +298,13 @@ func TestCompleterRetriesWhileDialHangs(t *testing.T) {
 	m := claimOne(t, pool, target, id)
 	var dials atomic.Int32
 	hanging := hangingPool(t, pool.Config(), &dials)
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	comp := claim.NewCompleter(hanging, zerolog.New(logs), 1, 10)
 	// 5 tries of 200ms and their pauses took 1.75s: well within the lease.
 	claim.SetTryTimeout(comp, 200*time.Millisecond)
 	defer comp.Close()
 	const lease = 4 * time.Second
-	start := time.Now()
-	m.LeaseEnd = start.Add(lease)
-	done := make(chan error, 1)
-	comp.Submit(claim.Outcome{Message: &m, Verdict: claim.Ack, Done: func(_ bool, err error) { done <- err }})
-	var got error
-	select {
-	case got = <-done:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the outcome was not answered")
-	}
-	took := time.Since(start)
+	took, got := ackUntil(t, comp, &m, lease)
 	var line struct {
 		Try     int    `json:"try"`
 		Message string `json:"message"`
