@@ -746,22 +746,11 @@ func TestNackAfterReplaceByPushHandedOver(t *testing.T) {
 		return bellhop.RetryAfter(200 * time.Millisecond)
 	})
 	rA := newServedResolver(goHandler, func(c bellhop.Consumer) bool { return c.URL == "" })
-	trA := &handoffTracer{}
-	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: rA, PollInterval: time.Hour},
-		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = trA })
-	id := e.enqueue(t, "q", "x", bellhop.EnqueueOptions{})
-	select {
-	case <-first:
-	case <-time.After(10 * time.Second):
-		t.Fatal("A did not deliver the first attempt")
-	}
+	trA, id := startA(t, e, rA, first)
 
 	b := &recorder{}
 	rB := newServedResolver(b, func(c bellhop.Consumer) bool { return c.URL != "" })
-	trB := &claimCounter{}
-	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: rB, PollInterval: time.Hour},
-		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = trB })
-	waitFor(t, 10*time.Second, "B's wake scan", func() bool { return trB.scans.Load() == 1 && trB.ended.Load() == trB.n.Load() })
+	trB := startIdleB(t, e, rB)
 	if err := e.client.RemoveConsumer(ctx, "app", old.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -810,22 +799,11 @@ func TestStoppedTimedLaneHandedOver(t *testing.T) {
 		<-fail
 		return bellhop.RetryAfter(2 * time.Second)
 	}), func(bellhop.Consumer) bool { return !off.Load() })
-	trA := &handoffTracer{}
-	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: rA, PollInterval: time.Hour},
-		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = trA })
-	id := e.enqueue(t, "q", "x", bellhop.EnqueueOptions{})
-	select {
-	case <-first:
-	case <-time.After(10 * time.Second):
-		t.Fatal("A did not deliver the first attempt")
-	}
+	trA, id := startA(t, e, rA, first)
 	b := &recorder{}
 	mux := bellhop.NewMux()
 	mux.Handle("app", "q", b)
-	trB := &claimCounter{}
-	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour},
-		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = trB })
-	waitFor(t, 10*time.Second, "B's wake scan", func() bool { return trB.scans.Load() == 1 && trB.ended.Load() == trB.n.Load() })
+	startIdleB(t, e, mux)
 
 	before := trA.queue.Load()
 	once.Do(func() { close(fail) })
@@ -849,4 +827,32 @@ func TestStoppedTimedLaneHandedOver(t *testing.T) {
 		t.Fatal("inconclusive: the set-up ran past the retry's due time")
 	}
 	expectRetryOn(t, b, trA, id, due)
+}
+
+// startA starts dispatcher A of a hand-over test, serving with r and
+// counting its hand-overs, enqueues a message to queue q and waits for
+// A's handler to say on first that it has it.
+func startA(t *testing.T, e *env, r bellhop.Resolver, first <-chan struct{}) (*handoffTracer, uuid.UUID) {
+	t.Helper()
+	tr := &handoffTracer{}
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: r, PollInterval: time.Hour},
+		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = tr })
+	id := e.enqueue(t, "q", "x", bellhop.EnqueueOptions{})
+	select {
+	case <-first:
+	case <-time.After(10 * time.Second):
+		t.Fatal("A did not deliver the first attempt")
+	}
+	return tr, id
+}
+
+// startIdleB starts dispatcher B of a hand-over test, serving with r,
+// and waits for its first wake scan to end: B is idle from then on.
+func startIdleB(t *testing.T, e *env, r bellhop.Resolver) *claimCounter {
+	t.Helper()
+	tr := &claimCounter{}
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: r, PollInterval: time.Hour},
+		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = tr })
+	waitFor(t, 10*time.Second, "B's wake scan", func() bool { return tr.scans.Load() == 1 && tr.ended.Load() == tr.n.Load() })
+	return tr
 }
