@@ -105,6 +105,8 @@ type Options struct {
 	// handler's context does (bellhop.Message.LeaseDeadline), so that a
 	// request the lease would cut short times out instead: without a
 	// connection it is an ordinary retry, not one held to the lease's end.
+	// One that starts within that moment is sent all the same, bounded by
+	// the handler's context.
 	Timeout time.Duration
 	// AllowedHosts, if not empty, limits the hosts a consumer URL may
 	// name. An entry is a hostname without port, matched against the URL's
@@ -518,16 +520,19 @@ func (h *handler) push(ctx context.Context, m *bellhop.Message) (int, error) {
 	// got a connection would be held to the lease's end as if it had
 	// reached the consumer. Push handlers do not renew the lease, so its
 	// deadline stays where it is read here.
+	//
+	// A push that starts within the slack (its delivery began late) is
+	// sent all the same, bounded by the handler's context alone: a
+	// consumer that answers at once still gets it, as it did before the
+	// cut. Refused unsent, it spent an attempt, and on the last one
+	// dead-lettered a message no consumer had seen. If the handler's
+	// context ends first, the push is treated as the lease cut it (its
+	// retry held to the lease's end), the safe side.
 	timeout := h.timeout
 	if end := m.LeaseDeadline(); !end.IsZero() {
-		if left := time.Until(end.Add(-h.slack)).Truncate(time.Millisecond); left < timeout {
+		if left := time.Until(end.Add(-h.slack)).Truncate(time.Millisecond); left > 0 && left < timeout {
 			timeout = left
 		}
-	}
-	if timeout <= 0 {
-		// Too late to wait for a connection: not sent, an ordinary retry.
-		return 0, fmt.Errorf("push to %s: not sent: its lease runs short in %s: %w",
-			h.host, max(time.Until(m.LeaseDeadline()), 0).Round(time.Millisecond), context.DeadlineExceeded)
 	}
 	rctx, cancel := context.WithTimeoutCause(ctx, timeout, errRequestTimeout)
 	defer cancel()
