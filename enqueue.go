@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/bellhopq/bellhop/internal/validate"
@@ -183,9 +185,12 @@ func (c *Client) enqueue(ctx context.Context, q querier, app string, msgs []NewM
 // per distinct queue (docs/busy-marks.md), held until the transaction
 // ends, in a lock table the whole server shares, so a transaction that
 // fans out to thousands of queues fills it, for itself or for the others.
-// Other errors pass through.
+// Other errors pass through, 53200's other causes included (the server
+// out of memory, predicate locks), whose hint does not name
+// max_locks_per_transaction.
 func lockTableFull(err error, queues []string) error {
-	if code, _ := pgCode(err); code != "53200" {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != "53200" || !strings.Contains(pe.Hint, "max_locks_per_transaction") {
 		return err
 	}
 	distinct := len(slices.Compact(slices.Sorted(slices.Values(queues))))
