@@ -1181,7 +1181,8 @@ func (d *Dispatcher) loadConsumers(ctx context.Context) (added int, err error) {
 		return 0, nil
 	}
 	seen := make(map[uuid.UUID]bool, len(consumers))
-	var fresh []*lane // queue lanes started
+	var fresh []*lane             // queue lanes started
+	var heirs [][2]*consumerLanes // old lanes whose slots new ones count, and those
 	for _, c := range consumers {
 		h := d.resolve(c)
 		if h == nil {
@@ -1232,8 +1233,11 @@ func (d *Dispatcher) loadConsumers(ctx context.Context) (added int, err error) {
 		}
 		cl.queue.sibling, cl.invoke.sibling = cl.invoke, cl.queue
 		if prev != nil {
-			prev.queue.heir.Store(cl)
-			prev.invoke.heir.Store(cl)
+			// Linked once the new lanes are complete (after below): a
+			// delivery of the old ones that ends starts the heir's
+			// goroutines (freeSlots). A slot freed before then is in the
+			// shared count, which the new lanes' first pass reads.
+			heirs = append(heirs, [2]*consumerLanes{prev, cl})
 		}
 		d.lanes[c.ID] = cl
 		d.byQueue[queueKey{c.AppID, c.Queue}] = cl.queue
@@ -1266,6 +1270,10 @@ func (d *Dispatcher) loadConsumers(ctx context.Context) (added int, err error) {
 	}
 	for _, l := range fresh {
 		l.after = d.tidying[queueKey{l.target.AppID, l.target.Queue}]
+	}
+	for _, h := range heirs {
+		h[0].queue.heir.Store(h[1])
+		h[0].invoke.heir.Store(h[1])
 	}
 	return len(fresh), nil
 }

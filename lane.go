@@ -208,11 +208,16 @@ func (l *lane) stop(cancel context.CancelFunc, tidy bool) {
 // for as long as the process lives, and a mark or offer would outlive
 // the lane until its lease or TTL ran out.
 func (l *lane) tidyUp() {
-	if l.timed.Load() || l.renacked.Swap(false) {
+	// Swapped first, whatever the rest says: afterNack, finding it set,
+	// would hand the nack over a second time.
+	renacked := l.renacked.Swap(false)
+	if renacked || l.timed.Load() || l.owed || !l.due.IsZero() {
 		// Its timer may have been armed for a due time only it knew (a
-		// retry it nacked), or the pass a nack asked for never ran: the
-		// lane serving the queue or outbox here now looks for it, or, if
-		// none does, the other dispatchers are woken for it.
+		// retry it nacked), the pass a nack asked for never ran, or ran
+		// and was stopped before it read the due time or handed it over
+		// (owed, due: the lane's goroutine has ended, so they are ours to
+		// read): the lane serving the queue or outbox here now looks for
+		// it, or, if none does, the other dispatchers are woken for it.
 		l.d.pokeServing(l.target)
 	}
 	if l.target.Source != claim.Queue {

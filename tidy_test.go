@@ -1,0 +1,73 @@
+package bellhop
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+
+	"github.com/bellhopq/bellhop/claim"
+)
+
+// stoppedLane is an invoke lane of a dispatcher that never runs, as a
+// reload leaves it: its consumer's lanes stopped, none here serving it
+// now. The dispatcher is marked stopping, so that hand-overs are kept in
+// d.owed (handOverLater) instead of sent; tidyUp needs no database for an
+// invoke lane. cancel stops the lane.
+func stoppedLane(t *testing.T) (d *Dispatcher, l *lane, cancel context.CancelFunc) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig("postgres://nobody@localhost:1/none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err = NewDispatcher(cfg, DispatcherConfig{Resolver: resolverFunc(func(Consumer) Handler { return nil }), Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.stopped = true
+	ctx, cancel := context.WithCancel(context.Background())
+	st := &consumerState{Consumer: Consumer{ID: uuid.New(), AppID: uuid.New(), Queue: "q", Enabled: true, MaxInFlight: 1}}
+	l = newLane(ctx, d, st, claim.Target{Source: claim.Invoke, AppID: st.AppID, TriggerID: st.ID}, new(atomic.Int32))
+	return d, l, cancel
+}
+
+// TestTidyUpHandsOverStoppedNackPass: a nack's pass (afterNack, the lane
+// live) that a reload stops before it reads the retry's due time, or
+// hands it over, leaves that to tidyUp: afterNack has returned, its
+// wake-up taken by the lane. Found by review: neither did, and the retry
+// waited for the other dispatchers' fallback poll.
+func TestTidyUpHandsOverStoppedNackPass(t *testing.T) {
+	d, l, cancel := stoppedLane(t)
+	l.renacked.Store(true)           // afterNack, the lane live
+	byNack := l.renacked.Swap(false) // the lane's run takes it
+	cancel()                         // a reload stops the lane
+	l.pass(l.ctx, false, byNack)     // which returns at once
+	if l.renacked.Load() {
+		t.Fatal("renacked set again: afterNack would hand over itself; the case is moot")
+	}
+	l.tidyUp()
+	if len(d.owed) != 1 {
+		t.Errorf("%d hand-overs for the stopped nack pass, want 1 (lane owed %t, timed %t)", len(d.owed), l.owed, l.timed.Load())
+	}
+}
+
+// TestTidyUpTakesTheNackOnce: tidyUp of a lane whose timer was armed
+// takes a pending nack's wake-up too (renacked), so that afterNack, which
+// finds the lane stopped, does not hand it over a second time. It used
+// to leave renacked set when the timer was.
+func TestTidyUpTakesTheNackOnce(t *testing.T) {
+	d, l, cancel := stoppedLane(t)
+	l.timed.Store(true)
+	l.renacked.Store(true) // afterNack, the lane live
+	cancel()
+	l.tidyUp()
+	if len(d.owed) != 1 {
+		t.Fatalf("%d hand-overs from tidyUp, want 1", len(d.owed))
+	}
+	if l.renacked.CompareAndSwap(true, false) { // afterNack, the lane stopped
+		t.Error("renacked still set after tidyUp: afterNack hands the nack over again")
+	}
+}
