@@ -336,8 +336,9 @@ func leasesEnd(batch []Outcome, start time.Time) time.Time {
 
 // transient reports whether err is what an outage looks like, worth
 // retrying until the leases end: no connection (refused, cut, or not
-// made in time: a try that got none from the pool, whatever the error,
-// noConnError), or one of the server's errors of a restart, a failover or a
+// made in time: a try that got none from the pool, noConnError, unless
+// the server refused the session for good: authentication (28), a
+// database not there (3D000), no CONNECT privilege (42501)), or one of the server's errors of a restart, a failover or a
 // passing conflict: connection exceptions (08), a shutdown or a server
 // not accepting connections yet (57P01 - 57P03), too many connections
 // (53300), a read-only transaction (25006: a primary demoted to a standby,
@@ -353,6 +354,14 @@ func transient(err error) bool {
 	// such a batch was given up after answeredTries (about 51s).
 	var noConn *noConnError
 	if errors.As(err, &noConn) {
+		// But for a server that refuses the session for good (a bad
+		// password, a role not allowed in, a database gone): retried
+		// until the leases end, that held every later outcome for hours.
+		var refused *pgconn.PgError
+		if errors.As(noConn.err, &refused) &&
+			(strings.HasPrefix(refused.Code, "28") || refused.Code == "3D000" || refused.Code == "42501") {
+			return false
+		}
 		return true
 	}
 	var pgErr *pgconn.PgError

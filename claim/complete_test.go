@@ -21,6 +21,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop/claim"
+	"github.com/bellhopq/bellhop/internal/pgtest"
 	"github.com/bellhopq/bellhop/internal/syncbuf"
 )
 
@@ -402,15 +403,37 @@ func TestTransient(t *testing.T) {
 	if !errors.Is(hung, context.DeadlineExceeded) {
 		t.Fatalf("a write whose dial hangs failed with %v, want context.DeadlineExceeded", hung)
 	}
+	// A database that is not there: the server refuses the session.
+	gcfg, err := pgxpool.ParseConfig(pgtest.ConnString(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gcfg.ConnConfig.Database = "bellhop_no_such_database"
+	gone, err := pgxpool.NewWithConfig(ctx, gcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gone.Close()
+	_, noDB := claim.Write(ctx, gone, []claim.Outcome{{Message: &claim.Message{}, Verdict: claim.Ack}})
+	if pe := (*pgconn.PgError)(nil); !errors.As(noDB, &pe) || pe.Code != "3D000" {
+		t.Fatalf("a write to a database not there failed with %v, want 3D000", noDB)
+	}
 	tests := []struct {
 		name string
 		err  error
 		want bool
 	}{
 		{"connection refused", refused, true},
+		{"database not there", noDB, false},
 		{"dial hangs", hung, true},
 		{"no connection from a full pool", claim.NoConn(context.DeadlineExceeded), true},
-		{"no connection, the server's refusal", claim.NoConn(&pgconn.PgError{Code: "28P01"}), true},
+		{"no connection, too many clients", claim.NoConn(&pgconn.PgError{Code: "53300"}), true},
+		{"no connection, starting up", claim.NoConn(&pgconn.PgError{Code: "57P03"}), true},
+		// Refused for good: retrying until the leases end cannot help.
+		{"no connection, a bad password", claim.NoConn(&pgconn.PgError{Code: "28P01"}), false},
+		{"no connection, a role not allowed", claim.NoConn(&pgconn.PgError{Code: "28000"}), false},
+		{"no connection, the database gone", claim.NoConn(&pgconn.PgError{Code: "3D000"}), false},
+		{"no connection, no CONNECT privilege", claim.NoConn(&pgconn.PgError{Code: "42501"}), false},
 		{"connection cut", fmt.Errorf("receive message failed: %w", &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}), true},
 		{"connection closed", fmt.Errorf("receive message failed: %w", io.ErrUnexpectedEOF), true},
 		{"no answer in time", fmt.Errorf("timeout: %w", context.DeadlineExceeded), false},
