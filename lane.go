@@ -963,13 +963,18 @@ func (l *lane) finish(st *consumerState, m *Message, cm *claim.Message, hctx con
 		// otherwise leave out the deliveries that went wrong.
 		settled := outcomeOf(out.Verdict)
 		switch {
+		case errors.Is(werr, claim.ErrWriteFailed) && !errors.Is(werr, claim.ErrOutcomeUnknown):
+			// No try got a connection to send it on.
+			l.msgEvent(&log, zerolog.ErrorLevel).Err(werr).Str("outcome", out.Verdict.String()).
+				Msg("could not record outcome; the message will be delivered again after its lease")
+			settled = WriteFailed
 		case errors.Is(werr, claim.ErrWriteFailed):
-			// The first try may have committed before its answer was
-			// lost: the outcome is unknown too.
+			// A try may have committed before its answer was lost: the
+			// outcome is unknown too.
 			l.msgEvent(&log, zerolog.ErrorLevel).Err(werr).Str("outcome", out.Verdict.String()).
 				Msg("could not record outcome; unless a try did, the message will be delivered again after its lease")
 			if out.Verdict == claim.Nack {
-				l.afterNack() // recorded, the retry is due then
+				l.afterNack() // if recorded, the retry is due then
 			}
 			settled = WriteFailed
 		case werr != nil:
