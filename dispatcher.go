@@ -163,7 +163,8 @@ type DispatcherConfig struct {
 	// gave up on the connection (about 15 minutes for one whose server
 	// vanished). Not bounded by it: outcome writes, which have their own
 	// (10s a try, retried until their leases end while no connection can
-	// be made, 5 tries otherwise: claim.Completer); lease renewals, which run on the handler's context,
+	// be made but for a refusal for good, 5 tries otherwise:
+	// claim.Completer); lease renewals, which run on the handler's context,
 	// and it ends with the lease; the lock connection's keep-alives, bounded
 	// by BusyLease; the tidying up after a consumer is removed, bounded by 5s;
 	// and the start-up, which Run's context bounds.

@@ -337,7 +337,7 @@ func leasesEnd(batch []Outcome, start time.Time) time.Time {
 // transient reports whether err is what an outage looks like, worth
 // retrying until the leases end: no connection (refused, cut, or not
 // made in time: a try that got none from the pool, noConnError, unless
-// the server refused the session for good: authentication (28), a
+// the server refused the session for good: a bad password (28P01), a
 // database not there (3D000), no CONNECT privilege (42501)), or one of the server's errors of a restart, a failover or a
 // passing conflict: connection exceptions (08), a shutdown or a server
 // not accepting connections yet (57P01 - 57P03), too many connections
@@ -357,9 +357,12 @@ func transient(err error) bool {
 		// But for a server that refuses the session for good (a bad
 		// password, a role not allowed in, a database gone): retried
 		// until the leases end, that held every later outcome for hours.
+		// pgx's own list of refusals not worth another host's try; not
+		// all of class 28: 28000 is also an LDAP, PAM or RADIUS server
+		// out of reach, which passes.
 		var refused *pgconn.PgError
 		if errors.As(noConn.err, &refused) &&
-			(strings.HasPrefix(refused.Code, "28") || refused.Code == "3D000" || refused.Code == "42501") {
+			(refused.Code == "28P01" || refused.Code == "3D000" || refused.Code == "42501") {
 			return false
 		}
 		return true
@@ -391,7 +394,8 @@ func transient(err error) bool {
 // noConnError is a Write that got no connection from the pool to send its
 // batch on (the dial failed or did not end in time, or the pool stayed
 // full until the try's end): nothing was sent, so nothing can have
-// committed, and transient counts it as an outage whatever its cause.
+// committed, and transient counts it as an outage, but for the server's
+// refusals for good.
 type noConnError struct{ err error }
 
 func (e *noConnError) Error() string { return "no connection: " + e.err.Error() }

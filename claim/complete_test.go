@@ -431,7 +431,8 @@ func TestTransient(t *testing.T) {
 		{"no connection, starting up", claim.NoConn(&pgconn.PgError{Code: "57P03"}), true},
 		// Refused for good: retrying until the leases end cannot help.
 		{"no connection, a bad password", claim.NoConn(&pgconn.PgError{Code: "28P01"}), false},
-		{"no connection, a role not allowed", claim.NoConn(&pgconn.PgError{Code: "28000"}), false},
+		// 28000 is also an LDAP, PAM or RADIUS server out of reach.
+		{"no connection, authentication failed", claim.NoConn(&pgconn.PgError{Code: "28000"}), true},
 		{"no connection, the database gone", claim.NoConn(&pgconn.PgError{Code: "3D000"}), false},
 		{"no connection, no CONNECT privilege", claim.NoConn(&pgconn.PgError{Code: "42501"}), false},
 		{"connection cut", fmt.Errorf("receive message failed: %w", &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}), true},

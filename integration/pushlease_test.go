@@ -174,43 +174,74 @@ func TestPushTimeoutBeforeLease(t *testing.T) {
 // keeps before the lease (its delivery began late) is sent all the same,
 // and a consumer that answers gets it. It used to be refused unsent, an
 // attempt spent: on the last attempt, a message no consumer had seen was
-// dead-lettered. The push here runs on a context the lease does not end,
-// so that the outcome does not hang on how late the machine wakes the
-// test: only the request's own bounds apply.
+// dead-lettered. The push still ends when the lease runs short, also on a
+// context that does not (a silent consumer). The push here runs on a
+// context the lease does not end, so that the outcome does not hang on
+// how late the machine wakes the test: only the request's own bounds
+// apply.
 func TestLatePushStillSent(t *testing.T) {
-	e := newEnv(t)
-	var got atomic.Int32
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got.Add(1) }))
-	t.Cleanup(srv.Close)
-	const vt = 5 * time.Second
-	e.consumer(t, bellhop.ConsumerSpec{Queue: "q", URL: srv.URL + "/hook", VisibilityTimeout: vt, MaxAttempts: 1})
-	p := httppush.New(httppush.Options{})
-	pushed := make(chan error, 1)
-	res := resolverFunc(func(cons bellhop.Consumer) bellhop.Handler {
-		h, err := p.Handler(cons)
-		if err != nil {
-			t.Errorf("handler: %v", err)
-			return nil
-		}
-		return bellhop.HandlerFunc(func(ctx context.Context, m *bellhop.Message) error {
-			// Within the last 250ms before the handler's context ends.
-			<-time.After(time.Until(m.LeaseDeadline()) - 100*time.Millisecond)
-			err := h.Handle(context.WithoutCancel(ctx), m)
-			pushed <- err
-			return err
+	for _, answers := range []bool{true, false} {
+		name := map[bool]string{true: "answers", false: "silent"}[answers]
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t)
+			var got atomic.Int32
+			quit := make(chan struct{})
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				got.Add(1)
+				if !answers {
+					select {
+					case <-r.Context().Done():
+					case <-quit:
+					}
+				}
+			}))
+			t.Cleanup(srv.Close)
+			t.Cleanup(func() { close(quit) }) // runs before srv.Close
+			const vt = 5 * time.Second
+			e.consumer(t, bellhop.ConsumerSpec{Queue: "q", URL: srv.URL + "/hook", VisibilityTimeout: vt, MaxAttempts: 1})
+			p := httppush.New(httppush.Options{})
+			type result struct {
+				err          error
+				pastTheLease time.Duration
+			}
+			pushed := make(chan result, 1)
+			res := resolverFunc(func(cons bellhop.Consumer) bellhop.Handler {
+				h, err := p.Handler(cons)
+				if err != nil {
+					t.Errorf("handler: %v", err)
+					return nil
+				}
+				return bellhop.HandlerFunc(func(ctx context.Context, m *bellhop.Message) error {
+					// Within the last 250ms before the handler's context ends.
+					<-time.After(time.Until(m.LeaseDeadline()) - 100*time.Millisecond)
+					err := h.Handle(context.WithoutCancel(ctx), m)
+					pushed <- result{err, time.Since(m.LeaseDeadline())}
+					return err
+				})
+			})
+			startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: res, PollInterval: time.Hour}, nil)
+			e.enqueue(t, "q", "x", bellhop.EnqueueOptions{})
+			var r result
+			select {
+			case r = <-pushed:
+			case <-time.After(3 * vt):
+				t.Fatal("the push did not return")
+			}
+			if n := got.Load(); n != 1 {
+				t.Errorf("the consumer got %d requests, want 1", n)
+			}
+			if answers && r.err != nil {
+				t.Errorf("the late push failed: %v", r.err)
+			}
+			if !answers {
+				t.Logf("the push to a silent consumer returned %s after the handler's context's end: %v", r.pastTheLease.Round(time.Millisecond), r.err)
+				if r.err == nil || !errors.Is(r.err, bellhop.ErrAbandoned) {
+					t.Errorf("the push to a silent consumer returned %v, want it abandoned", r.err)
+				}
+				if r.pastTheLease > 500*time.Millisecond {
+					t.Errorf("the push returned %s after the handler's context's end, want it ended by then", r.pastTheLease)
+				}
+			}
 		})
-	})
-	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: res, PollInterval: time.Hour}, nil)
-	e.enqueue(t, "q", "x", bellhop.EnqueueOptions{})
-	select {
-	case err := <-pushed:
-		if err != nil {
-			t.Errorf("the late push failed: %v", err)
-		}
-	case <-time.After(3 * vt):
-		t.Fatal("the push did not return")
-	}
-	if n := got.Load(); n != 1 {
-		t.Errorf("the consumer got %d requests, want 1", n)
 	}
 }

@@ -460,8 +460,7 @@ func requestTimeout(c bellhop.Consumer, def time.Duration) time.Duration {
 
 // leaseMargin mirrors the unexported one in package bellhop (a fifth of the
 // visibility timeout, at most 5s): the fallback timeout then matches when
-// the handler context ends, so a request never outlives its lease even if
-// a caller hands the handler a context without that deadline.
+// the handler context ends.
 func leaseMargin(vt time.Duration) time.Duration { return min(vt/5, 5*time.Second) }
 
 // leaseSlack is how long before the handler's context ends
@@ -522,17 +521,21 @@ func (h *handler) push(ctx context.Context, m *bellhop.Message) (int, error) {
 	// deadline stays where it is read here.
 	//
 	// A push that starts within the slack (its delivery began late) is
-	// sent all the same, bounded by the handler's context alone: a
-	// consumer that answers at once still gets it, as it did before the
-	// cut. Refused unsent, it spent an attempt, and on the last one
+	// sent all the same, until the handler's context ends: a consumer
+	// that answers at once still gets it, as it did before the cut.
+	// Refused unsent, it spent an attempt, and on the last one
 	// dead-lettered a message no consumer had seen. If the handler's
 	// context ends first, the push is treated as the lease cut it (its
-	// retry held to the lease's end), the safe side.
+	// retry held to the lease's end), the safe side. Either way the
+	// request does not outlive the lease, even on a context without
+	// that deadline.
 	timeout := h.timeout
 	if end := m.LeaseDeadline(); !end.IsZero() {
-		if left := time.Until(end.Add(-h.slack)).Truncate(time.Millisecond); left > 0 && left < timeout {
-			timeout = left
+		left := time.Until(end.Add(-h.slack)).Truncate(time.Millisecond)
+		if left <= 0 {
+			left = max(time.Until(end).Truncate(time.Millisecond), time.Millisecond)
 		}
+		timeout = min(timeout, left)
 	}
 	rctx, cancel := context.WithTimeoutCause(ctx, timeout, errRequestTimeout)
 	defer cancel()
