@@ -17,8 +17,8 @@ import (
 // than the server's lock table holds (a lock per queue, until the
 // transaction ends; here a cluster of 10 connections, whose table is
 // small) fails whole, and its error says why and what to do:
-// PostgreSQL's own text is a bare "out of shared memory", whose hint pgx
-// leaves out. Split into smaller batches, the same messages go through.
+// PostgreSQL's own text is a bare "out of shared memory", whose hint pgx's
+// error text leaves out. Split into smaller batches, the same messages go through.
 func TestFanOutFillsLockTable(t *testing.T) {
 	e, _ := ownEnvWith(t, map[string]string{"max_locks_per_transaction": "64", "max_connections": "10"})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
