@@ -97,7 +97,8 @@ type DispatcherConfig struct {
 	// fallback poll sends one, and so does the scan after a connect or a
 	// new consumer, until one has been heard or two have been missed.
 	HeartbeatTimeout time.Duration
-	// ShutdownGrace: see DefaultShutdownGrace. A stop takes at most
+	// ShutdownGrace: see DefaultShutdownGrace; at most 12h, the longest
+	// visibility timeout. A stop takes at most
 	// max(ShutdownGrace, min(StatementTimeout, 5s)) + StopBudget, 15s
 	// with the defaults, unless a handler ignores its context's end
 	// (Dispatcher.Run says how).
@@ -416,6 +417,13 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 	}
 	if cfg.StatementTimeout == 0 {
 		cfg.StatementTimeout = DefaultStatementTimeout
+	}
+	// Past the longest lease, no handler is left to wait for; far past
+	// it, the stop's bound (ShutdownGrace + StopBudget) overflowed, and
+	// the stop gave up on every outcome at once.
+	if cfg.ShutdownGrace > validate.MaxVisibility {
+		return nil, fmt.Errorf("bellhop: DispatcherConfig.ShutdownGrace (%s) must be at most %s, the longest visibility timeout: %w",
+			cfg.ShutdownGrace, validate.MaxVisibility, ErrInvalidOptions)
 	}
 	if cfg.StatementTimeout < 100*time.Millisecond {
 		return nil, fmt.Errorf("bellhop: DispatcherConfig.StatementTimeout (%s) must be at least 100ms: %w", cfg.StatementTimeout, ErrInvalidOptions)

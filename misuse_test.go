@@ -713,6 +713,9 @@ func TestNewDispatcherRefusesBadConfig(t *testing.T) {
 		{"negative PollInterval", bellhop.DispatcherConfig{PollInterval: -time.Second}, "PollInterval (-1s) must not be negative"},
 		{"1ns PollInterval", bellhop.DispatcherConfig{PollInterval: time.Nanosecond}, "PollInterval (1ns) must be at least 100ms"},
 		{"negative ShutdownGrace", bellhop.DispatcherConfig{ShutdownGrace: -time.Second}, "ShutdownGrace (-1s) must not be negative"},
+		// Far past it, the stop's bound overflowed, and the stop gave up
+		// on every outcome at once.
+		{"ShutdownGrace past 12h", bellhop.DispatcherConfig{ShutdownGrace: 12*time.Hour + time.Second}, "ShutdownGrace (12h0m1s) must be at most 12h0m0s"},
 		{"negative ReconnectDelay", bellhop.DispatcherConfig{ReconnectDelay: -time.Second}, "ReconnectDelay (-1s)"},
 		{"negative HeartbeatTimeout", bellhop.DispatcherConfig{HeartbeatTimeout: -time.Second}, "HeartbeatTimeout (-1s)"},
 		{"fractional visibility timeout", bellhop.DispatcherConfig{DefaultVisibilityTimeout: 1500 * time.Millisecond}, "DefaultVisibilityTimeout (1.5s) must be a whole number of seconds"},

@@ -92,6 +92,12 @@ func TestBadConfiguration(t *testing.T) {
 		{"unusable --http-addr", dsn, nil, []string{"run", "--http-addr", "nonsense:99999"}, `--http-addr "nonsense:99999"`},
 		{"short --poll-interval", dsn, nil, []string{"run", "--poll-interval", "10ms"}, "--poll-interval 10ms: must be at least 1s"},
 		{"zero --shutdown-grace", dsn, nil, []string{"run", "--shutdown-grace", "0s"}, "--shutdown-grace 0s: must be positive"},
+		// Far past 12h, the stop's bound overflowed and every outcome
+		// was given up at once.
+		{"huge --shutdown-grace", dsn, nil, []string{"run", "--shutdown-grace", "2562047h"}, "--shutdown-grace 2562047h0m0s: must be at most 12h0m0s"},
+		// ":" listened on a random port.
+		{"--http-addr without a port", dsn, nil, []string{"run", "--http-addr", ":"}, `--http-addr ":" has no port`},
+		{"BELLHOP_HTTP_ADDR without a port", dsn, []string{"BELLHOP_HTTP_ADDR=localhost:"}, []string{"run"}, `--http-addr "localhost:" has no port`},
 		// An empty address used to listen on a random port.
 		{"empty --http-addr", dsn, nil, []string{"run", "--http-addr", ""}, "--http-addr is empty"},
 		{"empty BELLHOP_HTTP_ADDR", dsn, []string{"BELLHOP_HTTP_ADDR="}, []string{"run"}, "BELLHOP_HTTP_ADDR is set but empty"},

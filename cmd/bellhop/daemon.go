@@ -26,6 +26,7 @@ import (
 	"github.com/bellhopq/bellhop/internal/httppush"
 	"github.com/bellhopq/bellhop/internal/logthrottle"
 	"github.com/bellhopq/bellhop/internal/metrics"
+	"github.com/bellhopq/bellhop/internal/validate"
 	"github.com/bellhopq/bellhop/migrations"
 	"github.com/bellhopq/bellhop/notify"
 )
@@ -59,6 +60,9 @@ func runCommand(d *deps) *cli.Command {
 			}
 			if cmd.Duration("shutdown-grace") <= 0 {
 				return usagef("--shutdown-grace %s: must be positive", cmd.Duration("shutdown-grace"))
+			}
+			if g := cmd.Duration("shutdown-grace"); g > validate.MaxVisibility {
+				return usagef("--shutdown-grace %s: must be at most %s, the longest visibility timeout", g, validate.MaxVisibility)
 			}
 			hosts, err := allowedHosts(cmd)
 			if err != nil {
@@ -114,6 +118,11 @@ const repeatWindow = time.Second
 // such as a bad port or an unknown host, is the address's own: a usage
 // error, exit status 2.
 func listen(flag, addr string) (net.Listener, error) {
+	// ":" (say, ":${PORT}" with PORT unset) would listen on a random
+	// port, where nobody looks; ":0" asks for that.
+	if _, port, err := net.SplitHostPort(addr); err == nil && port == "" {
+		return nil, usagef("%s %q has no port: give one, such as :9090", flag, addr)
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, listenError(flag, addr, err)
