@@ -102,6 +102,32 @@ func runCommand(d *deps) *cli.Command {
 // reloaded from the database.
 var stopSignals = []os.Signal{os.Interrupt, syscall.SIGTERM, syscall.SIGHUP}
 
+// watchedStopSignals is stopSignals less those the process was started
+// ignoring: signal.Notify undoes an inherited "ignore", and `nohup
+// bellhop run` (SIGHUP ignored), or a background job of a script
+// (SIGINT), stopped when the session closed or the script was
+// interrupted. At least SIGTERM, unless that is ignored too.
+func watchedStopSignals() []os.Signal {
+	var watch []os.Signal
+	for _, s := range stopSignals {
+		if !signal.Ignored(s) {
+			watch = append(watch, s)
+		}
+	}
+	return watch
+}
+
+// notifyStop is signal.NotifyContext for the stop signals watched
+// (watchedStopSignals); with none, a context only its stop ends, as
+// NotifyContext with no signals would end it on any (a resized terminal).
+func notifyStop(ctx context.Context) (context.Context, context.CancelFunc) {
+	watch := watchedStopSignals()
+	if len(watch) == 0 {
+		return context.WithCancel(ctx)
+	}
+	return signal.NotifyContext(ctx, watch...)
+}
+
 // repeatWindow is how long after the first stop signal the same signal
 // again is taken for the same request delivered twice, not for a second
 // one: GNU timeout signals its child and then the child's process group,
@@ -144,7 +170,9 @@ func listenError(flag, addr string, err error) error {
 func signalContext(parent context.Context, log zerolog.Logger) (context.Context, func()) {
 	ctx, cancel := context.WithCancel(parent)
 	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, stopSignals...)
+	if watch := watchedStopSignals(); len(watch) > 0 { // none would mean every signal
+		signal.Notify(sigs, watch...)
+	}
 	go func() {
 		var first os.Signal
 		select {

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -1057,5 +1058,29 @@ func TestListenError(t *testing.T) {
 		if isUsage(err) != tc.usage || (!tc.usage && !errors.Is(err, tc.err)) || !strings.HasPrefix(err.Error(), `--addr "x:1": `) {
 			t.Errorf("%s: %v (usage error: %t), want usage error: %t", tc.name, err, isUsage(err), tc.usage)
 		}
+	}
+}
+
+// TestIgnoredHangupKeepsRunning: `nohup bellhop run` (started with SIGHUP
+// ignored, as here through a shell's trap) goes on when its session's
+// hangup comes, and a SIGTERM then stops it gracefully, the first stop
+// signal it heard. signal.Notify used to undo the inherited "ignore": the
+// hangup stopped the daemon, and the SIGTERM after it, a second signal,
+// exited at once (130).
+func TestIgnoredHangupKeepsRunning(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.ConnString(t)
+	p := startCmd(t, []string{"DATABASE_URL=" + dsn},
+		exec.Command("sh", "-c", `trap "" HUP; exec "$0" "$@"`, binary, "run", "--http-addr", "127.0.0.1:0"))
+	p.waitLine(true, servingRE, 30*time.Second)
+	// Both pending at once are delivered lowest first: SIGHUP (1), then
+	// SIGTERM (15).
+	p.signal(syscall.SIGHUP)
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(30 * time.Second); code != 0 {
+		t.Fatalf("exit %d after SIGHUP then SIGTERM, want 0: the hangup was taken for a stop", code)
+	}
+	if m := p.waitLine(true, regexp.MustCompile(`"signal":"([a-z ]+)".*stopping gracefully`), time.Second); m[1] != "terminated" {
+		t.Errorf("the stop was for %q, want SIGTERM's", m[1])
 	}
 }

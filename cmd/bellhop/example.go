@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -67,7 +66,7 @@ func setupDemoCommand(d *deps) *cli.Command {
 			// stops it so during a slow start), it removes its
 			// temporary file rather than leave one in the secrets
 			// volume each time.
-			ctx, stop := signal.NotifyContext(ctx, stopSignals...)
+			ctx, stop := notifyStop(ctx)
 			defer stop()
 
 			c, pool, err := client(ctx, cmd)

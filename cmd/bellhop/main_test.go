@@ -201,7 +201,14 @@ type proc struct {
 
 func start(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(binary, args...)
+	return startCmd(t, env, exec.Command(binary, args...))
+}
+
+// startCmd is start for a command of the caller's (the binary run through
+// a shell, say), with the same environment.
+func startCmd(t *testing.T, env []string, cmd *exec.Cmd) *proc {
+	t.Helper()
+	args := cmd.Args[1:]
 	cmd.Env = baseEnv(env...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {

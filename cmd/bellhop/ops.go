@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os/signal"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -671,7 +670,7 @@ func queuesCommand(d *deps) *cli.Command {
 				// Ctrl-C, SIGTERM or a closed terminal (SIGHUP) ends watching
 				// normally: exit 0.
 				var stop context.CancelFunc
-				ctx, stop = signal.NotifyContext(ctx, stopSignals...)
+				ctx, stop = notifyStop(ctx)
 				defer stop()
 			}
 			for {
