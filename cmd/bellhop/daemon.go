@@ -295,7 +295,7 @@ func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.
 		return err
 	}
 	defer pool.Close()
-	if err := checkSchema(ctx, pool); err != nil {
+	if err := checkSchema(ctx, pool, cfg.ConnConfig.ConnectTimeout); err != nil {
 		ln.Close()
 		return err
 	}
@@ -426,6 +426,20 @@ func probeServer(h http.Handler) *http.Server {
 // binary's migrations (or absent), before anything is started: otherwise
 // the dispatcher fails later, or worse, half works. A newer schema is
 // fine: migrations are applied before a rolling upgrade of the daemons.
-func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
-	return migrations.Check(ctx, pool)
+//
+// It is bounded by the connect timeout (10s if none): a lock on the
+// version table (a migration under way elsewhere), or a server that
+// stopped answering, held the start-up, silent, for as long as it lasted.
+func checkSchema(ctx context.Context, pool *pgxpool.Pool, bound time.Duration) error {
+	if bound <= 0 {
+		bound = 10 * time.Second
+	}
+	cctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	err := migrations.Check(cctx, pool)
+	if err != nil && ctx.Err() == nil && cctx.Err() != nil {
+		return fmt.Errorf("check the schema: no answer within %s (the connect timeout; is a migration holding %s?): %w",
+			bound, migrations.VersionTable, err)
+	}
+	return err
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/bellhopq/bellhop/internal/httppush"
 	"github.com/bellhopq/bellhop/internal/pgtest"
 	"github.com/bellhopq/bellhop/internal/syncbuf"
+	"github.com/bellhopq/bellhop/migrations"
 )
 
 var (
@@ -1082,5 +1083,33 @@ func TestIgnoredHangupKeepsRunning(t *testing.T) {
 	}
 	if m := p.waitLine(true, regexp.MustCompile(`"signal":"([a-z ]+)".*stopping gracefully`), time.Second); m[1] != "terminated" {
 		t.Errorf("the stop was for %q, want SIGTERM's", m[1])
+	}
+}
+
+// TestRunSchemaCheckBounded: a schema check that gets no answer (here
+// another session holds the version table, as a migration does) ends
+// `run` after the connect timeout, exit 1, with a line that says what it
+// waited for. It held the start-up, silent, for as long as the lock.
+func TestRunSchemaCheckBounded(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.ConnString(t)
+	pool := db(t, dsn)
+	tx, err := pool.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(t.Context(), "LOCK TABLE "+migrations.VersionTable+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	begun := time.Now()
+	p := start(t, []string{"DATABASE_URL=" + dsn, "PGCONNECT_TIMEOUT=2"}, "run", "--http-addr", "127.0.0.1:0")
+	if code := p.wait(30 * time.Second); code != 1 {
+		t.Fatalf("exit %d, want 1", code)
+	}
+	took := time.Since(begun)
+	t.Logf("run gave up after %s", took.Round(time.Millisecond))
+	if !strings.Contains(p.stderr(), "check the schema: no answer within 2s") {
+		t.Errorf("stderr does not say the schema check got no answer: %s", p.stderr())
 	}
 }
