@@ -80,13 +80,8 @@ func TestPushTimeoutBeforeLease(t *testing.T) {
 			var mu sync.Mutex
 			var attempts []pushAttempt
 			var starts []time.Time // of each delivery
-			res := resolverFunc(func(cons bellhop.Consumer) bellhop.Handler {
-				h, err := p.Handler(cons)
-				if err != nil {
-					t.Errorf("handler: %v", err)
-					return nil
-				}
-				return bellhop.HandlerFunc(func(ctx context.Context, m *bellhop.Message) error {
+			res := wrapPush(t, p, func(h bellhop.Handler) bellhop.HandlerFunc {
+				return func(ctx context.Context, m *bellhop.Message) error {
 					mu.Lock()
 					starts = append(starts, time.Now())
 					mu.Unlock()
@@ -97,7 +92,7 @@ func TestPushTimeoutBeforeLease(t *testing.T) {
 					attempts = append(attempts, a)
 					mu.Unlock()
 					return a.err
-				})
+				}
 			})
 			var logs syncbuf.Buffer
 			startLogged(t, e.dsn, bellhop.DispatcherConfig{Resolver: res, PollInterval: time.Hour,
@@ -205,19 +200,14 @@ func TestLatePushStillSent(t *testing.T) {
 				pastTheLease time.Duration
 			}
 			pushed := make(chan result, 1)
-			res := resolverFunc(func(cons bellhop.Consumer) bellhop.Handler {
-				h, err := p.Handler(cons)
-				if err != nil {
-					t.Errorf("handler: %v", err)
-					return nil
-				}
-				return bellhop.HandlerFunc(func(ctx context.Context, m *bellhop.Message) error {
+			res := wrapPush(t, p, func(h bellhop.Handler) bellhop.HandlerFunc {
+				return func(ctx context.Context, m *bellhop.Message) error {
 					// Within the last 250ms before the handler's context ends.
 					<-time.After(time.Until(m.LeaseDeadline()) - 100*time.Millisecond)
 					err := h.Handle(context.WithoutCancel(ctx), m)
 					pushed <- result{err, time.Since(m.LeaseDeadline())}
 					return err
-				})
+				}
 			})
 			startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: res, PollInterval: time.Hour}, nil)
 			e.enqueue(t, "q", "x", bellhop.EnqueueOptions{})
@@ -244,4 +234,17 @@ func TestLatePushStillSent(t *testing.T) {
 			}
 		})
 	}
+}
+
+// wrapPush resolves every consumer to p's push handler for it, wrapped by
+// wrap.
+func wrapPush(t *testing.T, p *httppush.Pusher, wrap func(bellhop.Handler) bellhop.HandlerFunc) bellhop.Resolver {
+	return resolverFunc(func(cons bellhop.Consumer) bellhop.Handler {
+		h, err := p.Handler(cons)
+		if err != nil {
+			t.Errorf("handler: %v", err)
+			return nil
+		}
+		return wrap(h)
+	})
 }

@@ -29,7 +29,6 @@ import (
 	"github.com/bellhopq/bellhop/internal/httppush"
 	"github.com/bellhopq/bellhop/internal/pgtest"
 	"github.com/bellhopq/bellhop/internal/syncbuf"
-	"github.com/bellhopq/bellhop/migrations"
 )
 
 var (
@@ -1093,15 +1092,7 @@ func TestIgnoredHangupKeepsRunning(t *testing.T) {
 func TestRunSchemaCheckBounded(t *testing.T) {
 	t.Parallel()
 	dsn := pgtest.ConnString(t)
-	pool := db(t, dsn)
-	tx, err := pool.Begin(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(context.Background())
-	if _, err := tx.Exec(t.Context(), "LOCK TABLE "+migrations.VersionTable+" IN ACCESS EXCLUSIVE MODE"); err != nil {
-		t.Fatal(err)
-	}
+	lockSchemaVersion(t, dsn)
 	begun := time.Now()
 	p := start(t, []string{"DATABASE_URL=" + dsn, "PGCONNECT_TIMEOUT=2"}, "run", "--http-addr", "127.0.0.1:0")
 	if code := p.wait(30 * time.Second); code != 1 {

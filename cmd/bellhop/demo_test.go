@@ -329,15 +329,7 @@ func TestDemoStopAnnouncedAtOnce(t *testing.T) {
 func TestDemoStoppedWhileStarting(t *testing.T) {
 	t.Parallel()
 	dsn := pgtest.ConnString(t)
-	pool := db(t, dsn)
-	tx, err := pool.Begin(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(context.Background())
-	if _, err := tx.Exec(t.Context(), "LOCK TABLE "+migrations.VersionTable+" IN ACCESS EXCLUSIVE MODE"); err != nil {
-		t.Fatal(err)
-	}
+	pool := lockSchemaVersion(t, dsn)
 	p := start(t, []string{"DATABASE_URL=" + dsn}, "demo")
 	waitFor(t, 30*time.Second, "the demo waiting for the schema's version", func() bool {
 		return queryInt(t, pool, "SELECT count(*) FROM pg_locks WHERE relation = $1::regclass AND NOT granted", migrations.VersionTable) > 0

@@ -30,6 +30,7 @@ import (
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/pgdsn"
 	"github.com/bellhopq/bellhop/internal/pgtest"
+	"github.com/bellhopq/bellhop/migrations"
 )
 
 // binary is the bellhop executable under test, built by TestMain.
@@ -618,4 +619,21 @@ func setup(t *testing.T, consumerFlags ...string) (dsn string, h *hook, consumer
 	id, secret := addConsumer(t, dsn, append([]string{"--app", "shop", "--queue", "orders", "--url", h.srv.URL + "/hook"}, consumerFlags...)...)
 	h.setSecret(secret)
 	return dsn, h, id
+}
+
+// lockSchemaVersion holds the schema's version table locked, as a
+// migration under way does, until the test ends, and returns the pool of
+// the session that holds it (one more connection of it is free).
+func lockSchemaVersion(t *testing.T, dsn string) *pgxpool.Pool {
+	t.Helper()
+	pool := db(t, dsn)
+	tx, err := pool.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tx.Rollback(context.Background()) })
+	if _, err := tx.Exec(t.Context(), "LOCK TABLE "+migrations.VersionTable+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	return pool
 }
