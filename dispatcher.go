@@ -692,6 +692,13 @@ func (d *Dispatcher) Run(ctx context.Context) (err error) {
 	if !grace.Stop() {
 		<-graceOver // its line is written before Run goes on, and returns
 	}
+	// From here StopBudget bounds the writes, outcomes included
+	// (Completer.Shutdown gives up at its end). over only bounds the wait
+	// for the handlers: left running, it fired a moment before a budget
+	// that began as a caught claim pass ended, gave up on the outcomes
+	// while the budget had not quite run out, and the stop went on to the
+	// hand-over with no time left for it.
+	over.Stop()
 	stopBy = d.stopWrites(stopped, bg.Wait)
 	d.log.Info().Msg("dispatcher stopped")
 	return nil
