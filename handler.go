@@ -155,6 +155,16 @@ type lease struct {
 // that the handler's outcome is written while the lease still holds.
 func leaseMargin(vt time.Duration) time.Duration { return min(vt/5, 5*time.Second) }
 
+// startSlack is the least time a delivery must have before its handler's
+// context ends (a quarter of the lease margin, at most 250ms), or it is not
+// started (lane.releaseUnstarted). An HTTP push keeps as much between its
+// request's own deadline and the context's end (internal/httppush), so
+// that a request that got no connection is an ordinary retry: started
+// with less, a push that got none was cut by the lease, its attempt spent
+// and its retry held to the lease's end, and on the last attempt a
+// message no consumer had seen was dead-lettered.
+func startSlack(vt time.Duration) time.Duration { return min(leaseMargin(vt)/4, 250*time.Millisecond) }
+
 func newLease(db *pgxpool.Pool, m *claim.Message, vt time.Duration, cancel context.CancelCauseFunc) *lease {
 	l := &lease{db: db, msg: m, vt: vt, cancel: cancel}
 	l.end = m.LeasedAt.Add(vt - leaseMargin(vt))
