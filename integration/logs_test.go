@@ -859,3 +859,50 @@ func TestWriteFailuresThrottled(t *testing.T) {
 		t.Errorf("failed writes of outcomes logged %v in %s, want 1 to %d warn, the other tries at debug", tries, took.Round(time.Millisecond), limit)
 	}
 }
+
+// TestWriteFailedUnsentWording: an outcome that no try could send (the
+// pool hands out no connection until the message's lease ends) is logged
+// as not recorded, the message to come back after its lease, without the
+// "unless a try did" of an outcome a failed try may have committed; the
+// message does come back, and its next delivery is acked.
+func TestWriteFailedUnsentWording(t *testing.T) {
+	e := newEnv(t)
+	const vt = 2 * time.Second
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", VisibilityTimeout: vt})
+	var cut atomic.Bool
+	noNet := errors.New("no network (test)")
+	var calls atomic.Int32
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", bellhop.HandlerFunc(func(context.Context, *bellhop.Message) error {
+		if calls.Add(1) == 1 {
+			cut.Store(true) // from now on no statement gets a connection
+			return errors.New("failed, to be retried")
+		}
+		return nil
+	}))
+	obs := &settledObserver{}
+	logs := &syncBuffer{}
+	startLogged(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, Observer: obs, PollInterval: time.Second,
+		Logger: zerolog.New(logs)}, func(pc *pgxpool.Config) {
+		pc.PrepareConn = func(context.Context, *pgx.Conn) (bool, error) {
+			if cut.Load() {
+				return true, noNet
+			}
+			return true, nil
+		}
+	})
+	id := e.enqueue(t, "orders", 1, bellhop.EnqueueOptions{})
+	if _, got, _ := obs.waitSettled(t, 1); got[bellhop.WriteFailed] != 1 {
+		t.Fatalf("settled as %v, want write_failed", got)
+	}
+	if !lineWith(logs, `"message_id":"`+id.String()+`"`, "could not record outcome; the message will be delivered again after its lease") {
+		t.Errorf("no line says the outcome was not recorded and the message comes back after its lease:\n%s", logs.String())
+	}
+	if lineWith(logs, "unless a try did") {
+		t.Errorf("a line says a try may have recorded an outcome that no try sent:\n%s", logs.String())
+	}
+	cut.Store(false)
+	if _, got, _ := obs.waitSettled(t, 2); got[bellhop.Acked] != 1 || calls.Load() != 2 {
+		t.Errorf("after the outage: settled %v in %d deliveries, want the second acked", got, calls.Load())
+	}
+}
