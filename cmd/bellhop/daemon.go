@@ -285,7 +285,8 @@ func (r *pushResolver) forget(id uuid.UUID) {
 
 // serve runs a dispatcher and the HTTP endpoints until ctx is cancelled.
 // dc holds the dispatcher's settings from flags; serve adds the resolver,
-// the logger and the observer.
+// the logger and the observer. Once the dispatcher has stopped, it waits
+// at most closeWait for the HTTP server and its own pool to close.
 func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.Listener, pusher *httppush.Pusher, dc bellhop.DispatcherConfig) error {
 	reg := prometheus.NewRegistry()
 	var disp *bellhop.Dispatcher
@@ -294,12 +295,15 @@ func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.
 		ln.Close()
 		return err
 	}
-	defer pool.Close()
+	var closeBy time.Time // once the dispatcher has stopped
+	defer func() { closePool(pool, log, closeBy) }()
 	if err := checkSchema(ctx, pool, cfg.ConnConfig.ConnectTimeout); err != nil {
 		ln.Close()
 		return err
 	}
-	rec := metrics.New(reg, log, func() notify.Stats { return disp.ListenerStats() },
+	// ctx bounds the depth reads: a scrape in flight when the stop begins
+	// gives up its read rather than hold a connection of pool.
+	rec := metrics.New(ctx, reg, log, func() notify.Stats { return disp.ListenerStats() },
 		func(ctx context.Context) ([]bellhop.QueueInfo, error) { return client.Queues(ctx, "") })
 	metrics.RegisterLeases(reg, func() bellhop.LeaseStats { return disp.LeaseStats() })
 	dc.Resolver, dc.Logger, dc.Observer = newPushResolver(pusher, log, time.Now), log, rec
@@ -308,11 +312,7 @@ func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.
 		ln.Close()
 		return err
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", metricsHandler(reg, log))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.Handle("/readyz", readyz(ctx, disp.Ready, log, time.Now))
-	srv := probeServer(mux)
+	srv := probeServer(probeMux(metricsHandler(reg, log), readyz(ctx, disp.Ready, log, time.Now)))
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error().Err(err).Msg("http server failed")
@@ -320,10 +320,56 @@ func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.
 	}()
 	log.Info().Str("http_addr", ln.Addr().String()).Msg("serving /metrics, /healthz and /readyz")
 	runErr := disp.Run(ctx)
-	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	closeBy = time.Now().Add(closeWait)
+	sctx, cancel := context.WithDeadline(context.Background(), closeBy)
 	defer cancel()
-	_ = srv.Shutdown(sctx)
+	if err := srv.Shutdown(sctx); err != nil {
+		log.Warn().Err(err).Stringer("close_wait", closeWait).
+			Msg("stopped waiting for the /metrics, /healthz and /readyz requests in flight to end; exiting without their answers")
+	}
 	return runErr
+}
+
+// closeWait bounds how long `bellhop run`, once its dispatcher has
+// stopped (within the stop's bound, see bellhop.Dispatcher.Run), waits
+// for its HTTP server to shut down and its own connections to close,
+// both together.
+const closeWait = 2 * time.Second
+
+// closePool closes pool, waiting until by at the latest (closeWait from
+// now if by is zero, as on an error). pgx closes a connection whose
+// statement was cancelled in the background, and against a server that
+// stopped answering (a failover seen from the old side) it waits up to 15s
+// for it; pool.Close waits for that, and held the exit that long past the
+// stop's bound. Past by, what it stopped waiting for is logged and the
+// close goes on in the background, for as long as the process lives.
+func closePool(pool *pgxpool.Pool, log zerolog.Logger, by time.Time) {
+	if by.IsZero() {
+		by = time.Now().Add(closeWait)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		pool.Close()
+	}()
+	t := time.NewTimer(time.Until(by))
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		log.Warn().Stringer("close_wait", closeWait).
+			Msg("stopped waiting for the database connections to close (the server does not answer); exiting, which closes them")
+	}
+}
+
+// probeMux routes the daemon's endpoints: /metrics to metrics, /readyz to
+// ready, and /healthz, which answers "ok".
+func probeMux(metrics, ready http.Handler) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", metrics)
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.Handle("/readyz", ready)
+	return mux
 }
 
 // maxScrapes is how many /metrics answers are built at once: the two

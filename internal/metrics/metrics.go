@@ -32,8 +32,13 @@ type Recorder struct {
 // New makes a Recorder and registers its metrics, the Go and process
 // collectors, the listener's counters (from stats) and queue-depth gauges
 // (from queues, called at most once per scrape) with reg. A failed read of
-// the depths is logged to log.
-func New(reg prometheus.Registerer, log zerolog.Logger, stats func() notify.Stats, queues func(context.Context) ([]bellhop.QueueInfo, error)) *Recorder {
+// the depths is logged to log. ctx bounds the reads of the depths: once
+// it ends (a daemon's stop begins), a read in flight is cancelled and no
+// other is made, so that a scrape holds neither the stop nor a database
+// connection; the depths are then reported as not read
+// (bellhop_queue_depths_ok 0). A scrape's own request cannot end a read:
+// Prometheus collectors get no context.
+func New(ctx context.Context, reg prometheus.Registerer, log zerolog.Logger, stats func() notify.Stats, queues func(context.Context) ([]bellhop.QueueInfo, error)) *Recorder {
 	lq := []string{"app", "queue"}
 	buckets := []float64{.0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
 	r := &Recorder{
@@ -60,7 +65,7 @@ func New(reg prometheus.Registerer, log zerolog.Logger, stats func() notify.Stat
 	}
 	reg.MustRegister(r.delivered, r.settled, r.reclaimed, r.inFlight, r.toStart, r.toAck, r.handler, r.polls, r.pollsFound,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		&listenerCollector{stats: stats}, newDepthCollector(log, queues))
+		&listenerCollector{stats: stats}, newDepthCollector(ctx, log, queues))
 	return r
 }
 
@@ -153,8 +158,10 @@ func (c *listenerCollector) Collect(ch chan<- prometheus.Metric) {
 // depths, and bellhop_queue_depths_ok 0: depths kept from an earlier read
 // would look current while the database is gone. Why the read failed is
 // logged, at most once every 10 s, as scrapes come every few seconds from
-// each Prometheus server.
+// each Prometheus server. Once stop ends, a read in flight is cancelled,
+// which is logged once, at info, and no other is made.
 type depthCollector struct {
+	stop     context.Context
 	queues   func(context.Context) ([]bellhop.QueueInfo, error)
 	log      zerolog.Logger
 	throttle *logthrottle.Throttle
@@ -164,8 +171,11 @@ type depthCollector struct {
 	ok       bool
 }
 
-func newDepthCollector(log zerolog.Logger, queues func(context.Context) ([]bellhop.QueueInfo, error)) *depthCollector {
-	return &depthCollector{queues: queues, log: log, throttle: logthrottle.New(1, 10*time.Second)}
+// depthReadTimeout bounds a read of the queue depths.
+const depthReadTimeout = 5 * time.Second
+
+func newDepthCollector(stop context.Context, log zerolog.Logger, queues func(context.Context) ([]bellhop.QueueInfo, error)) *depthCollector {
+	return &depthCollector{stop: stop, queues: queues, log: log, throttle: logthrottle.New(1, 10*time.Second)}
 }
 
 var depthDesc = prometheus.NewDesc("bellhop_queue_messages", "Messages per queue by state: ready, delayed, in_flight, dead.",
@@ -173,7 +183,7 @@ var depthDesc = prometheus.NewDesc("bellhop_queue_messages", "Messages per queue
 var oldestDesc = prometheus.NewDesc("bellhop_queue_oldest_ready_seconds", "Age of the oldest ready message.",
 	[]string{"app", "queue"}, nil)
 var depthsOKDesc = prometheus.NewDesc("bellhop_queue_depths_ok",
-	"1 if the last read of the queue depths succeeded; 0 if it failed, and no depths are reported.", nil, nil)
+	"1 if the last read of the queue depths succeeded; 0 if it failed, or, once a stop began, was not made: no depths are reported then.", nil, nil)
 
 func (c *depthCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- depthDesc
@@ -184,17 +194,7 @@ func (c *depthCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *depthCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	if time.Since(c.at) > time.Second {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		qs, err := c.queues(ctx)
-		cancel()
-		c.cached, c.ok, c.at = qs, err == nil, time.Now()
-		if err != nil {
-			c.cached = nil
-			if ok, held := c.throttle.Allow(); ok {
-				c.log.Warn().Err(err).Int("held_back", held).
-					Msg("could not read the queue depths for /metrics; bellhop_queue_depths_ok is 0 (logged at most once every 10s; held_back counts the failures not logged)")
-			}
-		}
+		c.read()
 	}
 	qs, ok := c.cached, c.ok
 	c.mu.Unlock()
@@ -218,6 +218,32 @@ func (c *depthCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(depthDesc, prometheus.GaugeValue, float64(v), q.App, q.Queue, state)
 		}
 		ch <- prometheus.MustNewConstMetric(oldestDesc, prometheus.GaugeValue, q.OldestReady.Seconds(), q.App, q.Queue)
+	}
+}
+
+// read reads the depths into the cache, unless stop has ended; c.mu is held.
+func (c *depthCollector) read() {
+	c.cached, c.ok, c.at = nil, false, time.Now()
+	if c.stop.Err() != nil {
+		return
+	}
+	begun := time.Now()
+	ctx, cancel := context.WithTimeout(c.stop, depthReadTimeout)
+	qs, err := c.queues(ctx)
+	cancel()
+	c.at = time.Now()
+	if err == nil {
+		c.cached, c.ok = qs, true
+		return
+	}
+	if c.stop.Err() != nil {
+		c.log.Info().Err(err).Stringer("after", time.Since(begun).Round(time.Millisecond)).
+			Msg("the stop cut short a read of the queue depths for /metrics; bellhop_queue_depths_ok is 0 and no depths are read from now on")
+		return
+	}
+	if ok, held := c.throttle.Allow(); ok {
+		c.log.Warn().Err(err).Int("held_back", held).
+			Msg("could not read the queue depths for /metrics; bellhop_queue_depths_ok is 0 (logged at most once every 10s; held_back counts the failures not logged)")
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"maps"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/internal/syncbuf"
 	"github.com/bellhopq/bellhop/notify"
 )
 
@@ -24,7 +26,7 @@ import (
 // database was down.
 func TestDepthsWhenTheReadFails(t *testing.T) {
 	fail := false
-	c := newDepthCollector(zerolog.Nop(), func(context.Context) ([]bellhop.QueueInfo, error) {
+	c := newDepthCollector(context.Background(), zerolog.Nop(), func(context.Context) ([]bellhop.QueueInfo, error) {
 		if fail {
 			return nil, errors.New("database down")
 		}
@@ -79,7 +81,7 @@ func scrapeDepths(t *testing.T, c *depthCollector) (ok float64, depths int) {
 func TestDepthsReadFailureLogged(t *testing.T) {
 	var logs bytes.Buffer
 	fail := true
-	c := newDepthCollector(zerolog.New(&logs), func(context.Context) ([]bellhop.QueueInfo, error) {
+	c := newDepthCollector(context.Background(), zerolog.New(&logs), func(context.Context) ([]bellhop.QueueInfo, error) {
 		if fail {
 			return nil, errors.New("database down (test)")
 		}
@@ -107,12 +109,66 @@ func TestDepthsReadFailureLogged(t *testing.T) {
 	}
 }
 
+// TestDepthsReadCutShortByStop: a read of the depths in flight when the
+// collector's context ends (a daemon's stop begins) is cancelled at once,
+// reported as bellhop_queue_depths_ok 0 and logged once, at info; a scrape
+// after it reads nothing. The read ran on for its own 5s against a server
+// that did not answer, holding a connection of the daemon's pool, and the
+// daemon's exit, past the stop's bound.
+func TestDepthsReadCutShortByStop(t *testing.T) {
+	var logs syncbuf.Buffer
+	stop, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	entered := make(chan struct{}, 1)
+	var reads atomic.Int32
+	c := newDepthCollector(stop, zerolog.New(&logs), func(ctx context.Context) ([]bellhop.QueueInfo, error) {
+		reads.Add(1)
+		entered <- struct{}{}
+		<-ctx.Done() // a server that does not answer
+		return nil, ctx.Err()
+	})
+	done := make(chan float64, 1)
+	go func() {
+		ok, _ := scrapeDepths(t, c)
+		done <- ok
+	}()
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the scrape did not read the depths within 10s")
+	}
+	cancel()
+	select {
+	case ok := <-done:
+		if ok != 0 {
+			t.Errorf("the scrape cut short: bellhop_queue_depths_ok %v, want 0", ok)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatalf("the scrape had not returned 2s after the stop began")
+	}
+	if ok, depths := scrapeDepths(t, c); ok != 0 || depths != 0 {
+		t.Errorf("a scrape after the stop began: bellhop_queue_depths_ok %v and %d depth series, want 0 and 0", ok, depths)
+	}
+	if n := reads.Load(); n != 1 {
+		t.Errorf("%d reads of the depths, want 1: none once the stop began", n)
+	}
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	var line map[string]any
+	if len(lines) != 1 || json.Unmarshal([]byte(lines[0]), &line) != nil {
+		t.Fatalf("logged %q, want one JSON line", logs.String())
+	}
+	if msg, _ := line["message"].(string); line["level"] != "info" || line["error"] != "context canceled" ||
+		line["after"] == nil || !strings.Contains(msg, "the stop cut short a read of the queue depths") {
+		t.Errorf("logged %v, want at info that the stop cut the read short, with its error and when", line)
+	}
+}
+
 // TestLatencyClockAhead: a message whose enqueued_at is ahead of the
 // daemon's clock (the database's clock ahead) is counted as 0 s in the
 // latency histograms. It was a negative sample, which lowered _sum.
 func TestLatencyClockAhead(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	r := New(reg, zerolog.Nop(), func() notify.Stats { return notify.Stats{} },
+	r := New(context.Background(), reg, zerolog.Nop(), func() notify.Stats { return notify.Stats{} },
 		func(context.Context) ([]bellhop.QueueInfo, error) { return nil, nil })
 	m := &bellhop.Message{App: "shop", Queue: "orders", EnqueuedAt: time.Now().Add(20 * time.Millisecond)}
 	r.Delivered(m)
@@ -189,7 +245,7 @@ func TestListenerMetrics(t *testing.T) {
 // collected before with the same name and label values".
 func TestDepthsOncePerQueue(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	New(reg, zerolog.Nop(), func() notify.Stats { return notify.Stats{} },
+	New(context.Background(), reg, zerolog.Nop(), func() notify.Stats { return notify.Stats{} },
 		func(context.Context) ([]bellhop.QueueInfo, error) {
 			return []bellhop.QueueInfo{
 				{App: "shop", Queue: "orders", Ready: 3},

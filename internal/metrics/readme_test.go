@@ -28,7 +28,7 @@ func (c *collecting) Unregister(prometheus.Collector) bool    { return false }
 // README once left four of them out.
 func TestReadmeListsEveryMetric(t *testing.T) {
 	reg := &collecting{}
-	New(reg, zerolog.Nop(), func() notify.Stats { return notify.Stats{} },
+	New(context.Background(), reg, zerolog.Nop(), func() notify.Stats { return notify.Stats{} },
 		func(context.Context) ([]bellhop.QueueInfo, error) { return nil, nil })
 	RegisterLeases(reg, func() bellhop.LeaseStats { return bellhop.LeaseStats{} })
 
@@ -88,7 +88,7 @@ func TestReadmeListsEveryMetric(t *testing.T) {
 func TestLeaseLostDocumented(t *testing.T) {
 	const says = "a retried write found it gone, when the first try may have recorded the outcome"
 	reg := &collecting{}
-	r := New(reg, zerolog.Nop(), func() notify.Stats { return notify.Stats{} },
+	r := New(context.Background(), reg, zerolog.Nop(), func() notify.Stats { return notify.Stats{} },
 		func(context.Context) ([]bellhop.QueueInfo, error) { return nil, nil })
 	ch := make(chan *prometheus.Desc, 1)
 	r.settled.Describe(ch)
