@@ -363,12 +363,14 @@ func closePool(pool *pgxpool.Pool, log zerolog.Logger, by time.Time) {
 }
 
 // probeMux routes the daemon's endpoints: /metrics to metrics, /readyz to
-// ready, and /healthz, which answers "ok".
+// ready, and /healthz, which answers "ok". They answer GET and HEAD only:
+// any other method gets 405 Method Not Allowed with an Allow header (a
+// method pattern of net/http's ServeMux does that; every method got 200).
 func probeMux(metrics, ready http.Handler) *http.ServeMux {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", metrics)
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.Handle("/readyz", ready)
+	mux.Handle("GET /metrics", metrics)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.Handle("GET /readyz", ready)
 	return mux
 }
 
