@@ -85,6 +85,7 @@ type Stats struct {
 	Notifications uint64 // well-formed notifications received
 	Garbled       uint64 // malformed notifications ignored
 	HungRestarts  uint64 // reconnects forced by a missed heartbeat
+	Ignored       uint64 // notifications on a channel with no handler (one OnConnect listens on), and handler errors
 	Deaf          bool   // Deaf reports an error
 }
 
@@ -98,6 +99,13 @@ type Listener struct {
 	notifications atomic.Uint64
 	garbled       atomic.Uint64
 	hungRestarts  atomic.Uint64
+	ignored       atomic.Uint64
+	// ignoreLog bounds the lines about ignored notifications.
+	ignoreLog *logthrottle.Throttle
+	// conn is the connection handed to pgxlisten last, nil while none is.
+	// pgxlisten closes it before it reports the error that ended it, and
+	// reports other errors while it is open (logError).
+	conn atomic.Pointer[pgx.Conn]
 	// beatHeard is set once one of our heartbeats has come back, on any
 	// connection.
 	beatHeard atomic.Bool
@@ -134,7 +142,8 @@ func New(cfg Config) *Listener {
 	if cfg.SetupTimeout <= 0 {
 		cfg.SetupTimeout = max(10*time.Second, 2*cfg.HeartbeatTimeout)
 	}
-	return &Listener{cfg: cfg, restart: make(chan struct{}, 1), connectLog: logthrottle.New(1, connectLogInterval)}
+	return &Listener{cfg: cfg, restart: make(chan struct{}, 1), connectLog: logthrottle.New(1, connectLogInterval),
+		ignoreLog: logthrottle.New(1, ignoreLogInterval)}
 }
 
 // Run listens until ctx is done, reconnecting after every failure. It
@@ -212,6 +221,7 @@ func (l *Listener) Stats() Stats {
 		Notifications: l.notifications.Load(),
 		Garbled:       l.garbled.Load(),
 		HungRestarts:  l.hungRestarts.Load(),
+		Ignored:       l.ignored.Load(),
 		Deaf:          l.Deaf() != nil,
 	}
 }
@@ -341,6 +351,7 @@ func (l *Listener) ForgetHeartbeat(token string) {
 func (l *Listener) connect(ctx context.Context) (*pgx.Conn, error) {
 	l.connected.Store(false)
 	l.listened.Store(0)
+	l.conn.Store(nil)
 	cfg := l.cfg.ConnConfig.Copy()
 	cfg.DialFunc = keepAliveDial(cfg.DialFunc)
 	// pgx buffers notifications only when OnNotification is nil, and
@@ -392,6 +403,7 @@ func (l *Listener) connect(ctx context.Context) (*pgx.Conn, error) {
 	})
 	l.setupTimer = timer
 	l.mu.Unlock()
+	l.conn.Store(conn)
 	return conn, nil
 }
 
@@ -441,13 +453,27 @@ func (l *Listener) logError(ctx context.Context, err error) {
 	if errors.Is(err, context.Canceled) || ctx.Err() != nil {
 		return
 	}
-	l.connected.Store(false)
 	text := err.Error()
 	if c := l.cfg.LeaseChannel; c != "" {
 		// pgxlisten's errors name the channel it failed to listen on; the
 		// lease channel's name is kept out of the log (Config.LeaseChannel).
 		text = strings.ReplaceAll(text, c, "(the lease channel)")
 	}
+	// pgxlisten closes the connection before it reports the error that
+	// ended it (a failed connect, a failed LISTEN, a failed wait for
+	// notifications). An error reported while the connection is open
+	// left it in place: a notification on a channel with no handler
+	// ("missing handler: ..."), or a handler's error (ours return none).
+	// Taken for a lost connection, it marked a live one disconnected for
+	// good, which also kept the heartbeat from watching it.
+	if c := l.conn.Load(); c != nil && !c.IsClosed() {
+		n := l.ignored.Add(1)
+		l.ignoreLog.Event(&l.cfg.Logger, zerolog.WarnLevel, 1).Str("error", text).Uint64("ignored_total", n).
+			Msgf("ignoring a notification the listener has no use for; the connection stays (logged at most once every %s; held_back counts the ones not logged)",
+				ignoreLogInterval)
+		return
+	}
+	l.connected.Store(false)
 	// No listening connection was made: nothing was lost. The first
 	// failure of a connect or a set-up is logged in full, then one every
 	// connectLogInterval, the others at debug.
@@ -459,8 +485,6 @@ func (l *Listener) logError(ctx context.Context, err error) {
 		// Connected, but OnConnect or a LISTEN failed (a server in
 		// recovery refuses LISTEN): each connect fails the same way,
 		// and the next comes after ReconnectDelay, not SetupTimeout.
-		// (HandleBacklog and HandleNotification, whose errors pgxlisten
-		// reports too without dropping the connection, return none.)
 		l.setupFailed()
 		what = "the listener connected but could not listen"
 	default:
@@ -482,6 +506,10 @@ func (l *Listener) setupFailed() {
 
 // connectLogInterval is how often a listener that cannot connect says so.
 const connectLogInterval = 30 * time.Second
+
+// ignoreLogInterval is how often a listener that ignores notifications
+// says so: whoever can send on a channel could otherwise flood the log.
+const ignoreLogInterval = time.Minute
 
 func (l *Listener) receive(payload string) {
 	ev, err := Parse(payload)

@@ -590,3 +590,74 @@ func TestFailedListenDisarmsSetupTimer(t *testing.T) {
 		t.Errorf("the set-up timer fired after the failed LISTEN:\n%s", logs.String())
 	}
 }
+
+// notifyFrom sends each payload on channel, each in a transaction of its
+// own, from a connection of its own.
+func notifyFrom(t *testing.T, dsn, channel string, payloads ...string) {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	for _, p := range payloads {
+		if _, err := conn.Exec(context.Background(), "SELECT pg_notify($1, $2)", channel, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestUnhandledNotificationKeepsConnection: a notification on a channel
+// the listener has no handler for (OnConnect listened there) is counted
+// as ignored, logged once, and leaves the connection as it is: connected,
+// and watched by the heartbeat. pgxlisten reports it ("missing handler:
+// leftover") as it does a lost connection, and the listener marked a live
+// connection disconnected for good: not ready, and never again checked by
+// the heartbeat, so that a later hang went unnoticed.
+func TestUnhandledNotificationKeepsConnection(t *testing.T) {
+	dsn := pgtest.ConnString(t)
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	h := &counting{}
+	l := notify.New(notify.Config{ConnConfig: cfg, Handler: h, Logger: zerolog.New(&logs),
+		ReconnectDelay: 50 * time.Millisecond, HeartbeatTimeout: watchdogTimeout,
+		OnConnect: func(ctx context.Context, conn *pgx.Conn) error {
+			_, err := conn.Exec(ctx, "LISTEN leftover")
+			return err
+		}})
+	run(t, l)
+	waitUntil(t, "connected", l.Connected)
+	const sent = 3
+	notifyFrom(t, dsn, "leftover", "1", "2", "3")
+	// Another's heartbeat, committed after them: heard after them.
+	sendHeartbeat(t, dsn, "0123456789abcdef")
+	waitUntil(t, "the heartbeat after them heard", func() bool { return l.Stats().Notifications == 1 })
+	if s := l.Stats(); !s.Connected || s.Connects != 1 || s.Ignored != sent {
+		t.Fatalf("after %d notifications on a channel with no handler, Stats() = %+v; want connected, 1 connect, %d ignored:\n%s",
+			sent, s, sent, logs.String())
+	}
+	if strings.Contains(logs.String(), "connection lost") {
+		t.Errorf("an ignored notification logged as a connection lost:\n%s", logs.String())
+	}
+	var warn int
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, "missing handler: leftover") && strings.Contains(line, `"level":"warn"`) {
+			warn++
+		}
+	}
+	if warn != 1 {
+		t.Errorf("%d warn lines for %d ignored notifications, want 1, the rest at debug:\n%s", warn, sent, logs.String())
+	}
+	// The heartbeat still watches the connection: a heartbeat never sent
+	// is missed, and the connection replaced.
+	token := l.FirstHeartbeat()
+	if token == "" {
+		t.Fatal("FirstHeartbeat() = \"\" on a connected listener that has heard none")
+	}
+	l.HeartbeatSent(token)
+	waitUntil(t, "the missed heartbeat", func() bool { return l.Stats().HungRestarts == 1 })
+	waitUntil(t, "the reconnect", func() bool { return h.connects.Load() == 2 })
+}
