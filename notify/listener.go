@@ -5,9 +5,10 @@
 // top: payload parsing that tolerates hostile input, a connected flag for
 // readiness, a few seconds' reconnect delay, a "connected" hook on every
 // (re)connect (pgxlisten's backlog handler, which runs after LISTEN, so
-// nothing committed in between is missed), and a heartbeat watchdog that
-// tears down a listener that has stopped receiving, and reports one that
-// has never received (Deaf).
+// nothing committed in between is missed), a session that no
+// idle_session_timeout ends and that listens on nothing else, and a
+// heartbeat watchdog that tears down a listener that has stopped
+// receiving, and reports one that has never received (Deaf).
 package notify
 
 import (
@@ -28,6 +29,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop/internal/logthrottle"
+	queries "github.com/bellhopq/bellhop/sql"
 )
 
 // Handler receives what the listener hears. Both methods run on the
@@ -64,8 +66,10 @@ type Config struct {
 	// and bellhop_offers know it.
 	LeaseChannel string
 	OnLease      func(Lease)
-	// OnConnect, if set, runs on every new connection before LISTEN, to
-	// set up session state that must live and die with the listener (a
+	// OnConnect, if set, runs on every new connection before LISTEN (and
+	// after the listener has turned idle_session_timeout off and dropped
+	// any LISTEN the session came with: sql/listener_session.sql), to set
+	// up session state that must live and die with the listener (a
 	// leasing dispatcher's lease key). An error drops the connection, and
 	// the listener tries again after ReconnectDelay.
 	OnConnect func(ctx context.Context, conn *pgx.Conn) error
@@ -366,11 +370,18 @@ func (l *Listener) connect(ctx context.Context) (*pgx.Conn, error) {
 	cctx, cancel := context.WithTimeout(ctx, l.cfg.SetupTimeout)
 	defer cancel()
 	conn, err := pgx.ConnectConfig(cctx, cfg)
-	// A failed OnConnect is a failed set-up, as a failed LISTEN is, not a
-	// failed connect (logError).
+	// A failed session set-up or OnConnect is a failed set-up, as a failed
+	// LISTEN is, not a failed connect (logError).
 	l.connectFailed.Store(err != nil)
-	if err == nil && l.cfg.OnConnect != nil {
-		if err = l.cfg.OnConnect(cctx, conn); err != nil {
+	if err == nil {
+		// idle_session_timeout off, and no LISTEN but pgxlisten's
+		// (sql/listener_session.sql).
+		if _, err = conn.Exec(cctx, queries.ListenerSession); err != nil {
+			err = fmt.Errorf("set up the listener's session: %w", err)
+		} else if l.cfg.OnConnect != nil {
+			err = l.cfg.OnConnect(cctx, conn)
+		}
+		if err != nil {
 			_ = conn.Close(ctx)
 			conn = nil
 		}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop/internal/pgtest"
@@ -591,6 +592,61 @@ func TestFailedListenDisarmsSetupTimer(t *testing.T) {
 	}
 }
 
+// TestIdleSessionTimeoutOff: an idle_session_timeout set for the database
+// (or a role, PostgreSQL 14 and later) does not end the listener's
+// session. Receiving notifications does not count as activity, so the
+// server ended it every timeout ("terminating connection due to
+// idle-session timeout", SQLSTATE 57P05), and each time the listener was
+// away, and the dispatcher not ready, for ReconnectDelay, and reloaded
+// everything (review: 3 connects in 8s at 1s).
+func TestIdleSessionTimeoutOff(t *testing.T) {
+	ctx := context.Background()
+	dsn := pgtest.ConnString(t)
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const timeout = 300 * time.Millisecond
+	admin, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = admin.Exec(ctx, fmt.Sprintf("ALTER DATABASE %s SET idle_session_timeout = %d",
+		pgx.Identifier{cfg.Database}.Sanitize(), timeout.Milliseconds()))
+	admin.Close(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The setting is in force for a new session.
+	check, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got string
+	err = check.QueryRow(ctx, "SHOW idle_session_timeout").Scan(&got)
+	check.Close(ctx)
+	if err != nil || got != timeout.String() {
+		t.Fatalf("a new session's idle_session_timeout = %q (%v), want %s", got, err, timeout)
+	}
+
+	var logs syncBuffer
+	h := &counting{}
+	l := notify.New(notify.Config{ConnConfig: cfg, Handler: h, Logger: zerolog.New(&logs),
+		ReconnectDelay: 50 * time.Millisecond})
+	run(t, l)
+	waitUntil(t, "connected", l.Connected)
+	// Five timeouts, checked by polling.
+	for end := time.Now().Add(5 * timeout); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if s := l.Stats(); s.Connects != 1 || !s.Connected {
+			t.Fatalf("%d connects, connected %v, within %s with idle_session_timeout %s; want 1 and true:\n%s",
+				s.Connects, s.Connected, 5*timeout, timeout, logs.String())
+		}
+	}
+	if strings.Contains(logs.String(), "connection lost") {
+		t.Errorf("the listener's connection was lost:\n%s", logs.String())
+	}
+}
+
 // notifyFrom sends each payload on channel, each in a transaction of its
 // own, from a connection of its own.
 func notifyFrom(t *testing.T, dsn, channel string, payloads ...string) {
@@ -604,6 +660,37 @@ func notifyFrom(t *testing.T, dsn, channel string, payloads ...string) {
 		if _, err := conn.Exec(context.Background(), "SELECT pg_notify($1, $2)", channel, p); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestLeftoverListenDropped: a session that already listens on another
+// channel when the listener gets it (a session-pooling PgBouncer whose
+// server_reset_query no longer runs DISCARD ALL) stops listening there:
+// its notifications, for which the listener has no handler, do not reach
+// it. pgxlisten reported each as an error, and the listener took that for
+// a lost connection (TestUnhandledNotificationKeepsConnection).
+func TestLeftoverListenDropped(t *testing.T) {
+	dsn := pgtest.ConnString(t)
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What the pooler hands over: a session that listens already.
+	cfg.AfterConnect = func(ctx context.Context, pc *pgconn.PgConn) error {
+		_, err := pc.Exec(ctx, "LISTEN leftover").ReadAll()
+		return err
+	}
+	var logs syncBuffer
+	l := notify.New(notify.Config{ConnConfig: cfg, Handler: &counting{}, Logger: zerolog.New(&logs)})
+	run(t, l)
+	waitUntil(t, "connected", l.Connected)
+	notifyFrom(t, dsn, "leftover", "x")
+	// Committed after the leftover one: heard after it, had it been heard.
+	sendHeartbeat(t, dsn, l.ExpectHeartbeat())
+	waitUntil(t, "the heartbeat heard", func() bool { return l.Stats().Notifications == 1 })
+	if s := l.Stats(); s.Ignored != 0 || !s.Connected || s.Connects != 1 {
+		t.Errorf("Stats() = %+v; want no notification ignored, connected, 1 connect: the session still listened on the leftover channel\n%s",
+			s, logs.String())
 	}
 }
 

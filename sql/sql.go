@@ -186,6 +186,11 @@ var Invoke string
 //go:embed lease_key_hold.sql
 var LeaseKeyHold string
 
+// ListenerSession is listener_session.sql.
+//
+//go:embed listener_session.sql
+var ListenerSession string
+
 // Nack is nack.sql.
 //
 //go:embed nack.sql
