@@ -119,6 +119,7 @@ var (
 	listenerConnects  = prometheus.NewDesc("bellhop_listener_reconnects_total", "LISTEN connections made after the first.", nil, nil)
 	listenerNotes     = prometheus.NewDesc("bellhop_listener_notifications_total", "Well-formed notifications received.", nil, nil)
 	listenerGarbled   = prometheus.NewDesc("bellhop_listener_garbled_notifications_total", "Malformed notifications ignored.", nil, nil)
+	listenerIgnored   = prometheus.NewDesc("bellhop_listener_ignored_notifications_total", "Notifications on a channel the listener has no handler for (a pooled session's leftover LISTEN), ignored with the connection kept.", nil, nil)
 	listenerMissed    = prometheus.NewDesc("bellhop_listener_missed_heartbeats_total", "Heartbeats the listener did not hear in time, each followed by a reconnect.", nil, nil)
 	listenerDeaf      = prometheus.NewDesc("bellhop_listener_deaf", "1 while the listener has missed two heartbeats and heard none (LISTEN through transaction pooling); /readyz fails meanwhile.", nil, nil)
 )
@@ -128,6 +129,7 @@ func (c *listenerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- listenerConnects
 	ch <- listenerNotes
 	ch <- listenerGarbled
+	ch <- listenerIgnored
 	ch <- listenerMissed
 	ch <- listenerDeaf
 }
@@ -149,6 +151,7 @@ func (c *listenerCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(listenerConnects, prometheus.CounterValue, reconnects)
 	ch <- prometheus.MustNewConstMetric(listenerNotes, prometheus.CounterValue, float64(s.Notifications))
 	ch <- prometheus.MustNewConstMetric(listenerGarbled, prometheus.CounterValue, float64(s.Garbled))
+	ch <- prometheus.MustNewConstMetric(listenerIgnored, prometheus.CounterValue, float64(s.Ignored))
 	ch <- prometheus.MustNewConstMetric(listenerMissed, prometheus.CounterValue, float64(s.HungRestarts))
 	ch <- prometheus.MustNewConstMetric(listenerDeaf, prometheus.GaugeValue, deaf)
 }

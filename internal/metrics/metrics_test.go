@@ -201,7 +201,7 @@ func TestLatencyClockAhead(t *testing.T) {
 func TestListenerMetrics(t *testing.T) {
 	names := map[*prometheus.Desc]string{
 		listenerConnected: "connected", listenerConnects: "reconnects", listenerNotes: "notifications",
-		listenerGarbled: "garbled", listenerMissed: "missed", listenerDeaf: "deaf",
+		listenerGarbled: "garbled", listenerIgnored: "ignored", listenerMissed: "missed", listenerDeaf: "deaf",
 	}
 	for _, tc := range []struct {
 		name  string
@@ -209,11 +209,13 @@ func TestListenerMetrics(t *testing.T) {
 		want  map[string]float64
 	}{
 		{"healthy", notify.Stats{Connected: true, Connects: 1, Notifications: 7},
-			map[string]float64{"connected": 1, "reconnects": 0, "notifications": 7, "garbled": 0, "missed": 0, "deaf": 0}},
+			map[string]float64{"connected": 1, "reconnects": 0, "notifications": 7, "garbled": 0, "ignored": 0, "missed": 0, "deaf": 0}},
 		{"deaf", notify.Stats{Connected: true, Connects: 3, HungRestarts: 2, Deaf: true, Garbled: 1},
-			map[string]float64{"connected": 1, "reconnects": 2, "notifications": 0, "garbled": 1, "missed": 2, "deaf": 1}},
+			map[string]float64{"connected": 1, "reconnects": 2, "notifications": 0, "garbled": 1, "ignored": 0, "missed": 2, "deaf": 1}},
 		{"reconnecting after a miss", notify.Stats{Connects: 2, HungRestarts: 1},
-			map[string]float64{"connected": 0, "reconnects": 1, "notifications": 0, "garbled": 0, "missed": 1, "deaf": 0}},
+			map[string]float64{"connected": 0, "reconnects": 1, "notifications": 0, "garbled": 0, "ignored": 0, "missed": 1, "deaf": 0}},
+		{"a leftover LISTEN", notify.Stats{Connected: true, Connects: 1, Notifications: 2, Ignored: 5},
+			map[string]float64{"connected": 1, "reconnects": 0, "notifications": 2, "garbled": 0, "ignored": 5, "missed": 0, "deaf": 0}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := &listenerCollector{stats: func() notify.Stats { return tc.stats }}
