@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -597,13 +598,6 @@ func walk(cmd *cli.Command, path []string, f func(cmd *cli.Command, path []strin
 		}
 		walk(sub, append(slices.Clone(path), sub.Name), f)
 	}
-}
-
-func envKeys(f cli.Flag) []string {
-	if df, ok := f.(cli.DocGenerationFlag); ok {
-		return df.GetEnvVars()
-	}
-	return nil
 }
 
 // TestHelpDocumentsFlags: every command's --help (from the real binary)
@@ -1254,5 +1248,66 @@ func TestLogLevelAnyCase(t *testing.T) {
 		if r := exeEnv(t, []string{"DATABASE_URL=" + dsn, "BELLHOP_LOG_LEVEL=" + level}, "", "queues"); r.code != 0 {
 			t.Errorf("BELLHOP_LOG_LEVEL=%s: %s", level, r)
 		}
+	}
+}
+
+// TestRunStrayEnvAndSettings: bellhop run warns of each BELLHOP_ variable
+// it reads no flag from, naming it, saying whether another command reads
+// it and suggesting the nearest name it reads; one it reads draws no
+// warning. Its settings line gives the values in force, the database
+// without its password. A misspelled variable was silently ignored, its
+// default applied, and nothing recorded the settings in force. The
+// database is unreachable here: the lines come before the connection.
+func TestRunStrayEnvAndSettings(t *testing.T) {
+	t.Parallel()
+	r := exeEnv(t, []string{
+		"DATABASE_URL=postgres://bob:s3cret@127.0.0.1:1/shopdb?connect_timeout=2",
+		"BELLHOP_SHUTDOWN_GRAC=5s", "BELLHOP_APP=shop", "BELLHOP_NOTHING_LIKE_IT=1", "BELLHOP_POLL_INTERVAL=2s",
+	}, "", "run", "--http-addr", "127.0.0.1:0")
+	if r.code != 1 {
+		t.Fatalf("want exit 1 (database unreachable): %s", r)
+	}
+	if strings.Contains(r.stderr, "s3cret") {
+		t.Errorf("the password is in the output:\n%s", r.stderr)
+	}
+	warned := map[string]string{}
+	var settings map[string]any
+	for line := range strings.Lines(r.stderr) {
+		var l map[string]any
+		if json.Unmarshal([]byte(line), &l) != nil {
+			continue // the error line
+		}
+		if v, ok := l["variable"].(string); ok && l["level"] == "warn" {
+			warned[v], _ = l["message"].(string)
+		}
+		if l["message"] == "settings" {
+			settings = l
+		}
+	}
+	for v, want := range map[string]string{
+		"BELLHOP_SHUTDOWN_GRAC":   "no flag reads it: it has no effect (did you mean BELLHOP_SHUTDOWN_GRACE?)",
+		"BELLHOP_APP":             "only other commands read it: bellhop run ignores it",
+		"BELLHOP_NOTHING_LIKE_IT": "no flag reads it: it has no effect",
+	} {
+		if got, ok := warned[v]; !ok || !strings.HasSuffix(got, want) {
+			t.Errorf("the warning for %s is %q, want one ending %q", v, got, want)
+		}
+	}
+	if len(warned) != 3 {
+		t.Errorf("warnings for %d variables (%v), want 3: not for BELLHOP_POLL_INTERVAL, which run reads", len(warned), warned)
+	}
+	if settings == nil {
+		t.Fatalf("no settings line:\n%s", r.stderr)
+	}
+	for k, want := range map[string]any{
+		"database": "bob@127.0.0.1:1/shopdb", "poll_interval": "2s", "shutdown_grace": "10s",
+		"lease_at_insert": false, "log_level": "info", "allowed_hosts": []any{},
+	} {
+		if got := settings[k]; fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("settings %s = %v, want %v", k, got, want)
+		}
+	}
+	if a, _ := settings["http_addr"].(string); !strings.HasPrefix(a, "127.0.0.1:") || strings.HasSuffix(a, ":0") {
+		t.Errorf("settings http_addr = %q, want the address listened on", a)
 	}
 }

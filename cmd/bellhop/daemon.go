@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -80,6 +83,11 @@ func runCommand(d *deps) *cli.Command {
 			if err != nil {
 				return err
 			}
+			warnStrayEnv(log, cmd)
+			log.Info().Str("database", describeDB(cfg)).Str("http_addr", ln.Addr().String()).
+				Stringer("poll_interval", cmd.Duration("poll-interval")).Stringer("shutdown_grace", cmd.Duration("shutdown-grace")).
+				Bool("lease_at_insert", cmd.Bool("lease-at-insert")).Strs("allowed_hosts", hosts).
+				Str("log_level", strings.ToLower(cmd.String("log-level"))).Msg("settings")
 			pusher := httppush.New(httppush.Options{AllowedHosts: hosts, Logger: log})
 			err = serve(ctx, log, cfg, ln, pusher, bellhop.DispatcherConfig{
 				PollInterval: cmd.Duration("poll-interval"), ShutdownGrace: cmd.Duration("shutdown-grace"),
@@ -93,6 +101,102 @@ func runCommand(d *deps) *cli.Command {
 			return err
 		},
 	}
+}
+
+// describeDB names the database of cfg for the settings line: user, host,
+// port and database, never the password or other parameters.
+func describeDB(cfg *pgxpool.Config) string {
+	c := cfg.ConnConfig
+	return fmt.Sprintf("%s@%s/%s", c.User, net.JoinHostPort(c.Host, strconv.Itoa(int(c.Port))), c.Database)
+}
+
+// warnStrayEnv warns of each BELLHOP_ variable set that cmd reads no flag
+// from: misspelled (BELLHOP_SHUTDOWN_GRAC), or another command's, it has
+// no effect, and the default applies where the operator meant a setting.
+// A warning, not a refusal: one environment often serves several
+// commands (a compose file's shared variables).
+func warnStrayEnv(log zerolog.Logger, cmd *cli.Command) {
+	mine := map[string]bool{}
+	for _, c := range cmd.Lineage() {
+		for _, f := range c.Flags {
+			for _, k := range envKeys(f) {
+				mine[k] = true
+			}
+		}
+	}
+	var all []string
+	var walk func(c *cli.Command)
+	walk = func(c *cli.Command) {
+		for _, f := range c.Flags {
+			all = append(all, envKeys(f)...)
+		}
+		for _, sub := range c.Commands {
+			walk(sub)
+		}
+	}
+	walk(cmd.Root())
+	var set []string
+	for _, kv := range os.Environ() {
+		if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, envPrefix) && !mine[k] {
+			set = append(set, k)
+		}
+	}
+	slices.Sort(set)
+	known := slices.Sorted(maps.Keys(mine))
+	for _, k := range set {
+		ev := log.Warn().Str("variable", k)
+		near := closestEnv(k, known)
+		switch {
+		case slices.Contains(all, k):
+			ev.Msgf("%s is set, but only other commands read it: bellhop %s ignores it", k, cmd.Name)
+		case near != "":
+			ev.Msgf("%s is set, but no flag reads it: it has no effect (did you mean %s?)", k, near)
+		default:
+			ev.Msgf("%s is set, but no flag reads it: it has no effect", k)
+		}
+	}
+}
+
+// envKeys lists the environment variables that f reads.
+func envKeys(f cli.Flag) []string {
+	if df, ok := f.(cli.DocGenerationFlag); ok {
+		return df.GetEnvVars()
+	}
+	return nil
+}
+
+// closestEnv is the name among known nearest to name, if a typo or two
+// away (an edit distance of at most 2), else ""; a tie goes to the first
+// in known's order.
+func closestEnv(name string, known []string) string {
+	best, bestD := "", 3
+	for _, k := range known {
+		if d := editDistance(name, k); d < bestD {
+			best, bestD = k, d
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance between a and b, in bytes.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 // stopSignals stop a command gracefully. SIGHUP is one (a closed terminal
