@@ -165,6 +165,12 @@ func leaseMargin(vt time.Duration) time.Duration { return min(vt/5, 5*time.Secon
 // message no consumer had seen was dead-lettered.
 func startSlack(vt time.Duration) time.Duration { return min(leaseMargin(vt)/4, 250*time.Millisecond) }
 
+// startBy is the latest a delivery of cm, leased for vt, may start: its
+// handler's context would end a startSlack later.
+func startBy(cm *claim.Message, vt time.Duration) time.Time {
+	return cm.LeasedAt.Add(vt - leaseMargin(vt) - startSlack(vt))
+}
+
 func newLease(db *pgxpool.Pool, m *claim.Message, vt time.Duration, cancel context.CancelCauseFunc) *lease {
 	l := &lease{db: db, msg: m, vt: vt, cancel: cancel}
 	l.end = m.LeasedAt.Add(vt - leaseMargin(vt))

@@ -904,7 +904,7 @@ func (l *lane) deliver(st *consumerState, cm *claim.Message) {
 	defer l.d.inFlight.Done()
 	defer l.delivering.Add(-1)
 	vt := leaseTimeout(st, cm)
-	if !time.Now().Before(cm.LeasedAt.Add(vt - leaseMargin(vt) - startSlack(vt))) {
+	if !time.Now().Before(startBy(cm, vt)) {
 		l.releaseUnstarted(st, cm, vt)
 		return
 	}

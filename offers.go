@@ -370,7 +370,7 @@ func (l *lane) leased(cm *claim.Message) {
 	waits := slices.Contains(l.pending, cm)
 	l.pendMu.Unlock()
 	if waits {
-		time.AfterFunc(time.Until(cm.LeasedAt.Add(vt-leaseMargin(vt))), func() {
+		time.AfterFunc(time.Until(startBy(cm, vt)), func() {
 			if l.unpend(cm) {
 				l.d.releaseLeased(cm, l.target)
 			}

@@ -84,12 +84,16 @@ func runCommand(d *deps) *cli.Command {
 				return err
 			}
 			warnStrayEnv(log, cmd)
-			log.Info().Str("database", describeDB(cfg)).Str("http_addr", ln.Addr().String()).
-				Stringer("poll_interval", cmd.Duration("poll-interval")).Stringer("shutdown_grace", cmd.Duration("shutdown-grace")).
-				Bool("lease_at_insert", cmd.Bool("lease-at-insert")).Strs("allowed_hosts", hosts).
-				Str("log_level", strings.ToLower(cmd.String("log-level"))).Msg("settings")
+			// Once the database has answered: a start-up that fails says
+			// one line, its error, which names the database.
+			settings := func() {
+				log.Info().Str("database", describeDB(cfg)).Str("http_addr", ln.Addr().String()).
+					Stringer("poll_interval", cmd.Duration("poll-interval")).Stringer("shutdown_grace", cmd.Duration("shutdown-grace")).
+					Bool("lease_at_insert", cmd.Bool("lease-at-insert")).Strs("allowed_hosts", hosts).
+					Str("log_level", strings.ToLower(cmd.String("log-level"))).Msg("settings")
+			}
 			pusher := httppush.New(httppush.Options{AllowedHosts: hosts, Logger: log})
-			err = serve(ctx, log, cfg, ln, pusher, bellhop.DispatcherConfig{
+			err = serve(ctx, log, cfg, ln, pusher, settings, bellhop.DispatcherConfig{
 				PollInterval: cmd.Duration("poll-interval"), ShutdownGrace: cmd.Duration("shutdown-grace"),
 				LeaseAtInsert: cmd.Bool("lease-at-insert"),
 			})
@@ -391,7 +395,8 @@ func (r *pushResolver) forget(id uuid.UUID) {
 // dc holds the dispatcher's settings from flags; serve adds the resolver,
 // the logger and the observer. Once the dispatcher has stopped, it waits
 // at most closeWait for the HTTP server and its own pool to close.
-func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.Listener, pusher *httppush.Pusher, dc bellhop.DispatcherConfig) error {
+// settings logs the settings line, once the database has answered.
+func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.Listener, pusher *httppush.Pusher, settings func(), dc bellhop.DispatcherConfig) error {
 	reg := prometheus.NewRegistry()
 	var disp *bellhop.Dispatcher
 	client, pool, err := openClient(ctx, cfg)
@@ -405,6 +410,7 @@ func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.
 		ln.Close()
 		return err
 	}
+	settings()
 	// ctx bounds the depth reads: a scrape in flight when the stop begins
 	// gives up its read rather than hold a connection of pool.
 	rec := metrics.New(ctx, reg, log, func() notify.Stats { return disp.ListenerStats() },
