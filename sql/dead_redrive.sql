@@ -25,6 +25,17 @@
 -- moves; a consumer that is there is locked against removal until this
 -- commits; and an insert that meets an id that went live since the
 -- snapshot, committed or not, does nothing.
+--
+-- They are locked in key order (id, app_id, source), as dead_purge.sql
+-- locks, not in the order the plan reads them: a by-queue selection reads
+-- idx_dead_letters_queue, in died_at order, an app-wide one the table or
+-- idx_dead_letters_died, in another. Two overlapping redrives or purges
+-- that each locked in their own order waited for each other, and
+-- PostgreSQL failed one with a deadlock (40P01). The sort is of the
+-- selected rows only, after the plan has found them (10,000 with 300-byte
+-- payloads: 4.6 MB, sorted on disk past work_mem, within the noise of the
+-- statement's 0.8 s). There is no LIMIT: the selection is the same
+-- whatever the order it is locked in.
 WITH cand AS (
     SELECT d.id, d.app_id, d.source,
            CASE WHEN d.source = 'queue'
@@ -43,6 +54,7 @@ WITH cand AS (
     FROM dead_letters d
     JOIN cand c ON c.id = d.id AND c.app_id = d.app_id AND c.source = d.source
     WHERE NOT c.id_live
+    ORDER BY d.id, d.app_id, d.source
     FOR UPDATE OF d
 ), q AS (
     INSERT INTO queue_messages (id, app_id, queue_name, payload, enqueued_at, deliver_after, max_attempts, enqueued_by_principal)
