@@ -3,11 +3,13 @@ package bellhop
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/bellhopq/bellhop/internal/validate"
 	queries "github.com/bellhopq/bellhop/sql"
@@ -152,7 +154,11 @@ func (c *Client) DeadLetters(ctx context.Context, f DeadFilter) (_ []DeadLetter,
 // error is a *NotRedrivenError (errors.Is ErrNotRedriven) saying how many
 // of each, beside the count of those that moved. An unknown app is
 // ErrUnknownApp, and a queue that is not a valid queue name is
-// ErrInvalidQueueName: neither could select anything.
+// ErrInvalidQueueName: neither could select anything. A redrive that
+// PostgreSQL ended for a concurrent change of the same dead letters (a
+// deadlock, or a serialization failure in a session that defaults to a
+// stricter isolation than read committed) moved nothing, and its error
+// says to retry.
 func (c *Client) Redrive(ctx context.Context, app, queue string, id uuid.UUID) (_ int64, err error) {
 	defer c.schemaError(ctx, &err)
 	if err := c.deadCheck(ctx, "redrive", app, queue); err != nil {
@@ -163,7 +169,7 @@ func (c *Client) Redrive(ctx context.Context, app, queue string, id uuid.UUID) (
 	err = c.db.QueryRow(ctx, queries.DeadRedrive, queries.Args{"app_name": app, "queue_name": nullable(queue), "id": nullable(id)}).
 		Scan(&moved, &left.ConsumerGone, &left.IDInUse)
 	if err != nil {
-		return 0, fmt.Errorf("redrive dead letters of %s: %w", printable(app), err)
+		return 0, deadOpError("redrive", app, err)
 	}
 	if left.ConsumerGone+left.IDInUse > 0 {
 		return moved, fmt.Errorf("redrive dead letters of %s: %w", printable(app), &left)
@@ -171,7 +177,8 @@ func (c *Client) Redrive(ctx context.Context, app, queue string, id uuid.UUID) (
 	return moved, nil
 }
 
-// PurgeDead deletes app's dead letters for good, selected as in Redrive.
+// PurgeDead deletes app's dead letters for good, selected as in Redrive,
+// and fails as Redrive does.
 func (c *Client) PurgeDead(ctx context.Context, app, queue string, id uuid.UUID) (_ int64, err error) {
 	defer c.schemaError(ctx, &err)
 	return c.deadOp(ctx, "purge", queries.DeadPurge, app, queue, id)
@@ -197,7 +204,22 @@ func (c *Client) deadOp(ctx context.Context, verb, sql, app, queue string, id uu
 	}
 	tag, err := c.db.Exec(ctx, sql, queries.Args{"app_name": app, "queue_name": nullable(queue), "id": nullable(id)})
 	if err != nil {
-		return 0, fmt.Errorf("%s dead letters of %s: %w", verb, printable(app), err)
+		return 0, deadOpError(verb, app, err)
 	}
 	return tag.RowsAffected(), nil
+}
+
+// deadOpError is a failed redrive's or purge's error. One that PostgreSQL
+// ended for a concurrent change of the same rows, a deadlock (40P01) or,
+// in a session whose default isolation is repeatable read or
+// serializable, a serialization failure (40001), says that the statement
+// changed nothing and may be retried: it was one statement of its own.
+// The server's error stays wrapped.
+func deadOpError(verb, app string, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001") {
+		return fmt.Errorf("%s dead letters of %s: a concurrent change of the same dead letters ended it, "+
+			"nothing changed; retry: %w", verb, printable(app), err)
+	}
+	return fmt.Errorf("%s dead letters of %s: %w", verb, printable(app), err)
 }

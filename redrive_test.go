@@ -5,12 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop"
@@ -504,5 +507,73 @@ func TestOverlappingRedrivesAndPurgesDoNotDeadlock(t *testing.T) {
 		}
 		// A failed round's leftovers stay out of the next one's totals.
 		e.exec(`DELETE FROM dead_letters`)
+	}
+}
+
+// TestDeadOpConflictSaysRetry: a redrive or purge that PostgreSQL ends for
+// a concurrent change of the same dead letters says that nothing changed
+// and that it may be retried, the server's error still wrapped. Here the
+// session defaults to repeatable read, and another transaction deletes a
+// dead letter the call waits for: 40001. Its error was the server's
+// alone.
+func TestDeadOpConflictSaysRetry(t *testing.T) {
+	t.Parallel()
+	for _, purge := range []bool{false, true} {
+		name := map[bool]string{false: "redrive", true: "purge"}[purge]
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			e := fxNew(t)
+			shop := e.app("shop")
+			ids := []uuid.UUID{uuid.New(), uuid.New()}
+			for _, id := range ids {
+				e.exec(`INSERT INTO dead_letters (id, source, app_id, queue_name, payload, enqueued_at, attempt, max_attempts, last_error)
+					VALUES ($1, 'queue', $2, 'orders', '{"n":1}', now(), 3, 3, 'boom')`, id, shop.ID)
+			}
+			cfg := e.pool.Config().Copy()
+			cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "repeatable read"
+			pool, err := pgxpool.NewWithConfig(e.ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(pool.Close)
+			client := bellhop.NewClient(pool)
+
+			tx, err := e.pool.Begin(e.ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(e.ctx)
+			if _, err := tx.Exec(e.ctx, `DELETE FROM dead_letters WHERE id = $1`, ids[0]); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() {
+				var err error
+				if purge {
+					_, err = client.PurgeDead(e.ctx, "shop", "orders", uuid.Nil)
+				} else {
+					_, err = client.Redrive(e.ctx, "shop", "orders", uuid.Nil)
+				}
+				done <- err
+			}()
+			waitUntil(t, 30*time.Second, "the "+name+" to wait for the delete", func() bool {
+				return e.int64(`SELECT count(*) FROM pg_stat_activity
+					WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%dead_letters%'`) > 0
+			})
+			if err := tx.Commit(e.ctx); err != nil {
+				t.Fatal(err)
+			}
+			err = <-done
+			var pe *pgconn.PgError
+			if !errors.As(err, &pe) || pe.Code != "40001" {
+				t.Fatalf("%s: %v; want a serialization failure (40001)", name, err)
+			}
+			if !strings.Contains(err.Error(), "nothing changed; retry") {
+				t.Errorf("%s: %q does not say that nothing changed and to retry", name, err)
+			}
+			if got := e.int64(`SELECT count(*) FROM dead_letters WHERE id = $1`, ids[1]); got != 1 {
+				t.Errorf("the other dead letter is gone, want it left: the %s failed", name)
+			}
+		})
 	}
 }
