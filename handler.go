@@ -155,20 +155,13 @@ type lease struct {
 // that the handler's outcome is written while the lease still holds.
 func leaseMargin(vt time.Duration) time.Duration { return min(vt/5, 5*time.Second) }
 
-// startSlack is the least time a delivery must have before its handler's
-// context ends (a quarter of the lease margin, at most 250ms), or it is not
-// started (lane.releaseUnstarted). An HTTP push keeps as much between its
-// request's own deadline and the context's end (internal/httppush), so
-// that a request that got no connection is an ordinary retry: started
-// with less, a push that got none was cut by the lease, its attempt spent
-// and its retry held to the lease's end, and on the last attempt a
-// message no consumer had seen was dead-lettered.
-func startSlack(vt time.Duration) time.Duration { return min(leaseMargin(vt)/4, 250*time.Millisecond) }
-
 // startBy is the latest a delivery of cm, leased for vt, may start: its
-// handler's context would end a startSlack later.
+// handler's context would end then (lane.releaseUnstarted). A slack before
+// it, for an HTTP push to connect in, was tried and dropped: a claim path
+// that always took that long released the message unstarted, its attempt
+// refunded, for ever (a band of 250 ms under the lease's end).
 func startBy(cm *claim.Message, vt time.Duration) time.Time {
-	return cm.LeasedAt.Add(vt - leaseMargin(vt) - startSlack(vt))
+	return cm.LeasedAt.Add(vt - leaseMargin(vt))
 }
 
 func newLease(db *pgxpool.Pool, m *claim.Message, vt time.Duration, cancel context.CancelCauseFunc) *lease {

@@ -1081,11 +1081,10 @@ func (l *lane) slotDone() {
 
 // releaseUnstarted gives back a message whose claim came back so late (a
 // stalled or frozen database) that its lease, as this dispatcher measures
-// it, had run out before delivery could start, or had less than
-// startSlack left. Delivering it would start the handler with its context
-// ended, or about to end: the attempt would be spent without the consumer
-// seeing the message (an HTTP push with no time to connect), and a
-// message on its last attempt would be dead-lettered undelivered. Release
+// it, had run out before delivery could start. Delivering it would start
+// the handler with its context already ended: the attempt would be spent
+// without the consumer seeing the message, and a message on its last
+// attempt would be dead-lettered without ever being delivered. Release
 // refunds the attempt and makes the message claimable at once (and wakes
 // the dispatchers); the claim token fences it as usual. No Observer event:
 // nothing was delivered.
@@ -1094,8 +1093,7 @@ func (l *lane) releaseUnstarted(st *consumerState, cm *claim.Message, vt time.Du
 		Stringer("source", cm.Source).Str("consumer_id", st.ID.String()).
 		Str("message_id", cm.ID.String()).Int("attempt", cm.Attempt).Logger()
 	l.msgEvent(&log, zerolog.WarnLevel).Stringer("claim_took", time.Since(cm.LeasedAt)).Stringer("visibility_timeout", vt).
-		Stringer("least_left", leaseMargin(vt)+startSlack(vt)).
-		Msg("the claim returned too late to deliver, with less than least_left of its lease left; releasing the message undelivered")
+		Msg("the claim returned after the lease had run out; releasing the message undelivered")
 	l.d.complete.Submit(claim.Outcome{Message: cm, Verdict: claim.Release, Done: func(_ bool, err error) {
 		// Not when a retry found it released, or reclaimed.
 		if errors.Is(err, claim.ErrWriteFailed) {

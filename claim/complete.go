@@ -35,7 +35,7 @@ const (
 	DeadLetter
 	// Release gives it back with its attempt refunded: its handler was
 	// interrupted by a clean stop, or its delivery never started because
-	// the claim returned too late to start it. It is claimable at
+	// the claim returned after the lease had run out. It is claimable at
 	// once unless HoldLease keeps it.
 	Release
 )

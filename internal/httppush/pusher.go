@@ -465,9 +465,7 @@ func leaseMargin(vt time.Duration) time.Duration { return min(vt/5, 5*time.Secon
 
 // leaseSlack is how long before the handler's context ends
 // (bellhop.Message.LeaseDeadline) a request's own deadline falls: a
-// quarter of the lease margin, at most 250ms. It mirrors the unexported
-// startSlack in package bellhop: the dispatcher does not start a delivery
-// with less than that left. The request then ends by its
+// quarter of the lease margin, at most 250ms. The request then ends by its
 // timeout, whose outcome the push decides (no connection: nothing reached
 // the consumer, an ordinary retry), and the handler returns before the
 // dispatcher cancels its context, which would make the dispatcher hold the
@@ -522,9 +520,8 @@ func (h *handler) push(ctx context.Context, m *bellhop.Message) (int, error) {
 	// reached the consumer. Push handlers do not renew the lease, so its
 	// deadline stays where it is read here.
 	//
-	// A push that starts within the slack (the dispatcher started its
-	// delivery with the slack left, and time passed before the push
-	// began) is sent all the same, until the handler's context ends: a consumer
+	// A push that starts within the slack (its delivery began late) is
+	// sent all the same, until the handler's context ends: a consumer
 	// that answers at once still gets it, as it did before the cut.
 	// Refused unsent, it spent an attempt, and on the last one
 	// dead-lettered a message no consumer had seen. If the handler's
