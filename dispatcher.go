@@ -565,7 +565,8 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 // defaults), plus however long a handler that ignores its context runs
 // past the grace; at that bound, the outcomes not yet written are given
 // up on, those such a handler returns later too, however many wait while
-// the database is away. Once Run has returned, the pool's connections to
+// the database is away, and if the last handler returns after it, the
+// stop's other writes are skipped. Once Run has returned, the pool's connections to
 // a server that stopped answering may take pgx up to 15s more to close,
 // in the background. Nothing is logged after Run returns:
 // when the grace runs out, Run waits for its warning to reach the
@@ -692,14 +693,16 @@ func (d *Dispatcher) Run(ctx context.Context) (err error) {
 	if !grace.Stop() {
 		<-graceOver // its line is written before Run goes on, and returns
 	}
-	// From here StopBudget bounds the writes, outcomes included
-	// (Completer.Shutdown gives up at its end). over only bounds the wait
-	// for the handlers: left running, it fired a moment before a budget
-	// that began as a caught claim pass ended, gave up on the outcomes
-	// while the budget had not quite run out, and the stop went on to the
-	// hand-over with no time left for it.
-	over.Stop()
-	stopBy = d.stopWrites(stopped, bg.Wait)
+	// From here StopBudget bounds the writes, outcomes included. over only
+	// bounds the wait for the handlers: left running, it fired a moment
+	// before a budget that began as a caught claim pass ended, gave up on
+	// the outcomes while the budget had not quite run out, and the stop
+	// went on to the hand-over with no time left for it. Had it fired
+	// already, the stop's bound has passed: its writes are skipped (they
+	// were given a budget of their own, and a hand-over against a server
+	// that stopped answering took the stop 5s past its bound).
+	spent := !over.Stop()
+	stopBy = d.stopWrites(stopped, bg.Wait, spent)
 	d.log.Info().Msg("dispatcher stopped")
 	return nil
 }
@@ -711,12 +714,25 @@ func (d *Dispatcher) Run(ctx context.Context) (err error) {
 // by it say so (timeout.Explain). bgDone waits for the background loops,
 // whose ctx has ended, before the busy marks and last_fired_at: the touch
 // loop's last update, failing, hands its consumers back for the final one.
-// It returns the budget's end, which also bounds the wait for the pool
-// to close (closePool).
-func (d *Dispatcher) stopWrites(stopped []*lane, bgDone func()) (by time.Time) {
+// spent says that the stop's bound passed while its handlers finished:
+// the outcomes were given up then, and every write is skipped. It returns
+// the budget's end, which also bounds the wait for the pool to close
+// (closePool).
+func (d *Dispatcher) stopWrites(stopped []*lane, bgDone func(), spent bool) (by time.Time) {
 	ctx, cancel := timeout.Bound(context.Background(), StopBudget)
 	defer cancel()
 	by, _ = ctx.Deadline()
+	if spent {
+		var end context.CancelCauseFunc
+		ctx, end = context.WithCancelCause(ctx)
+		end(errBoundPassed)
+		by = time.Now()
+	}
+	// At the budget's end every outcome still wanted is given up, also a
+	// release that closeOffers submits (a lease found by its token): with
+	// the Completer's queue full, Submit would block until a batch retried
+	// while the database is away gave up, up to a try's 10s or more.
+	defer context.AfterFunc(ctx, func() { d.complete.Abandon(context.Cause(ctx)) })()
 	d.closeOffers(ctx)
 	if n := d.complete.Pending(); n > 0 {
 		d.log.Info().Int("outcomes", n).Stringer("stop_budget", StopBudget).
@@ -763,6 +779,10 @@ func (d *Dispatcher) stopWrites(stopped []*lane, bgDone func()) (by time.Time) {
 	d.flushLastFired(ctx)
 	return by
 }
+
+// errBoundPassed ends the writes of a stop whose bound passed while its
+// handlers finished (stopWrites).
+var errBoundPassed = errors.New("the stop's time ran out before its handlers were done (ShutdownGrace, then StopBudget)")
 
 // closePool closes the pool, waiting for it until by at most (zero: for as
 // long as it takes, as after a failed start). pgx drains a connection whose

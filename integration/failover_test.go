@@ -91,10 +91,10 @@ func freeze(t *testing.T, c *pgcluster.Cluster) (thaw func()) {
 // busy marks' deletion and the last_fired_at update waited 5 s each.
 //
 // The release gets the whole budget, counted from the handler's return,
-// and its give-up says so, however late the handler returns: the bound of
-// the handlers' wait (ShutdownGrace or a claim pass's StopWait, then
-// StopBudget) used to give it up first, with the budget not run out, and
-// the stop then tried the hand-over. With a handler that ignores its
+// and its give-up says so, if the handler returns before the stop's
+// bound: the bound of the handlers' wait (ShutdownGrace or a claim pass's
+// StopWait, then StopBudget) used to give it up first, with the budget
+// not run out, and the stop then tried the hand-over. With a handler that ignores its
 // context's end for 6s, that was 2s before the budget's end; with one
 // that returns at once, a moment before it, when the freeze caught the
 // lane's claim pass (a CI run).
