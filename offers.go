@@ -703,23 +703,14 @@ func (d *Dispatcher) closeOffers(ctx context.Context) {
 	// taken offer's token stays until its notification is heard, and
 	// the listener has stopped. Whether any offer may still be out is
 	// what dropAllOffers knows.
-	// With ctx ended already (the stop's bound passed while its handlers
-	// finished), nothing is sent, and the warning says why.
-	err := context.Cause(ctx)
-	withdrawn := false
-	if err == nil {
-		withdrawn = d.dropAllOffers(ctx)
-	}
+	withdrawn := d.dropAllOffers(ctx)
 	var tokens []uuid.UUID
 	d.offers.mu.Lock()
 	for t := range d.offers.byToken {
 		tokens = append(tokens, t)
 	}
 	d.offers.mu.Unlock()
-	var fs []foundLease
-	if err == nil {
-		fs, err = d.findLeases(ctx, tokens)
-	}
+	fs, err := d.findLeases(ctx, tokens)
 	if err != nil {
 		// Whatever ended ctx, the stop is the caller: the log line is
 		// the only sign that leases may be held past it.
