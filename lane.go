@@ -552,20 +552,23 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed, full bool) {
 			}
 			return l.retry(ctx, st, err), claimed, false
 		}
-		l.failures = 0
-		l.due, l.owed = pass.NextDue, false
 		if mark {
 			l.marked, l.markedAt = true, sent
 		}
 		if ctx.Err() != nil {
 			// Stopped while the claim ran: give its messages back now,
-			// attempts refunded, rather than deliver after the stop.
+			// attempts refunded, rather than deliver after the stop. A
+			// pass stopped before it was sent read no due time: the one
+			// known, and a hand-over owed, stay for tidyUp.
+			l.due = earliest(l.due, pass.NextDue)
 			for i := range pass.Messages {
 				l.d.complete.Submit(claim.Outcome{Message: &pass.Messages[i], Verdict: claim.Release})
 			}
 			l.freeSlots(free)
 			return time.Time{}, claimed, false
 		}
+		l.failures = 0
+		l.due, l.owed = pass.NextDue, false
 		// A reload while the claim ran (it may have waited long for a
 		// connection, a lock or the combiner) applies to what it claimed:
 		// the new handler delivers, and what a pause or a lower limit no

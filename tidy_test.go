@@ -2,10 +2,12 @@ package bellhop
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
@@ -69,5 +71,51 @@ func TestTidyUpTakesTheNackOnce(t *testing.T) {
 	}
 	if l.renacked.CompareAndSwap(true, false) { // afterNack, the lane stopped
 		t.Error("renacked still set after tidyUp: afterNack hands the nack over again")
+	}
+}
+
+// TestStoppedBeforeItsClaimKeepsTheHandOver: a nack's pass that a reload
+// stops after it has begun but before its claim is sent (here as the
+// busy lock's check before the claim tries to connect; as likely while
+// the claim waits in the Combiner) gets an empty Pass, which reads no due
+// time: the hand-over it owes stays for tidyUp. The empty Pass was taken
+// for a claim that had read the due times: owed was cleared, and the
+// retry waited for the other dispatchers' fallback poll.
+func TestStoppedBeforeItsClaimKeepsTheHandOver(t *testing.T) {
+	cfg, err := pgxpool.ParseConfig("postgres://nobody@localhost:1/none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cfg.BeforeConnect = func(context.Context, *pgx.ConnConfig) error {
+		cancel() // the reload stops the lane
+		return errors.New("no connection (test)")
+	}
+	d, err := NewDispatcher(cfg, DispatcherConfig{Resolver: resolverFunc(func(Consumer) Handler { return nil }), Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.stopped = true // hand-overs are kept in d.owed
+	if d.db, err = pgxpool.NewWithConfig(ctx, cfg); err != nil { // Run's, which never runs here
+		t.Fatal(err)
+	}
+	t.Cleanup(d.db.Close)
+	d.claims = claim.NewCombiner(d.db, 1, 0)
+	st := &consumerState{Consumer: Consumer{ID: uuid.New(), AppID: uuid.New(), Queue: "q", Enabled: true, MaxInFlight: 1}}
+	l := newLane(ctx, d, st, claim.Target{Source: claim.Queue, AppID: st.AppID, Queue: "q"}, new(atomic.Int32))
+	t.Cleanup(func() { l.timer.Stop() })
+	l.settle = true // the check before the claim connects, which stops the lane
+	l.pass(ctx, false, true)
+	if ctx.Err() == nil {
+		t.Fatal("the lane was not stopped during its pass; the case is moot")
+	}
+	if !l.owed {
+		t.Error("owed cleared by a pass stopped before its claim was sent")
+	}
+	l.settle = false // settleGone would check the lock until it could, here for ever
+	l.tidyUp()
+	if len(d.owed) != 1 {
+		t.Errorf("%d hand-overs for the stopped nack pass, want 1", len(d.owed))
 	}
 }

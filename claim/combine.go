@@ -28,8 +28,8 @@ import (
 // its messages would stay leased, each with an attempt spent, until the
 // lease ran out (dead-lettering one that was on its last attempt,
 // undelivered). A pass is cancelled only once every caller it serves has
-// been stopped for StopWait. A caller stopped while its pass waits gets
-// an empty Pass at once.
+// been stopped for StopWait. A caller stopped before its pass is sent
+// (while it waits, or before it calls) gets an empty Pass at once.
 //
 // A pass that has not answered within the Combiner's timeout is cancelled,
 // and each of its callers gets an error: a pass stuck on a lock or on a
@@ -90,6 +90,13 @@ func NewCombiner(db *pgxpool.Pool, limit int, passTimeout time.Duration) *Combin
 // queues' if passes are waiting (see Combiner). ctx stops the caller:
 // see Combiner for what a stop does to a pass.
 func (c *Combiner) Pass(ctx context.Context, r Request) (Pass, error) {
+	if ctx.Err() != nil {
+		// Stopped already, as a caller stopped while its pass waits: no
+		// claim is sent. One sent at once leased messages only for the
+		// caller to release them, and against a stalled server held its
+		// stop for StopWait.
+		return Pass{}, nil
+	}
 	cl := &call{ctx: ctx, req: r}
 	c.mu.Lock()
 	if c.inFlight < c.limit && len(c.waiting) == 0 {

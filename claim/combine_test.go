@@ -474,3 +474,28 @@ func TestCombinerTimeout(t *testing.T) {
 		t.Errorf("%d busy marks on the blocked pass's queue: its cancelled statement ran after all", marks)
 	}
 }
+
+// TestCombinerStoppedCallerClaimsNothing: a caller stopped before it asks
+// for a pass gets an empty one, and nothing is leased, as one stopped
+// while its pass waits does. The pass used to be sent when it could go at
+// once: its messages were leased only to be released, and against a
+// stalled server the stop waited StopWait for it.
+func TestCombinerStoppedCallerClaimsNothing(t *testing.T) {
+	pool, c, appID := setup(t)
+	enqueueN(t, c, "app", "a", 3, bellhop.EnqueueOptions{})
+	comb := claim.NewCombiner(pool, 2, time.Minute)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	p, err := comb.Pass(ctx, claim.Request{Target: claim.Target{Source: claim.Queue, AppID: appID, Queue: "a"}, Max: 3,
+		Busy: claim.Busy{Owner: uuid.New(), Lease: time.Minute}})
+	if err != nil || len(p.Messages) != 0 {
+		t.Errorf("a stopped caller's pass: %d messages, error %v; want none", len(p.Messages), err)
+	}
+	var leased int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM queue_messages WHERE claim_token IS NOT NULL`).Scan(&leased); err != nil {
+		t.Fatal(err)
+	}
+	if leased != 0 {
+		t.Errorf("%d messages leased by a stopped caller's pass, want 0", leased)
+	}
+}
