@@ -96,7 +96,7 @@ func TestStoppedBeforeItsClaimKeepsTheHandOver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d.stopped = true // hand-overs are kept in d.owed
+	d.stopped = true                                             // hand-overs are kept in d.owed
 	if d.db, err = pgxpool.NewWithConfig(ctx, cfg); err != nil { // Run's, which never runs here
 		t.Fatal(err)
 	}
