@@ -486,21 +486,57 @@ func (c *Client) SetConsumerEnabled(ctx context.Context, app string, id uuid.UUI
 }
 
 // RemoveConsumer deletes the consumer id of app. Its queue's messages stay
-// for a future consumer; its pending invoke_async deliveries are deleted.
+// for a future consumer; its pending invoke_async deliveries are deleted,
+// leased ones included.
+//
+// The removal is one statement, which deletes those deliveries row by row
+// while a dispatcher may be recording outcomes for some of them in another
+// order, so PostgreSQL may end it as a deadlock (40P01), or, in a session
+// whose default isolation is repeatable read or serializable, as a
+// serialization failure (40001). Either leaves everything as it was, and
+// RemoveConsumer tries again, up to 4 times in all (removeTries); an error
+// after the last says that nothing changed and to retry, the server's
+// error wrapped.
 func (c *Client) RemoveConsumer(ctx context.Context, app string, id uuid.UUID) (err error) {
 	defer c.schemaError(ctx, &err)
-	appID, _, err := c.resolve(ctx, c.db, app, "")
-	if err == nil {
-		var gone uuid.UUID
-		err = c.db.QueryRow(ctx, queries.ConsumerDelete, queries.Args{"id": id, "app_id": appID}).Scan(&gone)
-		if errors.Is(err, pgx.ErrNoRows) {
-			err = ErrUnknownConsumer
-		}
-	}
-	if err != nil {
+	fail := func(err error) error {
 		return fmt.Errorf("remove consumer %s of app %s: %w", id, printable(app), err)
 	}
-	return nil
+	appID, _, err := c.resolve(ctx, c.db, app, "")
+	if err != nil {
+		return fail(err)
+	}
+	for try := 1; ; try++ {
+		var gone uuid.UUID
+		err = c.db.QueryRow(ctx, queries.ConsumerDelete, queries.Args{"id": id, "app_id": appID}).Scan(&gone)
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, pgx.ErrNoRows):
+			return fail(ErrUnknownConsumer)
+		case !removalConflict(err):
+			return fail(err)
+		case try == removeTries:
+			return fail(fmt.Errorf("a concurrent change of its invoke deliveries ended the removal %d times, "+
+				"nothing changed; retry: %w", try, err))
+		}
+		// No pause: after a deadlock the other side holds the locks the
+		// removal waited for, and the next try waits for it to end; after
+		// a serialization failure the change met has committed, and the
+		// next try's snapshot holds it.
+	}
+}
+
+// removeTries bounds RemoveConsumer's tries of a removal that PostgreSQL
+// ended for a deadlock or serialization failure.
+const removeTries = 4
+
+// removalConflict reports whether err is a deadlock (40P01) or a
+// serialization failure (40001): the statement was rolled back, changed
+// nothing, and may be tried again.
+func removalConflict(err error) bool {
+	code, _ := pgCode(err)
+	return code == "40P01" || code == "40001"
 }
 
 // Consumers lists the consumers of app, or of every app when app is ""

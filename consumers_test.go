@@ -7,9 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/claim"
 )
 
 // TestPushTimeoutMustFitLease: a push timeout longer than the lease allows
@@ -407,5 +410,214 @@ func TestInvokeRacingRemoval(t *testing.T) {
 				t.Errorf("%d outbox rows, want 0", outbox)
 			}
 		})
+	}
+}
+
+// fxPool is a pool on e's database whose sessions start with params
+// (deadlock_timeout, default_transaction_isolation...).
+func (e *fxEnv) fxPool(params map[string]string) *pgxpool.Pool {
+	e.t.Helper()
+	cfg := e.pool.Config().Copy()
+	for k, v := range params {
+		cfg.ConnConfig.RuntimeParams[k] = v
+	}
+	pool, err := pgxpool.NewWithConfig(e.ctx, cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(pool.Close)
+	return pool
+}
+
+// blockedBy waits until a session of e's database waits for a lock held
+// by one of pids, and returns which one holds it. The wait fails at once
+// if the call that should wait has returned instead (on done).
+func (e *fxEnv) blockedBy(what string, done <-chan error, pids ...uint32) uint32 {
+	e.t.Helper()
+	var holder uint32
+	waitUntil(e.t, 30*time.Second, what, func() bool {
+		select {
+		case err := <-done:
+			e.t.Fatalf("waiting for %s: the call returned instead: %v", what, err)
+		default:
+		}
+		holder = uint32(e.int64(`SELECT coalesce(min(b), 0) FROM pg_stat_activity AS a, unnest(pg_blocking_pids(a.pid)) AS b
+			WHERE a.datname = current_database() AND b = ANY($1::int[])`, pids))
+		return holder != 0
+	})
+	return holder
+}
+
+// TestRemoveConsumerBesideOutcomes: a removal whose cascade meets a
+// dispatcher's outcomes for the consumer's invoke deliveries, settled in
+// another order than the cascade's, deadlocks (40P01); PostgreSQL ends the
+// removal, which waited first. RemoveConsumer tries it again once the
+// outcomes are written, and succeeds: it returned the bare server error.
+// The batch [ack p2, nack q, nack p1] stops between its ack and its nack
+// on a lock held on the queue message q; the removal then deletes p1, the
+// row its scan reaches first, and waits for p2; q's lock goes, and the
+// nack waits for p1.
+func TestRemoveConsumerBesideOutcomes(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	shop := e.app("shop")
+	c, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if _, err := e.client.InvokeAsync(e.ctx, c.ID, []byte(`1`), bellhop.EnqueueOptions{}); err != nil {
+			t.Fatalf("invoke %d: %v", i, err)
+		}
+	}
+	if _, err := e.client.Enqueue(e.ctx, "shop", "orders", []byte(`1`), bellhop.EnqueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	invokes, _, err := claim.Claim(e.ctx, e.pool, claim.Target{Source: claim.Invoke, AppID: shop.ID, TriggerID: c.ID}, 10)
+	if err != nil || len(invokes) != 2 {
+		t.Fatalf("claimed %d invoke deliveries, want 2: %v", len(invokes), err)
+	}
+	queued, _, err := claim.Claim(e.ctx, e.pool, claim.Target{Source: claim.Queue, AppID: shop.ID, Queue: "orders", TriggerID: c.ID}, 10)
+	if err != nil || len(queued) != 1 {
+		t.Fatalf("claimed %d queue messages, want 1: %v", len(queued), err)
+	}
+	// p1: the row that the cascade (outbox's foreign key, by trigger_id
+	// and app_id) reaches first.
+	var first uuid.UUID
+	if err := e.pool.QueryRow(e.ctx, `SELECT id FROM outbox WHERE trigger_id = $1 AND app_id = $2 LIMIT 1`,
+		c.ID, shop.ID).Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	p1, p2, q := &invokes[0], &invokes[1], &queued[0]
+	if p2.ID == first {
+		p1, p2 = p2, p1
+	}
+
+	// The batch's and the removal's sessions: the removal's deadlock check
+	// runs first, 2s after it begins to wait, by when the batch waits too.
+	batchPool := e.fxPool(map[string]string{"deadlock_timeout": "60s"})
+	removePool := e.fxPool(map[string]string{"deadlock_timeout": "2s"})
+	remover := bellhop.NewClient(removePool)
+	deadlocks := func() int64 {
+		return e.int64(`SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()`)
+	}
+	before := deadlocks()
+
+	locker, err := e.pool.Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Rollback(e.ctx)
+	var lockerPID uint32
+	if err := locker.QueryRow(e.ctx, `SELECT pg_backend_pid() FROM queue_messages WHERE id = $1 FOR UPDATE`, q.ID).Scan(&lockerPID); err != nil {
+		t.Fatal(err)
+	}
+	type written struct {
+		applied claim.Applied
+		err     error
+	}
+	batch := make(chan written, 1)
+	go func() {
+		applied, err := claim.Write(e.ctx, batchPool, []claim.Outcome{
+			{Message: p2, Verdict: claim.Ack},
+			{Message: q, Verdict: claim.Nack},
+			{Message: p1, Verdict: claim.Nack},
+		})
+		batch <- written{applied, err}
+	}()
+	var batchPID uint32
+	waitUntil(t, 30*time.Second, "the batch to wait for the queue message's lock", func() bool {
+		batchPID = uint32(e.int64(`SELECT coalesce(min(pid), 0) FROM pg_stat_activity
+			WHERE datname = current_database() AND $1 = ANY(pg_blocking_pids(pid))`, lockerPID))
+		return batchPID != 0
+	})
+	removed := make(chan error, 1)
+	go func() { removed <- remover.RemoveConsumer(e.ctx, "shop", c.ID) }()
+	e.blockedBy("the removal to wait for the batch's ack", removed, batchPID)
+	if err := locker.Rollback(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := <-removed; err != nil {
+		t.Fatalf("RemoveConsumer beside a batch of outcomes: %v", err)
+	}
+	w := <-batch
+	if w.err != nil {
+		t.Fatalf("the batch of outcomes: %v", w.err)
+	}
+	for _, m := range []*claim.Message{p2, q, p1} {
+		if !w.applied.Has(m) {
+			t.Errorf("the outcome for %s was not applied", m.ID)
+		}
+	}
+	if n := e.int64(`SELECT count(*) FROM triggers WHERE id = $1`, c.ID) + e.int64(`SELECT count(*) FROM outbox`); n != 0 {
+		t.Errorf("%d rows of the consumer and its invoke deliveries left, want 0", n)
+	}
+	if n := e.int64(`SELECT count(*) FROM queue_messages WHERE claim_token IS NULL`); n != 1 {
+		t.Errorf("%d unclaimed queue messages, want the nacked one", n)
+	}
+	// The removal did meet the deadlock (its first try was ended), or this
+	// test shows nothing: the batch's locks did not meet the cascade's.
+	waitUntil(t, 30*time.Second, "the deadlock to be counted", func() bool { return deadlocks() > before })
+}
+
+// TestRemoveConsumerConflictSaysRetry: a removal that PostgreSQL ends for a
+// concurrent change of the consumer's invoke deliveries on every try, here
+// a serialization failure (40001) in a session that defaults to repeatable
+// read, is tried RemoveTries times, then fails saying that nothing changed
+// and to retry, the server's error wrapped; the consumer and its
+// deliveries stay.
+func TestRemoveConsumerConflictSaysRetry(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	shop := e.app("shop")
+	c, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One delivery, changed by a transaction of its own, per try.
+	holders := map[uint32]pgx.Tx{}
+	for i := range bellhop.RemoveTries {
+		id, err := e.client.InvokeAsync(e.ctx, c.ID, []byte(`1`), bellhop.EnqueueOptions{})
+		if err != nil {
+			t.Fatalf("invoke %d: %v", i, err)
+		}
+		tx, err := e.pool.Begin(e.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(e.ctx)
+		var pid uint32
+		if err := tx.QueryRow(e.ctx, `UPDATE outbox SET attempt = attempt WHERE id = $1 RETURNING pg_backend_pid()`, id).Scan(&pid); err != nil {
+			t.Fatal(err)
+		}
+		holders[pid] = tx
+	}
+	remover := bellhop.NewClient(e.fxPool(map[string]string{"default_transaction_isolation": "repeatable read"}))
+	removed := make(chan error, 1)
+	go func() { removed <- remover.RemoveConsumer(e.ctx, "shop", c.ID) }()
+	for try := 1; try <= bellhop.RemoveTries; try++ {
+		pids := make([]uint32, 0, len(holders))
+		for pid := range holders {
+			pids = append(pids, pid)
+		}
+		holder := e.blockedBy(fmt.Sprintf("try %d of the removal to wait for a changed delivery", try), removed, pids...)
+		if err := holders[holder].Commit(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+		delete(holders, holder)
+	}
+	err = <-removed
+	if code := pgCodeOf(err); code != "40001" {
+		t.Fatalf("RemoveConsumer: %v; want a serialization failure (40001)", err)
+	}
+	if !strings.Contains(err.Error(), "nothing changed; retry") || !strings.Contains(err.Error(), c.ID.String()) {
+		t.Errorf("%q does not name the consumer and say that nothing changed and to retry", err)
+	}
+	if n := e.int64(`SELECT count(*) FROM triggers WHERE id = $1`, c.ID); n != 1 {
+		t.Error("the consumer is gone, want it left")
+	}
+	if n := e.int64(`SELECT count(*) FROM outbox WHERE app_id = $1`, shop.ID); n != bellhop.RemoveTries {
+		t.Errorf("%d invoke deliveries, want all %d left", n, bellhop.RemoveTries)
 	}
 }
