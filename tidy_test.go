@@ -96,8 +96,10 @@ func TestStoppedBeforeItsClaimKeepsTheHandOver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d.stopped = true                                             // hand-overs are kept in d.owed
-	if d.db, err = pgxpool.NewWithConfig(ctx, cfg); err != nil { // Run's, which never runs here
+	// Hand-overs are kept in d.owed; the pool is Run's, which never runs
+	// here.
+	d.stopped = true
+	if d.db, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(d.db.Close)
