@@ -693,8 +693,8 @@ func TestFullHolderWatched(t *testing.T) {
 // announces it as busy_hold.sql does (a stand-in for another dispatcher).
 // Last, it ends the stream, so that the lane settles. It returns the
 // handler's recorder, the statement counter, how many messages the stream
-// enqueued, and the other session, which holds the key.
-func lostKeyLane(t *testing.T, e *env, lease time.Duration) (*recorder, *busyLockChecks, int, *pgx.Conn) {
+// enqueued, the other session, which holds the key, and the dispatcher.
+func lostKeyLane(t *testing.T, e *env, lease time.Duration) (*recorder, *busyLockChecks, int, *pgx.Conn, *running) {
 	t.Helper()
 	ctx := context.Background()
 	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", MaxInFlight: 10})
@@ -704,7 +704,7 @@ func lostKeyLane(t *testing.T, e *env, lease time.Duration) (*recorder, *busyLoc
 	checks := &busyLockChecks{}
 	// A window long enough that the lane still holds the key when the
 	// test sees it held.
-	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour, BusyLease: lease,
+	d := startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour, BusyLease: lease,
 		BusyWindow: 100 * time.Millisecond}, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = checks })
 	var stop atomic.Bool
 	var sent atomic.Int64
@@ -762,7 +762,7 @@ func lostKeyLane(t *testing.T, e *env, lease time.Duration) (*recorder, *busyLoc
 	}
 	stop.Store(true)
 	<-streamed
-	return rec, checks, int(sent.Load()), other
+	return rec, checks, int(sent.Load()), other, d
 }
 
 // TestLostBusyKeyWatchesNewHolder: a lane whose busy key was lost with
@@ -783,7 +783,7 @@ func TestLostBusyKeyWatchesNewHolder(t *testing.T) {
 		t.Run(end, func(t *testing.T) {
 			e := newEnv(t)
 			const lease = 500 * time.Millisecond
-			rec, checks, n, other := lostKeyLane(t, e, lease)
+			rec, checks, n, other, _ := lostKeyLane(t, e, lease)
 			from := checks.n.Load()
 			// The lane finds the key lost when it gives it back, at the
 			// end of its busy period, and settles; the first checks back
@@ -834,6 +834,102 @@ func TestLostBusyKeyWatchesNewHolder(t *testing.T) {
 			settled := checks.n.Load()
 			holdsFor(t, 2*lease, "at most one settle check once the key is free", func() bool { return checks.n.Load() <= settled+1 })
 		})
+	}
+}
+
+// TestGoneLaneHandsHeldKeyOver: a lane whose busy key was lost settles by
+// waiting until no session holds the key (needFree), and here another
+// session holds it (lostKeyLane). Then the lane's consumer is replaced.
+// The stopped lane's settle (lane.settleGone) used to check the queue
+// lock and the key once a second for as long as the other session kept
+// the key (10 checks in 10 s with a 500 ms BusyLease, ongoing). It now
+// hands the settle over to the lanes that serve the queue, as a watch,
+// after a few checks, and ends. Nothing is lost: a message committed
+// while the other session holds the key is found by the new lane's watch
+// pass, and one whose producer saw the key and commits after the other
+// session gave the key up, by the settle that ends the watch.
+func TestGoneLaneHandsHeldKeyOver(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	const lease = 500 * time.Millisecond
+	rec, checks, n, other, _ := lostKeyLane(t, e, lease)
+	from := checks.n.Load()
+	waitFor(t, 10*time.Second, "the settle's first checks", func() bool { return checks.n.Load() >= from+10 })
+
+	cs, err := e.client.Consumers(ctx, "app")
+	if err != nil || len(cs) != 1 {
+		t.Fatalf("consumers: %v, %v", cs, err)
+	}
+	if err := e.client.RemoveConsumer(ctx, "app", cs[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	removed := checks.n.Load()
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", MaxInFlight: 10})
+	// The live lane's last checks before the reload stops it, and the
+	// stopped lane's few before it hands over.
+	const window = 5 * time.Second
+	const limit = 6
+	holdsFor(t, window, fmt.Sprintf("at most %d settle checks in %s after the consumer's removal while another session holds the key", limit, window),
+		func() bool { return checks.n.Load()-removed <= limit })
+	t.Logf("%d settle checks in %s after the consumer's removal (BusyLease %s)", checks.n.Load()-removed, window, lease)
+	ended := checks.n.Load()
+	holdsFor(t, 4*lease, "no settle check once the stopped lane handed over", func() bool { return checks.n.Load() == ended })
+
+	// Not announced: the new lane's watch pass claims it.
+	e.enqueue(t, "orders", "while held", bellhop.EnqueueOptions{})
+	n++
+	waitFor(t, lease+time.Second, "the message committed while another session holds the key", func() bool { return len(rec.deliveries()) == n })
+
+	// A producer that sees the key, and commits once the other session
+	// has given it up: the watch's settle waits for it.
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := e.client.EnqueueTx(ctx, tx, "app", "orders", []byte(`"straggler"`), bellhop.EnqueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	n++
+	if _, err := other.Exec(ctx, `SELECT pg_advisory_unlock_all()`); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the key free", func() bool { return e.count(t, busyKeyHeld, "orders") == 0 })
+	from = checks.n.Load()
+	waitFor(t, 5*time.Second, "the watch's settle to wait for the producer", func() bool { return checks.n.Load() >= from+3 })
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the message whose producer saw the key", func() bool { return len(rec.deliveries()) == n })
+	settled := checks.n.Load()
+	holdsFor(t, 2*lease, "at most one settle check once the producer committed", func() bool { return checks.n.Load() <= settled+1 })
+}
+
+// TestStopDoesNotWaitForGoneLaneCheck: a stopped lane's settle
+// (lane.settleGone) runs on a goroutine that the dispatcher's stop waits
+// for. Its check, on a server that does not answer, used to hold the stop
+// up until the check's own 5 s bound ran out; the stop now ends it.
+func TestStopDoesNotWaitForGoneLaneCheck(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	_, checks, _, _, d := lostKeyLane(t, e, 500*time.Millisecond)
+	from := checks.n.Load()
+	waitFor(t, 10*time.Second, "the settle's first checks", func() bool { return checks.n.Load() >= from+10 })
+	checks.stallGone.Store(true)
+	cs, err := e.client.Consumers(ctx, "app")
+	if err != nil || len(cs) != 1 {
+		t.Fatalf("consumers: %v, %v", cs, err)
+	}
+	if err := e.client.RemoveConsumer(ctx, "app", cs[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the stopped lane's check to stall", func() bool { return checks.stalled.Load() == 1 })
+	start := time.Now()
+	d.stop()
+	took := time.Since(start)
+	t.Logf("the stop took %s with the stopped lane's check stalled", took.Round(time.Millisecond))
+	if took > 2*time.Second {
+		t.Errorf("the stop took %s: it waited for the stopped lane's stalled check", took)
 	}
 }
 

@@ -210,11 +210,17 @@ func TestDrainedBusyLaneLosesNoWakeUp(t *testing.T) {
 // busyLockChecks counts the dispatcher's statements that check the queue
 // lock and busy key (sql/busy_lock.sql), alone or in a batch, and its
 // queue claims (claims), and runs afterClaim, once, when a queue claim
-// statement has ended.
+// statement has ended. While stallGone is set, a check of a stopped
+// lane's settle (lane.settleGone: a lone statement bounded to 5s, where
+// the lanes' checks have StatementTimeout, 10s) waits until its context
+// ends before it is sent, as on a server that does not answer; stalled
+// counts those.
 type busyLockChecks struct {
 	n          atomic.Int64
 	claims     atomic.Int64
 	afterClaim atomic.Pointer[func()]
+	stallGone  atomic.Bool
+	stalled    atomic.Int64
 }
 
 type claimKey struct{}
@@ -222,6 +228,10 @@ type claimKey struct{}
 func (c *busyLockChecks) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	if d.SQL == queries.BusyLock {
 		c.n.Add(1)
+		if dl, ok := ctx.Deadline(); ok && c.stallGone.Load() && time.Until(dl) < 6*time.Second {
+			c.stalled.Add(1)
+			<-ctx.Done()
+		}
 	}
 	if isQueueClaim(d.SQL) {
 		c.claims.Add(1)
