@@ -699,6 +699,21 @@ func (d *Dispatcher) closeOffers(ctx context.Context) {
 	if !d.cfg.LeaseAtInsert {
 		return
 	}
+	if errors.Is(context.Cause(ctx), errBoundPassed) {
+		// Nothing is sent, and the one warning says what that leaves: a
+		// release would not be written anyway, since the outcomes were
+		// given up at the bound (Completer.Abandon), and a failed
+		// statement's warning would say only "context canceled".
+		d.offers.mu.Lock()
+		n := len(d.offers.byToken)
+		d.offers.mu.Unlock()
+		d.log.Warn().Err(errBoundPassed).Int("tokens", n).
+			Msg("not withdrawing our offers at the stop (they expire, and no producer takes one once our listener's session " +
+				"has ended), nor looking for leases under our tokens: a message leased under one stays leased until its lease " +
+				"runs out, its attempt spent, and is then reclaimed")
+		d.closeBook()
+		return
+	}
 	// The tokens left in the book are not only offers not withdrawn: a
 	// taken offer's token stays until its notification is heard, and
 	// the listener has stopped. Whether any offer may still be out is
@@ -720,8 +735,13 @@ func (d *Dispatcher) closeOffers(ctx context.Context) {
 	} else {
 		d.takeLeases(fs) // every lane has stopped: leased releases them
 	}
-	// A lease heard from now on is ignored, and runs out: the completer
-	// closes after this, and a release submitted then would panic.
+	d.closeBook()
+}
+
+// closeBook ends leasing: a lease heard from now on is ignored, and runs
+// out: the completer closes after this, and a release submitted then
+// would panic.
+func (d *Dispatcher) closeBook() {
 	d.offers.closing.Lock()
 	d.offers.mu.Lock()
 	d.offers.closed = true

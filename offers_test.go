@@ -559,3 +559,33 @@ func TestStopDropWaitRunsOut(t *testing.T) {
 		t.Errorf("offers left after the stop: %v; want only the held one, %v", left, held)
 	}
 }
+
+// TestStopPastBoundSkipsOffers: a stop whose bound passed before its
+// handlers were done (stopWrites' ctx ended with errBoundPassed) sends
+// nothing for its offers, says in one warning what that leaves (offers
+// expiring, leases under unheard tokens running out, attempts spent),
+// and still ends leasing. It logged a failed withdrawal and a failed
+// lookup, each saying only "context canceled".
+func TestStopPastBoundSkipsOffers(t *testing.T) {
+	d, l := testBook(t, DispatcherConfig{PollInterval: time.Minute, LeaseAtInsert: true}, closedPool(t), 30*time.Second)
+	d.owner = uuid.New()
+	var logs syncbuf.Buffer
+	d.log = zerolog.New(&logs).Level(zerolog.DebugLevel)
+	o := &offer{lane: l, live: true, sentAt: time.Now()}
+	d.offers.byToken[uuid.New()] = o
+	ctx, end := context.WithCancelCause(context.Background())
+	end(errBoundPassed)
+	d.closeOffers(ctx)
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	if len(lines) != 1 || !strings.Contains(lines[0], "not withdrawing our offers") ||
+		!strings.Contains(lines[0], `"tokens":1`) || !strings.Contains(lines[0], "its attempt spent") ||
+		!strings.Contains(lines[0], errBoundPassed.Error()) {
+		t.Errorf("the stop's log about its offers:\n%s\nwant one warning naming the bound, 1 token and the attempt spent", logs.String())
+	}
+	d.offers.mu.Lock()
+	closed := d.offers.closed
+	d.offers.mu.Unlock()
+	if !closed {
+		t.Error("leasing not ended: a lease heard later would be submitted to a closed completer")
+	}
+}
