@@ -1261,15 +1261,14 @@ func TestLogLevelAnyCase(t *testing.T) {
 // recorded the settings in force.
 func TestRunStrayEnvAndSettings(t *testing.T) {
 	t.Parallel()
-	u, err := url.Parse(pgtest.ConnString(t))
+	// The test server's connection string may be a URL or keyword/value
+	// settings: the password goes into a URL built from what it names.
+	pc, err := pgx.ParseConfig(pgtest.ConnString(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	u.User = url.UserPassword(u.User.Username(), "s3cret") // trust: accepted, never asked for
-	pc, err := pgx.ParseConfig(u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	u := &url.URL{Scheme: "postgres", User: url.UserPassword(pc.User, "s3cret"), Path: "/" + pc.Database, // trust: never asked for
+		RawQuery: url.Values{"host": {pc.Host}, "port": {strconv.Itoa(int(pc.Port))}}.Encode()}
 	p := start(t, []string{"DATABASE_URL=" + u.String(),
 		"BELLHOP_SHUTDOWN_GRAC=5s", "BELLHOP_APP=shop", "BELLHOP_NOTHING_LIKE_IT=1", "BELLHOP_POLL_INTERVAL=2s",
 	}, "run", "--http-addr", "127.0.0.1:0")
