@@ -18,8 +18,6 @@ import (
 	"github.com/bellhopq/bellhop/internal/busylock"
 	"github.com/bellhopq/bellhop/internal/logthrottle"
 	"github.com/bellhopq/bellhop/internal/timeout"
-	"github.com/bellhopq/bellhop/notify"
-	queries "github.com/bellhopq/bellhop/sql"
 )
 
 // consumerState is a consumer's settings and handler, swapped atomically
@@ -259,20 +257,14 @@ func (l *lane) tidyUp() {
 // elsewhere, finds what they committed. The lane serving the queue now
 // may have started before those commits, and would not look again.
 //
-// After a lost key (needFree) the check also wants the key free, and
-// another session may take it once producers notify again, and keep it
-// for hours: a dispatcher that now serves the queue, here or elsewhere.
-// The lane cannot tell that session from its own old backend. It used to
-// check once a second for as long as the other held the key. Instead,
-// once goneKeyHeld checks in a row found the queue lock free but the key
-// held, it hands the settle over as a watch (handWatch) and ends: every
-// producer that took the lock before the check has committed, and one
-// that sees the key afterwards is covered by the lanes that watch it
-// (docs/busy-marks.md, step 3).
 // It gives up when the dispatcher stops, which does not wait for its
-// statements.
+// statements. After a lost key (needFree) the check also wants the key
+// free: while another session holds it (a dispatcher that now serves the
+// queue), the lane checks once a second. A hand-over as a watch was
+// tried instead and dropped: a lane that started serving the queue after
+// it, once the key was gone, missed the message of a producer that had
+// seen the key.
 func (l *lane) settleGone() {
-	held := 0 // checks in a row that found only the busy key in the way
 	for tries := 0; ; tries++ {
 		ctx, cancel := l.goneContext()
 		c, err := claim.TryBusyLock(ctx, l.d.db, l.target, l.needFree)
@@ -280,17 +272,8 @@ func (l *lane) settleGone() {
 		if ok {
 			err = l.d.wake(ctx, []claim.Target{l.target})
 		}
-		handed := false
-		if err == nil && c.KeyHeld {
-			if held++; held >= goneKeyHeld {
-				err = l.handWatch(ctx)
-				handed = err == nil
-			}
-		} else if err == nil {
-			held = 0
-		}
 		cancel()
-		if (ok && err == nil) || handed {
+		if ok && err == nil {
 			return
 		}
 		if err != nil {
@@ -309,13 +292,6 @@ func (l *lane) settleGone() {
 	}
 }
 
-// goneKeyHeld is how many settle checks in a row of a stopped lane
-// (settleGone) must find the queue lock free but the busy key held
-// before the lane hands its settle over as a watch: the first ones, a
-// few milliseconds apart, let an old backend on its way out end, and the
-// settle end as usual.
-const goneKeyHeld = 3
-
 // goneContext is the context of one statement of settleGone: 5s at most,
 // and ended by the dispatcher's stop, which waits for the lane's
 // goroutine (Dispatcher.stopLanes).
@@ -329,34 +305,6 @@ func (l *lane) goneContext() (context.Context, context.CancelFunc) {
 		}
 	}()
 	return ctx, cancel
-}
-
-// handWatch hands a stopped lane's settle over to the lanes that serve
-// its queue, here and on every other dispatcher, once a check found the
-// queue lock free but the busy key held by another session (settleGone):
-// each of them watches the queue as another dispatcher's mark
-// (docs/busy-marks.md, step 4) from its next pass on, even if the key is
-// gone by then, and settles once it is gone, waiting for the producers
-// that saw it. The lane serving the queue here is told directly; the
-// other dispatchers by a busy notification (b:, as busy_hold.sql sends
-// when a key is taken), which wakes their lanes for the queue with a
-// watch. Every producer that took the queue lock before the check has
-// committed, and those passes claim what it committed.
-func (l *lane) handWatch(ctx context.Context) error {
-	l.d.mu.RLock()
-	serving := l.d.byQueue[queueKey{l.target.AppID, l.target.Queue}]
-	l.d.mu.RUnlock()
-	if serving != nil {
-		serving.watchHint.Store(true)
-		serving.poke()
-	}
-	e := notify.Event{Kind: notify.KindBusy, AppID: l.target.AppID, Owner: l.d.owner, Queue: l.target.Queue}
-	if _, err := l.d.db.Exec(ctx, queries.HandOver, queries.Args{"payloads": []string{e.String()}}); err != nil {
-		return fmt.Errorf("hand the settle of %s over as a watch: %w", l.target, err)
-	}
-	l.d.log.Debug().Str("app_id", l.target.AppID.String()).Str("queue", l.target.Queue).
-		Msg("another session holds the busy key of a stopped lane's queue; its settle is handed over to the lanes watching it")
-	return nil
 }
 
 // quiet reports whether the lane is idle with nothing to wait for:

@@ -9,9 +9,7 @@
 -- as the pass after its nack, which was to read the retry's due time,
 -- finds its slots taken (lane.handOff). A lane stopped while producers may
 -- have skipped announcing (they saw its busy key) sends one too, for its
--- queue, once they have committed (lane.settleGone); if another session
--- holds that key, it sends a busy one (b:) instead, which has the lanes
--- serving the queue watch it (lane.handWatch). So does a dispatcher
+-- queue, once they have committed (lane.settleGone). So does a dispatcher
 -- that no longer serves a queue or consumer, for a retry nacked by a lane
 -- a reload stopped, or whose time such a lane had armed
 -- (Dispatcher.handOverLater).
