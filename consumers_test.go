@@ -460,11 +460,7 @@ func (e *fxEnv) blockedBy(what string, done <-chan error, pids ...uint32) uint32
 func TestRemoveConsumerBesideOutcomes(t *testing.T) {
 	t.Parallel()
 	e := fxNew(t)
-	shop := e.app("shop")
-	c, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	shop, c := e.appConsumer("shop", "orders")
 	for i := range 2 {
 		if _, err := e.client.InvokeAsync(e.ctx, c.ID, []byte(`1`), bellhop.EnqueueOptions{}); err != nil {
 			t.Fatalf("invoke %d: %v", i, err)
@@ -570,11 +566,7 @@ func TestRemoveConsumerBesideOutcomes(t *testing.T) {
 func TestRemoveConsumerConflictSaysRetry(t *testing.T) {
 	t.Parallel()
 	e := fxNew(t)
-	shop := e.app("shop")
-	c, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	shop, c := e.appConsumer("shop", "orders")
 	// One delivery, changed by a transaction of its own, per try.
 	holders := map[uint32]pgx.Tx{}
 	for i := range bellhop.RemoveTries {
@@ -607,7 +599,7 @@ func TestRemoveConsumerConflictSaysRetry(t *testing.T) {
 		}
 		delete(holders, holder)
 	}
-	err = <-removed
+	err := <-removed
 	if code := pgCodeOf(err); code != "40001" {
 		t.Fatalf("RemoveConsumer: %v; want a serialization failure (40001)", err)
 	}
