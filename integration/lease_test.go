@@ -134,6 +134,9 @@ func TestLeaseAtInsert(t *testing.T) {
 	if got := claims.queue.Load(); got != passes {
 		t.Errorf("%d claim statements for %d messages leased at INSERT; want none", got-passes, n)
 	}
+	// The last offer's row is visible once its INSERT commits, a moment
+	// before the dispatcher, which counts it once the reply is back, does.
+	waitFor(t, 5*time.Second, "every offer counted", func() bool { return d.LeaseStats().Offers >= n+1 })
 	if st := d.LeaseStats(); st.Leased != n || st.Recovered != 0 || st.Offers < n+1 {
 		t.Errorf("LeaseStats = %+v; want %d leased, none recovered, at least %d offers", st, n, n+1)
 	}
