@@ -107,11 +107,19 @@ func runCommand(d *deps) *cli.Command {
 	}
 }
 
-// describeDB names the database of cfg for the settings line: user, host,
-// port and database, never the password or other parameters.
+// describeDB names the database of cfg for the settings line: user, the
+// hosts and ports in the order they are tried (a multi-host DSN's
+// fallbacks, each once: pgconn also adds one per host for sslmode=prefer
+// and allow) and database, never the password or other parameters.
 func describeDB(cfg *pgxpool.Config) string {
 	c := cfg.ConnConfig
-	return fmt.Sprintf("%s@%s/%s", c.User, net.JoinHostPort(c.Host, strconv.Itoa(int(c.Port))), c.Database)
+	addrs := []string{net.JoinHostPort(c.Host, strconv.Itoa(int(c.Port)))}
+	for _, f := range c.Fallbacks {
+		if a := net.JoinHostPort(f.Host, strconv.Itoa(int(f.Port))); !slices.Contains(addrs, a) {
+			addrs = append(addrs, a)
+		}
+	}
+	return fmt.Sprintf("%s@%s/%s", c.User, strings.Join(addrs, ","), c.Database)
 }
 
 // warnStrayEnv warns of each BELLHOP_ variable set that cmd reads no flag

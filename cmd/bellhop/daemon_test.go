@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
@@ -1102,5 +1103,26 @@ func TestRunSchemaCheckBounded(t *testing.T) {
 	t.Logf("run gave up after %s", took.Round(time.Millisecond))
 	if !strings.Contains(p.stderr(), "check the schema: no answer within 2s") {
 		t.Errorf("stderr does not say the schema check got no answer: %s", p.stderr())
+	}
+}
+
+// TestDescribeDB checks the settings line's database: every host the pool
+// may try, in order and once each, and never the password.
+func TestDescribeDB(t *testing.T) {
+	for _, tc := range []struct{ dsn, want string }{
+		{"postgres://u:secret@db1:5433/app?sslmode=disable", "u@db1:5433/app"},
+		{"postgres://u:secret@db1:5433,db2,db3:6000/app?sslmode=disable", "u@db1:5433,db2:5432,db3:6000/app"},
+		// sslmode=prefer gives each host a second try without TLS.
+		{"postgres://u:secret@db1,db2/app?sslmode=prefer", "u@db1:5432,db2:5432/app"},
+		{"host=/run/pg port=5499 user=u password=secret dbname=app", "u@/run/pg:5499/app"},
+		{"host=db1,db2 port=5433,5434 user=u password=secret dbname=app sslmode=disable", "u@db1:5433,db2:5434/app"},
+	} {
+		cfg, err := pgxpool.ParseConfig(tc.dsn)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.dsn, err)
+		}
+		if got := describeDB(cfg); got != tc.want {
+			t.Errorf("describeDB(%q) = %q; want %q", tc.dsn, got, tc.want)
+		}
 	}
 }
