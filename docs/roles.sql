@@ -93,7 +93,11 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON queue_busy TO bellhop_dispatcher;
 -- them. Producers need no grant: the notify trigger takes them through
 -- bellhop_lease_message (0045), which is SECURITY DEFINER. Nobody else may
 -- read them: an offer names the channel its lease, payload included, is
--- sent on. The lease key (0045) is an advisory lock: no grant either.
+-- sent on. (Members of pg_read_all_stats, pg_monitor among them, read
+-- statements' text in pg_stat_activity: with the dispatcher's pgx in
+-- simple_protocol mode that text holds the offers' channel and tokens, see
+-- docs/lease-at-insert.md.) The lease key (0045) is an advisory lock: no
+-- grant either.
 GRANT SELECT, INSERT, UPDATE, DELETE ON bellhop_offers TO bellhop_dispatcher;
 -- Visibility timeout floors (migrations/0047_vt_floor.sql): the reclaim
 -- reads them, and starts those it sees (0054) through a SECURITY DEFINER

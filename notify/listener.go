@@ -567,10 +567,28 @@ func (h handler) HandleNotification(_ context.Context, n *pgconn.Notification, _
 
 // HandleBacklog runs after every LISTEN; once every channel is listened
 // on, it marks the connection live and lets the dispatcher catch up on
-// what it could not hear.
-func (h handler) HandleBacklog(context.Context, string, *pgx.Conn) error {
+// what it could not hear. With a lease channel, it first runs a statement
+// that replaces the LISTEN naming it in pg_stat_activity
+// (sql/listener_cover.sql); if that fails, it closes the connection
+// rather than leave the name shown, and the listener connects again.
+func (h handler) HandleBacklog(ctx context.Context, _ string, conn *pgx.Conn) error {
 	if h.l.listened.Add(1) != h.l.channels() {
 		return nil
+	}
+	if h.l.cfg.LeaseChannel != "" {
+		// The set-up timer no longer watches this connection (every
+		// LISTEN is in place): SetupTimeout bounds the statement.
+		cctx, cancel := context.WithTimeout(ctx, h.l.cfg.SetupTimeout)
+		_, err := conn.Exec(cctx, queries.ListenerCover)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				h.l.cfg.Logger.Warn().Err(err).
+					Msg("could not run the statement that hides the lease channel's name from pg_stat_activity; reconnecting")
+			}
+			_ = conn.Close(ctx)
+			return nil
+		}
 	}
 	// A heartbeat sent before LISTEN was in place, on the lost connection
 	// or on this one, never comes back; it must not condemn this one.

@@ -355,6 +355,88 @@ func TestLeaseChannelNotLogged(t *testing.T) {
 	}
 }
 
+// TestLeaseChannelHiddenFromActivity: once connected, the listener's
+// session does not show a LISTEN on the lease channel as its statement in
+// pg_stat_activity, which members of pg_read_all_stats (pg_monitor) can
+// read for every session: it showed pgxlisten's last LISTEN, on the lease
+// channel whenever that came last in pgxlisten's map order, and such a
+// role could then listen on it and read every leased payload (found by
+// review). Six connects, so that the order comes out both ways.
+func TestLeaseChannelHiddenFromActivity(t *testing.T) {
+	cfg, err := pgx.ParseConfig(pgtest.ConnString(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	const channel = "bellhop_l_0123456789abcdef0123456789abcdef"
+	for i := range 6 {
+		l := notify.New(notify.Config{ConnConfig: cfg, Handler: &counting{}, Logger: zerolog.Nop(),
+			LeaseChannel: channel, OnLease: func(notify.Lease) {}})
+		lctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- l.Run(lctx) }()
+		waitUntil(t, "the listener connected", l.Connected)
+		var shown []string
+		err := conn.QueryRow(ctx, `SELECT coalesce(array_agg(query), '{}') FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = 'bellhop-listener'`).Scan(&shown)
+		cancel()
+		if rerr := <-done; rerr != nil {
+			t.Errorf("Run: %v", rerr)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(shown) != 1 {
+			t.Fatalf("connect %d: %d listener sessions in pg_stat_activity, want 1: %q", i, len(shown), shown)
+		}
+		if strings.Contains(shown[0], channel) || !strings.Contains(shown[0], "bellhop listener: listening") {
+			t.Fatalf("connect %d: the listener's session shows %q, want the cover statement, not the lease channel", i, shown[0])
+		}
+		// The server ends a closed session a moment later.
+		waitUntil(t, "the listener's session gone", func() bool {
+			var n int
+			if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND application_name = 'bellhop-listener'`).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n == 0
+		})
+	}
+}
+
+// TestLeaseChannelCoverUnanswered: a listener whose cover statement gets
+// no answer within SetupTimeout closes that connection, saying so, rather
+// than stay connected with the lease channel shown in pg_stat_activity,
+// and listens on the next one.
+func TestLeaseChannelCoverUnanswered(t *testing.T) {
+	cfg, err := pgx.ParseConfig(pgtest.ConnString(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dials atomic.Int32
+	silentDialer(cfg, &dials, func(n int32) bool { return n == 1 }, func(p []byte) bool {
+		return strings.Contains(string(p), "bellhop listener: listening")
+	})
+	var logs syncBuffer
+	h := &counting{}
+	l := notify.New(notify.Config{ConnConfig: cfg, Handler: h, Logger: zerolog.New(&logs),
+		ReconnectDelay: 50 * time.Millisecond, SetupTimeout: time.Second,
+		LeaseChannel: "bellhop_l_0123456789abcdef", OnLease: func(notify.Lease) {}})
+	run(t, l)
+	waitUntil(t, "the second connection to listen", l.Connected)
+	if n := dials.Load(); n < 2 || h.connects.Load() != 1 {
+		t.Errorf("%d connections dialled and %d listened; want at least 2 and 1 (the first never answered its cover statement)", n, h.connects.Load())
+	}
+	if !strings.Contains(logs.String(), "hides the lease channel's name from pg_stat_activity; reconnecting") {
+		t.Errorf("the log does not say why the first connection was replaced:\n%s", logs.String())
+	}
+}
+
 // swallowConn passes its traffic on until swallow first says so of a
 // write, and from then on drops every write unsent: a server that stops
 // answering mid-set-up, its kernel still acknowledging. A deadline set

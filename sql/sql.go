@@ -186,6 +186,11 @@ var Invoke string
 //go:embed lease_key_hold.sql
 var LeaseKeyHold string
 
+// ListenerCover is listener_cover.sql.
+//
+//go:embed listener_cover.sql
+var ListenerCover string
+
 // ListenerSession is listener_session.sql.
 //
 //go:embed listener_session.sql

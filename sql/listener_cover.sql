@@ -1,0 +1,11 @@
+-- Runs on the notification listener's session (notify.Listener) once its
+-- LISTENs are in place, when one of them is on a lease channel (leasing
+-- at INSERT, docs/lease-at-insert.md). pg_stat_activity shows each
+-- session's last statement, and members of pg_read_all_stats (pg_monitor,
+-- as monitoring agents often are) may read it for every session: left as
+-- pgxlisten's last `listen "<channel>"`, it named the lease channel half
+-- the time, and the channel's name is what keeps the leased messages'
+-- payloads from other sessions. This statement takes its place.
+--
+-- Concurrency: none; it reads nothing.
+SELECT 'bellhop listener: listening'
