@@ -94,10 +94,12 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON queue_busy TO bellhop_dispatcher;
 -- bellhop_lease_message (0045), which is SECURITY DEFINER. Nobody else may
 -- read them: an offer names the channel its lease, payload included, is
 -- sent on. (Members of pg_read_all_stats, pg_monitor among them, read
--- statements' text in pg_stat_activity: with the dispatcher's pgx in
--- simple_protocol mode that text holds the offers' channel and tokens, see
--- docs/lease-at-insert.md.) The lease key (0045) is an advisory lock: no
--- grant either.
+-- statements' text in pg_stat_activity and pg_stat_statements: see
+-- docs/lease-at-insert.md for what a leasing dispatcher keeps out of them,
+-- and for, where pg_stat_statements is loaded,
+--   ALTER ROLE bellhop_daemon SET pg_stat_statements.track_utility = off;
+-- for its login role.) The lease key (0045) is an advisory lock: no grant
+-- either.
 GRANT SELECT, INSERT, UPDATE, DELETE ON bellhop_offers TO bellhop_dispatcher;
 -- Visibility timeout floors (migrations/0047_vt_floor.sql): the reclaim
 -- reads them, and starts those it sees (0054) through a SECURITY DEFINER

@@ -74,7 +74,8 @@ type Config struct {
 	// the listener tries again after ReconnectDelay.
 	OnConnect func(ctx context.Context, conn *pgx.Conn) error
 	// SetupTimeout bounds a connection's set-up: connecting and
-	// authenticating, OnConnect, and the LISTENs. A server that accepts
+	// authenticating, OnConnect, the LISTENs and, with a LeaseChannel,
+	// the statement that follows them (sql/listener_cover.sql). A server that accepts
 	// the connection but never answers (a hung process, a proxy that lost
 	// its upstream) would otherwise hold the listener in its set-up for
 	// ever, since the heartbeat only watches a connection once it
@@ -571,25 +572,27 @@ func (h handler) HandleNotification(_ context.Context, n *pgconn.Notification, _
 // that replaces the LISTEN naming it in pg_stat_activity
 // (sql/listener_cover.sql); if that fails, it closes the connection
 // rather than leave the name shown, and the listener connects again.
+// pgxlisten calls it from one goroutine, one channel after the other.
 func (h handler) HandleBacklog(ctx context.Context, _ string, conn *pgx.Conn) error {
-	if h.l.listened.Add(1) != h.l.channels() {
+	l := h.l
+	if l.listened.Load()+1 < l.channels() {
+		l.listened.Add(1)
 		return nil
 	}
-	if h.l.cfg.LeaseChannel != "" {
-		// The set-up timer no longer watches this connection (every
-		// LISTEN is in place): SetupTimeout bounds the statement.
-		cctx, cancel := context.WithTimeout(ctx, h.l.cfg.SetupTimeout)
-		_, err := conn.Exec(cctx, queries.ListenerCover)
-		cancel()
-		if err != nil {
+	if l.cfg.LeaseChannel != "" {
+		// Counted as set-up until it is done, the last LISTEN not yet
+		// counted: the set-up timer bounds it, and logError takes the
+		// closed connection for a failed set-up, whose lines it throttles.
+		if _, err := conn.Exec(ctx, queries.ListenerCover); err != nil {
 			if ctx.Err() == nil {
-				h.l.cfg.Logger.Warn().Err(err).
+				l.connectLog.Event(&l.cfg.Logger, zerolog.WarnLevel, 1).Err(err).
 					Msg("could not run the statement that hides the lease channel's name from pg_stat_activity; reconnecting")
 			}
 			_ = conn.Close(ctx)
 			return nil
 		}
 	}
+	l.listened.Add(1)
 	// A heartbeat sent before LISTEN was in place, on the lost connection
 	// or on this one, never comes back; it must not condemn this one.
 	h.l.mu.Lock()

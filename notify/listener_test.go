@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/rs/zerolog"
 
+	"github.com/bellhopq/bellhop/internal/pgcluster"
 	"github.com/bellhopq/bellhop/internal/pgtest"
 	"github.com/bellhopq/bellhop/internal/syncbuf"
 	"github.com/bellhopq/bellhop/notify"
@@ -409,32 +410,151 @@ func TestLeaseChannelHiddenFromActivity(t *testing.T) {
 	}
 }
 
-// TestLeaseChannelCoverUnanswered: a listener whose cover statement gets
-// no answer within SetupTimeout closes that connection, saying so, rather
-// than stay connected with the lease channel shown in pg_stat_activity,
-// and listens on the next one.
-func TestLeaseChannelCoverUnanswered(t *testing.T) {
-	cfg, err := pgx.ParseConfig(pgtest.ConnString(t))
+// TestLeaseChannelNotInStatements: pg_stat_statements keeps a LISTEN's
+// text as it was, where members of pg_read_all_stats read it: the
+// listener's session turns utility tracking off where its role may
+// (sql/listener_session.sql), and a role that may not still listens, its
+// LISTEN recorded, unless the operator turns tracking off for the role
+// (docs/lease-at-insert.md). A cluster of its own, with the extension
+// loaded, as tests' servers do not load it.
+func TestLeaseChannelNotInStatements(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := pgcluster.Start(ctx, pgcluster.Options{Settings: map[string]string{
+		"fsync": "off", "shared_preload_libraries": "pg_stat_statements"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var dials atomic.Int32
-	silentDialer(cfg, &dials, func(n int32) bool { return n == 1 }, func(p []byte) bool {
-		return strings.Contains(string(p), "bellhop listener: listening")
+	t.Cleanup(func() {
+		if err := c.Stop(); err != nil {
+			t.Errorf("stop cluster: %v", err)
+		}
 	})
-	var logs syncBuffer
-	h := &counting{}
-	l := notify.New(notify.Config{ConnConfig: cfg, Handler: h, Logger: zerolog.New(&logs),
-		ReconnectDelay: 50 * time.Millisecond, SetupTimeout: time.Second,
-		LeaseChannel: "bellhop_l_0123456789abcdef", OnLease: func(notify.Lease) {}})
-	run(t, l)
-	waitUntil(t, "the second connection to listen", l.Connected)
-	if n := dials.Load(); n < 2 || h.connects.Load() != 1 {
-		t.Errorf("%d connections dialled and %d listened; want at least 2 and 1 (the first never answered its cover statement)", n, h.connects.Load())
+	admin, err := pgx.Connect(ctx, c.ConnString("postgres"))
+	if err != nil {
+		t.Fatal(err)
 	}
-	if !strings.Contains(logs.String(), "hides the lease channel's name from pg_stat_activity; reconnecting") {
-		t.Errorf("the log does not say why the first connection was replaced:\n%s", logs.String())
+	defer admin.Close(ctx)
+	for _, q := range []string{
+		"CREATE EXTENSION pg_stat_statements",
+		"CREATE ROLE plain LOGIN", "CREATE ROLE tuned LOGIN",
+		"ALTER ROLE tuned SET pg_stat_statements.track_utility = off",
+	} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
 	}
+	listen := func(user, channel string) {
+		t.Helper()
+		cfg, err := pgx.ParseConfig(c.ConnString("postgres"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if user != "" {
+			cfg.User = user
+		}
+		l := notify.New(notify.Config{ConnConfig: cfg, Handler: &counting{}, Logger: zerolog.Nop(),
+			LeaseChannel: channel, OnLease: func(notify.Lease) {}})
+		lctx, lcancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- l.Run(lctx) }()
+		waitUntil(t, "the listener of "+channel+" connected", l.Connected)
+		lcancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}
+	recorded := func(channel string) bool {
+		t.Helper()
+		var n int
+		if err := admin.QueryRow(ctx, "SELECT count(*) FROM pg_stat_statements WHERE query LIKE '%' || $1 || '%'", channel).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	}
+	const super, plain, tuned = "bellhop_l_5u9e7", "bellhop_l_91a1n", "bellhop_l_7u2ed"
+	listen("", super)
+	listen("plain", plain)
+	listen("tuned", tuned)
+	if recorded(super) {
+		t.Errorf("a superuser listener's LISTEN on the lease channel is in pg_stat_statements")
+	}
+	if !recorded(plain) {
+		t.Errorf("a plain role's LISTEN is not in pg_stat_statements: the extension records no LISTEN, and the test shows nothing")
+	}
+	if recorded(tuned) {
+		t.Errorf("the LISTEN of a role with pg_stat_statements.track_utility off is in pg_stat_statements")
+	}
+}
+
+// TestLeaseChannelCoverUnanswered: the statement that hides the lease
+// channel's name is part of the set-up: one that gets no answer is given
+// up at SetupTimeout, as a LISTEN is, and the listener listens on the next
+// connection rather than stay on one that shows the name; one that fails
+// (here the connection breaks as it is sent) says so, and the same
+// follows.
+func TestLeaseChannelCoverUnanswered(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		hang  bool
+		wants string
+	}{
+		{"no answer", true, "did not get its LISTEN in place in time"},
+		{"broken", false, "hides the lease channel's name from pg_stat_activity; reconnecting"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := pgx.ParseConfig(pgtest.ConnString(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var dials atomic.Int32
+			isCover := func(p []byte) bool { return strings.Contains(string(p), "bellhop listener: listening") }
+			if tc.hang {
+				silentDialer(cfg, &dials, func(n int32) bool { return n == 1 }, isCover)
+			} else {
+				real := cfg.DialFunc
+				cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+					c, err := real(ctx, network, addr)
+					if err != nil || dials.Add(1) != 1 {
+						return c, err
+					}
+					return &breakConn{Conn: c, when: isCover}, nil
+				}
+			}
+			var logs syncBuffer
+			h := &counting{}
+			const channel = "bellhop_l_0123456789abcdef"
+			l := notify.New(notify.Config{ConnConfig: cfg, Handler: h, Logger: zerolog.New(&logs),
+				ReconnectDelay: 50 * time.Millisecond, SetupTimeout: time.Second,
+				LeaseChannel: channel, OnLease: func(notify.Lease) {}})
+			run(t, l)
+			waitUntil(t, "the second connection to listen", l.Connected)
+			if n := dials.Load(); n < 2 || h.connects.Load() != 1 {
+				t.Errorf("%d connections dialled and %d listened; want at least 2 and 1 (the first never ran its cover statement)", n, h.connects.Load())
+			}
+			if !strings.Contains(logs.String(), tc.wants) {
+				t.Errorf("the log does not say why the first connection was replaced (%q):\n%s", tc.wants, logs.String())
+			}
+			if strings.Contains(logs.String(), channel) {
+				t.Errorf("the lease channel's name was logged:\n%s", logs.String())
+			}
+		})
+	}
+}
+
+// breakConn closes its connection when when first says so of a write,
+// failing that write: a connection that breaks as a statement is sent.
+type breakConn struct {
+	net.Conn
+	when func(p []byte) bool
+}
+
+func (c *breakConn) Write(p []byte) (int, error) {
+	if c.when(p) {
+		_ = c.Conn.Close()
+		return 0, errors.New("connection broken by the test")
+	}
+	return c.Conn.Write(p)
 }
 
 // swallowConn passes its traffic on until swallow first says so of a
