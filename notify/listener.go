@@ -122,6 +122,10 @@ type Listener struct {
 	// refuses LISTEN (a hot standby, SQLSTATE 25006).
 	connectFailed atomic.Bool
 	connectLog    *logthrottle.Throttle
+	// coverFailed holds why the statement after the LISTENs
+	// (HandleBacklog) failed on the connection being set up, for
+	// logError's line; connect clears it.
+	coverFailed atomic.Pointer[error]
 
 	mu          sync.Mutex
 	pendingBeat string
@@ -356,6 +360,7 @@ func (l *Listener) ForgetHeartbeat(token string) {
 func (l *Listener) connect(ctx context.Context) (*pgx.Conn, error) {
 	l.connected.Store(false)
 	l.listened.Store(0)
+	l.coverFailed.Store(nil)
 	l.conn.Store(nil)
 	cfg := l.cfg.ConnConfig.Copy()
 	cfg.DialFunc = keepAliveDial(cfg.DialFunc)
@@ -494,11 +499,17 @@ func (l *Listener) logError(ctx context.Context, err error) {
 	case l.connectFailed.Load():
 		what = "could not connect the listener"
 	case l.listened.Load() < l.channels():
-		// Connected, but OnConnect or a LISTEN failed (a server in
-		// recovery refuses LISTEN): each connect fails the same way,
-		// and the next comes after ReconnectDelay, not SetupTimeout.
+		// Connected, but OnConnect, a LISTEN or the statement after them
+		// failed (a server in recovery refuses LISTEN): each connect
+		// fails the same way, and the next comes after ReconnectDelay,
+		// not SetupTimeout.
 		l.setupFailed()
 		what = "the listener connected but could not listen"
+		if cerr := l.coverFailed.Load(); cerr != nil {
+			// The error pgxlisten reports is the closed connection's.
+			what = "the listener connected but could not run the statement that hides its lease channel's name from pg_stat_activity"
+			text = (*cerr).Error()
+		}
 	default:
 		l.cfg.Logger.Warn().Str("error", text).Stringer("reconnect_delay", l.cfg.ReconnectDelay).Msg("listener connection lost")
 		return
@@ -583,11 +594,9 @@ func (h handler) HandleBacklog(ctx context.Context, _ string, conn *pgx.Conn) er
 		// Counted as set-up until it is done, the last LISTEN not yet
 		// counted: the set-up timer bounds it, and logError takes the
 		// closed connection for a failed set-up, whose lines it throttles.
+		// A cover error cannot name the channel: it names no channel.
 		if _, err := conn.Exec(ctx, queries.ListenerCover); err != nil {
-			if ctx.Err() == nil {
-				l.connectLog.Event(&l.cfg.Logger, zerolog.WarnLevel, 1).Err(err).
-					Msg("could not run the statement that hides the lease channel's name from pg_stat_activity; reconnecting")
-			}
+			l.coverFailed.Store(&err) // logged by logError, once the close is reported
 			_ = conn.Close(ctx)
 			return nil
 		}
