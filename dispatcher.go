@@ -1138,18 +1138,18 @@ func (d *Dispatcher) poll(ctx context.Context) {
 	token := d.listener.ExpectHeartbeat()
 	var queueReady, queueStale, invokeReady, invokeStale, liveOffers []uuid.UUID
 	var nextExpiry *time.Time
-	var dbNow time.Time
-	pollSent := time.Now()
-	offers, unheard := d.offerTokens(pollSent)
+	var dbStart, dbNow time.Time
+	listed := time.Now()
+	offers, unheard := d.offerTokens(listed)
 	// The first column is there only to make pg_notify run.
-	err := d.db.QueryRow(ctx, queries.Poll, queries.Args{
+	sent, err := d.timedRow(ctx, queries.Poll, queries.Args{
 		"heartbeat":       "h:" + token,
 		"default_vt_secs": int(d.cfg.DefaultVisibilityTimeout / time.Second),
 		"owner":           d.owner,
 		"offers":          queries.UUIDs(offers),
 		"offer_ttl_ms":    d.offerTTL().Milliseconds(),
 		"grace_ms":        missedGrace.Milliseconds(),
-	}).Scan(new(bool), &queueReady, &queueStale, &invokeReady, &invokeStale, &nextExpiry, &liveOffers, &dbNow)
+	}, new(bool), &queueReady, &queueStale, &invokeReady, &invokeStale, &nextExpiry, &liveOffers, &dbStart, &dbNow)
 	if err != nil {
 		if !timeout.Stopping(ctx) {
 			d.log.Warn().Err(timeout.Explain(ctx, err)).Msg("fallback poll failed")
@@ -1162,7 +1162,7 @@ func (d *Dispatcher) poll(ctx context.Context) {
 		d.reclaim.Observe(claim.LocalClock(dbNow)(*nextExpiry))
 	}
 	d.recoverLeases(ctx, unheard)
-	d.afterPoll(ctx, pollSent, dbNow, offers, liveOffers)
+	d.afterPoll(ctx, listed, dbStart.Sub(sent), offers, liveOffers)
 	set := func(ids []uuid.UUID) map[uuid.UUID]bool {
 		m := make(map[uuid.UUID]bool, len(ids))
 		for _, id := range ids {

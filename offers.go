@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/bellhopq/bellhop/claim"
 	"github.com/bellhopq/bellhop/internal/timeout"
@@ -45,12 +46,13 @@ type LeaseStats struct {
 // offer is one token this dispatcher put on offer (docs/lease-at-insert.md).
 type offer struct {
 	lane   *lane
-	sentAt time.Time // our clock just before the offer was sent
+	sentAt time.Time // our clock before the offer was sent (and before its connection was acquired)
 	// ahead bounds how far the database's clock is ahead of ours: from
-	// the offer's own round trip, then from each poll that finds the
+	// the offer's own statement, then from each poll that finds the
 	// offer still out, so that the bound is never older than one poll
 	// interval however long the offer waits (the two clocks drift).
-	// Known once the offer's result came back. Under offerBook.mu.
+	// Both readings come from timedRow. Known once the offer's result
+	// came back. Under offerBook.mu.
 	ahead      time.Duration
 	aheadKnown bool
 	// live: on offer as far as we know. A token no longer on offer that
@@ -151,13 +153,13 @@ func (l *lane) makeOffer(ctx context.Context) {
 	d.offers.mu.Unlock()
 	l.offered.Store(true)
 
-	var dbNow time.Time
+	var dbStart time.Time
 	bctx, cancel := d.bound(ctx)
 	defer cancel()
-	err := d.db.QueryRow(bctx, queries.OfferMake, queries.Args{
+	sent, err := d.timedRow(bctx, queries.OfferMake, queries.Args{
 		"token": queries.UUID(token), "app_id": queries.UUID(l.target.AppID), "queue_name": l.target.Queue, "owner": queries.UUID(d.owner),
 		"channel": d.leaseChannel, "ttl_ms": d.offerTTL().Milliseconds(), "consumer_id": queries.UUID(l.target.TriggerID),
-	}).Scan(&dbNow)
+	}, &dbStart)
 	d.offers.mu.Lock()
 	defer d.offers.mu.Unlock()
 	if err != nil {
@@ -174,7 +176,26 @@ func (l *lane) makeOffer(ctx context.Context) {
 	// Counted only now: a failed INSERT (a database outage) made no
 	// offer that the count could show.
 	d.offers.stats.Offers++
-	o.ahead, o.aheadKnown = dbNow.Sub(o.sentAt), true
+	o.ahead, o.aheadKnown = dbStart.Sub(sent), true
+}
+
+// timedRow runs one statement on a connection of the pool and returns our
+// clock's reading just before the statement was sent, once the connection
+// was ours. The database's clock read at the statement's start
+// (statement_timestamp(), set as the server takes the statement's
+// Bind and Execute messages) is later than that reading, so their
+// difference bounds how far the database's clock is ahead of ours; the
+// wait for a busy pool's connection and the statement's own run time stay
+// out of the bound. With them in it, a lease after a slow poll was dated
+// up to the poll's length early: never late, but its handler's deadline
+// came that much early, and a poll as slow as the lease less its margin
+// had leased messages released unstarted.
+func (d *Dispatcher) timedRow(ctx context.Context, sql string, args queries.Args, dest ...any) (sent time.Time, err error) {
+	err = d.db.AcquireFunc(ctx, func(c *pgxpool.Conn) error {
+		sent = time.Now()
+		return c.QueryRow(ctx, sql, args).Scan(dest...)
+	})
+	return sent, err
 }
 
 // wantsOffer reports whether the lane should have a token on offer: it is
@@ -583,10 +604,11 @@ func (d *Dispatcher) offerTokens(now time.Time) (live, unheard []uuid.UUID) {
 // afterPoll learns from the poll which of the offers it extended are still
 // on offer. The others were taken (their lease may be on its way, or was
 // lost) or lost with the UNLOGGED table: their lanes offer again, and the
-// leases are looked for. dbNow, the database's clock read by the poll
-// after sent, bounds again how far that clock is ahead of ours, for the
-// offers still out.
-func (d *Dispatcher) afterPoll(ctx context.Context, sent, dbNow time.Time, asked, stillLive []uuid.UUID) {
+// leases are looked for; not those made after listed, when the poll's
+// tokens were listed. ahead, from the poll's reading of the two clocks
+// (timedRow), bounds again how far the database's clock is ahead of ours,
+// for the offers still out.
+func (d *Dispatcher) afterPoll(ctx context.Context, listed time.Time, ahead time.Duration, asked, stillLive []uuid.UUID) {
 	on := make(map[uuid.UUID]bool, len(stillLive))
 	for _, t := range stillLive {
 		on[t] = true
@@ -596,9 +618,9 @@ func (d *Dispatcher) afterPoll(ctx context.Context, sent, dbNow time.Time, asked
 	for _, t := range asked {
 		o := d.offers.byToken[t]
 		if o != nil && on[t] {
-			o.ahead, o.aheadKnown = dbNow.Sub(sent), true
+			o.ahead, o.aheadKnown = ahead, true
 		}
-		if o == nil || on[t] || !o.live || o.sentAt.After(sent) {
+		if o == nil || on[t] || !o.live || o.sentAt.After(listed) {
 			continue
 		}
 		d.retire(o, time.Now())

@@ -62,7 +62,7 @@ func TestRetiredTokenOutlivesItsLease(t *testing.T) {
 			token := uuid.New()
 			d.offers.byToken[token] = &offer{lane: l, live: true, sentAt: time.Now().Add(-time.Second)}
 			at := time.Now()
-			d.afterPoll(context.Background(), at, at.Add(time.Millisecond), []uuid.UUID{token}, nil)
+			d.afterPoll(context.Background(), at, time.Millisecond, []uuid.UUID{token}, nil)
 			return token, at
 		}},
 		{"its lane stopped (offerTokens)", func(t *testing.T, d *Dispatcher, l *lane) (uuid.UUID, time.Time) {
@@ -136,8 +136,7 @@ func TestPollRenewsClockBound(t *testing.T) {
 	d.offers.byToken[token] = &offer{lane: l, live: true, sentAt: made, ahead: 0, aheadKnown: true}
 	// Now the database's clock is 10 s ahead of ours.
 	const lead = 10 * time.Second
-	sent := time.Now()
-	d.afterPoll(context.Background(), sent, sent.Add(lead+time.Millisecond), []uuid.UUID{token}, []uuid.UUID{token})
+	d.afterPoll(context.Background(), time.Now(), lead+time.Millisecond, []uuid.UUID{token}, []uuid.UUID{token})
 
 	claimedAt := time.Now().Add(lead) // the producer's clock_timestamp(), on the database's clock
 	o, leasedAt := d.useToken(token, claimedAt, false)
@@ -147,6 +146,215 @@ func TestPollRenewsClockBound(t *testing.T) {
 	if want := claimedAt.Add(-lead); leasedAt.After(want) {
 		t.Fatalf("lease measured from %v after its start by our clock; want no later than it began",
 			leasedAt.Sub(want))
+	}
+}
+
+// slowOffers makes every offer's INSERT take at least wait longer, with a
+// trigger in the test's own database.
+func slowOffers(t *testing.T, pool *pgxpool.Pool, wait time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	for _, q := range []string{
+		fmt.Sprintf(`CREATE FUNCTION test_slow_offer() RETURNS trigger LANGUAGE plpgsql AS $$
+			BEGIN PERFORM pg_sleep(%f); RETURN NEW; END $$`, wait.Seconds()),
+		`CREATE TRIGGER test_slow_offer BEFORE INSERT ON bellhop_offers FOR EACH ROW EXECUTE FUNCTION test_slow_offer()`,
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// holdPool takes every connection pool may open, waiting for those in
+// use, and returns a function that gives them back.
+func holdPool(t *testing.T, pool *pgxpool.Pool) (release func()) {
+	t.Helper()
+	var held []*pgxpool.Conn
+	for range pool.Config().MaxConns {
+		c, err := pool.Acquire(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	return func() {
+		for _, c := range held {
+			c.Release()
+		}
+	}
+}
+
+// clockBoundOK checks a bound on how far the database's clock is ahead of
+// ours, with both clocks on this host: the true lead is zero, so the bound
+// must not be negative (a lease would be dated after it began), and it
+// must be well under wait, the slowdown the statement met.
+func clockBoundOK(t *testing.T, ahead, wait time.Duration) {
+	t.Helper()
+	if ahead < 0 {
+		t.Errorf("bound on the database clock's lead %v is negative; the clocks agree, so leases would be dated late", ahead)
+	}
+	if ahead >= wait/2 {
+		t.Errorf("bound on the database clock's lead %v, with the statement slowed by %v; the slowdown was counted in it", ahead, wait)
+	}
+}
+
+// TestOfferClockBoundExcludesWaits: the bound an offer's own statement
+// sets on the database clock's lead (offer.ahead) leaves out a wait for a
+// pool connection and the statement's run time. With them in it, leases
+// made under the offer were dated that much early, their handlers' time
+// cut short by as much (3c of the forty-ninth session's review). Both
+// cases fail with the bound taken from before the acquire to the end of
+// the statement.
+func TestOfferClockBoundExcludesWaits(t *testing.T) {
+	const wait = 400 * time.Millisecond
+	tests := []struct {
+		name string
+		// slow runs before the offer, during the ends it once the offer
+		// is under way.
+		slow func(t *testing.T, pool *pgxpool.Pool) (during func())
+	}{
+		{"its statement ran slowly", func(t *testing.T, pool *pgxpool.Pool) func() {
+			slowOffers(t, pool, wait)
+			return func() {}
+		}},
+		{"it waited for a connection", func(t *testing.T, pool *pgxpool.Pool) func() {
+			release := holdPool(t, pool)
+			return func() {
+				time.Sleep(wait) // the wait being measured, not a synchronisation
+				release()
+			}
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			cfg, err := pgxpool.ParseConfig(pgtest.ConnString(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.MaxConns = 1
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(pool.Close)
+			d, l := testBook(t, DispatcherConfig{PollInterval: time.Minute, LeaseAtInsert: true}, pool, 30*time.Second)
+			d.owner, d.leaseChannel = uuid.New(), newLeaseChannel()
+			during := tc.slow(t, pool)
+
+			start := time.Now()
+			done := make(chan time.Duration)
+			go func() {
+				l.makeOffer(ctx)
+				done <- time.Since(start)
+			}()
+			eventually(t, "the offer's token in the book", func() bool {
+				d.offers.mu.Lock()
+				defer d.offers.mu.Unlock()
+				return len(d.offers.byToken) == 1
+			})
+			during()
+			if took := <-done; took < wait {
+				t.Fatalf("the offer took %v, less than the slowdown of %v: the test slowed nothing", took, wait)
+			}
+			d.offers.mu.Lock()
+			defer d.offers.mu.Unlock()
+			for _, o := range d.offers.byToken {
+				if !o.live || !o.aheadKnown {
+					t.Fatalf("offer live %v, its clock bound known %v; want a made offer", o.live, o.aheadKnown)
+				}
+				clockBoundOK(t, o.ahead, wait)
+			}
+		})
+	}
+}
+
+// TestPollClockBoundExcludesWaits: the bound a fallback poll renews on the
+// database clock's lead, for the offers still out, leaves out a wait for
+// a pool connection and the poll's run time; with them, a slow poll (a
+// busy pool, thousands of consumers to probe) dated the next leases up to
+// its length early, and a poll as slow as the lease less its margin had
+// leased messages released unstarted. Both cases fail with the bound
+// taken from before the acquire to the end of the statement.
+func TestPollClockBoundExcludesWaits(t *testing.T) {
+	const wait = 600 * time.Millisecond
+	tests := []struct {
+		name string
+		// before runs before the dispatcher starts; during once it has an
+		// offer out, and returns when the next poll is slowed.
+		before func(t *testing.T, pool *pgxpool.Pool)
+		during func(t *testing.T, d *Dispatcher, mark func())
+	}{
+		{"the poll ran slowly", func(t *testing.T, pool *pgxpool.Pool) {
+			// The poll's own SELECT list calls bellhop_next_lease_expiry
+			// (its writes, in WITH, run after that list): the test's
+			// database gets a slow one.
+			for _, q := range []string{
+				`ALTER FUNCTION bellhop_next_lease_expiry(int) RENAME TO test_next_lease_expiry`,
+				fmt.Sprintf(`CREATE FUNCTION bellhop_next_lease_expiry(vt int) RETURNS timestamptz LANGUAGE plpgsql AS $$
+					BEGIN PERFORM pg_sleep(%f); RETURN test_next_lease_expiry(vt); END $$`, wait.Seconds()),
+			} {
+				if _, err := pool.Exec(context.Background(), q); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}, func(t *testing.T, d *Dispatcher, mark func()) { mark() }},
+		{"the poll waited for a connection", func(*testing.T, *pgxpool.Pool) {}, func(t *testing.T, d *Dispatcher, mark func()) {
+			// A poll that held a connection has ended before every
+			// connection is ours; the next one (every 100 ms) waits.
+			release := holdPool(t, d.db)
+			mark()
+			time.Sleep(wait) // the wait being measured, not a synchronisation
+			release()
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, client, _ := reloadSetup(t, ConsumerSpec{Queue: "a", MaxInFlight: 1})
+			cfg.MaxConns = 4
+			tc.before(t, client.db)
+			d, err := NewDispatcher(cfg, DispatcherConfig{
+				Resolver: resolverFunc(func(Consumer) Handler {
+					return HandlerFunc(func(context.Context, *Message) error { return nil })
+				}),
+				PollInterval: 100 * time.Millisecond, LeaseAtInsert: true, Logger: zerolog.Nop(),
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			runUntilCleanup(t, d, nil)
+			// A lane offers after a pass: one message makes it run.
+			if _, err := client.Enqueue(context.Background(), "app", "a", []byte(`{}`), EnqueueOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			// The one offer out, once its own statement bounded the lead.
+			var o *offer
+			eventually(t, "an offer out", func() bool {
+				d.offers.mu.Lock()
+				defer d.offers.mu.Unlock()
+				for _, x := range d.offers.byToken {
+					if x.live && x.aheadKnown {
+						o = x
+					}
+				}
+				return o != nil
+			})
+			// A bound no statement gives, so that the next poll's is seen.
+			const unset = 100 * time.Hour
+			tc.during(t, d, func() {
+				d.offers.mu.Lock()
+				defer d.offers.mu.Unlock()
+				o.ahead = unset
+			})
+			var ahead time.Duration
+			eventually(t, "a poll that renews the offer's clock bound", func() bool {
+				d.offers.mu.Lock()
+				defer d.offers.mu.Unlock()
+				ahead = o.ahead
+				return ahead != unset
+			})
+			clockBoundOK(t, ahead, wait)
+		})
 	}
 }
 
@@ -200,7 +408,7 @@ func TestPollKeepsOffersMadeAfterListing(t *testing.T) {
 		"offers":          queries.UUIDs([]uuid.UUID{rows[0].token}),
 		"offer_ttl_ms":    ttl.Milliseconds(),
 		"grace_ms":        missedGrace.Milliseconds(),
-	}).Scan(new(bool), new([]uuid.UUID), new([]uuid.UUID), new([]uuid.UUID), new([]uuid.UUID), new(*time.Time), &live, new(time.Time))
+	}).Scan(new(bool), new([]uuid.UUID), new([]uuid.UUID), new([]uuid.UUID), new([]uuid.UUID), new(*time.Time), &live, new(time.Time), new(time.Time))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,8 +26,10 @@
 --     poll, which no longer finds the offer); one that rolls back leaves
 --     the offer out, and had the dispatcher counted it taken, its lane
 --     would have offered again and had two offers out;
---   * reads the database's clock, which bounds again how far it is ahead
---     of the dispatcher's for the offers still out (offers.go, afterPoll).
+--   * reads the database's clock: at the statement's start, which bounds
+--     again how far it is ahead of the dispatcher's for the offers still
+--     out (offers.go, timedRow and afterPoll), and at the end, against
+--     which the next lease expiry is put on the dispatcher's clock.
 -- It writes only offers, and sends the NOTIFY, delivered at commit.
 WITH refreshed AS (
     UPDATE bellhop_offers AS o
@@ -80,4 +82,5 @@ SELECT pg_notify('bellhop', @heartbeat::text) IS NOT NULL AS heartbeat_sent,
        bellhop_next_lease_expiry(@default_vt_secs) AS next_lease_expiry,
        ARRAY(SELECT token FROM bellhop_offers
              WHERE owner = @owner AND token = ANY(@offers::uuid[])) AS live_offers,
+       statement_timestamp() AS db_start,
        clock_timestamp() AS db_now
