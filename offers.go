@@ -190,12 +190,33 @@ func (l *lane) makeOffer(ctx context.Context) {
 // up to the poll's length early: never late, but its handler's deadline
 // came that much early, and a poll as slow as the lease less its margin
 // had leased messages released unstarted.
+// Its arguments carry offer tokens, and may carry the lease channel, so
+// they go as hidden ones.
 func (d *Dispatcher) timedRow(ctx context.Context, sql string, args queries.Args, dest ...any) (sent time.Time, err error) {
 	err = d.db.AcquireFunc(ctx, func(c *pgxpool.Conn) error {
 		sent = time.Now()
-		return c.QueryRow(ctx, sql, args).Scan(dest...)
+		return c.QueryRow(ctx, sql, d.hidden(args)...).Scan(dest...)
 	})
 	return sent, err
+}
+
+// hidden returns the arguments of a statement that carries the lease
+// channel or offer tokens, with what keeps them out of the statement's
+// text. Under default_query_exec_mode=simple_protocol pgx writes
+// arguments into the text, which pg_stat_activity shows to monitoring
+// roles for as long as the connection's next statement has not replaced
+// it: the channel and a live token there let such a role read leased
+// payloads and send a forged lease (docs/lease-at-insert.md). Those
+// statements then go in exec mode, which sends arguments as parameters
+// on an unnamed statement and, like simple_protocol, keeps no prepared
+// statement on the server. A leasing dispatcher needs a session of its
+// own anyway (LISTEN, advisory keys), a direct or session-pooled
+// connection, where exec mode works as well as simple_protocol.
+func (d *Dispatcher) hidden(args queries.Args) []any {
+	if d.poolCfg != nil && d.poolCfg.ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol {
+		return []any{pgx.QueryExecModeExec, args}
+	}
+	return []any{args}
 }
 
 // wantsOffer reports whether the lane should have a token on offer: it is
@@ -245,7 +266,7 @@ func (d *Dispatcher) dropOffers(ctx context.Context, tokens []uuid.UUID) {
 	if tokens != nil {
 		arg = queries.UUIDs(tokens)
 	}
-	rows, err := d.db.Query(ctx, queries.OfferDrop, queries.Args{"owner": d.owner, "tokens": arg})
+	rows, err := d.db.Query(ctx, queries.OfferDrop, d.hidden(queries.Args{"owner": d.owner, "tokens": arg})...)
 	var gone []uuid.UUID
 	if err == nil {
 		gone, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
@@ -661,7 +682,7 @@ func (d *Dispatcher) findLeases(ctx context.Context, tokens []uuid.UUID) ([]foun
 	if len(tokens) == 0 {
 		return nil, nil
 	}
-	rows, err := d.db.Query(ctx, queries.OfferRecover, queries.Args{"tokens": queries.UUIDs(tokens)})
+	rows, err := d.db.Query(ctx, queries.OfferRecover, d.hidden(queries.Args{"tokens": queries.UUIDs(tokens)})...)
 	if err != nil {
 		return nil, fmt.Errorf("look up leases by token: %w", err)
 	}

@@ -797,3 +797,98 @@ func TestStopPastBoundSkipsOffers(t *testing.T) {
 		t.Error("leasing not ended: a lease heard later would be submitted to a closed completer")
 	}
 }
+
+// TestSimpleProtocolHidesLeaseSecrets: a leasing dispatcher whose pool
+// uses default_query_exec_mode=simple_protocol, where pgx writes
+// arguments into a statement's text, still keeps its lease channel and
+// its offer tokens out of the text that pg_stat_activity shows to
+// monitoring roles (an idle connection shows its last statement until its
+// next one): with both, such a role can read leased payloads and send a
+// forged lease. Sampled as each of 51 messages is sent, and once it was
+// handled, with the dispatcher idle and an offer out. Fails with the
+// offers' statements in simple_protocol (the offer's INSERT shows the
+// channel and its token, the poll the tokens still out). The LISTEN's
+// text, whose one round trip of exposure is
+// TestLeaseChannelHiddenFromActivity's, is left out.
+func TestSimpleProtocolHidesLeaseSecrets(t *testing.T) {
+	ctx := context.Background()
+	cfg, client, _ := reloadSetup(t, ConsumerSpec{Queue: "a", MaxInFlight: 1})
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	var handled atomic.Int64
+	d, err := NewDispatcher(cfg, DispatcherConfig{
+		Resolver: resolverFunc(func(Consumer) Handler {
+			return HandlerFunc(func(context.Context, *Message) error { handled.Add(1); return nil })
+		}),
+		PollInterval: 100 * time.Millisecond, LeaseAtInsert: true, Logger: zerolog.Nop(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntilCleanup(t, d, nil)
+
+	// secrets lists the channel and the tokens in the book now.
+	secrets := func() []string {
+		d.offers.mu.Lock()
+		defer d.offers.mu.Unlock()
+		s := []string{d.leaseChannel}
+		for token := range d.offers.byToken {
+			s = append(s, token.String())
+		}
+		return s
+	}
+	// shown returns the statements of other sessions that show a secret.
+	shown := func() []string {
+		rows, err := client.db.Query(ctx, `SELECT query FROM pg_stat_activity
+			WHERE pid <> pg_backend_pid() AND datname = current_database() AND query NOT ILIKE 'listen %'`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		texts, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		var bad []string
+		for _, q := range texts {
+			for _, s := range secrets() {
+				if strings.Contains(q, s) {
+					bad = append(bad, q)
+					break
+				}
+			}
+		}
+		return bad
+	}
+
+	offerOut := func() bool {
+		d.offers.mu.Lock()
+		defer d.offers.mu.Unlock()
+		for _, o := range d.offers.byToken {
+			if o.live && o.aheadKnown {
+				return true
+			}
+		}
+		return false
+	}
+	// The first message is claimed; the lane offers after its pass, and
+	// each message after it is leased at its INSERT.
+	const n = 50
+	for i := range n + 1 {
+		if _, err := client.Enqueue(ctx, "app", "a", []byte(`{}`), EnqueueOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if bad := shown(); len(bad) > 0 {
+			t.Fatalf("after message %d was sent, pg_stat_activity shows a lease secret: %q", i, bad)
+		}
+		eventually(t, "the message handled and an offer out", func() bool {
+			return handled.Load() == int64(i+1) && offerOut()
+		})
+		if bad := shown(); len(bad) > 0 {
+			t.Fatalf("after message %d, idle with an offer out, pg_stat_activity shows a lease secret: %q", i, bad)
+		}
+	}
+	st := d.LeaseStats()
+	t.Logf("LeaseStats %+v", st)
+	if st.Leased < n/2 {
+		t.Fatalf("LeaseStats %+v; want most of the %d messages after the first leased, so that the test sees the leases' statements", st, n)
+	}
+}
