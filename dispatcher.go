@@ -610,6 +610,25 @@ func (d *Dispatcher) Run(ctx context.Context) (err error) {
 	d.pool.Store(db)
 	var stopBy time.Time // the end of a stop's budget, once it began
 	defer func() { d.closePool(stopBy) }()
+	// The listener connects while the pool's first connection is made and
+	// the schema and consumers are read: its connect and LISTEN were the
+	// longest step between Run and the first claim (in 16 alternating
+	// starts, 98 ms to the first handler against 122 ms after them). Until
+	// the lanes exist, what it hears finds none; its connect asks for the
+	// reload and wake scan that the control loop makes once it runs, as
+	// after any reconnect. If Run cannot start, it is stopped before Run
+	// returns.
+	var bg sync.WaitGroup
+	lctx, stopListener := context.WithCancel(ctx)
+	defer stopListener()
+	bg.Go(func() { _ = d.listener.Run(lctx) })
+	started := false
+	defer func() {
+		if !started {
+			stopListener()
+			bg.Wait()
+		}
+	}()
 	if err := d.db.Ping(ctx); err != nil {
 		return fmt.Errorf("dispatcher: connect: %w", err)
 	}
@@ -642,8 +661,7 @@ func (d *Dispatcher) Run(ctx context.Context) (err error) {
 		return fmt.Errorf("dispatcher: %w", err)
 	}
 
-	var bg sync.WaitGroup
-	bg.Go(func() { _ = d.listener.Run(ctx) })
+	started = true
 	bg.Go(func() { d.reclaim.Run(ctx) })
 	if d.marks != nil {
 		bg.Go(func() { d.marks.Run(ctx) })

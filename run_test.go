@@ -28,16 +28,19 @@ import (
 
 // TestRunFailsToStartCleanly: Run on a database without Bellhop's schema
 // returns an error naming what is missing, and leaves nothing of its own
-// running (the outcome writer is started before the consumers are read).
+// running: not the outcome writer, started before the consumers are read,
+// and not the listener, which connects from Run's start (it is stopped,
+// and its goroutines have ended, when Run returns).
 func TestRunFailsToStartCleanly(t *testing.T) {
 	ctx := context.Background()
 	cfg := emptyDatabase(t)
 
-	writers := func() int {
+	running := func(frame string) int {
 		buf := make([]byte, 1<<22)
-		return strings.Count(string(buf[:runtime.Stack(buf, true)]), "claim.(*Completer).loop")
+		return strings.Count(string(buf[:runtime.Stack(buf, true)]), frame)
 	}
-	before := writers()
+	writers := func() int { return running("claim.(*Completer).loop") }
+	before, listenersBefore := writers(), running("notify.(*Listener).Run")
 	d, err := bellhop.NewDispatcher(cfg, bellhop.DispatcherConfig{Resolver: bellhop.NewMux()})
 	if err != nil {
 		t.Fatal(err)
@@ -45,6 +48,9 @@ func TestRunFailsToStartCleanly(t *testing.T) {
 	err = d.Run(ctx)
 	if err == nil || !strings.Contains(err.Error(), "no Bellhop schema") {
 		t.Fatalf("Run on an empty database: %v, want an error saying the schema is missing", err)
+	}
+	if n := running("notify.(*Listener).Run"); n > listenersBefore {
+		t.Errorf("%d listeners still running when Run returned its error, %d before", n, listenersBefore)
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for writers() > before {
