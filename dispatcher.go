@@ -277,12 +277,16 @@ type Dispatcher struct {
 	// reused for a second after it succeeds: /readyz answers anyone who
 	// reaches its port, and each check holds one of the pool's
 	// connections, which the lanes' claims need.
-	ping     *probe.Probe
-	cfg      DispatcherConfig
-	poolCfg  *pgxpool.Config
-	db       *pgxpool.Pool
-	log      zerolog.Logger
-	listener *notify.Listener
+	ping    *probe.Probe
+	cfg     DispatcherConfig
+	poolCfg *pgxpool.Config
+	// simpleProtocol: some connection of the pool is in pgx's simple
+	// protocol mode, in which a leasing dispatcher hides arguments
+	// (offers.go, hidden).
+	simpleProtocol atomic.Bool
+	db             *pgxpool.Pool
+	log            zerolog.Logger
+	listener       *notify.Listener
 	// listenerUp is when the listener last connected, as time since
 	// created (monotonic, unlike a wall-clock time), for the pool's
 	// ShouldPing; 0 until it first connects.
@@ -511,6 +515,20 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 	// pool's too. Unpinged, each dead one failed a statement in turn, the
 	// reload first, backing off between tries, and the catch-up that
 	// follows a reconnect came 10 to 25 s late.
+	// A connection string's default_query_exec_mode is in pc; a
+	// BeforeConnect hook may set one per connection, which only the
+	// connection made knows.
+	d.simpleProtocol.Store(pc.ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol)
+	afterConnect := pc.AfterConnect
+	pc.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		if c.Config().DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol {
+			d.simpleProtocol.Store(true)
+		}
+		if afterConnect != nil {
+			return afterConnect(ctx, c)
+		}
+		return nil
+	}
 	pc.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool {
 		up := time.Duration(d.listenerUp.Load())
 		return p.IdleDuration > time.Minute || up > 0 && p.IdleDuration > time.Since(d.created)-up
@@ -1156,17 +1174,23 @@ func (d *Dispatcher) poll(ctx context.Context) {
 	token := d.listener.ExpectHeartbeat()
 	var queueReady, queueStale, invokeReady, invokeStale, liveOffers []uuid.UUID
 	var nextExpiry *time.Time
-	var dbStart, dbNow time.Time
-	listed := time.Now()
-	offers, unheard := d.offerTokens(listed)
-	// The first column is there only to make pg_notify run.
-	sent, err := d.timedRow(ctx, queries.Poll, queries.Args{
-		"heartbeat":       "h:" + token,
-		"default_vt_secs": int(d.cfg.DefaultVisibilityTimeout / time.Second),
-		"owner":           d.owner,
-		"offers":          queries.UUIDs(offers),
-		"offer_ttl_ms":    d.offerTTL().Milliseconds(),
-		"grace_ms":        missedGrace.Milliseconds(),
+	var dbStart, dbNow, listed time.Time
+	var offers, unheard []uuid.UUID
+	// The first column is there only to make pg_notify run. The offers
+	// are listed once the poll has its connection: poll.sql deletes ours
+	// made more than 5 s before it that the list lacks, which a long wait
+	// for a connection after listing would have reached.
+	sent, err := d.timedRow(ctx, queries.Poll, func() queries.Args {
+		listed = time.Now()
+		offers, unheard = d.offerTokens(listed)
+		return queries.Args{
+			"heartbeat":       "h:" + token,
+			"default_vt_secs": int(d.cfg.DefaultVisibilityTimeout / time.Second),
+			"owner":           d.owner,
+			"offers":          queries.UUIDs(offers),
+			"offer_ttl_ms":    d.offerTTL().Milliseconds(),
+			"grace_ms":        missedGrace.Milliseconds(),
+		}
 	}, new(bool), &queueReady, &queueStale, &invokeReady, &invokeStale, &nextExpiry, &liveOffers, &dbStart, &dbNow)
 	if err != nil {
 		if !timeout.Stopping(ctx) {

@@ -156,10 +156,11 @@ func (l *lane) makeOffer(ctx context.Context) {
 	var dbStart time.Time
 	bctx, cancel := d.bound(ctx)
 	defer cancel()
-	sent, err := d.timedRow(bctx, queries.OfferMake, queries.Args{
+	args := queries.Args{
 		"token": queries.UUID(token), "app_id": queries.UUID(l.target.AppID), "queue_name": l.target.Queue, "owner": queries.UUID(d.owner),
 		"channel": d.leaseChannel, "ttl_ms": d.offerTTL().Milliseconds(), "consumer_id": queries.UUID(l.target.TriggerID),
-	}, &dbStart)
+	}
+	sent, err := d.timedRow(bctx, queries.OfferMake, func() queries.Args { return args }, &dbStart)
 	d.offers.mu.Lock()
 	defer d.offers.mu.Unlock()
 	if err != nil {
@@ -181,39 +182,40 @@ func (l *lane) makeOffer(ctx context.Context) {
 
 // timedRow runs one statement on a connection of the pool and returns our
 // clock's reading just before the statement was sent, once the connection
-// was ours. The database's clock read at the statement's start
-// (statement_timestamp(), set as the server takes the statement's
-// Bind and Execute messages) is later than that reading, so their
-// difference bounds how far the database's clock is ahead of ours; the
-// wait for a busy pool's connection and the statement's own run time stay
-// out of the bound. With them in it, a lease after a slow poll was dated
-// up to the poll's length early: never late, but its handler's deadline
-// came that much early, and a poll as slow as the lease less its margin
-// had leased messages released unstarted.
-// Its arguments carry offer tokens, and may carry the lease channel, so
-// they go as hidden ones.
-func (d *Dispatcher) timedRow(ctx context.Context, sql string, args queries.Args, dest ...any) (sent time.Time, err error) {
+// was ours; args is called then too. The database's clock read at the
+// statement's start (statement_timestamp(), which the server sets as it
+// takes the statement's Execute message, or its Query message in the
+// simple protocol) is later than that reading, so their difference bounds
+// how far the database's clock is ahead of ours; the wait for a busy
+// pool's connection and the statement's own run time stay out of the
+// bound. With them in it, a lease after a slow poll was dated up to the
+// poll's length early: never late, but its handler's deadline came that
+// much early, and a poll as slow as the lease less its margin had leased
+// messages released unstarted. The statement's arguments carry offer
+// tokens, and may carry the lease channel: they go hidden.
+func (d *Dispatcher) timedRow(ctx context.Context, sql string, args func() queries.Args, dest ...any) (sent time.Time, err error) {
 	err = d.db.AcquireFunc(ctx, func(c *pgxpool.Conn) error {
 		sent = time.Now()
-		return c.QueryRow(ctx, sql, d.hidden(args)...).Scan(dest...)
+		return c.QueryRow(ctx, sql, d.hidden(args())...).Scan(dest...)
 	})
 	return sent, err
 }
 
 // hidden returns the arguments of a statement that carries the lease
 // channel or offer tokens, with what keeps them out of the statement's
-// text. Under default_query_exec_mode=simple_protocol pgx writes
-// arguments into the text, which pg_stat_activity shows to monitoring
-// roles for as long as the connection's next statement has not replaced
-// it: the channel and a live token there let such a role read leased
-// payloads and send a forged lease (docs/lease-at-insert.md). Those
+// text; call it once the statement's connection is acquired. Under
+// default_query_exec_mode=simple_protocol pgx writes arguments into the
+// text, which pg_stat_activity shows to monitoring roles for as long as
+// the connection's next statement has not replaced it: the channel and a
+// live token there let such a role read leased payloads and send a
+// forged lease (docs/lease-at-insert.md). A leasing dispatcher's such
 // statements then go in exec mode, which sends arguments as parameters
 // on an unnamed statement and, like simple_protocol, keeps no prepared
-// statement on the server. A leasing dispatcher needs a session of its
-// own anyway (LISTEN, advisory keys), a direct or session-pooled
-// connection, where exec mode works as well as simple_protocol.
+// statement on the server. It needs a session of its own anyway (LISTEN,
+// advisory keys), a direct or session-pooled connection, where exec mode
+// works as well as simple_protocol.
 func (d *Dispatcher) hidden(args queries.Args) []any {
-	if d.poolCfg != nil && d.poolCfg.ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol {
+	if d.cfg.LeaseAtInsert && d.simpleProtocol.Load() {
 		return []any{pgx.QueryExecModeExec, args}
 	}
 	return []any{args}
@@ -266,11 +268,14 @@ func (d *Dispatcher) dropOffers(ctx context.Context, tokens []uuid.UUID) {
 	if tokens != nil {
 		arg = queries.UUIDs(tokens)
 	}
-	rows, err := d.db.Query(ctx, queries.OfferDrop, d.hidden(queries.Args{"owner": d.owner, "tokens": arg})...)
 	var gone []uuid.UUID
-	if err == nil {
-		gone, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
-	}
+	err := d.db.AcquireFunc(ctx, func(c *pgxpool.Conn) error {
+		rows, err := c.Query(ctx, queries.OfferDrop, d.hidden(queries.Args{"owner": d.owner, "tokens": arg})...)
+		if err == nil {
+			gone, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		}
+		return err
+	})
 	if err != nil {
 		d.log.Debug().Err(timeout.Explain(ctx, err)).Msg("could not withdraw offers; they expire")
 		return
@@ -682,26 +687,31 @@ func (d *Dispatcher) findLeases(ctx context.Context, tokens []uuid.UUID) ([]foun
 	if len(tokens) == 0 {
 		return nil, nil
 	}
-	rows, err := d.db.Query(ctx, queries.OfferRecover, d.hidden(queries.Args{"tokens": queries.UUIDs(tokens)})...)
-	if err != nil {
-		return nil, fmt.Errorf("look up leases by token: %w", err)
-	}
-	defer rows.Close()
 	var fs []foundLease
-	for rows.Next() {
-		var f foundLease
-		var vtSecs *int32
-		if err := rows.Scan(&f.m.ID, &f.m.Payload, &f.m.EnqueuedAt, &f.m.Token, &f.m.Attempt, &f.m.MaxAttempts,
-			&f.m.EnqueuedBy, &f.claimedAt, &vtSecs); err != nil {
-			return nil, fmt.Errorf("read leases found by token: %w", err)
+	what := "look up leases by token"
+	err := d.db.AcquireFunc(ctx, func(c *pgxpool.Conn) error {
+		rows, err := c.Query(ctx, queries.OfferRecover, d.hidden(queries.Args{"tokens": queries.UUIDs(tokens)})...)
+		if err != nil {
+			return err
 		}
-		if vtSecs != nil {
-			f.m.VisibilityTimeout = time.Duration(*vtSecs) * time.Second
+		defer rows.Close()
+		what = "read leases found by token"
+		for rows.Next() {
+			var f foundLease
+			var vtSecs *int32
+			if err := rows.Scan(&f.m.ID, &f.m.Payload, &f.m.EnqueuedAt, &f.m.Token, &f.m.Attempt, &f.m.MaxAttempts,
+				&f.m.EnqueuedBy, &f.claimedAt, &vtSecs); err != nil {
+				return err
+			}
+			if vtSecs != nil {
+				f.m.VisibilityTimeout = time.Duration(*vtSecs) * time.Second
+			}
+			fs = append(fs, f)
 		}
-		fs = append(fs, f)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read leases found by token: %w", err)
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	return fs, nil
 }

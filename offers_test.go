@@ -185,16 +185,26 @@ func holdPool(t *testing.T, pool *pgxpool.Pool) (release func()) {
 }
 
 // clockBoundOK checks a bound on how far the database's clock is ahead of
-// ours, with both clocks on this host: the true lead is zero, so the bound
-// must not be negative (a lease would be dated after it began), and it
-// must be well under wait, the slowdown the statement met.
-func clockBoundOK(t *testing.T, ahead, wait time.Duration) {
+// ours against the true lead, which one round trip brackets: the bound
+// must be at least the least the lead can be (a smaller one dates leases
+// after they began), and above the most it can be by well under wait, the
+// slowdown the bounded statement met.
+func clockBoundOK(t *testing.T, pool *pgxpool.Pool, ahead, wait time.Duration) {
 	t.Helper()
-	if ahead < 0 {
-		t.Errorf("bound on the database clock's lead %v is negative; the clocks agree, so leases would be dated late", ahead)
+	before := time.Now()
+	var db time.Time
+	if err := pool.QueryRow(context.Background(), `SELECT clock_timestamp()`).Scan(&db); err != nil {
+		t.Fatal(err)
 	}
-	if ahead >= wait/2 {
-		t.Errorf("bound on the database clock's lead %v, with the statement slowed by %v; the slowdown was counted in it", ahead, wait)
+	after := time.Now()
+	least, most := db.Sub(after), db.Sub(before)
+	t.Logf("bound %v; the database's clock is ahead by %v to %v", ahead, least, most)
+	if ahead < least {
+		t.Errorf("bound on the database clock's lead %v is below the lead, at least %v: leases would be dated late", ahead, least)
+	}
+	if ahead-most >= wait/2 {
+		t.Errorf("bound on the database clock's lead %v, %v above the lead, with the statement slowed by %v; the slowdown was counted in it",
+			ahead, ahead-most, wait)
 	}
 }
 
@@ -263,7 +273,7 @@ func TestOfferClockBoundExcludesWaits(t *testing.T) {
 				if !o.live || !o.aheadKnown {
 					t.Fatalf("offer live %v, its clock bound known %v; want a made offer", o.live, o.aheadKnown)
 				}
-				clockBoundOK(t, o.ahead, wait)
+				clockBoundOK(t, pool, o.ahead, wait)
 			}
 		})
 	}
@@ -300,11 +310,15 @@ func TestPollClockBoundExcludesWaits(t *testing.T) {
 			}
 		}, func(t *testing.T, d *Dispatcher, mark func()) { mark() }},
 		{"the poll waited for a connection", func(*testing.T, *pgxpool.Pool) {}, func(t *testing.T, d *Dispatcher, mark func()) {
-			// A poll that held a connection has ended before every
-			// connection is ours; the next one (every 100 ms) waits.
+			// A poll that held a connection has sent its statement
+			// before every connection is ours; the next one (every
+			// 100 ms) waits. The bound is marked again before the
+			// connections are given back, since a poll that did not wait
+			// may write its bound after its connection went back.
 			release := holdPool(t, d.db)
 			mark()
 			time.Sleep(wait) // the wait being measured, not a synchronisation
+			mark()
 			release()
 		}},
 	}
@@ -353,7 +367,7 @@ func TestPollClockBoundExcludesWaits(t *testing.T) {
 				ahead = o.ahead
 				return ahead != unset
 			})
-			clockBoundOK(t, ahead, wait)
+			clockBoundOK(t, client.db, ahead, wait)
 		})
 	}
 }
@@ -798,22 +812,83 @@ func TestStopPastBoundSkipsOffers(t *testing.T) {
 	}
 }
 
+// modeTracer records the query execution mode in which pgx sends each of
+// the statements that carry the lease channel or offer tokens.
+type modeTracer struct {
+	mu    sync.Mutex
+	modes map[string][]pgx.QueryExecMode // by statement name
+}
+
+func (m *modeTracer) TraceQueryStart(ctx context.Context, c *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	name := map[string]string{queries.OfferMake: "offer", queries.Poll: "poll", queries.OfferDrop: "withdrawal",
+		queries.OfferRecover: "lease lookup"}[data.SQL]
+	if name == "" {
+		return ctx
+	}
+	mode := c.Config().DefaultQueryExecMode
+	if len(data.Args) > 0 {
+		if o, ok := data.Args[0].(pgx.QueryExecMode); ok {
+			mode = o
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.modes[name] = append(m.modes[name], mode)
+	return ctx
+}
+
+func (m *modeTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
 // TestSimpleProtocolHidesLeaseSecrets: a leasing dispatcher whose pool
-// uses default_query_exec_mode=simple_protocol, where pgx writes
-// arguments into a statement's text, still keeps its lease channel and
-// its offer tokens out of the text that pg_stat_activity shows to
-// monitoring roles (an idle connection shows its last statement until its
-// next one): with both, such a role can read leased payloads and send a
-// forged lease. Sampled as each of 51 messages is sent, and once it was
-// handled, with the dispatcher idle and an offer out. Fails with the
-// offers' statements in simple_protocol (the offer's INSERT shows the
-// channel and its token, the poll the tokens still out). The LISTEN's
-// text, whose one round trip of exposure is
+// uses pgx's simple protocol mode, where pgx writes arguments into a
+// statement's text, still keeps its lease channel and its offer tokens out
+// of that text, which pg_stat_activity shows to monitoring roles (an idle
+// connection shows its last statement until its next one): with both,
+// such a role can read leased payloads and send a forged lease. The mode
+// is set in the connection string's way (the pool config) or by a
+// BeforeConnect hook, per connection. Each case:
+//   - sends every statement that carries them in another mode: the offer,
+//     the poll, the withdrawal (a paused consumer, and the stop) and the
+//     lookup of leases by token (after a listener reconnect), each seen
+//     at least once;
+//   - and, end to end, has no statement text in pg_stat_activity hold the
+//     channel or a token of the book, sampled as each of 51 messages is
+//     sent (50 of them leased) and once it was handled, with the
+//     dispatcher idle and an offer out. That check sees the offer's
+//     INSERT, whose values come early in its text; the poll's and the
+//     lookup's come after the first kilobyte of theirs, which is all that
+//     pg_stat_activity keeps by default (track_activity_query_size).
+//
+// Either part fails with those statements sent as the pool's mode says.
+// The LISTEN's text, whose one round trip of exposure is
 // TestLeaseChannelHiddenFromActivity's, is left out.
 func TestSimpleProtocolHidesLeaseSecrets(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		set  func(*pgxpool.Config)
+	}{
+		{"default_query_exec_mode", func(cfg *pgxpool.Config) {
+			cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+		}},
+		{"BeforeConnect", func(cfg *pgxpool.Config) {
+			cfg.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
+				cc.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+				return nil
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			simpleProtocolHidesLeaseSecrets(t, tc.set)
+		})
+	}
+}
+
+func simpleProtocolHidesLeaseSecrets(t *testing.T, set func(*pgxpool.Config)) {
 	ctx := context.Background()
-	cfg, client, _ := reloadSetup(t, ConsumerSpec{Queue: "a", MaxInFlight: 1})
-	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	cfg, client, con := reloadSetup(t, ConsumerSpec{Queue: "a", MaxInFlight: 1})
+	set(cfg)
+	tracer := &modeTracer{modes: map[string][]pgx.QueryExecMode{}}
+	cfg.ConnConfig.Tracer = tracer
 	var handled atomic.Int64
 	d, err := NewDispatcher(cfg, DispatcherConfig{
 		Resolver: resolverFunc(func(Consumer) Handler {
@@ -824,7 +899,21 @@ func TestSimpleProtocolHidesLeaseSecrets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runUntilCleanup(t, d, nil)
+	rctx, stop := context.WithCancel(ctx)
+	ran := make(chan error, 1)
+	go func() { ran <- d.Run(rctx) }()
+	stopped := false
+	stopRun := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		stop()
+		if err := <-ran; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}
+	t.Cleanup(stopRun)
 
 	// secrets lists the channel and the tokens in the book now.
 	secrets := func() []string {
@@ -858,7 +947,6 @@ func TestSimpleProtocolHidesLeaseSecrets(t *testing.T) {
 		}
 		return bad
 	}
-
 	offerOut := func() bool {
 		d.offers.mu.Lock()
 		defer d.offers.mu.Unlock()
@@ -868,6 +956,11 @@ func TestSimpleProtocolHidesLeaseSecrets(t *testing.T) {
 			}
 		}
 		return false
+	}
+	seen := func(name string) int {
+		tracer.mu.Lock()
+		defer tracer.mu.Unlock()
+		return len(tracer.modes[name])
 	}
 	// The first message is claimed; the lane offers after its pass, and
 	// each message after it is leased at its INSERT.
@@ -890,5 +983,30 @@ func TestSimpleProtocolHidesLeaseSecrets(t *testing.T) {
 	t.Logf("LeaseStats %+v", st)
 	if st.Leased < n/2 {
 		t.Fatalf("LeaseStats %+v; want most of the %d messages after the first leased, so that the test sees the leases' statements", st, n)
+	}
+	eventually(t, "a poll", func() bool { return seen("poll") > 0 })
+	// A reconnect looks up leases by the tokens out; a pause withdraws
+	// the offer.
+	d.listener.Restart()
+	eventually(t, "a lookup of leases by token", func() bool { return seen("lease lookup") > 0 })
+	if err := client.SetConsumerEnabled(ctx, "app", con.ID, false); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the offer withdrawn", func() bool { return seen("withdrawal") > 0 })
+	stopRun()
+
+	tracer.mu.Lock()
+	defer tracer.mu.Unlock()
+	for _, name := range []string{"offer", "poll", "withdrawal", "lease lookup"} {
+		modes := tracer.modes[name]
+		if len(modes) == 0 {
+			t.Errorf("no %s statement was sent", name)
+		}
+		for _, m := range modes {
+			if m == pgx.QueryExecModeSimpleProtocol {
+				t.Errorf("%s statements sent in simple protocol mode (%d of them), with their arguments in their text", name, len(modes))
+				break
+			}
+		}
 	}
 }

@@ -48,8 +48,9 @@ type Message struct {
 	MaxAttempts int
 	EnqueuedBy  *uuid.UUID
 	// LeasedAt is the dispatcher's clock just before the claim was sent,
-	// never later than the database's claimed_at, so a lease measured
-	// from it ends no later than the reclaimer thinks it does.
+	// once its connection was acquired (acquire): never later than the
+	// database's claimed_at, so a lease measured from it ends no later
+	// than the reclaimer thinks it does.
 	LeasedAt time.Time
 	// VisibilityTimeout is the consumer's timeout as the transaction that
 	// took the lease read it, which the reclaimer honours for this lease
@@ -166,7 +167,6 @@ func ClaimPasses(ctx context.Context, db *pgxpool.Pool, reqs []Request) ([]Pass,
 	for _, r := range reqs {
 		total += r.Max
 	}
-	leasedAt := time.Now()
 	batch := &pgx.Batch{}
 	batch.Queue(queries.GenericPlans)
 	marks := 0
@@ -199,7 +199,12 @@ func ClaimPasses(ctx context.Context, db *pgxpool.Pool, reqs []Request) ([]Pass,
 		batch.Queue(queries.NextDueQueues, queries.Args{"app_ids": apps, "queue_names": names, "consumer_ids": consumers,
 			"held": held, "owner": queries.UUID(owner), "lease_ms": lease.Milliseconds()})
 	}
-	br := db.SendBatch(ctx, batch)
+	conn, leasedAt, err := acquire(ctx, db)
+	if err != nil {
+		return fail("", err)
+	}
+	defer conn.Release()
+	br := conn.SendBatch(ctx, batch)
 	defer br.Close()
 
 	if _, err := br.Exec(); err != nil {
@@ -312,17 +317,21 @@ func describe(reqs []Request) string {
 // claimInvoke is ClaimPass for a consumer's invoke deliveries.
 func claimInvoke(ctx context.Context, db *pgxpool.Pool, t Target, max int) (Pass, error) {
 	args := queries.Args{"trigger_id": queries.UUID(t.TriggerID), "max_messages": max}
-	leasedAt := time.Now()
 	batch := &pgx.Batch{}
 	batch.Queue(queries.GenericPlans)
 	batch.Queue(queries.ClaimInvoke, args)
 	batch.Queue(queries.NextDueInvoke, args)
-	br := db.SendBatch(ctx, batch)
-	defer br.Close()
-
 	fail := func(what string, err error) (Pass, error) {
 		return Pass{}, fmt.Errorf("claim %s: %s%w", t, what, err)
 	}
+	conn, leasedAt, err := acquire(ctx, db)
+	if err != nil {
+		return fail("", err)
+	}
+	defer conn.Release()
+	br := conn.SendBatch(ctx, batch)
+	defer br.Close()
+
 	if _, err := br.Exec(); err != nil {
 		return fail("plan mode: ", err)
 	}
@@ -353,6 +362,21 @@ func claimInvoke(ctx context.Context, db *pgxpool.Pool, t Target, max int) (Pass
 	p := Pass{Messages: msgs}
 	in.apply(&p)
 	return p, nil
+}
+
+// acquire takes a connection for a claim and returns our clock's reading
+// once the connection is ours, just before the claim is sent: the leases
+// the claim takes begin after it, so a lease measured from it
+// (Message.LeasedAt) still ends no later than the reclaimer thinks, and
+// loses nothing to a wait for a busy pool's connection. Measured from
+// before that wait, a pool busy for most of the visibility timeout had
+// claimed messages released unstarted, claimed again, and so on.
+func acquire(ctx context.Context, db *pgxpool.Pool) (*pgxpool.Conn, time.Time, error) {
+	conn, err := db.Acquire(ctx)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	return conn, time.Now(), nil
 }
 
 // passInfo is a row of next_due_invoke.sql, or one of next_due_queue.sql

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/claim"
 )
@@ -43,5 +45,63 @@ func TestNextDueOnLocalClock(t *testing.T) {
 	}
 	if in := p.NextDue.Sub(start); in < 2*time.Second || in > 3*time.Second+500*time.Millisecond {
 		t.Errorf("next due in %s, want about 3s", in)
+	}
+}
+
+// TestLeasedAtAfterPoolWait: a claim's leases are measured (LeasedAt) from
+// once its connection was acquired, not from before a wait for a busy
+// pool's connection, and never from after the database took them
+// (claimed_at): a wait that long no longer eats into the handler's time,
+// and the lease still ends on our clock no later than the reclaimer
+// thinks. Fails with LeasedAt read before the acquire.
+func TestLeasedAtAfterPoolWait(t *testing.T) {
+	const wait = 300 * time.Millisecond
+	for _, source := range []claim.Source{claim.Queue, claim.Invoke} {
+		t.Run(source.String(), func(t *testing.T) {
+			ctx := context.Background()
+			pool, client, appID := setup(t)
+			id, table, target := newMessage(t, client, appID, source, "q")
+			cfg := pool.Config()
+			cfg.MaxConns = 1
+			one, err := pgxpool.NewWithConfig(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(one.Close)
+			held, err := one.Acquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			type result struct {
+				msgs []claim.Message
+				err  error
+			}
+			done := make(chan result, 1)
+			go func() {
+				msgs, _, err := claim.Claim(ctx, one, target, 10)
+				done <- result{msgs, err}
+			}()
+			time.Sleep(wait) // the wait for a connection, not a synchronisation
+			freed := time.Now()
+			held.Release()
+			r := <-done
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			if len(r.msgs) != 1 || r.msgs[0].ID != id {
+				t.Fatalf("claimed %d messages, want %s", len(r.msgs), id)
+			}
+			m := r.msgs[0]
+			if m.LeasedAt.Before(freed) {
+				t.Errorf("lease measured from %v before the claim had a connection; the wait for it was counted", freed.Sub(m.LeasedAt))
+			}
+			var claimedAt time.Time
+			if err := pool.QueryRow(ctx, `SELECT claimed_at FROM `+table+` WHERE id = $1`, id).Scan(&claimedAt); err != nil {
+				t.Fatal(err)
+			}
+			if m.LeasedAt.After(claimedAt) {
+				t.Errorf("lease measured from %v after the database took it", m.LeasedAt.Sub(claimedAt))
+			}
+		})
 	}
 }
