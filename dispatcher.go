@@ -685,8 +685,13 @@ func (d *Dispatcher) Run(ctx context.Context) (err error) {
 		bg.Go(func() { d.marks.Run(ctx) })
 	}
 	// One pass at start-up returns leases that expired while no dispatcher
-	// ran (a crash and restart) and learns when the live ones expire.
-	d.reclaim.Observe(time.Now())
+	// ran (a crash and restart) and learns when the live ones expire. It
+	// runs once the control loop's first scan for work has (control), or
+	// startupReclaimWait after now if that scan is late: made at once, it
+	// held the pool's one connection for 40 - 50 ms while the reload and
+	// scan after the listener's connect opened another, and the first
+	// delivery came that much later.
+	d.reclaim.Observe(time.Now().Add(startupReclaimWait))
 	bg.Go(func() { d.control(ctx) })
 	bg.Go(func() { d.touchLoop(ctx) })
 	d.log.Info().Stringer("poll_interval", d.cfg.PollInterval).Msg("dispatcher started")
@@ -981,11 +986,16 @@ func (d *Dispatcher) requestReload(wakeAll bool) {
 	}
 }
 
+// startupReclaimWait bounds how long the start-up reclaim pass waits for
+// the first scan for work (Run).
+const startupReclaimWait = time.Second
+
 // control runs consumer reloads and the fallback poll.
 func (d *Dispatcher) control(ctx context.Context) {
 	poll := time.NewTimer(jitter(d.cfg.PollInterval))
 	defer poll.Stop()
 	reloadFailures := 0
+	scanned := false // the first scan for work has run, and so may the start-up reclaim pass
 	// At most one retry is due at a time: a reload asked for meanwhile
 	// (a notification, a reconnect) replaces it, so failures never start
 	// a second chain of retries.
@@ -1028,6 +1038,10 @@ func (d *Dispatcher) control(ctx context.Context) {
 			wctx, cancel := d.bound(ctx)
 			d.wakeAfterConnect(wctx)
 			cancel()
+			if !scanned {
+				scanned = true
+				d.reclaim.Observe(time.Now())
+			}
 		}
 		if wakeAll {
 			// Leases made while the listener was away announced

@@ -1,0 +1,149 @@
+package bellhop
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/rs/zerolog"
+
+	queries "github.com/bellhopq/bellhop/sql"
+)
+
+// startTracer records when the wake scan and the reclaim pass's statement
+// first start, and holds the listener's connection attempts while hold is
+// open; with onLoad, it opens hold once the first consumer load has ended.
+type startTracer struct {
+	mu              sync.Mutex
+	scan, reclaimed time.Time
+	hold            chan struct{}
+	onLoad          bool
+	opened          sync.Once
+}
+
+type consumerLoad struct{}
+
+func (s *startTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	switch d.SQL {
+	case queries.WakeScan:
+		s.mu.Lock()
+		if s.scan.IsZero() {
+			s.scan = time.Now()
+		}
+		s.mu.Unlock()
+	case queries.ConsumerList:
+		return context.WithValue(ctx, consumerLoad{}, true)
+	}
+	return ctx
+}
+
+func (s *startTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	if s.onLoad && ctx.Value(consumerLoad{}) != nil {
+		s.open()
+	}
+}
+
+func (s *startTracer) open() { s.opened.Do(func() { close(s.hold) }) }
+
+func (s *startTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (s *startTracer) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	// Batched statements come rewritten (named arguments made
+	// positional), their opening comment intact.
+	if first, _, _ := strings.Cut(queries.Reclaim, "\n"); strings.HasPrefix(d.SQL, first) {
+		s.mu.Lock()
+		if s.reclaimed.IsZero() {
+			s.reclaimed = time.Now()
+		}
+		s.mu.Unlock()
+	}
+}
+
+func (s *startTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+func (s *startTracer) TraceConnectStart(ctx context.Context, d pgx.TraceConnectStartData) context.Context {
+	if d.ConnConfig.RuntimeParams["application_name"] == "bellhop-listener" {
+		<-s.hold
+	}
+	return ctx
+}
+
+func (s *startTracer) TraceConnectEnd(context.Context, pgx.TraceConnectEndData) {}
+
+// TestStartupReclaimAfterFirstScan: the reclaim pass that Run makes at
+// start-up, for leases that ran out while no dispatcher ran, waits for
+// the first scan for work, which it used to hold up (it took the pool's
+// one connection, and the scan opened another, 40 to 50 ms in front of
+// the first delivery); and when that scan is late (here the listener,
+// whose connect asks for it, cannot connect), it runs anyway, within
+// startupReclaimWait. Each case checks that the lease that had run out is
+// returned.
+func TestStartupReclaimAfterFirstScan(t *testing.T) {
+	for _, late := range []bool{false, true} {
+		name := "after the first scan"
+		if late {
+			name = "the scan late"
+		}
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			cfg, client, _ := reloadSetup(t, ConsumerSpec{Queue: "a"})
+			id, err := client.Enqueue(ctx, "app", "a", []byte(`{}`), EnqueueOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// A lease that ran out while no dispatcher ran.
+			if _, err := client.db.Exec(ctx, `UPDATE queue_messages SET claim_token = gen_random_uuid(),
+				claimed_at = now() - interval '1 hour', attempt = 1 WHERE id = $1`, id); err != nil {
+				t.Fatal(err)
+			}
+			// Without the wait, the pass began as the consumers were
+			// loaded; the listener's connect is held until then, so that
+			// its scan cannot come first by chance.
+			tr := &startTracer{hold: make(chan struct{}), onLoad: !late}
+			cfg.ConnConfig.Tracer = tr
+			d, err := NewDispatcher(cfg, DispatcherConfig{
+				Resolver: resolverFunc(func(Consumer) Handler {
+					return HandlerFunc(func(context.Context, *Message) error { return nil })
+				}),
+				PollInterval: time.Hour, Logger: zerolog.Nop(),
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			started := time.Now()
+			runUntilCleanup(t, d, tr.open)
+			eventually(t, "the lease returned", func() bool {
+				var claimed bool
+				if err := client.db.QueryRow(ctx, `SELECT claim_token IS NOT NULL AND claimed_at < now() - interval '1 minute'
+					FROM queue_messages WHERE id = $1`, id).Scan(&claimed); err != nil {
+					return errors.Is(err, pgx.ErrNoRows) // delivered and acked
+				}
+				return !claimed
+			})
+			tr.mu.Lock()
+			defer tr.mu.Unlock()
+			if tr.reclaimed.IsZero() {
+				t.Fatal("the lease came back without a reclaim pass")
+			}
+			if late {
+				if !tr.scan.IsZero() {
+					t.Fatalf("a scan for work ran %v after the start, with the listener held", tr.scan.Sub(started))
+				}
+				if after := tr.reclaimed.Sub(started); after > startupReclaimWait+time.Second {
+					t.Errorf("with the scan late, the start-up reclaim pass ran %v after the start; want about %v", after, startupReclaimWait)
+				}
+				return
+			}
+			if tr.scan.IsZero() || tr.reclaimed.Before(tr.scan) || tr.reclaimed.Sub(tr.scan) > startupReclaimWait/2 {
+				t.Errorf("the start-up reclaim pass began %v after the start, the first scan for work %v: want it just after the scan",
+					tr.reclaimed.Sub(started), tr.scan.Sub(started))
+			}
+		})
+	}
+}
