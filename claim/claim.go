@@ -48,7 +48,7 @@ type Message struct {
 	MaxAttempts int
 	EnqueuedBy  *uuid.UUID
 	// LeasedAt is the dispatcher's clock just before the claim was sent,
-	// once its connection was acquired (acquire): never later than the
+	// once its connection was acquired (send): never later than the
 	// database's claimed_at, so a lease measured from it ends no later
 	// than the reclaimer thinks it does.
 	LeasedAt time.Time
@@ -199,12 +199,10 @@ func ClaimPasses(ctx context.Context, db *pgxpool.Pool, reqs []Request) ([]Pass,
 		batch.Queue(queries.NextDueQueues, queries.Args{"app_ids": apps, "queue_names": names, "consumer_ids": consumers,
 			"held": held, "owner": queries.UUID(owner), "lease_ms": lease.Milliseconds()})
 	}
-	conn, leasedAt, err := acquire(ctx, db)
+	br, leasedAt, err := send(ctx, db, batch)
 	if err != nil {
 		return fail("", err)
 	}
-	defer conn.Release()
-	br := conn.SendBatch(ctx, batch)
 	defer br.Close()
 
 	if _, err := br.Exec(); err != nil {
@@ -324,12 +322,10 @@ func claimInvoke(ctx context.Context, db *pgxpool.Pool, t Target, max int) (Pass
 	fail := func(what string, err error) (Pass, error) {
 		return Pass{}, fmt.Errorf("claim %s: %s%w", t, what, err)
 	}
-	conn, leasedAt, err := acquire(ctx, db)
+	br, leasedAt, err := send(ctx, db, batch)
 	if err != nil {
 		return fail("", err)
 	}
-	defer conn.Release()
-	br := conn.SendBatch(ctx, batch)
 	defer br.Close()
 
 	if _, err := br.Exec(); err != nil {
@@ -364,19 +360,36 @@ func claimInvoke(ctx context.Context, db *pgxpool.Pool, t Target, max int) (Pass
 	return p, nil
 }
 
-// acquire takes a connection for a claim and returns our clock's reading
-// once the connection is ours, just before the claim is sent: the leases
-// the claim takes begin after it, so a lease measured from it
-// (Message.LeasedAt) still ends no later than the reclaimer thinks, and
-// loses nothing to a wait for a busy pool's connection. Measured from
-// before that wait, a pool busy for most of the visibility timeout had
-// claimed messages released unstarted, claimed again, and so on.
-func acquire(ctx context.Context, db *pgxpool.Pool) (*pgxpool.Conn, time.Time, error) {
+// send sends a claim's batch on a connection of db, and returns our
+// clock's reading once the connection was ours, just before the batch
+// went: the leases the claim takes begin after it, so a lease measured
+// from it (Message.LeasedAt) still ends no later than the reclaimer
+// thinks, and loses nothing to a wait for a busy pool's connection.
+// Measured from before that wait, a pool busy for most of the visibility
+// timeout had claimed messages released unstarted, claimed again, and so
+// on. Closing the results gives the connection back.
+func send(ctx context.Context, db *pgxpool.Pool, batch *pgx.Batch) (pgx.BatchResults, time.Time, error) {
 	conn, err := db.Acquire(ctx)
 	if err != nil {
 		return nil, time.Time{}, err
 	}
-	return conn, time.Now(), nil
+	at := time.Now()
+	return &sentBatch{BatchResults: conn.SendBatch(ctx, batch), conn: conn}, at, nil
+}
+
+// sentBatch gives its connection back when first closed.
+type sentBatch struct {
+	pgx.BatchResults
+	conn *pgxpool.Conn
+}
+
+func (b *sentBatch) Close() error {
+	err := b.BatchResults.Close()
+	if b.conn != nil {
+		b.conn.Release()
+		b.conn = nil
+	}
+	return err
 }
 
 // passInfo is a row of next_due_invoke.sql, or one of next_due_queue.sql
