@@ -284,9 +284,11 @@ type Dispatcher struct {
 	// protocol mode, in which a leasing dispatcher hides arguments
 	// (offers.go, hidden).
 	simpleProtocol atomic.Bool
-	db             *pgxpool.Pool
-	log            zerolog.Logger
-	listener       *notify.Listener
+	// running: Run has started (its consumers loaded); Ready waits for it.
+	running  atomic.Bool
+	db       *pgxpool.Pool
+	log      zerolog.Logger
+	listener *notify.Listener
 	// listenerUp is when the listener last connected, as time since
 	// created (monotonic, unlike a wall-clock time), for the pool's
 	// ShouldPing; 0 until it first connects.
@@ -628,18 +630,19 @@ func (d *Dispatcher) Run(ctx context.Context) (err error) {
 	d.pool.Store(db)
 	var stopBy time.Time // the end of a stop's budget, once it began
 	defer func() { d.closePool(stopBy) }()
-	// The listener connects while the pool's first connection is made and
-	// the schema and consumers are read: its connect and LISTEN were the
-	// longest step between Run and the first claim (in 16 alternating
-	// starts, 98 ms to the first handler against 122 ms after them). Until
+	// The listener connects once the pool's first connection is made,
+	// beside the schema check and the consumer load: its connect and
+	// LISTEN were the longest step between Run and the first claim. Until
 	// the lanes exist, what it hears finds none; its connect asks for the
 	// reload and wake scan that the control loop makes once it runs, as
-	// after any reconnect. If Run cannot start, it is stopped before Run
-	// returns.
+	// after any reconnect. If Run cannot start, the listener is stopped
+	// before Run returns; its "listening" line may have come before Run's
+	// error. Started with the pool's connection instead, it also said it
+	// was retrying when the server was unreachable and Run was about to
+	// fail, for no measurable gain (BENCHMARKS.md, "Start-up").
 	var bg sync.WaitGroup
 	lctx, stopListener := context.WithCancel(ctx)
 	defer stopListener()
-	bg.Go(func() { _ = d.listener.Run(lctx) })
 	started := false
 	defer func() {
 		if !started {
@@ -650,6 +653,7 @@ func (d *Dispatcher) Run(ctx context.Context) (err error) {
 	if err := d.db.Ping(ctx); err != nil {
 		return fmt.Errorf("dispatcher: connect: %w", err)
 	}
+	bg.Go(func() { _ = d.listener.Run(lctx) })
 	// A schema older than this code lacks functions and tables that some
 	// statements need (the reclaimer's, say): those would fail on every
 	// try while the rest seemed to work.
@@ -680,6 +684,7 @@ func (d *Dispatcher) Run(ctx context.Context) (err error) {
 	}
 
 	started = true
+	d.running.Store(true)
 	bg.Go(func() { d.reclaim.Run(ctx) })
 	if d.marks != nil {
 		bg.Go(func() { d.marks.Run(ctx) })
@@ -850,8 +855,9 @@ func (d *Dispatcher) closePool(by time.Time) {
 	}
 }
 
-// Ready reports whether the dispatcher can deliver right now: Run is
-// running and not stopping (its errors say "dispatcher not running",
+// Ready reports whether the dispatcher can deliver right now: Run has
+// started (its schema checked and consumers loaded) and is not stopping
+// (its errors say "dispatcher not running", "dispatcher starting",
 // "dispatcher stopped" and, wrapping Run's error, "dispatcher could not
 // start"), the database answers, and the listener is
 // connected, and not deaf: a listener that has missed two heartbeats and
@@ -871,6 +877,10 @@ func (d *Dispatcher) Ready(ctx context.Context) error {
 		return errors.New("dispatcher stopped: Run's context has ended")
 	case db == nil:
 		return errors.New("dispatcher not running")
+	case !d.running.Load():
+		// The listener connects while Run still checks the schema and
+		// loads the consumers, either of which may yet fail.
+		return errors.New("dispatcher starting")
 	case !d.listener.Connected():
 		return errors.New("listener not connected")
 	}

@@ -147,3 +147,33 @@ func TestStartupReclaimAfterFirstScan(t *testing.T) {
 		})
 	}
 }
+
+// TestNotReadyWhileStarting: Ready fails while Run still loads its
+// consumers, although the listener, which connects beside that load, is
+// already connected; and succeeds once Run has started. It said ready
+// during the load, and during the schema check of a database that then
+// turned out to have no schema, so that a readiness probe could pass a
+// dispatcher about to fail (found by review).
+func TestNotReadyWhileStarting(t *testing.T) {
+	cfg, _, _ := reloadSetup(t, ConsumerSpec{Queue: "a"})
+	release := make(chan struct{})
+	var once sync.Once
+	d, err := NewDispatcher(cfg, DispatcherConfig{
+		Resolver: resolverFunc(func(Consumer) Handler {
+			<-release // the first load waits here
+			return HandlerFunc(func(context.Context, *Message) error { return nil })
+		}),
+		PollInterval: time.Hour, Logger: zerolog.Nop(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := func() { once.Do(func() { close(release) }) }
+	runUntilCleanup(t, d, open)
+	eventually(t, "the listener connected", d.listener.Connected)
+	if err := d.Ready(context.Background()); err == nil || !strings.Contains(err.Error(), "starting") {
+		t.Fatalf("Ready during Run's first consumer load = %v, want an error saying the dispatcher is starting", err)
+	}
+	open()
+	eventually(t, "ready once started", func() bool { return d.Ready(context.Background()) == nil })
+}

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/bellhopq/bellhop"
@@ -63,6 +64,8 @@ func TestLeasedAtAfterPoolWait(t *testing.T) {
 			id, table, target := newMessage(t, client, appID, source, "q")
 			cfg := pool.Config()
 			cfg.MaxConns = 1
+			acquiring := &acquireTracer{started: make(chan struct{}, 2)}
+			cfg.ConnConfig.Tracer = acquiring
 			one, err := pgxpool.NewWithConfig(ctx, cfg)
 			if err != nil {
 				t.Fatal(err)
@@ -72,6 +75,7 @@ func TestLeasedAtAfterPoolWait(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			<-acquiring.started // the test's own
 			type result struct {
 				msgs []claim.Message
 				err  error
@@ -81,7 +85,8 @@ func TestLeasedAtAfterPoolWait(t *testing.T) {
 				msgs, _, err := claim.Claim(ctx, one, target, 10)
 				done <- result{msgs, err}
 			}()
-			time.Sleep(wait) // the wait for a connection, not a synchronisation
+			<-acquiring.started // the claim waits for the connection
+			time.Sleep(wait)    // the wait being measured, not a synchronisation
 			freed := time.Now()
 			held.Release()
 			r := <-done
@@ -105,3 +110,20 @@ func TestLeasedAtAfterPoolWait(t *testing.T) {
 		})
 	}
 }
+
+// acquireTracer signals each start of a pool's Acquire.
+type acquireTracer struct{ started chan struct{} }
+
+func (a *acquireTracer) TraceAcquireStart(ctx context.Context, _ *pgxpool.Pool, _ pgxpool.TraceAcquireStartData) context.Context {
+	a.started <- struct{}{}
+	return ctx
+}
+
+func (a *acquireTracer) TraceAcquireEnd(context.Context, *pgxpool.Pool, pgxpool.TraceAcquireEndData) {
+}
+
+func (a *acquireTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+
+func (a *acquireTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}

@@ -304,7 +304,8 @@ func TestDemoStopAnnouncedAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 30*time.Second, "an enqueue held at the gate", func() bool {
-		return queryInt(t, pool, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = 4242 AND NOT granted") > 0
+		return queryInt(t, pool, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = 4242 AND NOT granted
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`) > 0
 	})
 	p.signal(os.Interrupt)
 	p.waitLine(false, regexp.MustCompile(`^stopping… \(waiting up to 2s for the enqueue in progress\)$`), 5*time.Second)
@@ -332,7 +333,12 @@ func TestDemoStoppedWhileStarting(t *testing.T) {
 	pool := lockSchemaVersion(t, dsn)
 	p := start(t, []string{"DATABASE_URL=" + dsn}, "demo")
 	waitFor(t, 30*time.Second, "the demo waiting for the schema's version", func() bool {
-		return queryInt(t, pool, "SELECT count(*) FROM pg_locks WHERE relation = $1::regclass AND NOT granted", migrations.VersionTable) > 0
+		// pg_locks spans the server: another test's database, made from
+		// the same template, has a version table of the same oid, and
+		// its demo waiting on it let this test signal its own demo
+		// before that had its handler, which the signal then killed.
+		return queryInt(t, pool, `SELECT count(*) FROM pg_locks WHERE relation = $1::regclass AND NOT granted
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`, migrations.VersionTable) > 0
 	})
 	p.signal(os.Interrupt)
 	if code := p.wait(30 * time.Second); code != 0 {
