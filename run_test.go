@@ -29,8 +29,8 @@ import (
 // TestRunFailsToStartCleanly: Run on a database without Bellhop's schema
 // returns an error naming what is missing, and leaves nothing of its own
 // running: not the outcome writer, started before the consumers are read,
-// and not the listener, which connects from Run's start (it is stopped,
-// and its goroutines have ended, when Run returns).
+// and not the listener, which connects beside the schema check (it is
+// stopped, and its goroutines have ended, when Run returns).
 func TestRunFailsToStartCleanly(t *testing.T) {
 	ctx := context.Background()
 	cfg := emptyDatabase(t)

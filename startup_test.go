@@ -3,14 +3,18 @@ package bellhop
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
+	"github.com/bellhopq/bellhop/internal/syncbuf"
 	queries "github.com/bellhopq/bellhop/sql"
 )
 
@@ -176,4 +180,43 @@ func TestNotReadyWhileStarting(t *testing.T) {
 	}
 	open()
 	eventually(t, "ready once started", func() bool { return d.Ready(context.Background()) == nil })
+}
+
+// TestUnreachableServerNoListenerLine: Run against a server that refuses
+// connections fails with an error naming the connect, and its listener,
+// which starts only once the pool's first connection answers, logs no
+// line saying it is retrying. Started with that connection, it logged
+// "could not connect the listener; retrying" from a Run about to fail
+// (found by review).
+func TestUnreachableServerNoListenerLine(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	_ = ln.Close() // nobody answers there now
+	cfg, err := pgxpool.ParseConfig(fmt.Sprintf("postgres://nobody@127.0.0.1:%d/none?connect_timeout=2", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The pool's connection attempt fails 200 ms late (the listener's
+	// does not go through BeforeConnect): a listener started beside it
+	// would have failed, and said so, by then.
+	cfg.BeforeConnect = func(context.Context, *pgx.ConnConfig) error {
+		time.Sleep(200 * time.Millisecond) // the delay being arranged, not a synchronisation
+		return nil
+	}
+	logs := &syncbuf.Buffer{}
+	d, err := NewDispatcher(cfg, DispatcherConfig{Resolver: NewMux(), ReconnectDelay: 50 * time.Millisecond,
+		Logger: zerolog.New(logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = d.Run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "connect") {
+		t.Fatalf("Run against a closed port = %v, want an error naming the connect", err)
+	}
+	if strings.Contains(logs.String(), "listener") {
+		t.Errorf("Run failed to connect, and the log speaks of the listener:\n%s", logs.String())
+	}
 }

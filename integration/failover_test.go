@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -19,6 +20,7 @@ import (
 	"github.com/bellhopq/bellhop/internal/pgcluster"
 	"github.com/bellhopq/bellhop/migrations"
 	"github.com/bellhopq/bellhop/notify"
+	queries "github.com/bellhopq/bellhop/sql"
 )
 
 // ownEnv is newEnv on a cluster of the test's own (ownCluster), for a test
@@ -320,6 +322,36 @@ func TestAckOutlastsRestart(t *testing.T) {
 	}
 }
 
+// reclaimTracer counts the reclaim passes whose batch has ended.
+type reclaimTracer struct {
+	passes sync.Map // *pgx.Conn running a reclaim batch
+	ended  atomic.Int32
+}
+
+func (r *reclaimTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+
+func (r *reclaimTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (r *reclaimTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (r *reclaimTracer) TraceBatchQuery(_ context.Context, c *pgx.Conn, d pgx.TraceBatchQueryData) {
+	// Batched statements come with their named arguments made
+	// positional, their opening comment intact.
+	if first, _, _ := strings.Cut(queries.Reclaim, "\n"); strings.HasPrefix(d.SQL, first) {
+		r.passes.Store(c, true)
+	}
+}
+
+func (r *reclaimTracer) TraceBatchEnd(_ context.Context, c *pgx.Conn, _ pgx.TraceBatchEndData) {
+	if _, ok := r.passes.LoadAndDelete(c); ok {
+		r.ended.Add(1)
+	}
+}
+
 // freezableLink returns a pool tweak that routes the pool's connections,
 // and the listener's, through a local proxy to dsn's server, and freeze,
 // which holds back from then on everything the server sends on the
@@ -358,11 +390,13 @@ func TestDeadPathReplacesListener(t *testing.T) {
 		heartbeat = time.Second
 	)
 	logs := &syncBuffer{}
+	reclaims := &reclaimTracer{}
 	d := startLogged(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: poll, StatementTimeout: stmt,
 		HeartbeatTimeout: heartbeat, ReconnectDelay: 100 * time.Millisecond,
 		Logger: zerolog.New(logs).With().Timestamp().Logger()}, func(pc *pgxpool.Config) {
 		link(pc)
 		pc.MinConns = 3 // idle connections for the poll to pick, frozen with the rest
+		pc.ConnConfig.Tracer = reclaims
 	})
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -370,6 +404,10 @@ func TestDeadPathReplacesListener(t *testing.T) {
 		}
 	})
 	waitFor(t, 10*time.Second, "a heartbeat heard", func() bool { return d.ListenerStats().Notifications >= 1 })
+	// The start-up reclaim pass follows the first scan for work: caught
+	// by the freeze, it timed out on frozen connections, which the pool
+	// then replaced, and the poll found live ones.
+	waitFor(t, 10*time.Second, "the start-up reclaim pass", func() bool { return reclaims.ended.Load() >= 1 })
 	waitFor(t, 10*time.Second, "the pool's idle connections", func() bool {
 		return e.count(t, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'bellhop-dispatcher' AND datname = current_database()`) >= 3
 	})
