@@ -76,7 +76,7 @@ func TestBadConfiguration(t *testing.T) {
 		{"password with an unescaped @ for run", "postgres://u:P@ss3cretpw@localhost:1/db", nil, []string{"run"}, "write an '@' in the user name or password as %40"},
 		// pgx ends the host at a password's unescaped '/': the rest of it
 		// was sent as the database name and shown in connection errors.
-		{"password with an unescaped /", "-", nil, []string{"--database-url", "postgres://app:2024/s3cretpw@db.internal:5432/bellhop", "migrate"}, "--database-url: an '@' follows the first '/' after the scheme: write a '/' in the user name or password as %2F"},
+		{"password with an unescaped /", "-", nil, []string{"--database-url", "postgres://app:2024/s3cretpw@db.internal:5432/bellhop", "migrate"}, "--database-url: an '@' follows the first '/' after the user info and hosts: write a '/' in the user name or password as %2F"},
 		{"password with a leading / for run", "postgres://app:/s3cretpw@localhost:1/db", nil, []string{"run"}, "write a '/' in the user name or password as %2F"},
 		{"bad duration", dsn, nil, append(add, "--visibility-timeout", "5x"), `invalid value "5x" for flag --visibility-timeout`},
 		{"bad duration in env", dsn, []string{"BELLHOP_POLL_INTERVAL=5x"}, []string{"run"}, `BELLHOP_POLL_INTERVAL`},
@@ -265,6 +265,10 @@ func TestDatabaseURLPasswordNeverShown(t *testing.T) {
 		{"postgres://app:Summer/S3CRETpw@db.internal:5432/bellhop", 2, "write a '/' in the user name or password as %2F"},
 		{"postgres://app:2024/S3CRETpw@db.internal:5432/bellhop", 2, "write a '/' in the user name or password as %2F"},
 		{"postgres://app:/S3CRETpw@/bellhop?host=/nonexistent&port=1&connect_timeout=2", 2, "an '@' follows the first '/'"},
+		// An '@' and then a '/' in the password: the text between them
+		// became the host, and the rest the database name.
+		{"postgres://app:S3CRET@pw/2024@db.internal:5432/bellhop", 2, "write a '/' in the user name or password as %2F, an '@' there as %40"},
+		{"postgres://app:S3CRET@pw/2024@/bellhop?host=/nonexistent&port=1&connect_timeout=2", 2, "an '@' follows the first '/'"},
 	}
 	for _, tc := range tests {
 		// queues stands for every command that connects; demo parses the

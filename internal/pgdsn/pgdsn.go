@@ -261,17 +261,21 @@ func CheckHosts(cfg *pgconn.Config) error {
 	return nil
 }
 
-// CheckURL refuses a URL-form connection string in which an '@' follows
-// the first '/' after the scheme, before any '?', while no '@' comes
-// before that '/': the sign of a user name or password that holds a '/'
-// that is not percent-encoded. pgx, like libpq, ends the user info only
-// at an '@' before the first '/', so it would read the text before the
-// '/' as the host (and a password's start as the port), connect as the
-// default user, and send the rest of the password, up to the real host
-// and database, to that host as the database name, which its errors then
-// print. (A '?' or '#' before the '@' does not end the user info for
-// pgx, so a password may hold those.) The error quotes nothing of dsn.
-// Keyword/value strings, and URLs that pgx does not read as URLs, pass.
+// CheckURL refuses a URL-form connection string whose database name, as
+// pgx reads it, holds an '@': the sign of a user name or password that
+// holds a '/' that is not percent-encoded. pgx, like libpq, ends the user
+// info only at an '@' before the first '/', and the hosts at the next '/'
+// or '?'. So with a '/' in the password and no '@' before it
+// (postgres://u:pa/ss@host/db), pgx would read the user name as the host
+// and the password's start as the port; with an '@' before the '/'
+// (postgres://u:p@ss/w@host/db), the text between them as the host. Either
+// way it would send the rest of the password, up to the real host and
+// database, to that host as the database name, which its errors then
+// print. A database name that really holds an '@' must be written with
+// %40 then; the check cannot tell it from a password's fragment. (A '?'
+// or '#' before the '@' does not end the user info for pgx, so a password
+// may hold those.) The error quotes nothing of dsn. Keyword/value
+// strings, and URLs that pgx does not read as URLs, pass.
 func CheckURL(dsn string) error {
 	rest, ok := strings.CutPrefix(dsn, "postgresql://")
 	if !ok {
@@ -280,15 +284,18 @@ func CheckURL(dsn string) error {
 	if !ok {
 		return nil
 	}
-	slash := strings.IndexAny(rest, "@/")
-	if slash < 0 || rest[slash] == '@' || strings.ContainsRune(rest[:slash], '?') {
-		// User info, or no database (a '?' before the '/' starts the
-		// query, whose values may hold '@': ?user=a@b).
+	if i := strings.IndexAny(rest, "@/"); i >= 0 && rest[i] == '@' {
+		rest = rest[i+1:] // the user info
+	}
+	end := strings.IndexAny(rest, "/?")
+	if end < 0 || rest[end] == '?' {
+		// No database (a '?' ends the hosts and starts the query, whose
+		// values may hold '@': ?user=a@b).
 		return nil
 	}
-	database, _, _ := strings.Cut(rest[slash+1:], "?")
+	database, _, _ := strings.Cut(rest[end+1:], "?")
 	if strings.ContainsRune(database, '@') {
-		return errors.New("an '@' follows the first '/' after the scheme: write a '/' in the user name or password as %2F (and an '@' in the database name as %40)")
+		return errors.New("an '@' follows the first '/' after the user info and hosts: write a '/' in the user name or password as %2F, an '@' there as %40, and an '@' in the database name as %40")
 	}
 	return nil
 }

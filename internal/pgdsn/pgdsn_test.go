@@ -70,8 +70,8 @@ func TestWithUser(t *testing.T) {
 
 // TestCheckHosts: a host name with '@' comes from an unescaped '@' in a
 // URL's user info, and is refused; a socket directory's path may hold one.
-// An '@' after the first '/' (CheckURL) comes from an unescaped '/' in the
-// user info, which pgx reads as the end of the host: the rest of the
+// An '@' in the database name (CheckURL) comes from an unescaped '/' in
+// the user info, which pgx reads as the end of the host: the rest of the
 // password became the database name, sent to the wrong host and printed
 // in connection errors. Neither error quotes the password.
 func TestCheckHosts(t *testing.T) {
@@ -101,8 +101,16 @@ func TestCheckHosts(t *testing.T) {
 		{"postgres:///x?host=/tmp&user=a@b", true},
 		{"postgres://db.example.com?application_name=a/b@c", true},
 		{"postgres://db.example.com/x?application_name=a/b@c", true},
-		{"postgres://u:pw@db.example.com/my@db", true},
 		{"postgres://db.example.com/my%40db", true},
+		{"postgres://u:pw@db.example.com/my%40db", true},
+		// An '@' and then a '/' in the password: pgx ended the user info
+		// at the '@', the host at the '/', and took the rest for the
+		// database name. A database name holding an '@' must be escaped.
+		{"postgres://u:p@ss3/cret@db.example.com:5432/x", false},
+		{"postgres://u:p@ss3/cret@db.example.com", false},
+		{"postgres://u:p@ss3/cret@db.example.com?sslmode=disable", false},
+		{"postgres://u:pw@db.example.com/my@db", false},
+		{"postgres://db.example.com/my@db", false},
 		{"host=db.example.com dbname=my@db password=/ss3cret", true},
 	} {
 		err := CheckURL(tc.dsn)
