@@ -72,11 +72,11 @@ func TestBadConfiguration(t *testing.T) {
 		{"BELLHOP_LOG_LEVEL trace", dsn, []string{"BELLHOP_LOG_LEVEL=TRACE"}, []string{"queues"}, `--log-level "TRACE"`},
 		// pgx ends the user info at the first '@', so the rest of such a
 		// password became a host name, shown in connection errors.
-		{"password with an unescaped @", "postgres://u:P@ss3cretpw@localhost:1/db", nil, []string{"queues"}, "a host name holds '@'"},
-		{"password with an unescaped @ for run", "postgres://u:P@ss3cretpw@localhost:1/db", nil, []string{"run"}, "write an '@' in the user name or password as %40"},
+		{"password with an unescaped @", "postgres://u:P@ss3cretpw@localhost:1/db", nil, []string{"queues"}, "the URL holds an '@' where pgx would read part of the user name or password as the host"},
+		{"password with an unescaped @ for run", "postgres://u:P@ss3cretpw@localhost:1/db", nil, []string{"run"}, "an '@' there as %40"},
 		// pgx ends the host at a password's unescaped '/': the rest of it
 		// was sent as the database name and shown in connection errors.
-		{"password with an unescaped /", "-", nil, []string{"--database-url", "postgres://app:2024/s3cretpw@db.internal:5432/bellhop", "migrate"}, "--database-url: an '@' follows the first '/' after the user info and hosts: write a '/' in the user name or password as %2F"},
+		{"password with an unescaped /", "-", nil, []string{"--database-url", "postgres://app:2024/s3cretpw@db.internal:5432/bellhop", "migrate"}, "--database-url: the URL holds an '@' where pgx would read part of the user name or password as the host"},
 		{"password with a leading / for run", "postgres://app:/s3cretpw@localhost:1/db", nil, []string{"run"}, "write a '/' in the user name or password as %2F"},
 		{"bad duration", dsn, nil, append(add, "--visibility-timeout", "5x"), `invalid value "5x" for flag --visibility-timeout`},
 		{"bad duration in env", dsn, []string{"BELLHOP_POLL_INTERVAL=5x"}, []string{"run"}, `BELLHOP_POLL_INTERVAL`},
@@ -264,11 +264,18 @@ func TestDatabaseURLPasswordNeverShown(t *testing.T) {
 		{"postgres://app:/S3CRETpw@db.internal:5432/bellhop", 2, "write a '/' in the user name or password as %2F"},
 		{"postgres://app:Summer/S3CRETpw@db.internal:5432/bellhop", 2, "write a '/' in the user name or password as %2F"},
 		{"postgres://app:2024/S3CRETpw@db.internal:5432/bellhop", 2, "write a '/' in the user name or password as %2F"},
-		{"postgres://app:/S3CRETpw@/bellhop?host=/nonexistent&port=1&connect_timeout=2", 2, "an '@' follows the first '/'"},
+		{"postgres://app:/S3CRETpw@/bellhop?host=/nonexistent&port=1&connect_timeout=2", 2, "the URL holds an '@'"},
 		// An '@' and then a '/' in the password: the text between them
 		// became the host, and the rest the database name.
 		{"postgres://app:S3CRET@pw/2024@db.internal:5432/bellhop", 2, "write a '/' in the user name or password as %2F, an '@' there as %40"},
-		{"postgres://app:S3CRET@pw/2024@/bellhop?host=/nonexistent&port=1&connect_timeout=2", 2, "an '@' follows the first '/'"},
+		{"postgres://app:S3CRET@pw/2024@/bellhop?host=/nonexistent&port=1&connect_timeout=2", 2, "the URL holds an '@'"},
+		// An '@' and then a '?': the text between them became the host,
+		// and the rest parameters sent to it.
+		{"postgres://app:S3CRET@kP?q3=2024@db.internal:5432/bellhop", 2, "the URL holds an '@'"},
+		{"postgres://app:S3CRET@Summer?2024@/bellhop?host=/nonexistent&port=1&connect_timeout=2", 2, "the URL holds an '@'"},
+		// A '?' and then a '/', no '@' before them: the rest became a
+		// parameter with no '=', which pgx's error quoted.
+		{"postgres://app:S3CRET?Summer/2024@db.internal:5432/bellhop", 2, "the URL holds an '@'"},
 	}
 	for _, tc := range tests {
 		// queues stands for every command that connects; demo parses the

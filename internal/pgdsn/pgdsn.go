@@ -261,21 +261,30 @@ func CheckHosts(cfg *pgconn.Config) error {
 	return nil
 }
 
-// CheckURL refuses a URL-form connection string whose database name, as
-// pgx reads it, holds an '@': the sign of a user name or password that
-// holds a '/' that is not percent-encoded. pgx, like libpq, ends the user
-// info only at an '@' before the first '/', and the hosts at the next '/'
-// or '?'. So with a '/' in the password and no '@' before it
-// (postgres://u:pa/ss@host/db), pgx would read the user name as the host
-// and the password's start as the port; with an '@' before the '/'
-// (postgres://u:p@ss/w@host/db), the text between them as the host. Either
-// way it would send the rest of the password, up to the real host and
-// database, to that host as the database name, which its errors then
-// print. A database name that really holds an '@' must be written with
-// %40 then; the check cannot tell it from a password's fragment. (A '?'
-// or '#' before the '@' does not end the user info for pgx, so a password
-// may hold those.) The error quotes nothing of dsn. Keyword/value
-// strings, and URLs that pgx does not read as URLs, pass.
+// CheckURL refuses a URL-form connection string in which pgx would read
+// part of the user name or password as a host, a database name or a
+// parameter: one that holds an '@' or a '/' that is not percent-encoded
+// there. pgx, like libpq, ends the user info at the first '@' before any
+// '/'. So:
+//   - With user info, a second unescaped '@' anywhere after it is
+//     refused: it is the real end of a user info that holds an '@'
+//     (postgres://u:p@ss/w@host/db, postgres://u:p@s?s@host/db), and pgx
+//     would take the text after the first '@' for the host, and the rest
+//     for the database name or parameters.
+//   - Without it, the first '/' may be one in the user info
+//     (postgres://u:pa/ss@host/db): pgx would read the user name as the
+//     host and the password's start as the port. Refused: an '@' in the
+//     database name, and an '@' in a query parameter before any '=' of
+//     it (postgres://u:p?a/ss@host/db), both of which pgx would send as
+//     parsed or print in its errors. An '@' in a parameter's value, after
+//     its '=' (?user=a@b), is a value.
+//
+// An '@' that really belongs in a database name or, with user info, in a
+// parameter must be written as %40 then: the check cannot tell it from a
+// password's fragment. (A '?' or '#' before the first '@' does not end the
+// user info for pgx, so a password may hold those.) The error quotes
+// nothing of dsn. Keyword/value strings, and URLs that pgx does not read
+// as URLs, pass.
 func CheckURL(dsn string) error {
 	rest, ok := strings.CutPrefix(dsn, "postgresql://")
 	if !ok {
@@ -285,20 +294,35 @@ func CheckURL(dsn string) error {
 		return nil
 	}
 	if i := strings.IndexAny(rest, "@/"); i >= 0 && rest[i] == '@' {
-		rest = rest[i+1:] // the user info
-	}
-	end := strings.IndexAny(rest, "/?")
-	if end < 0 || rest[end] == '?' {
-		// No database (a '?' ends the hosts and starts the query, whose
-		// values may hold '@': ?user=a@b).
+		if strings.ContainsRune(rest[i+1:], '@') {
+			return errMisreadUserInfo
+		}
 		return nil
 	}
-	database, _, _ := strings.Cut(rest[end+1:], "?")
-	if strings.ContainsRune(database, '@') {
-		return errors.New("an '@' follows the first '/' after the user info and hosts: write a '/' in the user name or password as %2F, an '@' there as %40, and an '@' in the database name as %40")
+	end := strings.IndexAny(rest, "/?")
+	if end < 0 {
+		return nil
+	}
+	query := rest[end:]
+	if rest[end] == '/' {
+		var database string
+		database, query, _ = strings.Cut(rest[end+1:], "?")
+		if strings.ContainsRune(database, '@') {
+			return errMisreadUserInfo
+		}
+	} else {
+		query = query[1:]
+	}
+	for _, param := range strings.Split(query, "&") {
+		if at := strings.IndexByte(param, '@'); at >= 0 && !strings.Contains(param[:at], "=") {
+			return errMisreadUserInfo
+		}
 	}
 	return nil
 }
+
+var errMisreadUserInfo = errors.New("the URL holds an '@' where pgx would read part of the user name or password as the host, the database name or a parameter: " +
+	"write a '/' in the user name or password as %2F, an '@' there as %40, and an '@' in the database name or a parameter as %40")
 
 // minScrub is the shortest hidden value RedactError searches error text
 // for: shorter strings turn up in any text by chance, and hiding them

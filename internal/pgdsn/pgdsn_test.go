@@ -70,10 +70,12 @@ func TestWithUser(t *testing.T) {
 
 // TestCheckHosts: a host name with '@' comes from an unescaped '@' in a
 // URL's user info, and is refused; a socket directory's path may hold one.
-// An '@' in the database name (CheckURL) comes from an unescaped '/' in
-// the user info, which pgx reads as the end of the host: the rest of the
-// password became the database name, sent to the wrong host and printed
-// in connection errors. Neither error quotes the password.
+// An '@' after the user info, or without user info in the database name
+// or a parameter's name (CheckURL), comes from an unescaped '@' or '/' in
+// the user info, which pgx reads as its end or the end of the host: the
+// rest of the password became a host, the database name or parameters,
+// sent to the wrong host and printed in connection errors. Neither error
+// quotes the password.
 func TestCheckHosts(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -111,6 +113,23 @@ func TestCheckHosts(t *testing.T) {
 		{"postgres://u:p@ss3/cret@db.example.com?sslmode=disable", false},
 		{"postgres://u:pw@db.example.com/my@db", false},
 		{"postgres://db.example.com/my@db", false},
+		// An '@' and then a '?' in the password: the text between them
+		// became the host, the rest parameters.
+		{"postgres://u:Xy7@kP?q3=ss3Lm@db.example.com:1/app", false},
+		{"postgres://u:Tr0ub@ss3host?x=1@db.example.com/app", false},
+		{"postgres://u:Tr0ub@dor?ss3cretpart@db.example.com/app", false},
+		{"postgres://u:pw@db.example.com:1?connect_timeout=ss3cret@x/db", false},
+		{"postgres://al@ice?app=x:ss3cret@db.example.com/x", false},
+		{"postgres://u:pw@[ss3?cret]/two@db.example.com/app", false},
+		// A '?' and then a '/' in the password, with no '@' before them.
+		{"postgres://u:p?a/ss3cret@db.example.com/x", false},
+		{"postgres://u:1234?a/ss3cret@db.example.com/x", false},
+		// With user info, an '@' in a parameter must be escaped too;
+		// without it, an '@' in a value is a value.
+		{"postgres://u:pw@db.example.com/x?application_name=a@b", false},
+		{"postgres://u:pw@db.example.com/x?application_name=a%40b", true},
+		{"postgres://db.example.com/x?user=a@b&application_name=c@d", true},
+		{"postgres://db.example.com/x?sslmode=disable&a@b=c", false},
 		{"host=db.example.com dbname=my@db password=/ss3cret", true},
 	} {
 		err := CheckURL(tc.dsn)
