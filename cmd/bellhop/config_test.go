@@ -276,6 +276,13 @@ func TestDatabaseURLPasswordNeverShown(t *testing.T) {
 		// A '?' and then a '/', no '@' before them: the rest became a
 		// parameter with no '=', which pgx's error quoted.
 		{"postgres://app:S3CRET?Summer/2024@db.internal:5432/bellhop", 2, "the URL holds an '@'"},
+		// A '/' and then a '?' with a pair, or a ',': the password's
+		// pieces became the database name, a parameter or a host.
+		{"postgres://app:2024/Summer?x=1@127.0.0.1:1/bellhop", 2, "the URL holds an '@'"},
+		{"postgres://app:1,S3CRETpw?k=v/x@127.0.0.1:1/db", 2, "the URL holds an '@'"},
+		// A query before any '/', with an '@' in it: pgx took the text
+		// before the '@' for the user info, and the password for a host.
+		{"postgres://127.0.0.1:1?user=u@srv&password=S3CRETpw&connect_timeout=2", 2, "the URL holds an '@'"},
 	}
 	for _, tc := range tests {
 		// queues stands for every command that connects; demo parses the

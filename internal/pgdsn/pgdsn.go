@@ -261,28 +261,30 @@ func CheckHosts(cfg *pgconn.Config) error {
 	return nil
 }
 
-// CheckURL refuses a URL-form connection string in which pgx would read
-// part of the user name or password as a host, a database name or a
-// parameter: one that holds an '@' or a '/' that is not percent-encoded
-// there. pgx, like libpq, ends the user info at the first '@' before any
-// '/'. So:
-//   - With user info, a second unescaped '@' anywhere after it is
-//     refused: it is the real end of a user info that holds an '@'
-//     (postgres://u:p@ss/w@host/db, postgres://u:p@s?s@host/db), and pgx
-//     would take the text after the first '@' for the host, and the rest
-//     for the database name or parameters.
-//   - Without it, the first '/' may be one in the user info
-//     (postgres://u:pa/ss@host/db): pgx would read the user name as the
-//     host and the password's start as the port. Refused: an '@' in the
-//     database name, and an '@' in a query parameter before any '=' of
-//     it (postgres://u:p?a/ss@host/db), both of which pgx would send as
-//     parsed or print in its errors. An '@' in a parameter's value, after
-//     its '=' (?user=a@b), is a value.
+// CheckURL refuses a URL-form connection string in which pgx might read
+// part of the user name or password as a host, a port, a database name
+// or a parameter: a URL with an unescaped '@' anywhere but at the end of
+// its user info, or with user info that holds a query. pgx, like libpq,
+// ends the user info at the first '@' before any '/' (a '?' does not stop
+// it). So:
+//   - an '@' and then a '/', '?' or ',' in a password
+//     (postgres://u:p@ss/w@host/db, postgres://u:p@s?s@host/db) made the
+//     text after the first '@' the host and the rest the database name
+//     or parameters: refused for the second '@';
+//   - a '/' in a password with no '@' before it (postgres://u:pa/ss@host/db,
+//     postgres://u:p?a/ss@host/db, postgres://u:1,pa/ss@host/db) made the
+//     user name the host and the password's pieces a port, another host,
+//     the database name or parameters: refused for its '@', since a URL
+//     without user info may hold none;
+//   - a query before the first '/' and an '@' in it
+//     (postgres://host:5432?user=u@srv&password=...) made the text before
+//     the '@' the user info and the rest, password included, the host:
+//     refused for a '?' followed by an '=' in the user info.
 //
-// An '@' that really belongs in a database name or, with user info, in a
-// parameter must be written as %40 then: the check cannot tell it from a
-// password's fragment. (A '?' or '#' before the first '@' does not end the
-// user info for pgx, so a password may hold those.) The error quotes
+// An '@' that belongs in a database name or a parameter's value
+// (?user=u@srv) must be written %40 then, and a '?' in a password that an
+// '=' follows, %3F: the check cannot tell them from a password's
+// fragments. A password may hold '?' and '#' otherwise. The error quotes
 // nothing of dsn. Keyword/value strings, and URLs that pgx does not read
 // as URLs, pass.
 func CheckURL(dsn string) error {
@@ -293,36 +295,25 @@ func CheckURL(dsn string) error {
 	if !ok {
 		return nil
 	}
-	if i := strings.IndexAny(rest, "@/"); i >= 0 && rest[i] == '@' {
-		if strings.ContainsRune(rest[i+1:], '@') {
+	i := strings.IndexAny(rest, "@/")
+	if i < 0 || rest[i] == '/' {
+		if strings.ContainsRune(rest, '@') {
 			return errMisreadUserInfo
 		}
 		return nil
 	}
-	end := strings.IndexAny(rest, "/?")
-	if end < 0 {
-		return nil
+	userInfo := rest[:i]
+	if strings.ContainsRune(rest[i+1:], '@') {
+		return errMisreadUserInfo
 	}
-	query := rest[end:]
-	if rest[end] == '/' {
-		var database string
-		database, query, _ = strings.Cut(rest[end+1:], "?")
-		if strings.ContainsRune(database, '@') {
-			return errMisreadUserInfo
-		}
-	} else {
-		query = query[1:]
-	}
-	for _, param := range strings.Split(query, "&") {
-		if at := strings.IndexByte(param, '@'); at >= 0 && !strings.Contains(param[:at], "=") {
-			return errMisreadUserInfo
-		}
+	if q := strings.IndexByte(userInfo, '?'); q >= 0 && strings.ContainsRune(userInfo[q:], '=') {
+		return errMisreadUserInfo
 	}
 	return nil
 }
 
 var errMisreadUserInfo = errors.New("the URL holds an '@' where pgx would read part of the user name or password as the host, the database name or a parameter: " +
-	"write a '/' in the user name or password as %2F, an '@' there as %40, and an '@' in the database name or a parameter as %40")
+	"write a '/' in the user name or password as %2F, an '@' there as %40 (and a '?' that an '=' follows as %3F), and an '@' anywhere else in the URL as %40")
 
 // minScrub is the shortest hidden value RedactError searches error text
 // for: shorter strings turn up in any text by chance, and hiding them

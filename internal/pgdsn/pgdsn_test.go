@@ -100,9 +100,17 @@ func TestCheckHosts(t *testing.T) {
 		{"postgres://u:ss3?cret@db.example.com/x", true},
 		{"postgres://u:ss3#cret@db.example.com/x", true},
 		// An '@' in the query, or in an escaped database name, is no sign.
-		{"postgres:///x?host=/tmp&user=a@b", true},
-		{"postgres://db.example.com?application_name=a/b@c", true},
-		{"postgres://db.example.com/x?application_name=a/b@c", true},
+		{"postgres:///x?host=/tmp&user=a%40b", true},
+		{"postgres://db.example.com?application_name=a/b%40c", true},
+		{"postgres://db.example.com/x?application_name=a/b%40c", true},
+		{"postgres://u:pa?ss3#cret@db.example.com/x?user=a%40b", true},
+		// An '@' in the query must be escaped too: without user info, a
+		// password's '/' may have ended the host (below); with a '?'
+		// before it, pgx reads the query up to it as the user info.
+		{"postgres:///x?host=/tmp&user=a@b", false},
+		{"postgres://db.example.com?application_name=a/b@c", false},
+		{"postgres://db.example.com:1?user=u@srv&password=ss3cret", false},
+		{"postgres://db.example.com:1?user=u@srv/db?password=ss3cret", false},
 		{"postgres://db.example.com/my%40db", true},
 		{"postgres://u:pw@db.example.com/my%40db", true},
 		// An '@' and then a '/' in the password: pgx ended the user info
@@ -128,7 +136,13 @@ func TestCheckHosts(t *testing.T) {
 		// without it, an '@' in a value is a value.
 		{"postgres://u:pw@db.example.com/x?application_name=a@b", false},
 		{"postgres://u:pw@db.example.com/x?application_name=a%40b", true},
-		{"postgres://db.example.com/x?user=a@b&application_name=c@d", true},
+		{"postgres://db.example.com/x?user=a@b&application_name=c@d", false},
+		{"postgres://db.example.com/x?user=a%40b&application_name=c%40d", true},
+		// A '/' and then a '?' and a pair, or a ',', in the password.
+		{"postgres://app:2024/ss3cret?x=1@db.example.com/x", false},
+		{"postgres://localhost:1?ss3cret=a/b@db.example.com/x", false},
+		{"postgres://app:/x?ss3cret&a=b@db.example.com/x", false},
+		{"postgres://app:1,ss3cret?k=v/x@db.example.com/x", false},
 		{"postgres://db.example.com/x?sslmode=disable&a@b=c", false},
 		{"host=db.example.com dbname=my@db password=/ss3cret", true},
 	} {
