@@ -283,6 +283,12 @@ func TestDatabaseURLPasswordNeverShown(t *testing.T) {
 		// A query before any '/', with an '@' in it: pgx took the text
 		// before the '@' for the user info, and the password for a host.
 		{"postgres://127.0.0.1:1?user=u@srv&password=S3CRETpw&connect_timeout=2", 2, "the URL holds an '@'"},
+		{"postgres://127.0.0.1:1?u@x=S3CRETpw", 2, "a host name holds '=', '&' or '?'"},
+		// An '&' in a password in the query; a URL written user:password
+		// with no '@' and no host.
+		{"postgres://127.0.0.1:1/db?password=Summer&S3CRETpw&connect_timeout=2", 2, "missing key/value separator"},
+		{"postgres://app:S3CRETpw", 2, "invalid port"},
+		{"postgres://app:Summer?S3CRETpw", 2, "missing key/value separator"},
 	}
 	for _, tc := range tests {
 		// queues stands for every command that connects; demo parses the

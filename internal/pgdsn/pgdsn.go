@@ -128,6 +128,8 @@ func redactURL(s string) (string, []string) {
 			}
 			s = s[:colon+1] + masked + s[at:]
 		}
+	} else {
+		s, secrets = redactPorts(s, secrets)
 	}
 	q := strings.IndexByte(s, '?')
 	if q < 0 {
@@ -137,6 +139,11 @@ func redactURL(s string) (string, []string) {
 	for i, pair := range pairs {
 		rawKey, value, found := strings.Cut(pair, "=")
 		if !found {
+			// Malformed, and pgx quotes it ("missing key/value
+			// separator"): the rest of a password that holds an '&', or
+			// of one written with no user info (app:S3CRET?pw).
+			secrets = appendSecret(secrets, pair, true)
+			pairs[i] = masked
 			continue
 		}
 		key, err := url.PathUnescape(rawKey)
@@ -146,6 +153,28 @@ func redactURL(s string) (string, []string) {
 		}
 	}
 	return s[:q+1] + strings.Join(pairs, "&"), secrets
+}
+
+// redactPorts hides the ports of a URL with no user info that are not
+// numbers: a URL written user:password with its '@' and host left out
+// reads as host:port to pgx, which quotes it ("invalid port").
+func redactPorts(s string, secrets []string) (string, []string) {
+	end := strings.IndexAny(s, "/?")
+	if end < 0 {
+		end = len(s)
+	}
+	hosts := strings.Split(s[:end], ",")
+	for i, h := range hosts {
+		if strings.HasPrefix(h, "[") {
+			continue // IPv6: its port follows the ']', rarely mistyped
+		}
+		host, port, found := strings.Cut(h, ":")
+		if found && strings.Trim(port, "0123456789") != "" {
+			secrets = appendSecret(secrets, port, true)
+			hosts[i] = host + ":" + masked
+		}
+	}
+	return strings.Join(hosts, ",") + s[end:], secrets
 }
 
 // redactKV redacts a keyword/value string, tokenised as libpq does.
@@ -245,7 +274,8 @@ func appendSecret(secrets []string, raw string, isURL bool) []string {
 // CheckHosts refuses a parsed connection string with a host name that
 // holds '@': the sign of a URL whose password or user name holds an '@'
 // that is not percent-encoded, which pgx takes for the end of the user
-// info. Connecting would fail, and its error would show the rest of the
+// info; or '=', '&' or '?', the sign of a query that pgx read as user
+// info and a host. Connecting would fail, and its error would show the rest of the
 // password as a host name, in the daemon's logs too.
 func CheckHosts(cfg *pgconn.Config) error {
 	hosts := []string{cfg.Host}
@@ -254,8 +284,16 @@ func CheckHosts(cfg *pgconn.Config) error {
 	}
 	for _, h := range hosts {
 		// A socket directory's path may hold '@'; a host name may not.
-		if !strings.HasPrefix(h, "/") && strings.ContainsRune(h, '@') {
+		if strings.HasPrefix(h, "/") {
+			continue
+		}
+		if strings.ContainsRune(h, '@') {
 			return errors.New("a host name holds '@': write an '@' in the user name or password as %40")
+		}
+		// Nor '=', '&' or '?': pgx took the start of a query for user
+		// info (postgres://host:5432?u@x=...), and the rest for a host.
+		if strings.ContainsAny(h, "=&?") {
+			return errors.New("a host name holds '=', '&' or '?': write an '@' in a parameter as %40, and a '?' in the user name or password as %3F")
 		}
 	}
 	return nil

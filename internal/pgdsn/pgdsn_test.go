@@ -111,6 +111,8 @@ func TestCheckHosts(t *testing.T) {
 		{"postgres://db.example.com?application_name=a/b@c", false},
 		{"postgres://db.example.com:1?user=u@srv&password=ss3cret", false},
 		{"postgres://db.example.com:1?user=u@srv/db?password=ss3cret", false},
+		{"postgres://127.0.0.1:1?u@x=ss3cret", false},
+		{"postgres://127.0.0.1:1?u@x&ss3cret", false},
 		{"postgres://db.example.com/my%40db", true},
 		{"postgres://u:pw@db.example.com/my%40db", true},
 		// An '@' and then a '/' in the password: pgx ended the user info
