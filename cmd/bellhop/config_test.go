@@ -289,6 +289,8 @@ func TestDatabaseURLPasswordNeverShown(t *testing.T) {
 		{"postgres://127.0.0.1:1/db?password=Summer&S3CRETpw&connect_timeout=2", 2, "missing key/value separator"},
 		{"postgres://app:S3CRETpw", 2, "invalid port"},
 		{"postgres://app:Summer?S3CRETpw", 2, "missing key/value separator"},
+		{"postgres://app:Summer/S3CRETpw", 2, "invalid port"},
+		{"postgres://127.0.0.1:1/db?password=Summer&S3CRETpw=x=y&connect_timeout=2", 2, "extra key/value separator"},
 	}
 	for _, tc := range tests {
 		// queues stands for every command that connects; demo parses the

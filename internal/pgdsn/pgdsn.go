@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -79,7 +80,11 @@ func quoteValue(v string) string {
 //     net/url at the last one before the path, and a password may hold
 //     '/', '?' or an escape that does not decode), and the value of
 //     every query parameter whose name holds "password" (sslpassword,
-//     percent-encoded names) or does not decode;
+//     percent-encoded names); every malformed pair, name and value (no
+//     '=', more than one, or a name that does not decode: the rest of a
+//     password holding an '&'); and, in a URL with no user info, from
+//     the first port that is not a port number to the end (a mistyped
+//     postgres://user:password/...);
 //   - in keyword/value form, the value of every keyword holding
 //     "password", quoted or not, with or without spaces around the '=',
 //     and the whole rest of the string from the first keyword/value pair
@@ -137,17 +142,21 @@ func redactURL(s string) (string, []string) {
 	}
 	pairs := strings.Split(s[q+1:], "&")
 	for i, pair := range pairs {
+		if pair == "" {
+			continue
+		}
 		rawKey, value, found := strings.Cut(pair, "=")
-		if !found {
+		key, err := url.PathUnescape(rawKey)
+		if !found || err != nil || strings.Contains(value, "=") {
 			// Malformed, and pgx quotes it ("missing key/value
-			// separator"): the rest of a password that holds an '&', or
-			// of one written with no user info (app:S3CRET?pw).
+			// separator", "extra key/value separator", a bad escape):
+			// the rest of a password that holds an '&'.
 			secrets = appendSecret(secrets, pair, true)
+			secrets = appendSecret(secrets, rawKey, true)
 			pairs[i] = masked
 			continue
 		}
-		key, err := url.PathUnescape(rawKey)
-		if err != nil || strings.Contains(strings.ToLower(key), "password") {
+		if strings.Contains(strings.ToLower(key), "password") {
 			secrets = appendSecret(secrets, value, true)
 			pairs[i] = rawKey + "=" + masked
 		}
@@ -155,26 +164,46 @@ func redactURL(s string) (string, []string) {
 	return s[:q+1] + strings.Join(pairs, "&"), secrets
 }
 
-// redactPorts hides the ports of a URL with no user info that are not
-// numbers: a URL written user:password with its '@' and host left out
-// reads as host:port to pgx, which quotes it ("invalid port").
+// redactPorts hides, in a URL with no user info, everything from the
+// first port that is not a port number: a URL written user:password with
+// its '@' and host left out reads as host:port to pgx, which quotes it
+// ("invalid port"), and the rest of such a password as more hosts, the
+// database name or parameters.
 func redactPorts(s string, secrets []string) (string, []string) {
 	end := strings.IndexAny(s, "/?")
 	if end < 0 {
 		end = len(s)
 	}
-	hosts := strings.Split(s[:end], ",")
-	for i, h := range hosts {
-		if strings.HasPrefix(h, "[") {
-			continue // IPv6: its port follows the ']', rarely mistyped
-		}
+	pos := 0
+	for _, h := range strings.Split(s[:end], ",") {
 		host, port, found := strings.Cut(h, ":")
-		if found && strings.Trim(port, "0123456789") != "" {
-			secrets = appendSecret(secrets, port, true)
-			hosts[i] = host + ":" + masked
+		if found && !strings.HasPrefix(h, "[") && !isPort(port) {
+			start := pos + len(host) + 1
+			secrets = appendSecret(secrets, s[start:], true)
+			// pgx may quote a piece of it: a parameter, a database name.
+			for _, p := range strings.FieldsFunc(s[start:], func(r rune) bool { return strings.ContainsRune("/?&=,:#", r) }) {
+				secrets = appendSecret(secrets, p, true)
+			}
+			return s[:start] + masked, secrets
 		}
+		pos += len(h) + 1
 	}
-	return strings.Join(hosts, ",") + s[end:], secrets
+	return s, secrets
+}
+
+// isPort reports whether a URL's port, as written, is empty or a port
+// number (percent-encoding and spaces allowed, as pgx allows them).
+func isPort(p string) bool {
+	d, err := url.PathUnescape(p)
+	if err != nil {
+		return false
+	}
+	d = strings.TrimSpace(d)
+	if d == "" {
+		return true
+	}
+	n, err := strconv.Atoi(d)
+	return err == nil && n > 0 && n <= 65535
 }
 
 // redactKV redacts a keyword/value string, tokenised as libpq does.
