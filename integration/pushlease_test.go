@@ -202,8 +202,13 @@ func TestLatePushStillSent(t *testing.T) {
 			pushed := make(chan result, 1)
 			res := wrapPush(t, p, func(h bellhop.Handler) bellhop.HandlerFunc {
 				return func(ctx context.Context, m *bellhop.Message) error {
-					// Within the last 250ms before the handler's context ends.
-					<-time.After(time.Until(m.LeaseDeadline()) - 100*time.Millisecond)
+					// Within the last 250ms before the handler's context
+					// ends (the slack, at vt 5s), as early in it as a
+					// timer that never fires early allows: the push that
+					// starts there has only until that end to connect,
+					// send and be answered, and 100ms (as it was) is
+					// little on a loaded machine under -race.
+					<-time.After(time.Until(m.LeaseDeadline()) - 240*time.Millisecond)
 					err := h.Handle(context.WithoutCancel(ctx), m)
 					pushed <- result{err, time.Since(m.LeaseDeadline())}
 					return err
