@@ -315,7 +315,10 @@ func TestKeepAlivesKeepMarks(t *testing.T) {
 	f := newFixture(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel() // if the test fails before it cancels
-	const idle = 300 * time.Millisecond
+	// A second, not less: a keep-alive (every idle/3) that takes longer
+	// than idle is given up and the connection dropped, with its marks,
+	// and at 300ms a loaded machine under -race could take that long.
+	const idle = time.Second
 	h := f.holder(t, idle)
 	done := make(chan struct{})
 	go func() { h.Run(ctx); close(done) }()
@@ -327,6 +330,7 @@ func TestKeepAlivesKeepMarks(t *testing.T) {
 		if f.notifies(t, pgx.ReadCommitted) {
 			t.Fatal("the key was lost although keep-alives ran")
 		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	cancel()
 	select {
@@ -684,7 +688,11 @@ func TestRefusedHoldLeavesSessionUntimed(t *testing.T) {
 	})
 
 	t.Run("other keys held", func(t *testing.T) {
-		c := f.holder(t, idle) // no Run: a hung dispatcher
+		// No Run: a hung dispatcher. Its second Hold must come within
+		// its idle_session_timeout of the first, which a loaded machine
+		// could miss at 300ms: the session would end and the Hold fail.
+		const idle = time.Second
+		c := f.holder(t, idle)
 		if ok, err := c.Hold(ctx, f.key); err != nil || !ok {
 			t.Fatalf("c.Hold = %v, %v; want true", ok, err)
 		}
