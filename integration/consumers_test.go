@@ -98,13 +98,19 @@ func TestConsumerChange(t *testing.T) {
 		int(rec.n.Load())-1, len(ids), waiting)
 
 	e.enqueue(t, "other", "unaffected", bellhop.EnqueueOptions{})
-	waitFor(t, time.Second, "delivery to the other, enabled consumer", func() bool { return other.n.Load() == 1 })
+	// Unaffected: delivered, with the poll an hour away. How fast is
+	// TestPushNotPoll's to bound; a second here was a thin margin for a
+	// delivery on a loaded machine under -race.
+	waitFor(t, 10*time.Second, "delivery to the other, enabled consumer", func() bool { return other.n.Load() == 1 })
 
 	if err := e.client.SetConsumerEnabled(ctx, "app", toggled.ID, true); err != nil {
 		t.Fatal(err)
 	}
 	enabled := time.Now()
-	waitFor(t, time.Second, "every waiting message delivered after the enable", func() bool {
+	// A backlog of about 75 delivered and acked: up to 189ms measured
+	// beside a CPU hog, so a second was a thin margin under CI's load;
+	// the poll is an hour away, so only the enable's reload can drain it.
+	waitFor(t, 10*time.Second, "every waiting message delivered after the enable", func() bool {
 		return e.count(t, `SELECT count(*) FROM queue_messages WHERE queue_name = 'toggled'`) == 0
 	})
 	t.Logf("backlog of %d drained %s after the enable", waiting, time.Since(enabled).Round(time.Millisecond))
