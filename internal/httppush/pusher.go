@@ -336,7 +336,9 @@ func CheckProxyEnv(getenv func(string) string) error {
 		case err != nil:
 			return fmt.Errorf("%s does not parse as a URL (is a reserved character in its user name or password not percent-encoded, such as %% as %%25?): "+
 				"pushes would ignore it and bypass the proxy", name)
-		case u.Host == "":
+		case u.Hostname() == "":
+			// Not u.Host: "http://:8080" has Host ":8080", and net/http
+			// would dial that port on this machine.
 			return fmt.Errorf("%s names no proxy host (give it as http://user:password@host:port)", name)
 		}
 		switch u.Scheme {

@@ -678,6 +678,11 @@ func TestCheckProxyEnv(t *testing.T) {
 		// net/http reads the upper-case name first, and only it.
 		{"lower case shadowed", map[string]string{"HTTP_PROXY": "http://proxy.example", "http_proxy": "http://u:50%off@proxy.example"}, ""},
 		{"control character", map[string]string{"HTTPS_PROXY": "http://proxy.example\n:3128"}, "HTTPS_PROXY does not parse"},
+		// A port and no host name: net/http would dial this machine.
+		{"port only", map[string]string{"HTTPS_PROXY": "http://:8080"}, "HTTPS_PROXY names no proxy host"},
+		{"port only without scheme", map[string]string{"HTTP_PROXY": ":8080"}, "HTTP_PROXY names no proxy host"},
+		{"no host, no port", map[string]string{"HTTP_PROXY": "://bad"}, "HTTP_PROXY names no proxy host"},
+		{"IPv6 host", map[string]string{"HTTPS_PROXY": "http://[::1]:3128"}, ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			err := CheckProxyEnv(func(k string) string { return tt.env[k] })
