@@ -63,6 +63,11 @@ func New(ctx context.Context, reg prometheus.Registerer, log zerolog.Logger, sta
 		pollsFound: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "bellhop_fallback_polls_found_work_total", Help: "Fallback polls that found work ready for a second or more on idle queues: non-zero means notifications were missed, or a dispatcher died (or could not wake the others) while it alone knew a retry's due time."}),
 	}
+	// Both results from the start, at 0: a series that appears only with
+	// the first reclaim reads as a metric missing, and rate() over it
+	// misses that first increase.
+	r.reclaimed.WithLabelValues("released")
+	r.reclaimed.WithLabelValues("dead_lettered")
 	reg.MustRegister(r.delivered, r.settled, r.reclaimed, r.inFlight, r.toStart, r.toAck, r.handler, r.polls, r.pollsFound,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&listenerCollector{stats: stats}, newDepthCollector(ctx, log, queues))

@@ -276,3 +276,34 @@ func TestDepthsOncePerQueue(t *testing.T) {
 		t.Errorf("bellhop_queue_messages series per queue: %v, want %v", series, want)
 	}
 }
+
+// TestReclaimedFromTheStart: bellhop_reclaimed_total has both its series,
+// released and dead_lettered, at 0 before any reclaim. They appeared only
+// with the first reclaim, so a scrape of a healthy daemon lacked a metric
+// that the README lists.
+func TestReclaimedFromTheStart(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	New(context.Background(), reg, zerolog.Nop(), func() notify.Stats { return notify.Stats{} },
+		func(context.Context) ([]bellhop.QueueInfo, error) { return nil, nil })
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range families {
+		if f.GetName() != "bellhop_reclaimed_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "result" {
+					got[l.GetValue()] = m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	want := map[string]float64{"released": 0, "dead_lettered": 0}
+	if !maps.Equal(got, want) {
+		t.Errorf("bellhop_reclaimed_total before any reclaim: %v; want %v", got, want)
+	}
+}
