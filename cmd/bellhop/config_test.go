@@ -66,10 +66,13 @@ func TestBadConfiguration(t *testing.T) {
 		{"example-consumer missing --secret-file", "-", nil, []string{"example-consumer", "--addr", "127.0.0.1:0"}, "bellhop: --secret-file is required\n"},
 		{"bad --log-format", dsn, nil, []string{"--log-format", "xml", "run"}, `--log-format "xml": use json or console`},
 		{"bad --log-format elsewhere", dsn, nil, []string{"--log-format", "xml", "queues"}, `--log-format "xml"`},
-		{"bad BELLHOP_LOG_FORMAT", dsn, []string{"BELLHOP_LOG_FORMAT=xml"}, []string{"queues"}, `--log-format "xml"`},
+		// Named as the variable that set it, not as a flag never typed.
+		{"bad BELLHOP_LOG_FORMAT", dsn, []string{"BELLHOP_LOG_FORMAT=xml"}, []string{"queues"}, `bellhop: BELLHOP_LOG_FORMAT "xml": use json or console`},
+		{"bad --log-format over a good BELLHOP_LOG_FORMAT", dsn, []string{"BELLHOP_LOG_FORMAT=json"}, []string{"--log-format", "xml", "queues"}, `bellhop: --log-format "xml": use json or console`},
 		{"bad --log-level", dsn, nil, []string{"--log-level", "loud", "run"}, `--log-level "loud"`},
 		{"--log-level disabled", dsn, nil, []string{"--log-level", "disabled", "run"}, `--log-level "disabled": use debug, info, warn or error`},
-		{"BELLHOP_LOG_LEVEL trace", dsn, []string{"BELLHOP_LOG_LEVEL=TRACE"}, []string{"queues"}, `--log-level "TRACE"`},
+		{"BELLHOP_LOG_LEVEL trace", dsn, []string{"BELLHOP_LOG_LEVEL=TRACE"}, []string{"queues"}, `bellhop: BELLHOP_LOG_LEVEL "TRACE": use debug, info, warn or error`},
+		{"bad --log-level over a good BELLHOP_LOG_LEVEL", dsn, []string{"BELLHOP_LOG_LEVEL=debug"}, []string{"--log-level", "loud", "queues"}, `bellhop: --log-level "loud"`},
 		// pgx ends the user info at the first '@', so the rest of such a
 		// password became a host name, shown in connection errors.
 		{"password with an unescaped @", "postgres://u:P@ss3cretpw@localhost:1/db", nil, []string{"queues"}, "the URL holds an '@' where pgx would read part of the user name or password as the host"},
@@ -94,6 +97,8 @@ func TestBadConfiguration(t *testing.T) {
 		{"unusable --http-addr", dsn, nil, []string{"run", "--http-addr", "nonsense:99999"}, `--http-addr "nonsense:99999"`},
 		{"short --poll-interval", dsn, nil, []string{"run", "--poll-interval", "10ms"}, "--poll-interval 10ms: must be at least 1s"},
 		{"zero --shutdown-grace", dsn, nil, []string{"run", "--shutdown-grace", "0s"}, "--shutdown-grace 0s: must be positive"},
+		{"short BELLHOP_POLL_INTERVAL", dsn, []string{"BELLHOP_POLL_INTERVAL=0.5s"}, []string{"run"}, "bellhop: BELLHOP_POLL_INTERVAL 500ms: must be at least 1s"},
+		{"huge BELLHOP_SHUTDOWN_GRACE", dsn, []string{"BELLHOP_SHUTDOWN_GRACE=13h"}, []string{"run"}, "bellhop: BELLHOP_SHUTDOWN_GRACE 13h0m0s: must be at most 12h0m0s"},
 		// Far past 12h, the stop's bound overflowed and every outcome
 		// was given up at once.
 		{"huge --shutdown-grace", dsn, nil, []string{"run", "--shutdown-grace", "2562047h"}, "--shutdown-grace 2562047h0m0s: must be at most 12h0m0s"},
@@ -127,7 +132,7 @@ func TestBadConfiguration(t *testing.T) {
 		{"--delay and --at", dsn, nil, append(enq, "--delay", "1s", "--at", "2030-01-02T15:04:05Z", "{}"), "use --delay or --at, not both"},
 		{"bad --at", dsn, nil, append(enq, "--at", "tomorrow", "{}"), `--at "tomorrow" is not an RFC 3339 time`},
 		{"negative --delay", dsn, nil, append(enq, "--delay", "-1s", "{}"), "--delay -1s: must not be negative"},
-		{"two payloads", dsn, nil, append(enq, "{}", "{}"), "takes exactly one argument"},
+		{"two payloads", dsn, nil, append(enq, "{}", "{}"), "bellhop: enqueue takes exactly one argument, JSON or - (see bellhop enqueue --help)"},
 		{"non-http URL", dsn, nil, []string{"consumer", "add", "--app", "shop", "--queue", "q", "--url", "ftp://example.com/hook"}, `--url: invalid option: URL "ftp://example.com/hook": scheme must be http or https`},
 		{"URL with credentials", dsn, nil, []string{"consumer", "add", "--app", "shop", "--queue", "q", "--url", "http://u:pw@example.com/"}, `--url: invalid option: URL "http://xxxxx@example.com/" carries credentials`},
 		{"--allowed-hosts refuses", dsn, nil, []string{"consumer", "add", "--app", "shop", "--queue", "q", "--url", "http://evil.example.org/", "--allowed-hosts", "*.example.com"}, `--url: host "evil.example.org" is not in the allowed hosts`},

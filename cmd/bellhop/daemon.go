@@ -58,14 +58,14 @@ func runCommand(d *deps) *cli.Command {
 			if err != nil {
 				return err
 			}
-			if cmd.Duration("poll-interval") < time.Second {
-				return usagef("--poll-interval %s: must be at least 1s", cmd.Duration("poll-interval"))
+			if p := cmd.Duration("poll-interval"); p < time.Second {
+				return usagef("%s %s: must be at least 1s", flagName("poll-interval", sameDuration(p)), p)
 			}
-			if cmd.Duration("shutdown-grace") <= 0 {
-				return usagef("--shutdown-grace %s: must be positive", cmd.Duration("shutdown-grace"))
+			if g := cmd.Duration("shutdown-grace"); g <= 0 {
+				return usagef("%s %s: must be positive", flagName("shutdown-grace", sameDuration(g)), g)
 			}
 			if g := cmd.Duration("shutdown-grace"); g > validate.MaxVisibility {
-				return usagef("--shutdown-grace %s: must be at most %s, the longest visibility timeout", g, validate.MaxVisibility)
+				return usagef("%s %s: must be at most %s, the longest visibility timeout", flagName("shutdown-grace", sameDuration(g)), g, validate.MaxVisibility)
 			}
 			hosts, err := allowedHosts(cmd)
 			if err != nil {

@@ -192,6 +192,26 @@ func (s envSource) GoString() string { return fmt.Sprintf("envSource(%q)", strin
 func (s envSource) IsFromEnv() bool { return true }
 func (s envSource) Key() string     { return string(s) }
 
+// flagName names a flag in an error about its value: its BELLHOP_
+// variable when that holds the value, else --flag. The variable set it,
+// unless the command line gave the same value, when either name is right;
+// named as the flag, a value the user never typed sent them looking for
+// it on the command line.
+func flagName(flag string, holds func(env string) bool) string {
+	key := envPrefix + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+	if v, ok := os.LookupEnv(key); ok && v != "" && holds(v) {
+		return key
+	}
+	return "--" + flag
+}
+
+// sameString and sameDuration tell flagName whether a variable holds v.
+func sameString(v string) func(string) bool { return func(e string) bool { return e == v } }
+
+func sameDuration(v time.Duration) func(string) bool {
+	return func(e string) bool { d, err := time.ParseDuration(e); return err == nil && d == v }
+}
+
 // checkEmptyEnv refuses a BELLHOP_ variable that is set but empty, for a
 // flag of cmd or of the commands above it that the command line does not
 // give: unset, the flag has its default; empty, it is a mistake (a
@@ -364,7 +384,8 @@ func (d *deps) logger(cmd *cli.Command) (zerolog.Logger, error) {
 		"debug": zerolog.DebugLevel, "info": zerolog.InfoLevel, "warn": zerolog.WarnLevel, "error": zerolog.ErrorLevel,
 	}[strings.ToLower(cmd.String("log-level"))]
 	if !ok {
-		return zerolog.Logger{}, usagef("--log-level %q: use debug, info, warn or error", cmd.String("log-level"))
+		v := cmd.String("log-level")
+		return zerolog.Logger{}, usagef("%s %q: use debug, info, warn or error", flagName("log-level", sameString(v)), v)
 	}
 	var w io.Writer
 	switch cmd.String("log-format") {
@@ -373,7 +394,8 @@ func (d *deps) logger(cmd *cli.Command) (zerolog.Logger, error) {
 	case "console":
 		w = zerolog.ConsoleWriter{Out: d.stderr, TimeFormat: "15:04:05.000"}
 	default:
-		return zerolog.Logger{}, usagef("--log-format %q: use json or console", cmd.String("log-format"))
+		v := cmd.String("log-format")
+		return zerolog.Logger{}, usagef("%s %q: use json or console", flagName("log-format", sameString(v)), v)
 	}
 	return zerolog.New(w).Level(level).With().Timestamp().Logger(), nil
 }

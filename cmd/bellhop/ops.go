@@ -154,7 +154,9 @@ func appCommand(d *deps) *cli.Command {
 
 func oneArg(cmd *cli.Command, what string) (string, error) {
 	if cmd.Args().Len() != 1 {
-		return "", usagef("%s takes exactly one argument, %s", cmd.FullName(), what)
+		// Without the program's name, which the error's prefix gives.
+		name := strings.Join(cmd.Path()[1:], " ")
+		return "", usagef("%s takes exactly one argument, %s (see %s --help)", name, what, cmd.FullName())
 	}
 	return cmd.Args().First(), nil
 }
