@@ -558,7 +558,7 @@ func (c *claimFailures) Write(p []byte) (int, error) {
 }
 
 // TestBusyLaneClaimFailureReleasesKey: a busy lane whose claim pass fails
-// (here its pool connections are killed) gives up the busy key before it
+// (here the server refuses one claim statement) gives up the busy key before it
 // backs off, so that producers notify again, and a message committed after
 // the failure is claimed when its notification arrives, not at the lane's
 // retry, 0.5 – 1s later. It used to keep the key through the backoff:
@@ -620,15 +620,31 @@ func TestBusyLaneClaimFailureReleasesKey(t *testing.T) {
 	waitFor(t, 10*time.Second, "the busy key held", func() bool {
 		return e.count(t, busyKeyHeld+` AND mode = 'ExclusiveLock'`, "orders") == 1
 	})
-	if _, err := e.pool.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-		WHERE application_name = 'bellhop-dispatcher' AND datname = current_database()`); err != nil {
-		t.Fatal(err)
+	// The next claim statement fails, once (a sequence is not rolled back
+	// with it). Killing the pool's connections instead failed the claims
+	// after the first one too, on the other dead connections: those
+	// messages waited for the retry whatever producers did (CI, twice).
+	for _, sql := range []string{
+		`CREATE SEQUENCE claim_refusals`,
+		`CREATE FUNCTION refuse_a_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+		 BEGIN
+		   IF current_query() LIKE '%claim_token = gen_random_uuid()%' AND nextval('claim_refusals') = 1 THEN
+		     RAISE EXCEPTION 'claim refused by the test';
+		   END IF;
+		   RETURN NULL;
+		 END $$`,
+		`CREATE TRIGGER refuse_a_claim BEFORE UPDATE ON queue_messages
+		 FOR EACH STATEMENT EXECUTE FUNCTION refuse_a_claim()`,
+	} {
+		if _, err := e.pool.Exec(context.Background(), sql); err != nil {
+			t.Fatal(err)
+		}
 	}
 	var failed claimFailure
 	select {
 	case failed = <-failures.seen:
 	case <-time.After(10 * time.Second):
-		t.Fatal("no claim failed within 10s of killing the dispatcher's pool connections")
+		t.Fatal("no claim failed within 10s of the trigger that refuses one")
 	}
 	// Messages committed from now on: each must be delivered before the
 	// lane's retry would have claimed it.
