@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
+	"net"
 	"reflect"
 	"sync"
 	"sync/atomic"
@@ -289,12 +291,12 @@ type Dispatcher struct {
 	db       *pgxpool.Pool
 	log      zerolog.Logger
 	listener *notify.Listener
-	// listenerUp is when the listener last connected, as time since
-	// created (monotonic, unlike a wall-clock time), for the pool's
-	// ShouldPing; 0 until it first connects.
-	created    time.Time
-	listenerUp atomic.Int64
-	reclaim    *reclaim.Reclaimer
+	// stale is when the pool's idle connections last came under
+	// suspicion (markStale), as time since created (monotonic, unlike a
+	// wall-clock time), for the pool's ShouldPing; 0 until then.
+	created time.Time
+	stale   atomic.Int64
+	reclaim *reclaim.Reclaimer
 	// marks holds the busy keys producers test; nil with DisableBusyMarks.
 	marks    *busylock.Holder
 	complete *claim.Completer
@@ -512,11 +514,14 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 	// out; that is one more round trip in front of the first claim after
 	// a quiet spell, exactly where latency matters. A failed statement is
 	// retried anyway, so ping only connections idle for a minute, or idle
-	// since before the listener last connected: the listener reconnects
-	// when its connection ended, and a restart or a failover ends the
-	// pool's too. Unpinged, each dead one failed a statement in turn, the
-	// reload first, backing off between tries, and the catch-up that
-	// follows a reconnect came 10 to 25 s late.
+	// since the pool's connections came under suspicion (markStale): the
+	// listener reconnected, as after a restart or a failover, which ends
+	// the pool's sessions too; or a pool connection was found closed, as
+	// when the server ends the pool's sessions and not the listener's
+	// (pg_terminate_backend, idle_session_timeout). Unpinged, each dead
+	// one failed a statement in turn, backing off between tries: the
+	// catch-up that follows a reconnect came 10 to 25 s late, and a
+	// message committed after the pool's sessions ended waited seconds.
 	// A connection string's default_query_exec_mode is in pc; a
 	// BeforeConnect hook may set one per connection, which only the
 	// connection made knows.
@@ -532,8 +537,21 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 		return nil
 	}
 	pc.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool {
-		up := time.Duration(d.listenerUp.Load())
-		return p.IdleDuration > time.Minute || up > 0 && p.IdleDuration > time.Since(d.created)-up
+		stale := time.Duration(d.stale.Load())
+		return p.IdleDuration > time.Minute || stale > 0 && p.IdleDuration > time.Since(d.created)-stale
+	}
+	beforeClose := pc.BeforeClose
+	pc.BeforeClose = func(c *pgx.Conn) {
+		// Closed before the pool closes it: a statement found it broken
+		// or ended by the server, whichever of the pool's statements it
+		// was (a claim, an ack, a reclaim pass). Connections the pool
+		// drops itself (lifetime, idle time, Reset) are still open here.
+		if c.IsClosed() {
+			d.markStale()
+		}
+		if beforeClose != nil {
+			beforeClose(c)
+		}
 	}
 	var onConnect func(context.Context, *pgx.Conn) error
 	if cfg.LeaseAtInsert {
@@ -976,8 +994,45 @@ func (r *routes) HandleEvent(ev notify.Event) {
 // lanes that have work (wakeAfterConnect).
 func (r *routes) Connected() {
 	d := (*Dispatcher)(r)
-	d.listenerUp.Store(int64(max(time.Since(d.created), 1)))
+	d.markStale()
 	d.requestReload(true)
+}
+
+// markStale has the pool ping each connection idle since now before it
+// hands it out (ShouldPing): the listener has just (re)connected, or a
+// pool connection was found closed, and the pool's idle sessions may have
+// ended the same way.
+func (d *Dispatcher) markStale() {
+	now := int64(max(time.Since(d.created), 1))
+	for {
+		old := d.stale.Load()
+		if old >= now || d.stale.CompareAndSwap(old, now) {
+			return
+		}
+	}
+}
+
+// connLost reports whether err is a statement's connection lost under
+// it: the server ended the session (a FATAL error, as for a terminated
+// backend or idle_session_timeout), or the connection broke (refused
+// writes, end of file). Not a connection that could not be made, which
+// the server being away explains, nor a statement that timed out, which
+// a slow server explains as well (pollFailed's case).
+func connLost(err error) bool {
+	var connectErr *pgconn.ConnectError
+	if errors.As(err, &connectErr) || pgconn.Timeout(err) ||
+		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		sev := cmp.Or(pgErr.SeverityUnlocalized, pgErr.Severity)
+		return sev == "FATAL" || sev == "PANIC"
+	}
+	if netErr := net.Error(nil); errors.As(err, &netErr) {
+		return !netErr.Timeout()
+	}
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 func (d *Dispatcher) requestReload(wakeAll bool) {

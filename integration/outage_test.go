@@ -8,12 +8,14 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
@@ -83,6 +85,125 @@ func TestListenerOutage(t *testing.T) {
 	if err := d.Ready(ctx); err != nil {
 		t.Errorf("not ready after the reconnect: %v", err)
 	}
+}
+
+// TestPoolOutage: when the pool's sessions end and the listener's stays
+// (an administrator's pg_terminate_backend, a server's
+// idle_session_timeout), the listener does not reconnect, and the rule
+// that pings connections idle since its reconnect does not apply. A
+// claim failed on a dead connection, and its message waited for the
+// lane's backoff (0.5 – 1 s), and more when the retry took another dead
+// one. The lane now retries such a failure at once, and the pool pings
+// the connections idle since it (TestClosedConnMarksPoolStale), so each
+// message is claimed before the first backoff could have ended. Without
+// either, the first message was claimed 0.56 – 1.65 s after its commit.
+func TestPoolOutage(t *testing.T) {
+	e := newEnv(t)
+	// The claim's send time is read from the lease deadline, as in
+	// TestBusyLaneClaimFailureReleasesKey: not how late a loaded machine
+	// then ran the handler.
+	const vt = 20 * time.Second
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", VisibilityTimeout: vt})
+	var sentMu sync.Mutex
+	claimSent := map[uuid.UUID]time.Time{}
+	rec := &recorder{result: func(_ context.Context, m *bellhop.Message) error {
+		sentMu.Lock()
+		claimSent[m.ID] = m.LeaseDeadline().Add(-(vt - vt/5))
+		sentMu.Unlock()
+		return nil
+	}}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", rec)
+	failures := &claimFailures{next: zerolog.NewTestWriter(t), seen: make(chan claimFailure, 1)}
+	use := &poolUse{}
+	const conns = 8
+	d := startLogged(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour,
+		Logger: zerolog.New(failures).With().Timestamp().Logger()},
+		func(pc *pgxpool.Config) { pc.MaxConns, pc.MinConns, pc.ConnConfig.Tracer = conns, conns, use })
+	deliveredBy(t, rec, e.enqueue(t, "orders", "warm-up", bellhop.EnqueueOptions{}), 10*time.Second)
+	const pool = `FROM pg_stat_activity WHERE application_name = 'bellhop-dispatcher' AND datname = current_database()`
+	waitFor(t, 10*time.Second, "the pool's connections open", func() bool { return e.count(t, `SELECT count(*) `+pool) == conns })
+	// Killed while the dispatcher uses none of them, so that no statement
+	// of the warm-up's aftermath (its ack, the lane settling) finds them
+	// dead first: the first message's claim then takes the connection
+	// released last, which the rule for the listener's reconnect does not
+	// ping.
+	use.waitQuiet(t, 10*time.Second, 300*time.Millisecond)
+	ctx := context.Background()
+	var killed int
+	if err := e.pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) `+pool).Scan(&killed); err != nil {
+		t.Fatal(err)
+	}
+	if killed != conns {
+		t.Fatalf("terminated %d pool backends, want %d", killed, conns)
+	}
+	waitFor(t, 10*time.Second, "the pool's backends gone", func() bool { return e.count(t, `SELECT count(*) `+pool) == 0 })
+
+	const minBackoff = 500 * time.Millisecond // backoff.Delay(1, time.Second, …)'s least
+	for i := range 3 {
+		began := time.Now()
+		id := e.enqueue(t, "orders", i, bellhop.EnqueueOptions{})
+		deliveredBy(t, rec, id, 30*time.Second)
+		sentMu.Lock()
+		sent := claimSent[id]
+		sentMu.Unlock()
+		if took := sent.Sub(began); took >= minBackoff {
+			t.Errorf("message %d claimed %s after its Enqueue began; want within %s, before any backoff could end", i, took.Round(time.Millisecond), minBackoff)
+		} else {
+			t.Logf("message %d claimed %s after its Enqueue began", i, took.Round(time.Millisecond))
+		}
+	}
+	select {
+	case <-failures.seen:
+	default:
+		t.Fatal("no claim failed after the pool's sessions ended: the test proves nothing")
+	}
+	if c := d.ListenerStats().Connects; c != 1 {
+		t.Fatalf("the listener reconnected (connects = %d): the test is about the pool's sessions ending alone", c)
+	}
+}
+
+// poolUse tracks a pool's connections in use, as a pgx tracer.
+type poolUse struct {
+	mu    sync.Mutex
+	inUse int
+	last  time.Time // of the last acquire or release
+}
+
+func (u *poolUse) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+
+func (u *poolUse) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (u *poolUse) TraceAcquireStart(ctx context.Context, _ *pgxpool.Pool, _ pgxpool.TraceAcquireStartData) context.Context {
+	return ctx
+}
+
+func (u *poolUse) TraceAcquireEnd(_ context.Context, _ *pgxpool.Pool, d pgxpool.TraceAcquireEndData) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if d.Err == nil {
+		u.inUse++
+	}
+	u.last = time.Now()
+}
+
+func (u *poolUse) TraceRelease(*pgxpool.Pool, pgxpool.TraceReleaseData) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.inUse--
+	u.last = time.Now()
+}
+
+// waitQuiet waits until no connection has been in use for quiet.
+func (u *poolUse) waitQuiet(t *testing.T, timeout, quiet time.Duration) {
+	t.Helper()
+	waitFor(t, timeout, "the pool unused for "+quiet.String(), func() bool {
+		u.mu.Lock()
+		defer u.mu.Unlock()
+		return u.inUse == 0 && time.Since(u.last) >= quiet
+	})
 }
 
 // TestRestartCatchUpFirstTry: when every session ends at once (a fast

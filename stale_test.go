@@ -1,0 +1,116 @@
+package bellhop
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+
+	"github.com/bellhopq/bellhop/internal/pgtest"
+)
+
+// TestClosedConnMarksPoolStale: a pool connection the pool finds closed
+// when it drops it (a statement found it ended by the server, or broken)
+// has every connection idle since then pinged before use, and only those;
+// one the pool drops itself, still open (lifetime, idle time, Reset),
+// changes nothing. The pool's sessions can end while the listener's stays
+// (pg_terminate_backend, idle_session_timeout), and unpinged, each dead
+// connection failed a statement in turn.
+func TestClosedConnMarksPoolStale(t *testing.T) {
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(pgtest.ConnString(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var userHook int
+	cfg.BeforeClose = func(*pgx.Conn) { userHook++ }
+	d, err := NewDispatcher(cfg, DispatcherConfig{Resolver: resolverFunc(func(Consumer) Handler { return nil }),
+		PollInterval: time.Hour, Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc := d.poolCfg
+	conn, err := pgx.ConnectConfig(ctx, pc.ConnConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	// A connection idle for a second: since before anything below.
+	pinged := func(idle time.Duration) bool {
+		return pc.ShouldPing(ctx, pgxpool.ShouldPingParams{Conn: conn, IdleDuration: idle})
+	}
+	if pinged(time.Second) {
+		t.Fatal("a connection idle for 1s is pinged before anything made the pool suspect")
+	}
+	pc.BeforeClose(conn) // open: dropped by the pool itself
+	if pinged(time.Second) {
+		t.Error("a connection the pool dropped while open made the idle ones suspect")
+	}
+	closed, err := pgx.ConnectConfig(ctx, pc.ConnConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := closed.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pc.BeforeClose(closed)
+	if !pinged(time.Second) {
+		t.Error("after a connection was found closed, one idle since before is not pinged")
+	}
+	if pinged(0) {
+		t.Error("after a connection was found closed, one released since is pinged")
+	}
+	if !pinged(2 * time.Minute) {
+		t.Error("a connection idle for over a minute is not pinged")
+	}
+	if userHook != 2 {
+		t.Errorf("the caller's BeforeClose ran %d times, want 2", userHook)
+	}
+}
+
+// TestConnLost: which claim errors the lane retries at once (a session
+// ended or a connection broken under the statement) and which it backs
+// off from (no connection to be had, a slow server, any other error).
+func TestConnLost(t *testing.T) {
+	fatal := &pgconn.PgError{Severity: "FATAL", SeverityUnlocalized: "FATAL", Code: "57P01"}
+	localized := &pgconn.PgError{Severity: "SCHWERWIEGEND", SeverityUnlocalized: "FATAL", Code: "57P05"}
+	broken := &net.OpError{Op: "write", Net: "unix", Err: syscall.EPIPE}
+	tests := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"terminated backend", fmt.Errorf("claim a/q: %w", fatal), true},
+		{"localized severity", localized, true},
+		{"broken pipe", fmt.Errorf("write failed: %w", broken), true},
+		{"unexpected EOF", fmt.Errorf("receive message failed: %w", io.ErrUnexpectedEOF), true},
+		{"statement error", &pgconn.PgError{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: "42P01"}, false},
+		{"refused session", &pgconn.ConnectError{Config: &pgconn.Config{}}, false},
+		{"timed out", fmt.Errorf("claim: %w", context.DeadlineExceeded), false},
+		{"stopped", context.Canceled, false},
+		{"timeout on the wire", &net.OpError{Op: "read", Net: "tcp", Err: timeoutErr{}}, false},
+		{"other", errors.New("cannot encode"), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := connLost(tt.err); got != tt.want {
+				t.Errorf("connLost(%v) = %v, want %v", tt.err, got, tt.want)
+			}
+		})
+	}
+}
+
+type timeoutErr struct{}
+
+func (timeoutErr) Error() string   { return "i/o timeout" }
+func (timeoutErr) Timeout() bool   { return true }
+func (timeoutErr) Temporary() bool { return true }
