@@ -20,6 +20,7 @@ import (
 	"io"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -207,6 +208,15 @@ func flagName(flag string, holds func(env string) bool) string {
 
 // sameString and sameDuration tell flagName whether a variable holds v.
 func sameString(v string) func(string) bool { return func(e string) bool { return e == v } }
+
+// sameList: the variable's comma-separated entries are v's, spaces
+// around them aside.
+func sameList(v []string) func(string) bool {
+	return func(e string) bool {
+		parts := strings.Split(e, ",")
+		return slices.EqualFunc(parts, v, func(a, b string) bool { return strings.TrimSpace(a) == strings.TrimSpace(b) })
+	}
+}
 
 func sameDuration(v time.Duration) func(string) bool {
 	return func(e string) bool { d, err := time.ParseDuration(e); return err == nil && d == v }

@@ -169,7 +169,7 @@ func oneArg(cmd *cli.Command, what string) (string, error) {
 func allowedHosts(cmd *cli.Command) ([]string, error) {
 	hosts := cmd.StringSlice("allowed-hosts")
 	if err := httppush.CheckAllowedHosts(hosts); err != nil {
-		return nil, usagef("--allowed-hosts: %w", err)
+		return nil, usagef("%s: %w", flagName("allowed-hosts", sameList(hosts)), err)
 	}
 	return hosts, nil
 }
@@ -294,7 +294,17 @@ func consumerCommand(d *deps) *cli.Command {
 				return err
 			}
 			defer pool.Close()
-			return c.SetConsumerEnabled(ctx, cmd.String("app"), id, enabled)
+			if err := c.SetConsumerEnabled(ctx, cmd.String("app"), id, enabled); err != nil {
+				return err
+			}
+			// Said, as add and update say theirs: a script's log, or a
+			// user who typed the wrong command, sees which state it is in.
+			state := "paused"
+			if enabled {
+				state = "resumed"
+			}
+			fmt.Fprintf(d.stdout, "consumer %s %s\n", id, state)
+			return nil
 		}
 	}
 	return &cli.Command{
@@ -452,7 +462,11 @@ func consumerCommand(d *deps) *cli.Command {
 					return err
 				}
 				defer pool.Close()
-				return c.RemoveConsumer(ctx, cmd.String("app"), id)
+				if err := c.RemoveConsumer(ctx, cmd.String("app"), id); err != nil {
+					return err
+				}
+				fmt.Fprintf(d.stdout, "consumer %s removed\n", id)
+				return nil
 			},
 		}},
 	}

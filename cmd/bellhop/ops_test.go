@@ -85,7 +85,7 @@ func TestConsumerLifecycle(t *testing.T) {
 	_, probeSecret := addConsumer(t, dsn, "--app", "shop", "--queue", "probe", "--url", probe.srv.URL)
 	probe.setSecret(probeSecret)
 
-	if out := ok(t, dsn, "consumer", "pause", "--app", "shop", id); out != "" {
+	if out := ok(t, dsn, "consumer", "pause", "--app", "shop", id); out != "consumer "+id+" paused\n" {
 		t.Errorf("pause printed %q", out)
 	}
 	if row := consumerRow(t, ok(t, dsn, "consumer", "ls"), id); row["ENABLED"] != "false" {
@@ -114,7 +114,7 @@ func TestConsumerLifecycle(t *testing.T) {
 		t.Errorf("after update: %v", row)
 	}
 
-	if out := ok(t, dsn, "consumer", "resume", "--app", "shop", id); out != "" {
+	if out := ok(t, dsn, "consumer", "resume", "--app", "shop", id); out != "consumer "+id+" resumed\n" {
 		t.Errorf("resume printed %q", out)
 	}
 	got := moved.waitCount(t, 1, 20*time.Second)
@@ -142,7 +142,7 @@ func TestConsumerLifecycle(t *testing.T) {
 	})
 
 	// Remove: gone from the list; the queue's messages stay.
-	if out := ok(t, dsn, "consumer", "rm", "--app", "shop", id); out != "" {
+	if out := ok(t, dsn, "consumer", "rm", "--app", "shop", id); out != "consumer "+id+" removed\n" {
 		t.Errorf("rm printed %q", out)
 	}
 	if consumerRow(t, ok(t, dsn, "consumer", "ls"), id) != nil {
