@@ -324,15 +324,10 @@ func TestAckOutlastsRestart(t *testing.T) {
 
 // reclaimTracer counts the reclaim passes whose batch has ended.
 type reclaimTracer struct {
+	noQueryTrace
 	passes sync.Map // *pgx.Conn running a reclaim batch
 	ended  atomic.Int32
 }
-
-func (r *reclaimTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	return ctx
-}
-
-func (r *reclaimTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 func (r *reclaimTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
 	return ctx

@@ -236,6 +236,16 @@ func (r *recorder) deliveries() []delivery {
 // every one for which isClaim holds, run alone or in a
 // batch (the claim statements run in a batch, which a QueryTracer alone
 // does not see). ended counts the batches holding one that have finished.
+// noQueryTrace is the pgx.QueryTracer part of a tracer that follows
+// something else (batches, the pool's acquires).
+type noQueryTrace struct{}
+
+func (noQueryTrace) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+
+func (noQueryTrace) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
 // claimCounter counts claim passes (and wake scans) as a pgx tracer.
 // queue counts the queue claims alone (sql/claim_queue.sql), without the
 // reclaim passes; invoke the invoke claims (sql/claim_invoke.sql).

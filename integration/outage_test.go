@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
@@ -165,16 +164,11 @@ func TestPoolOutage(t *testing.T) {
 
 // poolUse tracks a pool's connections in use, as a pgx tracer.
 type poolUse struct {
+	noQueryTrace
 	mu    sync.Mutex
 	inUse int
 	last  time.Time // of the last acquire or release
 }
-
-func (u *poolUse) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	return ctx
-}
-
-func (u *poolUse) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 func (u *poolUse) TraceAcquireStart(ctx context.Context, _ *pgxpool.Pool, _ pgxpool.TraceAcquireStartData) context.Context {
 	return ctx
