@@ -385,7 +385,8 @@ func (cl *consumerLanes) stop(tidy bool) {
 // server crash loses only cause a redelivery, which at-least-once
 // delivery allows, and they no longer wait for a WAL flush. Producers'
 // inserts, on their own connections, keep the server's setting. The pool's
-// ShouldPing is replaced: see the comment where it is set.
+// ShouldPing is replaced, and its BeforeClose wrapped (a caller's still
+// runs): see the comments where they are set.
 func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, error) {
 	if isNil(cfg.Resolver) {
 		// A typed nil, such as a (*Mux)(nil), would panic on every

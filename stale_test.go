@@ -81,6 +81,51 @@ func TestClosedConnMarksPoolStale(t *testing.T) {
 // ended or a connection broken under the statement) and which it backs
 // off from (no connection to be had, a slow server, any other error).
 func TestConnLost(t *testing.T) {
+	// Sessions refused, as pgx reports them: a dial refused (a net.Error)
+	// and the server's FATAL for a database not there, each inside a
+	// ConnectError, which the server being away explains.
+	ctx := context.Background()
+	_, refused := pgx.Connect(ctx, "postgres://bellhop@127.0.0.1:1/none?connect_timeout=5")
+	cfg, err := pgx.ParseConfig(pgtest.ConnString(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Database = "bellhop_no_such_database"
+	_, noDatabase := pgx.ConnectConfig(ctx, cfg)
+	for _, err := range []error{refused, noDatabase} {
+		if _, ok := errors.AsType[*pgconn.ConnectError](err); !ok {
+			t.Fatalf("want a ConnectError, got %T: %v", err, err)
+		}
+	}
+	// A session ended by the server, as a claim's batch then reports it
+	// (over TCP a FATAL, which may come inside pgx's
+	// ErrPreprocessingBatch; over a unix socket a refused write).
+	victim, err := pgx.Connect(ctx, pgtest.ConnString(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer victim.Close(ctx)
+	admin, err := pgx.Connect(ctx, pgtest.ConnString(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend($1)`, victim.PgConn().PID()); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the terminated backend gone", func() bool {
+		var gone bool
+		if err := admin.QueryRow(ctx, `SELECT NOT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1)`, victim.PgConn().PID()).Scan(&gone); err != nil {
+			t.Fatal(err)
+		}
+		return gone
+	})
+	b := &pgx.Batch{}
+	b.Queue(`SELECT $1::int`, 1)
+	terminated := victim.SendBatch(ctx, b).Close()
+	if terminated == nil {
+		t.Fatal("a batch on a terminated session succeeded")
+	}
 	fatal := &pgconn.PgError{Severity: "FATAL", SeverityUnlocalized: "FATAL", Code: "57P01"}
 	localized := &pgconn.PgError{Severity: "SCHWERWIEGEND", SeverityUnlocalized: "FATAL", Code: "57P05"}
 	broken := &net.OpError{Op: "write", Net: "unix", Err: syscall.EPIPE}
@@ -94,7 +139,10 @@ func TestConnLost(t *testing.T) {
 		{"broken pipe", fmt.Errorf("write failed: %w", broken), true},
 		{"unexpected EOF", fmt.Errorf("receive message failed: %w", io.ErrUnexpectedEOF), true},
 		{"statement error", &pgconn.PgError{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: "42P01"}, false},
-		{"refused session", &pgconn.ConnectError{Config: &pgconn.Config{}}, false},
+		{"terminated session", fmt.Errorf("claim a/q: plan mode: %w", terminated), true},
+		{"end of file", io.EOF, true},
+		{"dial refused", refused, false},
+		{"no such database", noDatabase, false},
 		{"timed out", fmt.Errorf("claim: %w", context.DeadlineExceeded), false},
 		{"stopped", context.Canceled, false},
 		{"timeout on the wire", &net.OpError{Op: "read", Net: "tcp", Err: timeoutErr{}}, false},

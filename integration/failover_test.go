@@ -404,7 +404,7 @@ func TestDeadPathReplacesListener(t *testing.T) {
 	// then replaced, and the poll found live ones.
 	waitFor(t, 10*time.Second, "the start-up reclaim pass", func() bool { return reclaims.ended.Load() >= 1 })
 	waitFor(t, 10*time.Second, "the pool's idle connections", func() bool {
-		return e.count(t, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'bellhop-dispatcher' AND datname = current_database()`) >= 3
+		return e.count(t, `SELECT count(*) `+dispatcherSessions) >= 3
 	})
 	connects := d.ListenerStats().Connects
 	if n := freezeLink(); n < 2 {

@@ -236,6 +236,10 @@ func (r *recorder) deliveries() []delivery {
 // every one for which isClaim holds, run alone or in a
 // batch (the claim statements run in a batch, which a QueryTracer alone
 // does not see). ended counts the batches holding one that have finished.
+// dispatcherSessions is the FROM clause of the sessions of the dispatcher's
+// pool in the test's database (not its listener's, nor its busy locks').
+const dispatcherSessions = `FROM pg_stat_activity WHERE application_name = 'bellhop-dispatcher' AND datname = current_database()`
+
 // noQueryTrace is the pgx.QueryTracer part of a tracer that follows
 // something else (batches, the pool's acquires).
 type noQueryTrace struct{}
