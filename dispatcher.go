@@ -509,7 +509,20 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 		offers:       offerBook{byToken: map[uuid.UUID]*offer{}},
 		created:      time.Now(),
 	}
-	d.ping = probe.New(func(ctx context.Context) error { return d.pool.Load().Ping(ctx) },
+	d.ping = probe.New(func(ctx context.Context) error {
+		// Once more on a connection lost under the ping: the pool's
+		// sessions can end while the listener's stays (idle_session_timeout
+		// shorter than the probe's period), and the pool pings the next
+		// one first (markStale). Answered as is, /readyz said 503 for a
+		// database that was there.
+		db := d.pool.Load()
+		err := db.Ping(ctx)
+		if connLost(err) {
+			d.markStale()
+			err = db.Ping(ctx)
+		}
+		return err
+	},
 		cfg.StatementTimeout, time.Second)
 	// pgxpool pings a connection idle for over a second before handing it
 	// out; that is one more round trip in front of the first claim after

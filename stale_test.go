@@ -162,3 +162,54 @@ type timeoutErr struct{}
 func (timeoutErr) Error() string   { return "i/o timeout" }
 func (timeoutErr) Timeout() bool   { return true }
 func (timeoutErr) Temporary() bool { return true }
+
+// TestReadyAfterPoolSessionsEnd: /readyz's check, when the pool's
+// sessions have ended and the listener's has not (as when the server's
+// idle_session_timeout, below the probe's period, ends them between
+// checks), takes a dead connection and fails once; it is tried again, on
+// a connection the pool now pings, rather than answering 503 for a
+// database that is there.
+func TestReadyAfterPoolSessionsEnd(t *testing.T) {
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(pgtest.ConnString(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const conns = 4
+	cfg.MinConns, cfg.MaxConns = conns, conns
+	cfg.ConnConfig.RuntimeParams["application_name"] = "bellhop-ready-test"
+	d, err := NewDispatcher(cfg, DispatcherConfig{Resolver: resolverFunc(func(Consumer) Handler { return nil }),
+		PollInterval: time.Hour, Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err := pgx.Connect(ctx, pgtest.ConnString(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	count := func(where string) int {
+		var n int
+		if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = 'bellhop-ready-test' AND `+where).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	runUntilCleanup(t, d, nil)
+	// Not Ready, whose check would pass and be reused for a second:
+	// started, listening, and every pool session idle for a while, so
+	// that the start-up's statements are over and none meets a dead
+	// connection before the check does.
+	eventually(t, "the dispatcher running and listening", func() bool { return d.running.Load() && d.listener.Connected() })
+	eventually(t, "the pool's sessions quiet", func() bool {
+		return count(`state = 'idle' AND state_change < now() - interval '300 milliseconds'`) == conns
+	})
+	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'bellhop-ready-test'`); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the pool's backends gone", func() bool { return count("true") == 0 })
+	if err := d.Ready(ctx); err != nil {
+		t.Errorf("Ready after the pool's sessions ended = %v; want nil, the database is there", err)
+	}
+}
