@@ -1026,6 +1026,26 @@ func (d *Dispatcher) markStale() {
 	}
 }
 
+// retryWait is how long to wait before trying again a statement that
+// failed for the failures-th time in a row: backing off from 0.5 – 1 s
+// to at most ceiling, except after a first failure on a connection lost
+// under the statement, which is retried at once. The server ended the
+// pool's sessions (pg_terminate_backend, idle_session_timeout) or a path
+// broke, and the pool, told here rather than when it closes the
+// connection a moment later, pings the others before use (markStale).
+// Backing off, a lane's messages, or a consumer change, waited for the
+// retry even when the database was there all along. Should the retry
+// fail too, the backoff follows as for any failure.
+func (d *Dispatcher) retryWait(err error, failures int, ceiling time.Duration) time.Duration {
+	if connLost(err) {
+		d.markStale()
+		if failures == 1 {
+			return 0
+		}
+	}
+	return backoff.Delay(failures, time.Second, ceiling)
+}
+
 // connLost reports whether err is a statement's connection lost under
 // it: the server ended the session (a FATAL error, as for a terminated
 // backend or idle_session_timeout), or the connection broke (refused
@@ -1104,7 +1124,7 @@ func (d *Dispatcher) control(ctx context.Context) {
 				return
 			}
 			reloadFailures++
-			wait := backoff.Delay(reloadFailures, time.Second, 30*time.Second)
+			wait := d.retryWait(err, reloadFailures, 30*time.Second)
 			d.log.Warn().Err(timeout.Explain(rctx, err)).Stringer("retry_in", wait).Msg("reloading consumers failed")
 			retry, retryWake = time.After(wait), wakeAll
 			continue

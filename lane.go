@@ -792,23 +792,11 @@ func (l *lane) claimPass(ctx context.Context, free int, mark bool) (claim.Pass, 
 // nothing else wakes a queue whose messages are already there.
 // The line is the dispatcher's to throttle, since a failure of the
 // database is every lane's.
-//
-// A first failure on a connection lost under the statement is retried at
-// once: the server ended the pool's sessions (pg_terminate_backend,
-// idle_session_timeout) or a path broke, and the pool, told here rather
-// than when it closes the connection a moment later, pings the others
-// before use (markStale). Backing off, the lane's messages waited for the
-// retry even when the database was there all along. Should the retry fail
-// too, the backoff follows as for any failure.
+// A first failure on a connection lost under the claim is retried at once
+// (Dispatcher.retryWait).
 func (l *lane) retry(ctx context.Context, st *consumerState, err error) time.Time {
 	l.failures++
-	if connLost(err) {
-		l.d.markStale()
-		if l.failures == 1 {
-			return l.retryIn(ctx, st, err, 0)
-		}
-	}
-	return l.retryAt(ctx, st, err, l.failures)
+	return l.retryIn(ctx, st, err, l.d.retryWait(err, l.failures, 10*time.Second))
 }
 
 // retryAt is retry after the failures-th failure in a row.

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strings"
@@ -109,27 +110,7 @@ func TestPoolOutage(t *testing.T) {
 		Logger: zerolog.New(failures).With().Timestamp().Logger()},
 		func(pc *pgxpool.Config) { pc.MaxConns, pc.MinConns, pc.ConnConfig.Tracer = conns, conns, watch })
 	deliveredBy(t, rec, e.enqueue(t, "orders", "warm-up", bellhop.EnqueueOptions{}), 10*time.Second)
-	waitFor(t, 10*time.Second, "the pool's connections open", func() bool {
-		return e.count(t, `SELECT count(*) `+dispatcherSessions) == conns
-	})
-	// Killed while the dispatcher uses none of them, so that no statement
-	// of the warm-up's aftermath finds them dead first: the first
-	// message's claim then takes the connection released last, which the
-	// rule for the listener's reconnect does not ping. last_fired_at is
-	// written on a 1s tick after a delivery: once it is, nothing is due.
-	waitFor(t, 10*time.Second, "the warm-up's last_fired_at", func() bool {
-		return e.count(t, `SELECT count(*) FROM queue_trigger_details WHERE last_fired_at IS NOT NULL`) == 1
-	})
-	watch.waitQuiet(t, 10*time.Second, 300*time.Millisecond)
-	ctx := context.Background()
-	var killed int
-	if err := e.pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) `+dispatcherSessions).Scan(&killed); err != nil {
-		t.Fatal(err)
-	}
-	if killed != conns {
-		t.Fatalf("terminated %d pool backends, want %d", killed, conns)
-	}
-	waitFor(t, 10*time.Second, "the pool's backends gone", func() bool { return e.count(t, `SELECT count(*) `+dispatcherSessions) == 0 })
+	killPoolQuiet(t, e, watch, conns)
 
 	for i := range 3 {
 		began := time.Now()
@@ -146,6 +127,80 @@ func TestPoolOutage(t *testing.T) {
 	}
 	if n := watch.failedClaims.Load(); n != 1 {
 		t.Errorf("%d claims failed; want 1, the first: the retry took another dead connection, unpinged", n)
+	}
+	if c := d.ListenerStats().Connects; c != 1 {
+		t.Fatalf("the listener reconnected (connects = %d): the test is about the pool's sessions ending alone", c)
+	}
+}
+
+// killPoolQuiet ends the sessions of a dispatcher's pool of conns
+// connections, all open, and waits until they are gone. They are killed
+// while the dispatcher uses none of them, so that no statement of a
+// delivery's aftermath finds them dead first: the next statement then
+// takes the connection released last, which the rule for the listener's
+// reconnect does not ping. last_fired_at is written on a 1s tick after a
+// delivery: once it is, nothing is due.
+func killPoolQuiet(t *testing.T, e *env, watch *poolWatch, conns int) {
+	t.Helper()
+	waitFor(t, 10*time.Second, "the pool's connections open", func() bool {
+		return e.count(t, `SELECT count(*) `+dispatcherSessions) == conns
+	})
+	waitFor(t, 10*time.Second, "the warm-up's last_fired_at", func() bool {
+		return e.count(t, `SELECT count(*) FROM queue_trigger_details WHERE last_fired_at IS NOT NULL`) == 1
+	})
+	watch.waitQuiet(t, 10*time.Second, 300*time.Millisecond)
+	var killed int
+	if err := e.pool.QueryRow(context.Background(), `SELECT count(pg_terminate_backend(pid)) `+dispatcherSessions).Scan(&killed); err != nil {
+		t.Fatal(err)
+	}
+	if killed != conns {
+		t.Fatalf("terminated %d pool backends, want %d", killed, conns)
+	}
+	waitFor(t, 10*time.Second, "the pool's backends gone", func() bool { return e.count(t, `SELECT count(*) `+dispatcherSessions) == 0 })
+}
+
+// TestReloadAfterPoolSessionsEnd: a consumer change that reaches a
+// dispatcher whose pool's sessions have ended (the listener's has not)
+// fails its reload once, on a dead connection, and the reload is tried
+// again at once, on a connection the pool pings first: the pause applies
+// without the reload's backoff (0.5 – 1 s, and more after a retry on
+// another dead connection).
+func TestReloadAfterPoolSessionsEnd(t *testing.T) {
+	e := newEnv(t)
+	c := e.consumer(t, bellhop.ConsumerSpec{Queue: "orders"})
+	rec := &recorder{}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", rec)
+	paused := make(chan struct{})
+	var once sync.Once
+	resolver := resolverFunc(func(con bellhop.Consumer) bellhop.Handler {
+		if !con.Enabled {
+			once.Do(func() { close(paused) })
+		}
+		return mux.Resolve(con)
+	})
+	logs := &syncBuffer{}
+	watch := &poolWatch{}
+	const conns = 8
+	d := startLogged(t, e.dsn, bellhop.DispatcherConfig{Resolver: resolver, PollInterval: time.Hour,
+		Logger: zerolog.New(io.MultiWriter(logs, zerolog.NewTestWriter(t)))},
+		func(pc *pgxpool.Config) { pc.MaxConns, pc.MinConns, pc.ConnConfig.Tracer = conns, conns, watch })
+	deliveredBy(t, rec, e.enqueue(t, "orders", "warm-up", bellhop.EnqueueOptions{}), 10*time.Second)
+	killPoolQuiet(t, e, watch, conns)
+
+	if err := e.client.SetConsumerEnabled(context.Background(), "app", c.ID, false); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-paused:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the pause did not reach the Resolver within 10s")
+	}
+	if n := linesWith(logs, `"reloading consumers failed"`); n != 1 {
+		t.Fatalf("%d failed reloads; want 1, the first, on a dead connection (the retry took another dead one, unpinged)", n)
+	}
+	if !lineWith(logs, `"reloading consumers failed"`, `"retry_in":"0s"`) {
+		t.Errorf("the reload that failed on a dead connection was not retried at once:\n%s", logs.String())
 	}
 	if c := d.ListenerStats().Connects; c != 1 {
 		t.Fatalf("the listener reconnected (connects = %d): the test is about the pool's sessions ending alone", c)
