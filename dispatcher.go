@@ -517,9 +517,11 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 		// database that was there.
 		db := d.pool.Load()
 		err := db.Ping(ctx)
-		if connLost(err) {
-			d.markStale()
-			err = db.Ping(ctx)
+		if d.lostConn(err) {
+			if again := db.Ping(ctx); again != nil {
+				return fmt.Errorf("%w (and before it, on a lost connection: %v)", again, err)
+			}
+			return nil
 		}
 		return err
 	},
@@ -1037,13 +1039,21 @@ func (d *Dispatcher) markStale() {
 // retry even when the database was there all along. Should the retry
 // fail too, the backoff follows as for any failure.
 func (d *Dispatcher) retryWait(err error, failures int, ceiling time.Duration) time.Duration {
-	if connLost(err) {
-		d.markStale()
-		if failures == 1 {
-			return 0
-		}
+	if d.lostConn(err) && failures == 1 {
+		return 0
 	}
 	return backoff.Delay(failures, time.Second, ceiling)
+}
+
+// lostConn reports whether err is a connection lost under its statement
+// (connLost), and if so has the pool ping its idle connections before use
+// (markStale).
+func (d *Dispatcher) lostConn(err error) bool {
+	if !connLost(err) {
+		return false
+	}
+	d.markStale()
+	return true
 }
 
 // connLost reports whether err is a statement's connection lost under

@@ -783,7 +783,7 @@ func (l *lane) claimPass(ctx context.Context, free int, mark bool) (claim.Pass, 
 }
 
 // retry logs a failed statement and says when to try again: backing off
-// from 1s to 10s while the failures last, so that every queue with work
+// from 0.5 – 1 s to 5 – 10 s (laneRetryCeiling) while the failures last, so that every queue with work
 // does not keep claiming from a database that is away (a notification, or
 // the scan after the listener reconnects, still wakes the lane at once;
 // a busy lane whose claim failed has released its busy key first, so that
@@ -796,12 +796,15 @@ func (l *lane) claimPass(ctx context.Context, free int, mark bool) (claim.Pass, 
 // (Dispatcher.retryWait).
 func (l *lane) retry(ctx context.Context, st *consumerState, err error) time.Time {
 	l.failures++
-	return l.retryIn(ctx, st, err, l.d.retryWait(err, l.failures, 10*time.Second))
+	return l.retryIn(ctx, st, err, l.d.retryWait(err, l.failures, laneRetryCeiling))
 }
+
+// laneRetryCeiling bounds a lane's backoff after failed statements.
+const laneRetryCeiling = 10 * time.Second
 
 // retryAt is retry after the failures-th failure in a row.
 func (l *lane) retryAt(ctx context.Context, st *consumerState, err error, failures int) time.Time {
-	return l.retryIn(ctx, st, err, backoff.Delay(failures, time.Second, 10*time.Second))
+	return l.retryIn(ctx, st, err, backoff.Delay(failures, time.Second, laneRetryCeiling))
 }
 
 // retryIn logs the failure and says when to try again: wait from now.

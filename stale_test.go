@@ -171,7 +171,8 @@ func (timeoutErr) Temporary() bool { return true }
 // database that is there.
 func TestReadyAfterPoolSessionsEnd(t *testing.T) {
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(pgtest.ConnString(t))
+	dsn := pgtest.ConnString(t)
+	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,15 +184,15 @@ func TestReadyAfterPoolSessionsEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	admin, err := pgx.Connect(ctx, pgtest.ConnString(t))
+	admin, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer admin.Close(ctx)
+	const sessions = `FROM pg_stat_activity WHERE application_name = 'bellhop-ready-test' AND datname = current_database()`
 	count := func(where string) int {
 		var n int
-		if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE application_name = 'bellhop-ready-test' AND `+where).Scan(&n); err != nil {
+		if err := admin.QueryRow(ctx, `SELECT count(*) `+sessions+` AND `+where).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n
@@ -205,11 +206,15 @@ func TestReadyAfterPoolSessionsEnd(t *testing.T) {
 	eventually(t, "the pool's sessions quiet", func() bool {
 		return count(`state = 'idle' AND state_change < now() - interval '300 milliseconds'`) == conns
 	})
-	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'bellhop-ready-test'`); err != nil {
+	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid) `+sessions); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "the pool's backends gone", func() bool { return count("true") == 0 })
+	stale := d.stale.Load()
 	if err := d.Ready(ctx); err != nil {
 		t.Errorf("Ready after the pool's sessions ended = %v; want nil, the database is there", err)
+	}
+	if d.stale.Load() == stale {
+		t.Fatal("no statement met a dead connection: the test proves nothing")
 	}
 }
