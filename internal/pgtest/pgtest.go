@@ -55,6 +55,13 @@ var (
 	template string
 )
 
+// untracked holds the databases that Database made, which Main drops
+// once every test and example has run.
+var untracked struct {
+	sync.Mutex
+	names []string
+}
+
 // errMigrations marks setup failures caused by the migrations themselves
 // rather than by the server.
 var errMigrations = errors.New("migrations failed")
@@ -86,6 +93,12 @@ func run(m *testing.M) int {
 		return 1
 	}
 	code := m.Run()
+	if err := dropUntracked(); err != nil {
+		fmt.Fprintf(os.Stderr, "pgtest: %v\n", err)
+		if code == 0 {
+			code = 1
+		}
+	}
 	if cluster != nil {
 		if err := cluster.Stop(); err != nil {
 			fmt.Fprintf(os.Stderr, "pgtest: %v\n", err)
@@ -223,27 +236,71 @@ func migrate(ctx context.Context, adminDSN, dbname string) error {
 // leftover connections do not block it) when t finishes.
 func ConnString(t testing.TB) string {
 	t.Helper()
-	if template == "" {
-		t.Fatal("pgtest: no server; call pgtest.Main(m) from TestMain")
-	}
-	name := "bellhop_t_" + randomHex(8)
-	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
-	defer cancel()
-	if err := createFromTemplate(ctx, name); err != nil {
-		t.Fatalf("pgtest: %v", err)
+	name, dsn, err := newDatabase()
+	if err != nil {
+		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
-		defer cancel()
-		if err := adminExec(ctx, "DROP DATABASE IF EXISTS "+ident(name)+" WITH (FORCE)"); err != nil {
+		if err := dropDatabase(name); err != nil {
 			t.Errorf("pgtest: drop test database %s: %v", name, err)
 		}
 	})
-	dsn, err := pgdsn.WithDatabase(adminDSN, name)
-	if err != nil {
-		t.Fatalf("pgtest: %v", err)
-	}
 	return dsn
+}
+
+// Database is ConnString for code that has no testing.TB, such as an
+// Example function: it creates a new database, cloned from the migrated
+// template, and returns its DSN. Main drops it once every test and
+// example has run.
+func Database() (string, error) {
+	name, dsn, err := newDatabase()
+	if err != nil {
+		return "", err
+	}
+	untracked.Lock()
+	untracked.names = append(untracked.names, name)
+	untracked.Unlock()
+	return dsn, nil
+}
+
+// newDatabase clones the template into a database of a new name.
+func newDatabase() (name, dsn string, err error) {
+	if template == "" {
+		return "", "", errors.New("pgtest: no server; call pgtest.Main(m) from TestMain")
+	}
+	name = "bellhop_t_" + randomHex(8)
+	dsn, err = pgdsn.WithDatabase(adminDSN, name)
+	if err != nil {
+		return "", "", fmt.Errorf("pgtest: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	if err := createFromTemplate(ctx, name); err != nil {
+		return "", "", fmt.Errorf("pgtest: %w", err)
+	}
+	return name, dsn, nil
+}
+
+// dropDatabase drops name, with FORCE, so that leftover connections do
+// not block it.
+func dropDatabase(name string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	return adminExec(ctx, "DROP DATABASE IF EXISTS "+ident(name)+" WITH (FORCE)")
+}
+
+// dropUntracked drops the databases Database made.
+func dropUntracked() error {
+	untracked.Lock()
+	defer untracked.Unlock()
+	var errs []error
+	for _, name := range untracked.names {
+		if err := dropDatabase(name); err != nil {
+			errs = append(errs, fmt.Errorf("drop database %s: %w", name, err))
+		}
+	}
+	untracked.names = nil
+	return errors.Join(errs...)
 }
 
 // createFromTemplate clones the template into name. SQLSTATE 55006 ("source

@@ -84,6 +84,55 @@ func TestParallelTestsGetDistinctMigratedDatabases(t *testing.T) {
 	}
 }
 
+// TestDatabase: Database, for code without a testing.TB, gives a migrated
+// database of its own, which stays until Main drops it with the others,
+// even with a connection left open.
+func TestDatabase(t *testing.T) {
+	dsn, err := Database()
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := Database()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, d := range []string{dsn, other} {
+		conn, err := pgx.Connect(t.Context(), d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(context.Background())
+		var db string
+		var hasTable bool
+		if err := conn.QueryRow(t.Context(),
+			"SELECT current_database(), to_regclass('public.queue_messages') IS NOT NULL").Scan(&db, &hasTable); err != nil {
+			t.Fatal(err)
+		}
+		if !hasTable {
+			t.Fatalf("database %s lacks queue_messages", db)
+		}
+		names = append(names, db)
+	}
+	if names[0] == names[1] {
+		t.Fatalf("two calls got database %s", names[0])
+	}
+	for _, db := range names {
+		if !databaseExists(t, db) {
+			t.Fatalf("database %s dropped before Main's end", db)
+		}
+	}
+	// What Main does after the run, with the first connection still open.
+	if err := dropUntracked(); err != nil {
+		t.Fatal(err)
+	}
+	for _, db := range names {
+		if databaseExists(t, db) {
+			t.Errorf("database %s not dropped", db)
+		}
+	}
+}
+
 func TestNewPool(t *testing.T) {
 	pool := NewPool(t)
 	if got := pool.Config().MaxConns; got != poolMaxConns {

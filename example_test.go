@@ -1,0 +1,210 @@
+package bellhop_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+
+	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/internal/pgtest"
+)
+
+// databaseURL stands in, in these examples, for your program's
+// os.Getenv("DATABASE_URL"): a database migrated with `bellhop migrate`
+// (or migrations.Migrate). Each call gives a new one on the test server.
+func databaseURL() string {
+	dsn, err := pgtest.Database()
+	if err != nil {
+		log.Fatal(err)
+	}
+	return dsn
+}
+
+// runUntil runs d until stop is closed, then stops it and returns Run's
+// error: nil after a clean stop, which has written every outcome.
+func runUntil(d *bellhop.Dispatcher, stop <-chan struct{}) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	select {
+	case <-stop:
+	case err := <-done:
+		cancel()
+		return err // it could not start
+	}
+	cancel()
+	return <-done
+}
+
+// A producer enqueues a message, and a dispatcher in the same program
+// pushes it to a Go handler.
+func Example() {
+	ctx := context.Background()
+	url := databaseURL()
+
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	client := bellhop.NewClient(pool)
+	// Once: an app, and the queue's consumer (a later run finds both).
+	if _, err := client.CreateApp(ctx, "shop"); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := client.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders"}); err != nil {
+		log.Fatal(err)
+	}
+
+	handled := make(chan struct{})
+	mux := bellhop.NewMux()
+	mux.Handle("shop", "orders", bellhop.HandlerFunc(func(ctx context.Context, m *bellhop.Message) error {
+		fmt.Printf("%s/%s, attempt %d of %d: %s\n", m.App, m.Queue, m.Attempt, m.MaxAttempts, m.Payload)
+		close(handled)
+		return nil // ack: the message is deleted
+	}))
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		log.Fatal(err)
+	}
+	d, err := bellhop.NewDispatcher(cfg, bellhop.DispatcherConfig{
+		Resolver: mux,
+		Logger:   zerolog.New(os.Stderr).Level(zerolog.WarnLevel),
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	if _, err := client.Enqueue(ctx, "shop", "orders", []byte(`{"order_id":42}`), bellhop.EnqueueOptions{}); err != nil {
+		log.Fatal(err)
+	}
+	// A program would run the dispatcher until it is told to stop; this
+	// one stops after the first message.
+	if err := runUntil(d, handled); err != nil {
+		log.Fatal(err)
+	}
+
+	queues, err := client.Queues(ctx, "shop")
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, q := range queues {
+		fmt.Printf("%s: %d ready, %d in flight\n", q.Queue, q.Ready, q.InFlight)
+	}
+	// Output:
+	// shop/orders, attempt 1 of 5: {"order_id": 42}
+	// orders: 0 ready, 0 in flight
+}
+
+// A handler that knows retrying cannot help returns Permanent: the message
+// goes to the dead letters at once. Once the cause is fixed, Redrive
+// delivers it again.
+func ExamplePermanent() {
+	ctx := context.Background()
+	url := databaseURL()
+
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	client := bellhop.NewClient(pool)
+	if _, err := client.CreateApp(ctx, "shop"); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := client.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders"}); err != nil {
+		log.Fatal(err)
+	}
+
+	handled := make(chan struct{})
+	mux := bellhop.NewMux()
+	mux.Handle("shop", "orders", bellhop.HandlerFunc(func(ctx context.Context, m *bellhop.Message) error {
+		defer close(handled)
+		return bellhop.Permanent(errors.New("no such customer"))
+	}))
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		log.Fatal(err)
+	}
+	d, err := bellhop.NewDispatcher(cfg, bellhop.DispatcherConfig{
+		Resolver: mux,
+		Logger:   zerolog.New(os.Stderr).Level(zerolog.WarnLevel),
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := client.Enqueue(ctx, "shop", "orders", []byte(`{"order_id":42}`), bellhop.EnqueueOptions{}); err != nil {
+		log.Fatal(err)
+	}
+	if err := runUntil(d, handled); err != nil {
+		log.Fatal(err)
+	}
+
+	dead, err := client.DeadLetters(ctx, bellhop.DeadFilter{App: "shop", Queue: "orders"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, dl := range dead {
+		fmt.Printf("dead after attempt %d of %d: %s\n", dl.Attempt, dl.MaxAttempts, dl.LastError)
+	}
+	n, err := client.Redrive(ctx, "shop", "orders", dead[0].ID)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("redriven:", n)
+	// Output:
+	// dead after attempt 1 of 5: permanent: no such customer
+	// redriven: 1
+}
+
+// An HTTP consumer checks each push's signature before it acts on the
+// message. The secret is the consumer's, from RegisterConsumer or
+// `bellhop consumer add --url ...`.
+func ExampleVerifyPush() {
+	const secret = "the consumer's secret"
+	consumer := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 2<<20))
+		if err != nil {
+			http.Error(w, "body too large", http.StatusRequestEntityTooLarge)
+			return
+		}
+		if err := bellhop.VerifyPush(secret, r.Header, body, time.Now(), bellhop.DefaultPushWindow); err != nil {
+			// A 4xx dead-letters the message; a 503 has it retried.
+			http.Error(w, err.Error(), http.StatusUnauthorized)
+			return
+		}
+		fmt.Printf("%s attempt %s: %s\n", r.Header.Get(bellhop.HeaderQueue), r.Header.Get(bellhop.HeaderAttempt), body)
+		w.WriteHeader(http.StatusNoContent) // 2xx: ack
+	})
+
+	// What `bellhop run` sends, and a forgery.
+	push := func(signer string) int {
+		body := `{"order_id":42}`
+		ts := time.Now().Unix()
+		req := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(body))
+		req.Header.Set(bellhop.HeaderQueue, "orders")
+		req.Header.Set(bellhop.HeaderAttempt, "1")
+		req.Header.Set(bellhop.HeaderTimestamp, strconv.FormatInt(ts, 10))
+		req.Header.Set(bellhop.HeaderSignature, bellhop.SignPush(signer, ts, []byte(body)))
+		rec := httptest.NewRecorder()
+		consumer.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	fmt.Println(push(secret))
+	fmt.Println(push("a guess"))
+	// Output:
+	// orders attempt 1: {"order_id":42}
+	// 204
+	// 401
+}
