@@ -31,27 +31,11 @@ func databaseURL() string {
 	return dsn
 }
 
-// runUntil runs d until stop is closed, then stops it and returns Run's
-// error: nil after a clean stop, which has written every outcome.
-func runUntil(d *bellhop.Dispatcher, stop <-chan struct{}) error {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	select {
-	case <-stop:
-	case err := <-done:
-		cancel()
-		return err // it could not start
-	}
-	cancel()
-	return <-done
-}
-
 // A producer enqueues a message, and a dispatcher in the same program
 // pushes it to a Go handler.
 func Example() {
 	ctx := context.Background()
-	url := databaseURL()
+	url := databaseURL() // your os.Getenv("DATABASE_URL"), migrated by `bellhop migrate`
 
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
@@ -89,9 +73,21 @@ func Example() {
 	if _, err := client.Enqueue(ctx, "shop", "orders", []byte(`{"order_id":42}`), bellhop.EnqueueOptions{}); err != nil {
 		log.Fatal(err)
 	}
-	// A program would run the dispatcher until it is told to stop; this
-	// one stops after the first message.
-	if err := runUntil(d, handled); err != nil {
+	// A program runs the dispatcher until it is told to stop; this one
+	// stops it after the first message. Run's clean stop writes the ack
+	// before it returns.
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- d.Run(runCtx) }()
+	select {
+	case <-handled:
+	case err := <-done:
+		log.Fatal(err) // it could not start
+	case <-time.After(time.Minute):
+		log.Fatal("no delivery within a minute")
+	}
+	stop()
+	if err := <-done; err != nil {
 		log.Fatal(err)
 	}
 
@@ -112,7 +108,7 @@ func Example() {
 // delivers it again.
 func ExamplePermanent() {
 	ctx := context.Background()
-	url := databaseURL()
+	url := databaseURL() // your os.Getenv("DATABASE_URL"), migrated by `bellhop migrate`
 
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
@@ -147,7 +143,18 @@ func ExamplePermanent() {
 	if _, err := client.Enqueue(ctx, "shop", "orders", []byte(`{"order_id":42}`), bellhop.EnqueueOptions{}); err != nil {
 		log.Fatal(err)
 	}
-	if err := runUntil(d, handled); err != nil {
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- d.Run(runCtx) }()
+	select {
+	case <-handled:
+	case err := <-done:
+		log.Fatal(err)
+	case <-time.After(time.Minute):
+		log.Fatal("no delivery within a minute")
+	}
+	stop() // Run returns once the outcome is written
+	if err := <-done; err != nil {
 		log.Fatal(err)
 	}
 
