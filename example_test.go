@@ -175,6 +175,60 @@ func ExamplePermanent() {
 	// redriven: 1
 }
 
+// A message enqueued in the producer's own transaction exists only if
+// that transaction commits, with the rows it describes: the transactional
+// outbox.
+func ExampleClient_EnqueueTx() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, databaseURL())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	client := bellhop.NewClient(pool)
+	if _, err := client.CreateApp(ctx, "shop"); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "CREATE TABLE orders (id int PRIMARY KEY)"); err != nil {
+		log.Fatal(err)
+	}
+
+	placeOrder := func(id int, commit bool) error {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(ctx) // a no-op once committed
+		if _, err := tx.Exec(ctx, "INSERT INTO orders (id) VALUES ($1)", id); err != nil {
+			return err
+		}
+		payload := fmt.Appendf(nil, `{"order_id":%d}`, id)
+		if _, err := client.EnqueueTx(ctx, tx, "shop", "orders", payload, bellhop.EnqueueOptions{}); err != nil {
+			return err
+		}
+		if !commit {
+			return nil // rolled back: neither the order nor its message
+		}
+		return tx.Commit(ctx)
+	}
+	if err := placeOrder(41, false); err != nil {
+		log.Fatal(err)
+	}
+	if err := placeOrder(42, true); err != nil {
+		log.Fatal(err)
+	}
+
+	queues, err := client.Queues(ctx, "shop")
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, q := range queues {
+		fmt.Printf("%s: %d ready\n", q.Queue, q.Ready)
+	}
+	// Output:
+	// orders: 1 ready
+}
+
 // An HTTP consumer checks each push's signature before it acts on the
 // message. The secret is the consumer's, from RegisterConsumer or
 // `bellhop consumer add --url ...`.
