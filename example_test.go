@@ -44,10 +44,11 @@ func Example() {
 	defer pool.Close()
 	client := bellhop.NewClient(pool)
 	// Once: an app, and the queue's consumer (a later run finds both).
-	if _, err := client.CreateApp(ctx, "shop"); err != nil {
+	if _, err := client.CreateApp(ctx, "shop"); err != nil && !errors.Is(err, bellhop.ErrAppExists) {
 		log.Fatal(err)
 	}
-	if _, err := client.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders"}); err != nil {
+	_, err = client.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders"})
+	if err != nil && !errors.Is(err, bellhop.ErrConsumerExists) {
 		log.Fatal(err)
 	}
 
