@@ -38,6 +38,22 @@ func databaseExists(t *testing.T, name string) bool {
 	return exists
 }
 
+// migratedName returns the name of conn's database, failing t unless it
+// is migrated.
+func migratedName(t *testing.T, conn *pgx.Conn) string {
+	t.Helper()
+	var db string
+	var hasTable bool
+	if err := conn.QueryRow(t.Context(),
+		"SELECT current_database(), to_regclass('public.queue_messages') IS NOT NULL").Scan(&db, &hasTable); err != nil {
+		t.Fatal(err)
+	}
+	if !hasTable {
+		t.Fatalf("database %s lacks queue_messages", db)
+	}
+	return db
+}
+
 func TestParallelTestsGetDistinctMigratedDatabases(t *testing.T) {
 	var mu sync.Mutex
 	names := map[string]string{}
@@ -49,15 +65,7 @@ func TestParallelTestsGetDistinctMigratedDatabases(t *testing.T) {
 				dsn := ConnString(t)
 				t.Logf("ConnString: %v", time.Since(t0))
 				conn := connect(t, dsn)
-				var db string
-				var hasTable bool
-				if err := conn.QueryRow(t.Context(),
-					"SELECT current_database(), to_regclass('public.queue_messages') IS NOT NULL").Scan(&db, &hasTable); err != nil {
-					t.Fatal(err)
-				}
-				if !hasTable {
-					t.Fatalf("database %s lacks queue_messages", db)
-				}
+				db := migratedName(t, conn)
 				if !strings.HasPrefix(db, "bellhop_t_") {
 					t.Fatalf("database name %q", db)
 				}
@@ -98,21 +106,7 @@ func TestDatabase(t *testing.T) {
 	}
 	var names []string
 	for _, d := range []string{dsn, other} {
-		conn, err := pgx.Connect(t.Context(), d)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close(context.Background())
-		var db string
-		var hasTable bool
-		if err := conn.QueryRow(t.Context(),
-			"SELECT current_database(), to_regclass('public.queue_messages') IS NOT NULL").Scan(&db, &hasTable); err != nil {
-			t.Fatal(err)
-		}
-		if !hasTable {
-			t.Fatalf("database %s lacks queue_messages", db)
-		}
-		names = append(names, db)
+		names = append(names, migratedName(t, connect(t, d)))
 	}
 	if names[0] == names[1] {
 		t.Fatalf("two calls got database %s", names[0])
@@ -122,7 +116,7 @@ func TestDatabase(t *testing.T) {
 			t.Fatalf("database %s dropped before Main's end", db)
 		}
 	}
-	// What Main does after the run, with the first connection still open.
+	// What Main does after the run, with both connections still open.
 	if err := dropUntracked(); err != nil {
 		t.Fatal(err)
 	}
