@@ -18,5 +18,7 @@
 // Dispatcher delivers. A Client works on a pgxpool.Pool of the caller's. A
 // Dispatcher takes a pgxpool.Config and opens its own pool from it, plus
 // one connection for LISTEN and, the first time a queue is busy, one for
-// its busy locks.
+// its busy locks. The examples put them together: a producer and a
+// dispatcher, the transactional outbox, a dead letter and its redrive,
+// and an HTTP consumer's check of a push.
 package bellhop
