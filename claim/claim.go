@@ -506,7 +506,8 @@ func sortByEnqueued(ms []Message) []Message {
 }
 
 // Extend renews one lease for another visibility timeout from now, the
-// consumer's as the renewal reads it (vt). held is false if the lease was
+// consumer's as the renewal reads it (vt), never moving its start back
+// (a renewal that began later may have got the row first). held is false if the lease was
 // lost: the token no longer matches. A lease whose queue has no consumer
 // any more is not renewed (held, vt zero): nothing would measure it.
 func Extend(ctx context.Context, db *pgxpool.Pool, id, token uuid.UUID) (held bool, vt time.Duration, err error) {

@@ -413,6 +413,45 @@ func TestExtendIsDurable(t *testing.T) {
 	}
 }
 
+// TestExtendNeverMovesTheLeaseBack: a renewal leaves a lease's start
+// alone when it is later than the renewal's now(), as when another
+// renewal of the same lease began after this one but got the row first.
+// Setting the older now() moved the lease's end back, while the handler's
+// deadline could follow the newer renewal's answer: the reclaim took the
+// message from a handler still told it held it.
+func TestExtendNeverMovesTheLeaseBack(t *testing.T) {
+	ctx := context.Background()
+	pool, client, appID := setup(t)
+	for _, source := range []claim.Source{claim.Queue, claim.Invoke} {
+		t.Run(source.String(), func(t *testing.T) {
+			queue := "extend-forward-" + source.String()
+			if source == claim.Queue {
+				if _, err := client.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "app", Queue: queue}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			id, table, target := newMessage(t, client, appID, source, queue)
+			m := claimOne(t, pool, target, id)
+			// The later renewal's start, committed first.
+			var later time.Time
+			if err := pool.QueryRow(ctx, `UPDATE `+table+` SET claimed_at = now() + interval '10 seconds' WHERE id = $1 RETURNING claimed_at`, id).Scan(&later); err != nil {
+				t.Fatal(err)
+			}
+			held, vt, err := claim.Extend(ctx, pool, id, m.Token)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var after time.Time
+			if err := pool.QueryRow(ctx, `SELECT claimed_at FROM `+table+` WHERE id = $1`, id).Scan(&after); err != nil {
+				t.Fatal(err)
+			}
+			if !held || vt != 30*time.Second || !after.Equal(later) {
+				t.Errorf("renewal: held %t, vt %s, lease start %s; want true, 30s, still %s", held, vt, after, later)
+			}
+		})
+	}
+}
+
 // TestExtendFencedByToken: a renewal with the token of a lease that was
 // reclaimed and claimed again renews nothing and changes nothing; the
 // current token's renewal moves the lease's start. TestFencing covers the

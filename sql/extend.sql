@@ -19,6 +19,14 @@
 -- down, renewals would hang, and long handlers lose their leases.
 -- Renewals are rare, so the flush costs little.
 --
+-- The lease's start only moves forward (greatest): now() is when the
+-- statement began, not when it got the row, so of two renewals of one
+-- lease at once, the one that began first may commit last. Setting its
+-- older now() would move the start back, while the handler's deadline
+-- follows whichever answer it handles last, possibly the newer one's:
+-- the reclaim would then take the message while its handler is still
+-- told it holds the lease.
+--
 -- "Held" comes from the row lock, not from the statement's snapshot: a
 -- reclaim or a settle that commits while this statement waits for the row
 -- is seen by the lock's re-check (EvalPlanQual) and not by the snapshot,
@@ -31,7 +39,7 @@ WITH durable AS (
     WHERE m.id = @id AND m.claim_token = @token
     FOR NO KEY UPDATE
 ), q AS (
-    UPDATE queue_messages AS m SET claimed_at = now()
+    UPDATE queue_messages AS m SET claimed_at = greatest(m.claimed_at, now())
     FROM lq, (SELECT min(d.visibility_timeout_secs) AS vt_secs
               FROM lq AS k
               JOIN queue_trigger_details AS d ON d.queue_name = k.queue_name
@@ -43,7 +51,7 @@ WITH durable AS (
     WHERE m.id = @id AND m.claim_token = @token
     FOR NO KEY UPDATE
 ), o AS (
-    UPDATE outbox AS m SET claimed_at = now()
+    UPDATE outbox AS m SET claimed_at = greatest(m.claimed_at, now())
     FROM lo JOIN queue_trigger_details AS d ON d.trigger_id = lo.trigger_id
     WHERE m.id = lo.id
     RETURNING d.visibility_timeout_secs AS vt_secs
