@@ -1327,7 +1327,7 @@ func (d *Dispatcher) poll(ctx context.Context) {
 		d.reclaim.Observe(claim.LocalClock(dbNow)(*nextExpiry))
 	}
 	d.recoverLeases(ctx, unheard)
-	d.afterPoll(ctx, listed, dbStart.Sub(sent), offers, liveOffers)
+	d.afterPoll(ctx, listed, boundOf(sent, dbStart), offers, liveOffers)
 	set := func(ids []uuid.UUID) map[uuid.UUID]bool {
 		m := make(map[uuid.UUID]bool, len(ids))
 		for _, id := range ids {

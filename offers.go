@@ -47,14 +47,13 @@ type LeaseStats struct {
 type offer struct {
 	lane   *lane
 	sentAt time.Time // our clock before the offer was sent (and before its connection was acquired)
-	// ahead bounds how far the database's clock is ahead of ours: from
+	// bound bounds how far the database's clock is ahead of ours: from
 	// the offer's own statement, then from each poll that finds the
 	// offer still out, so that the bound is never older than one poll
 	// interval however long the offer waits (the two clocks drift).
-	// Both readings come from timedRow. Known once the offer's result
-	// came back. Under offerBook.mu.
-	ahead      time.Duration
-	aheadKnown bool
+	// Known once the offer's result came back. Under offerBook.mu.
+	bound      clockBound
+	boundKnown bool
 	// live: on offer as far as we know. A token no longer on offer that
 	// we have not heard of may still be taken by a producer that locked
 	// it and commits later; we keep it until forget.
@@ -177,7 +176,31 @@ func (l *lane) makeOffer(ctx context.Context) {
 	// Counted only now: a failed INSERT (a database outage) made no
 	// offer that the count could show.
 	d.offers.stats.Offers++
-	o.ahead, o.aheadKnown = dbStart.Sub(sent), true
+	o.bound, o.boundKnown = boundOf(sent, dbStart), true
+}
+
+// clockBound is one reading of the two clocks by timedRow: at, ours
+// (monotonic reading included), and ahead, the database's
+// statement_timestamp() less at, which bounds how far the database's
+// clock is ahead of ours.
+type clockBound struct {
+	at    time.Time
+	ahead time.Duration
+}
+
+func boundOf(sent, dbStart time.Time) clockBound {
+	return clockBound{at: sent, ahead: dbStart.Sub(sent)}
+}
+
+// local turns a time on the database's clock into ours, no later than it
+// was by ours: at plus the time the database's clock counted from its
+// reading at at. The result carries at's monotonic reading, so that a
+// deadline measured from it (time.Until) runs on the monotonic clock, as
+// a claim's does: computed on wall clocks alone (dbTime less ahead), a
+// step of this machine's clock back, between the reading and the
+// deadline, moved the deadline past the lease's end by the step.
+func (b clockBound) local(dbTime time.Time) time.Time {
+	return b.at.Add(dbTime.Sub(b.at.Round(0)) - b.ahead)
 }
 
 // timedRow runs one statement on a connection of the pool and returns our
@@ -377,12 +400,12 @@ func (d *Dispatcher) useToken(token uuid.UUID, claimedAt time.Time, recovered bo
 // it ends no later than the reclaimer thinks it does. The lease began
 // after the offer was sent; and claimed_at minus the most the database's
 // clock can be ahead of ours is earlier still than the lease's start.
-// offerBook.mu must be held: makeOffer and afterPoll write ahead.
+// offerBook.mu must be held: makeOffer and afterPoll write bound.
 func (o *offer) leasedAt(claimedAt time.Time) time.Time {
-	if !o.aheadKnown {
+	if !o.boundKnown {
 		return o.sentAt
 	}
-	return latest(o.sentAt, claimedAt.Add(-o.ahead))
+	return latest(o.sentAt, o.bound.local(claimedAt))
 }
 
 func latest(a, b time.Time) time.Time {
@@ -631,10 +654,10 @@ func (d *Dispatcher) offerTokens(now time.Time) (live, unheard []uuid.UUID) {
 // on offer. The others were taken (their lease may be on its way, or was
 // lost) or lost with the UNLOGGED table: their lanes offer again, and the
 // leases are looked for; not those made after listed, when the poll's
-// tokens were listed. ahead, from the poll's reading of the two clocks
+// tokens were listed. bound, the poll's reading of the two clocks
 // (timedRow), bounds again how far the database's clock is ahead of ours,
 // for the offers still out.
-func (d *Dispatcher) afterPoll(ctx context.Context, listed time.Time, ahead time.Duration, asked, stillLive []uuid.UUID) {
+func (d *Dispatcher) afterPoll(ctx context.Context, listed time.Time, bound clockBound, asked, stillLive []uuid.UUID) {
 	on := make(map[uuid.UUID]bool, len(stillLive))
 	for _, t := range stillLive {
 		on[t] = true
@@ -644,7 +667,7 @@ func (d *Dispatcher) afterPoll(ctx context.Context, listed time.Time, ahead time
 	for _, t := range asked {
 		o := d.offers.byToken[t]
 		if o != nil && on[t] {
-			o.ahead, o.aheadKnown = ahead, true
+			o.bound, o.boundKnown = bound, true
 		}
 		if o == nil || on[t] || !o.live || o.sentAt.After(listed) {
 			continue

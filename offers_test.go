@@ -62,7 +62,7 @@ func TestRetiredTokenOutlivesItsLease(t *testing.T) {
 			token := uuid.New()
 			d.offers.byToken[token] = &offer{lane: l, live: true, sentAt: time.Now().Add(-time.Second)}
 			at := time.Now()
-			d.afterPoll(context.Background(), at, time.Millisecond, []uuid.UUID{token}, nil)
+			d.afterPoll(context.Background(), at, clockBound{at: at, ahead: time.Millisecond}, []uuid.UUID{token}, nil)
 			return token, at
 		}},
 		{"its lane stopped (offerTokens)", func(t *testing.T, d *Dispatcher, l *lane) (uuid.UUID, time.Time) {
@@ -133,10 +133,10 @@ func TestPollRenewsClockBound(t *testing.T) {
 	made := time.Now().Add(-48 * time.Hour)
 	token := uuid.New()
 	// When the offer was made, the two clocks agreed.
-	d.offers.byToken[token] = &offer{lane: l, live: true, sentAt: made, ahead: 0, aheadKnown: true}
+	d.offers.byToken[token] = &offer{lane: l, live: true, sentAt: made, bound: clockBound{at: made}, boundKnown: true}
 	// Now the database's clock is 10 s ahead of ours.
 	const lead = 10 * time.Second
-	d.afterPoll(context.Background(), time.Now(), lead+time.Millisecond, []uuid.UUID{token}, []uuid.UUID{token})
+	d.afterPoll(context.Background(), time.Now(), clockBound{at: time.Now(), ahead: lead + time.Millisecond}, []uuid.UUID{token}, []uuid.UUID{token})
 
 	claimedAt := time.Now().Add(lead) // the producer's clock_timestamp(), on the database's clock
 	o, leasedAt := d.useToken(token, claimedAt, false)
@@ -146,6 +146,31 @@ func TestPollRenewsClockBound(t *testing.T) {
 	if want := claimedAt.Add(-lead); leasedAt.After(want) {
 		t.Fatalf("lease measured from %v after its start by our clock; want no later than it began",
 			leasedAt.Sub(want))
+	}
+}
+
+// TestLeaseAtInsertOnMonotonicClock: a lease made at INSERT is dated on
+// our monotonic clock, as a claim is (its LeasedAt is a time.Now()), so
+// that the handler's deadline, time.Until a time after it, is too. Dated
+// from the database's claimed_at on wall clocks alone, a step of this
+// machine's clock back by more than the lease's margin, after the clock
+// bound was read, let the handler run past the lease's end, while the
+// reclaimer handed the message on (a review's finding). A test cannot
+// step the clock: it checks that the time carries a monotonic reading
+// (which time.Time's String shows as "m=") and that it is the lease's
+// start by the bound.
+func TestLeaseAtInsertOnMonotonicClock(t *testing.T) {
+	d, l := testBook(t, DispatcherConfig{PollInterval: time.Minute}, closedPool(t), 30*time.Second)
+	sent := time.Now().Add(-time.Second)
+	const lead = 3 * time.Second // the database's clock ahead of ours, as the offer read it
+	token := uuid.New()
+	d.offers.byToken[token] = &offer{lane: l, live: true, sentAt: sent, bound: clockBound{at: sent, ahead: lead}, boundKnown: true}
+	// The lease, 800 ms after the offer by the database's clock, which
+	// pgx reads with no monotonic reading.
+	claimedAt := sent.Round(0).Add(lead + 800*time.Millisecond)
+	_, leasedAt := d.useToken(token, claimedAt, false)
+	if !strings.Contains(leasedAt.String(), " m=") || leasedAt.Sub(sent) != 800*time.Millisecond {
+		t.Errorf("lease dated %s, %s after the offer; want a time with a monotonic reading, 800ms after it", leasedAt, leasedAt.Sub(sent))
 	}
 }
 
@@ -209,7 +234,7 @@ func clockBoundOK(t *testing.T, pool *pgxpool.Pool, ahead, wait time.Duration) {
 }
 
 // TestOfferClockBoundExcludesWaits: the bound an offer's own statement
-// sets on the database clock's lead (offer.ahead) leaves out a wait for a
+// sets on the database clock's lead (offer.bound) leaves out a wait for a
 // pool connection and the statement's run time. With them in it, leases
 // made under the offer were dated that much early, their handlers' time
 // cut short by as much (3c of the forty-ninth session's review). Both
@@ -270,10 +295,10 @@ func TestOfferClockBoundExcludesWaits(t *testing.T) {
 			d.offers.mu.Lock()
 			defer d.offers.mu.Unlock()
 			for _, o := range d.offers.byToken {
-				if !o.live || !o.aheadKnown {
-					t.Fatalf("offer live %v, its clock bound known %v; want a made offer", o.live, o.aheadKnown)
+				if !o.live || !o.boundKnown {
+					t.Fatalf("offer live %v, its clock bound known %v; want a made offer", o.live, o.boundKnown)
 				}
-				clockBoundOK(t, pool, o.ahead, wait)
+				clockBoundOK(t, pool, o.bound.ahead, wait)
 			}
 		})
 	}
@@ -347,7 +372,7 @@ func TestPollClockBoundExcludesWaits(t *testing.T) {
 				d.offers.mu.Lock()
 				defer d.offers.mu.Unlock()
 				for _, x := range d.offers.byToken {
-					if x.live && x.aheadKnown {
+					if x.live && x.boundKnown {
 						o = x
 					}
 				}
@@ -358,13 +383,13 @@ func TestPollClockBoundExcludesWaits(t *testing.T) {
 			tc.during(t, d, func() {
 				d.offers.mu.Lock()
 				defer d.offers.mu.Unlock()
-				o.ahead = unset
+				o.bound.ahead = unset
 			})
 			var ahead time.Duration
 			eventually(t, "a poll that renews the offer's clock bound", func() bool {
 				d.offers.mu.Lock()
 				defer d.offers.mu.Unlock()
-				ahead = o.ahead
+				ahead = o.bound.ahead
 				return ahead != unset
 			})
 			clockBoundOK(t, client.db, ahead, wait)
@@ -951,7 +976,7 @@ func simpleProtocolHidesLeaseSecrets(t *testing.T, set func(*pgxpool.Config)) {
 		d.offers.mu.Lock()
 		defer d.offers.mu.Unlock()
 		for _, o := range d.offers.byToken {
-			if o.live && o.aheadKnown {
+			if o.live && o.boundKnown {
 				return true
 			}
 		}
