@@ -16,7 +16,10 @@ import (
 // written in Go can read them without retyping the strings.
 const (
 	// HeaderMessageID is the message id, the same on every attempt: the
-	// key a consumer dedupes on, since delivery is at least once.
+	// key a consumer dedupes on, since delivery is at least once. Like the
+	// other headers but the timestamp, it is not signed: a captured
+	// request replayed within the window may carry another id. Where that
+	// matters, dedupe on a key inside the payload, which is signed.
 	HeaderMessageID = "Bellhop-Message-Id"
 	// HeaderApp is the app's name.
 	HeaderApp = "Bellhop-App"

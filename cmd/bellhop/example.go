@@ -19,6 +19,7 @@ import (
 
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/httppush"
+	"github.com/bellhopq/bellhop/internal/printable"
 	"github.com/bellhopq/bellhop/internal/validate"
 	queries "github.com/bellhopq/bellhop/sql"
 )
@@ -330,9 +331,12 @@ func exampleConsumerCommand(d *deps) *cli.Command {
 					http.Error(w, err.Error(), code)
 					return
 				}
+				// The signature does not cover these headers: a replayed
+				// request may carry anything that HTTP allows in them,
+				// bidi overrides and C1 controls included.
 				fmt.Fprintf(d.stdout, "%s %s/%s message %s attempt %s: %d bytes\n", time.Now().UTC().Format(time.RFC3339Nano),
-					r.Header.Get("Bellhop-App"), r.Header.Get("Bellhop-Queue"), r.Header.Get("Bellhop-Message-Id"),
-					r.Header.Get("Bellhop-Attempt"), len(body))
+					printable.Line(r.Header.Get(bellhop.HeaderApp)), printable.Line(r.Header.Get(bellhop.HeaderQueue)),
+					printable.Line(r.Header.Get(bellhop.HeaderMessageID)), printable.Line(r.Header.Get(bellhop.HeaderAttempt)), len(body))
 				w.WriteHeader(http.StatusNoContent)
 			})
 			// Listen first, so that a bad or busy --addr is refused before

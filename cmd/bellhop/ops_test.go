@@ -26,6 +26,7 @@ import (
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/pgdsn"
 	"github.com/bellhopq/bellhop/internal/pgtest"
+	"github.com/bellhopq/bellhop/internal/printable"
 	"github.com/bellhopq/bellhop/internal/validate"
 	queries "github.com/bellhopq/bellhop/sql"
 )
@@ -368,6 +369,10 @@ func TestExampleConsumerSecretFile(t *testing.T) {
 			ts := time.Now().Add(-age).Unix()
 			req.Header.Set(bellhop.HeaderTimestamp, strconv.FormatInt(ts, 10))
 			req.Header.Set(bellhop.HeaderSignature, bellhop.SignPush("the-secret", ts, body))
+			// Not signed, so a replay may set it to anything HTTP allows:
+			// a right-to-left override and a C1 control (CSI, which
+			// starts an escape sequence on some terminals).
+			req.Header.Set(bellhop.HeaderQueue, "orders\u202e\u009b")
 		}
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
@@ -404,7 +409,10 @@ func TestExampleConsumerSecretFile(t *testing.T) {
 	// Whoever watches the consumer answer 503s is told why, once per
 	// reason: "empty" and "blank" share theirs. The delivery's line comes
 	// after them on the same pipe, so once it is read, they all are.
-	consumer.waitLine(false, regexp.MustCompile(`message .* attempt .*: 2 bytes$`), 20*time.Second)
+	delivered := consumer.waitLine(false, regexp.MustCompile(`^.* message .* attempt .*: 2 bytes$`), 20*time.Second)[0]
+	if !printable.Is(delivered) || !strings.Contains(delivered, "/orders?? message") {
+		t.Errorf("the delivery's line is %q; want the queue header's unprintable runes as ?", delivered)
+	}
 	consumer.mu.Lock()
 	var why []string
 	for _, l := range consumer.out {

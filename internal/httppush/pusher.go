@@ -7,7 +7,7 @@
 // Each delivery is POST <url> with the message payload as the body
 // (Content-Type: application/json) and these headers:
 //
-//	Bellhop-Message-Id    message id (the same on every attempt: dedupe on it)
+//	Bellhop-Message-Id    message id (the same on every attempt: dedupe on it; not signed)
 //	Bellhop-App           app name
 //	Bellhop-Queue         queue name
 //	Bellhop-Attempt       1 on the first delivery
