@@ -24,7 +24,13 @@
 -- The others are locked, so that a concurrent redrive skips what this one
 -- moves; a consumer that is there is locked against removal until this
 -- commits; and an insert that meets an id that went live since the
--- snapshot, committed or not, does nothing.
+-- snapshot, committed or not, does nothing. That covers ids live when
+-- the statement began: a message that a producer enqueues under a dead id
+-- after it began, and that dies while it runs, can still make the two wait
+-- for each other. PostgreSQL then fails one with a deadlock (40P01),
+-- nothing lost: the dead-lettering is retried (a deadlock is transient to
+-- the outcome writer), and the redrive returns an error that says to
+-- retry it (deadOpError).
 --
 -- They are locked in key order (id, app_id, source), as dead_purge.sql
 -- locks, not in the order the plan reads them: a by-queue selection reads
