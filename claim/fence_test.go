@@ -134,6 +134,19 @@ func newMessage(t *testing.T, client *bellhop.Client, appID uuid.UUID, source cl
 	return id, "queue_messages", claim.Target{Source: claim.Queue, AppID: appID, Queue: queue}
 }
 
+// renewableMessage is newMessage with a consumer for its queue: without
+// one, a queue message's lease is not renewed (an invoke delivery's
+// consumer is made by newMessage).
+func renewableMessage(t *testing.T, client *bellhop.Client, appID uuid.UUID, source claim.Source, queue string) (uuid.UUID, string, claim.Target) {
+	t.Helper()
+	if source == claim.Queue {
+		if _, err := client.RegisterConsumer(context.Background(), bellhop.ConsumerSpec{App: "app", Queue: queue}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return newMessage(t, client, appID, source, queue)
+}
+
 // claimOne claims target and checks that it got exactly message id.
 func claimOne(t *testing.T, pool *pgxpool.Pool, target claim.Target, id uuid.UUID) claim.Message {
 	t.Helper()
@@ -424,13 +437,7 @@ func TestExtendNeverMovesTheLeaseBack(t *testing.T) {
 	pool, client, appID := setup(t)
 	for _, source := range []claim.Source{claim.Queue, claim.Invoke} {
 		t.Run(source.String(), func(t *testing.T) {
-			queue := "extend-forward-" + source.String()
-			if source == claim.Queue {
-				if _, err := client.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "app", Queue: queue}); err != nil {
-					t.Fatal(err)
-				}
-			}
-			id, table, target := newMessage(t, client, appID, source, queue)
+			id, table, target := renewableMessage(t, client, appID, source, "extend-forward-"+source.String())
 			m := claimOne(t, pool, target, id)
 			// The later renewal's start, committed first.
 			var later time.Time
@@ -463,14 +470,7 @@ func TestExtendFencedByToken(t *testing.T) {
 	reclaimer := reclaim.New(pool, zerolog.Nop(), reclaim.Options{DefaultVT: 30 * time.Second})
 	for _, source := range []claim.Source{claim.Queue, claim.Invoke} {
 		t.Run(source.String(), func(t *testing.T) {
-			queue := "extend-fence-" + source.String()
-			if source == claim.Queue {
-				// Without a consumer a queue message's lease is not renewed.
-				if _, err := client.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "app", Queue: queue}); err != nil {
-					t.Fatal(err)
-				}
-			}
-			id, table, target := newMessage(t, client, appID, source, queue)
+			id, table, target := renewableMessage(t, client, appID, source, "extend-fence-"+source.String())
 			old, current := claimedTwice(t, pool, reclaimer, table, target, id)
 			// Back-date the current lease, so that a renewal would show.
 			if _, err := pool.Exec(ctx, `UPDATE `+table+` SET claimed_at = claimed_at - interval '10 seconds' WHERE id = $1`, id); err != nil {
