@@ -368,7 +368,13 @@ type consumerLanes struct {
 
 // stop stops both lanes; no lane goroutine of theirs starts afterwards
 // except, with tidy, one that gives up the queue's busy mark and offers.
+// Both learn tidy before their shared context is cancelled: a goroutine
+// of the invoke lane that saw the queue lane's cancel first exited
+// untidied, and, running still set, its stop started none, so a retry
+// time only its timer knew was never handed over.
 func (cl *consumerLanes) stop(tidy bool) {
+	cl.queue.setTidy(tidy)
+	cl.invoke.setTidy(tidy)
 	cl.queue.stop(cl.cancel, tidy)
 	cl.invoke.stop(cl.cancel, tidy)
 }

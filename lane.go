@@ -203,6 +203,14 @@ func (l *lane) stop(cancel context.CancelFunc, tidy bool) {
 	l.timer.Stop()
 }
 
+// setTidy tells the lane's goroutine whether to tidy up as it exits
+// stopped, ahead of stop: see consumerLanes.stop.
+func (l *lane) setTidy(tidy bool) {
+	l.runMu.Lock()
+	l.tidy = tidy
+	l.runMu.Unlock()
+}
+
 // tidyUp runs on the lane's goroutine once its consumer is gone while the
 // dispatcher runs on: a busy key kept would silence the queue's producers
 // for as long as the process lives, and a mark or offer would outlive

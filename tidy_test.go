@@ -3,6 +3,7 @@ package bellhop
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -119,5 +120,28 @@ func TestStoppedBeforeItsClaimKeepsTheHandOver(t *testing.T) {
 	l.tidyUp()
 	if len(d.owed) != 1 {
 		t.Errorf("%d hand-overs for the stopped nack pass, want 1", len(d.owed))
+	}
+}
+
+// TestStopTidiesALaneThatExitsAtTheFirstCancel: the two lanes of a
+// consumer share one context, which stopping the queue lane cancels; the
+// invoke lane's goroutine, seeing that, exits before its own stop is
+// called, and must tidy up all the same. Found by review: it exited
+// untidied and no goroutine was started for it, so the retry time only
+// its timer knew was never handed over.
+func TestStopTidiesALaneThatExitsAtTheFirstCancel(t *testing.T) {
+	d, inv, cancel := stoppedLane(t)
+	st := inv.state.Load()
+	q := newLane(inv.ctx, d, st, claim.Target{Source: claim.Queue, AppID: st.AppID, Queue: st.Queue, TriggerID: st.ID}, new(atomic.Int32))
+	q.running, inv.running = true, true // both goroutines in a pass
+	inv.timed.Store(true)               // a nack's retry time only its timer knows
+	var exited sync.Once
+	cl := &consumerLanes{queue: q, invoke: inv, cancel: func() {
+		cancel()
+		exited.Do(inv.exitStopped) // the invoke goroutine sees it at once
+	}}
+	cl.stop(true)
+	if len(d.owed) != 1 {
+		t.Errorf("%d hand-overs from the stopped invoke lane, want 1", len(d.owed))
 	}
 }
