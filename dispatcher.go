@@ -48,7 +48,8 @@ const (
 	// their messages (see Dispatcher.Run).
 	DefaultShutdownGrace = 10 * time.Second
 	// StopBudget is the time a stop gives all of its writes once its
-	// handlers are done (see Dispatcher.Run): their outcomes, the offers'
+	// handlers are done, ending no later than the stop's bound (see
+	// Dispatcher.Run): their outcomes, the offers'
 	// withdrawal, the wake-up of the other dispatchers, the busy marks'
 	// deletion and the last last_fired_at update, in that order. Once it
 	// has run out (a frozen server, a failover seen from the old side),
@@ -613,20 +614,23 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 //
 // How long the stop takes: while the handlers have their grace, a claim
 // pass already sent gets up to min(StatementTimeout, claim.StopWait (5s))
-// to answer, and what it claimed is released. Once the last handler has
+// to answer, and what it claimed is released; a pass cut off then, its
+// answer lost, may have committed, and leaves what it claimed leased
+// until the visibility timeout, an attempt spent (a message on its last
+// attempt is dead-lettered by the reclaim). Once the last handler has
 // returned, the stop's writes (outcomes, offers, the hand-over to the
-// other dispatchers, busy marks, last_fired_at) share StopBudget (5s):
+// other dispatchers, busy marks, last_fired_at) share StopBudget (5s),
+// cut short to end at the stop's bound below:
 // once it runs out, as against a server that stopped answering, the
 // write under way is cancelled and the rest are skipped, each of their
 // effects expiring by itself (see StopBudget); nothing is lost, an
 // outcome not written only lets its message be delivered again after its
 // lease. So Run returns at most max(ShutdownGrace,
 // min(StatementTimeout, 5s)) + StopBudget after ctx ends (15s with the
-// defaults), plus however long a handler that ignores its context runs
-// past the grace; at that bound, the outcomes not yet written are given
+// defaults), or, if a handler that ignores its context returns later,
+// once it has; at that bound, the outcomes not yet written are given
 // up on, those such a handler returns later too, however many wait while
-// the database is away, and if the last handler returns after it, the
-// stop's other writes are skipped. Once Run has returned, the pool's connections to
+// the database is away, and the stop's other writes are skipped. Once Run has returned, the pool's connections to
 // a server that stopped answering may take pgx up to 15s more to close,
 // in the background. Nothing is logged after Run returns:
 // when the grace runs out, Run waits for its warning to reach the
@@ -754,7 +758,8 @@ func (d *Dispatcher) Run(ctx context.Context) (err error) {
 	// starts. At the bound, every write still wanted is given up on, so
 	// that those handlers return, and so is any a handler that ignored
 	// its context submits later: its message comes back after its lease.
-	over := time.AfterFunc(max(d.cfg.ShutdownGrace, min(d.cfg.StatementTimeout, claim.StopWait))+StopBudget, func() {
+	boundAt := time.Now().Add(max(d.cfg.ShutdownGrace, min(d.cfg.StatementTimeout, claim.StopWait)) + StopBudget)
+	over := time.AfterFunc(time.Until(boundAt), func() {
 		d.complete.Abandon(errors.New("the stop's time for its writes ran out (ShutdownGrace, then StopBudget)"))
 	})
 	defer over.Stop()
@@ -779,8 +784,9 @@ func (d *Dispatcher) Run(ctx context.Context) (err error) {
 	if !grace.Stop() {
 		<-graceOver // its line is written before Run goes on, and returns
 	}
-	// From here StopBudget bounds the writes, outcomes included. over only
-	// bounds the wait for the handlers: left running, it fired a moment
+	// From here StopBudget, ending at boundAt at the latest, bounds the
+	// writes, outcomes included. over only bounds the wait for the
+	// handlers: left running, it fired a moment
 	// before a budget that began as a caught claim pass ended, gave up on
 	// the outcomes while the budget had not quite run out, and the stop
 	// went on to the hand-over with no time left for it. Had it fired
@@ -788,7 +794,7 @@ func (d *Dispatcher) Run(ctx context.Context) (err error) {
 	// were given a budget of their own, and a hand-over against a server
 	// that stopped answering took the stop 5s past its bound).
 	spent := !over.Stop()
-	stopBy = d.stopWrites(stopped, bg.Wait, spent)
+	stopBy = d.stopWrites(stopped, bg.Wait, spent, boundAt)
 	d.log.Info().Msg("dispatcher stopped")
 	return nil
 }
@@ -801,11 +807,17 @@ func (d *Dispatcher) Run(ctx context.Context) (err error) {
 // whose ctx has ended, before the busy marks and last_fired_at: the touch
 // loop's last update, failing, hands its consumers back for the final one.
 // spent says that the stop's bound passed while its handlers finished:
-// the outcomes were given up then, and every write is skipped. It returns
-// the budget's end, which also bounds the wait for the pool to close
+// the outcomes were given up then, and every write is skipped. The budget
+// ends at boundAt, the stop's bound, if that comes first: handlers that
+// returned just before it (blocked in Submit while the database was slow,
+// or ignoring their context) would otherwise take the stop up to a whole
+// budget past its bound, and past a supervisor's kill. It returns the
+// budget's end, which also bounds the wait for the pool to close
 // (closePool).
-func (d *Dispatcher) stopWrites(stopped []*lane, bgDone func(), spent bool) (by time.Time) {
-	ctx, cancel := timeout.Bound(context.Background(), StopBudget)
+func (d *Dispatcher) stopWrites(stopped []*lane, bgDone func(), spent bool, boundAt time.Time) (by time.Time) {
+	budget := min(StopBudget, time.Until(boundAt))
+	spent = spent || budget <= 0
+	ctx, cancel := timeout.Bound(context.Background(), max(budget, 0))
 	defer cancel()
 	by, _ = ctx.Deadline()
 	if spent {
