@@ -152,10 +152,10 @@ type DispatcherConfig struct {
 	// connection to a server that no longer answers, is cancelled (pgx closes
 	// its connection and sends the server a cancel request) and handled as any
 	// failure of it is: a claim is tried again after a pause, a poll at the
-	// next poll (a poll or a scan carrying a heartbeat that got no answer
-	// also drops the pool's connections and has the listener prove itself
-	// with that heartbeat, or be replaced: a dead path hangs the listener
-	// too), a reload or a reclaim pass backing off; a failed scan wakes
+	// next poll (a poll that got no answer also drops the pool's
+	// connections and reconnects the listener: a dead path hangs the
+	// listener too; a scan that got none only forgets its heartbeat), a
+	// reload or a reclaim pass backing off; a failed scan wakes
 	// every queue; a failed busy key statement drops the lock connection, so
 	// that producers notify again; an offer not made is made again
 	// (docs/guarantees.md). Without it, two stuck claim passes would hold
@@ -314,7 +314,9 @@ type Dispatcher struct {
 	tidying map[queueKey]*lane
 	// panicked holds, by consumer id, the Resolver's panic logged
 	// (resolve): logged again only when it changes, not on every reload;
-	// forgotten once the consumer resolves, or is gone.
+	// forgotten once the consumer resolves, or is gone. Only
+	// loadConsumers touches it, on one goroutine at a time, and resolve
+	// runs outside mu.
 	panicked map[uuid.UUID]string
 	// holding keeps, by consumer id, the lanes of a consumer that a
 	// reload stopped serving (the Resolver returned nil, or panicked)
@@ -1394,6 +1396,13 @@ func (d *Dispatcher) loadConsumers(ctx context.Context) (added int, err error) {
 	if err != nil {
 		return 0, fmt.Errorf("load consumers: %w", err)
 	}
+	// Resolved before d.mu is taken: the listener's routes read under it,
+	// and a slow Resolver (a lookup of its own, a logger that blocks)
+	// held up every notification for as long as the reload took.
+	handlers := make([]Handler, len(consumers))
+	for i, c := range consumers {
+		handlers[i] = d.resolve(c)
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.stopped {
@@ -1402,8 +1411,8 @@ func (d *Dispatcher) loadConsumers(ctx context.Context) (added int, err error) {
 	seen := make(map[uuid.UUID]bool, len(consumers))
 	var fresh []*lane             // queue lanes started
 	var heirs [][2]*consumerLanes // old lanes whose slots new ones count, and those
-	for _, c := range consumers {
-		h := d.resolve(c)
+	for i, c := range consumers {
+		h := handlers[i]
 		if h == nil {
 			continue
 		}

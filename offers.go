@@ -593,21 +593,34 @@ func (l *lane) slotFreed() bool {
 // lease runs out instead.
 func (d *Dispatcher) releaseLeased(cm *claim.Message, t claim.Target) {
 	d.offers.closing.RLock()
-	defer d.offers.closing.RUnlock()
 	d.offers.mu.Lock()
 	closed := d.offers.closed
 	d.offers.mu.Unlock()
 	if closed {
+		d.offers.closing.RUnlock()
 		return
 	}
-	d.complete.Submit(claim.Outcome{Message: cm, Verdict: claim.Release, Done: func(_ bool, err error) {
+	o := claim.Outcome{Message: cm, Verdict: claim.Release, Done: func(_ bool, err error) {
 		// Not when a retry found it released, or reclaimed.
 		if errors.Is(err, claim.ErrWriteFailed) {
 			d.log.Warn().Err(err).Str("app_id", t.AppID.String()).Str("queue", t.Queue).
 				Str("message_id", cm.ID.String()).Int("attempt", cm.Attempt).
 				Msg("could not release a leased message; it comes back after its lease")
 		}
-	}})
+	}}
+	if d.complete.TrySubmit(o) {
+		d.offers.closing.RUnlock()
+		return
+	}
+	// The Completer's queue is full (its writes slow, or retried while
+	// the database is away). A lease heard for a paused or stopped lane
+	// is released on the listener's goroutine, which waiting here held up
+	// every notification; the wait goes on in a goroutine instead, still
+	// holding closing, so that closeOffers waits for the submit as before.
+	go func() {
+		defer d.offers.closing.RUnlock()
+		d.complete.Submit(o)
+	}()
 }
 
 // retire marks o as no longer on offer, as of now. Its token stays in the

@@ -3,6 +3,7 @@ package bellhop
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"github.com/bellhopq/bellhop/internal/pgtest"
 	"github.com/bellhopq/bellhop/internal/syncbuf"
 	"github.com/bellhopq/bellhop/internal/timeout"
+	"github.com/bellhopq/bellhop/notify"
 	queries "github.com/bellhopq/bellhop/sql"
 )
 
@@ -1034,4 +1036,48 @@ func simpleProtocolHidesLeaseSecrets(t *testing.T, set func(*pgxpool.Config)) {
 			}
 		}
 	}
+}
+
+// TestLeaseForPausedLaneDoesNotBlockListener: a lease heard for a paused
+// lane is released without waiting on the listener's goroutine, even when
+// the Completer's queue is full. Found by review: the release waited in
+// Submit there, while writes were retried against a database that was
+// away, and every notification of every queue waited with it.
+func TestLeaseForPausedLaneDoesNotBlockListener(t *testing.T) {
+	d, l := testBook(t, DispatcherConfig{PollInterval: time.Minute, LeaseAtInsert: true}, closedPool(t), 30*time.Second)
+	d.complete = claim.NewCompleter(d.db, zerolog.Nop(), 1, 1) // a queue of 4, and one in the writer
+	t.Cleanup(func() {
+		// Every submit has returned once every outcome is settled; a
+		// Close before that raced them.
+		d.complete.Abandon(errors.New("test over"))
+		eventually(t, "every outcome given up on", func() bool { return d.complete.Pending() == 0 })
+		d.complete.Close()
+	})
+	// Writes the refused connections keep failing until their leases end.
+	const queued = 6
+	for range queued {
+		go d.complete.Submit(claim.Outcome{Message: &claim.Message{Source: claim.Queue, ID: uuid.New(), Token: uuid.New(),
+			LeasedAt: time.Now(), VisibilityTimeout: time.Minute}, Verdict: claim.Release})
+	}
+	eventually(t, "the Completer's queue full, a submit waiting", func() bool { return d.complete.Pending() == queued })
+
+	paused := *l.state.Load()
+	paused.Enabled = false
+	l.state.Store(&paused)
+	token := uuid.New()
+	d.offers.byToken[token] = &offer{lane: l, live: true, sentAt: time.Now()}
+	heard := make(chan struct{})
+	go func() {
+		defer close(heard)
+		d.onLease(notify.Lease{Token: token, ID: uuid.New(), Attempt: 1, MaxAttempts: 5, ClaimedAt: time.Now(),
+			VisibilityTimeout: 30 * time.Second, Payload: []byte(`{}`)})
+	}()
+	select {
+	case <-heard:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the listener's lease callback still waited after 5s for room in the Completer's queue")
+	}
+	eventually(t, "the release submitted, waiting for room off the listener's goroutine", func() bool {
+		return d.complete.Pending() == queued+1
+	})
 }

@@ -455,3 +455,53 @@ func TestResolverToggleSoak(t *testing.T) {
 		t.Error("nothing was delivered")
 	}
 }
+
+// TestSlowResolverDoesNotHoldUpDelivery: while a reload waits on a slow
+// Resolver, notifications for the queues already served still wake their
+// lanes. Found by review: the reload called the Resolver holding the
+// lock that the listener's routing reads under, so every notification
+// waited for the whole reload (PollInterval is an hour here).
+func TestSlowResolverDoesNotHoldUpDelivery(t *testing.T) {
+	ctx := context.Background()
+	cfg, client, _ := reloadSetup(t, ConsumerSpec{Queue: "orders"})
+	delivered := make(chan struct{}, 1)
+	orders := HandlerFunc(func(context.Context, *Message) error {
+		delivered <- struct{}{}
+		return nil
+	})
+	resolving := make(chan struct{}, 1)
+	slow := make(chan struct{})
+	resolver := resolverFunc(func(c Consumer) Handler {
+		if c.Queue == "slow" {
+			resolving <- struct{}{}
+			<-slow
+		}
+		return orders
+	})
+	d, err := NewDispatcher(cfg, DispatcherConfig{Resolver: resolver, PollInterval: time.Hour, Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(slow) }) }
+	runUntilCleanup(t, d, unblock)
+	eventually(t, "the dispatcher ready", func() bool { return d.Ready(ctx) == nil })
+
+	if _, err := client.RegisterConsumer(ctx, ConsumerSpec{App: "app", Queue: "slow"}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-resolving:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the reload did not ask the Resolver for the new consumer within 10s")
+	}
+	if _, err := client.Enqueue(ctx, "app", "orders", []byte(`{}`), EnqueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-delivered:
+	case <-time.After(5 * time.Second):
+		t.Error("no delivery within 5s while the Resolver was slow to answer for another consumer")
+	}
+	unblock()
+}

@@ -138,6 +138,20 @@ func (c *Completer) Submit(o Outcome) {
 	c.in <- o
 }
 
+// TrySubmit queues o if the queue has room, and reports whether it did;
+// it never blocks, for a caller that must not wait (the listener's
+// goroutine) and can hand a full queue's wait to a goroutine of its own.
+func (c *Completer) TrySubmit(o Outcome) bool {
+	c.pending.Add(1)
+	select {
+	case c.in <- o:
+		return true
+	default:
+		c.pending.Add(-1)
+		return false
+	}
+}
+
 // Pending returns how many submitted outcomes are not settled yet: neither
 // written nor given up on.
 func (c *Completer) Pending() int { return int(c.pending.Load()) }
