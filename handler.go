@@ -273,7 +273,9 @@ func (e *permanentError) Unwrap() error { return e.err }
 // Resolver tells a dispatcher which Handler serves a consumer. A nil
 // Handler means this dispatcher does not serve it; another may. A nil
 // pointer or nil HandlerFunc in the Handler counts as nil. A Resolver
-// that panics is logged and serves nothing.
+// that panics is logged and serves nothing. The dispatcher asks it for
+// every consumer at each reload, one call at a time; a slow one delays
+// the reload's changes, not the delivery of queues already served.
 type Resolver interface {
 	Resolve(c Consumer) Handler
 }
