@@ -1,5 +1,8 @@
--- Tries the queue's advisory lock exclusively and lets go of it at once
--- (it is transaction-scoped and the statement is its own transaction).
+-- Tries the queue's advisory lock exclusively and lets go of it when its
+-- transaction ends: at once when it runs alone (claim.TryBusyLock); in
+-- claim.Unmark, when the batch it shares with busy_unmark.sql commits,
+-- right after it, so that a producer of the queue that comes meanwhile
+-- waits only that long.
 -- True means no producer holds it shared, so every producer that might
 -- have seen the queue marked busy has committed or rolled back, and its
 -- messages are visible to the next claim pass. Never a blocking wait: a

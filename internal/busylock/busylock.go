@@ -54,7 +54,8 @@ type Holder struct {
 
 	// keys guards held and lost apart from mu, so that Held, which every
 	// claim pass asks, does not wait for a statement on the connection.
-	// Taken inside mu when both are.
+	// Taken inside mu when both are. Both change only in a turn (under mu),
+	// so that a turn can rely on what it reads of them.
 	keys sync.Mutex
 	held map[Key]struct{}
 	lost map[Key]struct{} // held by a session that was dropped
@@ -75,13 +76,24 @@ func New(connect func(context.Context) (*pgx.Conn, error), owner uuid.UUID, idle
 // holds k's key: false if another dispatcher holds it, or a producer was
 // testing it at that instant. It never waits for the lock. A new hold
 // also tells the other dispatchers, in the same statement, so that they
-// watch the key (notify.KindBusy).
+// watch the key (notify.KindBusy). Holding k already, it sends nothing:
+// the session takes a key at most once, so that one Release ends it.
 func (h *Holder) Hold(ctx context.Context, k Key) (bool, error) {
 	if h.Held(k) {
 		return true, nil // a lane refreshing its mark need not wait its turn
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	// Again, now that held cannot change under us: two lanes of one queue
+	// (an operator's SQL can give a queue two consumers) may both have
+	// passed the check above while one of them took the key. The lock is
+	// re-entrant and busy_release.sql unlocks once, so a second take would
+	// leave the session holding the key after its Release: with no marks
+	// left, untimed and without keep-alives, until the process exits, and
+	// the queue's producers silent all that while.
+	if h.Held(k) {
+		return true, nil
+	}
 	if h.closed {
 		return false, ErrClosed
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -275,6 +276,87 @@ func TestOneHolderPerKey(t *testing.T) {
 	if ok, err := b.Hold(ctx, f.key); err != nil || !ok {
 		t.Fatalf("b.Hold after a released = %v, %v; want true", ok, err)
 	}
+}
+
+// TestConcurrentHoldsTakeTheKeyOnce: two lanes of one queue (an operator's
+// SQL can give a queue two consumers) that call Hold together both find
+// the key not yet held, and the second waits its turn while the first
+// takes it. The lock is re-entrant and a Release unlocks once, so a second
+// take used to leave the session holding the key after the one Release:
+// with no marks left, the session untimed and without keep-alives, until
+// the process exited, and the queue's producers silent all that while.
+func TestConcurrentHoldsTakeTheKeyOnce(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	// The first Hold connects; it waits there until the second has passed
+	// the unlocked Held check and waits for its turn.
+	connecting, connect := make(chan struct{}), make(chan struct{})
+	h := busylock.New(func(ctx context.Context) (*pgx.Conn, error) {
+		close(connecting)
+		<-connect
+		return pgx.Connect(ctx, f.dsn)
+	}, uuid.New(), time.Minute, zerolog.Nop())
+	t.Cleanup(func() {
+		ended, cancel := context.WithCancel(context.Background())
+		cancel()
+		h.Run(ended)
+	})
+	type result struct {
+		ok  bool
+		err error
+	}
+	held := make(chan result, 2)
+	hold := func() {
+		ok, err := h.Hold(ctx, f.key)
+		held <- result{ok, err}
+	}
+	go hold()
+	<-connecting
+	go hold()
+	deadline := time.Now().Add(5 * time.Second)
+	for !waitingForTurn() {
+		if time.Now().After(deadline) {
+			close(connect)
+			t.Fatal("the second Hold did not wait for its turn within 5s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(connect)
+	for i := range 2 {
+		if r := <-held; r.err != nil || !r.ok {
+			t.Fatalf("concurrent Hold #%d = %v, %v; want true", i+1, r.ok, r.err)
+		}
+	}
+	if ok, err := h.Release(ctx, f.key); err != nil || !ok {
+		t.Fatalf("Release = %v, %v; want confirmed", ok, err)
+	}
+	var sessions int
+	if err := f.admin.QueryRow(ctx, `SELECT count(*) FROM pg_locks
+		WHERE locktype = 'advisory' AND objsubid = 1 AND granted
+		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		  AND ((classid::bigint << 32) | objid::bigint) = hashtextextended($1::uuid::text || ':' || $2::text, 1650814062)`,
+		f.key.AppID, f.key.Queue).Scan(&sessions); err != nil {
+		t.Fatal(err)
+	}
+	if sessions != 0 {
+		t.Fatalf("%d sessions hold the busy key after the one Release; want none", sessions)
+	}
+	if !f.notifies(t, pgx.ReadCommitted) {
+		t.Error("a producer did not notify after the Release")
+	}
+}
+
+// waitingForTurn reports whether a goroutine is in Hold, past its unlocked
+// Held check, waiting for the lock connection's mutex.
+func waitingForTurn() bool {
+	buf := make([]byte, 1<<22)
+	for g := range strings.SplitSeq(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+		if strings.Contains(g, "busylock.(*Holder).Hold(") && strings.Contains(g, "sync.(*Mutex).Lock(") &&
+			!strings.Contains(g, "busylock.(*Holder).Held(") {
+			return true
+		}
+	}
+	return false
 }
 
 // TestSilentHolderLosesItsMarks: without keep-alives the server ends the
