@@ -128,8 +128,11 @@ type DispatcherConfig struct {
 	// polling. Longer windows mark more often at lower rates, and poll
 	// more slowly.
 	BusyWindow time.Duration
-	// DisableBusyMarks makes every producer notify, as if no dispatcher
-	// were ever busy. For comparison; there is no other reason to set it.
+	// DisableBusyMarks keeps this dispatcher from marking any queue busy,
+	// so that its producers notify every message, for comparison; there
+	// is no other reason to set it. It still watches the marks of other
+	// dispatchers on the database that do not set it, whose producers
+	// stay silent while they last.
 	DisableBusyMarks bool
 	// LeaseAtInsert lets producers lease new messages to this dispatcher
 	// in their own transaction (docs/lease-at-insert.md): a queue that has

@@ -675,16 +675,13 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed, full bool) {
 			l.tries++
 			next = earliest(next, time.Now().Add(doubling(l.tries, time.Second)))
 		}
-		if !marks {
-			if !pass.ReadyLeft {
-				l.tries = 0
-			}
-			return next, claimed, false
-		}
-		if stream {
+		if marks && stream {
 			// Mark the queue from the next pass on.
 			l.busy = true
 		}
+		// Not l.busy without marks; but such a lane still watches the
+		// marks of the other dispatchers on the database, whose
+		// producers stay silent while they last.
 		switch {
 		case l.busy && now.Sub(l.lastHit) < l.d.cfg.BusyWindow:
 			// Producers are not announcing while we are marked (or soon

@@ -233,11 +233,19 @@ func TestBusyMarkOfHungDispatcher(t *testing.T) {
 // silent with no row to watch. Taking the key tells the other dispatchers
 // itself (sql/busy_hold.sql), so a live one watches the key and delivers
 // within a BusyLease, with the fallback poll an hour away
-// (model/README.md, finding A).
+// (model/README.md, finding A). So does one that marks no queue itself
+// (DisableBusyMarks): found by review, it never looked again at the
+// marks it saw, and the messages waited for its fallback poll.
 func TestBusyKeyWithoutRow(t *testing.T) {
+	for _, disable := range []bool{false, true} {
+		t.Run(fmt.Sprintf("DisableBusyMarks=%t", disable), func(t *testing.T) { busyKeyWithoutRow(t, disable) })
+	}
+}
+
+func busyKeyWithoutRow(t *testing.T, disableMarks bool) {
 	e := newEnv(t)
 	const busyLease = 500 * time.Millisecond
-	rec, claims := startOrders(t, e, bellhop.DispatcherConfig{BusyLease: busyLease})
+	rec, claims := startOrders(t, e, bellhop.DispatcherConfig{BusyLease: busyLease, DisableBusyMarks: disableMarks})
 	passes := claims.ended.Load()
 
 	ctx := context.Background()
