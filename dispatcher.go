@@ -486,8 +486,10 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 	// busy mark or a poll. Without a WAL flush per commit they cost a
 	// fraction of the time. A server crash may lose the last few hundred
 	// milliseconds of them: a lost ack, nack or dead-letter leaves the
-	// message claimed until its lease expires and it is delivered again; a
-	// lost reclaim is redone; a lost claim makes the message claimable
+	// message claimed until its lease expires and it is delivered again
+	// (or, if that was its last attempt, dead-lettered by the reclaim,
+	// without the handler's error); a lost release loses its attempt's
+	// refund; a lost reclaim is redone; a lost claim makes the message claimable
 	// again while its handler may still run (docs/guarantees.md). All of
 	// that is within at-least-once delivery. Lease renewals are the
 	// exception, and commit durably (sql/extend.sql says why). Producers' inserts run on
