@@ -513,3 +513,33 @@ func TestShutdownCountsGivenUp(t *testing.T) {
 		}
 	})
 }
+
+// TestTrySubmitNeverWaits: TrySubmit queues an outcome while the queue
+// has room, and refuses one at once, uncounted, when it is full (here
+// behind a batch whose dial hangs); what it queued is written as any
+// submitted outcome is.
+func TestTrySubmitNeverWaits(t *testing.T) {
+	pool, client, appID := setup(t)
+	var dials atomic.Int32
+	comp := claim.NewCompleter(hangingPool(t, pool.Config(), &dials), zerolog.Nop(), 1, 1) // a queue of 4
+	t.Cleanup(func() {
+		comp.Abandon(errors.New("test over"))
+		comp.Close()
+	})
+	id, _, target := newMessage(t, client, appID, claim.Queue, "try")
+	m := claimOne(t, pool, target, id)
+	m.LeaseEnd = time.Now().Add(time.Minute)
+	queued := 0
+	for comp.TrySubmit(claim.Outcome{Message: &m, Verdict: claim.Ack}) {
+		queued++
+		if queued > 5 {
+			t.Fatal("TrySubmit queued more than the writer's batch and a queue of 4")
+		}
+	}
+	if queued < 4 {
+		t.Errorf("TrySubmit refused with %d queued, want room for the queue's 4", queued)
+	}
+	if n := comp.Pending(); n != queued {
+		t.Errorf("Pending = %d after %d queued and one refused, want %d", n, queued, queued)
+	}
+}
