@@ -93,7 +93,7 @@ func TestBadConfiguration(t *testing.T) {
 		// The library's message would add "(0 means the default)", which
 		// the flag refuses.
 		{"too many max attempts on enqueue", dsn, nil, append(enq, "--max-attempts", "1001", "{}"), "--max-attempts 1001: must be 1 to 1000"},
-		{"zero max attempts on update", dsn, nil, []string{"consumer", "update", "--app", "shop", "--max-attempts", "0", "00000000-0000-0000-0000-000000000001"}, "--max-attempts 0 is outside 1..1000"},
+		{"zero max attempts on update", dsn, nil, []string{"consumer", "update", "--app", "shop", "--max-attempts", "0", "00000000-0000-0000-0000-000000000001"}, "--max-attempts 0: must be at least 1"},
 		{"unusable --http-addr", dsn, nil, []string{"run", "--http-addr", "nonsense:99999"}, `--http-addr "nonsense:99999"`},
 		{"short --poll-interval", dsn, nil, []string{"run", "--poll-interval", "10ms"}, "--poll-interval 10ms: must be at least 1s"},
 		{"zero --shutdown-grace", dsn, nil, []string{"run", "--shutdown-grace", "0s"}, "--shutdown-grace 0s: must be positive"},
@@ -104,7 +104,8 @@ func TestBadConfiguration(t *testing.T) {
 		{"huge --shutdown-grace", dsn, nil, []string{"run", "--shutdown-grace", "2562047h"}, "--shutdown-grace 2562047h0m0s: must be at most 12h0m0s"},
 		// ":" listened on a random port.
 		{"--http-addr without a port", dsn, nil, []string{"run", "--http-addr", ":"}, `--http-addr ":" has no port`},
-		{"BELLHOP_HTTP_ADDR without a port", dsn, []string{"BELLHOP_HTTP_ADDR=localhost:"}, []string{"run"}, `--http-addr "localhost:" has no port`},
+		{"BELLHOP_HTTP_ADDR without a port", dsn, []string{"BELLHOP_HTTP_ADDR=localhost:"}, []string{"run"}, `bellhop: BELLHOP_HTTP_ADDR "localhost:" has no port`},
+		{"bad BELLHOP_HTTP_ADDR, no database", "-", []string{"BELLHOP_HTTP_ADDR=nonsense:99999"}, []string{"run"}, `bellhop: BELLHOP_HTTP_ADDR "nonsense:99999": address 99999: invalid port`},
 		// An empty address used to listen on a random port.
 		{"empty --http-addr", dsn, nil, []string{"run", "--http-addr", ""}, "--http-addr is empty"},
 		{"empty BELLHOP_HTTP_ADDR", dsn, []string{"BELLHOP_HTTP_ADDR="}, []string{"run"}, "BELLHOP_HTTP_ADDR is set but empty"},
@@ -135,13 +136,14 @@ func TestBadConfiguration(t *testing.T) {
 		{"two payloads", dsn, nil, append(enq, "{}", "{}"), "bellhop: enqueue takes exactly one argument, JSON or - (see bellhop enqueue --help)"},
 		{"non-http URL", dsn, nil, []string{"consumer", "add", "--app", "shop", "--queue", "q", "--url", "ftp://example.com/hook"}, `--url: invalid option: URL "ftp://example.com/hook": scheme must be http or https`},
 		{"URL with credentials", dsn, nil, []string{"consumer", "add", "--app", "shop", "--queue", "q", "--url", "http://u:pw@example.com/"}, `--url: invalid option: URL "http://xxxxx@example.com/" carries credentials`},
-		{"--allowed-hosts refuses", dsn, nil, []string{"consumer", "add", "--app", "shop", "--queue", "q", "--url", "http://evil.example.org/", "--allowed-hosts", "*.example.com"}, `--url: host "evil.example.org" is not in the allowed hosts`},
-		{"BELLHOP_ALLOWED_HOSTS refuses", dsn, []string{"BELLHOP_ALLOWED_HOSTS=example.com"}, []string{"consumer", "add", "--app", "shop", "--queue", "q", "--url", "http://127.0.0.1:9/"}, `host "127.0.0.1" is not in the allowed hosts`},
+		{"--allowed-hosts refuses", dsn, nil, []string{"consumer", "add", "--app", "shop", "--queue", "q", "--url", "http://evil.example.org/", "--allowed-hosts", "*.example.com"}, `--url: host "evil.example.org" is not in the allowed hosts (allowed hosts from --allowed-hosts)`},
+		{"BELLHOP_ALLOWED_HOSTS refuses", dsn, []string{"BELLHOP_ALLOWED_HOSTS=example.com"}, []string{"consumer", "add", "--app", "shop", "--queue", "q", "--url", "http://127.0.0.1:9/"}, `--url: host "127.0.0.1" is not in the allowed hosts (allowed hosts from BELLHOP_ALLOWED_HOSTS)`},
+		{"BELLHOP_ALLOWED_HOSTS refuses an update", "-", []string{"BELLHOP_ALLOWED_HOSTS=example.com"}, []string{"consumer", "update", "--app", "shop", "--url", "http://b.example.org/", "00000000-0000-0000-0000-000000000001"}, `--url: host "b.example.org" is not in the allowed hosts (allowed hosts from BELLHOP_ALLOWED_HOSTS)`},
 		{"--allowed-hosts refuses an update", dsn, nil, []string{"consumer", "update", "--app", "shop", "--url", "http://evil.example.org/", "--allowed-hosts", "example.com", "00000000-0000-0000-0000-000000000001"}, `--url: host "evil.example.org" is not in the allowed hosts`},
 		{"non-http URL on update", dsn, nil, []string{"consumer", "update", "--app", "shop", "--url", "ftp://example.com/hook", "00000000-0000-0000-0000-000000000001"}, `--url: invalid option: URL "ftp://example.com/hook": scheme must be http or https`},
 		{"update without changes", dsn, nil, []string{"consumer", "update", "--app", "shop", "00000000-0000-0000-0000-000000000001"}, "nothing to update"},
 		{"example-consumer bad --addr", "-", nil, []string{"example-consumer", "--addr", "nonsense:99999", "--secret-file", "/nonexistent"}, `--addr "nonsense:99999"`},
-		{"example-consumer --addr without a port", "-", nil, []string{"example-consumer", "--addr", "127.0.0.1", "--secret-file", "/nonexistent"}, `--addr "127.0.0.1": listen tcp: address 127.0.0.1: missing port in address`},
+		{"example-consumer --addr without a port", "-", nil, []string{"example-consumer", "--addr", "127.0.0.1", "--secret-file", "/nonexistent"}, `--addr "127.0.0.1": address 127.0.0.1: missing port in address`},
 		{"consumer id not a UUID", dsn, nil, []string{"consumer", "pause", "--app", "shop", "42"}, `consumer id "42" is not a UUID`},
 		{"unknown consumer", dsn, nil, []string{"consumer", "resume", "--app", "shop", "00000000-0000-0000-0000-000000000001"}, "resume consumer 00000000-0000-0000-0000-000000000001 of app shop: unknown consumer"},
 		{"unknown consumer to pause", dsn, nil, []string{"consumer", "pause", "--app", "shop", "00000000-0000-0000-0000-000000000001"}, "pause consumer 00000000-0000-0000-0000-000000000001 of app shop: unknown consumer"},
@@ -192,6 +194,21 @@ func TestBadConfiguration(t *testing.T) {
 		{"--delay too long, database away", away, nil, append(enq, "--delay", "87601h", "{}"), "delay 87601h0m0s is more than the 87600h0m0s limit"},
 		{"--at too far, database away", away, nil, append(enq, "--at", "2199-01-02T15:04:05Z", "{}"), "deliver-after 2199-01-02T15:04:05Z is more than 87600h0m0s ahead"},
 		{"bad --app on enqueue, database away", away, nil, []string{"enqueue", "--app", "bad app", "--queue", "q", "{}"}, `--app: invalid name: app name "bad app"`},
+		// A name the user never typed is blamed on the variable that
+		// gave it.
+		{"bad BELLHOP_APP on enqueue, database away", away, []string{"BELLHOP_APP=bad app"}, []string{"enqueue", "--queue", "q", "{}"}, `bellhop: BELLHOP_APP: invalid name: app name "bad app"`},
+		{"bad BELLHOP_APP on setup-demo", "-", []string{"BELLHOP_APP=bad app"}, []string{"setup-demo", "--queue", "q", "--url", "http://127.0.0.1:9/", "--secret-file", "/nonexistent/s"}, `bellhop: BELLHOP_APP: invalid name: app name "bad app"`},
+		{"bad BELLHOP_APP on consumer add", "-", []string{"BELLHOP_APP=bad app"}, []string{"consumer", "add", "--queue", "q", "--url", "http://127.0.0.1:9/"}, `bellhop: BELLHOP_APP: invalid name: app name "bad app"`},
+		// A bad flag is named before the missing database.
+		{"short --poll-interval, no database", "-", nil, []string{"run", "--poll-interval", "500ms"}, "bellhop: --poll-interval 500ms: must be at least 1s"},
+		{"--http-addr without a port, no database", "-", nil, []string{"run", "--http-addr", ":"}, `bellhop: --http-addr ":" has no port`},
+		{"--http-addr out of range, no database", "-", nil, []string{"run", "--http-addr", "nonsense:99999"}, `bellhop: --http-addr "nonsense:99999": address 99999: invalid port`},
+		{"bad --app on consumer add, no database", "-", nil, []string{"consumer", "add", "--app", "bad app", "--queue", "q", "--url", "http://127.0.0.1:9/"}, `bellhop: --app: invalid name: app name "bad app"`},
+		{"bad --principal on consumer add, no database", "-", nil, []string{"consumer", "add", "--app", "shop", "--principal", "bad p", "--queue", "q", "--url", "http://127.0.0.1:9/"}, `bellhop: --principal: invalid name: principal name "bad p"`},
+		{"zero max attempts on update, no database", "-", nil, []string{"consumer", "update", "--app", "shop", "--max-attempts", "0", "00000000-0000-0000-0000-000000000001"}, "bellhop: --max-attempts 0: must be at least 1"},
+		{"negative --timeout on update, no database", "-", nil, []string{"consumer", "update", "--app", "shop", "--timeout", "-1s", "00000000-0000-0000-0000-000000000001"}, "bellhop: --timeout -1s: must not be negative"},
+		{"bad --app on update, no database", "-", nil, []string{"consumer", "update", "--app", "bad app", "--max-attempts", "2", "00000000-0000-0000-0000-000000000001"}, `bellhop: --app: invalid name: app name "bad app"`},
+		{"bad --app on rm, no database", "-", nil, []string{"consumer", "rm", "--app", "bad app", "00000000-0000-0000-0000-000000000001"}, `bellhop: --app: invalid name: app name "bad app"`},
 		{"dead show unknown id", dsn, nil, []string{"dead", "show", "--app", "shop", "00000000-0000-0000-0000-000000000001"}, "no dead letter"},
 	}
 	for _, tc := range tests {
@@ -346,9 +363,9 @@ func TestConsumerErrorsNameFlags(t *testing.T) {
 		{"add --visibility-timeout too long", nil, append(add, "--visibility-timeout", "13h"), "invalid option: --visibility-timeout 13h0m0s is outside 1s..12h0m0s"},
 		{"add --max-in-flight too many", nil, append(add, "--max-in-flight", "10001"), "invalid option: --max-in-flight 10001 is outside 1..10000"},
 		{"add --max-attempts too many", nil, append(add, "--max-attempts", "1001"), "invalid option: --max-attempts 1001 is outside 1..1000"},
-		{"update --backoff-min 0s", nil, append(update, "--backoff-min", "0s"), "invalid option: --backoff-min 0s is outside 1ms..24h0m0s"},
+		{"update --backoff-min too long", nil, append(update, "--backoff-min", "25h"), "invalid option: --backoff-min 25h0m0s is outside 1ms..24h0m0s"},
 		{"update --timeout too short", nil, append(update, "--timeout", "50ms"), "invalid option: --timeout 50ms is outside 100ms..12h0m0s"},
-		{"update --max-attempts 0", nil, append(update, "--max-attempts", "0"), "invalid option: --max-attempts 0 is outside 1..1000"},
+		{"update --max-attempts too many", nil, append(update, "--max-attempts", "1001"), "invalid option: --max-attempts 1001 is outside 1..1000"},
 		// Checked against the consumer's stored settings.
 		{"update --backoff-max below the stored --backoff-min", nil, append(update, "--backoff-max", "1s"), "--backoff-max 1s is below --backoff-min 5s"},
 		{"update --visibility-timeout below the stored --timeout", nil, append(update, "--visibility-timeout", "30s"), "--timeout 40s does not fit the --visibility-timeout 30s"},
@@ -731,6 +748,49 @@ func TestNoArgumentCommandsRefuseArguments(t *testing.T) {
 	}
 }
 
+// TestStrayArgumentShownWithoutPassword: an argument where none belongs,
+// or where a command or an id was expected, is quoted in the error as
+// typed, unless it may carry a password: a connection string typed after
+// `migrate` was echoed whole, password and all.
+func TestStrayArgumentShownWithoutPassword(t *testing.T) {
+	t.Parallel()
+	const id = "00000000-0000-0000-0000-000000000001"
+	tests := []struct {
+		name string
+		args []string
+		want string // in the one line on stderr
+	}{
+		{"URL after migrate", []string{"migrate", "postgres://u:S3CRET@h/db"}, `unexpected argument "postgres://u:xxxxx@h/db": bellhop migrate takes no arguments`},
+		{"postgresql URL after queues", []string{"queues", "postgresql://u:S3CRET@h/db?sslmode=disable"}, `unexpected argument "postgresql://u:xxxxx@h/db?sslmode=disable"`},
+		{"keyword/value settings", []string{"migrate", "host=h password=S3CRET dbname=d"}, `unexpected argument "host=h password=xxxxx dbname=d"`},
+		{"URL for a command", []string{"postgres://u:S3CRET@h/db"}, `unknown command "postgres://u:xxxxx@h/db" (see bellhop --help)`},
+		{"URL for a subcommand", []string{"consumer", "postgres://u:S3CRET@h/db"}, `unknown command "postgres://u:xxxxx@h/db" (see bellhop consumer --help)`},
+		{"URL for a consumer id", []string{"consumer", "rm", "--app", "shop", "postgres://u:S3CRET@h/db"}, `consumer id "postgres://u:xxxxx@h/db" is not a UUID`},
+		{"URL for a message id", []string{"dead", "show", "--app", "shop", "postgres://u:S3CRET@h/db"}, `message id "postgres://u:xxxxx@h/db" is not a UUID`},
+		{"other URL with credentials", []string{"migrate", "https://u:S3CRET@h/x"}, `unexpected argument "https://xxxxx@h/x"`},
+		{"user:password@host", []string{"migrate", "u:S3CRET@h"}, `unexpected argument (not shown: it may carry credentials)`},
+		// Anything else is shown as typed: it is what the user looks for.
+		{"plain word", []string{"migrate", "now"}, `unexpected argument "now": bellhop migrate takes no arguments`},
+		{"words with spaces", []string{"migrate", "a b"}, `unexpected argument "a b"`},
+		{"a setting", []string{"migrate", "dry=run"}, `unexpected argument "dry=run"`},
+		{"URL without credentials", []string{"migrate", "http://h/x"}, `unexpected argument "http://h/x"`},
+		{"unknown command", []string{"migrat"}, `unknown command "migrat" (see bellhop --help)`},
+		{"not a UUID", []string{"consumer", "pause", "--app", "shop", id + "x"}, `consumer id "` + id + `x" is not a UUID`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := exe(t, "", "", tc.args...)
+			if r.code != 2 || r.stdout != "" || strings.Count(strings.TrimRight(r.stderr, "\n"), "\n") != 0 || !strings.Contains(r.stderr, tc.want) {
+				t.Errorf("bellhop %q: want exit 2 and one line with %q; got %s", tc.args, tc.want, r)
+			}
+			if strings.Contains(r.stderr, "S3CRET") {
+				t.Errorf("bellhop %q: the password is in the output:\n%s", tc.args, r)
+			}
+		})
+	}
+}
+
 // readmeCLI returns the README's "## CLI" section.
 func readmeCLI(t *testing.T) string {
 	t.Helper()
@@ -805,6 +865,7 @@ func checkSynopsisDefaults(t *testing.T, section string, root *cli.Command) {
 		return c, path
 	}
 	optional := regexp.MustCompile(`\[--([a-z-]+) ([^\]\s|]+)\]`)
+	global := map[string]bool{} // the global flags the synopsis gives
 	placeholder := regexp.MustCompile(`^[A-Z][A-Z_]*$`)
 	checked := 0
 	for _, line := range lines {
@@ -818,6 +879,10 @@ func checkSynopsisDefaults(t *testing.T, section string, root *cli.Command) {
 		}
 		var cur, parent *cli.Command
 		var curPath, parentPath []string
+		// "bellhop [--flag V] ... COMMAND" gives the global flags.
+		if strings.HasPrefix(line, "[--") {
+			cur = root
+		}
 		// "consumer ls ... | update ..." names update of consumer; a
 		// bracket split by " | " ([--delay D | --at TIME]) continues
 		// the command before it.
@@ -855,6 +920,9 @@ func checkSynopsisDefaults(t *testing.T, section string, root *cli.Command) {
 					t.Errorf("README CLI synopsis gives bellhop %s --%s, which it does not take", strings.Join(curPath, " "), name)
 					continue
 				}
+				if cur == root {
+					global[name] = true
+				}
 				checked++
 				def := df.GetValue()
 				if u, err := strconv.Unquote(def); err == nil {
@@ -882,6 +950,12 @@ func checkSynopsisDefaults(t *testing.T, section string, root *cli.Command) {
 	}
 	if checked < 20 {
 		t.Errorf("checked only %d optional flags of the README's CLI synopsis", checked)
+	}
+	// Every command takes them: the synopsis is where they are looked for.
+	for _, f := range root.Flags {
+		if name := f.Names()[0]; name != "help" && !global[name] {
+			t.Errorf("README CLI synopsis does not give the global flag --%s", name)
+		}
 	}
 }
 
@@ -1272,15 +1346,30 @@ type flagError struct{ cmd, what string }
 
 func (e *flagError) Error() string { return e.cmd + ": unknown or bad " + e.what }
 
-// TestLogLevelAnyCase: a log level is read in any case, as it was before
-// the list of levels was narrowed ("INFO" in a deployment's environment).
-func TestLogLevelAnyCase(t *testing.T) {
+// TestLogSettingsAnyCase: a log level is read in any case, as it was
+// before the list of levels was narrowed ("INFO" in a deployment's
+// environment), and so is a log format: "JSON" was refused beside an
+// accepted "INFO".
+func TestLogSettingsAnyCase(t *testing.T) {
 	t.Parallel()
 	dsn := pgtest.ConnString(t)
 	ok(t, dsn, "migrate")
-	for _, level := range []string{"INFO", "Warn", "debug"} {
-		if r := exeEnv(t, []string{"DATABASE_URL=" + dsn, "BELLHOP_LOG_LEVEL=" + level}, "", "queues"); r.code != 0 {
-			t.Errorf("BELLHOP_LOG_LEVEL=%s: %s", level, r)
+	tests := []struct {
+		env  []string
+		args []string
+	}{
+		{[]string{"BELLHOP_LOG_LEVEL=INFO"}, nil},
+		{[]string{"BELLHOP_LOG_LEVEL=Warn"}, nil},
+		{[]string{"BELLHOP_LOG_LEVEL=debug"}, nil},
+		{[]string{"BELLHOP_LOG_FORMAT=JSON", "BELLHOP_LOG_LEVEL=INFO"}, nil},
+		{[]string{"BELLHOP_LOG_FORMAT=Console"}, nil},
+		{nil, []string{"--log-format", "CONSOLE"}},
+		{nil, []string{"--log-format", "Json", "--log-level", "ERROR"}},
+	}
+	for _, tc := range tests {
+		args := append(slices.Clone(tc.args), "queues")
+		if r := exeEnv(t, append([]string{"DATABASE_URL=" + dsn}, tc.env...), "", args...); r.code != 0 {
+			t.Errorf("%v bellhop %q: %s", tc.env, args, r)
 		}
 	}
 }

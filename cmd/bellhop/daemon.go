@@ -54,10 +54,9 @@ func runCommand(d *deps) *cli.Command {
 			// cleanly, also while it starts up.
 			ctx, stop := signalContext(ctx, log)
 			defer stop()
-			cfg, err := poolConfig(cmd)
-			if err != nil {
-				return err
-			}
+			// The flags are checked before the database's configuration,
+			// so that a bad one is named whether or not a database is
+			// configured: it is the more specific mistake.
 			if p := cmd.Duration("poll-interval"); p < time.Second {
 				return usagef("%s %s: must be at least 1s", flagName("poll-interval", sameDuration(p)), p)
 			}
@@ -79,7 +78,18 @@ func runCommand(d *deps) *cli.Command {
 			if cmd.String("http-addr") == "" {
 				return usagef("--http-addr is empty: give the address for /metrics, /healthz and /readyz, such as :9090")
 			}
-			ln, err := listen("--http-addr", cmd.String("http-addr"))
+			addr := cmd.String("http-addr")
+			addrFlag := flagName("http-addr", sameString(addr))
+			if err := checkListenAddr(addrFlag, addr); err != nil {
+				return err
+			}
+			cfg, err := poolConfig(cmd)
+			if err != nil {
+				return err
+			}
+			// Only now: a configuration refused after listening would
+			// have held the port for nothing.
+			ln, err := listen(addrFlag, addr)
 			if err != nil {
 				return err
 			}
@@ -260,16 +270,34 @@ const repeatWindow = time.Second
 // such as a bad port or an unknown host, is the address's own: a usage
 // error, exit status 2.
 func listen(flag, addr string) (net.Listener, error) {
-	// ":" (say, ":${PORT}" with PORT unset) would listen on a random
-	// port, where nobody looks; ":0" asks for that.
-	if _, port, err := net.SplitHostPort(addr); err == nil && port == "" {
-		return nil, usagef("%s %q has no port: give one, such as :9090", flag, addr)
+	if err := checkListenAddr(flag, addr); err != nil {
+		return nil, err
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, listenError(flag, addr, err)
 	}
 	return ln, nil
+}
+
+// checkListenAddr refuses, without listening, a TCP address that no
+// listen can take: one without a port, or whose port is no port number
+// or service name. What only listening tells (an unknown host, a port
+// in use) is left to listen.
+func checkListenAddr(flag, addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return usagef("%s %q: %v", flag, addr, err)
+	}
+	// ":" (say, ":${PORT}" with PORT unset) would listen on a random
+	// port, where nobody looks; ":0" asks for that.
+	if port == "" {
+		return usagef("%s %q has no port: give one, such as :9090", flag, addr)
+	}
+	if _, err := net.LookupPort("tcp", port); err != nil {
+		return usagef("%s %q: %v", flag, addr, err)
+	}
+	return nil
 }
 
 // listenError is listen's error for net.Listen's err.

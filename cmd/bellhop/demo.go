@@ -40,8 +40,9 @@ const (
 
 func demoCommand(d *deps) *cli.Command {
 	return &cli.Command{
-		Name:  "demo",
-		Usage: "run everything end to end: a throwaway PostgreSQL (unless DATABASE_URL is set), the dispatcher, a demo HTTP consumer and a producer; Ctrl-C stops it",
+		Name: "demo",
+		Usage: "run everything end to end: a throwaway PostgreSQL (unless DATABASE_URL is set), the dispatcher, a demo HTTP consumer and a producer; Ctrl-C stops it; " +
+			"logs warnings and errors only, unless --log-level is given",
 		Flags: []cli.Flag{
 			&cli.DurationFlag{Name: "interval", Value: 250 * time.Millisecond, Usage: "time between enqueued messages"},
 		},
@@ -53,8 +54,12 @@ func demoCommand(d *deps) *cli.Command {
 			if cmd.Duration("interval") < time.Millisecond {
 				return usagef("--interval %s: must be at least 1ms", cmd.Duration("interval"))
 			}
-			// The demo prints its own story; the dispatcher logs only warnings.
-			log = log.Level(max(log.GetLevel(), zerolog.WarnLevel))
+			// The demo prints its own story, which the dispatcher's info
+			// lines would drown: it logs warnings and errors only, unless
+			// a level was asked for (--log-level or BELLHOP_LOG_LEVEL).
+			if !cmd.IsSet("log-level") {
+				log = log.Level(max(log.GetLevel(), zerolog.WarnLevel))
+			}
 			ctx, stop := signalContext(ctx, log)
 			defer stop()
 			err = runDemo(ctx, d, cmd, log)

@@ -347,6 +347,44 @@ func TestDemoStoppedWhileStarting(t *testing.T) {
 	p.waitLine(false, regexp.MustCompile(`^stopped while starting$`), time.Second)
 }
 
+// TestDemoLogLevel: the demo logs warnings and errors only, so that its
+// own story is not drowned, unless a level is asked for: --log-level or
+// BELLHOP_LOG_LEVEL was raised to warn all the same, and debug showed
+// nothing.
+func TestDemoLogLevel(t *testing.T) {
+	t.Parallel()
+	startedRE := regexp.MustCompile(`"message":"dispatcher started"`)
+	tests := []struct {
+		name string
+		env  []string
+		args []string
+		info bool // the dispatcher's info lines are logged
+	}{
+		{"default", nil, nil, false},
+		{"--log-level debug", nil, []string{"--log-level", "debug"}, true},
+		{"--log-level info", nil, []string{"--log-level", "info"}, true},
+		{"BELLHOP_LOG_LEVEL=DEBUG", []string{"BELLHOP_LOG_LEVEL=DEBUG"}, nil, true},
+		{"--log-level error", nil, []string{"--log-level", "error"}, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			dsn := pgtest.ConnString(t)
+			p := start(t, append([]string{"DATABASE_URL=" + dsn}, tc.env...), append(tc.args, "demo", "--interval", "20ms")...)
+			// The dispatcher logs "dispatcher started" before it waits
+			// for the stop: by the exit, if at all.
+			p.waitLine(false, demoAckedRE, 60*time.Second)
+			p.signal(os.Interrupt)
+			if code := p.wait(30 * time.Second); code != 0 {
+				t.Fatalf("demo exited %d after SIGINT:\n%s", code, p.stderr())
+			}
+			if got := p.countErrLines(startedRE) > 0; got != tc.info {
+				t.Errorf("dispatcher's info line logged: %t, want %t\n%s", got, tc.info, p.stderr())
+			}
+		})
+	}
+}
+
 // TestDemoSummary: the closing line counts in the singular where a count
 // is 1: it read "1 dead letters".
 func TestDemoSummary(t *testing.T) {

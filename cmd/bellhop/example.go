@@ -46,8 +46,8 @@ func setupDemoCommand(d *deps) *cli.Command {
 			// Everything that can be checked without the database is, before
 			// anything changes: a failure halfway would leave the queue
 			// without a consumer, or with one whose secret nobody has.
-			if err := validate.Name("app", app); err != nil {
-				return usagef("--app: %w", err)
+			if err := checkAppFlag(cmd); err != nil {
+				return err
 			}
 			if err := validate.QueueName(queue); err != nil {
 				return usagef("--queue: %w", err)
@@ -63,57 +63,94 @@ func setupDemoCommand(d *deps) *cli.Command {
 				return err
 			}
 			defer secret.discard()
+			cfg, err := poolConfig(cmd)
+			if err != nil {
+				return err
+			}
 			// Stopped while it waits for the database (docker-compose
 			// stops it so during a slow start), it removes its
 			// temporary file rather than leave one in the secrets
 			// volume each time.
 			ctx, stop := notifyStop(ctx)
 			defer stop()
-
-			c, pool, err := client(ctx, cmd)
+			// Until the consumer is replaced, a stop leaves the queue's
+			// consumer and the secret file as they were, and says so:
+			// re-running is safe.
+			const unchanged = "the consumer and the secret file were not changed"
+			c, pool, err := openClient(ctx, cfg)
 			if err != nil {
-				return err
+				return interruptedBefore(ctx, err, "connecting to the database", "nothing was changed")
 			}
 			defer pool.Close()
 			if _, err := c.CreateApp(ctx, app); err != nil && !errors.Is(err, bellhop.ErrAppExists) {
-				return err
+				return interruptedBefore(ctx, err, fmt.Sprintf("creating app %s", app), unchanged)
 			}
 			old, err := c.ConsumerOf(ctx, app, queue)
 			switch {
 			case errors.Is(err, bellhop.ErrUnknownConsumer):
+				old = bellhop.Consumer{}
 			case err != nil:
-				return err
+				return interruptedBefore(ctx, err, "reading the consumer", unchanged)
 			case old.URL == url:
 				kept, err := secretMatches(ctx, pool, old.ID, path)
 				if err != nil {
-					return err
+					return interruptedBefore(ctx, err, "reading the consumer", unchanged)
 				}
 				if kept {
 					fmt.Fprintf(d.stdout, "consumer %s of %s/%s is registered already; kept it and its secret in %s\n", old.ID, app, queue, path)
 					return nil
 				}
-				fallthrough
-			default:
-				if err := c.RemoveConsumer(ctx, app, old.ID); err != nil {
-					return err
-				}
 			}
-			// The secret is written once the consumer is registered: the
-			// registration makes it, and a file written first would hold
-			// a secret nobody signs with if the registration failed. A
-			// running daemon may push with the new secret in between;
-			// the example consumer answers those 503, which is retried.
-			con, err := c.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: app, Queue: queue, URL: url})
+			// A stop during a step above that finished all the same:
+			// nothing is changed after it either.
+			if ctx.Err() != nil {
+				return interruptedBefore(ctx, ctx.Err(), "reading the consumer", unchanged)
+			}
+			con, err := replaceConsumer(ctx, c, old.ID, bellhop.ConsumerSpec{App: app, Queue: queue, URL: url}, secret)
 			if err != nil {
 				return err
-			}
-			if err := secret.commit(con.Secret); err != nil {
-				return fmt.Errorf("consumer %s registered for %s/%s, but its secret was not written (re-run setup-demo to register it again): %w", con.ID, app, queue, err)
 			}
 			fmt.Fprintf(d.stdout, "consumer %s registered for %s/%s; secret written to %s\n", con.ID, app, queue, path)
 			return nil
 		},
 	}
+}
+
+// replaceTimeout bounds replaceConsumer, which a stop does not cut
+// short: well within the 10 s that docker-compose leaves between its
+// stop signal and its kill, so that the end is still seen and reported.
+const replaceTimeout = 5 * time.Second
+
+// replaceConsumer removes consumer old of spec's queue (none if uuid.Nil),
+// registers spec in its place and writes the new consumer's secret. Once
+// begun it runs to the end, or to replaceTimeout, whatever ctx does: a
+// stop between the removal and the registration left the queue with no
+// consumer, and one between the registration and the write a consumer
+// whose secret nobody had.
+func replaceConsumer(ctx context.Context, c *bellhop.Client, old uuid.UUID, spec bellhop.ConsumerSpec, secret *secretFile) (bellhop.Consumer, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), replaceTimeout)
+	defer cancel()
+	if old != uuid.Nil {
+		if err := c.RemoveConsumer(ctx, spec.App, old); err != nil {
+			return bellhop.Consumer{}, err
+		}
+	}
+	// The secret is written once the consumer is registered: the
+	// registration makes it, and a file written first would hold a
+	// secret nobody signs with if the registration failed. A running
+	// daemon may push with the new secret in between; the example
+	// consumer answers those 503, which is retried.
+	con, err := c.RegisterConsumer(ctx, spec)
+	if err != nil {
+		if old != uuid.Nil {
+			return bellhop.Consumer{}, fmt.Errorf("consumer %s of %s/%s was removed, but its replacement was not registered (re-run setup-demo to register it): %w", old, spec.App, spec.Queue, err)
+		}
+		return bellhop.Consumer{}, err
+	}
+	if err := secret.commit(con.Secret); err != nil {
+		return bellhop.Consumer{}, fmt.Errorf("consumer %s registered for %s/%s, but its secret was not written (re-run setup-demo to register it again): %w", con.ID, spec.App, spec.Queue, err)
+	}
+	return con, nil
 }
 
 // secretMatches reports whether the file at path holds the signing secret

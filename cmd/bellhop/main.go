@@ -31,6 +31,7 @@ import (
 
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/pgdsn"
+	"github.com/bellhopq/bellhop/internal/validate"
 	"github.com/bellhopq/bellhop/migrations"
 )
 
@@ -326,7 +327,7 @@ func strict(cmd *cli.Command) {
 	case len(cmd.Commands) > 0 && cmd.Action == nil:
 		cmd.Action = func(ctx context.Context, cmd *cli.Command) error {
 			if cmd.Args().Present() {
-				return usagef("unknown command %q (see %s --help)", cmd.Args().First(), cmd.FullName())
+				return usagef("unknown command %s (see %s --help)", shownArg(cmd.Args().First()), cmd.FullName())
 			}
 			return cli.ShowSubcommandHelp(cmd)
 		}
@@ -334,8 +335,8 @@ func strict(cmd *cli.Command) {
 		action := cmd.Action
 		cmd.Action = func(ctx context.Context, cmd *cli.Command) error {
 			if cmd.Args().Present() {
-				return usagef("unexpected argument %q: %s takes no arguments (see %s --help)",
-					cmd.Args().First(), cmd.FullName(), cmd.FullName())
+				return usagef("unexpected argument %s: %s takes no arguments (see %s --help)",
+					shownArg(cmd.Args().First()), cmd.FullName(), cmd.FullName())
 			}
 			return action(ctx, cmd)
 		}
@@ -354,6 +355,23 @@ func strict(cmd *cli.Command) {
 	for _, sub := range cmd.Commands {
 		strict(sub)
 	}
+}
+
+// shownArg quotes a command-line argument for an error about it. A
+// connection string pasted where no argument belongs (after `migrate`,
+// say) is shown without its password, as --database-url's errors show
+// it, and another URL without its credentials (validate.ShownURL); any
+// other argument as typed, which is what the user looks for.
+func shownArg(s string) string {
+	lower := strings.ToLower(strings.TrimSpace(s))
+	switch {
+	case strings.HasPrefix(lower, "postgres://") || strings.HasPrefix(lower, "postgresql://"),
+		strings.Contains(lower, "password") && strings.Contains(s, "="): // keyword/value settings
+		return fmt.Sprintf("%q", pgdsn.Redact(s))
+	case strings.Contains(s, "://") || strings.Contains(s, "@"):
+		return validate.ShownURL(s)
+	}
+	return fmt.Sprintf("%q", s)
 }
 
 // missingFlags names, with their dashes, the required flags of cmd and of
@@ -398,7 +416,9 @@ func (d *deps) logger(cmd *cli.Command) (zerolog.Logger, error) {
 		return zerolog.Logger{}, usagef("%s %q: use debug, info, warn or error", flagName("log-level", sameString(v)), v)
 	}
 	var w io.Writer
-	switch cmd.String("log-format") {
+	// In any case, as the level is: a deployment that writes
+	// BELLHOP_LOG_LEVEL=INFO writes BELLHOP_LOG_FORMAT=JSON beside it.
+	switch strings.ToLower(cmd.String("log-format")) {
 	case "json":
 		w = d.stderr
 	case "console":

@@ -49,10 +49,7 @@ func migrateCommand(d *deps) *cli.Command {
 			cc.BuildContextWatcherHandler = cancelOnServer
 			conn, err := pgx.ConnectConfig(ctx, cc)
 			if err != nil {
-				if ctx.Err() != nil {
-					return errors.New("interrupted while connecting to the database: nothing was applied")
-				}
-				return fmt.Errorf("connect to the database: %w", err)
+				return interruptedBefore(ctx, fmt.Errorf("connect to the database: %w", err), "connecting to the database", "nothing was applied")
 			}
 			defer conn.Close(context.Background())
 			if err := migrations.Migrate(ctx, conn); err != nil {
@@ -86,6 +83,18 @@ func migrateCommand(d *deps) *cli.Command {
 			return nil
 		},
 	}
+}
+
+// interruptedBefore is err, unless ctx was cancelled (a stop signal):
+// then it says that the command was interrupted while doing what, and
+// what it left unchanged, as the exit status 1 alone would not say that
+// retrying is safe. The cancelled step's own error ("context canceled")
+// would tell neither.
+func interruptedBefore(ctx context.Context, err error, doing, unchanged string) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("interrupted while %s: %s", doing, unchanged)
+	}
+	return err
 }
 
 // cancelOnServer makes a cancelled context cancel the connection's
@@ -175,13 +184,30 @@ func allowedHosts(cmd *cli.Command) ([]string, error) {
 }
 
 // checkPushURL refuses a --url that the library would refuse, or that the
-// daemon would not push to under these allowed hosts, naming the flag.
-func checkPushURL(url string, hosts []string) error {
+// daemon would not push to under these allowed hosts, naming the flag. A
+// refusal by the allowed hosts names where they came from (hostsFrom,
+// flagName's): from BELLHOP_ALLOWED_HOSTS, a list the user did not type
+// sent them looking for it on the command line.
+func checkPushURL(url string, hosts []string, hostsFrom string) error {
 	if err := validate.PushURL(url); err != nil {
 		return usagef("--url: %w", err)
 	}
 	if err := httppush.New(httppush.Options{AllowedHosts: hosts}).CheckURL(url); err != nil {
+		if len(hosts) > 0 && httppush.New(httppush.Options{}).CheckURL(url) == nil {
+			return usagef("--url: %w (allowed hosts from %s)", err, hostsFrom)
+		}
 		return usagef("--url: %w", err)
+	}
+	return nil
+}
+
+// checkAppFlag refuses an --app that can name no app, before connecting,
+// so that it is named even with the database away, and by the variable
+// that set it if one did.
+func checkAppFlag(cmd *cli.Command) error {
+	app := cmd.String("app")
+	if err := validate.Name("app", app); err != nil {
+		return usagef("%s: %w", flagName("app", sameString(app)), err)
 	}
 	return nil
 }
@@ -279,7 +305,7 @@ func consumerCommand(d *deps) *cli.Command {
 		}
 		id, err := uuid.Parse(s)
 		if err != nil {
-			return uuid.Nil, usagef("consumer id %q is not a UUID", s)
+			return uuid.Nil, usagef("consumer id %s is not a UUID", shownArg(s))
 		}
 		return id, nil
 	}
@@ -287,6 +313,9 @@ func consumerCommand(d *deps) *cli.Command {
 		return func(ctx context.Context, cmd *cli.Command) error {
 			id, err := idArg(cmd)
 			if err != nil {
+				return err
+			}
+			if err := checkAppFlag(cmd); err != nil {
 				return err
 			}
 			c, pool, err := client(ctx, cmd)
@@ -323,11 +352,20 @@ func consumerCommand(d *deps) *cli.Command {
 				if err := checkGivenSettings(cmd); err != nil {
 					return err
 				}
+				if err := checkAppFlag(cmd); err != nil {
+					return err
+				}
+				// Empty is the app's "default".
+				if p := cmd.String("principal"); p != "" {
+					if err := validate.Name("principal", p); err != nil {
+						return usagef("--principal: %w", err)
+					}
+				}
 				hosts, err := allowedHosts(cmd)
 				if err != nil {
 					return err
 				}
-				if err := checkPushURL(cmd.String("url"), hosts); err != nil {
+				if err := checkPushURL(cmd.String("url"), hosts, flagName("allowed-hosts", sameList(hosts))); err != nil {
 					return err
 				}
 				if err := validate.QueueName(cmd.String("queue")); err != nil {
@@ -401,6 +439,14 @@ func consumerCommand(d *deps) *cli.Command {
 				if err != nil {
 					return err
 				}
+				// Before connecting, as add checks them: the library
+				// checks the settings too, but only once connected.
+				if err := checkAppFlag(cmd); err != nil {
+					return err
+				}
+				if err := checkGivenSettings(cmd); err != nil {
+					return err
+				}
 				hosts, err := allowedHosts(cmd)
 				if err != nil {
 					return err
@@ -408,7 +454,7 @@ func consumerCommand(d *deps) *cli.Command {
 				var u bellhop.ConsumerUpdate
 				if cmd.IsSet("url") {
 					url := cmd.String("url")
-					if err := checkPushURL(url, hosts); err != nil {
+					if err := checkPushURL(url, hosts, flagName("allowed-hosts", sameList(hosts))); err != nil {
 						return err
 					}
 					u.URL = &url
@@ -455,6 +501,9 @@ func consumerCommand(d *deps) *cli.Command {
 			Action: func(ctx context.Context, cmd *cli.Command) error {
 				id, err := idArg(cmd)
 				if err != nil {
+					return err
+				}
+				if err := checkAppFlag(cmd); err != nil {
 					return err
 				}
 				c, pool, err := client(ctx, cmd)
@@ -534,8 +583,8 @@ func enqueueCommand(d *deps) *cli.Command {
 			}
 			// What can be checked without the database is checked before
 			// connecting, so that it is named even with the database away.
-			if err := validate.Name("app", cmd.String("app")); err != nil {
-				return usagef("--app: %w", err)
+			if err := checkAppFlag(cmd); err != nil {
+				return err
 			}
 			if err := validate.QueueName(cmd.String("queue")); err != nil {
 				return usagef("--queue: %w", err)
@@ -732,7 +781,7 @@ func queuesCommand(d *deps) *cli.Command {
 func messageID(s string) (uuid.UUID, error) {
 	id, err := uuid.Parse(s)
 	if err != nil {
-		return uuid.Nil, usagef("message id %q is not a UUID", s)
+		return uuid.Nil, usagef("message id %s is not a UUID", shownArg(s))
 	}
 	if id == uuid.Nil {
 		return uuid.Nil, usagef("message id %s is the nil UUID, which is no message's id", s)

@@ -671,6 +671,43 @@ func TestSetupDemo(t *testing.T) {
 	}
 }
 
+// TestSetupDemoReplaceOutlivesStop: once setup-demo has begun to replace
+// the queue's consumer, a stop does not cut it short: the old consumer is
+// removed, the new one registered and its secret written. A stop between
+// the removal and the registration left the queue with no consumer.
+func TestSetupDemoReplaceOutlivesStop(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.ConnString(t)
+	ok(t, dsn, "app", "create", "shop")
+	oldID, _ := addConsumer(t, dsn, "--app", "shop", "--queue", "orders", "--url", "http://127.0.0.1:9/hook")
+	old, err := uuid.Parse(oldID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := bellhop.NewClient(db(t, dsn))
+	path := filepath.Join(t.TempDir(), "orders")
+	secret, err := newSecretFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer secret.discard()
+	// The stop came as the replacement began.
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	const url = "http://127.0.0.1:10/hook"
+	con, err := replaceConsumer(ctx, c, old, bellhop.ConsumerSpec{App: "shop", Queue: "orders", URL: url}, secret)
+	if err != nil {
+		t.Fatalf("replacing after the stop: %v", err)
+	}
+	now, err := c.ConsumerOf(t.Context(), "shop", "orders")
+	if err != nil || now.ID != con.ID || now.ID == old || now.URL != url {
+		t.Errorf("the queue's consumer after the replacement: %+v, %v; want %s at %s", now, err, con.ID, url)
+	}
+	if b, err := os.ReadFile(path); err != nil || string(b) != con.Secret {
+		t.Errorf("the secret file does not hold the new consumer's secret: %v", err)
+	}
+}
+
 // TestDeadRefusesNilID: the nil UUID names no dead letter; given as one,
 // it used to select every dead letter of the queue or app.
 func TestDeadRefusesNilID(t *testing.T) {
