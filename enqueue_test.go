@@ -710,3 +710,48 @@ func TestOversizedBatchNamesFirst(t *testing.T) {
 		t.Errorf("error %q does not name message 2 of 4 by its position", err)
 	}
 }
+
+// TestEnqueueManyKeepsItsOrder: the messages of one batch get distinct
+// enqueued_at times, in the batch's order, so that a claim, which takes the
+// oldest first, takes them in that order. They shared the transaction's
+// start, and ties came in heap order, which reuses free space on earlier
+// pages: found by review, a batch could reach a consumer with MaxInFlight
+// 1 out of its order.
+func TestEnqueueManyKeepsItsOrder(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	e.app("shop")
+	const n = 300
+	msgs := make([]bellhop.NewMessage, n)
+	for i := range msgs {
+		msgs[i] = bellhop.NewMessage{Queue: "ordered", Payload: fmt.Appendf(nil, `{"i":%d}`, i)}
+	}
+	ids, err := e.client.EnqueueMany(e.ctx, "shop", msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := e.pool.Query(e.ctx, `SELECT id, count(*) OVER (PARTITION BY enqueued_at) FROM queue_messages
+		WHERE queue_name = 'ordered' ORDER BY enqueued_at`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type row struct {
+		ID   uuid.UUID
+		Same int64
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != n {
+		t.Fatalf("%d messages stored, want %d", len(got), n)
+	}
+	for i, r := range got {
+		if r.Same != 1 {
+			t.Fatalf("message %d shares its enqueued_at with %d others", i, r.Same-1)
+		}
+		if r.ID != ids[i] {
+			t.Fatalf("message %d by enqueued_at is %s, want the batch's %d-th, %s", i, r.ID, i, ids[i])
+		}
+	}
+}

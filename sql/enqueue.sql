@@ -7,7 +7,11 @@
 -- Table constraints reject bad queue names, attempts and payload sizes for
 -- the whole statement. A message is due at its deliver_after, or after its
 -- delay (in microseconds) on the database's clock, not the producer's,
--- which may be off.
+-- which may be off. Each message's enqueued_at is the transaction's
+-- start plus its position in the batch in microseconds: the claim takes
+-- the oldest first, and messages with one enqueued_at come in whatever
+-- order the heap holds them, which reuses free space on earlier pages, so
+-- a batch could be claimed out of its order.
 WITH app AS (
     SELECT id FROM apps WHERE name = @app_name
 ), input AS (
@@ -21,11 +25,11 @@ WITH app AS (
     WHERE i.principal IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM principals p JOIN app ON p.app_id = app.id WHERE p.id = i.principal)
 ), inserted AS (
-    INSERT INTO queue_messages (id, app_id, queue_name, payload, deliver_after, max_attempts, enqueued_by_principal)
+    INSERT INTO queue_messages (id, app_id, queue_name, payload, enqueued_at, deliver_after, max_attempts, enqueued_by_principal)
     -- max_attempts defaults as in bellhop_default_max_attempts(); joined
     -- here rather than called, because a SQL function in this position is
     -- planned again on every call (about half a millisecond).
-    SELECT i.id, app.id, i.queue_name, i.payload,
+    SELECT i.id, app.id, i.queue_name, i.payload, now() + (i.ord - 1) * interval '1 microsecond',
            coalesce(i.deliver_after, clock_timestamp() + i.delay_us * interval '1 microsecond'),
            coalesce(i.max_attempts, c.max_attempts, 3), i.principal
     FROM input i
