@@ -236,9 +236,9 @@ func isUniqueViolation(err error) bool {
 }
 
 // schemaError is the last word on every error a Client method returns
-// (each defers it): a statement of Bellhop's that found no table or
-// function of its name (42P01 undefined_table, 42883 undefined_function)
-// means the database lacks Bellhop's schema, or has an older one than
+// (each defers it): a statement of Bellhop's that found no table,
+// function or column of its name (42P01 undefined_table, 42883
+// undefined_function, 42703 undefined_column) means the database lacks Bellhop's schema, or has an older one than
 // this code. It reads which from the schema version (migrations.Check, on
 // the Client's pool, since a caller's transaction is aborted by then), and
 // makes *err say so, wrapping migrations.ErrNoSchema or
@@ -247,7 +247,7 @@ func isUniqueViolation(err error) bool {
 // be read, the missing object is something else's doing (a search_path
 // without public, say), and *err stays as it is.
 func (c *Client) schemaError(ctx context.Context, err *error) {
-	if code, _ := pgCode(*err); code != "42P01" && code != "42883" {
+	if code, _ := pgCode(*err); code != "42P01" && code != "42883" && code != "42703" {
 		return
 	}
 	if errors.Is(*err, migrations.ErrNoSchema) || errors.Is(*err, migrations.ErrSchemaBehind) {

@@ -336,6 +336,9 @@ type lineLog = syncbuf.Buffer
 // migrations.ErrSchemaBehind. They returned the bare "relation \"apps\"
 // does not exist (SQLSTATE 42P01)". A missing object on a current schema
 // (not Bellhop's doing) is left as the database said it.
+// tableOrFunction are the SQLSTATEs of a missing table or function.
+var tableOrFunction = []string{"42P01", "42883"}
+
 func TestClientWithoutSchema(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -354,6 +357,14 @@ func TestClientWithoutSchema(t *testing.T) {
 		if behind {
 			e.exec(`UPDATE ` + migrations.VersionTable + ` SET version = version - 1`)
 		}
+		return e.pool
+	}
+	// One whose apps table lacks a column this code reads, as a later
+	// migration's column would be missing.
+	columnBehind := func() *pgxpool.Pool {
+		e := fxNew(t)
+		e.exec(`ALTER TABLE apps RENAME COLUMN name TO name_gone`)
+		e.exec(`UPDATE ` + migrations.VersionTable + ` SET version = version - 1`)
 		return e.pool
 	}
 	ptr := func(n int) *int { return &n }
@@ -408,18 +419,22 @@ func TestClientWithoutSchema(t *testing.T) {
 		pool  *pgxpool.Pool
 		calls []call
 		want  error // nil: neither ErrNoSchema nor ErrSchemaBehind
+		codes []string
 	}{
-		{"no schema", empty, calls, migrations.ErrNoSchema},
-		{"schema behind", broken(true), calls[:2], migrations.ErrSchemaBehind},
-		{"schema current", broken(false), calls[:2], nil},
+		{"no schema", empty, calls, migrations.ErrNoSchema, tableOrFunction},
+		{"schema behind", broken(true), calls[:2], migrations.ErrSchemaBehind, tableOrFunction},
+		{"schema current", broken(false), calls[:2], nil, tableOrFunction},
+		// Found by review: a missing column (42703), the usual sign of
+		// an older schema, was returned bare.
+		{"column behind", columnBehind(), calls[:2], migrations.ErrSchemaBehind, []string{"42703"}},
 	} {
 		c := bellhop.NewClient(db.pool)
 		for _, call := range db.calls {
 			t.Run(db.name+"/"+call.name, func(t *testing.T) {
 				err := call.do(c)
 				var pgErr *pgconn.PgError
-				if !errors.As(err, &pgErr) || pgErr.Code != "42P01" && pgErr.Code != "42883" {
-					t.Fatalf("%s: %v; want the database's undefined table or function error in the chain", call.name, err)
+				if !errors.As(err, &pgErr) || !slices.Contains(db.codes, pgErr.Code) {
+					t.Fatalf("%s: %v; want the database's error (SQLSTATE %v) in the chain", call.name, err, db.codes)
 				}
 				noSchema, behind := errors.Is(err, migrations.ErrNoSchema), errors.Is(err, migrations.ErrSchemaBehind)
 				switch {
