@@ -168,7 +168,7 @@ func (c *Client) CreatePrincipal(ctx context.Context, app, name string) (_ uuid.
 		return uuid.Nil, fmt.Errorf("create principal \"%s\": %w", printable(name), unknownApp(app))
 	}
 	if !c.operator {
-		if _, _, err := c.resolve(ctx, c.db, app, ""); err != nil {
+		if _, err := c.resolveApp(ctx, c.db, app); err != nil {
 			return uuid.Nil, fmt.Errorf("create principal %q: %w", name, err)
 		}
 	}
@@ -185,9 +185,26 @@ func (c *Client) CreatePrincipal(ctx context.Context, app, name string) (_ uuid.
 	return id, nil
 }
 
+// resolveApp turns an app name into its id for a call that acts on the
+// app as a whole (its consumers, queues, dead letters; an empty batch):
+// an operator needs only the app to exist, and a Client made with As its
+// principal to belong to it. Found by review: these calls looked up the
+// app's principal "default" too, which an app made by SQL, or whose
+// default was renamed, lacks, and an operator could not so much as list
+// its consumers.
+func (c *Client) resolveApp(ctx context.Context, q querier, app string) (uuid.UUID, error) {
+	appID, _, err := c.resolve(ctx, q, app, "")
+	if c.operator && appID != uuid.Nil && errors.Is(err, ErrUnknownPrincipal) {
+		return appID, nil
+	}
+	return appID, err
+}
+
 // resolve turns an app name into its id, and names the principal acting
 // on it: the Client's own principal (which must belong to the app), or
-// else the app's principal called principal ("" means "default").
+// else the app's principal called principal ("" means "default"). For an
+// operator whose app has no such principal, appID is set beside the
+// error (resolveApp).
 func (c *Client) resolve(ctx context.Context, q querier, app, principal string) (appID, principalID uuid.UUID, err error) {
 	named := principal
 	if principal == "" {
@@ -212,7 +229,7 @@ func (c *Client) resolve(ctx context.Context, q querier, app, principal string) 
 	case pid == nil && !c.operator:
 		return uuid.Nil, uuid.Nil, fmt.Errorf("%w: principal %s does not belong to app \"%s\"", ErrForbidden, c.actor, printable(app))
 	case pid == nil:
-		return uuid.Nil, uuid.Nil, unknownPrincipal(principal, app)
+		return appID, uuid.Nil, unknownPrincipal(principal, app)
 	case !c.operator && named != "" && *pname != named:
 		// Looked up by id, the client's own principal was found whatever
 		// name was asked for: naming another is not allowed.

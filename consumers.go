@@ -367,7 +367,7 @@ func (c *Client) updateConsumer(ctx context.Context, verb, app string, id uuid.U
 	if u.URL != nil && *u.URL == "" {
 		return fail(fmt.Errorf("%w: a push consumer's URL cannot be removed; remove the consumer instead", ErrInvalidOptions))
 	}
-	appID, _, err := c.resolve(ctx, c.db, app, "")
+	appID, err := c.resolveApp(ctx, c.db, app)
 	if err != nil {
 		return fail(err)
 	}
@@ -502,7 +502,7 @@ func (c *Client) RemoveConsumer(ctx context.Context, app string, id uuid.UUID) (
 	fail := func(err error) error {
 		return fmt.Errorf("remove consumer %s of app %s: %w", id, printable(app), err)
 	}
-	appID, _, err := c.resolve(ctx, c.db, app, "")
+	appID, err := c.resolveApp(ctx, c.db, app)
 	if err != nil {
 		return fail(err)
 	}
@@ -551,7 +551,7 @@ func (c *Client) Consumers(ctx context.Context, app string) (_ []Consumer, err e
 	}
 	var appArg *string
 	if app != "" {
-		if _, _, err := c.resolve(ctx, c.db, app, ""); err != nil {
+		if _, err := c.resolveApp(ctx, c.db, app); err != nil {
 			return nil, fmt.Errorf("list consumers: %w", err)
 		}
 		appArg = &app
@@ -592,7 +592,7 @@ func (c *Client) ConsumerOf(ctx context.Context, app, queue string) (_ Consumer,
 	if err := validate.QueueName(queue); err != nil {
 		return fail(err)
 	}
-	if _, _, err := c.resolve(ctx, c.db, app, ""); err != nil {
+	if _, err := c.resolveApp(ctx, c.db, app); err != nil {
 		return fail(err)
 	}
 	rows, err := c.db.Query(ctx, queries.ConsumerGet, queries.Args{"id": nil, "app_name": app, "queue_name": queue, "with_secret": false})

@@ -613,3 +613,62 @@ func TestRemoveConsumerConflictSaysRetry(t *testing.T) {
 		t.Errorf("%d invoke deliveries, want all %d left", n, bellhop.RemoveTries)
 	}
 }
+
+// TestOperatorWithoutDefaultPrincipal: an operator's calls on an app as a
+// whole work on an app that has no principal named "default" (made by
+// SQL, or its default renamed), and a Client made with As of another
+// app's principal is still refused. Found by review: they looked up the
+// default principal too, and every one failed with ErrUnknownPrincipal.
+func TestOperatorWithoutDefaultPrincipal(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	e.app("shop")
+	worker, err := e.client.CreatePrincipal(e.ctx, "shop", "worker")
+	if err != nil {
+		t.Fatal(err)
+	}
+	con, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders", Principal: "worker"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.exec(`UPDATE principals SET name = 'renamed' WHERE name = 'default' AND app_id = (SELECT id FROM apps WHERE name = 'shop')`)
+	off := false
+	c := e.client
+	calls := []struct {
+		name string
+		do   func() error
+	}{
+		{"Consumers", func() error { _, err := c.Consumers(e.ctx, "shop"); return err }},
+		{"ConsumerOf", func() error { _, err := c.ConsumerOf(e.ctx, "shop", "orders"); return err }},
+		{"UpdateConsumer", func() error { return c.UpdateConsumer(e.ctx, "shop", con.ID, bellhop.ConsumerUpdate{Enabled: &off}) }},
+		{"SetConsumerEnabled", func() error { return c.SetConsumerEnabled(e.ctx, "shop", con.ID, true) }},
+		{"Queues", func() error { _, err := c.Queues(e.ctx, "shop"); return err }},
+		{"DeadLetters", func() error { _, err := c.DeadLetters(e.ctx, bellhop.DeadFilter{App: "shop"}); return err }},
+		{"Redrive", func() error { _, err := c.Redrive(e.ctx, "shop", "orders", uuid.Nil); return err }},
+		{"PurgeDead", func() error { _, err := c.PurgeDead(e.ctx, "shop", "orders", uuid.Nil); return err }},
+		{"EnqueueMany of none", func() error { _, err := c.EnqueueMany(e.ctx, "shop", nil); return err }},
+		{"CreatePrincipal", func() error { _, err := c.CreatePrincipal(e.ctx, "shop", "another"); return err }},
+		{"RemoveConsumer", func() error { return c.RemoveConsumer(e.ctx, "shop", con.ID) }},
+	}
+	for _, call := range calls {
+		if err := call.do(); err != nil {
+			t.Errorf("%s on an app without a default principal: %v", call.name, err)
+		}
+	}
+	// Still unknown: an app that does not exist.
+	if _, err := c.Consumers(e.ctx, "nowhere"); !errors.Is(err, bellhop.ErrUnknownApp) {
+		t.Errorf("Consumers of an unknown app: %v, want ErrUnknownApp", err)
+	}
+	// Still refused: another app's principal acting on this one.
+	e.app("other")
+	stranger, err := e.client.CreatePrincipal(e.ctx, "other", "stranger")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.As(stranger).Consumers(e.ctx, "shop"); !errors.Is(err, bellhop.ErrForbidden) {
+		t.Errorf("another app's principal listing shop's consumers: %v, want ErrForbidden", err)
+	}
+	if _, err := c.As(worker).Consumers(e.ctx, "shop"); err != nil {
+		t.Errorf("shop's own principal listing its consumers: %v", err)
+	}
+}

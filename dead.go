@@ -111,7 +111,7 @@ func (c *Client) DeadLetters(ctx context.Context, f DeadFilter) (_ []DeadLetter,
 	}
 	f.App = app
 	if f.App != "" {
-		if _, _, err := c.resolve(ctx, c.db, f.App, ""); err != nil {
+		if _, err := c.resolveApp(ctx, c.db, f.App); err != nil {
 			return nil, fmt.Errorf("list dead letters: %w", err)
 		}
 	}
@@ -192,7 +192,7 @@ func (c *Client) deadCheck(ctx context.Context, verb, app, queue string) error {
 			return fmt.Errorf("%s dead letters: %w", verb, err)
 		}
 	}
-	if _, _, err := c.resolve(ctx, c.db, app, ""); err != nil {
+	if _, err := c.resolveApp(ctx, c.db, app); err != nil {
 		return fmt.Errorf("%s dead letters: %w", verb, err)
 	}
 	return nil

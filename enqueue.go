@@ -107,7 +107,7 @@ func (c *Client) enqueue(ctx context.Context, q querier, app string, msgs []NewM
 	if len(msgs) == 0 {
 		// Nothing to write, but the answer is the one a batch would get:
 		// an unknown app, or a principal of another app, is an error.
-		if _, _, err := c.resolve(ctx, q, app, ""); err != nil {
+		if _, err := c.resolveApp(ctx, q, app); err != nil {
 			return nil, enqueueError(app, msgs, -1, err)
 		}
 		return nil, nil

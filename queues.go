@@ -56,7 +56,7 @@ func (c *Client) Queues(ctx context.Context, app string) (_ []QueueInfo, err err
 		return nil, fmt.Errorf("list queues: %w", err)
 	}
 	if app != "" {
-		if _, _, err := c.resolve(ctx, c.db, app, ""); err != nil {
+		if _, err := c.resolveApp(ctx, c.db, app); err != nil {
 			return nil, fmt.Errorf("list queues: %w", err)
 		}
 	}
