@@ -29,6 +29,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/tern/v2/migrate"
@@ -101,9 +102,33 @@ func Files() ([]File, error) {
 // migration (RESET ALL), so afterwards conn's search_path is its session
 // default, not what it was set to before Migrate.
 //
+// Each lock a migration waits for is waited for LockWait at most: a lock
+// request queued behind a long transaction (a report, an idle session in
+// a transaction) makes every producer and dispatcher that touches the
+// table queue behind the request in turn, for as long as that
+// transaction lasts. The migration is then rolled back and tried again,
+// pausing from 0.5 s doubling to 5 s, for LockPatience; after that Migrate
+// fails, naming the file, with the files before it applied and it and
+// those after not. Once granted, a lock is held until its file commits:
+// the upgrade notes in README.md say which files take long.
+//
 // conn must be a session (not a PgBouncer transaction-mode connection),
 // because the advisory lock is session-scoped.
 func Migrate(ctx context.Context, conn *pgx.Conn) error {
+	return migrateWaiting(ctx, conn, LockWait, LockPatience)
+}
+
+// Bounds of Migrate's waits for the locks its migrations take.
+const (
+	// LockWait is the longest a migration waits for one lock
+	// (lock_timeout) before it is rolled back and tried again.
+	LockWait = 2 * time.Second
+	// LockPatience is how long Migrate keeps trying a migration that
+	// cannot get its locks.
+	LockPatience = 2 * time.Minute
+)
+
+func migrateWaiting(ctx context.Context, conn *pgx.Conn, lockWait, patience time.Duration) error {
 	latest, err := Latest()
 	if err != nil {
 		return err
@@ -129,9 +154,15 @@ func Migrate(ctx context.Context, conn *pgx.Conn) error {
 		return fmt.Errorf("migrate: prepare version table: %w", err)
 	}
 	for _, f := range fs {
-		m.AppendMigration(f.Name, pinSearchPath(f.SQL), "")
+		m.AppendMigration(f.Name, pinSearchPath(f.SQL, lockWait), "")
 	}
-	if err := m.Migrate(ctx); err != nil {
+	start := time.Now()
+	pause := 500 * time.Millisecond
+	for tries := 1; ; tries++ {
+		err := m.Migrate(ctx)
+		if err == nil {
+			return nil
+		}
 		// A newer version may have migrated the database since it was
 		// read above: tern then refuses the version it finds.
 		var bad migrate.BadVersionError
@@ -140,9 +171,23 @@ func Migrate(ctx context.Context, conn *pgx.Conn) error {
 				return nil
 			}
 		}
-		return fmt.Errorf("migrate: %w", err)
+		var mErr migrate.MigrationPgError
+		if !errors.As(err, &mErr) || mErr.Code != "55P03" { // lock_not_available
+			return fmt.Errorf("migrate: %w", err)
+		}
+		if time.Since(start)+pause > patience {
+			return fmt.Errorf("migrate: %s could not take a lock it needs within %s, %d tries over %s "+
+				"(a long transaction holds its table: see pg_stat_activity); it and the files after it were not applied, "+
+				"those before it were; run migrate again when the database is quieter: %w",
+				mErr.MigrationName, lockWait, tries, time.Since(start).Round(time.Second), err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("migrate: %w (waiting to try %s again, for a lock it could not take: %w)", context.Cause(ctx), mErr.MigrationName, err)
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 5*time.Second)
 	}
-	return nil
 }
 
 // seedFile is the migration that creates queue_messages.
@@ -179,19 +224,22 @@ func checkEncoding(conn *pgx.Conn, current int, fs []File) error {
 }
 
 // pinSearchPath puts a SET of search_path to public (and pg_temp) before a
-// migration's SQL: see Migrate. It is a session SET, not SET LOCAL, so that
-// it also holds in a migration that tern runs outside a transaction; tern
-// resets the session's settings after each migration, in its transaction.
-// The SET goes on the file's first line, so that the line numbers of the
-// file's statements are unchanged, unless that line is tern's marker for
-// running the file outside a transaction, which must stay a line of its
-// own.
-func pinSearchPath(sql string) string {
+// migration's SQL: see Migrate; and, for a file that runs in a
+// transaction, one of lock_timeout to lockWait. It is a session SET, not
+// SET LOCAL, so that the search_path also holds in a migration that tern
+// runs outside a transaction; tern resets the session's settings after
+// each migration, in its transaction. A file outside a transaction keeps
+// the server's lock_timeout: CREATE INDEX CONCURRENTLY cut short by it
+// leaves an invalid index, which IF NOT EXISTS would then keep. The SETs
+// go on the file's first line, so that the line numbers of the file's
+// statements are unchanged, unless that line is tern's marker for running
+// the file outside a transaction, which must stay a line of its own.
+func pinSearchPath(sql string, lockWait time.Duration) string {
 	const set = "SET search_path = public, pg_temp; "
 	if first, rest, ok := strings.Cut(sql, "\n"); ok && strings.TrimSpace(first) == "---- tern: disable-tx ----" {
 		return first + "\n" + set + rest
 	}
-	return set + sql
+	return fmt.Sprintf("%sSET lock_timeout = %d; %s", set, lockWait.Milliseconds(), sql)
 }
 
 // Latest is the schema version that Migrate brings a database to.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/tern/v2/migrate"
 
 	"github.com/bellhopq/bellhop/internal/pgtest"
@@ -839,4 +840,131 @@ func TestName(t *testing.T) {
 			t.Errorf("Name(%d) = %q, want %q", tc.v, got, tc.want)
 		}
 	}
+}
+
+// TestMigrateDoesNotQueueProducers: a migration whose lock waits behind a
+// long transaction gives up its request after its lock wait and tries
+// again, so that the producers and dispatchers that touch the table do
+// not queue behind the request for as long as that transaction lasts; it
+// is applied once the transaction ends. Found by review: with no
+// lock_timeout, 0050's LOCK TABLE queue_messages waited behind a report
+// left open, and every enqueue and claim waited behind it.
+func TestMigrateDoesNotQueueProducers(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	cfg := emptyDatabase(t)
+	conn := connect(t, ctx, cfg)
+	before := fileVersion(t, "0050_claim_pair.sql") - 1 // 0050 locks queue_messages and outbox
+	migrateTo(t, ctx, conn, before)
+	report := connect(t, ctx, cfg)
+	tx, err := report.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT count(*) FROM queue_messages"); err != nil {
+		t.Fatal(err)
+	}
+	const lockWait = 200 * time.Millisecond
+	migrated := make(chan error, 1)
+	go func() { migrated <- migrations.MigrateWaiting(ctx, conn, lockWait, time.Minute) }()
+
+	producer := connect(t, ctx, cfg)
+	waiting := func() bool {
+		var n int
+		err := producer.QueryRow(ctx, `SELECT count(*) FROM pg_locks
+			WHERE NOT granted AND mode = 'AccessExclusiveLock' AND relation = 'queue_messages'::regclass`).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !waiting() {
+		select {
+		case err := <-migrated:
+			t.Fatalf("Migrate returned before its lock was granted: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the migration never waited for its lock within 30s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// Statements on the table, as a claim's or an enqueue's, each of which
+	// a waiting request holds up, over several of the migration's tries.
+	for end := time.Now().Add(3 * lockWait * 4); time.Now().Before(end); {
+		qctx, qcancel := context.WithTimeout(ctx, 10*lockWait)
+		_, err := producer.Exec(qctx, "SELECT count(*) FROM queue_messages")
+		qcancel()
+		if err != nil {
+			t.Fatalf("a statement on queue_messages waited over %s behind the migration's lock request: %v", 10*lockWait, err)
+		}
+	}
+	select {
+	case err := <-migrated:
+		t.Fatalf("Migrate returned while the report held its lock: %v", err)
+	default:
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-migrated; err != nil {
+		t.Fatalf("Migrate once the report ended: %v", err)
+	}
+	if got, want := version(t, ctx, conn), latest(t); got != want {
+		t.Errorf("version %d after Migrate, want %d", got, want)
+	}
+}
+
+// TestMigrateLockPatience: a migration that cannot get its lock within
+// Migrate's patience fails, naming its file and saying what to do, with
+// the files before it applied and it not.
+func TestMigrateLockPatience(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	cfg := emptyDatabase(t)
+	conn := connect(t, ctx, cfg)
+	before := fileVersion(t, "0050_claim_pair.sql") - 1
+	migrateTo(t, ctx, conn, before)
+	report := connect(t, ctx, cfg)
+	tx, err := report.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "SELECT count(*) FROM queue_messages"); err != nil {
+		t.Fatal(err)
+	}
+	err = migrations.MigrateWaiting(ctx, conn, 100*time.Millisecond, 2*time.Second)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+		t.Fatalf("Migrate behind a lock for longer than its patience: %v; want lock_not_available in the chain", err)
+	}
+	for _, want := range []string{"0050_claim_pair.sql", "not applied", "run migrate again"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	if got := version(t, ctx, conn); got != before {
+		t.Errorf("version %d after the failed Migrate, want %d", got, before)
+	}
+}
+
+// fileVersion is the schema version that migration file name brings a
+// database to: its place among the files.
+func fileVersion(t *testing.T, name string) int {
+	t.Helper()
+	files, err := migrations.Files()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, f := range files {
+		if f.Name == name {
+			return i + 1
+		}
+	}
+	t.Fatalf("no migration file %s", name)
+	return 0
 }
