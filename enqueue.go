@@ -64,9 +64,11 @@ func (c *Client) Enqueue(ctx context.Context, app, queue string, payload []byte,
 // UTF-8, lone surrogates, numbers beyond numeric's range or written out to
 // more than 1 MiB) run before any statement and leave tx as it was. A
 // rejection only the database can make (a payload whose jsonb text
-// exceeds 1 MiB) comes back as the same ErrPayloadTooLarge, but as a failed
-// statement it aborts tx, as in PostgreSQL any error does: roll it back,
-// or wrap the call in a savepoint (tx.Begin) to go on without the message.
+// exceeds 1 MiB, which comes back as the same ErrPayloadTooLarge; or any
+// other error of the server's, such as a full lock table, 53200) is a
+// failed statement, and aborts tx, as in PostgreSQL any error does: roll
+// it back, or wrap the call in a savepoint (tx.Begin) to go on without
+// the message.
 func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, app, queue string, payload []byte, opts EnqueueOptions) (_ uuid.UUID, err error) {
 	defer c.schemaError(ctx, &err)
 	if isNil(tx) {

@@ -1,5 +1,6 @@
--- Serialises every registration and change of the consumer of one
--- (app_id, queue_name) until the end of the transaction. A unique index
+-- Serialises the registrations of a consumer for one (app_id,
+-- queue_name) until the end of the transaction (RegisterConsumer takes
+-- it; changes and removals find the consumer by id). A unique index
 -- cannot enforce one consumer per queue, because queue_trigger_details
 -- does not hold the app_id; this lock makes check-then-insert safe.
 -- The two-key form keeps Bellhop's locks apart from other advisory locks:
