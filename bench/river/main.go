@@ -11,13 +11,17 @@
 // Scenarios:
 //
 //   - latency: start a client with one no-op worker, let it settle, then insert
-//     -n jobs one per transaction, -interval apart. Each job carries the wall
-//     clock taken just before its insert; the worker records now minus that at
-//     the start of Work. Reports p50/p90/p99/max in microseconds.
+//     -n jobs one per transaction, -interval apart. Each job carries the time
+//     taken just before its insert, as an offset on the monotonic clock from a
+//     start taken once in this process (which both inserts and works the
+//     jobs); the worker records its own offset minus that at the start of
+//     Work, so a step of the wall clock cannot corrupt a latency. Reports
+//     p50/p90/p99/max in microseconds.
 //   - burndown: with no client running, bulk-insert -n no-op jobs, VACUUM
-//     ANALYZE the job table, then start a client and time from Start until all
-//     -n jobs have been completed (marked completed in the database by River's
-//     completer). Reports seconds and jobs per second.
+//     ANALYZE the job table (and, with -checkpoint, CHECKPOINT), then start a
+//     client and time from Start until all -n jobs have been completed (marked
+//     completed in the database by River's completer). Reports seconds and
+//     jobs per second.
 //
 // River's tables are migrated (with rivermigrate) into their own schema, by
 // default "river_bench", so they do not collide with the tables of the public
@@ -62,6 +66,7 @@ type options struct {
 	Workers           int
 	MaxConns          int
 	BatchSize         int
+	Checkpoint        bool
 	Settle            time.Duration
 	Timeout           time.Duration
 	StopTimeout       time.Duration
@@ -113,6 +118,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.Workers, "workers", 100, fmt.Sprintf("MaxWorkers of the queue %q (1..%d)", river.QueueDefault, river.QueueNumWorkersMax))
 	fs.IntVar(&o.MaxConns, "max-conns", 0, "pgx pool size; 0 = the DSN's pool_max_conns or pgx's default (max(4, NumCPU))")
 	fs.IntVar(&o.BatchSize, "batch-size", 1000, "burndown: jobs per InsertManyFast call")
+	fs.BoolVar(&o.Checkpoint, "checkpoint", false, "burndown: CHECKPOINT after the insert's VACUUM ANALYZE, as Bellhop's benchmark does before its burn-down (takes superuser or pg_checkpoint; if it fails, the run goes on and the result says why)")
 	fs.DurationVar(&o.Settle, "settle", time.Second, "latency: wait after Start before the first insert")
 	fs.DurationVar(&o.Timeout, "timeout", 10*time.Minute, "give up on the whole run after this long")
 	fs.DurationVar(&o.StopTimeout, "stop-timeout", 30*time.Second, "how long to wait for the client to stop")

@@ -1,10 +1,19 @@
 package main
 
 import (
+	"context"
 	"io"
+	"log/slog"
+	"net/url"
+	"os"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
 )
 
 func TestParseFlagsDefaults(t *testing.T) {
@@ -87,5 +96,115 @@ func TestSplitOf(t *testing.T) {
 	got := splitOf(ns)
 	if want := (split{P50US: 5, P99US: 10}); got != want {
 		t.Errorf("splitOf = %+v, want %+v", got, want)
+	}
+}
+
+func TestParseFlagsCheckpoint(t *testing.T) {
+	for args, want := range map[string]bool{"": false, "-checkpoint": true} {
+		a := []string{"-database-url", "x", "-scenario", "burndown"}
+		if args != "" {
+			a = append(a, args)
+		}
+		o, err := parseFlags(a, io.Discard)
+		if err != nil || o.Checkpoint != want {
+			t.Errorf("parseFlags(%q): checkpoint %v, %v; want %v", a, o != nil && o.Checkpoint, err, want)
+		}
+	}
+}
+
+// TestLatencyFromMonotonicOffsets: a latency was the wall clock at Work
+// minus the wall clock stamped before Insert, so a step of the clock
+// between them (NTP) went into the figure. Both are now offsets on the
+// monotonic clock from the worker's base; a wall-clock stamp in the job
+// would give a latency of decades here.
+func TestLatencyFromMonotonicOffsets(t *testing.T) {
+	w := &latencyWorker{base: time.Now(), latencies: make([]int64, 2), started: make([]int64, 2), seen: make([]atomic.Bool, 2), done: make(chan struct{})}
+	// Job 1 was stamped 5 ms before now.
+	stamp := w.since() - int64(5*time.Millisecond)
+	if err := w.Work(context.Background(), &river.Job[latencyArgs]{Args: latencyArgs{Seq: 1, EnqueuedAtOffset: stamp}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := time.Duration(w.latencies[1]); got < 5*time.Millisecond || got > time.Minute {
+		t.Errorf("latency %s, want a little over 5ms", got)
+	}
+	if got := time.Duration(w.started[1]); got <= 0 || got > time.Minute {
+		t.Errorf("started at %s since the base", got)
+	}
+	if w.received.Load() != 1 {
+		t.Errorf("received %d", w.received.Load())
+	}
+}
+
+// TestBurndownCheckpoints: Bellhop's burn-down backlog got VACUUM ANALYZE
+// and CHECKPOINT before the clock started, River's only VACUUM ANALYZE.
+// With -checkpoint River's gets both; a user without pg_checkpoint gets a
+// result that says why it did not, as Bellhop's side notes it.
+func TestBurndownCheckpoints(t *testing.T) {
+	dsn := os.Getenv("DATABASE_URL")
+	if dsn == "" {
+		t.Skip("DATABASE_URL is not set: this module starts no server of its own")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Cleanups run last in first out: this one after the drops below.
+	t.Cleanup(func() { admin.Close(context.Background()) })
+	suffix := strconv.FormatInt(time.Now().UnixNano(), 36)
+	role, db := "river_ckpt_"+suffix, "river_ckpt_"+suffix
+	if _, err := admin.Exec(ctx, "CREATE ROLE "+role+" LOGIN"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := admin.Exec(context.Background(), "DROP ROLE IF EXISTS "+role); err != nil {
+			t.Errorf("drop role: %v", err)
+		}
+	})
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+db+" OWNER "+role); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+db+" WITH (FORCE)"); err != nil {
+			t.Errorf("drop database: %v", err)
+		}
+	})
+	superuser := admin.Config().User
+	asUser := func(user string) string {
+		t.Helper()
+		var out string
+		if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+			u.User, u.Path = url.User(user), "/"+db
+			out = u.String()
+		} else {
+			out = dsn + " user=" + user + " dbname=" + db
+		}
+		// River's tables must land in the test's database, as its user.
+		if c, err := pgx.ParseConfig(out); err != nil || c.User != user || c.Database != db {
+			t.Fatalf("DSN for %s in %s: %v", user, db, err)
+		}
+		return out
+	}
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	for _, tc := range []struct {
+		user, schema string
+		want         bool
+	}{{superuser, "river_super", true}, {role, "river_limited", false}} {
+		opts, err := parseFlags([]string{"-database-url", asUser(tc.user), "-schema", tc.schema, "-scenario", "burndown", "-n", "50", "-workers", "5", "-checkpoint"}, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := run(ctx, opts, logger)
+		if err != nil {
+			t.Fatalf("as %s: %v", tc.user, err)
+		}
+		b := res.(*burndownResult)
+		if b.Checkpointed != tc.want || (tc.want == (b.CheckpointError != "")) || b.JobsPerSec <= 0 {
+			t.Errorf("as %s: %+v", tc.user, b)
+		}
+		if !tc.want && !strings.Contains(b.CheckpointError, "CHECKPOINT") {
+			t.Errorf("as %s: checkpoint error %q", tc.user, b.CheckpointError)
+		}
 	}
 }

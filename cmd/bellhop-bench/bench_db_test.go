@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -16,9 +17,11 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/internal/pgcluster"
 	"github.com/bellhopq/bellhop/internal/pgdsn"
 )
 
@@ -43,13 +46,16 @@ func testServer(t *testing.T, databaseURL string) *server {
 	return s
 }
 
-// testEnv is an env on srv with the quick sizes and a small dispatcher
-// pool; tests shrink what they run further.
+// testEnv is an env on srv with the quick sizes, one scored run (so run
+// 2 is the evidence run, as run sets it up) and a small dispatcher pool;
+// tests shrink what they run further.
 func testEnv(srv *server) *env {
 	p := quickParams()
 	p.Runs = 1
 	p.poolMaxConns = 4
-	return &env{srv: srv, p: p, log: zerolog.Nop(), progress: io.Discard, res: newResults(), evidence: &Evidence{}, base: time.Now()}
+	res := newResults()
+	res.SetEvidenceRun(p.Runs + 1)
+	return &env{srv: srv, p: p, log: zerolog.Nop(), progress: io.Discard, res: res, evidence: &Evidence{}, base: time.Now()}
 }
 
 // TestProduceForCountsItsWindow: the busy scenario's "acked while
@@ -123,14 +129,15 @@ func TestLimitedPrivileges(t *testing.T) {
 	e := testEnv(lim)
 	e.p.latencyN = 20
 	e.p.latencyInterval = 5 * time.Millisecond
-	if _, err := latencyOnce(ctx, e, caseGo, 1, reportAs{"latency", caseGo}); err != nil {
+	// The evidence run: only it keeps a statement window.
+	if _, err := latencyOnce(ctx, e, caseGo, e.p.Runs+1, reportAs{"latency", caseGo}); err != nil {
 		t.Fatalf("latency: %v", err)
 	}
 	if len(e.evidence.Statements) != 0 {
 		t.Errorf("statement evidence recorded without a reset: %+v", e.evidence.Statements)
 	}
 	if !slices.ContainsFunc(e.res.notes["latency"], func(n string) bool {
-		return strings.Contains(n, "Go handler (run 1): no statement evidence: pg_stat_statements_reset failed")
+		return strings.Contains(n, "Go handler (evidence run): no statement evidence: pg_stat_statements_reset failed")
 	}) {
 		t.Errorf("no note of the failed reset: %q", e.res.notes["latency"])
 	}
@@ -195,10 +202,11 @@ func TestScaleProducersStopAtDuration(t *testing.T) {
 	e.p.scaleQueues = 2
 	e.p.scaleRate = 200_000
 	e.p.scaleDuration = time.Second
-	e.res.StartRun(2)
+	e.res.StartRun(1)
 	start := time.Now()
-	// Run 2: run 1 would sample wait events and statements too.
-	if err := runScale(ctx, e, 2); err != nil {
+	// Run 1, a scored run: the evidence run's figures are not in the
+	// targets.
+	if err := runScale(ctx, e, 1); err != nil {
 		t.Fatalf("after %s: %v", time.Since(start).Round(time.Second), err)
 	}
 	for _, q := range []int{1, 2} {
@@ -213,7 +221,7 @@ func TestScaleProducersStopAtDuration(t *testing.T) {
 			tg = x
 		}
 	}
-	if !tg.Known || tg.Verdict() != "FAIL" || !strings.Contains(tg.Detail, "in run 2 the 2-queue case reached") {
+	if !tg.Known || tg.Verdict() != "FAIL" || !strings.Contains(tg.Detail, "in run 1 the 2-queue case reached") {
 		t.Errorf("target: %+v", tg)
 	}
 }
@@ -251,8 +259,8 @@ func TestReportHidesPassword(t *testing.T) {
 }
 
 // TestScaleFailureStopsProfiler: a scale case that failed after its
-// beforeStart hook had started the CPU profiler (-cpuprofile, run 1,
-// many queues) left the profiler running, stopped only on success, so
+// beforeStart hook had started the CPU profiler (-cpuprofile, the
+// evidence run) left the profiler running, stopped only on success, so
 // the next profile of the tool failed with "cpu profiling already in
 // use". The context is cancelled once the profile file exists, which
 // beforeStart creates just before it starts profiling and before the
@@ -265,7 +273,7 @@ func TestScaleFailureStopsProfiler(t *testing.T) {
 	e.p.scaleRate = 100
 	e.p.scaleDuration = 5 * time.Second
 	e.cpuprofile = filepath.Join(t.TempDir(), "cpu")
-	profile := e.cpuprofile + ".scale.pprof"
+	profile := e.cpuprofile + ".scale-q2.pprof"
 	rctx, rcancel := context.WithCancel(ctx)
 	defer rcancel()
 	watched := make(chan struct{})
@@ -279,8 +287,8 @@ func TestScaleFailureStopsProfiler(t *testing.T) {
 			time.Sleep(2 * time.Millisecond)
 		}
 	}()
-	e.res.StartRun(1)
-	_, err := scaleOnce(rctx, e, 1, 2)
+	e.res.StartRun(e.p.Runs + 1)
+	_, err := scaleOnce(rctx, e, e.p.Runs+1, 2)
 	rcancel()
 	<-watched
 	if err == nil {
@@ -350,5 +358,269 @@ func TestBadMarkdownKeepsJSON(t *testing.T) {
 	var rep Report
 	if err := json.Unmarshal(b, &rep); err != nil || len(rep.Metrics) == 0 {
 		t.Errorf("JSON report: %d metrics, %v", len(rep.Metrics), err)
+	}
+}
+
+// TestInstrumentationOnlyInEvidenceRun: the scale scenario profiled,
+// sampled and reset pg_stat_statements around its 10,000-queue case in
+// run 1 but not around the 1-queue case it is divided by, and the
+// throughput scenario profiled its run 1, whose figures went into the
+// medians. A scored run now gathers none of it; the evidence run gathers
+// it, for both scale cases alike.
+func TestInstrumentationOnlyInEvidenceRun(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	e := testEnv(testServer(t, os.Getenv("DATABASE_URL")))
+	e.p.scaleQueues = 2
+	e.p.scaleRate = 100
+	e.p.scaleDuration = time.Second
+	dir := t.TempDir()
+	e.cpuprofile = filepath.Join(dir, "cpu")
+	c := throughputCase{N: 200, Queues: 1, InFlight: 10}
+	both := func(run int) {
+		t.Helper()
+		e.res.StartRun(run)
+		if err := runScale(ctx, e, run); err != nil {
+			t.Fatalf("scale, run %d: %v", run, err)
+		}
+		if _, err := throughputOnce(ctx, e, run, c, reportAs{"throughput", c.String()}); err != nil {
+			t.Fatalf("throughput, run %d: %v", run, err)
+		}
+	}
+	both(1)
+	files, _ := filepath.Glob(filepath.Join(dir, "*"))
+	if ev := e.evidence; len(ev.Profiles)+len(ev.WaitEvents)+len(ev.Statements)+len(files) != 0 {
+		t.Fatalf("a scored run gathered evidence: %+v, files %v", ev, files)
+	}
+	both(e.p.Runs + 1)
+	wantProfiles := []string{e.cpuprofile + ".scale-q1.pprof", e.cpuprofile + ".scale-q2.pprof", e.cpuprofile + ".200-q1-f10.pprof"}
+	if !slices.Equal(e.evidence.Profiles, wantProfiles) {
+		t.Errorf("profiles %v, want %v", e.evidence.Profiles, wantProfiles)
+	}
+	for _, p := range wantProfiles {
+		if fi, err := os.Stat(p); err != nil || fi.Size() == 0 {
+			t.Errorf("profile %s: %v", p, err)
+		}
+	}
+	var waits []string
+	for _, w := range e.evidence.WaitEvents {
+		waits = append(waits, w.Case)
+	}
+	wantWaits := []string{"scale: " + scaleCase(1, 100) + " (evidence run), all sessions", "scale: " + scaleCase(2, 100) + " (evidence run), all sessions"}
+	if !slices.Equal(waits, wantWaits) {
+		t.Errorf("wait samples %q, want %q", waits, wantWaits)
+	}
+	if e.srv.pss {
+		var stmts []string
+		for _, s := range e.evidence.Statements {
+			stmts = append(stmts, s.Case)
+		}
+		want := []string{"scale: " + scaleCase(1, 100) + " (evidence run), while producing", "scale: " + scaleCase(2, 100) + " (evidence run), while producing", "throughput: " + c.String() + " (evidence run)"}
+		if !slices.Equal(stmts, want) {
+			t.Errorf("statement windows %q, want %q", stmts, want)
+		}
+	}
+	// The table holds run 1 only; the evidence run's figures are apart.
+	if runs := e.res.RunValues("throughput", c.String(), mToEmpty); len(runs) != 1 || runs[0].Run != 1 {
+		t.Errorf("throughput values in the table: %+v", runs)
+	}
+	var evidence int
+	for _, f := range e.res.EvidenceFigures() {
+		if f.Run != e.p.Runs+1 {
+			t.Errorf("evidence figure of run %d: %+v", f.Run, f)
+		}
+		if f.Name == mScaleP99Ratio || f.Name == mToEmpty {
+			evidence++
+		}
+	}
+	if evidence != 2 {
+		t.Errorf("the evidence run's scale ratio and throughput rate: %d of 2 found in %+v", evidence, e.res.EvidenceFigures())
+	}
+}
+
+// TestProducerOrderAlternates: the producer scenario ran trigger on
+// before trigger off in every run, so a drift within a run always fell
+// on the same side; even runs now take trigger off first, as the busy
+// scenario reverses its modes.
+func TestProducerOrderAlternates(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	e := testEnv(testServer(t, os.Getenv("DATABASE_URL")))
+	e.p.producerConcurrency = []int{1}
+	e.p.producerDuration = 100 * time.Millisecond
+	e.p.bulkRows = 20
+	bulk := func(on bool) string { return "one 20-row INSERT, " + triggerLabel(on) }
+	for run, first := range map[int]bool{1: true, 2: false} {
+		e.res = newResults()
+		e.res.StartRun(run)
+		if err := runProducer(ctx, e, run); err != nil {
+			t.Fatalf("run %d: %v", run, err)
+		}
+		// Metrics are listed in the order they were first recorded.
+		var got []string
+		for _, m := range e.res.order {
+			got = append(got, m.Case)
+		}
+		want := []string{producerCase(1, first), producerCase(1, !first), bulk(first), bulk(!first)}
+		if !slices.Equal(got, want) {
+			t.Errorf("run %d: cases in order %q, want %q", run, got, want)
+		}
+	}
+}
+
+// TestLoadWarmsUp: the load scenario measured from the first message on,
+// while the producers' and the dispatcher's pools were still opening
+// connections (server sessions that are slow at first); the scale
+// scenario had a warm-up for that. Load has one now, the same one, and
+// its messages are delivered but not measured.
+func TestLoadWarmsUp(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	e := testEnv(testServer(t, os.Getenv("DATABASE_URL")))
+	e.p.loadDuration = time.Second
+	e.res.StartRun(1)
+	rec, err := loadOnce(ctx, e, loadRun{rate: 200}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 250 ms at 200/s: about 50, fewer if the producers fell behind.
+	if w := rec.warm.Load(); w == 0 || w > 50 {
+		t.Errorf("%d warm-up messages delivered", w)
+	}
+	if got := rec.got.Load(); got == 0 || got > 200 || rec.bad.Load() != 0 {
+		t.Errorf("%d measured, %d unparsable", got, rec.bad.Load())
+	}
+	if v := e.res.Values("load", loadCase(200, 0), "p50"); len(v) != 1 {
+		t.Errorf("p50 values: %v", v)
+	}
+}
+
+// startPSSCluster starts a throwaway cluster with pg_stat_statements and
+// settings, and the benchmark's server on it as on a DATABASE_URL.
+func startPSSCluster(t *testing.T, settings map[string]string) *server {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s := map[string]string{"shared_preload_libraries": "pg_stat_statements", "fsync": "off"}
+	maps.Copy(s, settings)
+	c, err := pgcluster.Start(ctx, pgcluster.Options{Settings: s})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Stop(); err != nil {
+			t.Errorf("stop the cluster: %v", err)
+		}
+	})
+	return testServer(t, c.ConnString("postgres"))
+}
+
+// setting returns the value srv recorded for name.
+func setting(srv *server, name string) (string, bool) {
+	for _, kv := range srv.settings {
+		if kv[0] == name {
+			return kv[1], true
+		}
+	}
+	return "", false
+}
+
+// churnStatements runs distinct statements on srv's postgres database
+// until ctx ends, 300 kinds in turn: more than a pg_stat_statements.max
+// of 100 holds, so it keeps evicting entries.
+func churnStatements(ctx context.Context, t *testing.T, srv *server) <-chan struct{} {
+	done := make(chan struct{})
+	conn, err := pgx.Connect(ctx, srv.adminDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer close(done)
+		defer conn.Close(context.Background())
+		for i := 0; ctx.Err() == nil; i = (i + 1) % 300 {
+			// Each count of columns is a statement of its own.
+			if _, err := conn.Exec(ctx, "SELECT "+strings.Repeat("1, ", i)+"1"); err != nil && ctx.Err() == nil {
+				t.Errorf("churn: %v", err)
+				return
+			}
+		}
+	}()
+	return done
+}
+
+// TestIdleEvictions: the idle scenario's statement counts depend on
+// pg_stat_statements settings the report did not record, and an entry
+// evicted to make room took its calls out of the count unnoticed. The
+// settings are recorded now, and a count taken while entries were
+// evicted is left out: here a cluster whose pg_stat_statements holds 100
+// entries, while another session keeps running 300 kinds of statement.
+func TestIdleEvictions(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	srv := startPSSCluster(t, map[string]string{"pg_stat_statements.max": "100"})
+	for name, want := range map[string]string{"pg_stat_statements.max": "100", "pg_stat_statements.track": "top", "pg_stat_statements.track_utility": "on"} {
+		if v, ok := setting(srv, name); v != want {
+			t.Errorf("%s recorded as %q (%v), want %q", name, v, ok, want)
+		}
+	}
+	d0, err := srv.stmtDeallocs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, stopChurn := context.WithCancel(ctx)
+	churned := churnStatements(cctx, t, srv)
+	defer func() {
+		stopChurn()
+		<-churned
+	}()
+	e := testEnv(srv)
+	e.p.idleConsumers = 5
+	e.p.idleSettle = 200 * time.Millisecond
+	e.p.idleDuration = time.Second
+	e.res.StartRun(1)
+	if err := runIdle(ctx, e, 1); err != nil {
+		t.Fatal(err)
+	}
+	if d1, err := srv.stmtDeallocs(ctx); err != nil || d1 <= d0 {
+		t.Fatalf("no evictions to test with: dealloc %d → %d, %v", d0, d1, err)
+	}
+	if v := e.res.Values("idle", idleCase(e.p), mIdleStatements); len(v) != 0 {
+		t.Errorf("statements/min recorded despite evictions: %v", v)
+	}
+	if !slices.ContainsFunc(e.res.notes["idle"], func(n string) bool {
+		return strings.HasPrefix(n, "run 1: '"+mIdleStatements+"' left out: pg_stat_statements evicted entries")
+	}) {
+		t.Errorf("notes: %q", e.res.notes["idle"])
+	}
+	// What pg_stat_statements does not count stands.
+	if v := e.res.Values("idle", idleCase(e.p), "transactions/min (pg_stat_database)"); len(v) != 1 {
+		t.Errorf("transactions/min: %v", v)
+	}
+}
+
+// TestIdleCountsOnOwnCluster: the throwaway cluster is started with room
+// for 20,000 statements (a full run creates about a hundred databases,
+// whose entries stay after they are dropped), records it, and an idle
+// run there keeps its count.
+func TestIdleCountsOnOwnCluster(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv := testServer(t, "")
+	if v, _ := setting(srv, "pg_stat_statements.max"); v != "20000" {
+		t.Errorf("pg_stat_statements.max recorded as %q", v)
+	}
+	e := testEnv(srv)
+	e.p.idleConsumers = 5
+	e.p.idleSettle = 200 * time.Millisecond
+	e.p.idleDuration = time.Second
+	e.res.StartRun(1)
+	if err := runIdle(ctx, e, 1); err != nil {
+		t.Fatal(err)
+	}
+	if v := e.res.Values("idle", idleCase(e.p), mIdleStatements); len(v) != 1 {
+		t.Errorf("statements/min: %v; notes %q", v, e.res.notes["idle"])
+	}
+	if v := e.res.Values("idle", idleCase(e.p), "start-up statements"); len(v) != 1 || v[0] == 0 {
+		t.Errorf("start-up statements: %v; notes %q", v, e.res.notes["idle"])
 	}
 }

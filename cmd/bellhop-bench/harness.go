@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -41,6 +42,11 @@ type env struct {
 	timeline   bool
 	dump       string // -dump: a folder for per-message CSVs
 }
+
+// evidenceRun tells whether run is the evidence run, the one after the
+// scored runs: only it samples wait events, keeps statement windows and
+// writes CPU profiles, which would slow the figures they explain.
+func (e *env) evidenceRun(run int) bool { return run > e.p.Runs }
 
 func (e *env) logf(format string, args ...any) {
 	fmt.Fprintf(e.progress, "%s  %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
@@ -122,6 +128,17 @@ func setupConsumers(ctx context.Context, pool *pgxpool.Pool, queues []string, sp
 	wg.Wait()
 	close(errs)
 	return <-errs
+}
+
+// inRunOrder returns a copy of cases, reversed in even runs, so that a
+// drift within a run (autovacuum, the machine's load, what the previous
+// case or scenario left behind) does not always fall on the same case.
+func inRunOrder[T any](run int, cases []T) []T {
+	out := slices.Clone(cases)
+	if run%2 == 0 {
+		slices.Reverse(out)
+	}
+	return out
 }
 
 // queueNames returns q0000, q0001, ...

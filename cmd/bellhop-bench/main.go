@@ -12,7 +12,10 @@
 // Every scenario runs -runs times (default 3), each run in a fresh
 // database cloned from a migrated template, and the table shows the median
 // with the min and max beside it. The issue's targets are evaluated on the
-// medians and printed PASS or FAIL.
+// medians and printed PASS or FAIL. The scenarios that gather evidence
+// (wait events, statement windows, CPU profiles) do so in one more run
+// after those, whose figures are listed beside the evidence and left out
+// of the medians and targets.
 //
 //	go run ./cmd/bellhop-bench -quick -runs 1          # smoke test
 //	go run ./cmd/bellhop-bench -markdown bench.md      # the full run
@@ -191,18 +194,75 @@ func quickParams() params {
 type scenario struct {
 	name, title string
 	run         func(ctx context.Context, e *env, run int) error
+	// evidence, if not "", is what the scenario gathers (wait events,
+	// statement windows, CPU profiles) only in an extra run after the
+	// scored ones (env.evidenceRun), so that no scored figure pays for
+	// it.
+	evidence string
 }
 
 var scenarios = []scenario{
-	{"floor", "1. Physical floor", runFloor},
-	{"latency", "2. Latency, idle dispatcher", runLatency},
-	{"throughput", "3. Throughput (burn-down)", runThroughput},
-	{"load", "4. Latency under load", runLoad},
-	{"idle", "5. Idle load", runIdle},
-	{"producer", "6. Producer cost of the notify trigger", runProducer},
-	{"busy", "6b. Producer cost while a dispatcher drains (busy marks)", runBusy},
-	{"scale", "7. Scale in queues", runScale},
-	{"river", "8. River side by side", runRiver},
+	{"floor", "1. Physical floor", runFloor, ""},
+	{"latency", "2. Latency, idle dispatcher", runLatency, "a pg_stat_statements window over each case"},
+	{"throughput", "3. Throughput (burn-down)", runThroughput, "a pg_stat_statements window over each case and, with -cpuprofile, a CPU profile of each"},
+	{"load", "4. Latency under load", runLoad, "wait events of all sessions every 50ms and a pg_stat_statements window over each case"},
+	{"idle", "5. Idle load", runIdle, ""},
+	{"producer", "6. Producer cost of the notify trigger", runProducer, ""},
+	{"busy", "6b. Producer cost while a dispatcher drains (busy marks)", runBusy, ""},
+	{"scale", "7. Scale in queues", runScale, "for both cases alike, wait events of all sessions every 50ms, a pg_stat_statements window and, with -cpuprofile, a CPU profile"},
+	{"river", "8. River side by side", runRiver, ""},
+}
+
+// step is one scenario run of a plan.
+type step struct {
+	sc  scenario
+	run int
+}
+
+// planRuns orders the scenario runs: the scored runs 1 to runs of each of
+// scs and, for a scenario with evidence, its evidence run (runs+1) after
+// them, so that its instrumentation does not slow a neighbouring scored
+// run either. Sequential keeps each scenario's runs together; otherwise
+// run 1 of every scenario comes first, then run 2, and so on, the
+// evidence runs last.
+func planRuns(scs []scenario, runs int, sequential bool) []step {
+	var plan []step
+	if sequential {
+		for _, sc := range scs {
+			for r := 1; r <= runs; r++ {
+				plan = append(plan, step{sc, r})
+			}
+			if sc.evidence != "" {
+				plan = append(plan, step{sc, runs + 1})
+			}
+		}
+		return plan
+	}
+	for r := 1; r <= runs; r++ {
+		for _, sc := range scs {
+			plan = append(plan, step{sc, r})
+		}
+	}
+	for _, sc := range scs {
+		if sc.evidence != "" {
+			plan = append(plan, step{sc, runs + 1})
+		}
+	}
+	return plan
+}
+
+// runName names run in progress lines and load averages.
+func runName(run, runs int) string {
+	if run > runs {
+		return fmt.Sprintf("evidence run %d (instrumented, not scored)", run)
+	}
+	return fmt.Sprintf("run %d of %d", run, runs)
+}
+
+// evidenceNote says, under sc, which run is the evidence run, what it
+// gathers and what becomes of its figures.
+func evidenceNote(sc scenario, runs int) string {
+	return fmt.Sprintf("run %d, after the %d scored run(s), is the evidence run, the only one to gather %s; its figures are listed under Evidence and are in neither the table's medians nor the targets", runs+1, runs, sc.evidence)
 }
 
 func scenarioNames() []string {
@@ -256,7 +316,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.quick, "quick", false, "about 10x fewer messages and shorter durations, for a smoke test")
 	fs.StringVar(&o.markdown, "markdown", "", "also write the report as Markdown to this file")
 	fs.StringVar(&o.jsonOut, "json", "", "also write every value, the sizes, the settings and the evidence as JSON to this file")
-	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write CPU profiles of this process to FILE.<case>.pprof: the first run of each throughput case (Dispatcher.Run → table empty) and of the scale scenario (Dispatcher.Run → last delivery)")
+	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write CPU profiles of this process to FILE.<case>.pprof in the evidence run (the one after the scored runs, left out of the medians and targets): of each throughput case (Dispatcher.Run → table empty) and of both scale cases (Dispatcher.Run → last delivery)")
 	fs.StringVar(&o.riverDir, "river-dir", "", "directory of the River benchmark module (default: bench/river of the module this runs in)")
 	fs.StringVar(&o.riverBin, "river-bin", "", "a prebuilt River benchmark binary (skips the build)")
 	fs.IntVar(&o.poolMax, "pool-max-conns", 20, "the dispatcher's pool size (and River's)")
@@ -333,11 +393,15 @@ type Report struct {
 }
 
 // Evidence is what helps explain the figures: the busiest statements of
-// some runs, wait events, the CPU profiles written.
+// some runs, wait events, the CPU profiles written, and the figures of the
+// evidence run, which took them.
 type Evidence struct {
 	Statements []StatementSample `json:"statements"`
 	WaitEvents []WaitSample      `json:"wait_events"`
 	Profiles   []string          `json:"profiles"`
+	// Run is the evidence run, 0 if none ran.
+	Run     int              `json:"run"`
+	Figures []EvidenceFigure `json:"figures"`
 }
 
 // StatementSample is one case's busiest statements, from
@@ -385,7 +449,7 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) (int, error)
 	}
 	p.Runs = o.runs
 	p.poolMaxConns = o.poolMax
-	rep := &Report{Started: time.Now(), Command: commandLine(o.args), Machine: machineInfo(), Params: p, Sequential: o.sequential}
+	rep := &Report{Started: time.Now(), Command: commandLine(o.args), Machine: machineInfo(), Params: p, Sequential: o.sequential, Evidence: &Evidence{}}
 
 	level := zerolog.WarnLevel
 	if o.verbose {
@@ -396,7 +460,7 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) (int, error)
 		log:        zerolog.New(zerolog.ConsoleWriter{Out: stderr, TimeFormat: "15:04:05"}).Level(level).With().Timestamp().Logger(),
 		progress:   stderr,
 		res:        newResults(),
-		evidence:   &Evidence{},
+		evidence:   rep.Evidence,
 		base:       time.Now(),
 		cpuprofile: o.cpuprofile,
 		timeline:   o.timeline,
@@ -451,31 +515,22 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) (int, error)
 		rep.Client = append(rep.Client, "pg_stat_statements is NOT available: idle statements not counted")
 	}
 
-	type step struct {
-		sc  scenario
-		run int
-	}
-	var plan []step
-	if o.sequential {
-		for _, sc := range scenarios {
-			for r := 1; r <= p.Runs; r++ {
-				plan = append(plan, step{sc, r})
-			}
-		}
-	} else {
-		for r := 1; r <= p.Runs; r++ {
-			for _, sc := range scenarios {
-				plan = append(plan, step{sc, r})
-			}
-		}
-	}
-	for _, st := range plan {
+	e.res.SetEvidenceRun(p.Runs + 1)
+	for _, st := range planRuns(scenarios, p.Runs, o.sequential) {
 		sc, r := st.sc, st.run
 		if !o.selected(sc.name) || ctx.Err() != nil {
 			continue
 		}
+		// The load averages and the errors name the evidence run as such:
+		// its number alone would read as one more scored run.
+		name := fmt.Sprintf("run %d", r)
+		if e.evidenceRun(r) {
+			name = fmt.Sprintf("evidence run %d", r)
+			rep.Evidence.Run = r
+			e.res.Note(sc.name, "%s", evidenceNote(sc, p.Runs))
+		}
 		la := loadavg()
-		e.logf("%s: run %d of %d (load average %s)", sc.title, r, p.Runs, la)
+		e.logf("%s: %s (load average %s)", sc.title, runName(r, p.Runs), la)
 		t0 := time.Now()
 		c0, cok := readCPUTimes()
 		e.res.StartRun(r)
@@ -484,15 +539,15 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) (int, error)
 		if c1, ok := readCPUTimes(); ok && cok {
 			cpu = cpuShare(c0, c1)
 		}
-		rep.Load = append(rep.Load, fmt.Sprintf("%s run %d: load average %s at start, %s at end (%s); %s", sc.name, r, la, loadavg(), time.Since(t0).Round(time.Second), cpu))
+		rep.Load = append(rep.Load, fmt.Sprintf("%s %s: load average %s at start, %s at end (%s); %s", sc.name, name, la, loadavg(), time.Since(t0).Round(time.Second), cpu))
 		if err != nil {
 			e.res.FailRun(sc.name, r)
-			msg := fmt.Sprintf("%s run %d: %v", sc.name, r, pgdsn.RedactError(err, o.databaseURL))
+			msg := fmt.Sprintf("%s %s: %v", sc.name, name, pgdsn.RedactError(err, o.databaseURL))
 			e.res.Errors = append(e.res.Errors, msg)
 			e.logf("FAILED %s", msg)
 			continue
 		}
-		e.logf("%s: run %d done in %s (%s)", sc.title, r, time.Since(t0).Round(100*time.Millisecond), cpu)
+		e.logf("%s: %s done in %s (%s)", sc.title, name, time.Since(t0).Round(100*time.Millisecond), cpu)
 	}
 
 	rep.Finished = time.Now()
@@ -500,7 +555,7 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) (int, error)
 	rep.Targets = evaluateTargets(e.res, p)
 	rep.Notes = e.res.notes
 	rep.Errors = e.res.Errors
-	rep.Evidence = e.evidence
+	rep.Evidence.Figures = e.res.EvidenceFigures()
 
 	writeReport(stdout, rep, false)
 	// The two files are written independently: one that fails does not
@@ -784,6 +839,16 @@ func writeReport(w io.Writer, rep *Report, md bool) {
 		item("client: %s", c)
 	}
 	item("runs: %s", runOrder(rep.Sequential))
+	if rep.Evidence.Run > 0 {
+		var names []string
+		for _, sc := range scenarios {
+			if sc.evidence != "" {
+				names = append(names, sc.name)
+			}
+		}
+		list := strings.Join(names[:len(names)-1], ", ") + " and " + names[len(names)-1]
+		item("evidence run: run %d of %s, after their scored runs, is the only one that samples wait events, keeps pg_stat_statements windows and writes CPU profiles; its figures are under Evidence, not in the medians or the targets", rep.Evidence.Run, list)
+	}
 	item("load averages (1, 5, 15 min; they count this benchmark's own runnable processes too):")
 	for _, l := range rep.Load {
 		sub("%s", l)
@@ -806,8 +871,18 @@ func writeReport(w io.Writer, rep *Report, md bool) {
 		}
 	}
 
-	if len(rep.Evidence.Statements)+len(rep.Evidence.WaitEvents)+len(rep.Evidence.Profiles) > 0 {
+	if len(rep.Evidence.Statements)+len(rep.Evidence.WaitEvents)+len(rep.Evidence.Profiles)+len(rep.Evidence.Figures) > 0 {
 		h(3, "Evidence")
+		if len(rep.Evidence.Figures) > 0 {
+			item("figures of evidence run %d (instrumented; not in the medians or the targets):", rep.Evidence.Run)
+			if md {
+				fmt.Fprintln(w)
+			}
+			writeEvidenceFigures(w, rep.Evidence.Figures, md)
+			if md {
+				fmt.Fprintln(w)
+			}
+		}
 		for _, s := range rep.Evidence.Statements {
 			item("%s — %d statement calls in all; busiest by total time:", s.Case, s.TotalCalls)
 			for _, st := range s.Top {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"math"
 	"os"
@@ -628,5 +629,177 @@ func TestBadPathsFailAtOnce(t *testing.T) {
 	want := []string{filepath.Join(dir, "d"), filepath.Join(dir, "file"), md}
 	if !slices.Equal(left, want) {
 		t.Errorf("left behind: %v, want %v", left, want)
+	}
+}
+
+// TestPlanRuns: the evidence run of a scenario with evidence comes after
+// all of its scored runs (interleaved: after every scenario's), and a
+// scenario without evidence gets none.
+func TestPlanRuns(t *testing.T) {
+	scs := []scenario{{name: "a"}, {name: "b", evidence: "x"}, {name: "c", evidence: "y"}}
+	show := func(plan []step) string {
+		var s []string
+		for _, st := range plan {
+			s = append(s, fmt.Sprintf("%s%d", st.sc.name, st.run))
+		}
+		return strings.Join(s, " ")
+	}
+	if got, want := show(planRuns(scs, 2, false)), "a1 b1 c1 a2 b2 c2 b3 c3"; got != want {
+		t.Errorf("interleaved: %s, want %s", got, want)
+	}
+	if got, want := show(planRuns(scs, 2, true)), "a1 a2 b1 b2 b3 c1 c2 c3"; got != want {
+		t.Errorf("sequential: %s, want %s", got, want)
+	}
+	// The report's line about the evidence run names these.
+	var withEvidence []string
+	for _, sc := range scenarios {
+		if sc.evidence != "" {
+			withEvidence = append(withEvidence, sc.name)
+		}
+	}
+	if !slices.Equal(withEvidence, []string{"latency", "throughput", "load", "scale"}) {
+		t.Errorf("scenarios with an evidence run: %v", withEvidence)
+	}
+}
+
+// TestEvidenceRunLeftOut: run 1 of the scale and throughput scenarios
+// used to be the profiled and sampled one, and its figures went into the
+// medians and the targets. The evidence run's values are now shown apart:
+// not in the table, the medians, the per-run details or the failed runs
+// a target leaves out.
+func TestEvidenceRunLeftOut(t *testing.T) {
+	p := fullParams()
+	r := newResults()
+	r.SetEvidenceRun(p.Runs + 1)
+	ratio := Metric{Scenario: "scale", Case: scaleRatioCase(p), Name: mScaleP99Ratio, Unit: "×", LowerIsBetter: true}
+	for run, v := range []float64{1.5, 1.7, 1.6, 9} {
+		r.StartRun(run + 1)
+		r.Add(ratio, v)
+	}
+	sums := r.Summaries()
+	if len(sums) != 1 || sums[0].Median != 1.6 || sums[0].Max != 1.7 || !slices.Equal(sums[0].Runs, []int{1, 2, 3}) {
+		t.Errorf("table: %+v", sums)
+	}
+	if v, _ := r.Get("scale", scaleRatioCase(p), mScaleP99Ratio); v != 1.6 {
+		t.Errorf("median %v, want 1.6", v)
+	}
+	figs := r.EvidenceFigures()
+	if len(figs) != 1 || figs[0].Run != 4 || figs[0].Value != 9 || figs[0].Metric != ratio {
+		t.Errorf("evidence figures: %+v", figs)
+	}
+	var tg Target
+	for _, x := range evaluateTargets(r, p) {
+		if x.Name == "latency p99, 10k queues vs 1 queue" {
+			tg = x
+		}
+	}
+	if tg.Value != 1.6 || !strings.HasPrefix(tg.Detail, "per run r1 1.50, r2 1.70, r3 1.60;") || strings.Contains(tg.Detail, "r4") || strings.Contains(tg.Detail, "run 4") {
+		t.Errorf("target: %+v", tg)
+	}
+
+	rep := &Report{Params: p, Metrics: sums, Notes: map[string][]string{}, Evidence: &Evidence{Run: 4, Figures: figs}}
+	for _, md := range []bool{false, true} {
+		var b strings.Builder
+		writeReport(&b, rep, md)
+		out := b.String()
+		if !strings.Contains(out, "figures of evidence run 4 (instrumented; not in the medians or the targets)") ||
+			!strings.Contains(out, "evidence run: run 4 of latency, throughput, load and scale") || !strings.Contains(out, "9.00") {
+			t.Errorf("report (markdown %v):\n%s", md, out)
+		}
+	}
+
+	// A failed evidence run takes its figures with it, and is not among
+	// the failed runs a target's detail lists: none of its values were
+	// in the target.
+	r.FailRun("scale", 4)
+	if figs := r.EvidenceFigures(); len(figs) != 0 {
+		t.Errorf("figures of a failed evidence run: %+v", figs)
+	}
+	if runs := r.FailedRuns("scale"); len(runs) != 0 {
+		t.Errorf("failed runs: %v", runs)
+	}
+}
+
+// TestInRunOrder: odd runs take the cases as given, even ones reversed,
+// and the caller's slice is left as it was.
+func TestInRunOrder(t *testing.T) {
+	cases := []bool{true, false}
+	for run, want := range map[int][]bool{1: {true, false}, 2: {false, true}, 3: {true, false}, 4: {false, true}} {
+		if got := inRunOrder(run, cases); !slices.Equal(got, want) {
+			t.Errorf("run %d: %v, want %v", run, got, want)
+		}
+	}
+	if !slices.Equal(cases, []bool{true, false}) {
+		t.Errorf("the cases were changed: %v", cases)
+	}
+}
+
+// TestAddStatementCount: an idle statement count taken while
+// pg_stat_statements evicted entries may lack calls of the evicted, and
+// would pass the target on a count too low; that run's figure is left out
+// and noted, and the others decide the target.
+func TestAddStatementCount(t *testing.T) {
+	p := fullParams()
+	r := newResults()
+	m := Metric{Scenario: "idle", Case: idleCase(p), Name: mIdleStatements, Unit: "stmts/min", LowerIsBetter: true}
+	r.StartRun(1)
+	addStatementCount(r, m, 3, 1, deallocs{before: 7, after: 7})
+	r.StartRun(2)
+	addStatementCount(r, m, 0.5, 2, deallocs{before: 7, after: 8})
+	r.StartRun(3)
+	// A full reset in the window sets the counter back, and drops the
+	// window's counts too.
+	addStatementCount(r, m, 0.5, 3, deallocs{before: 8, after: 0})
+	if v := r.Values("idle", idleCase(p), mIdleStatements); !slices.Equal(v, []float64{3}) {
+		t.Errorf("values %v, want only run 1's", v)
+	}
+	for _, want := range []string{
+		"run 2: 'statements/min (pg_stat_statements)' left out: pg_stat_statements evicted entries (or was reset in full) while it was counted (pg_stat_statements_info.dealloc 7 → 8)",
+		"run 3: 'statements/min (pg_stat_statements)' left out: pg_stat_statements evicted entries (or was reset in full) while it was counted (pg_stat_statements_info.dealloc 8 → 0)",
+	} {
+		if !slices.ContainsFunc(r.notes["idle"], func(n string) bool { return strings.HasPrefix(n, want) }) {
+			t.Errorf("no note %q in %q", want, r.notes["idle"])
+		}
+	}
+	for _, tg := range evaluateTargets(r, p) {
+		if tg.Name == "idle load" && (tg.Verdict() != "FAIL" || tg.Value != 3) {
+			t.Errorf("idle target: %+v", tg)
+		}
+	}
+	// Where the counter cannot be read, the count stands, with a note.
+	r.StartRun(4)
+	addStatementCount(r, m, 1, 4, deallocs{err: errors.New(`relation "pg_stat_statements_info" does not exist`)})
+	if v := r.Values("idle", idleCase(p), mIdleStatements); !slices.Equal(v, []float64{3, 1}) {
+		t.Errorf("values %v", v)
+	}
+	if !slices.ContainsFunc(r.notes["idle"], func(n string) bool { return strings.Contains(n, "not checked for evictions") }) {
+		t.Errorf("notes: %q", r.notes["idle"])
+	}
+}
+
+// TestRiverRulesNameTheirSettings: the rules said "River(2ms cooldown)"
+// of a River that also polls every 20 ms instead of every second.
+func TestRiverRulesNameTheirSettings(t *testing.T) {
+	p := fullParams()
+	r := newResults()
+	b2b := backToBackCase(riverFetches[1])
+	r.Add(Metric{Scenario: "river", Case: b2b, Name: mLatencyRatio}, 0.8)
+	for _, c := range burnDownPairs {
+		r.Add(Metric{Scenario: "river", Case: b2b, Name: burnDownRatio(c.inFlight, c.workers)}, 2)
+	}
+	n := 0
+	for _, tg := range evaluateTargets(r, p) {
+		if !strings.Contains(tg.Name, "River") && !strings.HasPrefix(tg.Name, "burn-down") {
+			continue
+		}
+		n++
+		if strings.Contains(tg.Rule, "River(") || !strings.Contains(tg.Rule, "River (FetchCooldown 2 ms, FetchPollInterval 20 ms") {
+			t.Errorf("%s: rule %q", tg.Name, tg.Rule)
+		}
+	}
+	// latency vs River, its back-to-back form, and each burn-down pair
+	// in both forms; the leasing ones say "as above".
+	if n != 2+2*len(burnDownPairs) {
+		t.Errorf("%d River rules checked", n)
 	}
 }

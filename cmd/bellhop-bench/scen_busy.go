@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -59,13 +58,7 @@ func runBusy(ctx context.Context, e *env, run int) error {
 	// than the dispatcher can claim in the producer duration, so that it
 	// drains throughout, whether or not notifications wake it.
 	backlog := e.p.busyBacklog
-	// Even runs take the modes in reverse order, so that a drift within
-	// a run (autovacuum, the machine's load) does not always fall on the
-	// same mode.
-	modes := slices.Clone(busyModes)
-	if run%2 == 0 {
-		slices.Reverse(modes)
-	}
+	modes := inRunOrder(run, busyModes)
 	for _, s := range []shape{{8, true}, {32, true}, {32, false}} {
 		for _, m := range modes {
 			name := busyCase(s.producers, s.backlog, m.label)

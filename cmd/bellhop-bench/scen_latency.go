@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http/httptest"
-	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -28,14 +27,8 @@ const (
 // start of its handler.
 func runLatency(ctx context.Context, e *env, run int) error {
 	// The third case is the first with DispatcherConfig.DisableBusyMarks:
-	// issue 7 asks that busy marks keep idle latency as it was. Even runs
-	// take the cases in reverse order, so that the load a previous
-	// scenario leaves behind does not always fall on the same case.
-	cases := []string{caseGo, caseHTTP, caseGoNoMarks, caseGoLease}
-	if run%2 == 0 {
-		slices.Reverse(cases)
-	}
-	for _, cas := range cases {
+	// issue 7 asks that busy marks keep idle latency as it was.
+	for _, cas := range inRunOrder(run, []string{caseGo, caseHTTP, caseGoNoMarks, caseGoLease}) {
 		if _, err := latencyOnce(ctx, e, cas, run, reportAs{"latency", cas}); err != nil {
 			return fmt.Errorf("%s: %w", cas, err)
 		}
@@ -87,8 +80,8 @@ func latencyOnce(ctx context.Context, e *env, cas string, run int, at reportAs) 
 		})
 	}
 	h := &hooks{disableMarks: cas == caseGoNoMarks, leaseAtInsert: cas == caseGoLease, claims: &claimTracer{}}
-	if db.s.pss && run == 1 {
-		w := &stmtWindow{e: e, db: db, scenario: at.scenario, label: at.scenario + ": " + at.label + " (run 1)", top: 8}
+	if db.s.pss && e.evidenceRun(run) {
+		w := &stmtWindow{e: e, db: db, scenario: at.scenario, label: at.scenario + ": " + at.label + " (evidence run)", top: 8}
 		h.settled = func(time.Duration) { w.open(ctx) }
 		h.delivered = func() { w.close(ctx) }
 	}
@@ -228,6 +221,11 @@ type hooks struct {
 	// takes milliseconds.
 	warmup time.Duration
 }
+
+// warmupFor is the warm-up (hooks.warmup) before a measured stretch of d
+// at a fixed rate: long enough for the pools to have opened the
+// connections the rate needs, short against d.
+func warmupFor(d time.Duration) time.Duration { return min(2*time.Second, d/4) }
 
 // latencyRunRate runs one latency measurement on db: consumers on
 // queues, a dispatcher, and producers sending rec's messages interval

@@ -40,31 +40,32 @@ func runLoad(ctx context.Context, e *env, run int) error {
 	// may be what limits it rather than the rate.
 	cases = append(cases, loadRun{rate: slices.Max(e.p.loadRates), inFlight: 1000})
 	for _, c := range cases {
-		if err := loadOnce(ctx, e, c, run); err != nil {
+		if _, err := loadOnce(ctx, e, c, run); err != nil {
 			return fmt.Errorf("%s: %w", loadCase(c.rate, c.inFlight), err)
 		}
 	}
 	e.res.Note("load", "'delivered while producing': handlers started per second from the first Enqueue to the return of the last; below 'achieved' means a backlog built up (and latency grew) while the producers ran")
-	e.res.Note("load", "one queue, consumer defaults (max in-flight %d) except the case marked in-flight 1,000, Go no-op handler; %s per rate; message i is due at start + i/rate and sent by the next free producer goroutine (%d goroutines and connections at 1,000/s, %d at 5,000/s), one Client.Enqueue (one transaction) each; latency from just before Enqueue to the handler's start; unix socket",
-		bellhop.DefaultMaxInFlight, e.p.loadDuration, producersFor(1000), producersFor(5000))
+	e.res.Note("load", "one queue, consumer defaults (max in-flight %d) except the case marked in-flight 1,000, Go no-op handler; %s per rate, after a warm-up of %s at the same rate from the same producers, delivered but not measured (as in the scale scenario: the pools open their connections lazily, and new server sessions are slow at first); message i is due at start + i/rate and sent by the next free producer goroutine (%d goroutines and connections at 1,000/s, %d at 5,000/s), one Client.Enqueue (one transaction) each; latency from just before Enqueue to the handler's start; unix socket",
+		bellhop.DefaultMaxInFlight, e.p.loadDuration, warmupFor(e.p.loadDuration), producersFor(1000), producersFor(5000))
 	e.res.Note("load", "producers stop at the end of the %s whether or not they kept up; 'achieved' is messages sent divided by the time from the first scheduled send to the return of the last Enqueue; below the offered rate means the producers could not keep up; latencies are of the messages sent", e.p.loadDuration)
 	return nil
 }
 
-func loadOnce(ctx context.Context, e *env, c loadRun, run int) error {
+// loadOnce measures one load case and returns its recorder.
+func loadOnce(ctx context.Context, e *env, c loadRun, run int) (*recorder, error) {
 	r, cas := c.rate, loadCase(c.rate, c.inFlight)
 	db, err := e.srv.newDatabase(ctx, "load", true)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer db.drop()
 	n := int(float64(r) * e.p.loadDuration.Seconds())
 	rec := newRecorder(e.base, n)
-	h := &hooks{duration: e.p.loadDuration}
-	if run == 1 {
-		h.sampleWaits = "load: " + cas + " (run 1), all sessions"
+	h := &hooks{duration: e.p.loadDuration, warmup: warmupFor(e.p.loadDuration)}
+	if e.evidenceRun(run) {
+		h.sampleWaits = "load: " + cas + " (evidence run), all sessions"
 		if db.s.pss {
-			w := &stmtWindow{e: e, db: db, scenario: "load", label: "load: " + cas + " (run 1), while producing", top: 6}
+			w := &stmtWindow{e: e, db: db, scenario: "load", label: "load: " + cas + " (evidence run), while producing", top: 6}
 			h.settled = func(time.Duration) { w.open(ctx) }
 			h.delivered = func() { w.close(ctx) }
 		}
@@ -72,7 +73,7 @@ func loadOnce(ctx context.Context, e *env, c loadRun, run int) error {
 	st, achieved, err := latencyRunRate(ctx, e, db, reportAs{"load", cas}, run, []string{"load"}, bellhop.ConsumerSpec{MaxInFlight: c.inFlight}, every(rec.handler()), rec,
 		time.Second/time.Duration(r), producersFor(r), h)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if e.timeline {
 		fmt.Fprintf(e.progress, "timeline of %s, run %d (second since the first send: Enqueue calls returned, handlers started):\n", cas, run)
@@ -81,7 +82,7 @@ func loadOnce(ctx context.Context, e *env, c loadRun, run int) error {
 	addLatency(e.res, "load", cas, st, true)
 	e.res.Add(Metric{Scenario: "load", Case: cas, Name: mAchievedRate, Unit: "msgs/s"}, achieved)
 	e.res.Add(Metric{Scenario: "load", Case: cas, Name: "delivered while producing", Unit: "msgs/s"}, rec.deliveredBy(time.Duration(achievedWindow(rec))))
-	return nil
+	return rec, nil
 }
 
 // printTimeline prints, per second since the first send (the earliest

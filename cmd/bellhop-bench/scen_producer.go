@@ -54,8 +54,11 @@ func runProducer(ctx context.Context, e *env, run int) error {
 		}
 		return e.checkpoint(ctx, setup, "producer", "after the TRUNCATE before a case")
 	}
+	// Trigger on first in odd runs, off first in even ones, as the busy
+	// scenario alternates its modes.
+	order := inRunOrder(run, []bool{true, false})
 	for _, p := range e.p.producerConcurrency {
-		for _, on := range []bool{true, false} {
+		for _, on := range order {
 			if err := setTrigger(on); err != nil {
 				return err
 			}
@@ -72,7 +75,7 @@ func runProducer(ctx context.Context, e *env, run int) error {
 			}
 		}
 	}
-	for _, on := range []bool{true, false} {
+	for _, on := range order {
 		if err := setTrigger(on); err != nil {
 			return err
 		}
@@ -88,7 +91,7 @@ func runProducer(ctx context.Context, e *env, run int) error {
 	if err := setTrigger(true); err != nil {
 		return err
 	}
-	e.res.Note("producer", "no dispatcher runs (nobody LISTENs; PostgreSQL still queues every notification); one queue with a registered consumer; each producer goroutine has its own connection and loops Client.Enqueue (one INSERT, one transaction, server default synchronous_commit) for %s; queue_messages is truncated (and CHECKPOINTed) before each case", e.p.producerDuration)
+	e.res.Note("producer", "no dispatcher runs (nobody LISTENs; PostgreSQL still queues every notification); one queue with a registered consumer; each producer goroutine has its own connection and loops Client.Enqueue (one INSERT, one transaction, server default synchronous_commit) for %s; queue_messages is truncated (and CHECKPOINTed) before each case; for each producer count, and for the large INSERT, the trigger-on case runs first in odd runs and the trigger-off case first in even ones", e.p.producerDuration)
 	e.res.Note("producer", "trigger off: ALTER TABLE queue_messages DISABLE TRIGGER queue_messages_notify; the large INSERT is one Client.EnqueueMany of %d messages to one queue (one statement, one notification)", e.p.bulkRows)
 	return nil
 }

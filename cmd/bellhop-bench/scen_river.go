@@ -16,15 +16,25 @@ import (
 // riverFetch is a River fetch configuration.
 type riverFetch struct {
 	Name string
-	Args []string
+	// Settings spell out what Name abbreviates, for the targets' rules
+	// and the notes: a rule that named only the cooldown hid that the
+	// poll interval was changed too.
+	Settings string
+	Args     []string
 	// BackToBack measures Bellhop's matching case right next to each of
-	// this configuration's, for the targets' ratios.
+	// this configuration's, for the targets' rules.
 	BackToBack bool
 }
 
 var riverFetches = []riverFetch{
-	{Name: "River defaults"},
-	{Name: "River 2ms/20ms", Args: []string{"-fetch-cooldown", "2ms", "-fetch-poll-interval", "20ms"}, BackToBack: true},
+	{Name: "River defaults", Settings: "FetchCooldown and FetchPollInterval at River's defaults"},
+	{Name: "River 2ms/20ms", Settings: "FetchCooldown 2 ms, FetchPollInterval 20 ms", Args: []string{"-fetch-cooldown", "2ms", "-fetch-poll-interval", "20ms"}, BackToBack: true},
+}
+
+// ruleName names f in a target's rule, with its settings and, if any,
+// more of River's (workers, jobs).
+func (f riverFetch) ruleName(more ...string) string {
+	return "River (" + strings.Join(append([]string{f.Settings}, more...), "; ") + ")"
 }
 
 // burnDownPair is one of the issue's burn-down comparisons: Bellhop at a
@@ -108,13 +118,15 @@ func runRiver(ctx context.Context, e *env, run int) error {
 	}
 	for _, f := range riverFetches {
 		var res struct {
-			P50US        float64 `json:"p50_us"`
-			P90US        float64 `json:"p90_us"`
-			P99US        float64 `json:"p99_us"`
-			MaxUS        float64 `json:"max_us"`
-			RiverVersion string  `json:"river_version"`
-			PoolMaxConns int     `json:"pool_max_conns"`
-			InsertCall   struct {
+			P50US             float64 `json:"p50_us"`
+			P90US             float64 `json:"p90_us"`
+			P99US             float64 `json:"p99_us"`
+			MaxUS             float64 `json:"max_us"`
+			RiverVersion      string  `json:"river_version"`
+			PoolMaxConns      int     `json:"pool_max_conns"`
+			FetchCooldown     string  `json:"fetch_cooldown"`
+			FetchPollInterval string  `json:"fetch_poll_interval"`
+			InsertCall        struct {
 				P50US float64 `json:"p50_us"`
 				P99US float64 `json:"p99_us"`
 			} `json:"insert_call"`
@@ -132,6 +144,9 @@ func runRiver(ctx context.Context, e *env, run int) error {
 			addLatency(e.res, "river", riverLatencyCase(f)+": "+mRiverInsertCall, latencyStats{P50: res.InsertCall.P50US, P99: res.InsertCall.P99US}, false)
 			addLatency(e.res, "river", riverLatencyCase(f)+": "+mRiverAfterInsert, latencyStats{P50: res.AfterInsert.P50US, P99: res.AfterInsert.P99US}, false)
 			e.res.Note("river", "River %s, pool_max_conns=%d", res.RiverVersion, res.PoolMaxConns)
+			// What the River binary reports it used, which the names and
+			// rules abbreviate.
+			e.res.Note("river", "'%s': FetchCooldown %s, FetchPollInterval %s (as bench/river reports them)", f.Name, res.FetchCooldown, res.FetchPollInterval)
 			return nil
 		}
 		if !f.BackToBack {
@@ -176,13 +191,21 @@ func runRiver(ctx context.Context, e *env, run int) error {
 			cas := riverBurndownCase(f, e.p.riverBurndownN, w)
 			theirs := func() error {
 				var b struct {
-					Seconds       float64 `json:"seconds"`
-					JobsPerSec    float64 `json:"jobs_per_sec"`
-					WorkedSeconds float64 `json:"worked_seconds"`
+					Seconds         float64 `json:"seconds"`
+					JobsPerSec      float64 `json:"jobs_per_sec"`
+					WorkedSeconds   float64 `json:"worked_seconds"`
+					Checkpointed    bool    `json:"checkpointed"`
+					CheckpointError string  `json:"checkpoint_error"`
 				}
-				args := append([]string{"-scenario", "burndown", "-n", strconv.Itoa(e.p.riverBurndownN), "-workers", strconv.Itoa(w)}, f.Args...)
+				// -checkpoint: Bellhop's backlog is CHECKPOINTed after its
+				// VACUUM ANALYZE too (throughputOnce), so that neither
+				// burn-down meets the checkpoint its insert's WAL brings.
+				args := append([]string{"-scenario", "burndown", "-n", strconv.Itoa(e.p.riverBurndownN), "-workers", strconv.Itoa(w), "-checkpoint"}, f.Args...)
 				if err := e.river(ctx, args, &b); err != nil {
 					return fmt.Errorf("%s: %w", cas, err)
+				}
+				if !b.Checkpointed {
+					e.res.Note("river", "River's CHECKPOINT before the burn-down failed (%s); cases may overlap a checkpoint", b.CheckpointError)
 				}
 				e.res.Add(Metric{Scenario: "river", Case: cas, Name: mRiverWorked, Unit: "jobs/s"}, rate(e.p.riverBurndownN, time.Duration(b.WorkedSeconds*float64(time.Second))))
 				e.res.Add(Metric{Scenario: "river", Case: cas, Name: mRiverJobs, Unit: "jobs/s"}, b.JobsPerSec)
@@ -209,9 +232,10 @@ func runRiver(ctx context.Context, e *env, run int) error {
 			e.res.Add(Metric{Scenario: "river", Case: backToBackCase(f), Name: burnDownRatio(c.InFlight, w), Unit: "×"}, ours/jobs)
 		}
 	}
-	e.res.Note("river", "bench/river (a separate module) run as a subprocess against the same server, a fresh database per run, unix socket, -max-conns %d (the Bellhop dispatcher's pool size); latency: -n %d -interval %s (one Insert per transaction, timed from just before Insert to the start of Work; '%s' is how long client.Insert took, commit included, and '%s' the rest, as Bellhop's 'Enqueue call' and 'Enqueue returned → handler'); burn-down: InsertManyFast in batches of 1,000, VACUUM ANALYZE, then timed from client.Start until River reports every job completed",
+	e.res.Note("river", "bench/river (a separate module) run as a subprocess against the same server, a fresh database per run, unix socket, -max-conns %d (the Bellhop dispatcher's pool size); latency: -n %d -interval %s (one Insert per transaction, timed from just before Insert to the start of Work; '%s' is how long client.Insert took, commit included, and '%s' the rest, as Bellhop's 'Enqueue call' and 'Enqueue returned → handler'); burn-down: InsertManyFast in batches of 1,000, VACUUM ANALYZE river_job and CHECKPOINT (-checkpoint; as before Bellhop's burn-down), then timed from client.Start until River reports every job completed",
 		e.p.poolMaxConns, e.p.riverLatencyN, e.p.latencyInterval, mRiverInsertCall, mRiverAfterInsert)
 	e.res.Note("river", "'Bellhop …, next to River …': Bellhop's case measured as in scenarios 2 and 3, right before River's in odd runs and right after it in even ones; '%s' holds the ratio of each such pair (Bellhop's latency p50 over River's; Bellhop's msgs/s to table empty over River's jobs/s to completed in DB), and its median is the ratio of the targets marked 'back to back'", backToBackCase(riverFetches[1]))
+	e.res.Note("river", "the Bellhop cases here keep no pg_stat_statements window in any run (this scenario has no evidence run); the same cases' statements are in the latency and throughput scenarios' evidence runs")
 	e.res.Note("river", "'%s, next to River …': measured right before the default path's pair in odd runs (leasing, default, River) and right after it in even ones (River, default, leasing); '%s' is its p50 over the same River p50", caseGoLease, mLatencyRatioLease)
 	return nil
 }

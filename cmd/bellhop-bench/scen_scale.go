@@ -108,7 +108,7 @@ func scaleOnce(ctx context.Context, e *env, run, queues int) (latencyStats, erro
 		// target then sees the shortfall as a rate, and a run that fell
 		// behind does not go on for minutes.
 		duration: e.p.scaleDuration,
-		warmup:   min(2*time.Second, e.p.scaleDuration/4),
+		warmup:   warmupFor(e.p.scaleDuration),
 		beforeStart: func() error {
 			// Everything but the dispatcher exists now: the consumers
 			// are registered, the producers' pool is open and the
@@ -119,8 +119,10 @@ func scaleOnce(ctx context.Context, e *env, run, queues int) (latencyStats, erro
 			if baseline, err = vmRSS(); err != nil {
 				return err
 			}
-			if e.cpuprofile != "" && run == 1 && queues > 1 {
-				if stopProfile, err = e.startProfile("scale"); err != nil {
+			// Both cases of the evidence run are profiled, so that its
+			// ratio compares like with like, as the scored runs' do.
+			if e.cpuprofile != "" && e.evidenceRun(run) {
+				if stopProfile, err = e.startProfile(fmt.Sprintf("scale-q%d", queues)); err != nil {
 					return err
 				}
 			}
@@ -142,10 +144,10 @@ func scaleOnce(ctx context.Context, e *env, run, queues int) (latencyStats, erro
 		settled:   func(d time.Duration) { settle = d },
 		delivered: delivered,
 	}
-	if run == 1 && queues > 1 {
-		h.sampleWaits = "scale: " + cas + " (run 1), all sessions"
+	if e.evidenceRun(run) {
+		h.sampleWaits = "scale: " + cas + " (evidence run), all sessions"
 		if db.s.pss {
-			w := &stmtWindow{e: e, db: db, scenario: "scale", label: "scale: " + cas + " (run 1), while producing", top: 8}
+			w := &stmtWindow{e: e, db: db, scenario: "scale", label: "scale: " + cas + " (evidence run), while producing", top: 8}
 			settled := h.settled
 			h.settled = func(d time.Duration) { settled(d); w.open(ctx) }
 			h.delivered = func() {
@@ -176,7 +178,7 @@ func scaleOnce(ctx context.Context, e *env, run, queues int) (latencyStats, erro
 	e.res.Add(Metric{Scenario: "scale", Case: cas, Name: "Go heap in use at end (whole process)", Unit: "MiB", LowerIsBetter: true}, float64(ms.HeapInuse)/mib)
 	e.res.Add(Metric{Scenario: "scale", Case: cas, Name: "start-up: ready → claims settled", Unit: "s", LowerIsBetter: true}, settle.Seconds())
 	e.res.Note("scale", "%d queues (and, right before it in each run, the same with 1 queue, as the reference), one consumer each (defaults), one no-op Go handler through a Resolver; after the start-up claims settle, %s at %d msgs/s, each to a random queue, one Client.Enqueue per message from %d producer goroutines (who stop at the end of the period whether or not they kept up), after a warm-up of %s at the same rate, delivered but not measured (since 2026-11-30: the pools open their connections lazily, and new server sessions are slow at first); latency as in the latency scenario; unix socket",
-		e.p.scaleQueues, e.p.scaleDuration, e.p.scaleRate, producersFor(e.p.scaleRate), min(2*time.Second, e.p.scaleDuration/4))
+		e.p.scaleQueues, e.p.scaleDuration, e.p.scaleRate, producersFor(e.p.scaleRate), warmupFor(e.p.scaleDuration))
 	e.res.Note("scale", "'%s': messages sent divided by the time from the first scheduled send to the return of the last Enqueue", mAchievedRate)
 	e.res.Note("scale", "RSS: the dispatcher runs in this process; VmRSS from /proc/self/status sampled every 250ms from just before Dispatcher.Run (start-up claims included) to the last delivery, minus a baseline taken just before Dispatcher.Run (after GC and FreeOSMemory; consumers registered, producer pool open, latency arrays allocated); so it includes the latency payloads in flight and Go heap not yet returned to the OS")
 	return st, nil

@@ -58,7 +58,7 @@ func runThroughput(ctx context.Context, e *env, run int) error {
 
 // throughputOnce burns down one backlog, reports its rates under at and
 // returns the rate to the table's emptying. Only the throughput
-// scenario's own first run is profiled.
+// scenario's evidence run is profiled and has a statement window.
 func throughputOnce(ctx context.Context, e *env, run int, c throughputCase, at reportAs) (float64, error) {
 	db, err := e.srv.newDatabase(ctx, "tput", true)
 	if err != nil {
@@ -101,7 +101,7 @@ func throughputOnce(ctx context.Context, e *env, run int, c throughputCase, at r
 	})
 	obs := newObserver(c.N)
 	var stopProfile func()
-	if e.cpuprofile != "" && run == 1 && at.scenario == "throughput" {
+	if e.cpuprofile != "" && e.evidenceRun(run) && at.scenario == "throughput" {
 		if stopProfile, err = e.startProfile(fmt.Sprintf("%d-q%d-f%d", c.N, c.Queues, c.InFlight)); err != nil {
 			return 0, err
 		}
@@ -112,8 +112,8 @@ func throughputOnce(ctx context.Context, e *env, run int, c throughputCase, at r
 		}()
 	}
 	var stmts *stmtWindow
-	if run == 1 && db.s.pss {
-		stmts = &stmtWindow{e: e, db: db, scenario: at.scenario, label: at.scenario + ": " + at.label + " (run 1)", top: 6}
+	if e.evidenceRun(run) && db.s.pss {
+		stmts = &stmtWindow{e: e, db: db, scenario: at.scenario, label: at.scenario + ": " + at.label + " (evidence run)", top: 6}
 		stmts.open(ctx)
 	}
 	start = time.Now()

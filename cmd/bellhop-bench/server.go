@@ -37,11 +37,23 @@ type server struct {
 // serverSettings are the settings a throwaway cluster starts with. Only
 // what a benchmark needs is set: durability stays at PostgreSQL's
 // defaults (fsync, synchronous_commit, full_page_writes all on).
+//
+// pg_stat_statements.max is raised from its default of 5,000: a full run
+// creates about a hundred databases, and the entries of those dropped stay
+// until evicted; an eviction may take the idle scenario's entries and
+// lower its counts (runIdle checks pg_stat_statements_info.dealloc).
 func serverSettings() map[string]string {
 	return map[string]string{
 		"shared_preload_libraries": "pg_stat_statements",
+		"pg_stat_statements.max":   "20000",
 	}
 }
+
+// pssSettings are the pg_stat_statements settings that decide what the
+// statement counts hold: which statements are tracked (top level or
+// nested, utility commands or not) and how many entries fit before the
+// least used are evicted.
+var pssSettings = []string{"pg_stat_statements.track", "pg_stat_statements.track_utility", "pg_stat_statements.max"}
 
 func startServer(ctx context.Context, databaseURL string, serverLog io.Writer) (*server, error) {
 	s := &server{}
@@ -87,6 +99,19 @@ func (s *server) prepare(ctx context.Context) error {
 			return fmt.Errorf("SHOW %s: %w", name, err)
 		}
 		s.settings = append(s.settings, [2]string{name, v})
+	}
+	// Recorded for any server, ours or DATABASE_URL's; without the
+	// library loaded they are not defined.
+	for _, name := range pssSettings {
+		var v *string
+		if err := conn.QueryRow(ctx, "SELECT current_setting($1, true)", name).Scan(&v); err != nil {
+			return fmt.Errorf("SHOW %s: %w", name, err)
+		}
+		if v == nil {
+			s.settings = append(s.settings, [2]string{name, "(not loaded)"})
+		} else {
+			s.settings = append(s.settings, [2]string{name, *v})
+		}
 	}
 	// The template: every scenario run clones it, so runs start from the
 	// same freshly migrated, empty schema and never see each other's rows,
@@ -202,6 +227,19 @@ func (db *database) resetStatements(ctx context.Context) error {
 		return errors.New("pg_stat_statements is not available")
 	}
 	return db.s.adminExec(ctx, "SELECT pg_stat_statements_reset(0, $1::oid, 0)", db.OID)
+}
+
+// stmtDeallocs returns pg_stat_statements_info.dealloc: how many times
+// the server has evicted entries to make room, since the last full reset.
+func (s *server) stmtDeallocs(ctx context.Context) (int64, error) {
+	conn, err := pgx.Connect(ctx, s.adminDSN)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close(context.Background())
+	var n int64
+	err = conn.QueryRow(ctx, "SELECT dealloc FROM pg_stat_statements_info").Scan(&n)
+	return n, err
 }
 
 // stmtWindow gathers pg_stat_statements evidence of db over a stretch

@@ -76,6 +76,11 @@ type Results struct {
 	// Errors): a run that stopped part way may have recorded some of its
 	// figures, and neither the medians nor the targets take them.
 	failed map[string][]int
+	// evidenceRun, if not 0, is the run that samples wait events, keeps
+	// statement windows and writes CPU profiles: that instrumentation
+	// slows what it watches, so its values are shown apart
+	// (EvidenceFigures) and neither the medians nor the targets take them.
+	evidenceRun int
 }
 
 // runValue is one value of a metric and the scenario run it came from.
@@ -90,6 +95,10 @@ func newResults() *Results {
 
 // StartRun tags the values Add records from now on with run.
 func (r *Results) StartRun(run int) { r.run = run }
+
+// SetEvidenceRun names the instrumented run whose values are kept out of
+// the medians and the targets.
+func (r *Results) SetEvidenceRun(run int) { r.evidenceRun = run }
 
 // FailRun marks run of scenario as failed: the values it recorded are
 // left out of the table and the targets from now on.
@@ -146,12 +155,38 @@ func (r *Results) Summaries() []Summary {
 	return out
 }
 
-// kept returns m's values from the runs that did not fail.
+// kept returns m's values from the scored runs that did not fail.
 func (r *Results) kept(m Metric) []runValue {
 	var out []runValue
 	for _, x := range r.values[m] {
-		if !slices.Contains(r.failed[m.Scenario], x.Run) {
+		if !r.isEvidence(x.Run) && !slices.Contains(r.failed[m.Scenario], x.Run) {
 			out = append(out, x)
+		}
+	}
+	return out
+}
+
+func (r *Results) isEvidence(run int) bool { return r.evidenceRun != 0 && run == r.evidenceRun }
+
+// EvidenceFigure is one value of the evidence run.
+type EvidenceFigure struct {
+	Metric
+	Run   int     `json:"run"`
+	Value float64 `json:"value"`
+}
+
+// EvidenceFigures returns the values of the evidence run, unless it
+// failed, in report order.
+func (r *Results) EvidenceFigures() []EvidenceFigure {
+	var out []EvidenceFigure
+	for _, m := range r.order {
+		if slices.Contains(r.failed[m.Scenario], r.evidenceRun) {
+			continue
+		}
+		for _, x := range r.values[m] {
+			if r.isEvidence(x.Run) {
+				out = append(out, EvidenceFigure{Metric: m, Run: x.Run, Value: x.V})
+			}
 		}
 	}
 	return out
@@ -186,9 +221,12 @@ func (r *Results) RunValues(scenario, cas, name string) []runValue {
 	return nil
 }
 
-// FailedRuns returns the runs of scenario that failed, in the order they
-// did.
-func (r *Results) FailedRuns(scenario string) []int { return slices.Clone(r.failed[scenario]) }
+// FailedRuns returns the scored runs of scenario that failed, in the
+// order they did: a failed evidence run has no figures in the targets to
+// leave out.
+func (r *Results) FailedRuns(scenario string) []int {
+	return slices.DeleteFunc(slices.Clone(r.failed[scenario]), r.isEvidence)
+}
 
 // median of an even number of values is the mean of the middle two.
 func median(v []float64) float64 {
@@ -269,6 +307,33 @@ func writeMarkdownTable(w io.Writer, sums []Summary) {
 		last = s.Scenario
 		fmt.Fprintf(w, "| %s | %s | %s | %s | %s – %s | %s | %d |\n", sc, mdEscape(s.Case), mdEscape(s.Name), num(s.Median), num(s.Min), num(s.Max), s.Unit, len(s.Values))
 	}
+}
+
+// writeEvidenceFigures prints the evidence run's figures, as text or
+// Markdown.
+func writeEvidenceFigures(w io.Writer, figs []EvidenceFigure, md bool) {
+	if md {
+		fmt.Fprintln(w, "| Scenario | Case | Metric | Value | Unit |")
+		fmt.Fprintln(w, "|---|---|---|--:|---|")
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	if !md {
+		fmt.Fprintln(tw, "  SCENARIO\tCASE\tMETRIC\tVALUE\tUNIT")
+	}
+	last := ""
+	for _, f := range figs {
+		sc := f.Scenario
+		if sc == last {
+			sc = ""
+		}
+		last = f.Scenario
+		if md {
+			fmt.Fprintf(w, "| %s | %s | %s | %s | %s |\n", sc, mdEscape(f.Case), mdEscape(f.Name), num(f.Value), f.Unit)
+		} else {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", sc, f.Case, f.Name, num(f.Value), f.Unit)
+		}
+	}
+	tw.Flush()
 }
 
 func mdEscape(s string) string { return strings.ReplaceAll(s, "|", `\|`) }

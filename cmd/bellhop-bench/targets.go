@@ -81,7 +81,7 @@ func evaluateTargets(r *Results, p params) []Target {
 	add("latency p99", "Bellhop p99 ≤ 2 ms", "µs", p99, 2000, true, "Go handler, 10 ms apart")
 	fetch2 := riverFetches[1]
 	riverP50 := get("river", riverLatencyCase(fetch2), "p50")
-	add("latency p50 vs River", "Bellhop p50 ≤ 0.75 × River(2ms cooldown) p50", "µs", p50, 0.75*riverP50, true,
+	add("latency p50 vs River", "Bellhop p50 ≤ 0.75 × "+fetch2.ruleName()+" p50", "µs", p50, 0.75*riverP50, true,
 		fmt.Sprintf("River p50 %s µs", num(riverP50)))
 
 	// The same three with DispatcherConfig.LeaseAtInsert, when measured.
@@ -96,7 +96,7 @@ func evaluateTargets(r *Results, p params) []Target {
 	// The same comparisons with each ratio taken from a pair measured back
 	// to back in the River scenario: the median of the per-run ratios.
 	if lr := get("river", backToBackCase(fetch2), mLatencyRatio); !math.IsNaN(lr) {
-		add("latency p50 vs River, back to back", "median of per-run (Bellhop p50 ÷ River(2ms cooldown) p50), each pair measured back to back", "×", lr, 0.75, true,
+		add("latency p50 vs River, back to back", "median of per-run (Bellhop p50 ÷ "+fetch2.ruleName()+" p50), each pair measured back to back", "×", lr, 0.75, true,
 			"per run "+perRun(r, "river", backToBackCase(fetch2), mLatencyRatio)+leftOut(r, "river"))
 	}
 	if lr := get("river", backToBackCase(fetch2), mLatencyRatioLease); !math.IsNaN(lr) {
@@ -112,19 +112,21 @@ func evaluateTargets(r *Results, p params) []Target {
 		bh := get("throughput", throughputCase{N: small, Queues: 1, InFlight: c.inFlight}.String(), mToEmpty)
 		rv := get("river", riverBurndownCase(fetch2, p.riverBurndownN, c.workers), mRiverJobs)
 		add(fmt.Sprintf("burn-down, in-flight %s", groupThousands(fmt.Sprint(c.inFlight))),
-			fmt.Sprintf("Bellhop %s msgs, 1 queue, in-flight %d ≥ %.1f × River(2ms, %d workers, %s jobs)", groupThousands(fmt.Sprint(small)), c.inFlight, c.factor, c.workers, groupThousands(fmt.Sprint(p.riverBurndownN))),
+			fmt.Sprintf("Bellhop %s msgs, 1 queue, in-flight %d ≥ %.1f × %s", groupThousands(fmt.Sprint(small)), c.inFlight, c.factor,
+				fetch2.ruleName(groupThousands(fmt.Sprint(c.workers))+" workers", groupThousands(fmt.Sprint(p.riverBurndownN))+" jobs")),
 			"msgs/s", bh, c.factor*rv, false, fmt.Sprintf("start → table empty vs River's start → completed in DB; River %s jobs/s", num(rv)))
 	}
 	for _, c := range burnDownPairs {
 		name := burnDownRatio(c.inFlight, c.workers)
 		if br := get("river", backToBackCase(fetch2), name); !math.IsNaN(br) {
 			add(fmt.Sprintf("burn-down, in-flight %s, back to back", groupThousands(fmt.Sprint(c.inFlight))),
-				fmt.Sprintf("median of per-run (Bellhop %s msgs, 1 queue, in-flight %d ÷ River(2ms, %d workers)) ≥ %.1f, each pair measured back to back", groupThousands(fmt.Sprint(p.riverBurndownN)), c.inFlight, c.workers, c.factor),
+				fmt.Sprintf("median of per-run (Bellhop %s msgs, 1 queue, in-flight %d ÷ %s) ≥ %.1f, each pair measured back to back", groupThousands(fmt.Sprint(p.riverBurndownN)), c.inFlight,
+					fetch2.ruleName(groupThousands(fmt.Sprint(c.workers))+" workers"), c.factor),
 				"×", br, c.factor, false, "per run "+perRun(r, "river", backToBackCase(fetch2), name)+leftOut(r, "river"))
 		}
 	}
 
-	idle := get("idle", idleCase(p), "statements/min (pg_stat_statements)")
+	idle := get("idle", idleCase(p), mIdleStatements)
 	add("idle load", "≤ 2 statements/min with 1,000 consumers", "stmts/min", idle, 2, true, "pg_stat_statements, this database")
 
 	// Each run's ratio comes from a pair measured one right after the
