@@ -32,20 +32,8 @@ import (
 // 5s past the bound (a re-review's run: 15s against a bound of 10s).
 func TestStopBoundWithOutcomesQueued(t *testing.T) {
 	ctx := context.Background()
-	dsn := pgtest.ConnString(t)
-	pool, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	client := NewClient(pool)
-	if _, err := client.CreateApp(ctx, "app"); err != nil {
-		t.Fatal(err)
-	}
 	const n = 20
-	if _, err := client.RegisterConsumer(ctx, ConsumerSpec{App: "app", Queue: "q", MaxInFlight: n, VisibilityTimeout: time.Minute}); err != nil {
-		t.Fatal(err)
-	}
+	dsn, _, client := stopBoundApp(t, n)
 	msgs := make([]NewMessage, n)
 	for i := range msgs {
 		msgs[i] = NewMessage{Queue: "q", Payload: []byte(`{}`)}
@@ -129,19 +117,7 @@ func awayConfig(t *testing.T, dsn string) (*pgxpool.Config, *atomic.Bool) {
 // outcome given up on, stays for its lease to run out.
 func TestStopWritesEndAtTheBound(t *testing.T) {
 	ctx := context.Background()
-	dsn := pgtest.ConnString(t)
-	pool, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	client := NewClient(pool)
-	if _, err := client.CreateApp(ctx, "app"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := client.RegisterConsumer(ctx, ConsumerSpec{App: "app", Queue: "q", VisibilityTimeout: time.Minute}); err != nil {
-		t.Fatal(err)
-	}
+	dsn, pool, client := stopBoundApp(t, 1)
 	if _, err := client.Enqueue(ctx, "app", "q", []byte(`{}`), EnqueueOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -194,4 +170,26 @@ func TestStopWritesEndAtTheBound(t *testing.T) {
 	if left != 1 {
 		t.Errorf("%d messages left, want 1: the ack was never written", left)
 	}
+}
+
+// stopBoundApp makes app "app" with a consumer of queue "q" (maxInFlight,
+// leases of a minute) on a test database, and returns the database, a
+// pool on it (closed when t ends) and a Client of that pool.
+func stopBoundApp(t *testing.T, maxInFlight int) (string, *pgxpool.Pool, *Client) {
+	t.Helper()
+	ctx := context.Background()
+	dsn := pgtest.ConnString(t)
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	client := NewClient(pool)
+	if _, err := client.CreateApp(ctx, "app"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.RegisterConsumer(ctx, ConsumerSpec{App: "app", Queue: "q", MaxInFlight: maxInFlight, VisibilityTimeout: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	return dsn, pool, client
 }

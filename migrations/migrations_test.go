@@ -855,7 +855,7 @@ func TestMigrateDoesNotQueueProducers(t *testing.T) {
 	defer cancel()
 	cfg := emptyDatabase(t)
 	conn := connect(t, ctx, cfg)
-	before := fileVersion(t, "0050_claim_pair.sql") - 1 // 0050 locks queue_messages and outbox
+	before := versionBefore(t, 50) // 0050 locks queue_messages and outbox
 	migrateTo(t, ctx, conn, before)
 	report := connect(t, ctx, cfg)
 	tx, err := report.Begin(ctx)
@@ -926,7 +926,7 @@ func TestMigrateLockPatience(t *testing.T) {
 	defer cancel()
 	cfg := emptyDatabase(t)
 	conn := connect(t, ctx, cfg)
-	before := fileVersion(t, "0050_claim_pair.sql") - 1
+	before := versionBefore(t, 50)
 	migrateTo(t, ctx, conn, before)
 	report := connect(t, ctx, cfg)
 	tx, err := report.Begin(ctx)
@@ -950,21 +950,4 @@ func TestMigrateLockPatience(t *testing.T) {
 	if got := version(t, ctx, conn); got != before {
 		t.Errorf("version %d after the failed Migrate, want %d", got, before)
 	}
-}
-
-// fileVersion is the schema version that migration file name brings a
-// database to: its place among the files.
-func fileVersion(t *testing.T, name string) int {
-	t.Helper()
-	files, err := migrations.Files()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, f := range files {
-		if f.Name == name {
-			return i + 1
-		}
-	}
-	t.Fatalf("no migration file %s", name)
-	return 0
 }

@@ -573,14 +573,7 @@ func TestIdleEvictions(t *testing.T) {
 		stopChurn()
 		<-churned
 	}()
-	e := testEnv(srv)
-	e.p.idleConsumers = 5
-	e.p.idleSettle = 200 * time.Millisecond
-	e.p.idleDuration = time.Second
-	e.res.StartRun(1)
-	if err := runIdle(ctx, e, 1); err != nil {
-		t.Fatal(err)
-	}
+	e := shortIdleRun(ctx, t, srv)
 	if d1, err := srv.stmtDeallocs(ctx); err != nil || d1 <= d0 {
 		t.Fatalf("no evictions to test with: dealloc %d → %d, %v", d0, d1, err)
 	}
@@ -609,6 +602,19 @@ func TestIdleCountsOnOwnCluster(t *testing.T) {
 	if v, _ := setting(srv, "pg_stat_statements.max"); v != "20000" {
 		t.Errorf("pg_stat_statements.max recorded as %q", v)
 	}
+	e := shortIdleRun(ctx, t, srv)
+	if v := e.res.Values("idle", idleCase(e.p), mIdleStatements); len(v) != 1 {
+		t.Errorf("statements/min: %v; notes %q", v, e.res.notes["idle"])
+	}
+	if v := e.res.Values("idle", idleCase(e.p), "start-up statements"); len(v) != 1 || v[0] == 0 {
+		t.Errorf("start-up statements: %v; notes %q", v, e.res.notes["idle"])
+	}
+}
+
+// shortIdleRun runs one idle scenario run on srv, small and short: 5
+// consumers, a second's window.
+func shortIdleRun(ctx context.Context, t *testing.T, srv *server) *env {
+	t.Helper()
 	e := testEnv(srv)
 	e.p.idleConsumers = 5
 	e.p.idleSettle = 200 * time.Millisecond
@@ -617,10 +623,5 @@ func TestIdleCountsOnOwnCluster(t *testing.T) {
 	if err := runIdle(ctx, e, 1); err != nil {
 		t.Fatal(err)
 	}
-	if v := e.res.Values("idle", idleCase(e.p), mIdleStatements); len(v) != 1 {
-		t.Errorf("statements/min: %v; notes %q", v, e.res.notes["idle"])
-	}
-	if v := e.res.Values("idle", idleCase(e.p), "start-up statements"); len(v) != 1 || v[0] == 0 {
-		t.Errorf("start-up statements: %v; notes %q", v, e.res.notes["idle"])
-	}
+	return e
 }
