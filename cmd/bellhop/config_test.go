@@ -769,6 +769,8 @@ func TestStrayArgumentShownWithoutPassword(t *testing.T) {
 		{"URL for a message id", []string{"dead", "show", "--app", "shop", "postgres://u:S3CRET@h/db"}, `message id "postgres://u:xxxxx@h/db" is not a UUID`},
 		{"other URL with credentials", []string{"migrate", "https://u:S3CRET@h/x"}, `unexpected argument "https://xxxxx@h/x"`},
 		{"user:password@host", []string{"migrate", "u:S3CRET@h"}, `unexpected argument (not shown: it may carry credentials)`},
+		{"URL for an app name", []string{"app", "create", "postgres://u:S3CRET@h/db"}, `app name "postgres://u:xxxxx@h/db"`},
+		{"URL for --queue", []string{"consumer", "add", "--app", "shop", "--queue", "postgres://u:S3CRET@h/db", "--url", "http://h/x"}, `queue name "postgres://u:xxxxx@h/db"`},
 		// Anything else is shown as typed: it is what the user looks for.
 		{"plain word", []string{"migrate", "now"}, `unexpected argument "now": bellhop migrate takes no arguments`},
 		{"words with spaces", []string{"migrate", "a b"}, `unexpected argument "a b"`},

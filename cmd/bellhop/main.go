@@ -327,7 +327,7 @@ func strict(cmd *cli.Command) {
 	case len(cmd.Commands) > 0 && cmd.Action == nil:
 		cmd.Action = func(ctx context.Context, cmd *cli.Command) error {
 			if cmd.Args().Present() {
-				return usagef("unknown command %s (see %s --help)", shownArg(cmd.Args().First()), cmd.FullName())
+				return usagef("unknown command %s (see %s --help)", validate.Shown(cmd.Args().First()), cmd.FullName())
 			}
 			return cli.ShowSubcommandHelp(cmd)
 		}
@@ -336,7 +336,7 @@ func strict(cmd *cli.Command) {
 		cmd.Action = func(ctx context.Context, cmd *cli.Command) error {
 			if cmd.Args().Present() {
 				return usagef("unexpected argument %s: %s takes no arguments (see %s --help)",
-					shownArg(cmd.Args().First()), cmd.FullName(), cmd.FullName())
+					validate.Shown(cmd.Args().First()), cmd.FullName(), cmd.FullName())
 			}
 			return action(ctx, cmd)
 		}
@@ -355,23 +355,6 @@ func strict(cmd *cli.Command) {
 	for _, sub := range cmd.Commands {
 		strict(sub)
 	}
-}
-
-// shownArg quotes a command-line argument for an error about it. A
-// connection string pasted where no argument belongs (after `migrate`,
-// say) is shown without its password, as --database-url's errors show
-// it, and another URL without its credentials (validate.ShownURL); any
-// other argument as typed, which is what the user looks for.
-func shownArg(s string) string {
-	lower := strings.ToLower(strings.TrimSpace(s))
-	switch {
-	case strings.HasPrefix(lower, "postgres://") || strings.HasPrefix(lower, "postgresql://"),
-		strings.Contains(lower, "password") && strings.Contains(s, "="): // keyword/value settings
-		return fmt.Sprintf("%q", pgdsn.Redact(s))
-	case strings.Contains(s, "://") || strings.Contains(s, "@"):
-		return validate.ShownURL(s)
-	}
-	return fmt.Sprintf("%q", s)
 }
 
 // missingFlags names, with their dashes, the required flags of cmd and of

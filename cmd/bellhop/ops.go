@@ -305,7 +305,7 @@ func consumerCommand(d *deps) *cli.Command {
 		}
 		id, err := uuid.Parse(s)
 		if err != nil {
-			return uuid.Nil, usagef("consumer id %s is not a UUID", shownArg(s))
+			return uuid.Nil, usagef("consumer id %s is not a UUID", validate.Shown(s))
 		}
 		return id, nil
 	}
@@ -781,7 +781,7 @@ func queuesCommand(d *deps) *cli.Command {
 func messageID(s string) (uuid.UUID, error) {
 	id, err := uuid.Parse(s)
 	if err != nil {
-		return uuid.Nil, usagef("message id %s is not a UUID", shownArg(s))
+		return uuid.Nil, usagef("message id %s is not a UUID", validate.Shown(s))
 	}
 	if id == uuid.Nil {
 		return uuid.Nil, usagef("message id %s is the nil UUID, which is no message's id", s)

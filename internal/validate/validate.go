@@ -22,6 +22,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/bellhopq/bellhop/internal/pgdsn"
 	"github.com/bellhopq/bellhop/internal/printable"
 )
 
@@ -56,7 +57,7 @@ var (
 // QueueName checks that s is 1 to 128 bytes of [A-Za-z0-9._:-].
 func QueueName(s string) error {
 	if !queueNameRE.MatchString(s) {
-		return fmt.Errorf("%w %s: a queue name is 1 to %d bytes of [A-Za-z0-9._:-]", ErrQueueName, quote(s), MaxQueueNameBytes)
+		return fmt.Errorf("%w %s: a queue name is 1 to %d bytes of [A-Za-z0-9._:-]", ErrQueueName, Shown(s), MaxQueueNameBytes)
 	}
 	return nil
 }
@@ -68,7 +69,7 @@ const NameRule = "use 1 to 63 bytes of [A-Za-z0-9._-], starting with a letter or
 // starting with a letter or digit.
 func Name(kind, s string) error {
 	if !nameRE.MatchString(s) {
-		return fmt.Errorf("%w: %s name %s: %s", ErrName, kind, quote(s), NameRule)
+		return fmt.Errorf("%w: %s name %s: %s", ErrName, kind, Shown(s), NameRule)
 	}
 	return nil
 }
@@ -456,6 +457,25 @@ func ShownURL(s string) string {
 	// Unparsed, it may still carry a query or fragment token.
 	if i := strings.IndexAny(s, "?#"); i >= 0 {
 		return quote(s[:i] + s[i:i+1] + "xxxxx")
+	}
+	return quote(s)
+}
+
+// Shown is s as an error about a name or an argument may show it: quoted,
+// escaped and cut short, as typed unless it may carry a password. A
+// connection string typed where a name or an argument belongs (`bellhop
+// app create postgres://u:pw@h/db`) is shown as pgdsn.Redact shows it,
+// another URL as ShownURL does. Names never hold "://", "@" or "=", so a
+// real mistake in one is still shown as typed, which is what the user
+// looks for.
+func Shown(s string) string {
+	lower := strings.ToLower(strings.TrimSpace(s))
+	switch {
+	case strings.HasPrefix(lower, "postgres://") || strings.HasPrefix(lower, "postgresql://"),
+		strings.Contains(lower, "password") && strings.Contains(s, "="): // keyword/value settings
+		return quote(pgdsn.Redact(s))
+	case strings.Contains(s, "://") || strings.Contains(s, "@"):
+		return ShownURL(s)
 	}
 	return quote(s)
 }
