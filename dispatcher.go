@@ -264,6 +264,46 @@ type Observer interface {
 	Finished(m *Message)
 }
 
+// FailureObserver is an Observer that is also told when one of the
+// dispatcher's own statements fails, so that a dispatcher that cannot
+// claim (its role lost a grant, say) shows in metrics and not only in its
+// logs: such failures are logged at most once every 10 s, and /readyz
+// still passes, since the database answers. When DispatcherConfig.Observer
+// implements it, Failed is called, as Observer's methods are, for every
+// failure, logged or not, except those the stop causes.
+type FailureObserver interface {
+	Observer
+	// Failed is called after a statement of kind op failed. The
+	// dispatcher retries it, backing off.
+	Failed(op Operation)
+}
+
+// Operation names a kind of statement the dispatcher runs on its own, for
+// FailureObserver.
+type Operation string
+
+// Operations reported to a FailureObserver.
+const (
+	// OpClaim: a lane's claim, or its check of the busy lock before it
+	// goes idle.
+	OpClaim Operation = "claim"
+	// OpPoll: the fallback poll, or the scan for work after the listener
+	// (re)connects.
+	OpPoll Operation = "poll"
+	// OpReclaim: a pass of the reclaim of expired leases.
+	OpReclaim Operation = "reclaim"
+	// OpReload: a reload of the consumers.
+	OpReload Operation = "reload"
+)
+
+// failed tells the Observer, if it is a FailureObserver, that a statement
+// of kind op failed.
+func (d *Dispatcher) failed(op Operation) {
+	if fo, ok := d.cfg.Observer.(FailureObserver); ok {
+		fo.Failed(op)
+	}
+}
+
 // Dispatcher delivers messages to handlers. Create it with NewDispatcher
 // and start it with Run. A Dispatcher made otherwise (its zero value, say)
 // does not run: Run returns an error wrapping ErrInvalidOptions, Ready
@@ -677,6 +717,7 @@ func (d *Dispatcher) Run(ctx context.Context) (err error) {
 				d.cfg.Observer.Reclaimed(r.Released, r.DeadLettered)
 			}
 		},
+		OnError: func(error) { d.failed(OpReclaim) },
 	})
 	d.pool.Store(db)
 	var stopBy time.Time // the end of a stop's budget, once it began
@@ -1159,6 +1200,7 @@ func (d *Dispatcher) control(ctx context.Context) {
 				return
 			}
 			reloadFailures++
+			d.failed(OpReload)
 			wait := d.retryWait(err, reloadFailures, 30*time.Second)
 			d.log.Warn().Err(timeout.Explain(rctx, err)).Stringer("retry_in", wait).Msg("reloading consumers failed")
 			retry, retryWake = time.After(wait), wakeAll
@@ -1227,6 +1269,7 @@ func (d *Dispatcher) wakeAfterConnect(ctx context.Context) {
 	}
 	if err != nil {
 		if !timeout.Stopping(ctx) {
+			d.failed(OpPoll)
 			d.log.Warn().Err(timeout.Explain(ctx, err)).Msg("scanning for work after connecting failed; waking every queue")
 			d.wakeAll()
 		}
@@ -1342,6 +1385,7 @@ func (d *Dispatcher) poll(ctx context.Context) {
 	}, new(bool), &queueReady, &queueStale, &invokeReady, &invokeStale, &nextExpiry, &liveOffers, &dbStart, &dbNow)
 	if err != nil {
 		if !timeout.Stopping(ctx) {
+			d.failed(OpPoll)
 			d.log.Warn().Err(timeout.Explain(ctx, err)).Msg("fallback poll failed")
 		}
 		d.pollFailed(ctx, token)

@@ -815,6 +815,7 @@ func (l *lane) retryAt(ctx context.Context, st *consumerState, err error, failur
 // retryIn logs the failure and says when to try again: wait from now.
 func (l *lane) retryIn(ctx context.Context, st *consumerState, err error, wait time.Duration) time.Time {
 	if ctx.Err() == nil {
+		l.d.failed(OpClaim)
 		if ok, held := l.d.claimFailLog.Allow(); ok {
 			l.d.log.Warn().Err(err).Str("app_id", l.target.AppID.String()).Str("queue", st.Queue).
 				Stringer("retry_in", wait).Int("held_back", held).

@@ -138,3 +138,69 @@ func TestSettledWriteFailed(t *testing.T) {
 		t.Errorf("%d leased rows for the message, want it still leased (the ack not written)", n)
 	}
 }
+
+// failureObserver is a settledObserver that also counts the failed
+// statements a dispatcher reports (bellhop.FailureObserver).
+type failureObserver struct {
+	settledObserver
+	fmu    sync.Mutex
+	failed map[bellhop.Operation]int
+}
+
+func (o *failureObserver) Failed(op bellhop.Operation) {
+	o.fmu.Lock()
+	defer o.fmu.Unlock()
+	if o.failed == nil {
+		o.failed = map[bellhop.Operation]int{}
+	}
+	o.failed[op]++
+}
+
+func (o *failureObserver) failures(op bellhop.Operation) int {
+	o.fmu.Lock()
+	defer o.fmu.Unlock()
+	return o.failed[op]
+}
+
+// TestFailedStatementsObserved: a dispatcher whose claims and reclaim
+// passes fail (its role lost UPDATE on queue_messages, here a trigger
+// that refuses every UPDATE) tells a FailureObserver of each, retrying.
+// Such failures were only logged, at most once every 10 s, while /readyz
+// passed and no metric moved.
+func TestFailedStatementsObserved(t *testing.T) {
+	e := newEnv(t)
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders"})
+	id := e.enqueue(t, "orders", 1, bellhop.EnqueueOptions{})
+	// A second message whose lease ran out an hour ago, for the reclaim.
+	if _, err := e.pool.Exec(context.Background(), `INSERT INTO queue_messages (app_id, queue_name, payload, claim_token, claimed_at, attempt)
+		SELECT id, 'orders', '2', gen_random_uuid(), now() - interval '1 hour', 1 FROM apps WHERE name = 'app'`); err != nil {
+		t.Fatal(err)
+	}
+	for _, sql := range []string{
+		`CREATE FUNCTION refuse_update() RETURNS trigger LANGUAGE plpgsql AS $$
+		 BEGIN RAISE EXCEPTION 'update refused by the test' USING ERRCODE = 'insufficient_privilege'; END $$`,
+		`CREATE TRIGGER refuse_update BEFORE UPDATE ON queue_messages FOR EACH ROW EXECUTE FUNCTION refuse_update()`,
+	} {
+		if _, err := e.pool.Exec(context.Background(), sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rec := &recorder{}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", rec)
+	obs := &failureObserver{}
+	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour, Observer: obs}, nil)
+
+	waitFor(t, 30*time.Second, "two failed claims and a failed reclaim pass reported", func() bool {
+		return obs.failures(bellhop.OpClaim) >= 2 && obs.failures(bellhop.OpReclaim) >= 1
+	})
+	if n := len(rec.deliveries()); n != 0 {
+		t.Errorf("%d deliveries, want none: every claim fails", n)
+	}
+	if n := obs.failures(bellhop.OpReload) + obs.failures(bellhop.OpPoll); n != 0 {
+		t.Errorf("%d reload and poll failures reported, want none: those statements succeed", n)
+	}
+	if n := e.count(t, `SELECT count(*) FROM queue_messages WHERE id = $1 AND claim_token IS NULL AND attempt = 0`, id); n != 1 {
+		t.Errorf("the message is not as enqueued (%d rows), want it untouched", n)
+	}
+}

@@ -104,6 +104,9 @@ type Options struct {
 	Batch int
 	// OnPass, if set, is called after every pass that changed something.
 	OnPass func(Result)
+	// OnError, if set, is called after every pass that failed, except
+	// one that the end of Run's context cut short.
+	OnError func(error)
 }
 
 // Reclaimer runs reclaim passes when leases can have expired.
@@ -221,6 +224,9 @@ func (r *Reclaimer) Run(ctx context.Context) {
 			}
 			r.mu.Unlock()
 			r.log.Warn().Err(err).Stringer("retry_in", wait).Stringer("timeout", bound).Msg("reclaim pass failed")
+			if r.opts.OnError != nil {
+				r.opts.OnError(err)
+			}
 			continue
 		}
 		r.mu.Lock()

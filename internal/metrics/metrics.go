@@ -18,16 +18,23 @@ import (
 	"github.com/bellhopq/bellhop/notify"
 )
 
-// Recorder holds the dispatcher's metrics. Labels are app and queue names,
-// which operators choose; payloads and secrets never become labels.
+// Recorder holds the dispatcher's metrics. Labels are app and queue names
+// that operators chose, by creating an app and registering a consumer:
+// queues that producers name but no consumer serves share one series per
+// app (NoConsumer). Payloads and secrets never become labels.
 type Recorder struct {
 	delivered, settled *prometheus.CounterVec
 	reclaimed          *prometheus.CounterVec
-	inFlight           *prometheus.GaugeVec
-	toStart, toAck     *prometheus.HistogramVec
-	handler            *prometheus.HistogramVec
-	polls, pollsFound  prometheus.Counter
+	failed             *prometheus.CounterVec
+	// seen holds the (app, queue) pairs whose outcome series exist.
+	seen              sync.Map
+	inFlight          *prometheus.GaugeVec
+	toStart, toAck    *prometheus.HistogramVec
+	handler           *prometheus.HistogramVec
+	polls, pollsFound prometheus.Counter
 }
+
+var _ bellhop.FailureObserver = (*Recorder)(nil)
 
 // New makes a Recorder and registers its metrics, the Go and process
 // collectors, the listener's counters (from stats) and queue-depth gauges
@@ -47,6 +54,9 @@ func New(ctx context.Context, reg prometheus.Registerer, log zerolog.Logger, sta
 		settled: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "bellhop_settled_total", Help: "Deliveries settled, by outcome: written (acked, nacked, dead_lettered, released) or not (lease_lost: the lease was gone first, or a retried write found it gone, when the first try may have recorded the outcome, or an invoke delivery was removed with its consumer; write_failed: every write failed)."},
 			append(lq, "outcome")),
+		failed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "bellhop_statement_errors_total", Help: "The dispatcher's own statements that failed, by op: claim (a claim, or a lane's busy-lock check), poll (the fallback poll, or the scan after the listener connects), reclaim, reload (of the consumers). Each is retried, backing off, and logged at most once every 10s."},
+			[]string{"op"}),
 		reclaimed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "bellhop_reclaimed_total", Help: "Expired leases returned by this dispatcher's reclaimer, by result (released, dead_lettered)."},
 			[]string{"result"}),
@@ -68,14 +78,31 @@ func New(ctx context.Context, reg prometheus.Registerer, log zerolog.Logger, sta
 	// misses that first increase.
 	r.reclaimed.WithLabelValues("released")
 	r.reclaimed.WithLabelValues("dead_lettered")
-	reg.MustRegister(r.delivered, r.settled, r.reclaimed, r.inFlight, r.toStart, r.toAck, r.handler, r.polls, r.pollsFound,
+	for _, op := range []bellhop.Operation{bellhop.OpClaim, bellhop.OpPoll, bellhop.OpReclaim, bellhop.OpReload} {
+		r.failed.WithLabelValues(string(op))
+	}
+	reg.MustRegister(r.delivered, r.settled, r.reclaimed, r.failed, r.inFlight, r.toStart, r.toAck, r.handler, r.polls, r.pollsFound,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&listenerCollector{stats: stats}, newDepthCollector(ctx, log, queues))
 	return r
 }
 
-// Delivered implements bellhop.Observer.
+// outcomes are those a delivery can settle with.
+var outcomes = []bellhop.Outcome{bellhop.Acked, bellhop.Nacked, bellhop.DeadLettered, bellhop.Released, bellhop.LeaseLost, bellhop.WriteFailed}
+
+// Delivered implements bellhop.Observer. A queue's first delivery makes
+// its outcome series, at 0, as the reclaim's are: an outcome seen first
+// (a queue's first dead letter) would otherwise start its series at 1,
+// which increase() and rate() do not count, and an alert on them would
+// miss it.
 func (r *Recorder) Delivered(m *bellhop.Message) {
+	type key struct{ app, queue string }
+	if _, ok := r.seen.Load(key{m.App, m.Queue}); !ok {
+		for _, o := range outcomes {
+			r.settled.WithLabelValues(m.App, m.Queue, string(o))
+		}
+		r.seen.Store(key{m.App, m.Queue}, true)
+	}
 	r.delivered.WithLabelValues(m.App, m.Queue).Inc()
 	r.inFlight.WithLabelValues(m.App, m.Queue).Inc()
 	r.toStart.WithLabelValues(m.App, m.Queue).Observe(sinceEnqueued(m))
@@ -96,6 +123,11 @@ func (r *Recorder) Settled(m *bellhop.Message, o bellhop.Outcome, handled time.D
 	if o == bellhop.Acked {
 		r.toAck.WithLabelValues(m.App, m.Queue).Observe(sinceEnqueued(m))
 	}
+}
+
+// Failed implements bellhop.FailureObserver.
+func (r *Recorder) Failed(op bellhop.Operation) {
+	r.failed.WithLabelValues(string(op)).Inc()
 }
 
 // Finished implements bellhop.Observer.
@@ -216,17 +248,49 @@ func (c *depthCollector) Collect(ch chan<- prometheus.Metric) {
 	// queue is sent once; a series sent twice failed the whole scrape.
 	type key struct{ app, queue string }
 	sent := make(map[key]bool, len(qs))
+	// Queues without a consumer are named by producers alone, so that one
+	// INSERT could make a series for each of thousands of names, on every
+	// dispatcher: they are summed per app under the name NoConsumer.
+	var apps []string
+	unserved := map[string]*bellhop.QueueInfo{}
 	for _, q := range qs {
+		if q.ConsumerID == nil {
+			u := unserved[q.App]
+			if u == nil {
+				u = &bellhop.QueueInfo{App: q.App, Queue: NoConsumer}
+				unserved[q.App] = u
+				apps = append(apps, q.App)
+			}
+			u.Ready += q.Ready
+			u.Delayed += q.Delayed
+			u.InFlight += q.InFlight
+			u.Dead += q.Dead
+			u.OldestReady = max(u.OldestReady, q.OldestReady)
+			continue
+		}
 		k := key{q.App, q.Queue}
 		if sent[k] {
 			continue
 		}
 		sent[k] = true
-		for state, v := range map[string]int64{"ready": q.Ready, "delayed": q.Delayed, "in_flight": q.InFlight, "dead": q.Dead} {
-			ch <- prometheus.MustNewConstMetric(depthDesc, prometheus.GaugeValue, float64(v), q.App, q.Queue, state)
-		}
-		ch <- prometheus.MustNewConstMetric(oldestDesc, prometheus.GaugeValue, q.OldestReady.Seconds(), q.App, q.Queue)
+		sendDepths(ch, q)
 	}
+	for _, app := range apps {
+		sendDepths(ch, *unserved[app])
+	}
+}
+
+// NoConsumer is the queue label under which the depths of an app's queues
+// that have no consumer are summed (the oldest ready message being the
+// oldest of them all). No queue can have this name.
+const NoConsumer = "(no consumer)"
+
+// sendDepths sends q's depth gauges.
+func sendDepths(ch chan<- prometheus.Metric, q bellhop.QueueInfo) {
+	for state, v := range map[string]int64{"ready": q.Ready, "delayed": q.Delayed, "in_flight": q.InFlight, "dead": q.Dead} {
+		ch <- prometheus.MustNewConstMetric(depthDesc, prometheus.GaugeValue, float64(v), q.App, q.Queue, state)
+	}
+	ch <- prometheus.MustNewConstMetric(oldestDesc, prometheus.GaugeValue, q.OldestReady.Seconds(), q.App, q.Queue)
 }
 
 // read reads the depths into the cache, unless stop has ended; c.mu is held.

@@ -5,18 +5,21 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"maps"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/syncbuf"
+	"github.com/bellhopq/bellhop/internal/validate"
 	"github.com/bellhopq/bellhop/notify"
 )
 
@@ -249,10 +252,11 @@ func TestDepthsOncePerQueue(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	New(context.Background(), reg, zerolog.Nop(), func() notify.Stats { return notify.Stats{} },
 		func(context.Context) ([]bellhop.QueueInfo, error) {
+			a, b, c := uuid.New(), uuid.New(), uuid.New()
 			return []bellhop.QueueInfo{
-				{App: "shop", Queue: "orders", Ready: 3},
-				{App: "shop", Queue: "orders", Ready: 3},
-				{App: "shop", Queue: "refunds", Ready: 1},
+				{App: "shop", Queue: "orders", Ready: 3, ConsumerID: &a},
+				{App: "shop", Queue: "orders", Ready: 3, ConsumerID: &b},
+				{App: "shop", Queue: "refunds", Ready: 1, ConsumerID: &c},
 			}, nil
 		})
 	families, err := reg.Gather()
@@ -305,5 +309,109 @@ func TestReclaimedFromTheStart(t *testing.T) {
 	want := map[string]float64{"released": 0, "dead_lettered": 0}
 	if !maps.Equal(got, want) {
 		t.Errorf("bellhop_reclaimed_total before any reclaim: %v; want %v", got, want)
+	}
+}
+
+// gather gathers reg and returns the series of the family name, each as
+// its labels (name=value, sorted, comma-joined) mapped to its value.
+func gather(t *testing.T, reg *prometheus.Registry, name string) map[string]float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatalf("gather: %v", err)
+	}
+	got := map[string]float64{}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, l.GetName()+"="+l.GetValue())
+			}
+			v := m.GetGauge().GetValue() + m.GetCounter().GetValue()
+			got[strings.Join(labels, ",")] = v
+		}
+	}
+	return got
+}
+
+// TestUnservedQueuesShareASeries: the depths of queues that no consumer
+// serves are summed per app under one queue label. Producers name queues:
+// one INSERT of 20,000 messages with distinct queue names made 100,001
+// depth series, on every dispatcher.
+func TestUnservedQueuesShareASeries(t *testing.T) {
+	served := uuid.New()
+	qs := []bellhop.QueueInfo{{App: "shop", Queue: "orders", Ready: 2, OldestReady: time.Second, ConsumerID: &served}}
+	for i := range 1000 {
+		qs = append(qs, bellhop.QueueInfo{App: "shop", Queue: fmt.Sprint("q", i), Ready: 1, Delayed: 2, Dead: 3, OldestReady: time.Duration(i) * time.Second})
+	}
+	qs = append(qs, bellhop.QueueInfo{App: "blog", Queue: "posts", InFlight: 4})
+	reg := prometheus.NewRegistry()
+	New(context.Background(), reg, zerolog.Nop(), func() notify.Stats { return notify.Stats{} },
+		func(context.Context) ([]bellhop.QueueInfo, error) { return qs, nil })
+	wantDepths := map[string]float64{
+		"app=shop,queue=orders,state=ready": 2, "app=shop,queue=orders,state=delayed": 0,
+		"app=shop,queue=orders,state=in_flight": 0, "app=shop,queue=orders,state=dead": 0,
+		"app=shop,queue=(no consumer),state=ready": 1000, "app=shop,queue=(no consumer),state=delayed": 2000,
+		"app=shop,queue=(no consumer),state=in_flight": 0, "app=shop,queue=(no consumer),state=dead": 3000,
+		"app=blog,queue=(no consumer),state=ready": 0, "app=blog,queue=(no consumer),state=delayed": 0,
+		"app=blog,queue=(no consumer),state=in_flight": 4, "app=blog,queue=(no consumer),state=dead": 0,
+	}
+	if got := gather(t, reg, "bellhop_queue_messages"); !maps.Equal(got, wantDepths) {
+		t.Errorf("bellhop_queue_messages: %d series %v\nwant %v", len(got), got, wantDepths)
+	}
+	wantOldest := map[string]float64{"app=shop,queue=orders": 1, "app=shop,queue=(no consumer)": 999, "app=blog,queue=(no consumer)": 0}
+	if got := gather(t, reg, "bellhop_queue_oldest_ready_seconds"); !maps.Equal(got, wantOldest) {
+		t.Errorf("bellhop_queue_oldest_ready_seconds: %d series %v\nwant %v", len(got), got, wantOldest)
+	}
+	if err := validate.QueueName(NoConsumer); err == nil {
+		t.Errorf("%q is a valid queue name: its series would mix with that queue's", NoConsumer)
+	}
+}
+
+// TestOutcomesFromTheFirstDelivery: a queue's first delivery makes all its
+// outcome series, at 0. Each appeared with its first use, at 1, which
+// increase() does not count: an alert on a queue's first dead letter
+// never fired.
+func TestOutcomesFromTheFirstDelivery(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	r := New(context.Background(), reg, zerolog.Nop(), func() notify.Stats { return notify.Stats{} },
+		func(context.Context) ([]bellhop.QueueInfo, error) { return nil, nil })
+	if got := gather(t, reg, "bellhop_settled_total"); len(got) != 0 {
+		t.Errorf("bellhop_settled_total before any delivery: %v, want no series", got)
+	}
+	m := &bellhop.Message{App: "shop", Queue: "orders", EnqueuedAt: time.Now()}
+	r.Delivered(m)
+	r.Delivered(m)
+	r.Settled(m, bellhop.Acked, time.Millisecond)
+	want := map[string]float64{}
+	for _, o := range []string{"acked", "nacked", "dead_lettered", "released", "lease_lost", "write_failed"} {
+		want["app=shop,outcome="+o+",queue=orders"] = 0
+	}
+	want["app=shop,outcome=acked,queue=orders"] = 1
+	if got := gather(t, reg, "bellhop_settled_total"); !maps.Equal(got, want) {
+		t.Errorf("bellhop_settled_total after two deliveries and an ack: %v\nwant %v", got, want)
+	}
+}
+
+// TestStatementErrors: bellhop_statement_errors_total has a series for
+// each operation from the start, at 0, and counts what Failed reports.
+// Failed claims were only logged.
+func TestStatementErrors(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	r := New(context.Background(), reg, zerolog.Nop(), func() notify.Stats { return notify.Stats{} },
+		func(context.Context) ([]bellhop.QueueInfo, error) { return nil, nil })
+	want := map[string]float64{"op=claim": 0, "op=poll": 0, "op=reclaim": 0, "op=reload": 0}
+	if got := gather(t, reg, "bellhop_statement_errors_total"); !maps.Equal(got, want) {
+		t.Errorf("bellhop_statement_errors_total at the start: %v, want %v", got, want)
+	}
+	r.Failed(bellhop.OpClaim)
+	r.Failed(bellhop.OpClaim)
+	r.Failed(bellhop.OpReload)
+	want["op=claim"], want["op=reload"] = 2, 1
+	if got := gather(t, reg, "bellhop_statement_errors_total"); !maps.Equal(got, want) {
+		t.Errorf("bellhop_statement_errors_total after two failed claims and a failed reload: %v, want %v", got, want)
 	}
 }
