@@ -30,8 +30,10 @@ const (
 	// HeaderMaxAttempts is the attempt after which a failure dead-letters
 	// the message, so a consumer can tell its last chance.
 	HeaderMaxAttempts = "Bellhop-Max-Attempts"
-	// HeaderEnqueuedAt is when the message was enqueued, RFC 3339 UTC with
-	// nanoseconds.
+	// HeaderEnqueuedAt is when the message was enqueued, RFC 3339 in UTC
+	// with the fraction's trailing zeros dropped (time.RFC3339Nano): up to
+	// six digits, since PostgreSQL keeps microseconds, and none for a
+	// whole second.
 	HeaderEnqueuedAt = "Bellhop-Enqueued-At"
 	// HeaderConsumerID is the consumer's id, for consumers that serve
 	// several registrations from one endpoint.

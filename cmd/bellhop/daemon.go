@@ -103,6 +103,9 @@ func runCommand(d *deps) *cli.Command {
 					Str("log_level", strings.ToLower(cmd.String("log-level"))).Msg("settings")
 			}
 			pusher := httppush.New(httppush.Options{AllowedHosts: hosts, Logger: log})
+			// Once serve returns no push is in flight: the consumers'
+			// kept-alive connections are closed now rather than at exit.
+			defer pusher.CloseIdleConnections()
 			err = serve(ctx, log, cfg, ln, pusher, settings, bellhop.DispatcherConfig{
 				PollInterval: cmd.Duration("poll-interval"), ShutdownGrace: cmd.Duration("shutdown-grace"),
 				LeaseAtInsert: cmd.Bool("lease-at-insert"),

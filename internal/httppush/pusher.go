@@ -8,11 +8,12 @@
 // (Content-Type: application/json) and these headers:
 //
 //	Bellhop-Message-Id    message id (the same on every attempt: dedupe on it; not signed)
+//	Idempotency-Key       the message id again (see below)
 //	Bellhop-App           app name
 //	Bellhop-Queue         queue name
 //	Bellhop-Attempt       1 on the first delivery
 //	Bellhop-Max-Attempts  attempts before the message is dead-lettered
-//	Bellhop-Enqueued-At   RFC 3339 UTC, nanoseconds
+//	Bellhop-Enqueued-At   RFC 3339 UTC, trailing zeros of the fraction dropped
 //	Bellhop-Consumer-Id   consumer id
 //	Bellhop-Source        "queue", or "invoke" for Client.InvokeAsync deliveries
 //	Bellhop-Timestamp     unix seconds when this request was signed
@@ -23,7 +24,8 @@
 //
 //	2xx                          ack: the message is deleted
 //	429, 503 with Retry-After    retry after that long (capped at 12h); 0
-//	                             or a date already past is ignored
+//	                             or a date already past is ignored; a
+//	                             date counts from the response's Date
 //	407, 408, 429, 503, 5xx      retry with the consumer's backoff
 //	other 4xx, and 3xx           dead-letter at once: retrying cannot help
 //	timeout, connection error    retry with the consumer's backoff
@@ -34,9 +36,14 @@
 // timeout, a 504 from a gateway in front of the consumer or Cloudflare's
 // 524, a connection lost or a response that cannot be read after the
 // whole request was written, a response whose headers exceed 64 KiB,
-// and the dispatcher stopping or its lease running short. That includes a
-// keep-alive connection that the consumer closed just as the request was
-// written to it: rare, and the safe side.
+// and the dispatcher stopping or its lease running short. A kept-alive
+// connection that the consumer closed just as the request was written to
+// it, with no byte of an answer, is not among them: the Idempotency-Key
+// header lets net/http send the request again at once on a new connection,
+// as it would a GET, since the consumer most likely closed the connection
+// for being idle and never read the request. (A consumer that did read it
+// and then closed the connection without answering gets it a second time
+// at once: delivery is at least once, and the message id is the same.)
 //
 // Requests go through the proxy that HTTP_PROXY, HTTPS_PROXY and NO_PROXY
 // name (net/http's ProxyFromEnvironment), unless Options.Client says
@@ -217,17 +224,18 @@ func (p *Pusher) CloseIdleConnections() { p.client.CloseIdleConnections() }
 // CheckAllowedHosts's, do not name this package: they reach users, whose
 // callers prefix the input they checked (a flag, a setting).
 func (p *Pusher) CheckURL(raw string) error {
-	_, err := p.parseURL(raw)
+	_, err := p.parseURL(raw, validate.ShownURL)
 	return err
 }
 
-func (p *Pusher) parseURL(raw string) (*url.URL, error) {
+// parseURL checks raw as CheckURL says; its errors show raw as show
+// does.
+func (p *Pusher) parseURL(raw string, show func(string) string) (*url.URL, error) {
 	if raw == "" {
 		return nil, errors.New("consumer has no URL")
 	}
 	u, err := url.Parse(raw)
-	// Errors show the URL without its password: they end up in logs.
-	shown := validate.ShownURL(raw)
+	shown := show(raw)
 	switch {
 	case err != nil:
 		var ue *url.Error
@@ -422,7 +430,7 @@ func normalizeHost(h string) string {
 // allowed: a consumer registered before the allow-list was tightened is
 // refused here rather than delivered to.
 func (p *Pusher) Handler(c bellhop.Consumer) (bellhop.Handler, error) {
-	u, err := p.parseURL(c.URL)
+	u, err := p.parseURL(c.URL, originShown)
 	if err != nil {
 		return nil, fmt.Errorf("consumer %s: httppush: %w", c.ID, err)
 	}
@@ -439,6 +447,19 @@ func (p *Pusher) Handler(c bellhop.Consumer) (bellhop.Handler, error) {
 		timeout: requestTimeout(c, p.timeout),
 		slack:   leaseSlack(c),
 	}, nil
+}
+
+// originShown is a stored URL as the daemon's errors about it show it:
+// its scheme and host, as push errors show them, since they are logged
+// and a path may hold a token (a chat service's webhook URL is one). Its
+// consumer's id, which the errors also give, finds the whole URL. An
+// operator typing a URL is shown more (CheckURL: validate.ShownURL).
+func originShown(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" {
+		return "(not shown: see its consumer)"
+	}
+	return quote(u.Scheme + "://" + u.Host)
 }
 
 // requestTimeout picks a request's timeout: the consumer's, else the
@@ -563,9 +584,15 @@ func (h *handler) push(ctx context.Context, m *bellhop.Message) (int, error) {
 	}
 	ts := h.p.now().Unix()
 	req.Header = http.Header{
-		"Content-Type":            {"application/json"},
-		"User-Agent":              {h.p.userAgent},
-		bellhop.HeaderMessageID:   {m.ID.String()},
+		"Content-Type":          {"application/json"},
+		"User-Agent":            {h.p.userAgent},
+		bellhop.HeaderMessageID: {m.ID.String()},
+		// Marks the POST as one that may be sent twice (the consumer
+		// dedupes on the message id): net/http then sends it again, on a
+		// new connection, when a kept-alive one was closed as the request
+		// went out with no byte of an answer, as a consumer's idle timeout
+		// does, rather than report that the request may have arrived.
+		"Idempotency-Key":         {m.ID.String()},
 		bellhop.HeaderApp:         {m.App},
 		bellhop.HeaderQueue:       {m.Queue},
 		bellhop.HeaderAttempt:     {strconv.Itoa(m.Attempt)},
@@ -730,7 +757,14 @@ func (h *handler) outcome(resp *http.Response, head []byte) error {
 		if ra == "" {
 			return responseError(fmt.Sprintf("consumer busy: HTTP %d", code), head)
 		}
-		d, ok := parseRetryAfter(ra, h.p.now())
+		// A date is the consumer's clock's: measured from its Date, as
+		// RFC 9110 suggests, a consumer clock an hour ahead asks for 30
+		// s, not an hour and 30 s (nor, an hour behind, a time past).
+		now := h.p.now()
+		if date, err := http.ParseTime(resp.Header.Get("Date")); err == nil {
+			now = date
+		}
+		d, ok := parseRetryAfter(ra, now)
 		if !ok {
 			return responseError(fmt.Sprintf("consumer busy: HTTP %d with unparsable Retry-After %s", code, quote(ra)), head)
 		}

@@ -148,18 +148,31 @@ func TestResponseMapping(t *testing.T) {
 		{name: "429 Retry-After negative", status: 429, header: map[string]string{"Retry-After": "-5"}, want: "retry"},
 		{name: "429 without Retry-After", status: 429, want: "retry", errSubstr: "HTTP 429"},
 		{name: "503 Retry-After HTTP-date", status: 503,
-			header: map[string]string{"Retry-After": now.Add(time.Hour).Format(http.TimeFormat)},
+			header: map[string]string{"Retry-After": now.Add(time.Hour).Format(http.TimeFormat), "Date": now.Format(http.TimeFormat)},
 			want:   "retry-after", delay: time.Hour},
+		// A date counts from the response's Date: the consumer's clock
+		// an hour ahead of ours (or behind) asked for an hour and 30 s
+		// (or for a time already past).
+		{name: "503 Retry-After date, the consumer's clock ahead", status: 503,
+			header: map[string]string{"Retry-After": now.Add(time.Hour + 30*time.Second).Format(http.TimeFormat), "Date": now.Add(time.Hour).Format(http.TimeFormat)},
+			want:   "retry-after", delay: 30 * time.Second},
+		{name: "503 Retry-After date, the consumer's clock behind", status: 503,
+			header: map[string]string{"Retry-After": now.Add(-time.Hour + 30*time.Second).Format(http.TimeFormat), "Date": now.Add(-time.Hour).Format(http.TimeFormat)},
+			want:   "retry-after", delay: 30 * time.Second},
+		// Without a Date that parses, from our clock.
+		{name: "503 Retry-After date, Date garbled", status: 503,
+			header: map[string]string{"Retry-After": now.Add(time.Minute).Format(http.TimeFormat), "Date": "yesterday"},
+			want:   "retry-after", delay: time.Minute},
 		// A date already past (clocks apart): the consumer's backoff,
 		// not a retry at once, an attempt each time.
 		{name: "503 Retry-After date past", status: 503,
-			header: map[string]string{"Retry-After": now.Add(-time.Hour).Format(http.TimeFormat)},
+			header: map[string]string{"Retry-After": now.Add(-time.Hour).Format(http.TimeFormat), "Date": now.Format(http.TimeFormat)},
 			want:   "retry", errSubstr: "already past"},
 		{name: "429 Retry-After date now", status: 429,
-			header: map[string]string{"Retry-After": now.Format(http.TimeFormat)},
+			header: map[string]string{"Retry-After": now.Format(http.TimeFormat), "Date": now.Format(http.TimeFormat)},
 			want:   "retry", errSubstr: "already past"},
 		{name: "503 Retry-After date far", status: 503,
-			header: map[string]string{"Retry-After": now.Add(72 * time.Hour).Format(http.TimeFormat)},
+			header: map[string]string{"Retry-After": now.Add(72 * time.Hour).Format(http.TimeFormat), "Date": now.Format(http.TimeFormat)},
 			want:   "retry-after", delay: MaxRetryAfter},
 		{name: "503 without Retry-After", status: 503, body: "maintenance", want: "retry", errSubstr: "HTTP 503: maintenance"},
 		{name: "500", status: 500, body: "boom", want: "retry", errSubstr: "consumer failed: HTTP 500: boom"},
@@ -367,6 +380,63 @@ func TestConnectionLost(t *testing.T) {
 				t.Fatalf("err %v (%s), want a retry, marked abandoned: %t", err, kind(err), tt.abandoned)
 			}
 		})
+	}
+}
+
+// TestKeepAliveClosedAsSent: a consumer that closes a kept-alive
+// connection just as the next push is written to it (its idle timeout
+// ran out) never read that push; it is sent again on a new connection
+// and acked. It was reported as a connection lost after the request was
+// sent: abandoned, an attempt spent and the retry held to the lease's end
+// (28 of 200 pushes, 50 ms apart, to a server with a 50 ms idle timeout).
+// A connection closed after a request on a new one stays abandoned
+// (TestConnectionLost).
+func TestKeepAliveClosedAsSent(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	var conns, answered atomic.Int32
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			first := conns.Add(1) == 1
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					if first && answered.Load() == 1 {
+						// The next request has begun to arrive: close as
+						// an idle timeout would, without reading it.
+						br.Peek(1)
+						return
+					}
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					io.Copy(io.Discard, req.Body)
+					answered.Add(1)
+					io.WriteString(c, "HTTP/1.1 204 No Content\r\n\r\n")
+				}
+			}()
+		}
+	}()
+	h, err := New(Options{}).Handler(consumerFor("http://" + l.Addr().String() + "/hook"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if err := h.Handle(context.Background(), newMessage(t)); err != nil {
+			t.Fatalf("push %d: %v (%s), want an ack", i+1, err, kind(err))
+		}
+	}
+	if n, c := answered.Load(), conns.Load(); n != 2 || c != 2 {
+		t.Errorf("%d requests answered on %d connections, want 2 on 2 (the second sent again on a new one)", n, c)
 	}
 }
 
@@ -937,6 +1007,29 @@ func TestCheckAllowedHosts(t *testing.T) {
 	}
 }
 
+// TestHandlerErrorsHideThePath: the daemon logs why it does not serve a
+// consumer, and a stored URL's path may hold a token (a chat service's
+// webhook URL does). Its errors show the scheme and host only, as push
+// errors do; CheckURL, for an operator typing the URL, shows more. Rows
+// written by SQL reach Handler unchecked: the error quoted the whole path.
+func TestHandlerErrorsHideThePath(t *testing.T) {
+	for _, tt := range []struct{ url, want string }{
+		{"https://u:pw@hooks.example.com/services/T0/B0/SECRETPATH?t=SECRETQ", `"https://hooks.example.com" carries credentials`},
+		{"https://hooks.example.com:99999/services/SECRETPATH", `"https://hooks.example.com:99999": port "99999" is outside 1..65535`},
+		{"gopher://hooks.example.com/SECRETPATH", `"gopher://hooks.example.com": scheme must be http or https`},
+		{"https://hooks.example.com/%zzSECRETPATH", "(not shown: see its consumer)"},
+	} {
+		c := consumerFor(tt.url)
+		_, err := New(Options{}).Handler(c)
+		if err == nil || !strings.Contains(err.Error(), tt.want) || strings.Contains(err.Error(), "SECRET") || !strings.Contains(err.Error(), c.ID.String()) {
+			t.Errorf("Handler(%q): %v; want an error naming the consumer and %s, without the path", tt.url, err, tt.want)
+		}
+	}
+	if err := New(Options{}).CheckURL("https://hooks.example.com:99999/services/x"); err == nil || !strings.Contains(err.Error(), "/services/x") {
+		t.Errorf("CheckURL: %v, want the URL as typed, path and all", err)
+	}
+}
+
 func TestHandlerNeedsSecret(t *testing.T) {
 	c := consumerFor("https://hooks.example.com/")
 	c.Secret = ""
@@ -977,6 +1070,7 @@ func TestRequest(t *testing.T) {
 		"Content-Type":            "application/json",
 		"User-Agent":              "bellhop-test/9",
 		bellhop.HeaderMessageID:   m.ID.String(),
+		"Idempotency-Key":         m.ID.String(),
 		bellhop.HeaderApp:         "shop",
 		bellhop.HeaderQueue:       "orders.created",
 		bellhop.HeaderAttempt:     "2",
