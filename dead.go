@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -154,28 +155,70 @@ func (c *Client) DeadLetters(ctx context.Context, f DeadFilter) (_ []DeadLetter,
 // error is a *NotRedrivenError (errors.Is ErrNotRedriven) saying how many
 // of each, beside the count of those that moved. An unknown app is
 // ErrUnknownApp, and a queue that is not a valid queue name is
-// ErrInvalidQueueName: neither could select anything. A redrive that
-// PostgreSQL ended for a concurrent change of the same dead letters (a
-// deadlock, or a serialization failure in a session that defaults to a
-// stricter isolation than read committed) moved nothing, and its error
-// says to retry.
+// ErrInvalidQueueName: neither could select anything.
+//
+// A redrive of one dead letter or of one queue is one statement, all or
+// nothing. A redrive of a whole app moves its queues' dead letters
+// redriveQueues queues at a time, each batch its own statement, since
+// every queue a statement inserts into holds a lock until it commits, and
+// the server's lock table has room for only so many. If a batch fails,
+// the batches before it stay moved, and the count returned with the error
+// says how many dead letters they moved; running the redrive again moves
+// the rest. A statement that PostgreSQL ended for a concurrent change of
+// the same dead letters (a deadlock, or a serialization failure in a
+// session that defaults to a stricter isolation than read committed)
+// moved nothing itself, and its error says to retry.
 func (c *Client) Redrive(ctx context.Context, app, queue string, id uuid.UUID) (_ int64, err error) {
 	defer c.schemaError(ctx, &err)
 	if err := c.deadCheck(ctx, "redrive", app, queue); err != nil {
 		return 0, err
 	}
+	var batches [][]string
+	switch {
+	case queue != "":
+		batches = [][]string{{queue}}
+	case id != uuid.Nil:
+		batches = [][]string{nil} // any queue
+	default:
+		rows, err := c.db.Query(ctx, queries.DeadQueues, queries.Args{"app_name": app})
+		if err != nil {
+			return 0, deadOpError("redrive", app, err)
+		}
+		queues, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return 0, deadOpError("redrive", app, err)
+		}
+		batches = slices.Collect(slices.Chunk(queues, redriveQueues))
+	}
 	var moved int64
 	var left NotRedrivenError
-	err = c.db.QueryRow(ctx, queries.DeadRedrive, queries.Args{"app_name": app, "queue_name": nullable(queue), "id": nullable(id)}).
-		Scan(&moved, &left.ConsumerGone, &left.IDInUse)
-	if err != nil {
-		return 0, deadOpError("redrive", app, err)
+	for _, queues := range batches {
+		var n int64
+		var l NotRedrivenError
+		err = c.db.QueryRow(ctx, queries.DeadRedrive, queries.Args{"app_name": app, "queue_names": queues, "id": nullable(id)}).
+			Scan(&n, &l.ConsumerGone, &l.IDInUse)
+		if err != nil {
+			err = deadOpError("redrive", app, err)
+			if moved > 0 {
+				err = fmt.Errorf("%w (the %d dead letters of earlier queues moved)", err, moved)
+			}
+			return moved, err
+		}
+		moved += n
+		left.ConsumerGone += l.ConsumerGone
+		left.IDInUse += l.IDInUse
 	}
 	if left.ConsumerGone+left.IDInUse > 0 {
 		return moved, fmt.Errorf("redrive dead letters of %s: %w", printable(app), &left)
 	}
 	return moved, nil
 }
+
+// redriveQueues is how many queues one statement of an app's redrive
+// inserts into, one lock each: the server's lock table holds 64 a
+// connection by default (max_locks_per_transaction), shared by all
+// sessions, 6,400 at 100 connections.
+const redriveQueues = 500
 
 // PurgeDead deletes app's dead letters for good, selected as in Redrive,
 // and fails as Redrive does.

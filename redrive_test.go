@@ -577,3 +577,42 @@ func TestDeadOpConflictSaysRetry(t *testing.T) {
 		})
 	}
 }
+
+// TestRedriveOfAnAppInBatches: a redrive of a whole app inserts into a
+// bounded number of queues per statement. The insert trigger holds a lock
+// on each queue it inserts into until the statement's transaction ends,
+// and one statement for every queue of an app with 150,000 queues of dead
+// letters filled the server's lock table ("out of shared memory"). A
+// statement-level trigger records the advisory locks the redriving
+// session holds as each insert ends: 1,201 before, at most 500 now. All
+// move, and each queue is woken.
+func TestRedriveOfAnAppInBatches(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	shop := e.app("shop")
+	const queues = 1201
+	e.exec(`INSERT INTO dead_letters (id, source, app_id, queue_name, payload, enqueued_at, attempt, max_attempts, last_error)
+		SELECT gen_random_uuid(), 'queue', $1, 'q' || i, '{"n":1}', now(), 3, 3, 'boom'
+		FROM generate_series(1, $2::int) i, generate_series(1, 2)`, shop.ID, queues)
+	e.exec(`CREATE TABLE locks_seen (n bigint)`)
+	e.exec(`CREATE FUNCTION count_locks() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			INSERT INTO locks_seen SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory';
+			RETURN NULL;
+		END $$`)
+	e.exec(`CREATE TRIGGER count_locks AFTER INSERT ON queue_messages FOR EACH STATEMENT EXECUTE FUNCTION count_locks()`)
+
+	n, err := e.client.Redrive(e.ctx, "shop", "", uuid.Nil)
+	if err != nil || n != 2*queues {
+		t.Fatalf("Redrive(shop): %d, %v; want %d moved", n, err, 2*queues)
+	}
+	if got := e.int64(`SELECT count(*) FROM dead_letters`); got != 0 {
+		t.Errorf("%d dead letters left, want 0", got)
+	}
+	if got := e.int64(`SELECT count(DISTINCT queue_name) FROM queue_messages WHERE app_id = $1`, shop.ID); got != queues {
+		t.Errorf("messages back in %d queues, want %d", got, queues)
+	}
+	if most, stmts := e.int64(`SELECT max(n) FROM locks_seen`), e.int64(`SELECT count(*) FROM locks_seen`); most > 500 || stmts != 3 {
+		t.Errorf("a redrive statement held up to %d advisory locks, in %d statements; want at most 500 (one a queue), in 3", most, stmts)
+	}
+}

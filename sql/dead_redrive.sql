@@ -5,7 +5,7 @@
 -- with its age and latency counted from the redrive, not from a first
 -- enqueue that may be days old): 'queue' ones into queue_messages, whose insert
 -- trigger wakes the dispatchers, and 'invoke' ones into the outbox. Selected
--- by id, or by app and queue, or every one of an app. A dead letter is
+-- by id, or by app and queues, or every one of an app. A dead letter is
 -- deleted only once its message is inserted, in the same statement, so
 -- nothing is lost or doubled.
 --
@@ -42,6 +42,14 @@
 -- payloads: 4.6 MB, sorted on disk past work_mem, within the noise of the
 -- statement's 0.8 s). There is no LIMIT: the selection is the same
 -- whatever the order it is locked in.
+--
+-- The insert trigger takes a shared advisory lock on each queue it
+-- inserts into, held to the end of the transaction, and the server's
+-- lock table has room for a few thousand per session (the
+-- max_locks_per_transaction setting times the connections, shared). So a
+-- redrive of a whole app names its queues, a few hundred at a time
+-- (Client.Redrive): one statement for an app's 150,000 queues failed with
+-- "out of shared memory".
 WITH cand AS (
     SELECT d.id, d.app_id, d.source,
            CASE WHEN d.source = 'queue'
@@ -51,7 +59,7 @@ WITH cand AS (
     JOIN apps a ON a.id = d.app_id
     WHERE a.name = @app_name
       AND (@id::uuid IS NULL OR d.id = @id)
-      AND (@queue_name::text IS NULL OR d.queue_name = @queue_name)
+      AND (@queue_names::text[] IS NULL OR d.queue_name = ANY (@queue_names))
 ), sel AS (
     SELECT d.id, d.app_id, d.source, d.queue_name, d.trigger_id, d.payload, d.max_attempts, d.enqueued_by_principal,
            CASE WHEN d.redrive_after > now() THEN d.redrive_after END AS deliver_after,
