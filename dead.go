@@ -221,7 +221,10 @@ func (c *Client) Redrive(ctx context.Context, app, queue string, id uuid.UUID) (
 const redriveQueues = 500
 
 // PurgeDead deletes app's dead letters for good, selected as in Redrive,
-// and fails as Redrive does.
+// and fails as Redrive does. As there, queue "" with uuid.Nil selects
+// every dead letter of the app: an id from input whose parse error went
+// unchecked is uuid.Nil, and purges them all (the CLI refuses an empty
+// selection for that reason).
 func (c *Client) PurgeDead(ctx context.Context, app, queue string, id uuid.UUID) (_ int64, err error) {
 	defer c.schemaError(ctx, &err)
 	return c.deadOp(ctx, "purge", queries.DeadPurge, app, queue, id)

@@ -595,6 +595,7 @@ func TestEmptyEnvRefused(t *testing.T) {
 		{"BELLHOP_SHUTDOWN_GRACE", "run", nil, []string{"--shutdown-grace", "10s"}},
 		{"BELLHOP_HTTP_ADDR", "run", nil, []string{"--http-addr", "127.0.0.1:0"}},
 		{"BELLHOP_LEASE_AT_INSERT", "run", nil, []string{"--lease-at-insert"}},
+		{"BELLHOP_QUEUE_DEPTHS", "run", nil, []string{"--queue-depths=false"}},
 		{"BELLHOP_LOG_FORMAT", "queues", nil, []string{"--log-format", "json"}},
 		{"BELLHOP_LOG_LEVEL", "queues", nil, []string{"--log-level", "info"}},
 		{"BELLHOP_APP", "consumer ls", nil, []string{"--app", "shop"}},

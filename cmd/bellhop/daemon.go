@@ -44,6 +44,7 @@ func runCommand(d *deps) *cli.Command {
 			&cli.DurationFlag{Name: "shutdown-grace", Value: bellhop.DefaultShutdownGrace, Usage: "on SIGINT, SIGTERM or SIGHUP, how long in-flight deliveries may finish", Sources: env("SHUTDOWN_GRACE")},
 			&cli.StringSliceFlag{Name: "allowed-hosts", Usage: "if set, only push to these hosts (exact, or *.suffix)", Sources: env("ALLOWED_HOSTS")},
 			&cli.BoolFlag{Name: "lease-at-insert", Usage: "let producers lease new messages of idle queues to this dispatcher, saving a claim round trip (docs/lease-at-insert.md)", Sources: env("LEASE_AT_INSERT")},
+			&cli.BoolFlag{Name: "queue-depths", Value: true, Usage: "report queue depths on /metrics: a scrape scans the queue list, at most once a second, at a cost that grows with the messages and dead letters held (--queue-depths=false leaves them out)", Sources: env("QUEUE_DEPTHS")},
 		},
 		Action: func(ctx context.Context, cmd *cli.Command) error {
 			log, err := d.logger(cmd)
@@ -99,14 +100,14 @@ func runCommand(d *deps) *cli.Command {
 			settings := func() {
 				log.Info().Str("database", describeDB(cfg)).Str("http_addr", ln.Addr().String()).
 					Stringer("poll_interval", cmd.Duration("poll-interval")).Stringer("shutdown_grace", cmd.Duration("shutdown-grace")).
-					Bool("lease_at_insert", cmd.Bool("lease-at-insert")).Strs("allowed_hosts", hosts).
+					Bool("lease_at_insert", cmd.Bool("lease-at-insert")).Bool("queue_depths", cmd.Bool("queue-depths")).Strs("allowed_hosts", hosts).
 					Str("log_level", strings.ToLower(cmd.String("log-level"))).Msg("settings")
 			}
 			pusher := httppush.New(httppush.Options{AllowedHosts: hosts, Logger: log})
 			// Once serve returns no push is in flight: the consumers'
 			// kept-alive connections are closed now rather than at exit.
 			defer pusher.CloseIdleConnections()
-			err = serve(ctx, log, cfg, ln, pusher, settings, bellhop.DispatcherConfig{
+			err = serve(ctx, log, cfg, ln, pusher, settings, cmd.Bool("queue-depths"), bellhop.DispatcherConfig{
 				PollInterval: cmd.Duration("poll-interval"), ShutdownGrace: cmd.Duration("shutdown-grace"),
 				LeaseAtInsert: cmd.Bool("lease-at-insert"),
 			})
@@ -435,7 +436,7 @@ func (r *pushResolver) forget(id uuid.UUID) {
 // the logger and the observer. Once the dispatcher has stopped, it waits
 // at most closeWait for the HTTP server and its own pool to close.
 // settings logs the settings line, once the database has answered.
-func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.Listener, pusher *httppush.Pusher, settings func(), dc bellhop.DispatcherConfig) error {
+func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.Listener, pusher *httppush.Pusher, settings func(), depths bool, dc bellhop.DispatcherConfig) error {
 	reg := prometheus.NewRegistry()
 	var disp *bellhop.Dispatcher
 	client, pool, err := openClient(ctx, cfg)
@@ -452,8 +453,11 @@ func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.
 	settings()
 	// ctx bounds the depth reads: a scrape in flight when the stop begins
 	// gives up its read rather than hold a connection of pool.
-	rec := metrics.New(ctx, reg, log, func() notify.Stats { return disp.ListenerStats() },
-		func(ctx context.Context) ([]bellhop.QueueInfo, error) { return client.Queues(ctx, "") })
+	var queues func(context.Context) ([]bellhop.QueueInfo, error)
+	if depths {
+		queues = func(ctx context.Context) ([]bellhop.QueueInfo, error) { return client.Queues(ctx, "") }
+	}
+	rec := metrics.New(ctx, reg, log, func() notify.Stats { return disp.ListenerStats() }, queues)
 	metrics.RegisterLeases(reg, func() bellhop.LeaseStats { return disp.LeaseStats() })
 	dc.Resolver, dc.Logger, dc.Observer = newPushResolver(pusher, log, time.Now), log, rec
 	disp, err = bellhop.NewDispatcher(cfg, dc)

@@ -892,6 +892,34 @@ func (twiceCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(twiceDesc, prometheus.GaugeValue, 1)
 }
 
+// TestNoQueueDepths: `run --queue-depths=false` leaves the depth gauges,
+// and the scan of the queue list behind them, out of /metrics, which
+// still serves the rest. Every dispatcher scanned the queue list for each
+// scrape, with no way to leave it to one of them.
+func TestNoQueueDepths(t *testing.T) {
+	t.Parallel()
+	dsn, _, _ := setup(t)
+	d := startDaemon(t, dsn, "--queue-depths=false")
+	code, text := d.get(t, "/metrics")
+	if code != http.StatusOK {
+		t.Fatalf("/metrics: %d %s", code, text)
+	}
+	for _, name := range []string{"bellhop_queue_depths_ok", "bellhop_queue_messages", "bellhop_queue_oldest_ready_seconds"} {
+		if _, found := metric(text, name); found {
+			t.Errorf("%s is on /metrics with --queue-depths=false", name)
+		}
+	}
+	if v, found := metric(text, "bellhop_listener_connected"); !found || v != 1 {
+		t.Errorf("bellhop_listener_connected = %v (present %t), want 1", v, found)
+	}
+	d2 := startDaemon(t, dsn)
+	waitFor(t, 15*time.Second, "/metrics with depths by default", func() bool {
+		_, text := d2.get(t, "/metrics")
+		v, found := metric(text, "bellhop_queue_depths_ok")
+		return found && v == 1
+	})
+}
+
 // TestMetricsQueueMovedBySQL: a consumer moved by SQL onto a queue that
 // another consumer serves (which the dispatcher supports) makes two rows
 // of the queue list for that queue; /metrics still answers 200, with the

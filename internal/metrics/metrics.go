@@ -38,7 +38,8 @@ var _ bellhop.FailureObserver = (*Recorder)(nil)
 
 // New makes a Recorder and registers its metrics, the Go and process
 // collectors, the listener's counters (from stats) and queue-depth gauges
-// (from queues, called at most once per scrape) with reg. A failed read of
+// (from queues, called at most once per scrape; none if queues is nil)
+// with reg. A failed read of
 // the depths is logged to log. ctx bounds the reads of the depths: once
 // it ends (a daemon's stop begins), a read in flight is cancelled and no
 // other is made, so that a scrape holds neither the stop nor a database
@@ -83,7 +84,10 @@ func New(ctx context.Context, reg prometheus.Registerer, log zerolog.Logger, sta
 	}
 	reg.MustRegister(r.delivered, r.settled, r.reclaimed, r.failed, r.inFlight, r.toStart, r.toAck, r.handler, r.polls, r.pollsFound,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		&listenerCollector{stats: stats}, newDepthCollector(ctx, log, queues))
+		&listenerCollector{stats: stats})
+	if queues != nil {
+		reg.MustRegister(newDepthCollector(ctx, log, queues))
+	}
 	return r
 }
 
