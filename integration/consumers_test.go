@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/bellhopq/bellhop"
 )
 
@@ -51,15 +53,48 @@ func TestOneConsumerPerQueue(t *testing.T) {
 	}
 }
 
+// disabledSeen is a Mux that notes when a reload first read consumer id
+// disabled: a reload resolves every consumer, paused ones too, and then
+// applies them all.
+type disabledSeen struct {
+	*bellhop.Mux
+	id uuid.UUID
+	mu sync.Mutex
+	at time.Time
+}
+
+func (r *disabledSeen) Resolve(c bellhop.Consumer) bellhop.Handler {
+	if c.ID == r.id && !c.Enabled {
+		r.mu.Lock()
+		if r.at.IsZero() {
+			r.at = time.Now()
+		}
+		r.mu.Unlock()
+	}
+	return r.Mux.Resolve(c)
+}
+
+// seen returns when a reload first read the consumer disabled; zero if
+// none has yet.
+func (r *disabledSeen) seen() time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.at
+}
+
 // TestConsumerChange: disabling a consumer on a running dispatcher stops
-// its deliveries within a second, and enabling it again resumes them,
-// without a restart. Another queue's consumer is unaffected.
+// its deliveries once a reload has read the change, which its
+// notification brings within seconds (the poll is an hour away), and
+// enabling it again resumes them, without a restart. Another queue's
+// consumer is unaffected. No delivery could start later than a second
+// after the disable, which held the reload's own delay too (316ms seen on
+// a loaded machine under -race); the second now runs from the reload.
 func TestConsumerChange(t *testing.T) {
 	e := newEnv(t)
 	toggled := e.consumer(t, bellhop.ConsumerSpec{Queue: "toggled"})
 	e.consumer(t, bellhop.ConsumerSpec{Queue: "other"})
 	rec, other := &recorder{}, &recorder{}
-	mux := bellhop.NewMux()
+	mux := &disabledSeen{Mux: bellhop.NewMux(), id: toggled.ID}
 	mux.Handle("app", "toggled", rec)
 	mux.Handle("app", "other", other)
 	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour}, nil)
@@ -72,16 +107,24 @@ func TestConsumerChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	disabled := time.Now()
-	// Keep producing through the change: messages enqueued from a second
-	// after it on must all wait.
+	// The reload resolves the consumers before it applies them, and a
+	// claim checked against the old state just before may still start
+	// its delivery a moment after: grace allows for both.
+	const grace = time.Second
+	// Keep producing through the change: messages enqueued from grace
+	// after the reload on must all wait.
 	var ids []string
+	var read time.Time
 	pace := time.NewTicker(20 * time.Millisecond)
-	for time.Since(disabled) < 1500*time.Millisecond {
+	for read.IsZero() || time.Since(read) < grace+500*time.Millisecond {
+		if read = mux.seen(); read.IsZero() && time.Since(disabled) > 5*time.Second {
+			t.Fatal("no reload read the disable within 5s of it: its notification was not heard")
+		}
 		ids = append(ids, e.enqueue(t, "toggled", len(ids), bellhop.EnqueueOptions{}).String())
 		<-pace.C
 	}
 	pace.Stop()
-	settle := disabled.Add(time.Second)
+	settle := read.Add(grace)
 	holdsFor(t, 500*time.Millisecond, "no delivery to the disabled consumer", func() bool {
 		for _, d := range rec.deliveries() {
 			if d.Start.After(settle) {
@@ -94,8 +137,8 @@ func TestConsumerChange(t *testing.T) {
 	if waiting == 0 {
 		t.Fatal("no message is waiting for the disabled consumer: the test proves nothing")
 	}
-	t.Logf("%d of %d messages enqueued after the disable delivered (all within a second), %d waiting",
-		int(rec.n.Load())-1, len(ids), waiting)
+	t.Logf("the disable read by a reload %s after it; %d of %d messages enqueued after it delivered (all within %s of the reload), %d waiting",
+		read.Sub(disabled).Round(time.Millisecond), int(rec.n.Load())-1, len(ids), grace, waiting)
 
 	e.enqueue(t, "other", "unaffected", bellhop.EnqueueOptions{})
 	// Unaffected: delivered, with the poll an hour away. How fast is

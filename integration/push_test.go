@@ -80,9 +80,13 @@ func TestPushNotPoll(t *testing.T) {
 		return e.count(t, `SELECT count(*) FROM queue_messages`) == 0
 	})
 	claims.waitQuiet(t, 5*time.Second, 200*time.Millisecond, "the lane settled")
-	if n := e.count(t, `SELECT count(*) FROM queue_busy`); n != 0 {
-		t.Errorf("%d busy marks left after the lane settled; want 0", n)
-	}
+	// The unmark is a write of its own after the lane's last claim, which
+	// a loaded machine may run after the quiet spell: waited for, as
+	// TestSteadyStreamMarksQueue does, rather than counted at once. A mark
+	// that stays fails the wait.
+	waitFor(t, 5*time.Second, "no busy mark left after the lane settled", func() bool {
+		return e.count(t, `SELECT count(*) FROM queue_busy`) == 0
+	})
 	before := claims.n.Load()
 	if before == 0 {
 		t.Fatal("the tracer saw no claim statement: it would not see idle claims either")
