@@ -107,21 +107,28 @@ func TestSettledLeaseLost(t *testing.T) {
 	}
 }
 
+// refuse makes every op (DELETE, UPDATE) on queue_messages fail with
+// SQLSTATE code, by a trigger.
+func (e *env) refuse(t *testing.T, op, code string) {
+	t.Helper()
+	for _, sql := range []string{
+		`CREATE FUNCTION refuse_` + op + `() RETURNS trigger LANGUAGE plpgsql AS $$
+		 BEGIN RAISE EXCEPTION '` + op + ` refused by the test' USING ERRCODE = '` + code + `'; END $$`,
+		`CREATE TRIGGER refuse_` + op + ` BEFORE ` + op + ` ON queue_messages FOR EACH ROW EXECUTE FUNCTION refuse_` + op + `()`,
+	} {
+		if _, err := e.pool.Exec(context.Background(), sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // TestSettledWriteFailed: an ack that cannot be written (a trigger
 // refuses the DELETE on every try) is reported as write_failed, with its
 // handler's duration. It was not reported at all.
 func TestSettledWriteFailed(t *testing.T) {
 	e := newEnv(t)
 	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders"})
-	for _, sql := range []string{
-		`CREATE FUNCTION refuse_ack() RETURNS trigger LANGUAGE plpgsql AS $$
-		 BEGIN RAISE EXCEPTION 'ack refused by the test'; END $$`,
-		`CREATE TRIGGER refuse_ack BEFORE DELETE ON queue_messages FOR EACH ROW EXECUTE FUNCTION refuse_ack()`,
-	} {
-		if _, err := e.pool.Exec(context.Background(), sql); err != nil {
-			t.Fatal(err)
-		}
-	}
+	e.refuse(t, "DELETE", "P0001")
 	rec := &recorder{}
 	mux := bellhop.NewMux()
 	mux.Handle("app", "orders", rec)
@@ -176,15 +183,7 @@ func TestFailedStatementsObserved(t *testing.T) {
 		SELECT id, 'orders', '2', gen_random_uuid(), now() - interval '1 hour', 1 FROM apps WHERE name = 'app'`); err != nil {
 		t.Fatal(err)
 	}
-	for _, sql := range []string{
-		`CREATE FUNCTION refuse_update() RETURNS trigger LANGUAGE plpgsql AS $$
-		 BEGIN RAISE EXCEPTION 'update refused by the test' USING ERRCODE = 'insufficient_privilege'; END $$`,
-		`CREATE TRIGGER refuse_update BEFORE UPDATE ON queue_messages FOR EACH ROW EXECUTE FUNCTION refuse_update()`,
-	} {
-		if _, err := e.pool.Exec(context.Background(), sql); err != nil {
-			t.Fatal(err)
-		}
-	}
+	e.refuse(t, "UPDATE", "42501") // insufficient_privilege
 	rec := &recorder{}
 	mux := bellhop.NewMux()
 	mux.Handle("app", "orders", rec)
