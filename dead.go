@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -157,52 +156,33 @@ func (c *Client) DeadLetters(ctx context.Context, f DeadFilter) (_ []DeadLetter,
 // ErrUnknownApp, and a queue that is not a valid queue name is
 // ErrInvalidQueueName: neither could select anything.
 //
-// A redrive of one dead letter or of one queue is one statement, all or
-// nothing. A redrive of a whole app moves its queues' dead letters
-// redriveQueues queues at a time, each batch its own statement, since
-// every queue a statement inserts into holds a lock until it commits, and
-// the server's lock table has room for only so many. If a batch fails,
+// Dead letters move in batches of at most DeadBatch, newest first, each
+// batch one statement that moves each of its dead letters or none, and a
+// redrive takes only those that died before it began (not a redriven
+// message that fails again meanwhile). A batch holds its locks only until
+// it commits: among them, a lock on every queue it inserts into, which
+// the server's lock table has room for only so many of. If a batch fails,
 // the batches before it stay moved, and the count returned with the error
-// says how many dead letters they moved; running the redrive again moves
-// the rest. A statement that PostgreSQL ended for a concurrent change of
-// the same dead letters (a deadlock, or a serialization failure in a
-// session that defaults to a stricter isolation than read committed)
-// moved nothing itself, and its error says to retry.
+// says how many they moved; running the redrive again moves the rest. A
+// batch that PostgreSQL ended for a concurrent change of the same dead
+// letters (a deadlock, or a serialization failure in a session that
+// defaults to a stricter isolation than read committed) moved nothing
+// itself, and its error says to retry.
 func (c *Client) Redrive(ctx context.Context, app, queue string, id uuid.UUID) (_ int64, err error) {
 	defer c.schemaError(ctx, &err)
 	if err := c.deadCheck(ctx, "redrive", app, queue); err != nil {
 		return 0, err
 	}
-	var batches [][]string
-	switch {
-	case queue != "":
-		batches = [][]string{{queue}}
-	case id != uuid.Nil:
-		batches = [][]string{nil} // any queue
-	default:
-		rows, err := c.db.Query(ctx, queries.DeadQueues, queries.Args{"app_name": app})
-		if err != nil {
-			return 0, deadOpError("redrive", app, err)
-		}
-		queues, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			return 0, deadOpError("redrive", app, err)
-		}
-		batches = slices.Collect(slices.Chunk(queues, redriveQueues))
-	}
 	var moved int64
 	var left NotRedrivenError
-	for _, queues := range batches {
+	var b deadBatch
+	for first := true; first || b.full(); first = false {
 		var n int64
 		var l NotRedrivenError
-		err = c.db.QueryRow(ctx, queries.DeadRedrive, queries.Args{"app_name": app, "queue_names": queues, "id": nullable(id)}).
-			Scan(&n, &l.ConsumerGone, &l.IDInUse)
+		err = c.db.QueryRow(ctx, queries.DeadRedrive, pgx.QueryExecModeExec, b.args(app, queue, id, first)).
+			Scan(&n, &l.ConsumerGone, &l.IDInUse, &b.size, &b.before, &b.died, &b.id, &b.source)
 		if err != nil {
-			err = deadOpError("redrive", app, err)
-			if moved > 0 {
-				err = fmt.Errorf("%w (the %d dead letters of earlier queues moved)", err, moved)
-			}
-			return moved, err
+			return moved, b.failed("redrive", app, moved, err)
 		}
 		moved += n
 		left.ConsumerGone += l.ConsumerGone
@@ -214,20 +194,66 @@ func (c *Client) Redrive(ctx context.Context, app, queue string, id uuid.UUID) (
 	return moved, nil
 }
 
-// redriveQueues is how many queues one statement of an app's redrive
-// inserts into, one lock each: the server's lock table holds 64 a
-// connection by default (max_locks_per_transaction), shared by all
-// sessions, 6,400 at 100 connections.
-const redriveQueues = 500
-
 // PurgeDead deletes app's dead letters for good, selected as in Redrive,
-// and fails as Redrive does. As there, queue "" with uuid.Nil selects
-// every dead letter of the app: an id from input whose parse error went
-// unchecked is uuid.Nil, and purges them all (the CLI refuses an empty
-// selection for that reason).
+// in batches as there, and fails as Redrive does. As there, queue "" with
+// uuid.Nil selects every dead letter of the app: an id from input whose
+// parse error went unchecked is uuid.Nil, and purges them all (the CLI
+// refuses an empty selection for that reason).
 func (c *Client) PurgeDead(ctx context.Context, app, queue string, id uuid.UUID) (_ int64, err error) {
 	defer c.schemaError(ctx, &err)
-	return c.deadOp(ctx, "purge", queries.DeadPurge, app, queue, id)
+	if err := c.deadCheck(ctx, "purge", app, queue); err != nil {
+		return 0, err
+	}
+	var deleted int64
+	var b deadBatch
+	for first := true; first || b.full(); first = false {
+		var n int64
+		err = c.db.QueryRow(ctx, queries.DeadPurge, pgx.QueryExecModeExec, b.args(app, queue, id, first)).
+			Scan(&n, &b.size, &b.before, &b.died, &b.id, &b.source)
+		if err != nil {
+			return deleted, b.failed("purge", app, deleted, err)
+		}
+		deleted += n
+	}
+	return deleted, nil
+}
+
+// DeadBatch is how many dead letters one statement of Redrive or
+// PurgeDead moves or deletes at most.
+const DeadBatch = 500
+
+// deadBatch is where a batched redrive or purge is: the size of its last
+// batch, the time it began (the database's), and the last batch's oldest
+// dead letter, below which the next batch starts (nil before the first,
+// and after an empty one).
+type deadBatch struct {
+	size   int64
+	before time.Time
+	died   *time.Time
+	id     *uuid.UUID
+	source *string
+}
+
+// args are the arguments of the next batch's statement.
+func (b *deadBatch) args(app, queue string, id uuid.UUID, first bool) queries.Args {
+	a := queries.Args{"app_name": app, "queue_name": nullable(queue), "id": nullable(id), "batch": DeadBatch}
+	if !first {
+		a["before"], a["after_died"], a["after_id"], a["after_source"] = b.before, b.died, b.id, b.source
+	}
+	return a
+}
+
+// full reports whether the last batch was full: there may be more.
+func (b *deadBatch) full() bool { return b.size == DeadBatch }
+
+// failed is the error of a batch that failed after done dead letters
+// were moved or deleted by the batches before it.
+func (b *deadBatch) failed(verb, app string, done int64, err error) error {
+	err = deadOpError(verb, app, err)
+	if done > 0 {
+		err = fmt.Errorf("%w (the batches before it did: %d dead letters)", err, done)
+	}
+	return err
 }
 
 // deadCheck refuses what could select no dead letter: a bad queue name,
@@ -242,17 +268,6 @@ func (c *Client) deadCheck(ctx context.Context, verb, app, queue string) error {
 		return fmt.Errorf("%s dead letters: %w", verb, err)
 	}
 	return nil
-}
-
-func (c *Client) deadOp(ctx context.Context, verb, sql, app, queue string, id uuid.UUID) (int64, error) {
-	if err := c.deadCheck(ctx, verb, app, queue); err != nil {
-		return 0, err
-	}
-	tag, err := c.db.Exec(ctx, sql, queries.Args{"app_name": app, "queue_name": nullable(queue), "id": nullable(id)})
-	if err != nil {
-		return 0, deadOpError(verb, app, err)
-	}
-	return tag.RowsAffected(), nil
 }
 
 // deadOpError is a failed redrive's or purge's error. One that PostgreSQL

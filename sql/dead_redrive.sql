@@ -5,7 +5,7 @@
 -- with its age and latency counted from the redrive, not from a first
 -- enqueue that may be days old): 'queue' ones into queue_messages, whose insert
 -- trigger wakes the dispatchers, and 'invoke' ones into the outbox. Selected
--- by id, or by app and queues, or every one of an app. A dead letter is
+-- by id, or by app and queue, or every one of an app. A dead letter is
 -- deleted only once its message is inserted, in the same statement, so
 -- nothing is lost or doubled.
 --
@@ -38,28 +38,44 @@
 -- idx_dead_letters_died, in another. Two overlapping redrives or purges
 -- that each locked in their own order waited for each other, and
 -- PostgreSQL failed one with a deadlock (40P01). The sort is of the
--- selected rows only, after the plan has found them (10,000 with 300-byte
--- payloads: 4.6 MB, sorted on disk past work_mem, within the noise of the
--- statement's 0.8 s). There is no LIMIT: the selection is the same
--- whatever the order it is locked in.
+-- batch only, after the plan has found it.
 --
--- The insert trigger takes a shared advisory lock on each queue it
--- inserts into, held to the end of the transaction, and the server's
--- lock table has room for a few thousand per session (the
--- max_locks_per_transaction setting times the connections, shared). So a
--- redrive of a whole app names its queues, a few hundred at a time
--- (Client.Redrive): one statement for an app's 150,000 queues failed with
--- "out of shared memory".
+-- One statement moves a batch of at most @batch dead letters, newest
+-- first (died_at descending, then id and source ascending), and
+-- Client.Redrive runs it until a batch comes up short, with a plan made
+-- for each statement's arguments (pgx.QueryExecModeExec), since the plan
+-- depends on which of id and queue are given. Each statement starts after
+-- the last one's last dead letter (@after_*), and takes only dead letters
+-- that died by @before, the first statement's now(), so that one that
+-- died during the redrive (a redriven message failing again, say) is not
+-- taken again. Unbounded, a redrive of 200,000 held its locks 14 s and
+-- any timeout threw all of it away; and since the insert trigger takes a
+-- shared advisory lock on each queue it inserts into, held to the end of
+-- the transaction, one statement for an app's 150,000 queues overran the
+-- server's lock table ("out of shared memory"). A batch is read in the
+-- order of idx_dead_letters_died (by app) or idx_dead_letters_queue (by
+-- queue), from @after_died down, sorted further only within a died_at.
 WITH cand AS (
-    SELECT d.id, d.app_id, d.source,
+    SELECT d.id, d.app_id, d.source, d.died_at,
            CASE WHEN d.source = 'queue'
                 THEN EXISTS (SELECT 1 FROM queue_messages m WHERE m.id = d.id)
                 ELSE EXISTS (SELECT 1 FROM outbox o WHERE o.id = d.id) END AS id_live
     FROM dead_letters d
-    JOIN apps a ON a.id = d.app_id
-    WHERE a.name = @app_name
+    -- The app's id as a value rather than a join, so that the plan reads
+    -- the index in order under the LIMIT, not all the app's rows.
+    WHERE d.app_id = (SELECT id FROM apps WHERE name = @app_name)
       AND (@id::uuid IS NULL OR d.id = @id)
-      AND (@queue_names::text[] IS NULL OR d.queue_name = ANY (@queue_names))
+      AND (@queue_name::text IS NULL OR d.queue_name = @queue_name)
+      -- The bound on died_at alone, as a plain condition, which the
+      -- index takes: within "@after_died IS NULL OR ..." the plan read
+      -- all of a queue's dead letters for every batch. The rest of the
+      -- cursor, for ties on died_at, filters. One selected by id is
+      -- taken whenever it died.
+      AND d.died_at <= least(coalesce(@before::timestamptz, CASE WHEN @id::uuid IS NULL THEN now() ELSE 'infinity' END),
+                             coalesce(@after_died::timestamptz, 'infinity'))
+      AND NOT coalesce(d.died_at = @after_died::timestamptz AND (d.id, d.source) <= (@after_id::uuid, @after_source::text), false)
+    ORDER BY d.died_at DESC, d.id, d.source
+    LIMIT @batch
 ), sel AS (
     SELECT d.id, d.app_id, d.source, d.queue_name, d.trigger_id, d.payload, d.max_attempts, d.enqueued_by_principal,
            CASE WHEN d.redrive_after > now() THEN d.redrive_after END AS deliver_after,
@@ -92,4 +108,9 @@ WITH cand AS (
 SELECT (SELECT count(*) FROM moved) AS moved,
        (SELECT count(*) FROM sel WHERE consumer_gone) AS consumer_gone,
        (SELECT count(*) FROM cand WHERE id_live)
-         + (SELECT count(*) FROM sel WHERE NOT consumer_gone) - (SELECT count(*) FROM moved) AS id_live
+         + (SELECT count(*) FROM sel WHERE NOT consumer_gone) - (SELECT count(*) FROM moved) AS id_live,
+       (SELECT count(*) FROM cand) AS batch,
+       coalesce(@before::timestamptz, now()) AS before,
+       last.died_at, last.id, last.source
+FROM (SELECT NULL) one
+LEFT JOIN (SELECT died_at, id, source FROM cand ORDER BY died_at, id DESC, source DESC LIMIT 1) last ON true

@@ -136,11 +136,6 @@ var DeadListBrief string
 //go:embed dead_purge.sql
 var DeadPurge string
 
-// DeadQueues is dead_queues.sql.
-//
-//go:embed dead_queues.sql
-var DeadQueues string
-
 // DeadRedrive is dead_redrive.sql.
 //
 //go:embed dead_redrive.sql

@@ -857,6 +857,10 @@ func deadCommand(d *deps) *cli.Command {
 				return usagef("%s", oneLine(err))
 			}
 			if err != nil {
+				if n > 0 {
+					// Batches before the failed one stay done.
+					fmt.Fprintf(d.stdout, "%s %s before the error\n", verb, plural(int(n), "dead letter"))
+				}
 				return err
 			}
 			if n == 0 && id != uuid.Nil {

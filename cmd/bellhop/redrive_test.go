@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"reflect"
 	"slices"
@@ -36,6 +37,42 @@ func TestRedriveSaysWhatStayed(t *testing.T) {
 	}
 	if n := queryInt(t, pool, "SELECT count(*) FROM queue_messages"); n != 2 {
 		t.Errorf("%d messages queued, want 2 (the live one and the redriven one)", n)
+	}
+}
+
+// TestRedriveFailingPartWaySaysWhatMoved: a redrive works in batches of
+// bellhop.DeadBatch; one whose second batch fails (here a trigger refuses
+// the second statement's insert) keeps the first batch moved, prints how
+// many moved before the error, and fails; the rest stay dead letters for
+// the next run, which moves them. It was one statement: a failure moved
+// nothing, and a large one held every lock until it failed.
+func TestRedriveFailingPartWaySaysWhatMoved(t *testing.T) {
+	t.Parallel()
+	total := bellhop.DeadBatch + 100
+	dsn, pool := shopWithDeadLetters(t, total)
+	for _, sql := range []string{
+		`CREATE SEQUENCE inserts`,
+		`CREATE FUNCTION refuse_second() RETURNS trigger LANGUAGE plpgsql AS $$
+		 BEGIN IF nextval('inserts') = 2 THEN RAISE EXCEPTION 'second batch refused by the test'; END IF; RETURN NULL; END $$`,
+		`CREATE TRIGGER refuse_second AFTER INSERT ON queue_messages FOR EACH STATEMENT EXECUTE FUNCTION refuse_second()`,
+	} {
+		if _, err := pool.Exec(t.Context(), sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := exe(t, dsn, "", "dead", "redrive", "--app", "shop", "--queue", "orders")
+	want := fmt.Sprintf("redrove %d dead letters before the error", bellhop.DeadBatch)
+	if r.code == 0 || strings.TrimSpace(r.stdout) != want || !strings.Contains(r.stderr, "second batch refused by the test") {
+		t.Errorf("want a failure, %q and the batch's error; got %s", want, r)
+	}
+	if n := queryInt(t, pool, "SELECT count(*) FROM dead_letters"); n != 100 {
+		t.Errorf("%d dead letters left, want 100", n)
+	}
+	if r := exe(t, dsn, "", "dead", "redrive", "--app", "shop", "--queue", "orders"); r.code != 0 || strings.TrimSpace(r.stdout) != "redrove 100 dead letters" {
+		t.Errorf("the second redrive: want the 100 left moved; got %s", r)
+	}
+	if n := queryInt(t, pool, "SELECT count(*) FROM queue_messages"); n != total {
+		t.Errorf("%d messages queued, want %d", n, total)
 	}
 }
 
