@@ -267,14 +267,15 @@ type Observer interface {
 // FailureObserver is an Observer that is also told when one of the
 // dispatcher's own statements fails, so that a dispatcher that cannot
 // claim (its role lost a grant, say) shows in metrics and not only in its
-// logs: such failures are logged at most once every 10 s, and /readyz
+// logs: failed claims are logged at most once every 10 s, and /readyz
 // still passes, since the database answers. When DispatcherConfig.Observer
 // implements it, Failed is called, as Observer's methods are, for every
 // failure, logged or not, except those the stop causes.
 type FailureObserver interface {
 	Observer
 	// Failed is called after a statement of kind op failed. The
-	// dispatcher retries it, backing off.
+	// dispatcher tries it again: a claim, a reclaim pass or a reload
+	// backing off, a poll at the next.
 	Failed(op Operation)
 }
 

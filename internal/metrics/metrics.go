@@ -56,7 +56,7 @@ func New(ctx context.Context, reg prometheus.Registerer, log zerolog.Logger, sta
 			Name: "bellhop_settled_total", Help: "Deliveries settled, by outcome: written (acked, nacked, dead_lettered, released) or not (lease_lost: the lease was gone first, or a retried write found it gone, when the first try may have recorded the outcome, or an invoke delivery was removed with its consumer; write_failed: every write failed)."},
 			append(lq, "outcome")),
 		failed: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "bellhop_statement_errors_total", Help: "The dispatcher's own statements that failed, by op: claim (a claim, or a lane's busy-lock check), poll (the fallback poll, or the scan after the listener connects), reclaim, reload (of the consumers). Each is retried, backing off, and logged at most once every 10s."},
+			Name: "bellhop_statement_errors_total", Help: "The dispatcher's own statements that failed, by op: claim (a claim, or a lane's busy-lock check), poll (the fallback poll, or the scan after the listener connects), reclaim, reload (of the consumers). Each is tried again; claim failures are logged at most once every 10s, the others each time."},
 			[]string{"op"}),
 		reclaimed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "bellhop_reclaimed_total", Help: "Expired leases returned by this dispatcher's reclaimer, by result (released, dead_lettered)."},
