@@ -8,7 +8,7 @@
 // (Content-Type: application/json) and these headers:
 //
 //	Bellhop-Message-Id    message id (the same on every attempt: dedupe on it; not signed)
-//	Idempotency-Key       the message id again (see below)
+//	Idempotency-Key       a new UUID for each request (see below; not for dedupe)
 //	Bellhop-App           app name
 //	Bellhop-Queue         queue name
 //	Bellhop-Attempt       1 on the first delivery
@@ -73,6 +73,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/google/uuid"
 	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop"
@@ -587,12 +588,15 @@ func (h *handler) push(ctx context.Context, m *bellhop.Message) (int, error) {
 		"Content-Type":          {"application/json"},
 		"User-Agent":            {h.p.userAgent},
 		bellhop.HeaderMessageID: {m.ID.String()},
-		// Marks the POST as one that may be sent twice (the consumer
-		// dedupes on the message id): net/http then sends it again, on a
-		// new connection, when a kept-alive one was closed as the request
-		// went out with no byte of an answer, as a consumer's idle timeout
-		// does, rather than report that the request may have arrived.
-		"Idempotency-Key":         {m.ID.String()},
+		// Marks the POST as one that may be sent twice: net/http then
+		// sends it again, on a new connection, when a kept-alive one was
+		// closed as the request went out with no byte of an answer, as a
+		// consumer's idle timeout does, rather than report that the
+		// request may have arrived. A new key for each request, not the
+		// message id: middleware in front of a consumer that stores
+		// answers by this key (as its draft standard describes) would
+		// answer every retry of the message with its first answer.
+		"Idempotency-Key":         {uuid.NewString()},
 		bellhop.HeaderApp:         {m.App},
 		bellhop.HeaderQueue:       {m.Queue},
 		bellhop.HeaderAttempt:     {strconv.Itoa(m.Attempt)},

@@ -26,6 +26,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/google/uuid"
 	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop"
@@ -1070,7 +1071,6 @@ func TestRequest(t *testing.T) {
 		"Content-Type":            "application/json",
 		"User-Agent":              "bellhop-test/9",
 		bellhop.HeaderMessageID:   m.ID.String(),
-		"Idempotency-Key":         m.ID.String(),
 		bellhop.HeaderApp:         "shop",
 		bellhop.HeaderQueue:       "orders.created",
 		bellhop.HeaderAttempt:     "2",
@@ -1099,6 +1099,19 @@ func TestRequest(t *testing.T) {
 	}
 	if c := got.Header.Get("Cookie"); c != "" {
 		t.Errorf("Cookie %q", c)
+	}
+	// Idempotency-Key is new on every request: the message id, the same
+	// on every attempt, would have idempotency middleware answer a retry
+	// with the first attempt's answer.
+	first := got.Header.Get("Idempotency-Key")
+	if k, err := uuid.Parse(first); err != nil || k == m.ID {
+		t.Errorf("Idempotency-Key %q: want a UUID other than the message id", first)
+	}
+	if err := h.Handle(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	if again := got.Header.Get("Idempotency-Key"); again == first || again == "" {
+		t.Errorf("Idempotency-Key %q on the message's next push, want a new one (the first was %q)", again, first)
 	}
 	// The README lists exactly the Bellhop- headers a consumer receives.
 	var sent []string
