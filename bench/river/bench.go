@@ -32,6 +32,12 @@ type common struct {
 	PoolMaxConns      int32  `json:"pool_max_conns"`
 	Schema            string `json:"schema"`
 	RiverVersion      string `json:"river_version"`
+	// ClientSynchronousCommit and InsertSynchronousCommit are set only
+	// with -client-synchronous-commit: synchronous_commit as SHOW reports
+	// it on the River client's pool (fetches, completions, maintenance)
+	// and on the separate pool the jobs are inserted on.
+	ClientSynchronousCommit string `json:"client_synchronous_commit,omitempty"`
+	InsertSynchronousCommit string `json:"insert_synchronous_commit,omitempty"`
 }
 
 // latencyResult is the JSON object printed by the latency scenario. Latencies
@@ -88,17 +94,35 @@ type burndownResult struct {
 }
 
 // run prepares the database and runs the scenario chosen in opts.
+//
+// Without -client-synchronous-commit one pool serves everything: the
+// River client fetches, completes and inserts on it. With it, the
+// client's pool sets synchronous_commit, and a second pool, with the
+// connection string's settings alone, prepares the schema and takes the
+// inserts, through an insert-only client, so that only the worker side's
+// commits change.
 func run(ctx context.Context, opts *options, logger *slog.Logger) (any, error) {
-	pool, err := openPool(ctx, opts)
+	clientCfg, insertCfg, err := poolConfigs(opts)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := openPool(ctx, clientCfg)
 	if err != nil {
 		return nil, err
 	}
 	defer pool.Close()
+	insertPool := pool
+	if insertCfg != nil {
+		if insertPool, err = openPool(ctx, insertCfg); err != nil {
+			return nil, err
+		}
+		defer insertPool.Close()
+	}
 
-	if err := prepareSchema(ctx, pool, opts.Schema, logger); err != nil {
+	if err := prepareSchema(ctx, insertPool, opts.Schema, logger); err != nil {
 		return nil, err
 	}
-	if _, err := pool.Exec(ctx, "TRUNCATE "+opts.Schema+".river_job"); err != nil {
+	if _, err := insertPool.Exec(ctx, "TRUNCATE "+opts.Schema+".river_job"); err != nil {
 		return nil, fmt.Errorf("truncating river_job: %w", err)
 	}
 
@@ -112,19 +136,49 @@ func run(ctx context.Context, opts *options, logger *slog.Logger) (any, error) {
 		Schema:            opts.Schema,
 		RiverVersion:      moduleVersion(riverModule),
 	}
+	if insertCfg != nil {
+		// What the server applied, not what was asked for.
+		for _, x := range []struct {
+			pool *pgxpool.Pool
+			into *string
+		}{{pool, &c.ClientSynchronousCommit}, {insertPool, &c.InsertSynchronousCommit}} {
+			if err := x.pool.QueryRow(ctx, "SHOW synchronous_commit").Scan(x.into); err != nil {
+				return nil, fmt.Errorf("reading synchronous_commit: %w", err)
+			}
+		}
+	}
 	switch opts.Scenario {
 	case scenarioLatency:
-		return runLatency(ctx, pool, opts, logger, c)
+		return runLatency(ctx, pool, insertPool, opts, logger, c)
 	case scenarioBurndown:
-		return runBurndown(ctx, pool, opts, logger, c)
+		return runBurndown(ctx, pool, insertPool, opts, logger, c)
 	}
 	return nil, fmt.Errorf("unknown scenario %q", opts.Scenario)
 }
 
-// openPool opens a pgx pool whose connections use opts.Schema as search_path,
-// as River's driver expects ("The pool should already be configured to use
-// the schema specified in the client's Schema field").
-func openPool(ctx context.Context, opts *options) (*pgxpool.Pool, error) {
+// poolConfigs returns the configuration of the River client's pool and,
+// with -client-synchronous-commit, that of a separate pool for the
+// inserts (nil without it: the client's pool takes them, as it always
+// has). Only the client's pool sets synchronous_commit; the insert pool
+// keeps what the connection string and the server say (the default, on).
+func poolConfigs(opts *options) (client, insert *pgxpool.Config, err error) {
+	if client, err = poolConfig(opts); err != nil {
+		return nil, nil, err
+	}
+	if opts.ClientSynchronousCommit == "" {
+		return client, nil, nil
+	}
+	client.ConnConfig.RuntimeParams["synchronous_commit"] = opts.ClientSynchronousCommit
+	if insert, err = poolConfig(opts); err != nil {
+		return nil, nil, err
+	}
+	return client, insert, nil
+}
+
+// poolConfig parses a pool configuration whose connections use opts.Schema
+// as search_path, as River's driver expects ("The pool should already be
+// configured to use the schema specified in the client's Schema field").
+func poolConfig(opts *options) (*pgxpool.Config, error) {
 	cfg, err := pgxpool.ParseConfig(opts.DatabaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("parsing -database-url: %w", err)
@@ -133,6 +187,12 @@ func openPool(ctx context.Context, opts *options) (*pgxpool.Pool, error) {
 	if opts.MaxConns > 0 {
 		cfg.MaxConns = int32(opts.MaxConns)
 	}
+	return cfg, nil
+}
+
+// openPool opens a pgx pool with cfg (from poolConfig) and checks that it
+// connects.
+func openPool(ctx context.Context, cfg *pgxpool.Config) (*pgxpool.Pool, error) {
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connecting: %w", err)
@@ -171,7 +231,16 @@ func prepareSchema(ctx context.Context, pool *pgxpool.Pool, schema string, logge
 // newClient builds a River client working the single queue "default" with
 // the fetch settings and worker count from opts.
 func newClient(pool *pgxpool.Pool, opts *options, logger *slog.Logger, workers *river.Workers) (*river.Client[pgx.Tx], error) {
-	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
+	client, err := river.NewClient(riverpgxv5.New(pool), clientConfig(opts, logger, workers))
+	if err != nil {
+		return nil, fmt.Errorf("creating River client: %w", err)
+	}
+	return client, nil
+}
+
+// clientConfig is the configuration of newClient's client.
+func clientConfig(opts *options, logger *slog.Logger, workers *river.Workers) *river.Config {
+	return &river.Config{
 		FetchCooldown:     opts.FetchCooldown,     // 0 = River's default
 		FetchPollInterval: opts.FetchPollInterval, // 0 = River's default
 		Logger:            logger,
@@ -180,11 +249,35 @@ func newClient(pool *pgxpool.Pool, opts *options, logger *slog.Logger, workers *
 		},
 		Schema:  opts.Schema,
 		Workers: workers,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("creating River client: %w", err)
 	}
-	return client, nil
+}
+
+// insertClientConfig is clientConfig without the queues: the client it
+// configures only inserts. The rest must stay the same: River limits a
+// client's insert notifications to one per queue per FetchCooldown (its
+// insertNotifyLimiter), so an inserter at the default cooldown (100 ms)
+// would leave most jobs 10 ms apart to the worker's poll.
+func insertClientConfig(opts *options, logger *slog.Logger, workers *river.Workers) *river.Config {
+	cfg := clientConfig(opts, logger, workers)
+	cfg.Queues = nil
+	return cfg
+}
+
+// inserterFor returns the client that inserts a scenario's jobs: client
+// itself if insertPool is the client's own pool, otherwise an insert-only
+// client (no queues: it never fetches or works) on insertPool,
+// configured as client is (insertClientConfig), so that it validates the
+// job kind and sends insert notifications as client would, down the
+// same code path, Insert and InsertManyFast.
+func inserterFor(client *river.Client[pgx.Tx], pool, insertPool *pgxpool.Pool, opts *options, logger *slog.Logger, workers *river.Workers) (*river.Client[pgx.Tx], error) {
+	if insertPool == pool {
+		return client, nil
+	}
+	inserter, err := river.NewClient(riverpgxv5.New(insertPool), insertClientConfig(opts, logger, workers))
+	if err != nil {
+		return nil, fmt.Errorf("creating River's insert-only client: %w", err)
+	}
+	return inserter, nil
 }
 
 // stopClient stops client cleanly, waiting at most timeout; if that fails it
@@ -252,7 +345,10 @@ func (w *latencyWorker) Work(_ context.Context, job *river.Job[latencyArgs]) err
 // since is the time elapsed since w.base, in nanoseconds.
 func (w *latencyWorker) since() int64 { return int64(time.Since(w.base)) }
 
-func runLatency(ctx context.Context, pool *pgxpool.Pool, opts *options, logger *slog.Logger, c common) (_ *latencyResult, err error) {
+// runLatency runs the latency scenario: pool is the client's, insertPool
+// the one the jobs are inserted on (the same pool unless
+// -client-synchronous-commit is set).
+func runLatency(ctx context.Context, pool, insertPool *pgxpool.Pool, opts *options, logger *slog.Logger, c common) (_ *latencyResult, err error) {
 	worker := &latencyWorker{
 		base:      time.Now(),
 		latencies: make([]int64, opts.N),
@@ -263,6 +359,10 @@ func runLatency(ctx context.Context, pool *pgxpool.Pool, opts *options, logger *
 	workers := river.NewWorkers()
 	river.AddWorker(workers, worker)
 	client, err := newClient(pool, opts, logger, workers)
+	if err != nil {
+		return nil, err
+	}
+	inserter, err := inserterFor(client, pool, insertPool, opts, logger, workers)
 	if err != nil {
 		return nil, err
 	}
@@ -289,7 +389,7 @@ func runLatency(ctx context.Context, pool *pgxpool.Pool, opts *options, logger *
 			return nil, err
 		}
 		args := latencyArgs{Seq: i, EnqueuedAtOffset: worker.since()}
-		if _, err := client.Insert(ctx, args, nil); err != nil {
+		if _, err := inserter.Insert(ctx, args, nil); err != nil {
 			return nil, fmt.Errorf("inserting job %d: %w", i, err)
 		}
 		returned[i] = worker.since()
@@ -353,11 +453,18 @@ func (w *noopWorker) Work(context.Context, *river.Job[noopArgs]) error {
 	return nil
 }
 
-func runBurndown(ctx context.Context, pool *pgxpool.Pool, opts *options, logger *slog.Logger, c common) (_ *burndownResult, err error) {
+// runBurndown runs the burndown scenario: pool is the client's,
+// insertPool the one the jobs are inserted, vacuumed and counted on (the
+// same pool unless -client-synchronous-commit is set).
+func runBurndown(ctx context.Context, pool, insertPool *pgxpool.Pool, opts *options, logger *slog.Logger, c common) (_ *burndownResult, err error) {
 	worker := &noopWorker{n: int64(opts.N)}
 	workers := river.NewWorkers()
 	river.AddWorker(workers, worker)
 	client, err := newClient(pool, opts, logger, workers)
+	if err != nil {
+		return nil, err
+	}
+	inserter, err := inserterFor(client, pool, insertPool, opts, logger, workers)
 	if err != nil {
 		return nil, err
 	}
@@ -370,14 +477,14 @@ func runBurndown(ctx context.Context, pool *pgxpool.Pool, opts *options, logger 
 		for ; i < opts.N && len(batch) < opts.BatchSize; i++ {
 			batch = append(batch, river.InsertManyParams{Args: noopArgs{Num: i}})
 		}
-		if _, err := client.InsertManyFast(ctx, batch); err != nil {
+		if _, err := inserter.InsertManyFast(ctx, batch); err != nil {
 			return nil, fmt.Errorf("inserting jobs: %w", err)
 		}
 	}
 	insertSeconds := time.Since(insertStart).Seconds()
 	logger.Info("inserted burndown jobs", "n", opts.N, "seconds", insertSeconds)
 
-	if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+opts.Schema+".river_job"); err != nil {
+	if _, err := insertPool.Exec(ctx, "VACUUM ANALYZE "+opts.Schema+".river_job"); err != nil {
 		return nil, fmt.Errorf("vacuuming river_job: %w", err)
 	}
 	// The insert's WAL would otherwise bring a checkpoint, and its
@@ -387,7 +494,7 @@ func runBurndown(ctx context.Context, pool *pgxpool.Pool, opts *options, logger 
 	var checkpointed bool
 	var checkpointErr string
 	if opts.Checkpoint {
-		if _, err := pool.Exec(ctx, "CHECKPOINT"); err != nil {
+		if _, err := insertPool.Exec(ctx, "CHECKPOINT"); err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
@@ -437,7 +544,7 @@ func runBurndown(ctx context.Context, pool *pgxpool.Pool, opts *options, logger 
 
 	// Cross-check in the database that every job is completed.
 	var dbCompleted int
-	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+opts.Schema+".river_job WHERE state = $1",
+	if err := insertPool.QueryRow(ctx, "SELECT count(*) FROM "+opts.Schema+".river_job WHERE state = $1",
 		string(rivertype.JobStateCompleted)).Scan(&dbCompleted); err != nil {
 		return nil, fmt.Errorf("counting completed jobs: %w", err)
 	}

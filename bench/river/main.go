@@ -23,6 +23,12 @@
 //     completed in the database by River's completer). Reports seconds and
 //     jobs per second.
 //
+// With -client-synchronous-commit (e.g. off) the River client's pool, on
+// which it fetches, completes and runs its maintenance, sets
+// synchronous_commit, while the jobs are inserted through an insert-only
+// client on a second pool that keeps the connection string's and server's
+// setting; the result reports both as SHOW gives them.
+//
 // River's tables are migrated (with rivermigrate) into their own schema, by
 // default "river_bench", so they do not collide with the tables of the public
 // schema. The job table is truncated before every run so runs are independent.
@@ -43,6 +49,8 @@ import (
 	"log/slog"
 	"os"
 	"regexp"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/riverqueue/river"
@@ -71,6 +79,10 @@ type options struct {
 	Timeout           time.Duration
 	StopTimeout       time.Duration
 	Verbose           bool
+
+	// ClientSynchronousCommit, if not "", is synchronous_commit on the
+	// River client's pool only (poolConfigs).
+	ClientSynchronousCommit string
 }
 
 // effectiveFetchCooldown is the fetch cooldown River will actually use.
@@ -89,6 +101,10 @@ func (o *options) effectiveFetchPollInterval() time.Duration {
 	}
 	return o.FetchPollInterval
 }
+
+// synchronousCommitValues are the values -client-synchronous-commit takes,
+// those of PostgreSQL's synchronous_commit.
+var synchronousCommitValues = []string{"on", "off", "local", "remote_write", "remote_apply"}
 
 // schemaRE restricts -schema to plain lower-case identifiers, which need no
 // quoting anywhere (search_path, River's Schema prefix, CREATE SCHEMA).
@@ -119,6 +135,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.MaxConns, "max-conns", 0, "pgx pool size; 0 = the DSN's pool_max_conns or pgx's default (max(4, NumCPU))")
 	fs.IntVar(&o.BatchSize, "batch-size", 1000, "burndown: jobs per InsertManyFast call")
 	fs.BoolVar(&o.Checkpoint, "checkpoint", false, "burndown: CHECKPOINT after the insert's VACUUM ANALYZE, as Bellhop's benchmark does before its burn-down (takes superuser or pg_checkpoint; if it fails, the run goes on and the result says why)")
+	fs.StringVar(&o.ClientSynchronousCommit, "client-synchronous-commit", "", "synchronous_commit of the River client's pool only (its fetches, completions and maintenance), e.g. off; the jobs are then inserted through an insert-only client on a second pool that keeps the server's setting; empty = one pool for everything, at the server's setting")
 	fs.DurationVar(&o.Settle, "settle", time.Second, "latency: wait after Start before the first insert")
 	fs.DurationVar(&o.Timeout, "timeout", 10*time.Minute, "give up on the whole run after this long")
 	fs.DurationVar(&o.StopTimeout, "stop-timeout", 30*time.Second, "how long to wait for the client to stop")
@@ -180,6 +197,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.BatchSize < 1 {
 		return fail("-batch-size %d: must be at least 1", o.BatchSize)
+	}
+	if o.ClientSynchronousCommit != "" && !slices.Contains(synchronousCommitValues, o.ClientSynchronousCommit) {
+		return fail("-client-synchronous-commit %q: must be one of %s", o.ClientSynchronousCommit, strings.Join(synchronousCommitValues, ", "))
 	}
 	if o.Settle < 0 {
 		return fail("-settle %s: must not be negative", o.Settle)

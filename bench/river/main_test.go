@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net/url"
 	"os"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -13,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 )
 
@@ -205,6 +208,206 @@ func TestBurndownCheckpoints(t *testing.T) {
 		}
 		if !tc.want && !strings.Contains(b.CheckpointError, "CHECKPOINT") {
 			t.Errorf("as %s: checkpoint error %q", tc.user, b.CheckpointError)
+		}
+	}
+}
+
+// TestPoolConfigsSynchronousCommit: -client-synchronous-commit sets
+// synchronous_commit on the River client's pool only; the jobs' inserts
+// go to a second pool that keeps the server's setting, so that a River
+// whose fetches and completions do not wait for the WAL flush still
+// inserts as Bellhop's producer does. Without the flag there is one pool,
+// as before, and it sets nothing.
+func TestPoolConfigsSynchronousCommit(t *testing.T) {
+	for _, tc := range []struct {
+		flag       []string
+		wantClient string // "" = not set
+		wantInsert bool   // a separate insert pool
+	}{
+		{nil, "", false},
+		{[]string{"-client-synchronous-commit", "off"}, "off", true},
+		{[]string{"-client-synchronous-commit", "local"}, "local", true},
+	} {
+		args := append([]string{"-database-url", "postgres://u@/db?host=/tmp&pool_max_conns=7", "-scenario", "latency",
+			"-fetch-cooldown", "2ms", "-fetch-poll-interval", "20ms", "-schema", "rb"}, tc.flag...)
+		o, err := parseFlags(args, io.Discard)
+		if err != nil {
+			t.Fatalf("%q: %v", tc.flag, err)
+		}
+		client, insert, err := poolConfigs(o)
+		if err != nil {
+			t.Fatalf("%q: %v", tc.flag, err)
+		}
+		got, ok := client.ConnConfig.RuntimeParams["synchronous_commit"]
+		if got != tc.wantClient || ok != (tc.wantClient != "") {
+			t.Errorf("%q: client pool synchronous_commit %q (set %v), want %q", tc.flag, got, ok, tc.wantClient)
+		}
+		if (insert != nil) != tc.wantInsert {
+			t.Fatalf("%q: insert pool %v, want one: %v", tc.flag, insert != nil, tc.wantInsert)
+		}
+		for name, cfg := range map[string]*pgxpool.Config{"client": client, "insert": insert} {
+			if cfg == nil {
+				continue
+			}
+			if cfg.ConnConfig.RuntimeParams["search_path"] != "rb" || cfg.MaxConns != 7 {
+				t.Errorf("%q: %s pool search_path %q, max conns %d", tc.flag, name, cfg.ConnConfig.RuntimeParams["search_path"], cfg.MaxConns)
+			}
+		}
+		if insert != nil {
+			if v, ok := insert.ConnConfig.RuntimeParams["synchronous_commit"]; ok {
+				t.Errorf("%q: insert pool sets synchronous_commit %q", tc.flag, v)
+			}
+		}
+	}
+	for _, bad := range []string{"of", "OFF", "false"} {
+		_, err := parseFlags([]string{"-database-url", "x", "-scenario", "latency", "-client-synchronous-commit", bad}, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "-client-synchronous-commit") {
+			t.Errorf("-client-synchronous-commit %s: %v", bad, err)
+		}
+	}
+}
+
+// TestClientSynchronousCommitOnServer runs both scenarios with
+// -client-synchronous-commit off and checks, by what each pool's
+// connections report (SHOW), that the client's pool commits without
+// waiting for the flush and the insert pool with it; without the flag
+// the result names neither.
+func TestClientSynchronousCommitOnServer(t *testing.T) {
+	dsn := os.Getenv("DATABASE_URL")
+	if dsn == "" {
+		t.Skip("DATABASE_URL is not set: this module starts no server of its own")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Cleanups run last in first out: this one after the drop below.
+	t.Cleanup(func() { admin.Close(context.Background()) })
+	var server string
+	if err := admin.QueryRow(ctx, "SHOW synchronous_commit").Scan(&server); err != nil {
+		t.Fatal(err)
+	}
+	if server == "off" {
+		t.Skip("the server's synchronous_commit is off: the insert pool would not differ")
+	}
+	schema := "river_sc_" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	t.Cleanup(func() {
+		if _, err := admin.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
+			t.Errorf("drop schema: %v", err)
+		}
+	})
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	for _, tc := range []struct {
+		scenario string
+		flag     []string
+		client   string
+		insert   string
+	}{
+		{"latency", []string{"-client-synchronous-commit", "off"}, "off", server},
+		{"burndown", []string{"-client-synchronous-commit", "off"}, "off", server},
+		{"latency", nil, "", ""},
+	} {
+		args := append([]string{"-database-url", dsn, "-schema", schema, "-scenario", tc.scenario, "-n", "20", "-interval", "1ms",
+			"-settle", "100ms", "-workers", "5", "-fetch-cooldown", "2ms", "-fetch-poll-interval", "20ms"}, tc.flag...)
+		opts, err := parseFlags(args, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := run(ctx, opts, logger)
+		if err != nil {
+			t.Fatalf("%s %q: %v", tc.scenario, tc.flag, err)
+		}
+		var c common
+		switch r := res.(type) {
+		case *latencyResult:
+			c = r.common
+			if r.N != 20 || r.P50US <= 0 {
+				t.Errorf("%s %q: %+v", tc.scenario, tc.flag, r)
+			}
+		case *burndownResult:
+			c = r.common
+			if r.JobsPerSec <= 0 {
+				t.Errorf("%s %q: %+v", tc.scenario, tc.flag, r)
+			}
+		}
+		if c.ClientSynchronousCommit != tc.client || c.InsertSynchronousCommit != tc.insert {
+			t.Errorf("%s %q: client pool %q, insert pool %q; want %q, %q", tc.scenario, tc.flag,
+				c.ClientSynchronousCommit, c.InsertSynchronousCommit, tc.client, tc.insert)
+		}
+		out, err := json.Marshal(res)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if has := strings.Contains(string(out), "synchronous_commit"); has != (tc.flag != nil) {
+			t.Errorf("%s %q: JSON names synchronous_commit: %v: %s", tc.scenario, tc.flag, has, out)
+		}
+	}
+}
+
+// TestInsertClientConfiguredAsWorker: the insert-only client of
+// -client-synchronous-commit is the worker's configuration without its
+// queues. It had River's default FetchCooldown, 100 ms, which also
+// limits a client's insert notifications to one per queue per 100 ms:
+// of jobs 10 ms apart most waited for the worker's 20 ms poll.
+func TestInsertClientConfiguredAsWorker(t *testing.T) {
+	o, err := parseFlags([]string{"-database-url", "x", "-scenario", "latency", "-fetch-cooldown", "2ms", "-fetch-poll-interval", "20ms",
+		"-client-synchronous-commit", "off", "-schema", "rb"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	workers := river.NewWorkers()
+	ins, cli := insertClientConfig(o, logger, workers), clientConfig(o, logger, workers)
+	if ins.Queues != nil || len(cli.Queues) != 1 {
+		t.Errorf("queues: insert client %v, worker %v", ins.Queues, cli.Queues)
+	}
+	cli.Queues = nil
+	if !reflect.DeepEqual(ins, cli) {
+		t.Errorf("insert client config %+v, worker's without queues %+v", ins, cli)
+	}
+	if ins.FetchCooldown != 2*time.Millisecond || ins.FetchPollInterval != 20*time.Millisecond || ins.Schema != "rb" || ins.Workers != workers {
+		t.Errorf("insert client config %+v", ins)
+	}
+}
+
+// TestInsertNotificationsReachWorker: with a poll interval of 5 s, a job
+// is worked within a second only if its insert's notification reached
+// the worker. Jobs 30 ms apart, with a 2 ms fetch cooldown, must each
+// send one, whichever client inserts them.
+func TestInsertNotificationsReachWorker(t *testing.T) {
+	dsn := os.Getenv("DATABASE_URL")
+	if dsn == "" {
+		t.Skip("DATABASE_URL is not set: this module starts no server of its own")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Close(context.Background()) })
+	schema := "river_nt_" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	t.Cleanup(func() {
+		if _, err := admin.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
+			t.Errorf("drop schema: %v", err)
+		}
+	})
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	for _, flag := range [][]string{nil, {"-client-synchronous-commit", "off"}} {
+		args := append([]string{"-database-url", dsn, "-schema", schema, "-scenario", "latency", "-n", "4", "-interval", "30ms",
+			"-settle", "200ms", "-workers", "5", "-fetch-cooldown", "2ms", "-fetch-poll-interval", "5s"}, flag...)
+		opts, err := parseFlags(args, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := run(ctx, opts, logger)
+		if err != nil {
+			t.Fatalf("%q: %v", flag, err)
+		}
+		if r := res.(*latencyResult); r.MaxUS >= 1_000_000 {
+			t.Errorf("%q: a job waited %d µs for the poll: %+v", flag, r.MaxUS, r)
 		}
 	}
 }

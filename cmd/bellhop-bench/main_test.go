@@ -803,3 +803,131 @@ func TestRiverRulesNameTheirSettings(t *testing.T) {
 		t.Errorf("%d River rules checked", n)
 	}
 }
+
+// TestRiverFetchCases: the names and settings of River's configurations.
+// The targets read riverFetches[1], River 2ms/20ms; the
+// synchronous_commit off configuration, with the same fetch settings,
+// comes after it, latency only, informational.
+func TestRiverFetchCases(t *testing.T) {
+	for i, tc := range []struct {
+		name          string
+		settings      []string // in Settings
+		args          []string
+		backToBack    bool
+		informational bool
+	}{
+		{"River defaults", []string{"River's defaults"}, nil, false, false},
+		{"River 2ms/20ms", []string{"FetchCooldown 2 ms, FetchPollInterval 20 ms"}, []string{"-fetch-cooldown", "2ms", "-fetch-poll-interval", "20ms"}, true, false},
+		{"River 2ms/20ms, synchronous_commit off",
+			[]string{"FetchCooldown 2 ms, FetchPollInterval 20 ms", "synchronous_commit off on the River client's pool", "inserted on a second pool at the server's setting", "latency only, no burn-down", "informational, in no target"},
+			[]string{"-fetch-cooldown", "2ms", "-fetch-poll-interval", "20ms", "-client-synchronous-commit", "off"}, true, true},
+	} {
+		if i >= len(riverFetches) {
+			t.Fatalf("%d configurations, want %s too", len(riverFetches), tc.name)
+		}
+		f := riverFetches[i]
+		if f.Name != tc.name || !slices.Equal(f.Args, tc.args) || f.BackToBack != tc.backToBack || f.Informational != tc.informational {
+			t.Errorf("riverFetches[%d] = %+v, want %s with %q", i, f, tc.name, tc.args)
+		}
+		for _, s := range tc.settings {
+			if !strings.Contains(f.Settings, s) {
+				t.Errorf("%s: settings %q lack %q", f.Name, f.Settings, s)
+			}
+		}
+		wantRatio := mLatencyRatio
+		if tc.informational {
+			wantRatio = "latency p50 ratio (informational, no target)"
+		}
+		if got := f.latencyRatio(); got != wantRatio {
+			t.Errorf("%s: ratio named %q, want %q", f.Name, got, wantRatio)
+		}
+		wantSync := ""
+		if tc.informational {
+			wantSync = "off"
+		}
+		if got := f.arg("-client-synchronous-commit"); got != wantSync {
+			t.Errorf("%s: -client-synchronous-commit %q, want %q", f.Name, got, wantSync)
+		}
+	}
+	if len(riverFetches) != 3 {
+		t.Errorf("%d River configurations, want 3", len(riverFetches))
+	}
+	if got := riverLatencyCase(riverFetches[2]); got != "River 2ms/20ms, synchronous_commit off, latency" {
+		t.Errorf("case %q", got)
+	}
+	if got := backToBackCase(riverFetches[2]); got != "back to back: Bellhop ÷ River 2ms/20ms, synchronous_commit off" {
+		t.Errorf("back-to-back case %q", got)
+	}
+}
+
+// TestInformationalRiverCaseInNoTarget: the synchronous_commit off
+// configuration's figures, however far from the others, change no
+// target, and no target names it; without the scored River figures the
+// River targets stay unknown or absent.
+func TestInformationalRiverCaseInNoTarget(t *testing.T) {
+	p := fullParams()
+	scored := riverFetches[1]
+	full := func() *Results {
+		r := newResults()
+		r.Add(Metric{Scenario: "latency", Case: caseGo, Name: "p50"}, 900)
+		r.Add(Metric{Scenario: "latency", Case: caseGo, Name: "p99"}, 1500)
+		r.Add(Metric{Scenario: "latency", Case: caseGoLease, Name: "p50"}, 700)
+		r.Add(Metric{Scenario: "latency", Case: caseGoLease, Name: "p99"}, 1200)
+		r.Add(Metric{Scenario: "floor", Case: caseFloorInsertNotify, Name: "p50"}, 600)
+		r.Add(Metric{Scenario: "floor", Case: "SELECT 1 round trip (unix socket)", Name: "p50"}, 50)
+		r.Add(Metric{Scenario: "river", Case: riverLatencyCase(scored), Name: "p50"}, 1300)
+		b2b := backToBackCase(scored)
+		r.Add(Metric{Scenario: "river", Case: b2b, Name: mLatencyRatio}, 0.7)
+		r.Add(Metric{Scenario: "river", Case: b2b, Name: mLatencyRatioLease}, 0.6)
+		for _, c := range burnDownPairs {
+			r.Add(Metric{Scenario: "river", Case: riverBurndownCase(scored, p.riverBurndownN, c.workers), Name: mRiverJobs}, 5000)
+			r.Add(Metric{Scenario: "river", Case: b2b, Name: burnDownRatio(c.inFlight, c.workers)}, 2)
+		}
+		return r
+	}
+	// Every figure the informational configuration reports, at values
+	// that would flip any rule that read them.
+	addInfo := func(r *Results) {
+		for _, f := range riverFetches {
+			if !f.Informational {
+				continue
+			}
+			for _, name := range []string{"p50", "p90", "p99", "max"} {
+				r.Add(Metric{Scenario: "river", Case: riverLatencyCase(f), Name: name}, 1)
+			}
+			for _, part := range []string{mRiverInsertCall, mRiverAfterInsert} {
+				r.Add(Metric{Scenario: "river", Case: riverLatencyCase(f) + ": " + part, Name: "p50"}, 1)
+			}
+			r.Add(Metric{Scenario: "river", Case: backToBackCase(f), Name: f.latencyRatio()}, 1e6)
+			for _, c := range burnDownPairs {
+				r.Add(Metric{Scenario: "river", Case: riverBurndownCase(f, p.riverBurndownN, c.workers), Name: mRiverJobs}, 1e9)
+			}
+		}
+	}
+	// Targets hold NaN for what is missing, which DeepEqual never finds
+	// equal: compare them printed.
+	show := func(ts []Target) string { return fmt.Sprintf("%+v", ts) }
+
+	for _, tc := range []struct {
+		name string
+		base func() *Results
+	}{{"all figures", full}, {"no figures", newResults}} {
+		r := tc.base()
+		want := evaluateTargets(r, p)
+		addInfo(r)
+		got := evaluateTargets(r, p)
+		if show(got) != show(want) {
+			t.Errorf("%s: targets changed by the informational case:\n got %s\nwant %s", tc.name, show(got), show(want))
+		}
+		for _, tg := range got {
+			for _, f := range riverFetches {
+				if f.Informational && (strings.Contains(tg.Rule+tg.Detail+tg.Name, f.Name) || strings.Contains(tg.Rule+tg.Detail, "synchronous_commit")) {
+					t.Errorf("%s: target %q names %s: %+v", tc.name, tg.Name, f.Name, tg)
+				}
+			}
+			if tc.name == "no figures" && strings.Contains(tg.Name, "River") && tg.Known {
+				t.Errorf("no figures: River target known from the informational case alone: %+v", tg)
+			}
+		}
+	}
+}

@@ -24,11 +24,42 @@ type riverFetch struct {
 	// BackToBack measures Bellhop's matching case right next to each of
 	// this configuration's, for the targets' rules.
 	BackToBack bool
+	// Informational: no target reads this configuration's figures. Only
+	// its latency is measured, no burn-down (to keep the scenario
+	// short); with BackToBack, only Bellhop's default path is measured
+	// beside it (not leasing at INSERT too), and the ratio is reported
+	// as mLatencyRatioInfo, not mLatencyRatio.
+	Informational bool
 }
 
+// riverFetches are River's configurations, in the order they run. The
+// targets' rules read the second (riverFetches[1]); the informational
+// ones come after it.
 var riverFetches = []riverFetch{
 	{Name: "River defaults", Settings: "FetchCooldown and FetchPollInterval at River's defaults"},
 	{Name: "River 2ms/20ms", Settings: "FetchCooldown 2 ms, FetchPollInterval 20 ms", Args: []string{"-fetch-cooldown", "2ms", "-fetch-poll-interval", "20ms"}, BackToBack: true},
+	// River's fetches and completions without waiting for the WAL
+	// flush, as Bellhop's claims, acks and nacks commit; its inserts,
+	// like Bellhop's producer's, still wait for it.
+	{Name: "River 2ms/20ms, synchronous_commit off",
+		Settings: "FetchCooldown 2 ms, FetchPollInterval 20 ms, synchronous_commit off on the River client's pool (fetches, completions, maintenance), the jobs inserted on a second pool at the server's setting (on); latency only, no burn-down; informational, in no target",
+		Args:     []string{"-fetch-cooldown", "2ms", "-fetch-poll-interval", "20ms", "-client-synchronous-commit", "off"}, BackToBack: true, Informational: true},
+}
+
+// arg is the value that f passes to bench/river's flag name, or "".
+func (f riverFetch) arg(name string) string {
+	if i := slices.Index(f.Args, name); i >= 0 && i+1 < len(f.Args) {
+		return f.Args[i+1]
+	}
+	return ""
+}
+
+// latencyRatio names the metric of f's back-to-back latency ratio.
+func (f riverFetch) latencyRatio() string {
+	if f.Informational {
+		return mLatencyRatioInfo
+	}
+	return mLatencyRatio
 }
 
 // ruleName names f in a target's rule, with its settings and, if any,
@@ -53,6 +84,9 @@ func backToBackCase(f riverFetch) string { return "back to back: Bellhop ÷ " + 
 const (
 	mLatencyRatio      = "latency p50 ratio"
 	mLatencyRatioLease = "latency p50 ratio, leasing at INSERT"
+	// mLatencyRatioInfo is the ratio of an Informational configuration,
+	// which no target reads.
+	mLatencyRatioInfo = "latency p50 ratio (informational, no target)"
 )
 
 func burnDownRatio(inFlight, workers int) string {
@@ -126,7 +160,11 @@ func runRiver(ctx context.Context, e *env, run int) error {
 			PoolMaxConns      int     `json:"pool_max_conns"`
 			FetchCooldown     string  `json:"fetch_cooldown"`
 			FetchPollInterval string  `json:"fetch_poll_interval"`
-			InsertCall        struct {
+			// Set only with -client-synchronous-commit: SHOW
+			// synchronous_commit on the client's and the insert pool.
+			ClientSynchronousCommit string `json:"client_synchronous_commit"`
+			InsertSynchronousCommit string `json:"insert_synchronous_commit"`
+			InsertCall              struct {
 				P50US float64 `json:"p50_us"`
 				P99US float64 `json:"p99_us"`
 			} `json:"insert_call"`
@@ -140,13 +178,21 @@ func runRiver(ctx context.Context, e *env, run int) error {
 			if err := e.river(ctx, args, &res); err != nil {
 				return fmt.Errorf("%s: %w", riverLatencyCase(f), err)
 			}
+			if want := f.arg("-client-synchronous-commit"); res.ClientSynchronousCommit != want {
+				return fmt.Errorf("%s: bench/river reports synchronous_commit %q on the client's pool, want %q", riverLatencyCase(f), res.ClientSynchronousCommit, want)
+			}
 			addLatency(e.res, "river", riverLatencyCase(f), latencyStats{P50: res.P50US, P90: res.P90US, P99: res.P99US, Max: res.MaxUS}, true)
 			addLatency(e.res, "river", riverLatencyCase(f)+": "+mRiverInsertCall, latencyStats{P50: res.InsertCall.P50US, P99: res.InsertCall.P99US}, false)
 			addLatency(e.res, "river", riverLatencyCase(f)+": "+mRiverAfterInsert, latencyStats{P50: res.AfterInsert.P50US, P99: res.AfterInsert.P99US}, false)
 			e.res.Note("river", "River %s, pool_max_conns=%d", res.RiverVersion, res.PoolMaxConns)
 			// What the River binary reports it used, which the names and
 			// rules abbreviate.
-			e.res.Note("river", "'%s': FetchCooldown %s, FetchPollInterval %s (as bench/river reports them)", f.Name, res.FetchCooldown, res.FetchPollInterval)
+			if res.ClientSynchronousCommit == "" {
+				e.res.Note("river", "'%s': FetchCooldown %s, FetchPollInterval %s (as bench/river reports them)", f.Name, res.FetchCooldown, res.FetchPollInterval)
+			} else {
+				e.res.Note("river", "'%s': FetchCooldown %s, FetchPollInterval %s, synchronous_commit=%s on the client's pool and =%s on the insert pool (as bench/river reports them)",
+					f.Name, res.FetchCooldown, res.FetchPollInterval, res.ClientSynchronousCommit, res.InsertSynchronousCommit)
+			}
 			return nil
 		}
 		if !f.BackToBack {
@@ -156,7 +202,9 @@ func runRiver(ctx context.Context, e *env, run int) error {
 		} else {
 			// Both of Bellhop's paths beside River's, the default one
 			// right next to it: leasing, default, River in odd runs;
-			// River, default, leasing in even ones.
+			// River, default, leasing in even ones. An informational
+			// configuration has the default path alone beside it.
+			withLease := !f.Informational
 			var ours, leased latencyStats
 			label := fmt.Sprintf("Bellhop %s, next to %s", caseGo, riverLatencyCase(f))
 			leaseLabel := fmt.Sprintf("Bellhop %s, next to %s", caseGoLease, riverLatencyCase(f))
@@ -166,7 +214,7 @@ func runRiver(ctx context.Context, e *env, run int) error {
 				}
 				return nil
 			}
-			if run%2 != 0 {
+			if withLease && run%2 != 0 {
 				if err := lease(); err != nil {
 					return err
 				}
@@ -178,13 +226,18 @@ func runRiver(ctx context.Context, e *env, run int) error {
 			if err != nil {
 				return err
 			}
-			if run%2 == 0 {
+			if withLease && run%2 == 0 {
 				if err := lease(); err != nil {
 					return err
 				}
 			}
-			e.res.Add(Metric{Scenario: "river", Case: backToBackCase(f), Name: mLatencyRatio, Unit: "×", LowerIsBetter: true}, ours.P50/res.P50US)
-			e.res.Add(Metric{Scenario: "river", Case: backToBackCase(f), Name: mLatencyRatioLease, Unit: "×", LowerIsBetter: true}, leased.P50/res.P50US)
+			e.res.Add(Metric{Scenario: "river", Case: backToBackCase(f), Name: f.latencyRatio(), Unit: "×", LowerIsBetter: true}, ours.P50/res.P50US)
+			if withLease {
+				e.res.Add(Metric{Scenario: "river", Case: backToBackCase(f), Name: mLatencyRatioLease, Unit: "×", LowerIsBetter: true}, leased.P50/res.P50US)
+			}
+		}
+		if f.Informational {
+			continue // latency only
 		}
 		for _, w := range e.p.riverWorkers {
 			var jobs float64
@@ -236,6 +289,12 @@ func runRiver(ctx context.Context, e *env, run int) error {
 		e.p.poolMaxConns, e.p.riverLatencyN, e.p.latencyInterval, mRiverInsertCall, mRiverAfterInsert)
 	e.res.Note("river", "'Bellhop …, next to River …': Bellhop's case measured as in scenarios 2 and 3, right before River's in odd runs and right after it in even ones; '%s' holds the ratio of each such pair (Bellhop's latency p50 over River's; Bellhop's msgs/s to table empty over River's jobs/s to completed in DB), and its median is the ratio of the targets marked 'back to back'", backToBackCase(riverFetches[1]))
 	e.res.Note("river", "the Bellhop cases here keep no pg_stat_statements window in any run (this scenario has no evidence run); the same cases' statements are in the latency and throughput scenarios' evidence runs")
+	for _, f := range riverFetches {
+		if f.Informational {
+			e.res.Note("river", "'%s' is informational: no target reads its figures; its settings: %s; '%s' in '%s' is Bellhop's %s p50 over its p50, the pair measured back to back as above (without the leasing case)",
+				f.Name, f.Settings, f.latencyRatio(), backToBackCase(f), caseGo)
+		}
+	}
 	e.res.Note("river", "'%s, next to River …': measured right before the default path's pair in odd runs (leasing, default, River) and right after it in even ones (River, default, leasing); '%s' is its p50 over the same River p50", caseGoLease, mLatencyRatioLease)
 	return nil
 }
