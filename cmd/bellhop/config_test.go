@@ -190,6 +190,11 @@ func TestBadConfiguration(t *testing.T) {
 		// net/http ignores a proxy it cannot parse and pushes directly.
 		{"malformed HTTP_PROXY", dsn, []string{"HTTP_PROXY=http://u:s3cretpw%zz@proxy.example:3128"}, []string{"run"}, "HTTP_PROXY does not parse as a URL"},
 		{"malformed https_proxy", dsn, []string{"HTTPS_PROXY=", "https_proxy=u:s3cretpw%@proxy.example:3128"}, []string{"run"}, "https_proxy names no proxy host"},
+		// The address dialled would be the proxy's.
+		{"--block-private-addresses beside a proxy", dsn, []string{"HTTPS_PROXY=http://proxy.example:3128"}, []string{"run", "--block-private-addresses"},
+			"--block-private-addresses: blocking pushes to private addresses checks the address dialled, and with HTTPS_PROXY set that is the proxy's"},
+		{"BELLHOP_BLOCK_PRIVATE_ADDRESSES beside a proxy", dsn, []string{"HTTP_PROXY=http://proxy.example:3128", "BELLHOP_BLOCK_PRIVATE_ADDRESSES=1"}, []string{"run"},
+			"BELLHOP_BLOCK_PRIVATE_ADDRESSES: blocking pushes to private addresses checks the address dialled, and with HTTP_PROXY set"},
 		// Checked before connecting, as their error said.
 		{"--delay too long, database away", away, nil, append(enq, "--delay", "87601h", "{}"), "delay 87601h0m0s is more than the 87600h0m0s limit"},
 		{"--at too far, database away", away, nil, append(enq, "--at", "2199-01-02T15:04:05Z", "{}"), "deliver-after 2199-01-02T15:04:05Z is more than 87600h0m0s ahead"},
@@ -596,6 +601,7 @@ func TestEmptyEnvRefused(t *testing.T) {
 		{"BELLHOP_HTTP_ADDR", "run", nil, []string{"--http-addr", "127.0.0.1:0"}},
 		{"BELLHOP_LEASE_AT_INSERT", "run", nil, []string{"--lease-at-insert"}},
 		{"BELLHOP_QUEUE_DEPTHS", "run", nil, []string{"--queue-depths=false"}},
+		{"BELLHOP_BLOCK_PRIVATE_ADDRESSES", "run", nil, []string{"--block-private-addresses"}},
 		{"BELLHOP_LOG_FORMAT", "queues", nil, []string{"--log-format", "json"}},
 		{"BELLHOP_LOG_LEVEL", "queues", nil, []string{"--log-level", "info"}},
 		{"BELLHOP_APP", "consumer ls", nil, []string{"--app", "shop"}},

@@ -43,6 +43,7 @@ func runCommand(d *deps) *cli.Command {
 			&cli.DurationFlag{Name: "poll-interval", Value: bellhop.DefaultPollInterval, Usage: "fallback poll period, at least 1s (catches lost notifications only)", Sources: env("POLL_INTERVAL")},
 			&cli.DurationFlag{Name: "shutdown-grace", Value: bellhop.DefaultShutdownGrace, Usage: "on SIGINT, SIGTERM or SIGHUP, how long in-flight deliveries may finish", Sources: env("SHUTDOWN_GRACE")},
 			&cli.StringSliceFlag{Name: "allowed-hosts", Usage: "if set, only push to these hosts (exact, or *.suffix)", Sources: env("ALLOWED_HOSTS")},
+			&cli.BoolFlag{Name: "block-private-addresses", Usage: "refuse to push to an address that is not public (loopback, private, link-local such as a cloud's metadata service, ...), checked after the name is resolved; not with a proxy", Sources: env("BLOCK_PRIVATE_ADDRESSES")},
 			&cli.BoolFlag{Name: "lease-at-insert", Usage: "let producers lease new messages of idle queues to this dispatcher, saving a claim round trip (docs/lease-at-insert.md)", Sources: env("LEASE_AT_INSERT")},
 			&cli.BoolFlag{Name: "queue-depths", Value: true, Usage: "report queue depths on /metrics: a scrape scans the queue list, at most once a second, at a cost that grows with the messages and dead letters held (--queue-depths=false leaves them out)", Sources: env("QUEUE_DEPTHS")},
 		},
@@ -74,6 +75,12 @@ func runCommand(d *deps) *cli.Command {
 			if err := httppush.CheckProxyEnv(os.Getenv); err != nil {
 				return usageError{err}
 			}
+			blockPrivate := cmd.Bool("block-private-addresses")
+			if blockPrivate {
+				if err := httppush.CheckBlockPrivate(os.Getenv); err != nil {
+					return usagef("%s: %v", flagName("block-private-addresses", sameBool(true)), err)
+				}
+			}
 			// An empty address would listen on a random port of every
 			// interface, where nobody looks for the probes.
 			if cmd.String("http-addr") == "" {
@@ -101,9 +108,10 @@ func runCommand(d *deps) *cli.Command {
 				log.Info().Str("database", describeDB(cfg)).Str("http_addr", ln.Addr().String()).
 					Stringer("poll_interval", cmd.Duration("poll-interval")).Stringer("shutdown_grace", cmd.Duration("shutdown-grace")).
 					Bool("lease_at_insert", cmd.Bool("lease-at-insert")).Bool("queue_depths", cmd.Bool("queue-depths")).Strs("allowed_hosts", hosts).
+					Bool("block_private_addresses", blockPrivate).
 					Str("log_level", strings.ToLower(cmd.String("log-level"))).Msg("settings")
 			}
-			pusher := httppush.New(httppush.Options{AllowedHosts: hosts, Logger: log})
+			pusher := httppush.New(httppush.Options{AllowedHosts: hosts, BlockPrivate: blockPrivate, Logger: log})
 			// Once serve returns no push is in flight: the consumers'
 			// kept-alive connections are closed now rather than at exit.
 			defer pusher.CloseIdleConnections()

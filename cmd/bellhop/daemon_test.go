@@ -892,6 +892,27 @@ func (twiceCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(twiceDesc, prometheus.GaugeValue, 1)
 }
 
+// TestBlockPrivateAddresses: `run --block-private-addresses` does not
+// push to a consumer on a loopback address (the test's hook): the push
+// fails before it connects, the log names the address, and the consumer
+// sees nothing; the message stays, to be retried. Nothing checked the
+// addresses that consumers' names resolve to.
+func TestBlockPrivateAddresses(t *testing.T) {
+	t.Parallel()
+	dsn, h, _ := setup(t)
+	d := startDaemon(t, dsn, "--block-private-addresses")
+	if r := exe(t, dsn, `{"n":1}`, "enqueue", "--app", "shop", "--queue", "orders", "-"); r.code != 0 {
+		t.Fatalf("enqueue: %s", r)
+	}
+	d.waitLine(true, regexp.MustCompile(`address 127\.0\.0\.1 is loopback, and pushes to addresses that are not public are blocked`), 30*time.Second)
+	if n := len(h.deliveries()); n != 0 {
+		t.Errorf("the consumer got %d deliveries", n)
+	}
+	if n := queryInt(t, db(t, dsn), "SELECT count(*) FROM queue_messages"); n != 1 {
+		t.Errorf("%d messages queued, want the one, to be retried", n)
+	}
+}
+
 // TestNoQueueDepths: `run --queue-depths=false` leaves the depth gauges,
 // and the scan of the queue list behind them, out of /metrics, which
 // still serves the rest. Every dispatcher scanned the queue list for each

@@ -21,6 +21,7 @@ import (
 	"os"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -221,6 +222,11 @@ func sameList(v []string) func(string) bool {
 
 func sameDuration(v time.Duration) func(string) bool {
 	return func(e string) bool { d, err := time.ParseDuration(e); return err == nil && d == v }
+}
+
+// sameBool: the variable parses as v, as the flag reads it.
+func sameBool(v bool) func(string) bool {
+	return func(e string) bool { b, err := strconv.ParseBool(e); return err == nil && b == v }
 }
 
 // checkEmptyEnv refuses a BELLHOP_ variable that is set but empty, for a

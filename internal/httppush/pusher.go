@@ -69,6 +69,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -126,7 +127,7 @@ type Options struct {
 	// IDNA form of a name, which need not be what it lower-cases to.
 	// Matching is by name only: it is a
 	// guard against typos and misuse of the CLI, not against DNS that
-	// points an allowed name at an internal address.
+	// points an allowed name at an internal address (BlockPrivate is).
 	//
 	// Blank entries are ignored. Check the list with CheckAllowedHosts
 	// first: New does not, and fails closed instead, so an entry that is
@@ -137,6 +138,18 @@ type Options struct {
 	// less) means DefaultMaxResponseBody. A longer body is cut off and its
 	// connection closed rather than reused.
 	MaxResponseBody int64
+	// BlockPrivate, if set, refuses to connect to an address that is not
+	// public: loopback, private (10/8, 172.16/12, 192.168/16, fc00::/7),
+	// link-local (169.254/16, where clouds serve instance metadata, and
+	// fe80::/10), shared (100.64/10), unspecified, "this network" (0/8)
+	// or multicast, IPv4 also when mapped into IPv6. The check is on the
+	// address dialled, after the name is resolved, so a name that
+	// resolves to such an address is refused too, whatever AllowedHosts
+	// says. Such a push fails as a connection refused would (retried with
+	// backoff), its error naming the address. Through a proxy the address
+	// dialled is the proxy's (CheckBlockPrivate). Without effect when
+	// Client is set.
+	BlockPrivate bool
 	// Client, if set, replaces the Pusher's own client (for tests). Its
 	// CheckRedirect and Jar are overridden on a copy: redirects are never
 	// followed and cookies never kept, whatever the client says.
@@ -188,12 +201,16 @@ func New(opts Options) *Pusher {
 	if opts.Client != nil {
 		c = *opts.Client
 	} else {
+		dialer := &net.Dialer{
+			Timeout:   30 * time.Second,
+			KeepAlive: 30 * time.Second,
+		}
+		if opts.BlockPrivate {
+			dialer.Control = refusePrivate
+		}
 		c.Transport = &http.Transport{
-			Proxy: http.ProxyFromEnvironment,
-			DialContext: (&net.Dialer{
-				Timeout:   30 * time.Second,
-				KeepAlive: 30 * time.Second,
-			}).DialContext,
+			Proxy:                 http.ProxyFromEnvironment,
+			DialContext:           dialer.DialContext,
 			ForceAttemptHTTP2:     true,
 			MaxIdleConns:          0, // no global cap; per host is what matters
 			MaxIdleConnsPerHost:   maxIdlePerHost,
@@ -285,6 +302,63 @@ func (p *Pusher) hostAllowed(host string) bool {
 		}
 	}
 	return false
+}
+
+// refusePrivate is the dialer's Control with Options.BlockPrivate: it
+// runs for each address the dialer tries, after name resolution, before
+// the connection is made.
+func refusePrivate(_, address string, _ syscall.RawConn) error {
+	ap, err := netip.ParseAddrPort(address)
+	if err != nil {
+		return fmt.Errorf("address %q does not parse, and pushes to addresses that are not public are blocked", address)
+	}
+	if kind := notPublic(ap.Addr()); kind != "" {
+		return fmt.Errorf("address %s is %s, and pushes to addresses that are not public are blocked", ap.Addr(), kind)
+	}
+	return nil
+}
+
+// Ranges notPublic names that netip has no method for.
+var (
+	sharedSpace = netip.MustParsePrefix("100.64.0.0/10") // RFC 6598, carrier-grade NAT
+	thisNetwork = netip.MustParsePrefix("0.0.0.0/8")     // RFC 1122
+)
+
+// notPublic says what kind of address a is if a push must not reach it
+// with Options.BlockPrivate, or "" if it may.
+func notPublic(a netip.Addr) string {
+	a = a.Unmap()
+	switch {
+	case a.IsLoopback():
+		return "loopback"
+	case a.IsUnspecified():
+		return "unspecified"
+	case a.IsPrivate():
+		return "private"
+	case a.IsLinkLocalUnicast(), a.IsLinkLocalMulticast():
+		return "link-local"
+	case a.IsMulticast():
+		return "multicast"
+	case sharedSpace.Contains(a):
+		return "shared (carrier-grade NAT)"
+	case thisNetwork.Contains(a):
+		return `in "this network"`
+	}
+	return ""
+}
+
+// CheckBlockPrivate refuses Options.BlockPrivate beside a proxy named by
+// HTTP_PROXY or HTTPS_PROXY (getenv as for CheckProxyEnv): the address
+// dialled would be the proxy's, so a proxy on a private address would
+// fail every push, and one on a public address would reach private
+// consumers for us. Restrict the targets at the proxy instead.
+func CheckBlockPrivate(getenv func(string) string) error {
+	for _, name := range []string{"HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy"} {
+		if getenv(name) != "" {
+			return fmt.Errorf("blocking pushes to private addresses checks the address dialled, and with %s set that is the proxy's: restrict the targets at the proxy instead", name)
+		}
+	}
+	return nil
 }
 
 // CheckAllowedHosts returns an error naming the first entry of hosts that
