@@ -182,7 +182,7 @@ func (c *Client) Redrive(ctx context.Context, app, queue string, id uuid.UUID) (
 		err = c.db.QueryRow(ctx, queries.DeadRedrive, pgx.QueryExecModeExec, b.args(app, queue, id, first)).
 			Scan(&n, &l.ConsumerGone, &l.IDInUse, &b.size, &b.before, &b.died, &b.id, &b.source)
 		if err != nil {
-			return moved, b.failed("redrive", app, moved, err)
+			return moved, batchFailed("redrive", app, moved, err)
 		}
 		moved += n
 		left.ConsumerGone += l.ConsumerGone
@@ -211,7 +211,7 @@ func (c *Client) PurgeDead(ctx context.Context, app, queue string, id uuid.UUID)
 		err = c.db.QueryRow(ctx, queries.DeadPurge, pgx.QueryExecModeExec, b.args(app, queue, id, first)).
 			Scan(&n, &b.size, &b.before, &b.died, &b.id, &b.source)
 		if err != nil {
-			return deleted, b.failed("purge", app, deleted, err)
+			return deleted, batchFailed("purge", app, deleted, err)
 		}
 		deleted += n
 	}
@@ -246,9 +246,9 @@ func (b *deadBatch) args(app, queue string, id uuid.UUID, first bool) queries.Ar
 // full reports whether the last batch was full: there may be more.
 func (b *deadBatch) full() bool { return b.size == DeadBatch }
 
-// failed is the error of a batch that failed after done dead letters
-// were moved or deleted by the batches before it.
-func (b *deadBatch) failed(verb, app string, done int64, err error) error {
+// batchFailed is the error of a batch that failed after done dead
+// letters were moved or deleted by the batches before it.
+func batchFailed(verb, app string, done int64, err error) error {
 	err = deadOpError(verb, app, err)
 	if done > 0 {
 		err = fmt.Errorf("%w (the batches before it did: %d dead letters)", err, done)

@@ -143,18 +143,7 @@ func TestLatencyFromMonotonicOffsets(t *testing.T) {
 // With -checkpoint River's gets both; a user without pg_checkpoint gets a
 // result that says why it did not, as Bellhop's side notes it.
 func TestBurndownCheckpoints(t *testing.T) {
-	dsn := os.Getenv("DATABASE_URL")
-	if dsn == "" {
-		t.Skip("DATABASE_URL is not set: this module starts no server of its own")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	admin, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Cleanups run last in first out: this one after the drops below.
-	t.Cleanup(func() { admin.Close(context.Background()) })
+	ctx, dsn, admin := adminConn(t)
 	suffix := strconv.FormatInt(time.Now().UnixNano(), 36)
 	role, db := "river_ckpt_"+suffix, "river_ckpt_"+suffix
 	if _, err := admin.Exec(ctx, "CREATE ROLE "+role+" LOGIN"); err != nil {
@@ -273,18 +262,7 @@ func TestPoolConfigsSynchronousCommit(t *testing.T) {
 // waiting for the flush and the insert pool with it; without the flag
 // the result names neither.
 func TestClientSynchronousCommitOnServer(t *testing.T) {
-	dsn := os.Getenv("DATABASE_URL")
-	if dsn == "" {
-		t.Skip("DATABASE_URL is not set: this module starts no server of its own")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	admin, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Cleanups run last in first out: this one after the drop below.
-	t.Cleanup(func() { admin.Close(context.Background()) })
+	ctx, dsn, admin := adminConn(t)
 	var server string
 	if err := admin.QueryRow(ctx, "SHOW synchronous_commit").Scan(&server); err != nil {
 		t.Fatal(err)
@@ -292,12 +270,7 @@ func TestClientSynchronousCommitOnServer(t *testing.T) {
 	if server == "off" {
 		t.Skip("the server's synchronous_commit is off: the insert pool would not differ")
 	}
-	schema := "river_sc_" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	t.Cleanup(func() {
-		if _, err := admin.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
-			t.Errorf("drop schema: %v", err)
-		}
-	})
+	schema := scratchSchema(t, admin, "river_sc_")
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for _, tc := range []struct {
 		scenario string
@@ -377,23 +350,8 @@ func TestInsertClientConfiguredAsWorker(t *testing.T) {
 // the worker. Jobs 30 ms apart, with a 2 ms fetch cooldown, must each
 // send one, whichever client inserts them.
 func TestInsertNotificationsReachWorker(t *testing.T) {
-	dsn := os.Getenv("DATABASE_URL")
-	if dsn == "" {
-		t.Skip("DATABASE_URL is not set: this module starts no server of its own")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	admin, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { admin.Close(context.Background()) })
-	schema := "river_nt_" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	t.Cleanup(func() {
-		if _, err := admin.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
-			t.Errorf("drop schema: %v", err)
-		}
-	})
+	ctx, dsn, admin := adminConn(t)
+	schema := scratchSchema(t, admin, "river_nt_")
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for _, flag := range [][]string{nil, {"-client-synchronous-commit", "off"}} {
 		args := append([]string{"-database-url", dsn, "-schema", schema, "-scenario", "latency", "-n", "4", "-interval", "30ms",
@@ -410,4 +368,38 @@ func TestInsertNotificationsReachWorker(t *testing.T) {
 			t.Errorf("%q: a job waited %d µs for the poll: %+v", flag, r.MaxUS, r)
 		}
 	}
+}
+
+// adminConn returns a context bounding a database test, the server's
+// DSN (DATABASE_URL) and a connection to it, closed when the test ends
+// (after the test's own cleanups, which may use it). It skips the test
+// without DATABASE_URL: this module starts no server of its own (CI runs
+// its tests under internal/pgcluster/pgrun, which sets it).
+func adminConn(t *testing.T) (context.Context, string, *pgx.Conn) {
+	t.Helper()
+	dsn := os.Getenv("DATABASE_URL")
+	if dsn == "" {
+		t.Skip("DATABASE_URL is not set: this module starts no server of its own")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	admin, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Close(context.Background()) })
+	return ctx, dsn, admin
+}
+
+// scratchSchema names a schema for River's tables, unique to the test
+// (prefix and the time), dropped when the test ends.
+func scratchSchema(t *testing.T, admin *pgx.Conn, prefix string) string {
+	t.Helper()
+	schema := prefix + strconv.FormatInt(time.Now().UnixNano(), 36)
+	t.Cleanup(func() {
+		if _, err := admin.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
+			t.Errorf("drop schema: %v", err)
+		}
+	})
+	return schema
 }
