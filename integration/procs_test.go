@@ -11,11 +11,11 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -132,26 +132,25 @@ func mustCLI(t *testing.T, bin, dsn string, args ...string) cliResult {
 	return r
 }
 
-// freeAddr returns a loopback address with a port free right now.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
+// servingRE finds, in a daemon's log, the address its HTTP server
+// listens on.
+var servingRE = regexp.MustCompile(`"http_addr":"([^"]+)".*serving /metrics`)
 
 // daemon is one `bellhop run` process, restartable after a kill. Its
 // stdout and stderr, across restarts, are appended to one log file.
+//
+// Each process listens on a port the kernel picks, read back from its own
+// part of the log: a port picked by the test and freed for the daemon to
+// bind could be taken in between, by any socket of the run.
 type daemon struct {
-	name, bin, addr string
-	env, args       []string
-	logPath         string
+	name, bin string
+	env, args []string
+	logPath   string
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
+	logFrom int64         // the log's size when the current process started
+	addr    string        // the current process's HTTP address, once read
 	done    chan struct{} // closed when the current process has been reaped
 	killed  bool          // the current process is being killed on purpose
 	exitErr error         // the current process's exit, once done
@@ -161,18 +160,59 @@ type daemon struct {
 
 func newDaemon(t *testing.T, name, bin, dsn string, extraArgs ...string) *daemon {
 	d := &daemon{
-		name: name, bin: bin, addr: freeAddr(t),
+		name: name, bin: bin,
 		env:     childEnv("DATABASE_URL=" + dsn),
 		logPath: filepath.Join(t.TempDir(), name+".log"),
 	}
-	d.args = append([]string{"run", "--http-addr", d.addr}, extraArgs...)
+	d.args = append([]string{"run", "--http-addr", "127.0.0.1:0"}, extraArgs...)
 	return d
+}
+
+// httpAddr is the current process's HTTP address, or "" until it has
+// logged it.
+func (d *daemon) httpAddr() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.addr != "" || d.cmd == nil {
+		return d.addr
+	}
+	f, err := os.Open(d.logPath)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	if _, err := f.Seek(d.logFrom, io.SeekStart); err != nil {
+		return ""
+	}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		if m := servingRE.FindStringSubmatch(sc.Text()); m != nil {
+			d.addr = m[1]
+			break
+		}
+	}
+	return d.addr
+}
+
+// get sends a GET for path to the current process's HTTP server.
+func (d *daemon) get(path string) (*http.Response, error) {
+	addr := d.httpAddr()
+	if addr == "" {
+		return nil, fmt.Errorf("%s: no HTTP address in its log yet", d.name)
+	}
+	return probeClient.Get("http://" + addr + path)
 }
 
 // start runs a new process; the previous one, if any, must have exited.
 func (d *daemon) start() error {
 	f, err := os.OpenFile(d.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
+		return err
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
 		return err
 	}
 	cmd := exec.Command(d.bin, d.args...)
@@ -187,6 +227,7 @@ func (d *daemon) start() error {
 	done := make(chan struct{})
 	d.mu.Lock()
 	d.cmd, d.done, d.killed, d.exitErr = cmd, done, false, nil
+	d.logFrom, d.addr = st.Size(), ""
 	d.mu.Unlock()
 	go func() {
 		err := cmd.Wait()
@@ -287,7 +328,7 @@ var probeClient = &http.Client{Timeout: 3 * time.Second}
 
 // ready reports whether /readyz answers 200.
 func (d *daemon) ready() bool {
-	resp, err := probeClient.Get("http://" + d.addr + "/readyz")
+	resp, err := d.get("/readyz")
 	if err != nil {
 		return false
 	}
@@ -298,7 +339,7 @@ func (d *daemon) ready() bool {
 
 // scrape returns the /metrics text.
 func (d *daemon) scrape() (string, error) {
-	resp, err := probeClient.Get("http://" + d.addr + "/metrics")
+	resp, err := d.get("/metrics")
 	if err != nil {
 		return "", err
 	}

@@ -147,7 +147,7 @@ func TestSecretsNeverLogged(t *testing.T) {
 	}
 	// A daemon that cannot start (no such database) reports why without
 	// the password.
-	if r := runCLI(bin, dsnFor(password, "no_such_db"), "run", "--http-addr", freeAddr(t)); r.err == nil {
+	if r := runCLI(bin, dsnFor(password, "no_such_db"), "run", "--http-addr", "127.0.0.1:0"); r.err == nil {
 		t.Errorf("bellhop run on a missing database exited 0")
 	} else {
 		outputs = append(outputs, r.stdout, r.stderr)
@@ -235,7 +235,7 @@ func TestSecretsNeverLogged(t *testing.T) {
 	}
 	outputs = append(outputs, metricsText)
 	for _, path := range []string{"/readyz", "/healthz"} {
-		resp, err := probeClient.Get("http://" + d.addr + path)
+		resp, err := d.get(path)
 		if err != nil {
 			t.Fatal(err)
 		}
