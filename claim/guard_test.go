@@ -22,8 +22,7 @@ import (
 // (claim_invoke.sql). The messages' enqueued_at runs opposite to the
 // order they were written in, and the claims run once as the server
 // plans them and once with index scans off: the order is the documented
-// one whatever the plan, not the order the dispatch index happens to
-// return.
+// one whatever the plan, not the order an index happens to return.
 func TestClaimTakesOnlyReadyUnleased(t *testing.T) {
 	for _, plan := range []string{"any plan", "no index scan"} {
 		for _, kind := range []string{"queue", "queues", "invoke"} {

@@ -901,7 +901,8 @@ func TestLeasePlans(t *testing.T) {
 
 	scans := `SELECT pg_stat_get_xact_numscans('bellhop_offers'::regclass),
 	                 pg_stat_get_xact_numscans('bellhop_offers_queue'::regclass),
-	                 pg_stat_get_xact_numscans('idx_queue_messages_dispatch'::regclass),
+	                 pg_stat_get_xact_numscans('idx_queue_messages_dispatch'::regclass)
+	                   + pg_stat_get_xact_numscans('idx_queue_messages_ready'::regclass),
 	                 pg_stat_get_xact_numscans('queue_messages_pkey'::regclass)`
 	// lease enqueues in a transaction, runs change on it, fires the
 	// deferred trigger and returns the transaction's scan counts.

@@ -14,8 +14,16 @@ SELECT (SELECT min(deliver_after)
                WHERE trigger_id = @trigger_id
                  AND source_kind = 'invoke'
                  AND claim_token IS NULL
-                 AND (deliver_after IS NULL OR deliver_after <= now())
+                 AND deliver_after IS NULL
         ORDER BY enqueued_at
-        LIMIT 1) IS NOT NULL,
+        LIMIT 1) IS NOT NULL
+       OR (SELECT deliver_after
+                  FROM outbox
+                  WHERE trigger_id = @trigger_id
+                    AND source_kind = 'invoke'
+                    AND claim_token IS NULL
+                    AND deliver_after <= now()
+           ORDER BY deliver_after
+           LIMIT 1) IS NOT NULL,
        (SELECT visibility_timeout_secs FROM queue_trigger_details WHERE trigger_id = @trigger_id),
        clock_timestamp()

@@ -27,8 +27,10 @@
 --   * the database's clock, so that the dispatcher turns the times above
 --     into its own clock's: a timer armed on a database time would fire
 --     as late as the database's clock is ahead of the dispatcher's.
--- The last is written as the oldest such row, not EXISTS, so that it walks
--- the dispatch index in order instead of scanning claimed rows.
+-- Whether ready messages remain is read as claims find them (0064): the
+-- oldest immediate message, or the earliest due delayed one, each the
+-- first row of its index's order rather than EXISTS, so that each walks
+-- its index instead of scanning claimed rows.
 -- Read-only; a stale answer only makes the dispatcher look again early.
 SELECT 1,
        (SELECT min(deliver_after)
@@ -50,9 +52,17 @@ SELECT 1,
                WHERE app_id = @app_id
                  AND queue_name = @queue_name
                  AND claim_token IS NULL
-                 AND (deliver_after IS NULL OR deliver_after <= now())
+                 AND deliver_after IS NULL
         ORDER BY enqueued_at
-        LIMIT 1) IS NOT NULL,
+        LIMIT 1) IS NOT NULL
+       OR (SELECT deliver_after
+                  FROM queue_messages
+                  WHERE app_id = @app_id
+                    AND queue_name = @queue_name
+                    AND claim_token IS NULL
+                    AND deliver_after <= now()
+           ORDER BY deliver_after
+           LIMIT 1) IS NOT NULL,
        (SELECT visibility_timeout_secs FROM queue_trigger_details
         WHERE trigger_id = @consumer_id AND queue_name = @queue_name),
        clock_timestamp()

@@ -23,9 +23,17 @@ SELECT q.i,
                WHERE app_id = q.app_id
                  AND queue_name = q.queue_name
                  AND claim_token IS NULL
-                 AND (deliver_after IS NULL OR deliver_after <= now())
+                 AND deliver_after IS NULL
         ORDER BY enqueued_at
-        LIMIT 1) IS NOT NULL,
+        LIMIT 1) IS NOT NULL
+       OR (SELECT deliver_after
+                  FROM queue_messages
+                  WHERE app_id = q.app_id
+                    AND queue_name = q.queue_name
+                    AND claim_token IS NULL
+                    AND deliver_after <= now()
+           ORDER BY deliver_after
+           LIMIT 1) IS NOT NULL,
        (SELECT visibility_timeout_secs FROM queue_trigger_details
         WHERE trigger_id = q.consumer_id AND queue_name = q.queue_name),
        clock_timestamp()

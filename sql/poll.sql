@@ -2,8 +2,11 @@
 --   * sends the dispatcher's heartbeat on the wake-up channel, so the
 --     listener's watchdog can tell a live connection from a hung one;
 --   * lists the enabled queue consumers whose queue, or whose invoke_async
---     outbox, holds a message claimable now (one EXISTS probe each on the
---     dispatch partial indexes, stopping at the first ready row), and of
+--     outbox, holds a message claimable now (probes of the indexes claims
+--     read, 0064: the oldest immediate message, or the earliest due
+--     delayed one, each written as the first row in its index's order, not
+--     EXISTS, so that a generic plan neither scans the table for it nor
+--     hashes every ready message), and of
 --     those the ones with a message claimable for @grace_ms already (its
 --     deliver_after, or its enqueued_at if it has none, that long ago): only
 --     these count as missed notifications. Work that came due just now may
@@ -41,18 +44,26 @@ WITH refreshed AS (
     SELECT c.id, c.app_id, c.queue_name
     FROM queue_consumers c
     WHERE c.enabled
-      AND EXISTS (SELECT 1 FROM queue_messages m
-                  WHERE m.app_id = c.app_id AND m.queue_name = c.queue_name
-                    AND m.claim_token IS NULL
-                    AND (m.deliver_after IS NULL OR m.deliver_after <= now()))
+      AND ((SELECT m.enqueued_at FROM queue_messages m
+            WHERE m.app_id = c.app_id AND m.queue_name = c.queue_name
+              AND m.claim_token IS NULL AND m.deliver_after IS NULL
+            ORDER BY m.enqueued_at LIMIT 1) IS NOT NULL
+           OR (SELECT m.deliver_after FROM queue_messages m
+               WHERE m.app_id = c.app_id AND m.queue_name = c.queue_name
+                 AND m.claim_token IS NULL AND m.deliver_after <= now()
+               ORDER BY m.deliver_after LIMIT 1) IS NOT NULL)
 ), invoke_ready AS (
     SELECT c.id
     FROM queue_consumers c
     WHERE c.enabled
-      AND EXISTS (SELECT 1 FROM outbox m
-                  WHERE m.trigger_id = c.id AND m.source_kind = 'invoke'
-                    AND m.claim_token IS NULL
-                    AND (m.deliver_after IS NULL OR m.deliver_after <= now()))
+      AND ((SELECT m.enqueued_at FROM outbox m
+            WHERE m.trigger_id = c.id AND m.source_kind = 'invoke'
+              AND m.claim_token IS NULL AND m.deliver_after IS NULL
+            ORDER BY m.enqueued_at LIMIT 1) IS NOT NULL
+           OR (SELECT m.deliver_after FROM outbox m
+               WHERE m.trigger_id = c.id AND m.source_kind = 'invoke'
+                 AND m.claim_token IS NULL AND m.deliver_after <= now()
+               ORDER BY m.deliver_after LIMIT 1) IS NOT NULL)
 ), forgotten AS (
     DELETE FROM bellhop_offers AS o
     WHERE o.token IN (SELECT token FROM bellhop_offers
@@ -67,17 +78,29 @@ WITH refreshed AS (
 SELECT pg_notify('bellhop', @heartbeat::text) IS NOT NULL AS heartbeat_sent,
        ARRAY(SELECT id FROM queue_ready) AS queue_ready,
        ARRAY(SELECT r.id FROM queue_ready r
-             WHERE EXISTS (SELECT 1 FROM queue_messages m
-                           WHERE m.app_id = r.app_id AND m.queue_name = r.queue_name
-                             AND m.claim_token IS NULL
-                             AND coalesce(m.deliver_after, m.enqueued_at) <= now() - @grace_ms * interval '1 millisecond')
+             WHERE (SELECT m.enqueued_at FROM queue_messages m
+                    WHERE m.app_id = r.app_id AND m.queue_name = r.queue_name
+                      AND m.claim_token IS NULL AND m.deliver_after IS NULL
+                      AND m.enqueued_at <= now() - @grace_ms * interval '1 millisecond'
+                    ORDER BY m.enqueued_at LIMIT 1) IS NOT NULL
+                OR (SELECT m.deliver_after FROM queue_messages m
+                    WHERE m.app_id = r.app_id AND m.queue_name = r.queue_name
+                      AND m.claim_token IS NULL
+                      AND m.deliver_after <= now() - @grace_ms * interval '1 millisecond'
+                    ORDER BY m.deliver_after LIMIT 1) IS NOT NULL
        ) AS queue_stale,
        ARRAY(SELECT id FROM invoke_ready) AS invoke_ready,
        ARRAY(SELECT r.id FROM invoke_ready r
-             WHERE EXISTS (SELECT 1 FROM outbox m
-                           WHERE m.trigger_id = r.id AND m.source_kind = 'invoke'
-                             AND m.claim_token IS NULL
-                             AND coalesce(m.deliver_after, m.enqueued_at) <= now() - @grace_ms * interval '1 millisecond')
+             WHERE (SELECT m.enqueued_at FROM outbox m
+                    WHERE m.trigger_id = r.id AND m.source_kind = 'invoke'
+                      AND m.claim_token IS NULL AND m.deliver_after IS NULL
+                      AND m.enqueued_at <= now() - @grace_ms * interval '1 millisecond'
+                    ORDER BY m.enqueued_at LIMIT 1) IS NOT NULL
+                OR (SELECT m.deliver_after FROM outbox m
+                    WHERE m.trigger_id = r.id AND m.source_kind = 'invoke'
+                      AND m.claim_token IS NULL
+                      AND m.deliver_after <= now() - @grace_ms * interval '1 millisecond'
+                    ORDER BY m.deliver_after LIMIT 1) IS NOT NULL
        ) AS invoke_stale,
        bellhop_next_lease_expiry(@default_vt_secs) AS next_lease_expiry,
        ARRAY(SELECT token FROM bellhop_offers
