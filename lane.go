@@ -439,6 +439,11 @@ func (l *lane) pass(ctx context.Context, byTimer, byNack bool) {
 // handOffEvery is the least time between two hand-overs of a lane (handOff).
 const handOffEvery = time.Second
 
+// settleQuickTries is how many failed settle checks a lane retries within
+// 20 ms (the first 2, 4, 8 and 16 ms apart) before it backs off, doubling
+// from 40 ms to a second: about 150 ms of quick tries.
+const settleQuickTries = 10
+
 // handOff wakes every dispatcher, this one included, for the lane's queue
 // or invoke deliveries (sql/hand_over.sql), when the lane may be the only
 // one to know of a due time it cannot serve: a pass found all the
@@ -713,7 +718,8 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed, full bool) {
 				// period: the check is the same.
 				l.settle, l.tries, l.needFree = false, 0, false
 			} else {
-				l.settle = true
+				// Its backoff starts from the quick tries.
+				l.settle, l.tries = true, 0
 			}
 			if !l.settle {
 				continue
@@ -730,9 +736,21 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed, full bool) {
 				return earliest(next, l.checkAt), claimed, false
 			}
 			// A producer that read a mark has not committed yet: it
-			// commits in milliseconds.
+			// commits in milliseconds, as a rule. One that keeps its
+			// transaction open (an import, a request that enqueues and
+			// then calls something slow) would keep the check failing
+			// for as long, and a try every 20 ms is two round trips
+			// each on a dispatcher with nothing to do: after the first
+			// tries, back off to once a second. Only that producer's
+			// message waits for the backoff: a second at most, and
+			// about as long again as its transaction lasted if that
+			// was shorter. One that did not see the mark announces
+			// itself and wakes the lane.
 			l.tries++
 			wait := 20 * time.Millisecond
+			if l.tries > settleQuickTries {
+				wait = min(time.Second, wait<<min(l.tries-settleQuickTries, 6))
+			}
 			if l.keyHeld && !pass.ForeignLease.IsZero() {
 				// Only the busy key, lost by us and asked to be free,
 				// is in the way, and another session holds it: our old

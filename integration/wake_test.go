@@ -176,8 +176,9 @@ func TestPausedBusyConsumerLosesNoWakeUp(t *testing.T) {
 // TestDrainedBusyLaneLosesNoWakeUp: the busy lane drains its queue and
 // gives up its key while a producer that saw the key has not committed.
 // Its settle (docs/busy-marks.md step 3) goes on checking the queue lock
-// for as long as the producer holds it (here for 50 checks, a second or
-// more), and after the check that succeeds it claims once more. The
+// for as long as the producer holds it (here for 15 checks: the quick
+// tries, then the backoff's first, over a second), and after the check
+// that succeeds it claims once more. The
 // producer commits just after one of the settle's claims, before the
 // next check: a settle that checked after claiming would end there
 // without a claim to find the message. Found by review: the stress test
@@ -192,7 +193,7 @@ func TestDrainedBusyLaneLosesNoWakeUp(t *testing.T) {
 			unblock()
 			keyGivenUp(t, e)
 			from := checks.n.Load()
-			waitFor(t, 30*time.Second, "the settle to keep checking the queue lock", func() bool { return checks.n.Load() >= from+50 })
+			waitFor(t, 30*time.Second, "the settle to keep checking the queue lock", func() bool { return checks.n.Load() >= from+15 })
 			done := make(chan struct{})
 			after := func() {
 				commit()
