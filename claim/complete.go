@@ -245,8 +245,9 @@ const (
 // at most maxPause; each is bounded by c.tryTimeout, writeTimeout but in
 // tests (a retry also by the leases' end). An error that no outage explains (transient), the
 // server's answer or the client's own, is tried answeredTries times at
-// most. Outcomes submitted meanwhile wait for the next batch: one writer
-// keeps them in order. flush runs on a context of its own: outcomes must be written
+// most. Outcomes submitted meanwhile wait for a later batch, which
+// another writer may write first (there are two by default): their order
+// does not matter, since each is fenced by its own claim token. flush runs on a context of its own: outcomes must be written
 // even while the dispatcher is stopping, until Shutdown's budget runs
 // out, which cancels the try under way and ends the retries. A failed try
 // is logged at debug; a batch given up on at warn, at most once every
@@ -447,19 +448,26 @@ func Write(ctx context.Context, db *pgxpool.Pool, outcomes []Outcome) (Applied, 
 	}
 	b := &pgx.Batch{}
 	b.Queue(queries.GenericPlans)
+	// What each statement of b writes, for its errors: a batch holds up
+	// to hundreds of outcomes, and all of them are retried or given up
+	// together, so the error says which statement failed.
+	what := []string{"set generic plans"}
 	if acks.n > 0 {
+		what = append(what, fmt.Sprintf("ack %d", acks.n))
 		b.Queue(queries.Ack, queries.Args{
 			"q_ids": acks.q.ids, "q_tokens": acks.q.tokens,
 			"o_ids": acks.o.ids, "o_tokens": acks.o.tokens,
 		})
 	}
 	if nacks.n > 0 {
+		what = append(what, fmt.Sprintf("nack %d", nacks.n))
 		b.Queue(queries.Nack, queries.Args{
 			"q_ids": nacks.q.ids, "q_tokens": nacks.q.tokens, "q_delays_ms": nacks.q.delays, "q_holds_ms": nacks.q.holds,
 			"o_ids": nacks.o.ids, "o_tokens": nacks.o.tokens, "o_delays_ms": nacks.o.delays, "o_holds_ms": nacks.o.holds,
 		})
 	}
 	if dead.n > 0 {
+		what = append(what, fmt.Sprintf("dead-letter %d", dead.n))
 		b.Queue(queries.DeadLetter, queries.Args{
 			"q_ids": dead.q.ids, "q_tokens": dead.q.tokens, "q_errors": dead.q.errors, "q_holds_ms": dead.q.holds,
 			"o_ids": dead.o.ids, "o_tokens": dead.o.tokens, "o_errors": dead.o.errors, "o_queue_names": dead.o.queues,
@@ -467,6 +475,7 @@ func Write(ctx context.Context, db *pgxpool.Pool, outcomes []Outcome) (Applied, 
 		})
 	}
 	if release.n > 0 {
+		what = append(what, fmt.Sprintf("release %d", release.n))
 		b.Queue(queries.Release, queries.Args{
 			"q_ids": release.q.ids, "q_tokens": release.q.tokens, "q_holds_ms": release.q.holds,
 			"o_ids": release.o.ids, "o_tokens": release.o.tokens, "o_holds_ms": release.o.holds,
@@ -483,26 +492,26 @@ func Write(ctx context.Context, db *pgxpool.Pool, outcomes []Outcome) (Applied, 
 	br := conn.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		br.Close()
-		return nil, fmt.Errorf("settle %d messages: %w", len(outcomes), err)
+		return nil, fmt.Errorf("settle %d messages: %s: %w", len(outcomes), what[0], err)
 	}
-	for range b.Len() - 1 {
+	for _, st := range what[1:] {
 		rows, err := br.Query()
 		if err != nil {
 			br.Close()
-			return nil, fmt.Errorf("settle %d messages: %w", len(outcomes), err)
+			return nil, fmt.Errorf("settle %d messages: %s: %w", len(outcomes), st, err)
 		}
 		for rows.Next() {
 			var id, token uuid.UUID
 			if err := rows.Scan(&id, &token); err != nil {
 				rows.Close()
 				br.Close()
-				return nil, fmt.Errorf("settle %d messages: %w", len(outcomes), err)
+				return nil, fmt.Errorf("settle %d messages: %s: %w", len(outcomes), st, err)
 			}
 			applied[[2]uuid.UUID{id, token}] = true
 		}
 		if err := rows.Err(); err != nil {
 			br.Close()
-			return nil, fmt.Errorf("settle %d messages: %w", len(outcomes), err)
+			return nil, fmt.Errorf("settle %d messages: %s: %w", len(outcomes), st, err)
 		}
 	}
 	if err := br.Close(); err != nil {

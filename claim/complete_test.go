@@ -543,3 +543,32 @@ func TestTrySubmitNeverWaits(t *testing.T) {
 		t.Errorf("Pending = %d after %d queued and one refused, want %d", n, queued, queued)
 	}
 }
+
+// TestWriteErrorNamesStatement: a batch of outcomes that fails says which
+// of its statements failed, with how many outcomes it held: all of the
+// batch is retried or given up together, and "settle 3 messages" alone
+// did not say which outcome was refused.
+func TestWriteErrorNamesStatement(t *testing.T) {
+	ctx := context.Background()
+	pool, client, appID := setup(t)
+	acked, _, ta := newMessage(t, client, appID, claim.Queue, "acked")
+	nacked, _, tn := newMessage(t, client, appID, claim.Queue, "nacked")
+	dead, _, td := newMessage(t, client, appID, claim.Queue, "dead")
+	ma, mn, md := claimOne(t, pool, ta, acked), claimOne(t, pool, tn, nacked), claimOne(t, pool, td, dead)
+	if _, err := pool.Exec(ctx, `
+		CREATE FUNCTION refuse_dead_letter() RETURNS trigger LANGUAGE plpgsql AS
+		$$ BEGIN RAISE EXCEPTION 'dead letters refused by the test'; END $$;
+		CREATE TRIGGER refuse_dead_letter BEFORE INSERT ON dead_letters
+		FOR EACH ROW EXECUTE FUNCTION refuse_dead_letter()`); err != nil {
+		t.Fatal(err)
+	}
+	_, err := claim.Write(ctx, pool, []claim.Outcome{
+		{Message: &ma, Verdict: claim.Ack},
+		{Message: &mn, Verdict: claim.Nack, Delay: time.Second},
+		{Message: &md, Verdict: claim.DeadLetter, Error: "boom"},
+	})
+	if err == nil || !strings.Contains(err.Error(), "settle 3 messages: dead-letter 1: ") ||
+		!strings.Contains(err.Error(), "dead letters refused by the test") {
+		t.Fatalf("write: %v; want the dead-letter statement named", err)
+	}
+}
