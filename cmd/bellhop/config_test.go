@@ -196,8 +196,8 @@ func TestBadConfiguration(t *testing.T) {
 		{"BELLHOP_BLOCK_PRIVATE_ADDRESSES beside a proxy", dsn, []string{"HTTP_PROXY=http://proxy.example:3128", "BELLHOP_BLOCK_PRIVATE_ADDRESSES=1"}, []string{"run"},
 			"BELLHOP_BLOCK_PRIVATE_ADDRESSES: blocking pushes to private addresses checks the address dialled, and with HTTP_PROXY set"},
 		// Checked before connecting, as their error said.
-		{"--delay too long, database away", away, nil, append(enq, "--delay", "87601h", "{}"), "delay 87601h0m0s is more than the 87600h0m0s limit"},
-		{"--at too far, database away", away, nil, append(enq, "--at", "2199-01-02T15:04:05Z", "{}"), "deliver-after 2199-01-02T15:04:05Z is more than 87600h0m0s ahead"},
+		{"--delay too long, database away", away, nil, append(enq, "--delay", "87601h", "{}"), "delay 87601h0m0s is more than the limit, 87600h (10 years)"},
+		{"--at too far, database away", away, nil, append(enq, "--at", "2199-01-02T15:04:05Z", "{}"), "deliver-after 2199-01-02T15:04:05Z is more than the limit, 87600h (10 years), ahead"},
 		{"bad --app on enqueue, database away", away, nil, []string{"enqueue", "--app", "bad app", "--queue", "q", "{}"}, `--app: invalid name: app name "bad app"`},
 		// A name the user never typed is blamed on the variable that
 		// gave it.
@@ -284,6 +284,9 @@ func TestDatabaseURLPasswordNeverShown(t *testing.T) {
 		{"postgres://host:abc/db?pass%77ord=S3CRETpw", 2, "cannot parse"},
 		{"POSTGRES://u:S3CRETpw@host/db", 2, `scheme "POSTGRES": use postgres:// or postgresql://`},
 		{"mysql://u:S3CRETpw@host/db", 2, `scheme "mysql": use postgres:// or postgresql://`},
+		// Neither a URL nor keyword/value settings: pgx's error hides it
+		// all, so the message says what was expected.
+		{"S3CRETpw", 2, "(give a postgres:// URL, or keyword/value settings such as host=db dbname=app)"},
 		{"host=/nonexistent port=1 user=u password=S3CRETpw connect_timeout=2", 1, "connect to the database"},
 		{"postgres://u:S3CRETpw@/db?host=/nonexistent&port=1&connect_timeout=2", 1, "connect to the database"},
 		// An unescaped '/' in the password ended the host for pgx: the
@@ -1071,8 +1074,21 @@ func TestReadmeEnqueueSQL(t *testing.T) {
 	// name = … did).
 	_, err = pool.Exec(context.Background(), strings.Replace(example, "'shop'", "'shpo'", 1))
 	var pe *pgconn.PgError
-	if !errors.As(err, &pe) || pe.Code != "BH001" {
-		t.Errorf("the README's example for an unknown app: %v, want SQLSTATE BH001", err)
+	if !errors.As(err, &pe) || pe.Code != "BH001" || !strings.Contains(pe.Message, "unknown app NULL") {
+		t.Errorf("the README's example for an unknown app: %v, want SQLSTATE BH001, unknown app NULL, as the README says", err)
+	}
+	// The signature the README gives: its parameters, in order.
+	m := regexp.MustCompile("Its signature is `enqueue\\(([^`]*)\\)`").FindStringSubmatch(strings.Join(strings.Fields(string(b)), " "))
+	if m == nil {
+		t.Fatal("README.md does not give enqueue()'s signature")
+	}
+	var args string
+	if err := pool.QueryRow(context.Background(), `SELECT pg_get_function_arguments('public.enqueue'::regproc)`).Scan(&args); err != nil {
+		t.Fatal(err)
+	}
+	params := regexp.MustCompile(`\bp_\w+`)
+	if got, want := params.FindAllString(m[1], -1), params.FindAllString(args, -1); !slices.Equal(got, want) {
+		t.Errorf("the README gives enqueue()'s parameters as %q; the database has %q (%s)", got, want, args)
 	}
 }
 
@@ -1383,6 +1399,25 @@ func TestLogSettingsAnyCase(t *testing.T) {
 	}
 }
 
+// TestConsoleLogOffTerminal: --log-format console writes one plain line
+// per event, dated, when its output is not a terminal (here a pipe, as in
+// a file or a container's log, where docker-compose's demo sets console):
+// it wrote colour escape codes everywhere, and the time without the date.
+func TestConsoleLogOffTerminal(t *testing.T) {
+	t.Parallel()
+	// A stray variable draws a warning before the database is dialled;
+	// nothing listens on port 1, so run then exits.
+	r := exeEnv(t, []string{"DATABASE_URL=postgres://u@127.0.0.1:1/db", "BELLHOP_POLL_INTERVALL=1s"}, "",
+		"--log-format", "console", "run", "--http-addr", "127.0.0.1:0")
+	line := regexp.MustCompile(`(?m)^\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}\.\d{3} WRN BELLHOP_POLL_INTERVALL is set`)
+	if r.code != 1 || !line.MatchString(r.stderr) {
+		t.Errorf("want exit 1 and a dated console warning of BELLHOP_POLL_INTERVALL: %s", r)
+	}
+	if strings.Contains(r.stderr, "\x1b[") {
+		t.Errorf("colour escape codes in a log that is not a terminal's: %q", r.stderr)
+	}
+}
+
 // TestRunStrayEnvAndSettings: bellhop run warns of each BELLHOP_ variable
 // it reads no flag from, naming it, saying whether another command reads
 // it and suggesting the nearest name it reads; one it reads draws no
@@ -1452,5 +1487,25 @@ func TestRunStrayEnvAndSettings(t *testing.T) {
 	}
 	if a, _ := settings["http_addr"].(string); !strings.HasPrefix(a, "127.0.0.1:") || strings.HasSuffix(a, ":0") {
 		t.Errorf("settings http_addr = %q, want the address listened on", a)
+	}
+}
+
+// TestVersion: bellhop version names the build and the newest migration
+// the binary knows, which the README's upgrade notes refer to, with no
+// database; it takes no arguments.
+func TestVersion(t *testing.T) {
+	t.Parallel()
+	latest, err := migrations.Latest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := exeEnv(t, nil, "", "version")
+	want := fmt.Sprintf("\nschema: version %d (%s)\n", latest, migrations.Name(latest))
+	if r.code != 0 || !strings.HasPrefix(r.stdout, "bellhop ") || !strings.Contains(r.stdout, "\ncommit: ") ||
+		!strings.Contains(r.stdout, "\ngo: go1.") || !strings.HasSuffix(r.stdout, want) {
+		t.Errorf("bellhop version: %s; want the build's lines and %q", r, want)
+	}
+	if r := exeEnv(t, nil, "", "version", "extra"); r.code != 2 {
+		t.Errorf("bellhop version extra: %s; want exit 2", r)
 	}
 }

@@ -1140,6 +1140,27 @@ func TestIgnoredHangupKeepsRunning(t *testing.T) {
 	}
 }
 
+// TestIgnoredInterruptSaid: a daemon started with SIGINT ignored (a
+// background job of a non-interactive shell; here a shell's trap) says so
+// at its start, naming SIGTERM to stop it: a Ctrl-C or `kill -INT` that
+// did nothing left no trace. SIGHUP ignored (nohup) is meant, and not
+// said. Nothing listens on port 1, so run exits after the line.
+func TestIgnoredInterruptSaid(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		trap string
+		want bool
+	}{{"INT", true}, {"HUP", false}} {
+		cmd := exec.Command("sh", "-c", `trap "" `+tc.trap+`; exec "$0" "$@"`, binary, "run", "--http-addr", "127.0.0.1:0")
+		cmd.Env = baseEnv("DATABASE_URL=postgres://u@127.0.0.1:1/db")
+		out, _ := cmd.CombinedOutput()
+		said := regexp.MustCompile(`"signal":"interrupt".*stays ignored: stop it with SIGTERM`).Match(out)
+		if said != tc.want || strings.Contains(string(out), "hangup") {
+			t.Errorf("SIGINT said ignored: %t, want %t (trap %s):\n%s", said, tc.want, tc.trap, out)
+		}
+	}
+}
+
 // TestRunSchemaCheckBounded: a schema check that gets no answer (here
 // another session holds the version table, as a migration does) ends
 // `run` after the connect timeout, exit 1, with a line that says what it

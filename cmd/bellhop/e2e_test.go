@@ -84,6 +84,10 @@ func TestHappyPath(t *testing.T) {
 		t.Fatalf("app create printed %q", out)
 	}
 	appID := m[2]
+	// The default principal's id, which Client.As takes.
+	if n := queryInt(t, db(t, dsn), `SELECT count(*) FROM principals WHERE id = $1 AND app_id = $2 AND name = 'default'`, m[3], appID); n != 1 {
+		t.Errorf("app create printed %s as the default principal's id; no such principal of the app", m[3])
+	}
 	h := newHook(t)
 	consumerID, secret := addConsumer(t, dsn, "--app", "shop", "--queue", "orders", "--url", h.srv.URL+"/hook", "--max-attempts", "4")
 	h.setSecret(secret)

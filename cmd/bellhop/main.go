@@ -298,6 +298,7 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			demoCommand(d),
 			setupDemoCommand(d),
 			exampleConsumerCommand(d),
+			versionCommand(d),
 		},
 	}
 	strict(root)
@@ -411,7 +412,9 @@ func (d *deps) logger(cmd *cli.Command) (zerolog.Logger, error) {
 	case "json":
 		w = d.stderr
 	case "console":
-		w = zerolog.ConsoleWriter{Out: d.stderr, TimeFormat: "15:04:05.000"}
+		// Colours only on a terminal: in a file, a pipe or a container's
+		// log (docker-compose sets console) they are escape codes.
+		w = zerolog.ConsoleWriter{Out: d.stderr, TimeFormat: "2006-01-02 15:04:05.000", NoColor: !isTerminal(d.stderr)}
 	default:
 		v := cmd.String("log-format")
 		return zerolog.Logger{}, usagef("%s %q: use json or console", flagName("log-format", sameString(v)), v)
@@ -420,6 +423,16 @@ func (d *deps) logger(cmd *cli.Command) (zerolog.Logger, error) {
 }
 
 func nopLogger() zerolog.Logger { return zerolog.Nop() }
+
+// isTerminal reports whether w is a character device, as a terminal is.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
 
 // poolConfig parses --database-url / DATABASE_URL.
 func poolConfig(cmd *cli.Command) (*pgxpool.Config, error) {
@@ -445,7 +458,13 @@ func parsePoolConfig(url string) (*pgxpool.Config, error) {
 	}
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return nil, usagef("--database-url: %s%s", redactErr(err, url), pgEnvHint())
+		// pgx hides the whole string, which may hold a password: say
+		// what it should have been.
+		hint := ""
+		if !strings.Contains(url, "://") && !strings.Contains(url, "=") {
+			hint = " (give a postgres:// URL, or keyword/value settings such as host=db dbname=app)"
+		}
+		return nil, usagef("--database-url: %s%s%s", redactErr(err, url), hint, pgEnvHint())
 	}
 	if err := pgdsn.CheckHosts(&cfg.ConnConfig.Config); err != nil {
 		return nil, usagef("--database-url: %v", err)

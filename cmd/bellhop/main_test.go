@@ -496,7 +496,7 @@ func (h *hook) waitCount(t *testing.T, n int, timeout time.Duration) []delivery 
 }
 
 var (
-	appCreatedRE  = regexp.MustCompile(`^app (\S+) created: id ([0-9a-f-]{36})$`)
+	appCreatedRE  = regexp.MustCompile(`^app (\S+) created: id ([0-9a-f-]{36})\ndefault principal: id ([0-9a-f-]{36})$`)
 	consumerRE    = regexp.MustCompile(`(?m)^consumer ([0-9a-f-]{36}) registered for (\S+)/(\S+)$`)
 	secretRE      = regexp.MustCompile(`(?m)^signing secret \(shown only now\): ([0-9a-f]{64})$`)
 	uuidLineRE    = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)

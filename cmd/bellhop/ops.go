@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
+	"runtime/debug"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -134,7 +136,7 @@ func appCommand(d *deps) *cli.Command {
 				if err != nil {
 					return err
 				}
-				fmt.Fprintf(d.stdout, "app %s created: id %s\n", a.Name, a.ID)
+				fmt.Fprintf(d.stdout, "app %s created: id %s\ndefault principal: id %s\n", a.Name, a.ID, a.DefaultPrincipal)
 				return nil
 			},
 		}, {
@@ -411,17 +413,24 @@ func consumerCommand(d *deps) *cli.Command {
 					return err
 				}
 				tw := tabwriter.NewWriter(d.stdout, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "ID\tAPP\tQUEUE\tENABLED\tURL\tVISIBILITY\tATTEMPTS\tBACKOFF\tIN-FLIGHT\tLAST FIRED")
+				fmt.Fprintln(tw, "ID\tAPP\tQUEUE\tENABLED\tURL\tTIMEOUT\tVISIBILITY\tATTEMPTS\tBACKOFF\tIN-FLIGHT\tLAST FIRED")
 				for _, x := range cs {
 					last := "-"
 					if x.LastFiredAt != nil {
 						last = x.LastFiredAt.UTC().Format(time.RFC3339)
 					}
 					url := printable.Line(x.URL) // registered before URLs had to be printable
-					if url == "" {
+					// The push request's timeout: a Go handler has none.
+					timeout := "-"
+					switch {
+					case url == "":
 						url = "(go handler)"
+					case x.Timeout > 0:
+						timeout = x.Timeout.String()
+					default:
+						timeout = "default"
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%t\t%s\t%s\t%d\t%s..%s\t%d\t%s\n", x.ID, x.App, x.Queue, x.Enabled, url,
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%t\t%s\t%s\t%s\t%d\t%s..%s\t%d\t%s\n", x.ID, x.App, x.Queue, x.Enabled, url, timeout,
 						x.VisibilityTimeout, x.MaxAttempts, x.BackoffBase, x.BackoffCap, x.MaxInFlight, last)
 				}
 				return tw.Flush()
@@ -1015,4 +1024,47 @@ func shownDead(x bellhop.DeadLetter) deadView {
 	return deadView{ID: x.ID, Source: x.Source, App: x.App, Queue: x.Queue, ConsumerID: x.ConsumerID, Payload: x.Payload,
 		EnqueuedAt: *at(&x.EnqueuedAt), DeliverAfter: at(x.DeliverAfter), Attempt: x.Attempt, MaxAttempts: x.MaxAttempts,
 		EnqueuedBy: x.EnqueuedBy, LastError: x.LastError, DiedAt: *at(&x.DiedAt), RedriveAfter: at(x.RedriveAfter)}
+}
+
+// versionCommand prints what the binary was built from and the newest
+// migration it knows: the upgrade notes name migrations, and a binary
+// must not be rolled back past some of them.
+func versionCommand(d *deps) *cli.Command {
+	return &cli.Command{
+		Name:  "version",
+		Usage: "print the build (module version, commit, Go) and the newest migration this binary knows",
+		Action: func(ctx context.Context, cmd *cli.Command) error {
+			latest, err := migrations.Latest()
+			if err != nil {
+				return err
+			}
+			version, commit, goVersion := "(unknown)", "(not recorded: built without -buildvcs, or outside a git checkout)", runtime.Version()
+			if bi, ok := debug.ReadBuildInfo(); ok {
+				version = bi.Main.Version
+				var rev, at string
+				modified := false
+				for _, s := range bi.Settings {
+					switch s.Key {
+					case "vcs.revision":
+						rev = s.Value
+					case "vcs.time":
+						at = s.Value
+					case "vcs.modified":
+						modified = s.Value == "true"
+					}
+				}
+				if rev != "" {
+					commit = rev
+					if at != "" {
+						commit += " (" + at + ")"
+					}
+					if modified {
+						commit += ", with uncommitted changes"
+					}
+				}
+			}
+			fmt.Fprintf(d.stdout, "bellhop %s\ncommit: %s\ngo: %s\nschema: version %d (%s)\n", version, commit, goVersion, latest, migrations.Name(latest))
+			return nil
+		},
+	}
 }

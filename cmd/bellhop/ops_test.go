@@ -38,7 +38,7 @@ func consumerRow(t *testing.T, out, id string) map[string]string {
 	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
 	sep := regexp.MustCompile(`\s{2,}`)
 	header := sep.Split(strings.TrimSpace(lines[0]), -1)
-	want := []string{"ID", "APP", "QUEUE", "ENABLED", "URL", "VISIBILITY", "ATTEMPTS", "BACKOFF", "IN-FLIGHT", "LAST FIRED"}
+	want := []string{"ID", "APP", "QUEUE", "ENABLED", "URL", "TIMEOUT", "VISIBILITY", "ATTEMPTS", "BACKOFF", "IN-FLIGHT", "LAST FIRED"}
 	if !slices.Equal(header, want) {
 		t.Fatalf("consumer ls header %q, want %q", header, want)
 	}
@@ -64,7 +64,7 @@ func TestConsumerLifecycle(t *testing.T) {
 	t.Parallel()
 	dsn, h, id := setup(t, "--visibility-timeout", "20s", "--max-attempts", "6", "--backoff-min", "200ms", "--backoff-max", "3s", "--max-in-flight", "4")
 	row := consumerRow(t, ok(t, dsn, "consumer", "ls", "--app", "shop"), id)
-	want := map[string]string{"APP": "shop", "QUEUE": "orders", "ENABLED": "true", "URL": h.srv.URL + "/hook",
+	want := map[string]string{"APP": "shop", "QUEUE": "orders", "ENABLED": "true", "URL": h.srv.URL + "/hook", "TIMEOUT": "default",
 		"VISIBILITY": "20s", "ATTEMPTS": "6", "BACKOFF": "200ms..3s", "IN-FLIGHT": "4", "LAST FIRED": "-"}
 	for k, v := range want {
 		if row[k] != v {
@@ -107,11 +107,11 @@ func TestConsumerLifecycle(t *testing.T) {
 	// Update while running: the new URL and settings are used.
 	moved := newHook(t)
 	moved.setSecret(h.secret)
-	if out := ok(t, dsn, "consumer", "update", "--app", "shop", "--url", moved.srv.URL+"/v2", "--max-attempts", "9", "--visibility-timeout", "30s", id); out != "consumer "+id+" updated\n" {
+	if out := ok(t, dsn, "consumer", "update", "--app", "shop", "--url", moved.srv.URL+"/v2", "--max-attempts", "9", "--visibility-timeout", "30s", "--timeout", "3s", id); out != "consumer "+id+" updated\n" {
 		t.Errorf("update printed %q", out)
 	}
 	row = consumerRow(t, ok(t, dsn, "consumer", "ls"), id)
-	if row["URL"] != moved.srv.URL+"/v2" || row["ATTEMPTS"] != "9" || row["VISIBILITY"] != "30s" || row["BACKOFF"] != "200ms..3s" || row["IN-FLIGHT"] != "4" {
+	if row["URL"] != moved.srv.URL+"/v2" || row["TIMEOUT"] != "3s" || row["ATTEMPTS"] != "9" || row["VISIBILITY"] != "30s" || row["BACKOFF"] != "200ms..3s" || row["IN-FLIGHT"] != "4" {
 		t.Errorf("after update: %v", row)
 	}
 

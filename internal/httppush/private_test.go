@@ -1,6 +1,7 @@
 package httppush
 
 import (
+	"bytes"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -8,6 +9,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+
+	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop"
 )
@@ -61,8 +64,10 @@ func TestBlockPrivate(t *testing.T) {
 		w.WriteHeader(http.StatusNoContent)
 	}))
 	defer srv.Close()
+	var logged bytes.Buffer
+	blocking := New(Options{BlockPrivate: true, Logger: zerolog.New(&logged).Level(zerolog.InfoLevel)})
 	for _, host := range []string{srv.URL, strings.Replace(srv.URL, "127.0.0.1", "localhost", 1)} {
-		err := deliver(t, New(Options{BlockPrivate: true}), consumerFor(host+"/hook"))
+		err := deliver(t, blocking, consumerFor(host+"/hook"))
 		if err == nil || kind(err) != "retry" || errors.Is(err, bellhop.ErrAbandoned) ||
 			!strings.Contains(err.Error(), "is loopback, and pushes to addresses that are not public are blocked") {
 			t.Errorf("push to %s with BlockPrivate: %v (%s); want an ordinary retry naming the loopback address", host, err, kind(err))
@@ -70,6 +75,13 @@ func TestBlockPrivate(t *testing.T) {
 	}
 	if n := got.Load(); n != 0 {
 		t.Fatalf("the consumer got %d requests through BlockPrivate", n)
+	}
+	// A setting to fix: said at warn, once a minute whatever the number
+	// of pushes blocked (the handler's retry is logged at info).
+	lines := strings.Split(strings.TrimSpace(logged.String()), "\n")
+	if len(lines) != 1 || !strings.Contains(lines[0], `"level":"warn"`) || !strings.Contains(lines[0], `"address":"127.0.0.1:`) ||
+		!strings.Contains(lines[0], "push blocked") {
+		t.Errorf("BlockPrivate logged %q; want one warning naming the address", lines)
 	}
 	if err := deliver(t, New(Options{}), consumerFor(srv.URL+"/hook")); err != nil || got.Load() != 1 {
 		t.Errorf("push without BlockPrivate: %v, %d requests; want an ack", err, got.Load())

@@ -78,6 +78,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/internal/logthrottle"
 	"github.com/bellhopq/bellhop/internal/printable"
 	"github.com/bellhopq/bellhop/internal/validate"
 )
@@ -206,7 +207,20 @@ func New(opts Options) *Pusher {
 			KeepAlive: 30 * time.Second,
 		}
 		if opts.BlockPrivate {
-			dialer.Control = refusePrivate
+			blocked := logthrottle.New(1, time.Minute)
+			log := opts.Logger
+			dialer.Control = func(network, address string, c syscall.RawConn) error {
+				err := refusePrivate(network, address, c)
+				// A setting to fix, not a failure that a retry mends:
+				// at warn, where the handler's retry is at info.
+				if err != nil {
+					if ok, held := blocked.Allow(); ok {
+						log.Warn().Str("address", address).Int("held_back", held).Err(err).
+							Msg("push blocked: a consumer's URL leads to an address that is not public (--block-private-addresses); logged at most once a minute, held_back counts the others")
+					}
+				}
+				return err
+			}
 		}
 		c.Transport = &http.Transport{
 			Proxy:                 http.ProxyFromEnvironment,

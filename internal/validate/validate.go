@@ -332,13 +332,13 @@ func DeliverAt(now, at time.Time, delay time.Duration) (time.Time, error) {
 	case delay < 0:
 		return time.Time{}, fmt.Errorf("%w: delay %s is negative", ErrOption, delay)
 	case delay > MaxDelay:
-		return time.Time{}, fmt.Errorf("%w: delay %s is more than the %s limit", ErrOption, delay, MaxDelay)
+		return time.Time{}, fmt.Errorf("%w: delay %s is more than the limit, 87600h (10 years)", ErrOption, delay)
 	case delay > 0:
 		return now.Add(delay), nil
 	case at.IsZero():
 		return time.Time{}, nil
 	case at.Sub(now) > MaxDelay:
-		return time.Time{}, fmt.Errorf("%w: deliver-after %s is more than %s ahead", ErrOption, at.Format(time.RFC3339), MaxDelay)
+		return time.Time{}, fmt.Errorf("%w: deliver-after %s is more than the limit, 87600h (10 years), ahead", ErrOption, at.Format(time.RFC3339))
 	case at.Before(epoch):
 		// Long past means now; PostgreSQL cannot store every past Go time.
 		return time.Time{}, nil
