@@ -85,9 +85,10 @@ var claimWays = []struct {
 
 // TestClaimTakesWhatBecameReadyFirst: a claim takes the ready messages
 // that became ready first, a delayed (or retried) one counting from its
-// deliver_after and an immediate one from its enqueued_at; a message not
-// yet due is neither taken nor in the way, however long ago it was
-// enqueued.
+// deliver_after (or its enqueued_at, if that is later: a time already
+// past when it was written) and an immediate one from its enqueued_at; a
+// message not yet due is neither taken nor in the way, however long ago
+// it was enqueued.
 func TestClaimTakesWhatBecameReadyFirst(t *testing.T) {
 	for _, way := range claimWays {
 		t.Run(way.name, func(t *testing.T) {
@@ -108,10 +109,14 @@ func TestClaimTakesWhatBecameReadyFirst(t *testing.T) {
 				{name: "due 3m ago", ago: 20 * time.Minute, due: -3 * time.Minute, hasDue: true},
 				{name: "immediate 1m", ago: time.Minute},
 				{name: "due 6m ago", ago: 30 * time.Minute, due: -6 * time.Minute, hasDue: true},
+				// Enqueued now with a time already past (a catch-up
+				// scheduler): ready now, behind every message before it.
+				{name: "past-dated", due: -24 * time.Hour, hasDue: true},
 			})
 			for _, want := range [][]string{
 				{"due 6m ago", "immediate 5m"},
 				{"due 3m ago", "immediate 1m"},
+				{"past-dated"},
 				{},
 			} {
 				p, err := way.pass(ctx, pool, target, ids[1], 2)

@@ -27,7 +27,7 @@ WHERE m.id = ANY (ARRAY(
         ) AS immediate
         UNION ALL
         SELECT * FROM (
-            SELECT c.id, c.deliver_after AS ready_at
+            SELECT c.id, greatest(c.deliver_after, c.enqueued_at) AS ready_at
             FROM outbox AS c
             WHERE c.trigger_id = @trigger_id
               AND c.source_kind = 'invoke'

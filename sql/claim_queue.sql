@@ -2,7 +2,9 @@
 -- became ready first, and leases them: a fresh claim_token per message,
 -- claimed_at = now(), attempt + 1. A message became ready at its
 -- enqueued_at, or, if it has a deliver_after (a delayed message, or a
--- retry), once that came due. claim_queues.sql does the same for several
+-- retry), once that came due: at the later of the two, since a producer
+-- may write a deliver_after already past (a catch-up scheduler), and such
+-- a message must not go ahead of those enqueued before it. claim_queues.sql does the same for several
 -- queues in one statement; this one, for one queue, costs the server
 -- less, and a queue claimed for on its own is the common case. Both
 -- return the same columns.
@@ -16,7 +18,11 @@
 -- dispatch index instead read every not yet due message ahead of the
 -- ready ones. Each walk takes up to max_messages; of those, the
 -- max_messages that became ready first are claimed. The others, at most
--- max_messages, stay locked only until this statement commits.
+-- max_messages, stay locked only until this statement commits. The due
+-- walk's order, by deliver_after, is not quite its ready order where a
+-- deliver_after is before its enqueued_at: such a message is placed by
+-- its enqueued_at, and until it is claimed it takes one of its walk's
+-- places, so a retry due after its deliver_after may wait a claim longer.
 --
 -- Safe under concurrency: each walk locks its candidates with FOR UPDATE
 -- SKIP LOCKED, so concurrent dispatchers never wait on, nor take, each
@@ -51,7 +57,7 @@ WHERE m.id = ANY (ARRAY(
         ) AS immediate
         UNION ALL
         SELECT * FROM (
-            SELECT c.id, c.deliver_after AS ready_at
+            SELECT c.id, greatest(c.deliver_after, c.enqueued_at) AS ready_at
             FROM queue_messages AS c
             WHERE c.app_id = @app_id
               AND c.queue_name = @queue_name

@@ -38,7 +38,7 @@ WHERE m.id = ANY (ARRAY(
             ) AS immediate
             UNION ALL
             SELECT * FROM (
-                SELECT c.id, c.deliver_after AS ready_at
+                SELECT c.id, greatest(c.deliver_after, c.enqueued_at) AS ready_at
                 FROM queue_messages AS c
                 WHERE c.app_id = q.app_id
                   AND c.queue_name = q.queue_name
