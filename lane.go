@@ -118,11 +118,14 @@ type lane struct {
 	markedAt time.Time // when our mark's lease was last set (our clock, before sending)
 	lastHit  time.Time // end of the last pass that claimed something
 	settle   bool      // producers may have skipped announcing: confirm the lock, then claim once more
-	tries    int       // failed lock confirmations in a row
-	needFree bool      // our busy key was lost, not released: settle also waits until it is free
-	keyHeld  bool      // the last settle check found the queue lock free but, with needFree, the busy key held
-	refused  bool      // the last Hold found the busy key taken (a producer testing it, or another dispatcher)
-	watching bool      // another dispatcher's mark was seen: settle once it is gone
+	tries    int       // passes in a row that left ready rows locked by another claim
+	// settleTries counts failed lock confirmations in a row (their
+	// backoff), from the start of the settle.
+	settleTries int
+	needFree    bool // our busy key was lost, not released: settle also waits until it is free
+	keyHeld     bool // the last settle check found the queue lock free but, with needFree, the busy key held
+	refused     bool // the last Hold found the busy key taken (a producer testing it, or another dispatcher)
+	watching    bool // another dispatcher's mark was seen: settle once it is gone
 	// watchHint is set by a "b" notification: another dispatcher marked
 	// the queue, so this lane must watch it even if its next pass comes
 	// too late to see the mark.
@@ -543,7 +546,7 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed, full bool) {
 			} else {
 				l.checkFailures = 0
 				if c.Locked {
-					l.settle, l.tries, l.needFree = false, 0, false
+					l.settle, l.tries, l.settleTries, l.needFree = false, 0, 0, false
 				}
 			}
 		}
@@ -716,10 +719,10 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed, full bool) {
 			if c.Locked {
 				// Also a settle left pending from before this busy
 				// period: the check is the same.
-				l.settle, l.tries, l.needFree = false, 0, false
+				l.settle, l.tries, l.settleTries, l.needFree = false, 0, 0, false
 			} else {
 				// Its backoff starts from the quick tries.
-				l.settle, l.tries = true, 0
+				l.settle, l.settleTries = true, 0
 			}
 			if !l.settle {
 				continue
@@ -741,15 +744,16 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed, full bool) {
 			// then calls something slow) would keep the check failing
 			// for as long, and a try every 20 ms is two round trips
 			// each on a dispatcher with nothing to do: after the first
-			// tries, back off to once a second. Only that producer's
-			// message waits for the backoff: a second at most, and
-			// about as long again as its transaction lasted if that
-			// was shorter. One that did not see the mark announces
-			// itself and wakes the lane.
-			l.tries++
+			// tries, back off to once a second. Only the messages of
+			// producers that saw the mark and commit after the quick
+			// tries wait for the backoff: a second at most, and about
+			// as long again as the settle has lasted if that is
+			// shorter. One that did not see the mark announces itself
+			// and wakes the lane.
+			l.settleTries++
 			wait := 20 * time.Millisecond
-			if l.tries > settleQuickTries {
-				wait = min(time.Second, wait<<min(l.tries-settleQuickTries, 6))
+			if l.settleTries > settleQuickTries {
+				wait = min(time.Second, wait<<min(l.settleTries-settleQuickTries, 6))
 			}
 			if l.keyHeld && !pass.ForeignLease.IsZero() {
 				// Only the busy key, lost by us and asked to be free,
@@ -762,12 +766,12 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed, full bool) {
 				// succeeds (docs/busy-marks.md, step 3).
 				wait = l.d.cfg.BusyLease
 			}
-			return earliest(next, time.Now().Add(doubling(l.tries, wait))), claimed, false
+			return earliest(next, time.Now().Add(doubling(l.settleTries, wait))), claimed, false
 		}
 		if pass.ForeignLease.IsZero() && l.watching {
 			// The mark we watched is gone or expired; its producers may
 			// not have announced. Settle as if it had been ours.
-			l.watching, l.settle = false, true
+			l.watching, l.settle, l.settleTries = false, true, 0
 			continue
 		}
 		if !pass.ReadyLeft {
@@ -792,7 +796,7 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed, full bool) {
 func (l *lane) quitBusy(ctx context.Context) {
 	l.busy = false
 	l.release(ctx)
-	l.settle = true
+	l.settle, l.settleTries = true, 0
 	// The next busy period takes the key at its first pass, not once
 	// half the lease of the row written before has gone.
 	l.markedAt = time.Time{}

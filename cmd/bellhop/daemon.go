@@ -328,15 +328,10 @@ func signalContext(parent context.Context, log zerolog.Logger) (context.Context,
 	sigs := make(chan os.Signal, 4)
 	// Said once, at the start, so that a stop that does nothing is not a
 	// mystery: a background job of a non-interactive shell, for one,
-	// starts with SIGINT ignored.
-	for _, s := range stopSignals {
-		if signal.Ignored(s) && s != syscall.SIGHUP { // nohup's is meant
-			other := "SIGTERM"
-			if s == syscall.SIGTERM {
-				other = "SIGINT"
-			}
-			log.Info().Str("signal", s.String()).Msg("this stop signal was ignored when bellhop started, and stays ignored: stop it with " + other)
-		}
+	// starts with SIGINT ignored. Go keeps only SIGINT and SIGHUP ignored
+	// so (os/signal); SIGHUP's, nohup's, is meant. SIGTERM always stops.
+	if signal.Ignored(os.Interrupt) {
+		log.Info().Str("signal", "SIGINT").Msg("SIGINT was ignored when bellhop started, and stays ignored: stop it with SIGTERM")
 	}
 	if watch := watchedStopSignals(); len(watch) > 0 { // none would mean every signal
 		signal.Notify(sigs, watch...)

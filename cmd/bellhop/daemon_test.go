@@ -1154,7 +1154,7 @@ func TestIgnoredInterruptSaid(t *testing.T) {
 		cmd := exec.Command("sh", "-c", `trap "" `+tc.trap+`; exec "$0" "$@"`, binary, "run", "--http-addr", "127.0.0.1:0")
 		cmd.Env = baseEnv("DATABASE_URL=postgres://u@127.0.0.1:1/db")
 		out, _ := cmd.CombinedOutput()
-		said := regexp.MustCompile(`"signal":"interrupt".*stays ignored: stop it with SIGTERM`).Match(out)
+		said := regexp.MustCompile(`"signal":"SIGINT".*stays ignored: stop it with SIGTERM`).Match(out)
 		if said != tc.want || strings.Contains(string(out), "hangup") {
 			t.Errorf("SIGINT said ignored: %t, want %t (trap %s):\n%s", said, tc.want, tc.trap, out)
 		}

@@ -216,7 +216,7 @@ func New(opts Options) *Pusher {
 				if err != nil {
 					if ok, held := blocked.Allow(); ok {
 						log.Warn().Str("address", address).Int("held_back", held).Err(err).
-							Msg("push blocked: a consumer's URL leads to an address that is not public (--block-private-addresses); logged at most once a minute, held_back counts the others")
+							Msg("push blocked: a consumer's URL leads to an address that is not public (--block-private-addresses); the handler's retry line names the consumer; logged at most once a minute, held_back counts the others")
 					}
 				}
 				return err
