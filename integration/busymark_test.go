@@ -797,30 +797,9 @@ func TestFullHolderWatched(t *testing.T) {
 func lostKeyLane(t *testing.T, e *env, lease time.Duration) (*recorder, *busyLockChecks, int, *pgx.Conn, *running) {
 	t.Helper()
 	ctx := context.Background()
-	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", MaxInFlight: 10})
-	rec := &recorder{}
-	mux := bellhop.NewMux()
-	mux.Handle("app", "orders", rec)
-	checks := &busyLockChecks{}
 	// A window long enough that the lane still holds the key when the
 	// test sees it held.
-	d := startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour, BusyLease: lease,
-		BusyWindow: 100 * time.Millisecond}, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = checks })
-	var stop atomic.Bool
-	var sent atomic.Int64
-	streamed := make(chan struct{})
-	go func() {
-		defer close(streamed)
-		for i := 0; !stop.Load(); i++ {
-			e.enqueue(t, "orders", i, bellhop.EnqueueOptions{})
-			sent.Add(1)
-			time.Sleep(2 * time.Millisecond) // a stream's pace, not synchronisation
-		}
-	}()
-	defer func() { stop.Store(true); <-streamed }()
-	waitFor(t, 10*time.Second, "the busy key held", func() bool {
-		return e.count(t, busyKeyHeld+` AND mode = 'ExclusiveLock'`, "orders") == 1
-	})
+	rec, checks, d, stopStream := busyOrders(t, e, bellhop.DispatcherConfig{BusyLease: lease, BusyWindow: 100 * time.Millisecond})
 
 	var appID uuid.UUID
 	if err := e.pool.QueryRow(ctx, "SELECT id FROM apps WHERE name = 'app'").Scan(&appID); err != nil {
@@ -860,9 +839,45 @@ func lostKeyLane(t *testing.T, e *env, lease time.Duration) (*recorder, *busyLoc
 	if err != nil || !held || notified != 1 {
 		t.Fatalf("announce the other session's key: held %v, notified %d, %v", held, notified, err)
 	}
-	stop.Store(true)
-	<-streamed
-	return rec, checks, int(sent.Load()), other, d
+	return rec, checks, stopStream(), other, d
+}
+
+// busyOrders registers a consumer of "orders" (MaxInFlight 10), starts a
+// dispatcher for it as cfg says (its Resolver and a fallback poll an hour
+// away set here) whose statements checks counts, and streams messages to
+// the queue until its lane holds the busy key. stopStream ends the
+// stream, and returns how many messages it sent; the test's cleanup
+// calls it too.
+func busyOrders(t *testing.T, e *env, cfg bellhop.DispatcherConfig) (rec *recorder, checks *busyLockChecks, d *running, stopStream func() int) {
+	t.Helper()
+	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", MaxInFlight: 10})
+	rec = &recorder{}
+	mux := bellhop.NewMux()
+	mux.Handle("app", "orders", rec)
+	checks = &busyLockChecks{}
+	cfg.Resolver, cfg.PollInterval = mux, time.Hour
+	d = startDispatcher(t, e.dsn, cfg, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = checks })
+	var stop atomic.Bool
+	var sent atomic.Int64
+	streamed := make(chan struct{})
+	go func() {
+		defer close(streamed)
+		for i := 0; !stop.Load(); i++ {
+			e.enqueue(t, "orders", i, bellhop.EnqueueOptions{})
+			sent.Add(1)
+			time.Sleep(2 * time.Millisecond) // a stream's pace, not synchronisation
+		}
+	}()
+	stopStream = func() int {
+		stop.Store(true)
+		<-streamed
+		return int(sent.Load())
+	}
+	t.Cleanup(func() { stopStream() })
+	waitFor(t, 10*time.Second, "the busy key held", func() bool {
+		return e.count(t, busyKeyHeld+` AND mode = 'ExclusiveLock'`, "orders") == 1
+	})
+	return rec, checks, d, stopStream
 }
 
 // TestLostBusyKeyWatchesNewHolder: a lane whose busy key was lost with
@@ -1062,28 +1077,7 @@ func TestRetakenBusyKeySkipsSettleCheck(t *testing.T) {
 func TestSettleBehindOpenProducerBacksOff(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	e.consumer(t, bellhop.ConsumerSpec{Queue: "orders", MaxInFlight: 10})
-	rec := &recorder{}
-	mux := bellhop.NewMux()
-	mux.Handle("app", "orders", rec)
-	checks := &busyLockChecks{}
-	startDispatcher(t, e.dsn, bellhop.DispatcherConfig{Resolver: mux, PollInterval: time.Hour, BusyWindow: 100 * time.Millisecond},
-		func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = checks })
-	var stop atomic.Bool
-	var sent atomic.Int64
-	streamed := make(chan struct{})
-	go func() {
-		defer close(streamed)
-		for i := 0; !stop.Load(); i++ {
-			e.enqueue(t, "orders", i, bellhop.EnqueueOptions{})
-			sent.Add(1)
-			time.Sleep(2 * time.Millisecond) // a stream's pace, not synchronisation
-		}
-	}()
-	defer func() { stop.Store(true); <-streamed }()
-	waitFor(t, 10*time.Second, "the busy key held", func() bool {
-		return e.count(t, busyKeyHeld+` AND mode = 'ExclusiveLock'`, "orders") == 1
-	})
+	rec, checks, _, stopStream := busyOrders(t, e, bellhop.DispatcherConfig{BusyWindow: 100 * time.Millisecond})
 	tx, err := e.pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -1093,9 +1087,7 @@ func TestSettleBehindOpenProducerBacksOff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop.Store(true)
-	<-streamed
-	n := int(sent.Load())
+	n := stopStream()
 	waitFor(t, 10*time.Second, "the stream delivered", func() bool { return len(rec.deliveries()) == n })
 	from := checks.n.Load()
 	waitFor(t, 10*time.Second, "the settle's first check", func() bool { return checks.n.Load() > from })
