@@ -274,7 +274,7 @@ produce:
 		return runErr
 	}
 	dead, err := demoDeadLetters(context.Background(), pool, run)
-	say("%s", demoSummary(enqueued, delivered.Load(), dead, err, others.Load()))
+	say("%s", demoSummary(enqueued, delivered.Load(), dead, err, others.Load(), cmd.String("database-url") != ""))
 	return nil
 }
 
@@ -282,8 +282,9 @@ produce:
 // database took, not those tried), this run's
 // deliveries and dead letters (or deadErr, which kept them from being
 // counted), and the messages it acked that it had not enqueued, which are
-// none of the run's deliveries.
-func demoSummary(n int, delivered, dead int64, deadErr error, others int64) string {
+// none of the run's deliveries. Where the database is kept (DATABASE_URL),
+// it says where to see the dead letters.
+func demoSummary(n int, delivered, dead int64, deadErr error, others int64, kept bool) string {
 	s := fmt.Sprintf("done: %s enqueued, ", plural(n, "message"))
 	// plural would write "deliverys".
 	if delivered == 1 {
@@ -294,7 +295,11 @@ func demoSummary(n int, delivered, dead int64, deadErr error, others int64) stri
 	if deadErr != nil {
 		s += fmt.Sprintf("; counting the dead letters failed: %v", deadErr)
 	} else {
-		s += fmt.Sprintf(", %s (see `bellhop dead ls --app demo` against a kept database)", plural(int(dead), "dead letter"))
+		s += ", " + plural(int(dead), "dead letter")
+		// A throwaway database is gone by now: nothing to look at.
+		if kept && dead > 0 {
+			s += " (see `bellhop dead ls --app demo`)"
+		}
 	}
 	if others > 0 {
 		s += fmt.Sprintf("; also acked %s not from this demo run", plural(int(others), "message"))
