@@ -69,6 +69,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		// The flag package writes one dash; the docs and --help write two.
 		msg = singleDashFlag.ReplaceAllString(msg, "${1}--$2")
 	}
+	// "parse error" alone does not say what a switch takes.
+	if m := flagParseRE.FindStringSubmatch(msg); m != nil && isBoolFlag(app, m[1]) {
+		msg += ": use true or false"
+	}
 	fmt.Fprintf(stderr, "bellhop: %s%s\n", msg, hint(err))
 	if isUsage(err) {
 		return 2
@@ -362,6 +366,26 @@ func strict(cmd *cli.Command) {
 	for _, sub := range cmd.Commands {
 		strict(sub)
 	}
+}
+
+// flagParseRE finds the flag in the library's error for a value it could
+// not parse, from the command line or the environment.
+var flagParseRE = regexp.MustCompile(`for flag --([a-z0-9-]+): parse error$`)
+
+// isBoolFlag reports whether name is a bool flag of cmd or of a command
+// below it.
+func isBoolFlag(cmd *cli.Command, name string) bool {
+	for _, f := range cmd.Flags {
+		if _, ok := f.(*cli.BoolFlag); ok && slices.Contains(f.Names(), name) {
+			return true
+		}
+	}
+	for _, sub := range cmd.Commands {
+		if isBoolFlag(sub, name) {
+			return true
+		}
+	}
+	return false
 }
 
 // missingFlags names, with their dashes, the required flags of cmd and of

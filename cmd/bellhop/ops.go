@@ -254,9 +254,13 @@ func checkGivenSettings(cmd *cli.Command) error {
 			return usagef("--%s %s: must be positive", name, cmd.Duration(name))
 		}
 	}
-	for _, name := range []string{"max-attempts", "max-in-flight"} {
-		if cmd.IsSet(name) && cmd.Int(name) <= 0 {
-			return usagef("--%s %d: must be at least 1", name, cmd.Int(name))
+	// Worded as enqueue's --max-attempts and dead ls's --limit are.
+	for _, f := range []struct {
+		name string
+		max  int
+	}{{"max-attempts", validate.MaxAttempts}, {"max-in-flight", validate.MaxInFlight}} {
+		if n := cmd.Int(f.name); cmd.IsSet(f.name) && (n <= 0 || n > f.max) {
+			return usagef("--%s %d: must be 1 to %d", f.name, n, f.max)
 		}
 	}
 	if cmd.IsSet("timeout") && cmd.Duration("timeout") < 0 {
