@@ -69,6 +69,10 @@ func (c *Client) Enqueue(ctx context.Context, app, queue string, payload []byte,
 // failed statement, and aborts tx, as in PostgreSQL any error does: roll
 // it back, or wrap the call in a savepoint (tx.Begin) to go on without
 // the message.
+//
+// The messages one transaction enqueues (EnqueueTx, EnqueueManyTx,
+// enqueue() in SQL) are claimed in the order of its calls: each is
+// enqueued a microsecond after the one before it.
 func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, app, queue string, payload []byte, opts EnqueueOptions) (_ uuid.UUID, err error) {
 	defer c.schemaError(ctx, &err)
 	if isNil(tx) {
@@ -84,7 +88,8 @@ func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, app, queue string, pa
 // EnqueueMany adds a batch of messages to app's queues in one statement and
 // returns their ids in order. If any message is invalid, none is written.
 // A batch's messages are claimed in its order: each is enqueued a
-// microsecond after the one before it.
+// microsecond after the one before it. Their payloads may total at most
+// 256 MiB.
 // An empty batch writes nothing, and fails as a batch would for an unknown
 // app or a principal that is not of app.
 func (c *Client) EnqueueMany(ctx context.Context, app string, msgs []NewMessage) (_ []uuid.UUID, err error) {
@@ -93,7 +98,9 @@ func (c *Client) EnqueueMany(ctx context.Context, app string, msgs []NewMessage)
 }
 
 // EnqueueManyTx is EnqueueMany inside the caller's transaction. A
-// rejection by the database aborts tx, as for EnqueueTx.
+// rejection by the database aborts tx, as for EnqueueTx. The messages
+// of one transaction are claimed in the order of its calls, as those of
+// EnqueueTx.
 func (c *Client) EnqueueManyTx(ctx context.Context, tx pgx.Tx, app string, msgs []NewMessage) (_ []uuid.UUID, err error) {
 	defer c.schemaError(ctx, &err)
 	if isNil(tx) {
@@ -113,6 +120,17 @@ func (c *Client) enqueue(ctx context.Context, q querier, app string, msgs []NewM
 			return nil, enqueueError(app, msgs, -1, err)
 		}
 		return nil, nil
+	}
+	// Checked first: pgx refuses a statement of a gigabyte or more only
+	// once every payload is checked and encoded, at several times the
+	// batch's size in memory.
+	var total int
+	for _, m := range msgs {
+		total += len(m.Payload)
+	}
+	if total > maxBatchBytes {
+		return nil, enqueueError(app, msgs, -1, fmt.Errorf("%w: the batch's payloads total %d bytes, more than the %d bytes (%d MiB) one call may send: split the batch",
+			ErrPayloadTooLarge, total, maxBatchBytes, maxBatchBytes>>20))
 	}
 	n := len(msgs)
 	var (
@@ -177,7 +195,7 @@ func (c *Client) enqueue(ctx context.Context, q querier, app string, msgs []NewM
 	case foreign > 0 && !c.operator:
 		return nil, enqueueError(app, msgs, -1, fmt.Errorf("%w: principal %s does not belong to app \"%s\"", ErrForbidden, c.actor, printable(app)))
 	case foreign > 0:
-		return nil, enqueueError(app, msgs, position(firstForeign), fmt.Errorf("%w: %d message(s) name a principal that is not of app %q", ErrUnknownPrincipal, foreign, app))
+		return nil, enqueueError(app, msgs, position(firstForeign), foreignPrincipal(app, msgs, position(firstForeign), foreign))
 	case inserted != int64(n):
 		return nil, enqueueError(app, msgs, -1, fmt.Errorf("inserted %d of %d messages", inserted, n))
 	}
@@ -266,6 +284,25 @@ func position(p *int64) int {
 		return -1
 	}
 	return int(*p - 1)
+}
+
+// maxBatchBytes bounds the payloads of one EnqueueMany call: a statement
+// of a gigabyte or more is refused (pgx and PostgreSQL both bound a
+// message at 1 GiB), and building one takes several times its size in the
+// client's memory and the server's.
+const maxBatchBytes = 256 << 20
+
+// foreignPrincipal is ErrUnknownPrincipal for a batch in which foreign
+// messages name a principal that is not of app, the first at position i.
+func foreignPrincipal(app string, msgs []NewMessage, i int, foreign int64) error {
+	if i < 0 || i >= len(msgs) {
+		return fmt.Errorf("%w: %d message(s) name a principal that is not of app \"%s\"", ErrUnknownPrincipal, foreign, printable(app))
+	}
+	var others string
+	if foreign > 1 {
+		others = fmt.Sprintf(" (%d messages of the batch name one that is not)", foreign)
+	}
+	return fmt.Errorf("%w: principal %s is not of app \"%s\"%s", ErrUnknownPrincipal, msgs[i].Options.Principal, printable(app), others)
 }
 
 // enqueueError adds the app, and the queue or batch position, to err.

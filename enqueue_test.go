@@ -6,9 +6,12 @@ package bellhop_test
 // fxListener, ...) are in schema_test.go.
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -753,5 +756,129 @@ func TestEnqueueManyKeepsItsOrder(t *testing.T) {
 		if r.ID != ids[i] {
 			t.Fatalf("message %d by enqueued_at is %s, want the batch's %d-th, %s", i, r.ID, i, ids[i])
 		}
+	}
+}
+
+// TestOneTransactionKeepsItsOrder: the messages of one transaction get
+// distinct enqueued_at times in the order of its calls, whichever way they
+// were enqueued: EnqueueTx, EnqueueManyTx and enqueue() in SQL. A claim
+// takes the oldest first; the statements of one transaction used to share
+// the transaction's start, position by position, so that a consumer got
+// `bellhop enqueue -`'s 500-line batches as lines 1, 501, 1001, 2, ...
+// (found by review). A setting a producer forged reads as no count.
+func TestOneTransactionKeepsItsOrder(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	shop := e.app("shop")
+	for _, forged := range []string{"", "-1000000", "x", "99999999999"} {
+		t.Run("setting "+strconv.Quote(forged), func(t *testing.T) {
+			queue := "ordered" + strconv.Itoa(len(forged))
+			tx, err := e.pool.Begin(e.ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(e.ctx)
+			if forged != "" {
+				if _, err := tx.Exec(e.ctx, "SELECT set_config('bellhop.enqueue_seq', $1, true)", forged); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var want []string
+			one := func(label string) {
+				t.Helper()
+				if _, err := e.client.EnqueueTx(e.ctx, tx, "shop", queue, fmt.Appendf(nil, "%q", label), bellhop.EnqueueOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				want = append(want, label)
+			}
+			many := func(labels ...string) {
+				t.Helper()
+				msgs := make([]bellhop.NewMessage, len(labels))
+				for i, l := range labels {
+					msgs[i] = bellhop.NewMessage{Queue: queue, Payload: fmt.Appendf(nil, "%q", l)}
+				}
+				if _, err := e.client.EnqueueManyTx(e.ctx, tx, "shop", msgs); err != nil {
+					t.Fatal(err)
+				}
+				want = append(want, labels...)
+			}
+			sql := func(label string) {
+				t.Helper()
+				if _, err := tx.Exec(e.ctx, "SELECT enqueue($1, $2, to_jsonb($3::text))", shop.ID, queue, label); err != nil {
+					t.Fatal(err)
+				}
+				want = append(want, label)
+			}
+			one("tx 1")
+			many("many 1a", "many 1b", "many 1c")
+			one("tx 2")
+			sql("sql 1")
+			sql("sql 2")
+			many("many 2a", "many 2b")
+			one("tx 3")
+			rows, err := tx.Query(e.ctx, `SELECT label FROM (SELECT payload #>> '{}' AS label, enqueued_at,
+					count(*) OVER (PARTITION BY enqueued_at) AS same FROM queue_messages WHERE queue_name = $1) m
+				WHERE same = 1 ORDER BY enqueued_at`, queue)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("by enqueued_at, leaving out ties: %q, want %q", got, want)
+			}
+		})
+	}
+
+	// A control character in a bad queue name shows escaped.
+	_, err := e.pool.Exec(e.ctx, "SELECT enqueue($1, E'q1\\n', '{}')", shop.ID)
+	if pe := fxPgError(t, err); pe.Code != "BH002" || pe.Message != `bellhop: invalid queue name "q1\n"` {
+		t.Errorf("error %s %q, want BH002 naming the queue escaped", pe.Code, pe.Message)
+	}
+}
+
+// TestEnqueueErrorsNameTheirCause: a batch whose payloads total more than
+// one call may send is refused before any work, naming the limit (it used
+// to fail after encoding them all: over 1 GiB, 43 s and 4.9 GB of client
+// memory, "write failed: message body too large"); a foreign principal is
+// named by its id.
+func TestEnqueueErrorsNameTheirCause(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	e.app("shop")
+	other := e.app("other")
+	before := e.tableState("queue_messages")
+
+	// 257 payloads of 1 MiB, sharing one array.
+	big := append(append([]byte(`"`), bytes.Repeat([]byte("a"), 1<<20-2)...), '"')
+	msgs := make([]bellhop.NewMessage, 257)
+	for i := range msgs {
+		msgs[i] = bellhop.NewMessage{Queue: "orders", Payload: big}
+	}
+	_, err := e.client.EnqueueMany(e.ctx, "shop", msgs)
+	fxCheckTyped(t, err, bellhop.ErrPayloadTooLarge)
+	if !strings.Contains(fmt.Sprint(err), "total 269484032 bytes, more than the 268435456 bytes (256 MiB) one call may send") {
+		t.Errorf("error %q does not give the total and the limit", err)
+	}
+
+	foreign := bellhop.EnqueueOptions{Principal: other.DefaultPrincipal}
+	_, err = e.client.Enqueue(e.ctx, "shop", "orders", []byte(`1`), foreign)
+	fxCheckTyped(t, err, bellhop.ErrUnknownPrincipal)
+	if want := fmt.Sprintf(`enqueue shop/orders: unknown principal: principal %s is not of app "shop"`, other.DefaultPrincipal); fmt.Sprint(err) != want {
+		t.Errorf("error %q, want %q", err, want)
+	}
+	_, err = e.client.EnqueueMany(e.ctx, "shop", []bellhop.NewMessage{
+		{Queue: "orders", Payload: []byte(`1`)},
+		{Queue: "orders", Payload: []byte(`2`), Options: foreign},
+		{Queue: "orders", Payload: []byte(`3`), Options: foreign},
+	})
+	fxCheckTyped(t, err, bellhop.ErrUnknownPrincipal)
+	if want := fmt.Sprintf(`message 2 of 3 (queue orders): unknown principal: principal %s is not of app "shop" (2 messages of the batch name one that is not)`, other.DefaultPrincipal); !strings.HasSuffix(fmt.Sprint(err), want) {
+		t.Errorf("error %q, want one ending %q", err, want)
+	}
+	if after := e.tableState("queue_messages"); after != before {
+		t.Errorf("queue_messages changed: %s, was %s", after, before)
 	}
 }

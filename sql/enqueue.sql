@@ -8,12 +8,20 @@
 -- the whole statement. A message is due at its deliver_after, or after its
 -- delay (in microseconds) on the database's clock, not the producer's,
 -- which may be off. Each message's enqueued_at is the transaction's
--- start plus its position in the batch in microseconds: the claim takes
--- the oldest first, and messages with one enqueued_at come in whatever
--- order the heap holds them, which reuses free space on earlier pages, so
--- a batch could be claimed out of its order.
+-- start plus, in microseconds, its position in the batch and the number
+-- of messages this transaction enqueued before it through these
+-- statements (the bellhop.enqueue_seq setting, local to the transaction):
+-- the claim takes the oldest first, and messages with one enqueued_at
+-- come in whatever order the heap holds them, which reuses free space on
+-- earlier pages, so a batch, or the batches of one transaction (the
+-- CLI's stream, EnqueueTx called in a loop), could be claimed out of
+-- their order. The setting is read once (seq, materialised) before the
+-- insert and written after it (counted); a value that is not a count of
+-- at most ten digits is read as 0.
 WITH app AS (
     SELECT id FROM apps WHERE name = @app_name
+), seq AS MATERIALIZED (
+    SELECT coalesce(substring(current_setting('bellhop.enqueue_seq', true) FROM '^[0-9]{1,10}$')::bigint, 0) AS base
 ), input AS (
     SELECT *
     FROM unnest(@ids::uuid[], @queue_names::text[], @payloads::jsonb[],
@@ -29,7 +37,7 @@ WITH app AS (
     -- max_attempts defaults as in bellhop_default_max_attempts(); joined
     -- here rather than called, because a SQL function in this position is
     -- planned again on every call (about half a millisecond).
-    SELECT i.id, app.id, i.queue_name, i.payload, now() + (i.ord - 1) * interval '1 microsecond',
+    SELECT i.id, app.id, i.queue_name, i.payload, now() + ((SELECT base FROM seq) + i.ord - 1) * interval '1 microsecond',
            coalesce(i.deliver_after, clock_timestamp() + i.delay_us * interval '1 microsecond'),
            coalesce(i.max_attempts, c.max_attempts, 3), i.principal
     FROM input i
@@ -39,8 +47,11 @@ WITH app AS (
                        LIMIT 1) c ON true
     WHERE (SELECT n FROM foreign_principals) = 0
     RETURNING 1
+), counted AS (
+    SELECT c.n, set_config('bellhop.enqueue_seq', (seq.base + c.n)::text, true)
+    FROM (SELECT count(*) AS n FROM inserted) AS c, seq
 )
 SELECT EXISTS (SELECT 1 FROM app) AS app_found,
        (SELECT n FROM foreign_principals) AS foreign_principals,
-       (SELECT count(*) FROM inserted) AS inserted,
+       (SELECT n FROM counted) AS inserted,
        (SELECT first FROM foreign_principals) AS first_foreign

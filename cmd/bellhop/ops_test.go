@@ -963,10 +963,16 @@ func TestEnqueueStdinBatchesByBytes(t *testing.T) {
 			if err != nil || out.String() != "enqueued 10 messages\n" {
 				t.Fatalf("enqueueStream: %v, printed %q", err, out.String())
 			}
-			// Each message once, in the order of the lines.
-			if n := queryInt(t, check, `SELECT count(*) FROM (SELECT (payload->>'n')::int AS n, row_number() OVER (ORDER BY id) AS r
+			// Each message once, in the order of the lines, as a claim
+			// takes them: by enqueued_at, with no two alike. Batches
+			// used to share their times position by position (migration
+			// 0065).
+			if n := queryInt(t, check, `SELECT count(*) FROM (SELECT (payload->>'n')::int AS n, row_number() OVER (ORDER BY enqueued_at) AS r
 				FROM queue_messages WHERE queue_name = $1) x WHERE n = r`, queue); n != 10 {
-				t.Errorf("%d of 10 messages arrived once in their place", n)
+				t.Errorf("%d of 10 messages arrived once in their place by enqueued_at", n)
+			}
+			if n := queryInt(t, check, "SELECT count(DISTINCT enqueued_at) FROM queue_messages WHERE queue_name = $1", queue); n != 10 {
+				t.Errorf("%d distinct enqueued_at among 10 messages", n)
 			}
 			if n := queryInt(t, check, "SELECT count(*) FROM queue_messages WHERE queue_name = $1", queue); n != 10 {
 				t.Errorf("%d messages written, want 10", n)
