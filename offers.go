@@ -718,15 +718,26 @@ type foundLease struct {
 	claimedAt time.Time
 }
 
-// findLeases looks up the messages leased under tokens (offer_recover.sql).
+// findLeases looks up the messages leased under tokens (offer_recover.sql),
+// each measured by the visibility timeout of the consumer whose offer it
+// was: a token no longer in the book (its notification came meanwhile) is
+// looked up with no consumer, and takeLeases skips it.
 func (d *Dispatcher) findLeases(ctx context.Context, tokens []uuid.UUID) ([]foundLease, error) {
 	if len(tokens) == 0 {
 		return nil, nil
 	}
+	consumers := make([]uuid.UUID, len(tokens))
+	d.offers.mu.Lock()
+	for i, t := range tokens {
+		if o := d.offers.byToken[t]; o != nil {
+			consumers[i] = o.lane.target.TriggerID
+		}
+	}
+	d.offers.mu.Unlock()
 	var fs []foundLease
 	what := "look up leases by token"
 	err := d.db.AcquireFunc(ctx, func(c *pgxpool.Conn) error {
-		rows, err := c.Query(ctx, queries.OfferRecover, d.hidden(queries.Args{"tokens": queries.UUIDs(tokens)})...)
+		rows, err := c.Query(ctx, queries.OfferRecover, d.hidden(queries.Args{"tokens": queries.UUIDs(tokens), "consumers": queries.UUIDs(consumers)})...)
 		if err != nil {
 			return err
 		}

@@ -1081,3 +1081,59 @@ func TestLeaseForPausedLaneDoesNotBlockListener(t *testing.T) {
 		return d.complete.Pending() == queued+1
 	})
 }
+
+// TestRecoveredLeaseMeasuredByItsOffersConsumer: a lease found by its
+// token is measured by the visibility timeout of the consumer whose offer
+// it was, and by none (so that it goes back to the queue) once that
+// consumer no longer serves the queue: removed, or replaced by another,
+// and our copy not yet reloaded. The lookup used to find a consumer by
+// the queue's name, and delivered such a lease to the removed consumer's
+// handler, measured by its successor's timeout. Found by review.
+func TestRecoveredLeaseMeasuredByItsOffersConsumer(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	client := NewClient(pool)
+	app, err := client.CreateApp(ctx, "shop")
+	if err != nil {
+		t.Fatal(err)
+	}
+	now, err := client.RegisterConsumer(ctx, ConsumerSpec{App: "shop", Queue: "q", VisibilityTimeout: 45 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	elsewhere, err := client.RegisterConsumer(ctx, ConsumerSpec{App: "shop", Queue: "other", VisibilityTimeout: 90 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, _ := testBook(t, DispatcherConfig{PollInterval: time.Minute, LeaseAtInsert: true}, pool, 30*time.Second)
+	for _, tc := range []struct {
+		name     string
+		consumer uuid.UUID
+		want     time.Duration
+	}{
+		{"the queue's consumer", now.ID, 45 * time.Second},
+		{"a consumer of another queue", elsewhere.ID, 0},
+		{"a removed consumer", uuid.New(), 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := newLane(ctx, d, &consumerState{Consumer: Consumer{VisibilityTimeout: 30 * time.Second, Enabled: true, MaxInFlight: 1}},
+				claim.Target{Source: claim.Queue, AppID: app.ID, Queue: "q", TriggerID: tc.consumer}, new(atomic.Int32))
+			t.Cleanup(func() { l.timer.Stop() })
+			token := uuid.New()
+			if _, err := pool.Exec(ctx, `INSERT INTO queue_messages (app_id, queue_name, payload, claim_token, claimed_at, attempt)
+				VALUES ($1, 'q', '{}', $2, now(), 1)`, app.ID, token); err != nil {
+				t.Fatal(err)
+			}
+			d.offers.mu.Lock()
+			d.offers.byToken[token] = &offer{lane: l}
+			d.offers.mu.Unlock()
+			fs, err := d.findLeases(ctx, []uuid.UUID{token})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(fs) != 1 || fs[0].m.Token != token || fs[0].m.VisibilityTimeout != tc.want {
+				t.Fatalf("found %+v, want the lease under %s measured by %s", fs, token, tc.want)
+			}
+		})
+	}
+}

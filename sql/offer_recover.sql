@@ -3,16 +3,24 @@
 -- of: their notifications were sent while its listener was away, or are
 -- still on their way. Each token leases at most one message. Read-only;
 -- the claim token fences whatever the dispatcher then does with them.
--- vt_secs is the consumer's visibility timeout now, to measure the lease
+-- vt_secs is the visibility timeout, now, of the consumer that made the
+-- token's offer (@consumers, parallel to @tokens), to measure the lease
 -- with: if it was lowered since the lease began, the shorter one is safe;
 -- if it is lowered later, the reclaim keeps this one as the queue's floor
--- for as long (migration 0047). The consumer is found by the queue's
--- name, then its app by primary key, as in bellhop_lease_message.
+-- for as long (migration 0047). It is NULL, and the message goes back to
+-- the queue, when that consumer no longer serves the message's queue (it
+-- was removed, or moved to another queue, and our copy is not yet
+-- reloaded), as for a claim (next_due_queue.sql) and as
+-- bellhop_lease_message finds the offer's consumer by its id.
 SELECT m.id, m.payload, m.enqueued_at, m.claim_token, m.attempt, m.max_attempts,
        m.enqueued_by_principal, m.claimed_at,
-       (SELECT min(d.visibility_timeout_secs)
+       (SELECT d.visibility_timeout_secs
         FROM queue_trigger_details AS d
-        WHERE d.queue_name = m.queue_name
-          AND (SELECT t.app_id FROM triggers AS t WHERE t.id = d.trigger_id AND t.kind = 'queue') = m.app_id) AS vt_secs
+        JOIN triggers AS t ON t.id = d.trigger_id
+        WHERE d.trigger_id = o.consumer_id
+          AND d.queue_name = m.queue_name
+          AND t.app_id = m.app_id
+          AND t.kind = 'queue') AS vt_secs
 FROM queue_messages AS m
+JOIN unnest(@tokens::uuid[], @consumers::uuid[]) AS o(token, consumer_id) ON o.token = m.claim_token
 WHERE m.claim_token = ANY(@tokens::uuid[])
