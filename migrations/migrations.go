@@ -26,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -149,6 +150,9 @@ func migrateWaiting(ctx context.Context, conn *pgx.Conn, lockWait, patience time
 	if err := checkEncoding(conn, current, fs); err != nil {
 		return err
 	}
+	if err := checkIndexes(ctx, conn, current, fs); err != nil {
+		return err
+	}
 	m, err := migrate.NewMigrator(ctx, conn, VersionTable)
 	if err != nil {
 		return fmt.Errorf("migrate: prepare version table: %w", err)
@@ -221,6 +225,52 @@ func checkEncoding(conn *pgx.Conn, current int, fs []File) error {
 		return fmt.Errorf("migrate: database %q has encoding %s; Bellhop needs UTF8 (CREATE DATABASE ... ENCODING 'UTF8' TEMPLATE template0): nothing was applied",
 			conn.Config().Database, enc)
 	}
+}
+
+// createIndex finds the names of the indexes a migration creates.
+var createIndex = regexp.MustCompile(`(?i)\bCREATE\s+(?:UNIQUE\s+)?INDEX\s+(?:CONCURRENTLY\s+)?(?:IF\s+NOT\s+EXISTS\s+)?([a-z0-9_]+)`)
+
+// checkIndexes refuses to migrate while an index that a migration creates
+// is invalid: a CREATE INDEX CONCURRENTLY that failed (cancelled, timed
+// out) leaves one, with its name, which serves no query but costs every
+// write. The README's upgrade notes suggest building 0064's indexes so
+// beforehand, and the migration's IF NOT EXISTS would keep an invalid
+// one, silently: claims would read without it. current is the schema
+// version: an index whose migration has not run can be dropped, and the
+// migration builds it; one whose migration has run must be rebuilt.
+func checkIndexes(ctx context.Context, conn *pgx.Conn, current int, fs []File) error {
+	applied := map[string]bool{}
+	var names []string
+	for i, f := range fs {
+		for _, m := range createIndex.FindAllStringSubmatch(f.SQL, -1) {
+			n := strings.ToLower(m[1])
+			names = append(names, n)
+			applied[n] = applied[n] || current > i // versions count files from 1
+		}
+	}
+	rows, err := conn.Query(ctx, `SELECT c.relname FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
+		WHERE NOT i.indisvalid AND c.relnamespace = 'public'::regnamespace AND c.relname = ANY($1) ORDER BY 1`, names)
+	if err != nil {
+		return fmt.Errorf("migrate: look for invalid indexes: %w", err)
+	}
+	invalid, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("migrate: look for invalid indexes: %w", err)
+	}
+	var fixes []string
+	for _, n := range invalid {
+		// The names are of [a-z0-9_]: no quoting needed.
+		if applied[n] {
+			fixes = append(fixes, "rebuild it: REINDEX INDEX CONCURRENTLY public."+n)
+		} else {
+			fixes = append(fixes, "drop it, and migrate builds it: DROP INDEX CONCURRENTLY public."+n)
+		}
+	}
+	if len(invalid) > 0 {
+		return fmt.Errorf("migrate: index %s is invalid, as a CREATE INDEX CONCURRENTLY that failed leaves one, and the migrations would keep it as it is; "+
+			"%s; then run migrate again: nothing was applied", strings.Join(invalid, ", "), strings.Join(fixes, "; "))
+	}
+	return nil
 }
 
 // pinSearchPath puts a SET of search_path to public (and pg_temp) before a

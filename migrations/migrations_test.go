@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -949,5 +950,102 @@ func TestMigrateLockPatience(t *testing.T) {
 	}
 	if got := version(t, ctx, conn); got != before {
 		t.Errorf("version %d after the failed Migrate, want %d", got, before)
+	}
+}
+
+// TestMigrateRefusesInvalidIndex: an index that a migration creates but
+// that a failed CREATE INDEX CONCURRENTLY left invalid, as the README's
+// upgrade note for 0064 risks, stops Migrate before it applies anything,
+// naming the index and the DROP (its migration has not run) or REINDEX (it
+// has) that mends it. 0064's IF NOT EXISTS used to keep it silently, and
+// claims read without it. Found by review.
+func TestMigrateRefusesInvalidIndex(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	conn, app, _ := beforeMigration(t, ctx, 64)
+	if _, err := conn.Exec(ctx, `INSERT INTO queue_messages (app_id, queue_name, payload) VALUES ($1, 'q', '{}')`, app); err != nil {
+		t.Fatal(err)
+	}
+	// A build that fails part-way: the expression divides by zero.
+	if _, err := conn.Exec(ctx, `CREATE INDEX CONCURRENTLY idx_queue_messages_ready ON queue_messages ((1 / (attempt - attempt)))`); err == nil {
+		t.Fatal("the failing build succeeded")
+	}
+	before, err := migrations.Current(ctx, conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = migrations.Migrate(ctx, conn)
+	if err == nil || !strings.Contains(err.Error(), "index idx_queue_messages_ready is invalid") ||
+		!strings.Contains(err.Error(), "drop it, and migrate builds it: DROP INDEX CONCURRENTLY public.idx_queue_messages_ready;") ||
+		!strings.HasSuffix(err.Error(), "nothing was applied") {
+		t.Fatalf("Migrate over an invalid index: %v", err)
+	}
+	if v, err := migrations.Current(ctx, conn); err != nil || v != before {
+		t.Fatalf("version %d (%v) after the refusal, want %d", v, err, before)
+	}
+	// Dropped as the error says, Migrate goes on and builds it.
+	if _, err := conn.Exec(ctx, `DROP INDEX CONCURRENTLY idx_queue_messages_ready`); err != nil {
+		t.Fatal(err)
+	}
+	if err := migrations.Migrate(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	valid := func() bool {
+		t.Helper()
+		var v bool
+		if err := conn.QueryRow(ctx, `SELECT indisvalid FROM pg_index WHERE indexrelid = 'idx_queue_messages_ready'::regclass`).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	if !valid() {
+		t.Fatal("idx_queue_messages_ready invalid after Migrate")
+	}
+
+	// Once its migration has run, the fix is a rebuild.
+	if _, err := conn.Exec(ctx, `UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'idx_queue_messages_ready'::regclass`); err != nil {
+		t.Fatal(err)
+	}
+	err = migrations.Migrate(ctx, conn)
+	if err == nil || !strings.Contains(err.Error(), "rebuild it: REINDEX INDEX CONCURRENTLY public.idx_queue_messages_ready;") {
+		t.Fatalf("Migrate of a current schema with an invalid index: %v", err)
+	}
+	if _, err := conn.Exec(ctx, `REINDEX INDEX CONCURRENTLY idx_queue_messages_ready`); err != nil {
+		t.Fatal(err)
+	}
+	if err := migrations.Migrate(ctx, conn); err != nil || !valid() {
+		t.Fatalf("after REINDEX: Migrate %v, index valid %v", err, valid())
+	}
+}
+
+// TestReadmeBuildsTheIndexesOf0064: the README's upgrade note gives the
+// statements that build 0064's indexes beforehand; built otherwise, the
+// migration would keep them as they are.
+func TestReadmeBuildsTheIndexesOf0064(t *testing.T) {
+	t.Parallel()
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := migrations.Files()
+	if err != nil {
+		t.Fatal(err)
+	}
+	space := regexp.MustCompile(`\s+`)
+	var file string
+	for _, f := range files {
+		if f.Number == 64 {
+			file = space.ReplaceAllString(f.SQL, " ")
+		}
+	}
+	stmts := regexp.MustCompile(`(?s)CREATE INDEX CONCURRENTLY IF NOT EXISTS .*?;`).FindAllString(string(readme), -1)
+	if len(stmts) != 2 {
+		t.Fatalf("the README gives %d statements that build an index concurrently, want 0064's 2", len(stmts))
+	}
+	for _, s := range stmts {
+		if want := space.ReplaceAllString(strings.Replace(s, "CONCURRENTLY ", "", 1), " "); !strings.Contains(file, want) {
+			t.Errorf("0064 has no %q", want)
+		}
 	}
 }
