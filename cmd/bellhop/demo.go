@@ -42,11 +42,19 @@ func demoCommand(d *deps) *cli.Command {
 	return &cli.Command{
 		Name: "demo",
 		Usage: "run everything end to end: a throwaway PostgreSQL (unless DATABASE_URL is set), the dispatcher, a demo HTTP consumer and a producer; Ctrl-C stops it; " +
-			"logs warnings and errors only, unless --log-level is given",
+			"logs errors only, in the console format, unless --log-level or --log-format is given",
 		Flags: []cli.Flag{
 			&cli.DurationFlag{Name: "interval", Value: 250 * time.Millisecond, Usage: "time between enqueued messages"},
 		},
 		Action: func(ctx context.Context, cmd *cli.Command) error {
+			// The demo prints its own story, between which JSON lines
+			// read badly: it logs in the console format unless a format
+			// was asked for (--log-format or BELLHOP_LOG_FORMAT).
+			if !cmd.IsSet("log-format") {
+				if err := cmd.Set("log-format", "console"); err != nil {
+					return fmt.Errorf("demo: log format: %w", err)
+				}
+			}
 			log, err := d.logger(cmd)
 			if err != nil {
 				return err
@@ -54,11 +62,13 @@ func demoCommand(d *deps) *cli.Command {
 			if cmd.Duration("interval") < time.Millisecond {
 				return usagef("--interval %s: must be at least 1ms", cmd.Duration("interval"))
 			}
-			// The demo prints its own story, which the dispatcher's info
-			// lines would drown: it logs warnings and errors only, unless
-			// a level was asked for (--log-level or BELLHOP_LOG_LEVEL).
+			// The dispatcher's info lines would drown that story, and its
+			// warnings repeat it: each dead letter, which the demo makes
+			// on purpose and prints, is also a warning. It logs errors
+			// only, unless a level was asked for (--log-level or
+			// BELLHOP_LOG_LEVEL).
 			if !cmd.IsSet("log-level") {
-				log = log.Level(max(log.GetLevel(), zerolog.WarnLevel))
+				log = log.Level(max(log.GetLevel(), zerolog.ErrorLevel))
 			}
 			ctx, stop := signalContext(ctx, log)
 			defer stop()
@@ -274,9 +284,19 @@ produce:
 		return runErr
 	}
 	dead, err := demoDeadLetters(context.Background(), pool, run)
-	say("%s", demoSummary(enqueued, delivered.Load(), dead, err, others.Load(), cmd.String("database-url") != ""))
+	kept := cmd.String("database-url") != ""
+	say("%s", demoSummary(enqueued, delivered.Load(), dead, err, others.Load(), kept))
+	if kept {
+		say("%s", demoLeftConsumer)
+	}
 	return nil
 }
+
+// demoLeftConsumer closes a demo on a database that is kept: the consumer
+// it registered, which replaced the queue's (docker-compose's included),
+// stays, pointing at the demo's own HTTP consumer, gone with it.
+const demoLeftConsumer = "demo/orders keeps this demo's consumer, whose URL closed with it: its messages fail until " +
+	"`bellhop setup-demo` or `bellhop consumer update` points it somewhere live, or `bellhop consumer rm` removes it"
 
 // demoSummary is the demo's closing line: n messages enqueued (those the
 // database took, not those tried), this run's

@@ -120,6 +120,12 @@ func TestDemoWithDatabaseURL(t *testing.T) {
 	if reported != mine || mine < 1 {
 		t.Errorf("demo reports %d dead letters (%q); this run dead-lettered %d", reported, done[0], mine)
 	}
+	// Its last line says what became of the queue's consumer; its log
+	// does not repeat, as warnings, the dead letters it printed.
+	p.waitLine(false, regexp.MustCompile(`^`+regexp.QuoteMeta(demoLeftConsumer)+`$`), time.Second)
+	if n := p.countErrLines(regexp.MustCompile(`dead-lettered`)); n != 0 {
+		t.Errorf("%d log lines repeat the dead letters:\n%s", n, p.stderr())
+	}
 
 	// The consumer registered before the demo is gone; the demo's pushes
 	// to its own loopback listener, which ended with it.
@@ -347,24 +353,29 @@ func TestDemoStoppedWhileStarting(t *testing.T) {
 	p.waitLine(false, regexp.MustCompile(`^stopped while starting$`), time.Second)
 }
 
-// TestDemoLogLevel: the demo logs warnings and errors only, so that its
-// own story is not drowned, unless a level is asked for: --log-level or
-// BELLHOP_LOG_LEVEL was raised to warn all the same, and debug showed
-// nothing.
+// TestDemoLogLevel: the demo logs errors only, in the console format, so
+// that its own story is not drowned, unless a level or a format is asked
+// for: --log-level or BELLHOP_LOG_LEVEL was raised to warn all the same,
+// and debug showed nothing; its dead letters, made on purpose, were each
+// a JSON warning between its own lines.
 func TestDemoLogLevel(t *testing.T) {
 	t.Parallel()
-	startedRE := regexp.MustCompile(`"message":"dispatcher started"`)
+	startedRE := regexp.MustCompile(`dispatcher started`)
+	jsonRE := regexp.MustCompile(`^\{"level":`)
 	tests := []struct {
 		name string
 		env  []string
 		args []string
 		info bool // the dispatcher's info lines are logged
+		json bool // as JSON
 	}{
-		{"default", nil, nil, false},
-		{"--log-level debug", nil, []string{"--log-level", "debug"}, true},
-		{"--log-level info", nil, []string{"--log-level", "info"}, true},
-		{"BELLHOP_LOG_LEVEL=DEBUG", []string{"BELLHOP_LOG_LEVEL=DEBUG"}, nil, true},
-		{"--log-level error", nil, []string{"--log-level", "error"}, false},
+		{"default", nil, nil, false, false},
+		{"--log-level debug", nil, []string{"--log-level", "debug"}, true, false},
+		{"--log-level info", nil, []string{"--log-level", "info"}, true, false},
+		{"BELLHOP_LOG_LEVEL=DEBUG", []string{"BELLHOP_LOG_LEVEL=DEBUG"}, nil, true, false},
+		{"--log-level error", nil, []string{"--log-level", "error"}, false, false},
+		{"--log-level info --log-format json", nil, []string{"--log-level", "info", "--log-format", "json"}, true, true},
+		{"BELLHOP_LOG_FORMAT=json --log-level warn", []string{"BELLHOP_LOG_FORMAT=json"}, []string{"--log-level", "warn"}, false, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -380,6 +391,10 @@ func TestDemoLogLevel(t *testing.T) {
 			}
 			if got := p.countErrLines(startedRE) > 0; got != tc.info {
 				t.Errorf("dispatcher's info line logged: %t, want %t\n%s", got, tc.info, p.stderr())
+			}
+			// With warnings on, the demo's dead letters are logged.
+			if lines, jsonLines := p.countErrLines(regexp.MustCompile(`.`)), p.countErrLines(jsonRE); lines > 0 && (jsonLines == lines) != tc.json {
+				t.Errorf("%d of %d log lines are JSON, want all: %t\n%s", jsonLines, lines, tc.json, p.stderr())
 			}
 		})
 	}
