@@ -625,3 +625,46 @@ func shortIdleRun(ctx context.Context, t *testing.T, srv *server) *env {
 	}
 	return e
 }
+
+// TestDueRetries: scenario 3b's cases turn their share of the backlog,
+// spread evenly, into due retries, and burn all of it down.
+func TestDueRetries(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	e := testEnv(testServer(t, os.Getenv("DATABASE_URL")))
+	db, setup, err := e.queueDB(ctx, "due", "q")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.drop()
+	defer setup.Close()
+	for _, tc := range []struct{ percent, delayed, evenDelayed int }{{0, 0, 0}, {50, 50, 50}, {100, 100, 50}} {
+		if _, err := setup.Exec(ctx, "TRUNCATE queue_messages"); err != nil {
+			t.Fatal(err)
+		}
+		if err := prefill(ctx, setup, []string{"q"}, 100, 30); err != nil {
+			t.Fatal(err)
+		}
+		if tc.percent > 0 {
+			if err := makeDueRetries(ctx, setup, tc.percent); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var delayed, evenDelayed, notDue int
+		if err := setup.QueryRow(ctx, `SELECT count(deliver_after), count(deliver_after) FILTER (WHERE (payload->>'n')::int % 2 = 0),
+			count(*) FILTER (WHERE deliver_after > now() OR deliver_after <= enqueued_at) FROM queue_messages`).Scan(&delayed, &evenDelayed, &notDue); err != nil {
+			t.Fatal(err)
+		}
+		if delayed != tc.delayed || evenDelayed != tc.evenDelayed || notDue != 0 {
+			t.Errorf("%d %%: %d delayed (want %d), %d of them even (want %d), %d not due or not after enqueued_at", tc.percent, delayed, tc.delayed, evenDelayed, tc.evenDelayed, notDue)
+		}
+	}
+
+	c := throughputCase{N: 200, Queues: 1, InFlight: 10, DuePercent: 50}
+	if _, err := throughputOnce(ctx, e, 1, c, reportAs{"retries", c.String()}); err != nil {
+		t.Fatal(err)
+	}
+	if v := e.res.Values("retries", "200 msgs, 1 queue, in-flight 10, 50 % due retries", mToEmpty); len(v) != 1 || v[0] <= 0 {
+		t.Errorf("burn-down figures: %v", v)
+	}
+}

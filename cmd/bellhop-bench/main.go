@@ -21,8 +21,8 @@
 //	go run ./cmd/bellhop-bench -markdown bench.md      # the full run
 //	go run ./cmd/bellhop-bench -only latency,river
 //
-// Scenarios (-only): floor, latency, throughput, load, idle, producer, busy,
-// scale, river. See BENCHMARKS.md for what each measures.
+// Scenarios (-only): floor, latency, throughput, retries, load, idle,
+// producer, busy, scale, river. See BENCHMARKS.md for what each measures.
 package main
 
 import (
@@ -68,6 +68,8 @@ type params struct {
 	throughputInFlight []int
 	prefillBatch       int
 	throughputTimeout  time.Duration
+
+	retriesN int
 
 	loadRates    []int
 	loadDuration time.Duration
@@ -162,6 +164,7 @@ func fullParams() params {
 		latencyN: 2000, latencyInterval: 10 * time.Millisecond,
 		throughputSizes: []int{20_000, 200_000}, throughputQueues: []int{1, 100}, throughputInFlight: []int{10, 1000},
 		prefillBatch: 5000, throughputTimeout: 15 * time.Minute,
+		retriesN:  20_000,
 		loadRates: []int{1000, 5000}, loadDuration: 30 * time.Second,
 		idleConsumers: 1000, idleDuration: 120 * time.Second, idleSettle: 12 * time.Second,
 		producerConcurrency: []int{1, 8, 32, 64}, producerDuration: 10 * time.Second, bulkRows: 10_000, busyBacklog: 150_000,
@@ -178,6 +181,7 @@ func quickParams() params {
 	p.latencyN = 200
 	p.throughputSizes = []int{2000, 20_000}
 	p.throughputTimeout = 5 * time.Minute
+	p.retriesN = 2000
 	p.loadDuration = 3 * time.Second
 	p.idleDuration = 12 * time.Second
 	p.idleSettle = 11 * time.Second
@@ -205,6 +209,7 @@ var scenarios = []scenario{
 	{"floor", "1. Physical floor", runFloor, ""},
 	{"latency", "2. Latency, idle dispatcher", runLatency, "a pg_stat_statements window over each case"},
 	{"throughput", "3. Throughput (burn-down)", runThroughput, "a pg_stat_statements window over each case and, with -cpuprofile, a CPU profile of each"},
+	{"retries", "3b. Burn-down with due retries", runRetries, "a pg_stat_statements window over each case"},
 	{"load", "4. Latency under load", runLoad, "wait events of all sessions every 50ms and a pg_stat_statements window over each case"},
 	{"idle", "5. Idle load", runIdle, ""},
 	{"producer", "6. Producer cost of the notify trigger", runProducer, ""},

@@ -657,7 +657,7 @@ func TestPlanRuns(t *testing.T) {
 			withEvidence = append(withEvidence, sc.name)
 		}
 	}
-	if !slices.Equal(withEvidence, []string{"latency", "throughput", "load", "scale"}) {
+	if !slices.Equal(withEvidence, []string{"latency", "throughput", "retries", "load", "scale"}) {
 		t.Errorf("scenarios with an evidence run: %v", withEvidence)
 	}
 }
@@ -703,7 +703,7 @@ func TestEvidenceRunLeftOut(t *testing.T) {
 		writeReport(&b, rep, md)
 		out := b.String()
 		if !strings.Contains(out, "figures of evidence run 4 (instrumented; not in the medians or the targets)") ||
-			!strings.Contains(out, "evidence run: run 4 of latency, throughput, load and scale") || !strings.Contains(out, "9.00") {
+			!strings.Contains(out, "evidence run: run 4 of latency, throughput, retries, load and scale") || !strings.Contains(out, "9.00") {
 			t.Errorf("report (markdown %v):\n%s", md, out)
 		}
 	}

@@ -9,12 +9,18 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/bellhopq/bellhop"
 )
 
 // throughputCase is one burn-down configuration.
 type throughputCase struct {
 	N, Queues, InFlight int
+	// DuePercent of the messages, spread evenly, wait as due retries
+	// do: a deliver_after just after their enqueued_at, passed before
+	// the burn-down starts.
+	DuePercent int
 }
 
 func (c throughputCase) String() string {
@@ -22,7 +28,11 @@ func (c throughputCase) String() string {
 	if c.Queues == 1 {
 		q = "queue"
 	}
-	return fmt.Sprintf("%s msgs, %d %s, in-flight %s", groupThousands(fmt.Sprint(c.N)), c.Queues, q, groupThousands(fmt.Sprint(c.InFlight)))
+	s := fmt.Sprintf("%s msgs, %d %s, in-flight %s", groupThousands(fmt.Sprint(c.N)), c.Queues, q, groupThousands(fmt.Sprint(c.InFlight)))
+	if c.DuePercent > 0 {
+		s += fmt.Sprintf(", %d %% due retries", c.DuePercent)
+	}
+	return s
 }
 
 func (e *env) throughputCases() []throughputCase {
@@ -79,6 +89,11 @@ func throughputOnce(ctx context.Context, e *env, run int, c throughputCase, at r
 		return 0, fmt.Errorf("prefill: %w", err)
 	}
 	e.res.Add(Metric{Scenario: at.scenario, Case: at.label, Name: fmt.Sprintf("pre-insert msgs/s (EnqueueMany ×%d, setup session)", e.p.prefillBatch), Unit: "msgs/s"}, rate(c.N, time.Since(t0)))
+	if c.DuePercent > 0 {
+		if err := makeDueRetries(ctx, setup, c.DuePercent); err != nil {
+			return 0, fmt.Errorf("due retries: %w", err)
+		}
+	}
 	if _, err := setup.Exec(ctx, "VACUUM ANALYZE queue_messages"); err != nil {
 		return 0, err
 	}
@@ -177,4 +192,63 @@ func (e *env) startProfile(name string) (func(), error) {
 		pprof.StopCPUProfile()
 		f.Close()
 	}, nil
+}
+
+// dueRetries turns percent of the prefill's messages, spread evenly by
+// their number, into due retries: a claim since 0064 reads these from the
+// delayed index, beside the immediate ones from the ready index, and
+// takes those that became ready first. deliver_after is enqueued_at plus
+// the message's number, plus one, in microseconds (at most a few tenths of a
+// second), all passed before the burn-down starts; the merge of the two
+// walks then alternates between them batch by batch of the prefill.
+const dueRetries = `UPDATE queue_messages
+SET deliver_after = enqueued_at + ((payload->>'n')::int + 1) * interval '1 microsecond'
+WHERE (payload->>'n')::int * $1 % 100 < $1`
+
+// makeDueRetries applies dueRetries and waits until the last of them is
+// due.
+func makeDueRetries(ctx context.Context, pool *pgxpool.Pool, percent int) error {
+	if _, err := pool.Exec(ctx, dueRetries, percent); err != nil {
+		return err
+	}
+	var wait time.Duration
+	if err := pool.QueryRow(ctx, "SELECT coalesce(max(deliver_after) - clock_timestamp(), '0') FROM queue_messages").Scan(&wait); err != nil {
+		return err
+	}
+	if wait > 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// retriesCases are scenario 3b's: one queue, each in-flight limit, with
+// none, half and all of the backlog due retries.
+func (e *env) retriesCases() []throughputCase {
+	var out []throughputCase
+	for _, f := range e.p.throughputInFlight {
+		for _, due := range []int{0, 50, 100} {
+			out = append(out, throughputCase{N: e.p.retriesN, Queues: 1, InFlight: f, DuePercent: due})
+		}
+	}
+	return out
+}
+
+// runRetries burns down backlogs of immediate messages mixed with due
+// retries: a claim locks up to its limit in each of its two walks and
+// takes the limit that became ready first, so a mixed backlog makes every
+// claim lock up to twice what it takes.
+func runRetries(ctx context.Context, e *env, run int) error {
+	for _, c := range e.retriesCases() {
+		if _, err := throughputOnce(ctx, e, run, c, reportAs{"retries", c.String()}); err != nil {
+			return fmt.Errorf("%s: %w", c, err)
+		}
+	}
+	e.res.Note("retries", "as scenario 3, on one queue; after the prefill and before VACUUM ANALYZE, the case's share of the messages (every other one for 50 %%) get deliver_after = enqueued_at + their number plus one in microseconds, so that they wait as due retries when the burn-down starts (it waits for the last to come due); since 0064 a claim reads these from idx_queue_messages_delayed and the others from idx_queue_messages_ready")
+	return nil
 }
