@@ -296,13 +296,13 @@ const maxBatchBytes = 256 << 20
 // messages name a principal that is not of app, the first at position i.
 func foreignPrincipal(app string, msgs []NewMessage, i int, foreign int64) error {
 	if i < 0 || i >= len(msgs) {
-		return fmt.Errorf("%w: %d message(s) name a principal that is not of app \"%s\"", ErrUnknownPrincipal, foreign, printable(app))
+		return fmt.Errorf("%w: %d message(s) name a principal that does not belong to app \"%s\"", ErrUnknownPrincipal, foreign, printable(app))
 	}
 	var others string
 	if foreign > 1 {
-		others = fmt.Sprintf(" (%d messages of the batch name one that is not)", foreign)
+		others = fmt.Sprintf(" (%d messages of the batch name one that does not)", foreign)
 	}
-	return fmt.Errorf("%w: principal %s is not of app \"%s\"%s", ErrUnknownPrincipal, msgs[i].Options.Principal, printable(app), others)
+	return fmt.Errorf("%w: principal %s does not belong to app \"%s\"%s", ErrUnknownPrincipal, msgs[i].Options.Principal, printable(app), others)
 }
 
 // enqueueError adds the app, and the queue or batch position, to err.

@@ -770,7 +770,7 @@ func TestOneTransactionKeepsItsOrder(t *testing.T) {
 	t.Parallel()
 	e := fxNew(t)
 	shop := e.app("shop")
-	for _, forged := range []string{"", "-1000000", "x", "99999999999"} {
+	for _, forged := range []string{"", "-1000000", "x", "1000000000", "99999999999"} {
 		t.Run("setting "+strconv.Quote(forged), func(t *testing.T) {
 			queue := "ordered" + strconv.Itoa(len(forged))
 			tx, err := e.pool.Begin(e.ctx)
@@ -866,7 +866,7 @@ func TestEnqueueErrorsNameTheirCause(t *testing.T) {
 	foreign := bellhop.EnqueueOptions{Principal: other.DefaultPrincipal}
 	_, err = e.client.Enqueue(e.ctx, "shop", "orders", []byte(`1`), foreign)
 	fxCheckTyped(t, err, bellhop.ErrUnknownPrincipal)
-	if want := fmt.Sprintf(`enqueue shop/orders: unknown principal: principal %s is not of app "shop"`, other.DefaultPrincipal); fmt.Sprint(err) != want {
+	if want := fmt.Sprintf(`enqueue shop/orders: unknown principal: principal %s does not belong to app "shop"`, other.DefaultPrincipal); fmt.Sprint(err) != want {
 		t.Errorf("error %q, want %q", err, want)
 	}
 	_, err = e.client.EnqueueMany(e.ctx, "shop", []bellhop.NewMessage{
@@ -875,7 +875,7 @@ func TestEnqueueErrorsNameTheirCause(t *testing.T) {
 		{Queue: "orders", Payload: []byte(`3`), Options: foreign},
 	})
 	fxCheckTyped(t, err, bellhop.ErrUnknownPrincipal)
-	if want := fmt.Sprintf(`message 2 of 3 (queue orders): unknown principal: principal %s is not of app "shop" (2 messages of the batch name one that is not)`, other.DefaultPrincipal); !strings.HasSuffix(fmt.Sprint(err), want) {
+	if want := fmt.Sprintf(`message 2 of 3 (queue orders): unknown principal: principal %s does not belong to app "shop" (2 messages of the batch name one that does not)`, other.DefaultPrincipal); !strings.HasSuffix(fmt.Sprint(err), want) {
 		t.Errorf("error %q, want one ending %q", err, want)
 	}
 	if after := e.tableState("queue_messages"); after != before {

@@ -13,8 +13,9 @@
 -- transaction, the messages the transaction has enqueued through them, and
 -- add that count in microseconds to each message's enqueued_at. A plain
 -- INSERT still takes the column's default, now(), and does not count.
--- A value of the setting that is not a count of at most ten digits reads
--- as 0: a producer that sets it can only make its own messages later.
+-- A value of the setting that is not a count of at most nine digits reads
+-- as 0: a producer that sets it can only make its own messages later, by
+-- about 17 minutes at most.
 --
 -- The queue-name error of enqueue() prints the name as a JSON string, so
 -- that a control character in it shows escaped ("q1\n") rather than
@@ -40,7 +41,7 @@ DECLARE
     v_id      UUID;
     v_number  JSONB;
     v_printed BIGINT := 0;
-    v_seq     BIGINT := coalesce(substring(current_setting('bellhop.enqueue_seq', true) FROM '^[0-9]{1,10}$')::bigint, 0);
+    v_seq     BIGINT := coalesce(substring(current_setting('bellhop.enqueue_seq', true) FROM '^[0-9]{1,9}$')::bigint, 0);
 BEGIN
     IF p_app_id IS NULL OR NOT EXISTS (SELECT 1 FROM apps WHERE id = p_app_id) THEN
         RAISE EXCEPTION 'bellhop: unknown app %', coalesce(p_app_id::text, 'NULL') USING ERRCODE = 'BH001';

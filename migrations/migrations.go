@@ -230,47 +230,93 @@ func checkEncoding(conn *pgx.Conn, current int, fs []File) error {
 // createIndex finds the names of the indexes a migration creates.
 var createIndex = regexp.MustCompile(`(?i)\bCREATE\s+(?:UNIQUE\s+)?INDEX\s+(?:CONCURRENTLY\s+)?(?:IF\s+NOT\s+EXISTS\s+)?([a-z0-9_]+)`)
 
-// checkIndexes refuses to migrate while an index that a migration creates
-// is invalid: a CREATE INDEX CONCURRENTLY that failed (cancelled, timed
-// out) leaves one, with its name, which serves no query but costs every
-// write. The README's upgrade notes suggest building 0064's indexes so
-// beforehand, and the migration's IF NOT EXISTS would keep an invalid
-// one, silently: claims would read without it. current is the schema
-// version: an index whose migration has not run can be dropped, and the
-// migration builds it; one whose migration has run must be rebuilt.
-func checkIndexes(ctx context.Context, conn *pgx.Conn, current int, fs []File) error {
-	applied := map[string]bool{}
+// InvalidIndex is an index that a migration creates, left invalid by a
+// CREATE INDEX CONCURRENTLY (or REINDEX) that failed: it serves no query
+// and costs every write.
+type InvalidIndex struct {
+	Name string // in schema public
+	File string // the migration that creates it
+	// Applied is whether File has run: if not, dropping the index lets it
+	// build the index; if so, nothing will, and it must be built again.
+	Applied bool
+}
+
+// Fix says what to run about it.
+func (x InvalidIndex) Fix() string {
+	if x.Applied {
+		return fmt.Sprintf("drop it and build it again as %s defines it, each outside a transaction: DROP INDEX CONCURRENTLY public.%s; then CREATE INDEX CONCURRENTLY ...", x.File, x.Name)
+	}
+	return fmt.Sprintf("drop it, and migrate builds it: DROP INDEX CONCURRENTLY public.%s", x.Name)
+}
+
+// InvalidIndexes lists the indexes that Bellhop's migrations create and
+// that are invalid, leaving out those a CREATE INDEX CONCURRENTLY is
+// still building (which are invalid until it ends; a role that may not
+// see other roles' progress sees them as failed).
+func InvalidIndexes(ctx context.Context, q Queryer) ([]InvalidIndex, error) {
+	fs, err := Files()
+	if err != nil {
+		return nil, err
+	}
+	current, err := Current(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	return invalidIndexes(ctx, q, current, fs)
+}
+
+func invalidIndexes(ctx context.Context, q Queryer, current int, fs []File) ([]InvalidIndex, error) {
+	byName := map[string]InvalidIndex{}
 	var names []string
 	for i, f := range fs {
 		for _, m := range createIndex.FindAllStringSubmatch(f.SQL, -1) {
 			n := strings.ToLower(m[1])
-			names = append(names, n)
-			applied[n] = applied[n] || current > i // versions count files from 1
+			if _, ok := byName[n]; !ok {
+				names = append(names, n)
+				// Versions count the files applied, from 1.
+				byName[n] = InvalidIndex{Name: n, File: f.Name, Applied: current > i}
+			}
 		}
 	}
-	rows, err := conn.Query(ctx, `SELECT c.relname FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
-		WHERE NOT i.indisvalid AND c.relnamespace = 'public'::regnamespace AND c.relname = ANY($1) ORDER BY 1`, names)
+	var invalid []string
+	err := q.QueryRow(ctx, `SELECT coalesce(array_agg(c.relname::text ORDER BY c.relname), '{}')
+		FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
+		WHERE NOT i.indisvalid AND c.relnamespace = 'public'::regnamespace AND c.relname = ANY($1)
+		  AND NOT EXISTS (SELECT 1 FROM pg_stat_progress_create_index AS p WHERE p.index_relid = i.indexrelid)`, names).Scan(&invalid)
 	if err != nil {
-		return fmt.Errorf("migrate: look for invalid indexes: %w", err)
+		return nil, fmt.Errorf("look for invalid indexes: %w", err)
 	}
-	invalid, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	out := make([]InvalidIndex, len(invalid))
+	for i, n := range invalid {
+		out[i] = byName[n]
+	}
+	return out, nil
+}
+
+// checkIndexes refuses to migrate while an index that a migration still
+// to run creates is invalid: the README's upgrade notes suggest building
+// 0064's indexes with CREATE INDEX CONCURRENTLY beforehand, a build that
+// fails leaves an invalid index under its name, and the migration's IF
+// NOT EXISTS would keep it, silently: claims would read without it.
+// Indexes of migrations already run are the CLI's warning
+// (InvalidIndexes): nothing Migrate does mends them.
+func checkIndexes(ctx context.Context, conn *pgx.Conn, current int, fs []File) error {
+	invalid, err := invalidIndexes(ctx, conn, current, fs)
 	if err != nil {
-		return fmt.Errorf("migrate: look for invalid indexes: %w", err)
+		return fmt.Errorf("migrate: %w", err)
 	}
-	var fixes []string
-	for _, n := range invalid {
-		// The names are of [a-z0-9_]: no quoting needed.
-		if applied[n] {
-			fixes = append(fixes, "rebuild it: REINDEX INDEX CONCURRENTLY public."+n)
-		} else {
-			fixes = append(fixes, "drop it, and migrate builds it: DROP INDEX CONCURRENTLY public."+n)
+	var names, fixes []string
+	for _, x := range invalid {
+		if !x.Applied {
+			names = append(names, x.Name)
+			fixes = append(fixes, x.Fix())
 		}
 	}
-	if len(invalid) > 0 {
-		return fmt.Errorf("migrate: index %s is invalid, as a CREATE INDEX CONCURRENTLY that failed leaves one, and the migrations would keep it as it is; "+
-			"%s; then run migrate again: nothing was applied", strings.Join(invalid, ", "), strings.Join(fixes, "; "))
+	if len(names) == 0 {
+		return nil
 	}
-	return nil
+	return fmt.Errorf("migrate: index %s is invalid, as a CREATE INDEX CONCURRENTLY that failed leaves one, and the migrations would keep it as it is; "+
+		"%s; then run migrate again: nothing was applied", strings.Join(names, ", "), strings.Join(fixes, "; "))
 }
 
 // pinSearchPath puts a SET of search_path to public (and pg_temp) before a

@@ -956,9 +956,10 @@ func TestMigrateLockPatience(t *testing.T) {
 // TestMigrateRefusesInvalidIndex: an index that a migration creates but
 // that a failed CREATE INDEX CONCURRENTLY left invalid, as the README's
 // upgrade note for 0064 risks, stops Migrate before it applies anything,
-// naming the index and the DROP (its migration has not run) or REINDEX (it
-// has) that mends it. 0064's IF NOT EXISTS used to keep it silently, and
-// claims read without it. Found by review.
+// naming the index and the DROP that lets the migration build it. 0064's
+// IF NOT EXISTS used to keep it silently, and claims read without it.
+// Found by review. Once the migration has run, Migrate goes on, and
+// InvalidIndexes (the CLI's warning) names it.
 func TestMigrateRefusesInvalidIndex(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
@@ -1003,19 +1004,22 @@ func TestMigrateRefusesInvalidIndex(t *testing.T) {
 		t.Fatal("idx_queue_messages_ready invalid after Migrate")
 	}
 
-	// Once its migration has run, the fix is a rebuild.
+	if invalid, err := migrations.InvalidIndexes(ctx, conn); err != nil || len(invalid) != 0 {
+		t.Fatalf("InvalidIndexes after Migrate: %v, %v", invalid, err)
+	}
+
+	// Once its migration has run, Migrate cannot mend it and goes on;
+	// InvalidIndexes, which the CLI warns of, names it and the rebuild.
 	if _, err := conn.Exec(ctx, `UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'idx_queue_messages_ready'::regclass`); err != nil {
 		t.Fatal(err)
 	}
-	err = migrations.Migrate(ctx, conn)
-	if err == nil || !strings.Contains(err.Error(), "rebuild it: REINDEX INDEX CONCURRENTLY public.idx_queue_messages_ready;") {
+	if err := migrations.Migrate(ctx, conn); err != nil {
 		t.Fatalf("Migrate of a current schema with an invalid index: %v", err)
 	}
-	if _, err := conn.Exec(ctx, `REINDEX INDEX CONCURRENTLY idx_queue_messages_ready`); err != nil {
-		t.Fatal(err)
-	}
-	if err := migrations.Migrate(ctx, conn); err != nil || !valid() {
-		t.Fatalf("after REINDEX: Migrate %v, index valid %v", err, valid())
+	invalid, err := migrations.InvalidIndexes(ctx, conn)
+	if err != nil || len(invalid) != 1 || invalid[0].Name != "idx_queue_messages_ready" || !invalid[0].Applied ||
+		invalid[0].File != "0064_ready_indexes.sql" || !strings.Contains(invalid[0].Fix(), "as 0064_ready_indexes.sql defines it") {
+		t.Fatalf("InvalidIndexes: %+v, %v", invalid, err)
 	}
 }
 
@@ -1047,5 +1051,63 @@ func TestReadmeBuildsTheIndexesOf0064(t *testing.T) {
 		if want := space.ReplaceAllString(strings.Replace(s, "CONCURRENTLY ", "", 1), " "); !strings.Contains(file, want) {
 			t.Errorf("0064 has no %q", want)
 		}
+	}
+}
+
+// TestInvalidIndexesLeaveBuildsInProgress: an index that CREATE INDEX
+// CONCURRENTLY is still building is invalid until the build ends; it is
+// not a failed build, and InvalidIndexes (so Migrate) leaves it alone, or
+// Migrate would tell the operator to drop the index being built.
+func TestInvalidIndexesLeaveBuildsInProgress(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	conn, _, _ := beforeMigration(t, ctx, 64)
+	cfg := conn.Config()
+	// A snapshot the build must wait out.
+	holder := connect(t, ctx, cfg)
+	if _, err := holder.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.Exec(ctx, "SELECT count(*) FROM queue_messages"); err != nil {
+		t.Fatal(err)
+	}
+	builder := connect(t, ctx, cfg)
+	built := make(chan error, 1)
+	go func() {
+		_, err := builder.Exec(ctx, `CREATE INDEX CONCURRENTLY idx_queue_messages_ready ON queue_messages (app_id, queue_name, enqueued_at)
+			WHERE claim_token IS NULL AND deliver_after IS NULL`)
+		built <- err
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var building bool
+		if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_progress_create_index p JOIN pg_class c ON c.oid = p.index_relid
+			WHERE c.relname = 'idx_queue_messages_ready')`).Scan(&building); err != nil {
+			t.Fatal(err)
+		}
+		if building {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the build did not start within 30 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	var valid bool
+	if err := conn.QueryRow(ctx, `SELECT indisvalid FROM pg_index WHERE indexrelid = 'idx_queue_messages_ready'::regclass`).Scan(&valid); err != nil || valid {
+		t.Fatalf("index being built: valid %v (%v); want invalid, or the test shows nothing", valid, err)
+	}
+	if invalid, err := migrations.InvalidIndexes(ctx, conn); err != nil || len(invalid) != 0 {
+		t.Errorf("InvalidIndexes during the build: %+v, %v; want none", invalid, err)
+	}
+	if _, err := holder.Exec(ctx, "COMMIT"); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-built; err != nil {
+		t.Fatalf("the build: %v", err)
+	}
+	if err := migrations.Migrate(ctx, conn); err != nil {
+		t.Fatalf("Migrate after the build: %v", err)
 	}
 }

@@ -9,7 +9,7 @@
 WITH app AS (
     SELECT id FROM apps WHERE name = @app_name
 ), seq AS MATERIALIZED (
-    SELECT coalesce(substring(current_setting('bellhop.enqueue_seq', true) FROM '^[0-9]{1,10}$')::bigint, 0) AS base
+    SELECT coalesce(substring(current_setting('bellhop.enqueue_seq', true) FROM '^[0-9]{1,9}$')::bigint, 0) AS base
 ), foreign_principal AS (
     SELECT @principal::uuid IS NOT NULL
            AND NOT EXISTS (SELECT 1 FROM principals p JOIN app ON p.app_id = app.id

@@ -69,6 +69,28 @@ func TestMigrateWarnsOfOpenPublicSchema(t *testing.T) {
 	}
 }
 
+// TestMigrateWarnsOfInvalidIndex: an index of a migration already run
+// that a failed build left invalid (no query uses it) is named on stderr,
+// with how to build it again; migrate still exits 0, since nothing it
+// could apply mends it.
+func TestMigrateWarnsOfInvalidIndex(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.ConnString(t)
+	pool := db(t, dsn)
+	if r := exe(t, dsn, "", "migrate"); r.code != 0 || strings.Contains(r.stderr, "invalid") {
+		t.Fatalf("migrate with every index valid: want exit 0 and no warning; got %s", r)
+	}
+	if _, err := pool.Exec(context.Background(), `UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'idx_outbox_ready'::regclass`); err != nil {
+		t.Fatal(err)
+	}
+	r := exe(t, dsn, "", "migrate")
+	const want = "bellhop: warning: index idx_outbox_ready is invalid (a CREATE INDEX CONCURRENTLY or REINDEX of it failed), so no query uses it; " +
+		"drop it and build it again as 0064_ready_indexes.sql defines it, each outside a transaction: DROP INDEX CONCURRENTLY public.idx_outbox_ready; then CREATE INDEX CONCURRENTLY ...\n"
+	if r.code != 0 || !strings.Contains(r.stderr, want) || !strings.HasPrefix(r.stdout, "database is at schema version") {
+		t.Fatalf("migrate with an invalid index: want exit 0, the version and %q; got %s", want, r)
+	}
+}
+
 // TestMigrateInterrupted: SIGINT to a `bellhop migrate` that waits for a
 // lock cancels its statement on the server: no backend is left queued for
 // the ACCESS EXCLUSIVE lock on queue_messages (which would block every

@@ -75,6 +75,16 @@ func migrateCommand(d *deps) *cli.Command {
 					"and so run code as Bellhop's roles; as the schema's owner run GRANT CREATE ON SCHEMA public TO %s; "+
 					"REVOKE CREATE ON SCHEMA public FROM PUBLIC (docs/roles.sql does both)\n", pgx.Identifier{user}.Sanitize())
 			}
+			// An index of a migration already run that a failed build
+			// left invalid: nothing migrate does mends it, and claims
+			// read without it.
+			if invalid, err := migrations.InvalidIndexes(ctx, conn); err != nil {
+				return err
+			} else {
+				for _, x := range invalid {
+					fmt.Fprintf(d.stderr, "bellhop: warning: index %s is invalid (a CREATE INDEX CONCURRENTLY or REINDEX of it failed), so no query uses it; %s\n", x.Name, x.Fix())
+				}
+			}
 			if v > latest {
 				fmt.Fprintf(d.stdout, "database schema is at version %d, newer than this bellhop's %d: nothing to apply\n", v, latest)
 				return nil
