@@ -115,8 +115,26 @@ func Files() ([]File, error) {
 //
 // conn must be a session (not a PgBouncer transaction-mode connection),
 // because the advisory lock is session-scoped.
-func Migrate(ctx context.Context, conn *pgx.Conn) error {
-	return migrateWaiting(ctx, conn, LockWait, LockPatience)
+func Migrate(ctx context.Context, conn *pgx.Conn, opts ...Option) error {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return migrateWaiting(ctx, conn, LockWait, LockPatience, o.onLockWait)
+}
+
+// Option is an option of Migrate.
+type Option func(*options)
+
+type options struct {
+	onLockWait func(file string, patience time.Duration)
+}
+
+// OnLockWait has Migrate call f when a migration first finds a lock it
+// needs held (a long transaction holds its table): Migrate then tries it
+// again for up to patience, saying nothing meanwhile. Once per file.
+func OnLockWait(f func(file string, patience time.Duration)) Option {
+	return func(o *options) { o.onLockWait = f }
 }
 
 // Bounds of Migrate's waits for the locks its migrations take.
@@ -129,7 +147,7 @@ const (
 	LockPatience = 2 * time.Minute
 )
 
-func migrateWaiting(ctx context.Context, conn *pgx.Conn, lockWait, patience time.Duration) error {
+func migrateWaiting(ctx context.Context, conn *pgx.Conn, lockWait, patience time.Duration, onLockWait func(string, time.Duration)) error {
 	latest, err := Latest()
 	if err != nil {
 		return err
@@ -162,6 +180,7 @@ func migrateWaiting(ctx context.Context, conn *pgx.Conn, lockWait, patience time
 	}
 	start := time.Now()
 	pause := 500 * time.Millisecond
+	var told string // the file onLockWait was last called for
 	for tries := 1; ; tries++ {
 		err := m.Migrate(ctx)
 		if err == nil {
@@ -178,6 +197,10 @@ func migrateWaiting(ctx context.Context, conn *pgx.Conn, lockWait, patience time
 		var mErr migrate.MigrationPgError
 		if !errors.As(err, &mErr) || mErr.Code != "55P03" { // lock_not_available
 			return fmt.Errorf("migrate: %w", err)
+		}
+		if onLockWait != nil && mErr.MigrationName != told {
+			told = mErr.MigrationName
+			onLockWait(told, patience)
 		}
 		if time.Since(start)+pause > patience {
 			return fmt.Errorf("migrate: %s could not take a lock it needs within %s, %d tries over %s "+

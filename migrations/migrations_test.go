@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -868,7 +869,7 @@ func TestMigrateDoesNotQueueProducers(t *testing.T) {
 	}
 	const lockWait = 200 * time.Millisecond
 	migrated := make(chan error, 1)
-	go func() { migrated <- migrations.MigrateWaiting(ctx, conn, lockWait, time.Minute) }()
+	go func() { migrated <- migrations.MigrateWaiting(ctx, conn, lockWait, time.Minute, nil) }()
 
 	producer := connect(t, ctx, cfg)
 	waiting := func() bool {
@@ -938,7 +939,14 @@ func TestMigrateLockPatience(t *testing.T) {
 	if _, err := tx.Exec(ctx, "SELECT count(*) FROM queue_messages"); err != nil {
 		t.Fatal(err)
 	}
-	err = migrations.MigrateWaiting(ctx, conn, 100*time.Millisecond, 2*time.Second)
+	// The hook hears of the wait once, though the file is tried many
+	// times (the CLI prints it: Migrate was silent for its patience).
+	var told []string
+	hook := func(file string, patience time.Duration) { told = append(told, fmt.Sprintf("%s %s", file, patience)) }
+	err = migrations.MigrateWaiting(ctx, conn, 100*time.Millisecond, 2*time.Second, hook)
+	if !slices.Equal(told, []string{"0050_claim_pair.sql 2s"}) {
+		t.Errorf("lock-wait hook called with %q, want once for 0050_claim_pair.sql", told)
+	}
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
 		t.Fatalf("Migrate behind a lock for longer than its patience: %v; want lock_not_available in the chain", err)

@@ -91,8 +91,8 @@ func TestMigrateWarnsOfInvalidIndex(t *testing.T) {
 	}
 }
 
-// TestMigrateInterrupted: SIGINT to a `bellhop migrate` that waits for a
-// lock cancels its statement on the server: no backend is left queued for
+// TestMigrateInterrupted: `bellhop migrate` that waits for a lock says so;
+// SIGINT to it then cancels its statement on the server: no backend is left queued for
 // the ACCESS EXCLUSIVE lock on queue_messages (which would block every
 // producer behind it), the command exits 1 saying it was interrupted, and
 // a later migrate completes. The process used to die at once and leave
@@ -143,11 +143,14 @@ func TestMigrateInterrupted(t *testing.T) {
 	waitFor(t, 30*time.Second, "migrate to wait for the lock on queue_messages", func() bool {
 		return queryInt(t, pool, waiting) > 0
 	})
+	// Once its first wait has timed out (LockWait), it says that it waits,
+	// and for how long it will try: it used to be silent for that long.
+	p.waitLine(true, regexp.MustCompile(`^bellhop: 0052_busy_keys_64\.sql is waiting for a lock that another transaction holds \(see pg_stat_activity\); trying again for up to 2m0s$`), 30*time.Second)
 	p.signal(os.Interrupt)
 	if code := p.wait(15 * time.Second); code != 1 {
 		t.Errorf("migrate exited %d after SIGINT, want 1", code)
 	}
-	if !regexp.MustCompile(`^bellhop: interrupted: .*rolled back`).MatchString(p.stderr()) {
+	if !regexp.MustCompile(`(?m)^bellhop: interrupted: .*rolled back`).MatchString(p.stderr()) {
 		t.Errorf("migrate's stderr does not say it was interrupted:\n%s", p.stderr())
 	}
 	// While the reader still holds its lock, nobody waits behind it.

@@ -54,7 +54,13 @@ func migrateCommand(d *deps) *cli.Command {
 				return interruptedBefore(ctx, fmt.Errorf("connect to the database: %w", err), "connecting to the database", "nothing was applied")
 			}
 			defer conn.Close(context.Background())
-			if err := migrations.Migrate(ctx, conn); err != nil {
+			// A migration waiting for a lock is otherwise silent for up
+			// to LockPatience.
+			waiting := migrations.OnLockWait(func(file string, patience time.Duration) {
+				fmt.Fprintf(d.stderr, "bellhop: %s is waiting for a lock that another transaction holds (see pg_stat_activity); "+
+					"trying again for up to %s\n", file, patience)
+			})
+			if err := migrations.Migrate(ctx, conn, waiting); err != nil {
 				if ctx.Err() != nil {
 					return fmt.Errorf("interrupted: %w; the migration in progress was rolled back, those before it stay applied: run `bellhop migrate` again", err)
 				}
