@@ -104,12 +104,20 @@ func runCommand(d *deps) *cli.Command {
 			warnStrayEnv(log, cmd)
 			// Once the database has answered: a start-up that fails says
 			// one line, its error, which names the database.
-			settings := func() {
-				log.Info().Str("database", describeDB(cfg)).Str("http_addr", ln.Addr().String()).
+			settings := func(schema int) {
+				log.Info().Str("database", describeDB(cfg)).Int("schema_version", schema).Str("http_addr", ln.Addr().String()).
 					Stringer("poll_interval", cmd.Duration("poll-interval")).Stringer("shutdown_grace", cmd.Duration("shutdown-grace")).
 					Bool("lease_at_insert", cmd.Bool("lease-at-insert")).Bool("queue_depths", cmd.Bool("queue-depths")).Strs("allowed_hosts", hosts).
 					Bool("block_private_addresses", blockPrivate).
 					Str("log_level", strings.ToLower(cmd.String("log-level"))).Msg("settings")
+				// A rollback, or a rolling upgrade under way: fine, as
+				// migrations only add, but this binary uses none of
+				// what the newer ones added, which an operator
+				// looking for a feature should be told.
+				if latest, err := migrations.Latest(); err == nil && schema > latest {
+					log.Info().Int("schema_version", schema).Int("binary_schema_version", latest).
+						Msg("the database's schema is newer than this bellhop's migrations: running on it, since migrations only add; this bellhop uses nothing they added")
+				}
 			}
 			pusher := httppush.New(httppush.Options{AllowedHosts: hosts, BlockPrivate: blockPrivate, Logger: log})
 			// Once serve returns no push is in flight: the consumers'
@@ -450,8 +458,9 @@ func (r *pushResolver) forget(id uuid.UUID) {
 // dc holds the dispatcher's settings from flags; serve adds the resolver,
 // the logger and the observer. Once the dispatcher has stopped, it waits
 // at most closeWait for the HTTP server and its own pool to close.
-// settings logs the settings line, once the database has answered.
-func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.Listener, pusher *httppush.Pusher, settings func(), depths bool, dc bellhop.DispatcherConfig) error {
+// settings logs the settings line, with the database's schema version,
+// once the database has answered.
+func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.Listener, pusher *httppush.Pusher, settings func(schema int), depths bool, dc bellhop.DispatcherConfig) error {
 	reg := prometheus.NewRegistry()
 	var disp *bellhop.Dispatcher
 	client, pool, err := openClient(ctx, cfg)
@@ -461,11 +470,12 @@ func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.
 	}
 	var closeBy time.Time // once the dispatcher has stopped
 	defer func() { closePool(pool, log, closeBy) }()
-	if err := checkSchema(ctx, pool, cfg.ConnConfig.ConnectTimeout); err != nil {
+	version, err := checkSchema(ctx, pool, cfg.ConnConfig.ConnectTimeout)
+	if err != nil {
 		ln.Close()
 		return err
 	}
-	settings()
+	settings(version)
 	// ctx bounds the depth reads: a scrape in flight when the stop begins
 	// gives up its read rather than hold a connection of pool.
 	var queues func(context.Context) ([]bellhop.QueueInfo, error)
@@ -642,20 +652,24 @@ func probeServer(h http.Handler) *http.Server {
 // binary's migrations (or absent), before anything is started: otherwise
 // the dispatcher fails later, or worse, half works. A newer schema is
 // fine: migrations are applied before a rolling upgrade of the daemons.
+// It returns the schema's version.
 //
 // It is bounded by the connect timeout (10s if none): a lock on the
 // version table (a migration under way elsewhere), or a server that
 // stopped answering, held the start-up, silent, for as long as it lasted.
-func checkSchema(ctx context.Context, pool *pgxpool.Pool, bound time.Duration) error {
+func checkSchema(ctx context.Context, pool *pgxpool.Pool, bound time.Duration) (version int, err error) {
 	if bound <= 0 {
 		bound = 10 * time.Second
 	}
 	cctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
-	err := migrations.Check(cctx, pool)
+	err = migrations.Check(cctx, pool)
+	if err == nil {
+		version, err = migrations.Current(cctx, pool)
+	}
 	if err != nil && ctx.Err() == nil && cctx.Err() != nil {
-		return fmt.Errorf("check the schema: no answer within %s (the connect timeout; is a migration holding %s?): %w",
+		return 0, fmt.Errorf("check the schema: no answer within %s (the connect timeout; is a migration holding %s?): %w",
 			bound, migrations.VersionTable, err)
 	}
-	return err
+	return version, err
 }

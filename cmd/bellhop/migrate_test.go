@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -39,6 +41,43 @@ func TestMigrateNewerSchema(t *testing.T) {
 	}
 	if after := schemaSnapshot(t, dsn); strings.Join(before, "\n") != strings.Join(after, "\n") {
 		t.Errorf("migrate changed a newer schema:\nbefore %v\nafter  %v", before, after)
+	}
+}
+
+// TestRunNewerSchema: `bellhop run` on a database that a newer bellhop
+// migrated starts, gives the schema's version in its settings line and
+// says, once, that the schema is newer than its own migrations; on its own
+// schema it gives the version and says nothing of it.
+func TestRunNewerSchema(t *testing.T) {
+	t.Parallel()
+	latest, err := migrations.Latest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	newer := regexp.MustCompile(`"schema_version":` + strconv.Itoa(latest+1) + `,"binary_schema_version":` + strconv.Itoa(latest) +
+		`,.*"message":"the database's schema is newer than this bellhop's migrations`)
+	for _, bump := range []int{0, 1} {
+		t.Run(fmt.Sprintf("version+%d", bump), func(t *testing.T) {
+			t.Parallel()
+			dsn := pgtest.ConnString(t)
+			pool := db(t, dsn)
+			if _, err := pool.Exec(context.Background(), "UPDATE "+migrations.VersionTable+" SET version = $1", latest+bump); err != nil {
+				t.Fatal(err)
+			}
+			p := start(t, []string{"DATABASE_URL=" + dsn}, "run", "--http-addr", "127.0.0.1:0")
+			p.waitLine(true, servingRE, 30*time.Second)
+			p.signal(syscall.SIGTERM)
+			if code := p.wait(30 * time.Second); code != 0 {
+				t.Fatalf("exit %d:\n%s", code, p.stderr())
+			}
+			settings := regexp.MustCompile(`"schema_version":` + strconv.Itoa(latest+bump) + `,.*"message":"settings"`)
+			if n := p.countErrLines(settings); n != 1 {
+				t.Errorf("%d settings lines with schema_version %d, want 1:\n%s", n, latest+bump, p.stderr())
+			}
+			if n, want := p.countErrLines(newer), bump; n != want {
+				t.Errorf("%d lines saying the schema is newer, want %d:\n%s", n, want, p.stderr())
+			}
+		})
 	}
 }
 
