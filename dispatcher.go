@@ -427,8 +427,12 @@ func (cl *consumerLanes) stop(tidy bool) {
 }
 
 // NewDispatcher returns a Dispatcher with its own pool, made from poolCfg,
-// which must come from pgxpool.ParseConfig, and one more connection, for
-// LISTEN, from its ConnConfig. Zero fields of cfg take their defaults; a
+// which must come from pgxpool.ParseConfig, and connections outside the
+// pool, one for LISTEN and, unless DisableBusyMarks, one for the busy
+// locks, made from its ConnConfig as the pool makes its own: poolCfg's
+// BeforeConnect and AfterConnect run for them too; BeforeConnect finds
+// their application_name set, to bellhop-listener or bellhop-busy-locks
+// (the pool's connections get bellhop-dispatcher unless poolCfg names one). Zero fields of cfg take their defaults; a
 // negative duration, or one out of its range, is an error that matches
 // ErrInvalidOptions. Run makes the
 // pool, opens the connections and closes them when it returns, so a
@@ -624,20 +628,51 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 			beforeClose(c)
 		}
 	}
-	var onConnect func(context.Context, *pgx.Conn) error
+	// The connections made outside the pool (the listener's, the busy
+	// locks') run the pool's connect hooks too, as the pool's own do: a
+	// BeforeConnect that sets the password (rotated credentials, a cloud
+	// IAM token) left them unable to connect, and the dispatcher deaf,
+	// on the fallback poll alone and never Ready.
+	beforeConnect := pc.BeforeConnect
+	var leaseKey func(context.Context, *pgx.Conn) error
 	if cfg.LeaseAtInsert {
 		d.leaseChannel = newLeaseChannel()
-		onConnect = d.holdLeaseKey
+		leaseKey = d.holdLeaseKey
+	}
+	onConnect := func(ctx context.Context, c *pgx.Conn) error {
+		if afterConnect != nil {
+			if err := afterConnect(ctx, c); err != nil {
+				return fmt.Errorf("AfterConnect: %w", err)
+			}
+		}
+		if leaseKey != nil {
+			return leaseKey(ctx, c)
+		}
+		return nil
 	}
 	if !cfg.DisableBusyMarks {
 		lockCfg := pc.ConnConfig.Copy()
-		lockCfg.RuntimeParams["application_name"] = "bellhop-busy-locks"
 		d.marks = busylock.New(func(ctx context.Context) (*pgx.Conn, error) {
-			return pgx.ConnectConfig(ctx, lockCfg)
+			cc := lockCfg.Copy()
+			cc.RuntimeParams["application_name"] = "bellhop-busy-locks"
+			if beforeConnect != nil {
+				if err := beforeConnect(ctx, cc); err != nil {
+					return nil, fmt.Errorf("BeforeConnect: %w", err)
+				}
+			}
+			c, err := pgx.ConnectConfig(ctx, cc)
+			if err == nil && afterConnect != nil {
+				if err = afterConnect(ctx, c); err != nil {
+					_ = c.Close(ctx)
+					return nil, fmt.Errorf("AfterConnect: %w", err)
+				}
+			}
+			return c, err
 		}, d.owner, cfg.BusyLease, d.log)
 	}
 	d.listener = notify.New(notify.Config{
 		ConnConfig:       pc.ConnConfig,
+		BeforeConnect:    beforeConnect,
 		Handler:          (*routes)(d),
 		Logger:           d.log,
 		ReconnectDelay:   cfg.ReconnectDelay,

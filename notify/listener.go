@@ -50,8 +50,16 @@ type Config struct {
 	// directly or through a session-mode pooler: LISTEN does not work
 	// through PgBouncer's transaction mode.
 	ConnConfig *pgx.ConnConfig
-	Handler    Handler
-	Logger     zerolog.Logger
+	// BeforeConnect, if set, is called with each connection's copy of
+	// ConnConfig before it connects, as pgxpool calls its own: where a
+	// caller's pool sets credentials per connection (a rotated password,
+	// a cloud IAM token), the listener needs them too. An error fails the
+	// connect, and the listener tries again after ReconnectDelay. The
+	// copy it gets has application_name bellhop-listener, which it may
+	// change; the listener's dialer keep-alive is applied after it.
+	BeforeConnect func(ctx context.Context, cfg *pgx.ConnConfig) error
+	Handler       Handler
+	Logger        zerolog.Logger
 	// ReconnectDelay is the pause between a lost connection and the next
 	// attempt. Default 2s (pgxlisten's own default is one minute).
 	ReconnectDelay time.Duration
@@ -362,19 +370,25 @@ func (l *Listener) connect(ctx context.Context) (*pgx.Conn, error) {
 	l.listened.Store(0)
 	l.coverFailed.Store(nil)
 	l.conn.Store(nil)
-	cfg := l.cfg.ConnConfig.Copy()
-	cfg.DialFunc = keepAliveDial(cfg.DialFunc)
-	// pgx buffers notifications only when OnNotification is nil, and
-	// pgxlisten relies on that buffer.
-	cfg.OnNotification = nil
-	if cfg.RuntimeParams == nil {
-		cfg.RuntimeParams = map[string]string{}
-	}
-	cfg.RuntimeParams["application_name"] = "bellhop-listener"
 	setup := l.setups.Add(1)
 	start := time.Now()
 	cctx, cancel := context.WithTimeout(ctx, l.cfg.SetupTimeout)
 	defer cancel()
+	cfg := l.cfg.ConnConfig.Copy()
+	if cfg.RuntimeParams == nil {
+		cfg.RuntimeParams = map[string]string{}
+	}
+	cfg.RuntimeParams["application_name"] = "bellhop-listener"
+	if l.cfg.BeforeConnect != nil {
+		if err := l.cfg.BeforeConnect(cctx, cfg); err != nil {
+			l.connectFailed.Store(true)
+			return nil, fmt.Errorf("BeforeConnect: %w", err)
+		}
+	}
+	cfg.DialFunc = keepAliveDial(cfg.DialFunc)
+	// pgx buffers notifications only when OnNotification is nil, and
+	// pgxlisten relies on that buffer.
+	cfg.OnNotification = nil
 	conn, err := pgx.ConnectConfig(cctx, cfg)
 	// A failed session set-up or OnConnect is a failed set-up, as a failed
 	// LISTEN is, not a failed connect (logError).
