@@ -427,6 +427,30 @@ func PublicSchemaOpen(ctx context.Context, q Queryer) (open bool, user string, e
 	return open, user, nil
 }
 
+// PublicSchemaCreators returns the roles that may create objects in
+// schema public although PUBLIC may not (PublicSchemaOpen), by a grant of
+// their own or as the database's owner, leaving out the session's role,
+// the roles that may act as it anyway (its members) and superusers. Each
+// can plant there a function named like a built-in that Bellhop's SQL
+// calls, with a closer match for its arguments, and so run code as the
+// session's role (Bellhop's owner, in its SECURITY DEFINER functions):
+// such a role is as trusted as the owner, and is better given a schema of
+// its own. Predefined roles (pg_*) are left out: their members are listed
+// themselves.
+func PublicSchemaCreators(ctx context.Context, q Queryer) ([]string, error) {
+	var roles []string
+	err := q.QueryRow(ctx, `SELECT coalesce(array_agg(r.rolname::text ORDER BY r.rolname), '{}')
+		FROM pg_roles AS r
+		WHERE has_schema_privilege(r.oid, 'public', 'CREATE')
+		  AND NOT r.rolsuper
+		  AND NOT pg_has_role(r.oid, current_user, 'MEMBER')
+		  AND r.rolname NOT LIKE 'pg\_%'`).Scan(&roles)
+	if err != nil {
+		return nil, fmt.Errorf("read the roles that may create in schema public: %w", err)
+	}
+	return roles, nil
+}
+
 // ErrNoSchema is Check's error for a database that Bellhop's migrations
 // have never been applied to.
 var ErrNoSchema = errors.New("database has no Bellhop schema: run `bellhop migrate`")

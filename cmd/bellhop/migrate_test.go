@@ -108,6 +108,47 @@ func TestMigrateWarnsOfOpenPublicSchema(t *testing.T) {
 	}
 }
 
+// TestMigrateWarnsOfPublicSchemaCreators: a role other than the one that
+// migrates, granted CREATE on schema public while PUBLIC is not, can run
+// code as Bellhop's owner through a function planted there (found by the
+// security review): migrate names it on stderr and still exits 0; once it
+// is revoked, migrate says nothing.
+func TestMigrateWarnsOfPublicSchemaCreators(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := pgtest.ConnString(t)
+	pool := db(t, dsn)
+	// Roles are the cluster's: a name of this test's own.
+	role := fmt.Sprintf("bellhop_t_creator_%d", time.Now().UnixNano())
+	for _, q := range []string{
+		"REVOKE CREATE ON SCHEMA public FROM PUBLIC",
+		"CREATE ROLE " + role,
+		"GRANT CREATE ON SCHEMA public TO " + role,
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		_, _ = pool.Exec(ctx, "REVOKE CREATE ON SCHEMA public FROM "+role)
+		if _, err := pool.Exec(ctx, "DROP ROLE "+role); err != nil {
+			t.Errorf("drop role %s: %v", role, err)
+		}
+	})
+	want := `bellhop: warning: "` + role + `" may create objects in schema public, where Bellhop's are, and so run code as `
+	r := exe(t, dsn, "", "migrate")
+	if r.code != 0 || !strings.Contains(r.stderr, want) || !strings.Contains(r.stderr, `REVOKE CREATE ON SCHEMA public FROM "`+role+`"`+"\n") ||
+		strings.Contains(r.stderr, "every role may create") || !strings.HasPrefix(r.stdout, "database is at schema version") {
+		t.Fatalf("migrate with %s granted CREATE on public: want exit 0, the version and a warning naming it; got %s", role, r)
+	}
+	if _, err := pool.Exec(ctx, "REVOKE CREATE ON SCHEMA public FROM "+role); err != nil {
+		t.Fatal(err)
+	}
+	if r := exe(t, dsn, "", "migrate"); r.code != 0 || strings.Contains(r.stderr, "warning") {
+		t.Fatalf("migrate with no other role granted CREATE on public: want exit 0 and no warning; got %s", r)
+	}
+}
+
 // TestMigrateWarnsOfInvalidIndex: an index of a migration already run
 // that a failed build left invalid (no query uses it) is named on stderr,
 // with how to build it again; migrate still exits 0, since nothing it

@@ -80,6 +80,17 @@ func migrateCommand(d *deps) *cli.Command {
 				fmt.Fprintf(d.stderr, "bellhop: warning: every role may create objects in schema public, where Bellhop's are, "+
 					"and so run code as Bellhop's roles; as the schema's owner run GRANT CREATE ON SCHEMA public TO %s; "+
 					"REVOKE CREATE ON SCHEMA public FROM PUBLIC (docs/roles.sql does both)\n", pgx.Identifier{user}.Sanitize())
+			} else if roles, err := migrations.PublicSchemaCreators(ctx, conn); err != nil {
+				return err
+			} else if len(roles) > 0 {
+				quoted := make([]string, len(roles))
+				for i, r := range roles {
+					quoted[i] = pgx.Identifier{r}.Sanitize()
+				}
+				fmt.Fprintf(d.stderr, "bellhop: warning: %s may create objects in schema public, where Bellhop's are, "+
+					"and so run code as %s, which owns them; give each a schema of its own and, as the schema's owner, "+
+					"run REVOKE CREATE ON SCHEMA public FROM %s\n",
+					strings.Join(quoted, ", "), pgx.Identifier{user}.Sanitize(), strings.Join(quoted, ", "))
 			}
 			// An index of a migration already run that a failed build
 			// left invalid: nothing migrate does mends it, and claims
