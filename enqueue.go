@@ -357,8 +357,14 @@ func nameHint(kind, name string) string {
 }
 
 // printable keeps untrusted names short and free of control characters in
-// error messages.
+// error messages, and hides what may be credentials, as the CLI does
+// (validate.Shown): a connection string passed where a name belongs was
+// printed whole, password and all.
 func printable(s string) string {
+	s, ok := validate.Redact(s)
+	if !ok {
+		return "(not shown: it may carry credentials)"
+	}
 	if len(s) > 64 {
 		s = s[:64] + "…"
 	}

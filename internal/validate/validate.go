@@ -421,20 +421,37 @@ func BadPort(u *url.URL) string {
 // and fragment (tokens too) replaced by placeholders, also when it does
 // not parse, and not at all if it does not parse and has an "@". Errors
 // are returned to callers and logged.
-func ShownURL(s string) string {
+func ShownURL(s string) string { return quoteShown(redactURL(s)) }
+
+// notShown stands for input that may carry credentials and cannot be cut
+// down to what does not.
+const notShown = "(not shown: it may carry credentials)"
+
+// quoteShown quotes what a redaction left of some input; ok false is
+// notShown.
+func quoteShown(s string, ok bool) string {
+	if !ok {
+		return notShown
+	}
+	return quote(s)
+}
+
+// redactURL is ShownURL's redaction, unquoted; ok is false for a URL
+// not to be shown at all.
+func redactURL(s string) (shown string, ok bool) {
 	u, err := url.Parse(s)
 	switch {
 	case err == nil && u.User == nil && (u.Opaque != "" || u.Host == "") && strings.Contains(s, "@"):
 		// An "@" that url.Parse did not read as user information, having
 		// found no "//" authority ("http:u:pw@host", "https:/u:pw@host"),
 		// may still end a password.
-		return "(not shown: it may carry credentials)"
+		return "", false
 	case err == nil:
 		if u.User == nil && u.RawQuery == "" && !u.ForceQuery && u.Fragment == "" {
 			// Nothing to hide: shown as written, since u.String() lowers
 			// the scheme and drops an empty host's "//", which errors
 			// about just those would then not show.
-			return quote(s)
+			return s, true
 		}
 		if u.User != nil {
 			u.User = url.User("xxxxx")
@@ -450,15 +467,15 @@ func ShownURL(s string) string {
 		if n := len(u.Scheme); n > 0 && len(s) >= n && strings.EqualFold(s[:n], shown[:n]) {
 			shown = s[:n] + shown[n:]
 		}
-		return quote(shown)
+		return shown, true
 	case strings.Contains(s, "@"):
-		return "(not shown: it may carry credentials)"
+		return "", false
 	}
 	// Unparsed, it may still carry a query or fragment token.
 	if i := strings.IndexAny(s, "?#"); i >= 0 {
-		return quote(s[:i] + s[i:i+1] + "xxxxx")
+		return s[:i] + s[i:i+1] + "xxxxx", true
 	}
-	return quote(s)
+	return s, true
 }
 
 // Shown is s as an error about a name or an argument may show it: quoted,
@@ -468,16 +485,22 @@ func ShownURL(s string) string {
 // another URL as ShownURL does. Names never hold "://", "@" or "=", so a
 // real mistake in one is still shown as typed, which is what the user
 // looks for.
-func Shown(s string) string {
+func Shown(s string) string { return quoteShown(Redact(s)) }
+
+// Redact is s as Shown shows it, before quoting and cutting: as typed,
+// or with what may be credentials replaced; ok is false when s is not to
+// be shown at all (Shown then says so). For callers that quote and cut
+// in their own way.
+func Redact(s string) (shown string, ok bool) {
 	lower := strings.ToLower(strings.TrimSpace(s))
 	switch {
 	case strings.HasPrefix(lower, "postgres://") || strings.HasPrefix(lower, "postgresql://"),
 		strings.Contains(lower, "password") && strings.Contains(s, "="): // keyword/value settings
-		return quote(pgdsn.Redact(s))
+		return pgdsn.Redact(s), true
 	case strings.Contains(s, "://") || strings.Contains(s, "@"):
-		return ShownURL(s)
+		return redactURL(s)
 	}
-	return quote(s)
+	return s, true
 }
 
 // quote prints untrusted input safely: quoted, escaped, and cut short.
