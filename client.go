@@ -285,15 +285,15 @@ func constraintError(err error) error {
 	case "22P02", "22P05", "22003":
 		// JSON that jsonb cannot hold: a lone surrogate, a number out of
 		// numeric's range.
-		return fmt.Errorf("%w: PostgreSQL's jsonb cannot store it (%v)", ErrInvalidPayload, err)
+		return fmt.Errorf("%w: PostgreSQL's jsonb cannot store it (%w)", ErrInvalidPayload, err)
 	default:
 		return err
 	}
 	switch constraint {
 	case "queue_messages_queue_name_check", "queue_trigger_details_queue_name_check":
-		return fmt.Errorf("%w (%v)", ErrInvalidQueueName, err)
+		return fmt.Errorf("%w (%w)", ErrInvalidQueueName, err)
 	case "queue_messages_payload_size_check", "outbox_payload_size_check":
-		return fmt.Errorf("%w: over 1048576 bytes as jsonb text (%v)", ErrPayloadTooLarge, err)
+		return fmt.Errorf("%w: over 1048576 bytes as jsonb text (%w)", ErrPayloadTooLarge, err)
 	}
-	return fmt.Errorf("%w (%v)", ErrInvalidOptions, err)
+	return fmt.Errorf("%w (%w)", ErrInvalidOptions, err)
 }

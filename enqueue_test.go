@@ -18,6 +18,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/bellhopq/bellhop"
@@ -880,5 +881,21 @@ func TestEnqueueErrorsNameTheirCause(t *testing.T) {
 	}
 	if after := e.tableState("queue_messages"); after != before {
 		t.Errorf("queue_messages changed: %s, was %s", after, before)
+	}
+}
+
+// TestConstraintErrorKeepsPgError: a payload the database refuses (over
+// 1 MiB as jsonb text, which the client cannot know beforehand) is
+// ErrPayloadTooLarge, and the PostgreSQL error stays in the chain, for a
+// caller that wants its SQLSTATE or constraint: it was formatted with %v,
+// and errors.As found no *pgconn.PgError (found by the API review).
+func TestConstraintErrorKeepsPgError(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	e.app("shop")
+	_, err := e.client.Enqueue(e.ctx, "shop", "orders", fxGrowsPastMiB, bellhop.EnqueueOptions{})
+	var pgErr *pgconn.PgError
+	if !errors.Is(err, bellhop.ErrPayloadTooLarge) || !errors.As(err, &pgErr) || pgErr.ConstraintName != "queue_messages_payload_size_check" {
+		t.Fatalf("Enqueue of a payload over 1 MiB as jsonb text: %v (PgError %+v), want ErrPayloadTooLarge wrapping the check's PgError", err, pgErr)
 	}
 }

@@ -242,8 +242,13 @@ func ExampleVerifyPush() {
 			return
 		}
 		if err := bellhop.VerifyPush(secret, r.Header, body, time.Now(), bellhop.DefaultPushWindow); err != nil {
-			// A 4xx dead-letters the message; a 503 has it retried.
-			http.Error(w, err.Error(), http.StatusUnauthorized)
+			// A 4xx dead-letters the message; a 503 has it retried, as
+			// it should be when this host's clock may have drifted.
+			code := http.StatusUnauthorized
+			if errors.Is(err, bellhop.ErrStaleSignature) {
+				code = http.StatusServiceUnavailable
+			}
+			http.Error(w, err.Error(), code)
 			return
 		}
 		fmt.Printf("%s attempt %s: %s\n", r.Header.Get(bellhop.HeaderQueue), r.Header.Get(bellhop.HeaderAttempt), body)

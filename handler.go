@@ -53,7 +53,11 @@ type Message struct {
 	// ConsumerID is the consumer being delivered to.
 	ConsumerID uuid.UUID
 	// Invoked is true for InvokeAsync deliveries, false for queue messages.
-	Invoked     bool
+	Invoked bool
+	// Payload is the message's JSON as PostgreSQL's jsonb prints it, not
+	// the bytes enqueued: object keys sorted (shorter first) and each
+	// key's last value only, numbers rewritten ("1e2" as "100"), a space
+	// after each ':' and ','.
 	Payload     json.RawMessage
 	EnqueuedAt  time.Time
 	Attempt     int // 1 on the first delivery

@@ -93,9 +93,11 @@ func pushMAC(secret string, timestamp int64, body []byte) []byte {
 // switched off, since without it a captured request replays forever).
 //
 // Bellhop-Signature may hold several comma-separated values, and may be
-// repeated; any matching v1 value is enough, so that a sender can sign with
-// both the old and the new secret while a secret is rotated. Values of
-// other schemes are ignored. Comparison is constant-time.
+// repeated; any matching v1 value is enough, so that a sender could sign
+// with both an old and a new secret while one is rotated (bellhop run
+// signs with the one secret a consumer has: today a secret is replaced by
+// registering the consumer again). Values of other schemes are ignored.
+// Comparison is constant-time.
 //
 // body must be the raw request body, byte for byte: re-encoded JSON will
 // not verify. The signature is checked before the timestamp, so ErrStaleSignature
