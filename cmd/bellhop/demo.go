@@ -20,6 +20,7 @@ import (
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/httppush"
 	"github.com/bellhopq/bellhop/internal/pgcluster"
+	"github.com/bellhopq/bellhop/internal/printable"
 	"github.com/bellhopq/bellhop/migrations"
 	queries "github.com/bellhopq/bellhop/sql"
 )
@@ -154,7 +155,9 @@ func runDemo(ctx context.Context, d *deps, cmd *cli.Command, log zerolog.Logger)
 			// of ours (a latency from a zero send time read as 55
 			// years), and it is acked, not tested on.
 			others.Add(1)
-			say("  message %s (not from this demo run) attempt %d → 200 acked", r.Header.Get(bellhop.HeaderMessageID), attempt)
+			// Unsigned, as every header but the timestamp: a replayed
+			// request may carry control characters in it.
+			say("  message %s (not from this demo run) attempt %d → 200 acked", printable.Line(r.Header.Get(bellhop.HeaderMessageID)), attempt)
 			w.WriteHeader(http.StatusNoContent)
 			return
 		}
