@@ -2,8 +2,6 @@ package bellhop
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -234,15 +232,6 @@ func checkPushFits(timeout, vt time.Duration) error {
 	return nil
 }
 
-// newSecret makes a consumer signing secret: 32 random bytes, hex.
-func newSecret() (string, error) {
-	var b [32]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(b[:]), nil
-}
-
 // readCommitted is the isolation of the consumer changes' transactions,
 // whatever the database's default: each takes a lock and then reads what
 // the lock guards, which needs a snapshot taken after the lock. Under
@@ -275,13 +264,6 @@ func (c *Client) RegisterConsumer(ctx context.Context, spec ConsumerSpec) (_ Con
 	if err := checkPushFits(spec.Timeout, spec.VisibilityTimeout); err != nil {
 		return fail(err)
 	}
-	var secret string
-	if spec.URL != "" {
-		var err error
-		if secret, err = newSecret(); err != nil {
-			return fail(err)
-		}
-	}
 	var out Consumer
 	err = pgx.BeginTxFunc(ctx, c.db, readCommitted, func(tx pgx.Tx) error {
 		appID, principalID, err := c.resolve(ctx, tx, spec.App, spec.Principal)
@@ -304,16 +286,27 @@ func (c *Client) RegisterConsumer(ctx context.Context, spec ConsumerSpec) (_ Con
 			AppID: appID, App: spec.App, Queue: spec.Queue, PrincipalID: principalID, Enabled: true,
 			MaxAttempts: spec.MaxAttempts, BackoffBase: spec.BackoffBase, BackoffCap: spec.BackoffCap,
 			VisibilityTimeout: spec.VisibilityTimeout, MaxInFlight: spec.MaxInFlight,
-			URL: spec.URL, Timeout: spec.Timeout, Secret: secret,
+			URL: spec.URL, Timeout: spec.Timeout,
 		}
-		return tx.QueryRow(ctx, queries.ConsumerInsert, queries.Args{
+		// The server makes a push consumer's signing secret and returns
+		// it (consumer_insert.sql): sent as a parameter, it would be in
+		// the log of a server that logs them (log_statement = all).
+		var secret *string
+		err = tx.QueryRow(ctx, queries.ConsumerInsert, queries.Args{
 			"app_id": appID, "principal_id": principalID, "queue_name": spec.Queue,
 			"max_attempts": spec.MaxAttempts, "backoff_base_ms": spec.BackoffBase.Milliseconds(),
 			"backoff_cap_ms":          spec.BackoffCap.Milliseconds(),
 			"visibility_timeout_secs": int(spec.VisibilityTimeout / time.Second), "max_in_flight": spec.MaxInFlight,
-			"push_url": nullable(spec.URL), "push_secret": nullable(secret),
+			"push_url":        nullable(spec.URL),
 			"push_timeout_ms": nullable(spec.Timeout.Milliseconds()),
-		}).Scan(&out.ID, &out.CreatedAt)
+		}).Scan(&out.ID, &out.CreatedAt, &secret)
+		if err != nil {
+			return err
+		}
+		if secret != nil {
+			out.Secret = *secret
+		}
+		return nil
 	})
 	if err != nil {
 		return fail(constraintError(err))

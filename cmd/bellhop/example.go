@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -156,9 +157,11 @@ func replaceConsumer(ctx context.Context, c *bellhop.Client, old uuid.UUID, spec
 // secretMatches reports whether the file at path holds the signing secret
 // of consumer id. The comparison is done by the database, so the secret
 // is not read into this process; the library has no call for it because
-// its listings never carry secrets. A missing or unreadable file does not
-// match: the consumer is then registered again, with a secret written
-// anew.
+// its listings never carry secrets. What is sent is a SHA-256 of the
+// file's secret (consumer_secret_matches.sql), not the secret: a server that logs bind parameters
+// (log_statement = all, log_min_duration_statement = 0) would log it. A
+// missing or unreadable file does not match: the consumer is then
+// registered again, with a secret written anew.
 func secretMatches(ctx context.Context, pool *pgxpool.Pool, id uuid.UUID, path string) (bool, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -168,8 +171,9 @@ func secretMatches(ctx context.Context, pool *pgxpool.Pool, id uuid.UUID, path s
 	if held == "" {
 		return false, nil
 	}
+	sum := sha256.Sum256([]byte("bellhop secret check:" + held))
 	var match bool
-	if err := pool.QueryRow(ctx, queries.ConsumerSecretMatches, queries.Args{"id": id, "secret": held}).Scan(&match); err != nil {
+	if err := pool.QueryRow(ctx, queries.ConsumerSecretMatches, queries.Args{"id": id, "secret_sha256": sum[:]}).Scan(&match); err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			return false, nil // removed meanwhile
 		}
