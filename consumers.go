@@ -358,7 +358,7 @@ func (c *Client) updateConsumer(ctx context.Context, verb, app string, id uuid.U
 		return fail(err)
 	}
 	if u.URL != nil && *u.URL == "" {
-		return fail(fmt.Errorf("%w: a push consumer's URL cannot be removed; remove the consumer instead", ErrInvalidOptions))
+		return fail(fmt.Errorf("%w: URL \"\": a push consumer's URL cannot be removed (remove the consumer instead), and one served by a Go handler has none", ErrInvalidOptions))
 	}
 	appID, err := c.resolveApp(ctx, c.db, app)
 	if err != nil {

@@ -163,6 +163,14 @@ func TestConsumerSettingsStoredAsGiven(t *testing.T) {
 		{"update a Go handler's consumer with a push timeout", func() error {
 			return e.client.UpdateConsumer(e.ctx, "shop", goHandler.ID, bellhop.ConsumerUpdate{Timeout: dur(time.Second)})
 		}, "a push timeout applies only to an HTTP push consumer"},
+		{"update a Go handler's consumer with an empty URL", func() error {
+			empty := ""
+			return e.client.UpdateConsumer(e.ctx, "shop", goHandler.ID, bellhop.ConsumerUpdate{URL: &empty})
+		}, "one served by a Go handler has none"},
+		{"update a push consumer with an empty URL", func() error {
+			empty := ""
+			return e.client.UpdateConsumer(e.ctx, "shop", push.ID, bellhop.ConsumerUpdate{URL: &empty})
+		}, "a push consumer's URL cannot be removed (remove the consumer instead)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before := e.tableState("queue_trigger_details") + e.tableState("triggers")
