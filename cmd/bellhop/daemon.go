@@ -274,10 +274,13 @@ func notifyStop(ctx context.Context) (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(ctx, watch...)
 }
 
-// repeatWindow is how long after the first stop signal the same signal
-// again is taken for the same request delivered twice, not for a second
-// one: GNU timeout signals its child and then the child's process group,
-// so the child gets its signal twice, about a millisecond apart.
+// repeatWindow is how long after the first stop signal a stop signal is
+// taken for the same request delivered twice, not for a second one: GNU
+// timeout signals its child and then the child's process group, so the
+// child gets its signal twice, about a millisecond apart; systemd with
+// SendSIGHUP=yes sends SIGHUP just after SIGTERM, and a terminal that
+// closes sends SIGHUP and may leave a SIGINT or SIGTERM from whoever closed
+// it.
 const repeatWindow = time.Second
 
 // listen listens on TCP address addr, given by flag. Where the system
@@ -329,9 +332,19 @@ func listenError(flag, addr string, err error) error {
 }
 
 // signalContext is cancelled by the first SIGINT, SIGTERM or SIGHUP (a
-// graceful stop); a second one exits at once, unless it is the same
-// signal within repeatWindow of the first, which is ignored.
+// graceful stop); a second one exits at once, with status 128 plus its
+// number, unless it comes within repeatWindow of the first, when it is
+// ignored.
+//
+// It also ignores SIGPIPE from then on. Go exits on SIGPIPE when a write
+// to stdout or stderr finds the pipe closed, and the stop's first log line
+// is such a write when the log goes through a pipe whose reader the same
+// signal ended (`bellhop run 2>&1 | tee run.log` in an ssh session that
+// closes, or Ctrl-C): the stop never ran, and the messages in flight stayed
+// leased, an attempt spent, until their visibility timeout. Ignored, the
+// write fails with EPIPE, the line is lost, and the stop goes on.
 func signalContext(parent context.Context, log zerolog.Logger) (context.Context, func()) {
+	signal.Ignore(syscall.SIGPIPE)
 	ctx, cancel := context.WithCancel(parent)
 	sigs := make(chan os.Signal, 4)
 	// Said once, at the start, so that a stop that does nothing is not a
@@ -348,20 +361,24 @@ func signalContext(parent context.Context, log zerolog.Logger) (context.Context,
 		var first os.Signal
 		select {
 		case first = <-sigs:
-			log.Info().Str("signal", first.String()).Msg("stopping gracefully; send it again, a second from now or later, to stop at once")
+			log.Info().Str("signal", first.String()).Msg("stopping gracefully; send a stop signal again, a second from now or later, to stop at once")
 			cancel()
 		case <-ctx.Done():
 			return
 		}
 		firstAt := time.Now()
 		for s := range sigs {
-			if s == first && time.Since(firstAt) < repeatWindow {
-				log.Debug().Str("signal", s.String()).Stringer("after", time.Since(firstAt)).
-					Msg("the stop signal again at once: taken for the same request, ignored")
+			if time.Since(firstAt) < repeatWindow {
+				log.Debug().Str("signal", s.String()).Str("first", first.String()).Stringer("after", time.Since(firstAt)).
+					Msg("a stop signal again at once: taken for the same request, ignored")
 				continue
 			}
 			log.Warn().Str("signal", s.String()).Msg("second signal: exiting now")
-			os.Exit(130)
+			code := 130 // SIGINT's
+			if n, ok := s.(syscall.Signal); ok {
+				code = 128 + int(n)
+			}
+			os.Exit(code)
 		}
 	}()
 	return ctx, func() { signal.Stop(sigs); cancel() }

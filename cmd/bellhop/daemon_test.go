@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -34,9 +35,9 @@ import (
 
 var (
 	stoppingRE = regexp.MustCompile(`stopping gracefully`)
-	repeatRE   = regexp.MustCompile(`"level":"debug".*the stop signal again at once`)
+	repeatRE   = regexp.MustCompile(`"level":"debug".*a stop signal again at once`)
 	// the repeat ignored, or heeded as a second signal
-	repeatOrExitRE = regexp.MustCompile(`"level":"debug".*the stop signal again at once|second signal: exiting now`)
+	repeatOrExitRE = regexp.MustCompile(`"level":"debug".*a stop signal again at once|second signal: exiting now`)
 	// how long after the first the repeat came, as text with its unit,
 	// as every duration in the logs (it was a bare number of ms)
 	repeatAfterRE = regexp.MustCompile(`"after":"[0-9.]+(ns|µs|ms|s)"`)
@@ -46,16 +47,18 @@ var (
 // the grace period, releases its message, attempt refunded, to be retried
 // when its lease would have ended: the consumer never answered and may
 // still be working on it); so does SIGHUP, which used to kill the daemon
-// with no stop at all. A second signal exits at once, unless it is the
-// first again within a second, as GNU timeout sends it (to the child,
-// then to its process group), which used to exit at once.
+// with no stop at all. A second signal exits at once, with 128 plus its
+// number, unless it comes within a second of the first, whichever signal
+// it is: GNU timeout sends its signal twice (to the child, then to its
+// process group), which used to exit at once, and systemd with
+// SendSIGHUP=yes sends SIGHUP just after SIGTERM, which exited at once
+// (found by the lifecycle review) with the deliveries left leased.
 func TestGracefulStop(t *testing.T) {
 	t.Parallel()
 	const (
 		release     = iota + 1 // release the handler
-		repeat                 // the first signal again at once, then release
-		other                  // SIGINT at once
-		repeatLater            // the first signal again until it is heeded
+		repeat                 // a stop signal (again) at once, then release
+		repeatLater            // a stop signal (again) until it is heeded
 	)
 	tests := []struct {
 		name  string
@@ -63,7 +66,9 @@ func TestGracefulStop(t *testing.T) {
 		sig   syscall.Signal // the first; SIGTERM if 0
 		// after the first signal, one of the above, or nothing (the
 		// grace period runs out)
-		then     int
+		then int
+		// the signal then sent again; sig if 0
+		again    syscall.Signal
 		wantCode int
 		maxExit  time.Duration
 		// what must become of the message
@@ -74,8 +79,9 @@ func TestGracefulStop(t *testing.T) {
 		{name: "SIGHUP", grace: "20s", sig: syscall.SIGHUP, then: release, wantCode: 0, maxExit: 15 * time.Second, wantAcked: true},
 		{name: "SIGTERM twice at once", grace: "20s", then: repeat, wantCode: 0, maxExit: 15 * time.Second, wantAcked: true},
 		{name: "SIGHUP twice at once", grace: "20s", sig: syscall.SIGHUP, then: repeat, wantCode: 0, maxExit: 15 * time.Second, wantAcked: true},
-		{name: "second signal, another", grace: "60s", then: other, wantCode: 130, maxExit: 5 * time.Second},
-		{name: "second signal, later", grace: "60s", then: repeatLater, wantCode: 130, maxExit: 5 * time.Second},
+		{name: "SIGTERM, then SIGHUP at once", grace: "20s", then: repeat, again: syscall.SIGHUP, wantCode: 0, maxExit: 15 * time.Second, wantAcked: true},
+		{name: "second signal, SIGINT later", grace: "60s", then: repeatLater, again: syscall.SIGINT, wantCode: 130, maxExit: 5 * time.Second},
+		{name: "second signal, SIGTERM later", grace: "60s", then: repeatLater, wantCode: 143, maxExit: 5 * time.Second},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -84,6 +90,7 @@ func TestGracefulStop(t *testing.T) {
 			if sig == 0 {
 				sig = syscall.SIGTERM
 			}
+			again := cmp.Or(tc.again, sig)
 			dsn, h, _ := setup(t, "--visibility-timeout", "60s")
 			releaseCh := make(chan struct{})
 			entered := make(chan struct{}, 1)
@@ -118,7 +125,7 @@ func TestGracefulStop(t *testing.T) {
 				// as it writes the line: a repeat sent within a quarter
 				// of the window of the test reading it is ignored, unless
 				// the daemon takes the rest of the window to read it.
-				d.signal(sig)
+				d.signal(again)
 				if late := time.Since(stopAt); late > repeatWindow/4 {
 					// A loaded machine: the daemon may take it for a
 					// repeat, or, past its window, for a second signal.
@@ -126,8 +133,8 @@ func TestGracefulStop(t *testing.T) {
 					t.Logf("the repeat went %s after the first signal's line", late)
 					m := d.waitLine(true, repeatOrExitRE, 10*time.Second)
 					if strings.Contains(m[0], "exiting now") {
-						if code := d.wait(5 * time.Second); code != 130 {
-							t.Fatalf("a second signal past the window: exit code %d, want 130", code)
+						if code, want := d.wait(5*time.Second), 128+int(again); code != want {
+							t.Fatalf("a second signal past the window: exit code %d, want %d", code, want)
 						}
 						return
 					}
@@ -138,8 +145,6 @@ func TestGracefulStop(t *testing.T) {
 					t.Errorf("the repeat's line %s: want its after field as a duration with its unit", m[0])
 				}
 				releaseCh <- struct{}{}
-			case other:
-				d.signal(os.Interrupt)
 			case repeatLater:
 				// Every 100ms until the daemon exits: those within the
 				// window are ignored, the first after it is heeded.
@@ -154,7 +159,7 @@ func TestGracefulStop(t *testing.T) {
 					case <-deadline:
 						t.Fatalf("the daemon did not exit within %s of repeated signals", tc.maxExit)
 					case <-tick.C:
-						_ = d.cmd.Process.Signal(sig) // fails once it has exited
+						_ = d.cmd.Process.Signal(again) // fails once it has exited
 					}
 				}
 				if took := time.Since(sentAt); took < repeatWindow {
@@ -187,7 +192,7 @@ func TestGracefulStop(t *testing.T) {
 				// stop cut short: the message waits for the end of its
 				// 60s lease, which began before the signal.
 				t.Errorf("released message is due in %.1fs, want at its lease's end (30 - 60s from now)", dueIn)
-			case tc.then == other && took > 3*time.Second:
+			case tc.then == repeatLater && took > repeatWindow+3*time.Second:
 				t.Errorf("second signal: exit took %s", took)
 			}
 		})
@@ -1113,6 +1118,66 @@ func TestListenError(t *testing.T) {
 		if isUsage(err) != tc.usage || (!tc.usage && !errors.Is(err, tc.err)) || !strings.HasPrefix(err.Error(), `--addr "x:1": `) {
 			t.Errorf("%s: %v (usage error: %t), want usage error: %t", tc.name, err, isUsage(err), tc.usage)
 		}
+	}
+}
+
+// TestStopWithItsLogPipeClosed: `bellhop run 2>&1 | tee run.log`, when
+// the session closes or Ctrl-C comes, gets its stop signal just after tee
+// died of its own. The stop's first log line then went to a pipe with no
+// reader, and Go's default for a write to stderr so ended the process by
+// SIGPIPE: no stop ran, and the deliveries in flight stayed leased until
+// their visibility timeout (found by the lifecycle review). SIGPIPE is
+// ignored now: the lines are lost, the stop runs and exits 0.
+func TestStopWithItsLogPipeClosed(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.ConnString(t)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(binary, "run", "--http-addr", "127.0.0.1:0")
+	cmd.Env = baseEnv("DATABASE_URL=" + dsn)
+	cmd.Stderr = w
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close() // the daemon holds the only write end
+	waited := make(chan error, 1)
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-waited
+	})
+	served := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			if servingRE.MatchString(sc.Text()) {
+				break
+			}
+		}
+		r.Close() // the reader is gone, as tee is
+		close(served)
+	}()
+	go func() { waited <- cmd.Wait() }()
+	select {
+	case <-served:
+	case err := <-waited:
+		waited <- err
+		t.Fatalf("the daemon exited before serving: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the daemon did not say it was serving within 30s")
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-waited:
+		waited <- err
+		if err != nil {
+			t.Fatalf("the daemon, stopped with nobody reading its log: %v (want exit 0)", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the daemon did not exit within 30s of SIGTERM")
 	}
 }
 
