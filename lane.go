@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop/claim"
@@ -83,6 +84,12 @@ type lane struct {
 	failures        int
 	checkFailures   int
 	checkAt         time.Time
+	// refusedAt is when the last claim failed with an error the server
+	// answered (a privilege revoked, a trigger's exception), zero once one
+	// succeeds or fails otherwise; timerAt is when the timer was last set
+	// to fire. Touched only by the lane's goroutine (refusedWait).
+	refusedAt time.Time
+	timerAt   time.Time
 	// msgLog bounds the lane's per-message log lines (msgEvent).
 	msgLog *logthrottle.Throttle
 
@@ -373,7 +380,11 @@ func (l *lane) run() {
 		byTimer := l.fired.Swap(false)
 		byNack := l.renacked.Swap(false)
 		if l.claimReq.Swap(false) || byTimer || byNack {
-			l.pass(ctx, byTimer, byNack)
+			if wait := l.refusedWait(); wait > 0 && !byTimer && !byNack {
+				l.passIn(wait)
+			} else {
+				l.pass(ctx, byTimer, byNack)
+			}
 		}
 		if l.wantsOffer() {
 			l.makeOffer(ctx)
@@ -436,7 +447,39 @@ func (l *lane) pass(ctx context.Context, byTimer, byNack bool) {
 	l.timed.Store(!next.IsZero())
 	if !next.IsZero() {
 		l.timer.Reset(time.Until(next))
+		l.timerAt = next
 	}
+}
+
+// refusedEvery is the least time between a claim that the server refused
+// and a pass that a notification asks for (refusedWait).
+const refusedEvery = time.Second
+
+// refusedWait is how long a pass that a notification (or a slot freed, a
+// reload) asks for waits: while the server refuses the lane's claims with
+// an error of its own, such passes come at most once every refusedEvery.
+// A claim that failed so fails again until someone mends the cause (a
+// privilege revoked, say), and the backoff's timer alone did not bound it:
+// each message enqueued woke the lane for one more failed claim, whose
+// statement, 74 lines, the server logged each time (the lifecycle review
+// counted 870 in 20 s at 50 messages a second). A connection lost is not
+// such a failure: the next notification may find the database back.
+func (l *lane) refusedWait() time.Duration {
+	if l.failures == 0 || l.refusedAt.IsZero() {
+		return 0
+	}
+	return refusedEvery - time.Since(l.refusedAt)
+}
+
+// passIn has the timer fire in wait, unless it is set to fire sooner, so
+// that a pass refusedWait held back still comes.
+func (l *lane) passIn(wait time.Duration) {
+	at := time.Now().Add(wait)
+	if l.timerAt.After(time.Now()) && l.timerAt.Before(at) {
+		return
+	}
+	l.timer.Reset(wait)
+	l.timerAt = at
 }
 
 // handOffEvery is the least time between two hand-overs of a lane (handOff).
@@ -605,7 +648,7 @@ func (l *lane) drain(ctx context.Context) (next time.Time, claimed, full bool) {
 			l.freeSlots(free)
 			return time.Time{}, claimed, false
 		}
-		l.failures = 0
+		l.failures, l.refusedAt = 0, time.Time{}
 		l.due, l.owed = pass.NextDue, false
 		// A reload while the claim ran (it may have waited long for a
 		// connection, a lock or the combiner) applies to what it claimed:
@@ -823,6 +866,11 @@ func (l *lane) claimPass(ctx context.Context, free int, mark bool) (claim.Pass, 
 // (Dispatcher.retryWait).
 func (l *lane) retry(ctx context.Context, st *consumerState, err error) time.Time {
 	l.failures++
+	l.refusedAt = time.Time{}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && !connLost(err) {
+		l.refusedAt = time.Now()
+	}
 	return l.retryIn(ctx, st, err, l.d.retryWait(err, l.failures, laneRetryCeiling))
 }
 
