@@ -426,13 +426,19 @@ func (cl *consumerLanes) stop(tidy bool) {
 	cl.invoke.stop(cl.cancel, tidy)
 }
 
+// defaultConnectTimeout bounds each connection attempt of a dispatcher
+// whose pool config sets no connect timeout.
+const defaultConnectTimeout = 10 * time.Second
+
 // NewDispatcher returns a Dispatcher with its own pool, made from poolCfg,
 // which must come from pgxpool.ParseConfig, and connections outside the
 // pool, one for LISTEN and, unless DisableBusyMarks, one for the busy
 // locks, made from its ConnConfig as the pool makes its own: poolCfg's
 // BeforeConnect and AfterConnect run for them too; BeforeConnect finds
 // their application_name set, to bellhop-listener or bellhop-busy-locks
-// (the pool's connections get bellhop-dispatcher unless poolCfg names one). Zero fields of cfg take their defaults; a
+// (the pool's connections get bellhop-dispatcher unless poolCfg names one).
+// Its connections get a connect timeout of 10s unless poolCfg's ConnConfig
+// sets one (connect_timeout in the connection string). Zero fields of cfg take their defaults; a
 // negative duration, or one out of its range, is an error that matches
 // ErrInvalidOptions. Run makes the
 // pool, opens the connections and closes them when it returns, so a
@@ -522,6 +528,15 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 			cfg.BusyWindow, windowDefault, cfg.BusyLease, ErrInvalidOptions)
 	}
 	pc := poolCfg.Copy()
+	// A server that accepts connections and never answers (a wedged
+	// proxy, a path a failover left dead) held each connection attempt
+	// without a connect_timeout until the kernel gave up, minutes later:
+	// the reclaim and the claims waited on it after the server was back
+	// (the lifecycle review saw deliveries resume 30 s after recovery).
+	// bellhop's commands default to the same bound.
+	if pc.ConnConfig.ConnectTimeout <= 0 {
+		pc.ConnConfig.ConnectTimeout = defaultConnectTimeout
+	}
 	params := pc.ConnConfig.RuntimeParams
 	if params == nil {
 		params = map[string]string{}
@@ -1363,6 +1378,7 @@ func (d *Dispatcher) pollFailed(ctx context.Context, token string) {
 		return
 	}
 	d.db.Reset()
+	d.reclaim.PathSuspect()
 	d.listener.Restart()
 	d.log.Warn().Stringer("statement_timeout", d.cfg.StatementTimeout).
 		Msg("no answer from the database: dropping the pool's connections and reconnecting the listener")

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop/internal/busylock"
@@ -138,5 +139,33 @@ func TestConnectHookErrorsNamed(t *testing.T) {
 				t.Errorf("Hold with the busy locks' %s failing: %v, want an error naming the hook and wrapping %q", hook, err, refused)
 			}
 		})
+	}
+}
+
+// TestDefaultConnectTimeout: a pool config with no connect timeout (no
+// connect_timeout in its connection string) gets 10s for the
+// dispatcher's connections, the listener's and the busy locks' too, which
+// are made from copies of it; one that sets its own keeps it. Without a
+// bound, an attempt on a server that accepts and never answers waited
+// until the kernel gave up (found by the lifecycle review).
+func TestDefaultConnectTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		param string
+		want  time.Duration
+	}{{"", defaultConnectTimeout}, {"&connect_timeout=3", 3 * time.Second}} {
+		cfg, err := pgxpool.ParseConfig("postgres://u@127.0.0.1:1/db?sslmode=disable" + tc.param)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := NewDispatcher(cfg, DispatcherConfig{Resolver: resolverFunc(func(Consumer) Handler { return nil })})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := d.poolCfg.ConnConfig.ConnectTimeout; got != tc.want {
+			t.Errorf("connection string ...%s: the dispatcher's connect timeout is %s, want %s", tc.param, got, tc.want)
+		}
+		if cfg.ConnConfig.ConnectTimeout == defaultConnectTimeout && tc.param == "" {
+			t.Errorf("NewDispatcher changed the caller's pool config")
+		}
 	}
 }

@@ -37,6 +37,7 @@ import (
 	"context"
 	"encoding/json"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -123,6 +124,8 @@ type Reclaimer struct {
 	notBefore time.Time
 	timer     *time.Timer
 	kick      chan struct{}
+	// suspect is set by PathSuspect, and taken by the next pass.
+	suspect atomic.Bool
 
 	// retryBase and retryCeiling, here so that a test can shorten them.
 	retryBase, retryCeiling time.Duration
@@ -155,6 +158,15 @@ func New(db *pgxpool.Pool, log zerolog.Logger, opts Options) *Reclaimer {
 	r.timer.Stop()
 	return r
 }
+
+// PathSuspect tells r that the path to the server is suspect (the
+// dispatcher has just dropped the pool's connections, none of which
+// answered in time): the passes that ran out of their timeout meanwhile
+// may have waited on a dead connection, not on a slow server, and the
+// timeout they doubled goes back to Options.Timeout for the next pass. It
+// grew through an outage to 32 times that, and a pass on a connection
+// still dead after it would have held the expired leases as long.
+func (r *Reclaimer) PathSuspect() { r.suspect.Store(true) }
 
 // Observe tells the reclaimer that some lease can expire at t. It arms the
 // timer for t unless it is already armed for earlier, or, while passes
@@ -201,6 +213,9 @@ func (r *Reclaimer) Run(ctx context.Context) {
 		}
 		r.next = time.Time{}
 		r.mu.Unlock()
+		if r.suspect.Swap(false) {
+			bound = r.opts.Timeout
+		}
 		began := time.Now()
 		res, next, more, err := r.pass(ctx, bound)
 		if err != nil {

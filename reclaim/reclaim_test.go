@@ -132,6 +132,47 @@ func TestGrowthAndRetryAreCapped(t *testing.T) {
 	}
 }
 
+// TestPathSuspectResetsGrowth: after PathSuspect (the dispatcher dropped
+// the pool's connections, none of which answered), the timeout that the
+// timed-out passes doubled goes back to Options.Timeout: they may have
+// waited on a dead connection, and it grew through an outage to 32 times
+// Options.Timeout, which a pass on a connection still dead would then hold
+// the expired leases for (found by the lifecycle review).
+func TestPathSuspectResetsGrowth(t *testing.T) {
+	t.Parallel()
+	pool := slowPasses(t, "sql", `SELECT pg_sleep(10); SELECT quick_floors()`)
+	logs := &syncbuf.Buffer{}
+	base := 20 * time.Millisecond
+	r := New(pool, zerolog.New(logs), Options{DefaultVT: 5 * time.Second, Timeout: base})
+	r.retryBase, r.retryCeiling = 5*time.Millisecond, 10*time.Millisecond
+	run(t, r)
+	r.Observe(time.Now())
+	atLeast := func(n int) []failure {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			if got := failures(t, logs); len(got) >= n {
+				return got
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("fewer than %d failed passes logged within 30s", n)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	// Grown to 160 ms after three timeouts.
+	n := len(atLeast(3))
+	r.PathSuspect()
+	// The pass in flight, if any, ends with its grown timeout doubled;
+	// the next one after it began at base again and ends with it doubled.
+	got := atLeast(n + 2)
+	if got[n].Timeout != ms(2*base) && got[n+1].Timeout != ms(2*base) {
+		t.Errorf("the timeouts after the two failures that followed PathSuspect: %gms, %gms; want one of %gms (Options.Timeout, doubled)",
+			got[n].Timeout, got[n+1].Timeout, ms(2*base))
+	}
+}
+
 // TestRetryWaitsDespiteObserve: while passes fail, a lease end observed
 // before the retry is due, during a pass or between passes, does not bring
 // the retry forward. Every claim a dispatcher's lanes make observes its
