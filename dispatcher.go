@@ -436,9 +436,12 @@ const defaultConnectTimeout = 10 * time.Second
 // locks, made from its ConnConfig as the pool makes its own: poolCfg's
 // BeforeConnect and AfterConnect run for them too; BeforeConnect finds
 // their application_name set, to bellhop-listener or bellhop-busy-locks
-// (the pool's connections get bellhop-dispatcher unless poolCfg names one).
-// Its connections get a connect timeout of 10s unless poolCfg's ConnConfig
-// sets one (connect_timeout in the connection string). Zero fields of cfg take their defaults; a
+// (the pool's connections get bellhop-dispatcher unless poolCfg names one);
+// AfterConnect runs on the listener's before it sets up its session; the
+// pool's BeforeClose runs for the pool's connections only. Its connections
+// get a connect timeout of 10s unless poolCfg's ConnConfig sets a positive
+// one (connect_timeout in the connection string; 0, libpq's "wait
+// forever", is no bound to pgx, and gets 10s too). Zero fields of cfg take their defaults; a
 // negative duration, or one out of its range, is an error that matches
 // ErrInvalidOptions. Run makes the
 // pool, opens the connections and closes them when it returns, so a
@@ -649,21 +652,10 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 	// IAM token) left them unable to connect, and the dispatcher deaf,
 	// on the fallback poll alone and never Ready.
 	beforeConnect := pc.BeforeConnect
-	var leaseKey func(context.Context, *pgx.Conn) error
+	var onConnect func(context.Context, *pgx.Conn) error
 	if cfg.LeaseAtInsert {
 		d.leaseChannel = newLeaseChannel()
-		leaseKey = d.holdLeaseKey
-	}
-	onConnect := func(ctx context.Context, c *pgx.Conn) error {
-		if afterConnect != nil {
-			if err := afterConnect(ctx, c); err != nil {
-				return fmt.Errorf("AfterConnect: %w", err)
-			}
-		}
-		if leaseKey != nil {
-			return leaseKey(ctx, c)
-		}
-		return nil
+		onConnect = d.holdLeaseKey
 	}
 	if !cfg.DisableBusyMarks {
 		lockCfg := pc.ConnConfig.Copy()
@@ -688,6 +680,7 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 	d.listener = notify.New(notify.Config{
 		ConnConfig:       pc.ConnConfig,
 		BeforeConnect:    beforeConnect,
+		AfterConnect:     afterConnect,
 		Handler:          (*routes)(d),
 		Logger:           d.log,
 		ReconnectDelay:   cfg.ReconnectDelay,

@@ -89,6 +89,47 @@ func TestConnectionsOutsideThePoolRunItsHooks(t *testing.T) {
 	}
 }
 
+// TestListenerSessionAfterHook: the pool's AfterConnect runs on the
+// listener's connection before the listener sets up its session, so a hook
+// that sets idle_session_timeout (or RESET ALL, back to a role's default)
+// does not undo it: the server would end a session that only waits for
+// notifications every timeout (found by the review of this change, which
+// first ran the hook after the set-up).
+func TestListenerSessionAfterHook(t *testing.T) {
+	ctx := context.Background()
+	cfg, client, _ := reloadSetup(t, ConsumerSpec{Queue: "orders"})
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		if c.Config().RuntimeParams["application_name"] != "bellhop-listener" {
+			return nil
+		}
+		_, err := c.Exec(ctx, "SET idle_session_timeout = '300ms'")
+		return err
+	}
+	d, err := NewDispatcher(cfg, DispatcherConfig{Resolver: resolverFunc(func(Consumer) Handler { return nil }),
+		PollInterval: time.Hour, Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntilCleanup(t, d, nil)
+	eventually(t, "the dispatcher Ready", func() bool { return d.Ready(ctx) == nil })
+	// Idle for over three times the hook's timeout, in one session.
+	var idle bool
+	deadline := time.Now().Add(10 * time.Second)
+	for !idle {
+		if time.Now().After(deadline) {
+			t.Fatalf("the listener's session was not idle for 1s within 10s (%d sessions): the hook's idle_session_timeout ended it", d.ListenerStats().Connects)
+		}
+		if err := client.db.QueryRow(ctx, `SELECT coalesce(bool_or(state = 'idle' AND state_change < now() - interval '1s'), false)
+			FROM pg_stat_activity WHERE application_name = 'bellhop-listener' AND datname = current_database()`).Scan(&idle); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := d.ListenerStats().Connects; n != 1 {
+		t.Errorf("the listener connected %d times, want once", n)
+	}
+}
+
 // TestConnectHookErrorsNamed: an error of the pool's BeforeConnect or
 // AfterConnect fails the listener's connect with the hook named, and the
 // dispatcher is not Ready.

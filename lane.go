@@ -381,6 +381,9 @@ func (l *lane) run() {
 		byNack := l.renacked.Swap(false)
 		if l.claimReq.Swap(false) || byTimer || byNack {
 			if wait := l.refusedWait(); wait > 0 && !byTimer && !byNack {
+				// Heard, and held back: a fallback poll meanwhile must not
+				// count the queue's work as missed (Dispatcher.poll).
+				l.passes.Add(1)
 				l.passIn(wait)
 			} else {
 				l.pass(ctx, byTimer, byNack)
@@ -469,6 +472,26 @@ func (l *lane) refusedWait() time.Duration {
 		return 0
 	}
 	return refusedEvery - time.Since(l.refusedAt)
+}
+
+// refused reports whether err is a claim's refusal by the server that will
+// last until someone mends its cause: an error the server answered on a
+// connection that stays (a privilege, a trigger's exception, a constraint,
+// a broken function), not one of a server starting up, full, shutting down
+// or cancelling (classes 08, 40, 53, 55, 57 and 58), which may pass by the
+// next notification, nor one of a connection that could not be made (a
+// ConnectError carries the server's FATAL error) or was lost.
+func refused(err error) bool {
+	var pgErr *pgconn.PgError
+	var connectErr *pgconn.ConnectError
+	if !errors.As(err, &pgErr) || errors.As(err, &connectErr) || connLost(err) || len(pgErr.Code) < 2 {
+		return false
+	}
+	switch pgErr.Code[:2] {
+	case "08", "40", "53", "55", "57", "58":
+		return false
+	}
+	return true
 }
 
 // passIn has the timer fire in wait, unless it is set to fire sooner, so
@@ -855,7 +878,8 @@ func (l *lane) claimPass(ctx context.Context, free int, mark bool) (claim.Pass, 
 // retry logs a failed statement and says when to try again: backing off
 // from 0.5 – 1 s to 5 – 10 s (laneRetryCeiling) while the failures last, so that every queue with work
 // does not keep claiming from a database that is away (a notification, or
-// the scan after the listener reconnects, still wakes the lane at once;
+// the scan after the listener reconnects, still wakes the lane at once,
+// or within a second of a claim the server refused: refusedWait;
 // a busy lane whose claim failed has released its busy key first, so that
 // its producers notify: quitBusy).
 // No more than 10s: when only the pool failed and the listener stayed,
@@ -867,8 +891,7 @@ func (l *lane) claimPass(ctx context.Context, free int, mark bool) (claim.Pass, 
 func (l *lane) retry(ctx context.Context, st *consumerState, err error) time.Time {
 	l.failures++
 	l.refusedAt = time.Time{}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && !connLost(err) {
+	if refused(err) {
 		l.refusedAt = time.Now()
 	}
 	return l.retryIn(ctx, st, err, l.d.retryWait(err, l.failures, laneRetryCeiling))

@@ -35,9 +35,9 @@ GRANT USAGE ON SCHEMA public TO bellhop_producer, bellhop_dispatcher;
 -- owner of Bellhop's tables, which `bellhop migrate` runs as, gets a grant
 -- of its own first, or the next migration that adds an object would fail.
 -- Give roles of other applications a schema of their own, not CREATE on
--- public: any role that may create there, by a grant or as the database's
--- owner, can run code as Bellhop's owner the same way, and `bellhop
--- migrate` warns of each. Run by a role that does not own the schema,
+-- public: any role that may create there, by a grant or as the schema's
+-- owner (from PostgreSQL 15 on, the database's owner), can run code as
+-- Bellhop's owner the same way, and `bellhop migrate` warns of each. Run by a role that does not own the schema,
 -- this only warns that it granted and revoked nothing.
 DO $$
 BEGIN

@@ -428,27 +428,33 @@ func PublicSchemaOpen(ctx context.Context, q Queryer) (open bool, user string, e
 }
 
 // PublicSchemaCreators returns the roles that may create objects in
-// schema public although PUBLIC may not (PublicSchemaOpen), by a grant of
-// their own or as the database's owner, leaving out the session's role,
-// the roles that may act as it anyway (its members) and superusers. Each
-// can plant there a function named like a built-in that Bellhop's SQL
-// calls, with a closer match for its arguments, and so run code as the
-// session's role (Bellhop's owner, in its SECURITY DEFINER functions):
-// such a role is as trusted as the owner, and is better given a schema of
-// its own. Predefined roles (pg_*) are left out: their members are listed
+// schema public although PUBLIC may not (PublicSchemaOpen), leaving out
+// the session's role, the roles that may act as it anyway (its members)
+// and superusers: those that own the schema, or are members of its owner
+// (from PostgreSQL 15 on the owner is pg_database_owner, so the database's
+// owner is one), in owners, and those with a grant of their own, or of a
+// role they are members of, in granted. Each can plant there a function
+// named like a built-in that Bellhop's SQL calls, with a closer match for
+// its arguments, and so run code as the session's role (Bellhop's owner,
+// in its SECURITY DEFINER functions): such a role is as trusted as the
+// owner. A grant is revoked; an owner stays one until the schema is given
+// to another (ALTER SCHEMA public OWNER TO) or Bellhop is migrated as it.
+// Predefined roles (pg_*) are left out: their members are listed
 // themselves.
-func PublicSchemaCreators(ctx context.Context, q Queryer) ([]string, error) {
-	var roles []string
-	err := q.QueryRow(ctx, `SELECT coalesce(array_agg(r.rolname::text ORDER BY r.rolname), '{}')
-		FROM pg_roles AS r
+func PublicSchemaCreators(ctx context.Context, q Queryer) (owners, granted []string, err error) {
+	err = q.QueryRow(ctx, `SELECT coalesce(array_agg(r.rolname::text ORDER BY r.rolname) FILTER (WHERE o.owner), '{}'),
+		       coalesce(array_agg(r.rolname::text ORDER BY r.rolname) FILTER (WHERE NOT o.owner), '{}')
+		FROM pg_roles AS r,
+		     LATERAL (SELECT pg_has_role(r.oid, n.nspowner, 'MEMBER') AS owner
+		              FROM pg_namespace AS n WHERE n.nspname = 'public') AS o
 		WHERE has_schema_privilege(r.oid, 'public', 'CREATE')
 		  AND NOT r.rolsuper
 		  AND NOT pg_has_role(r.oid, current_user, 'MEMBER')
-		  AND r.rolname NOT LIKE 'pg\_%'`).Scan(&roles)
+		  AND r.rolname NOT LIKE 'pg\_%'`).Scan(&owners, &granted)
 	if err != nil {
-		return nil, fmt.Errorf("read the roles that may create in schema public: %w", err)
+		return nil, nil, fmt.Errorf("read the roles that may create in schema public: %w", err)
 	}
-	return roles, nil
+	return owners, granted, nil
 }
 
 // ErrNoSchema is Check's error for a database that Bellhop's migrations

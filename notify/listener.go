@@ -58,8 +58,14 @@ type Config struct {
 	// copy it gets has application_name bellhop-listener, which it may
 	// change; the listener's dialer keep-alive is applied after it.
 	BeforeConnect func(ctx context.Context, cfg *pgx.ConnConfig) error
-	Handler       Handler
-	Logger        zerolog.Logger
+	// AfterConnect, if set, runs on every new connection as soon as it is
+	// made, as pgxpool runs its own, before the listener sets up its
+	// session (so that a hook that sets idle_session_timeout or LISTENs
+	// cannot undo that set-up) and before OnConnect. An error drops the
+	// connection, as OnConnect's does.
+	AfterConnect func(ctx context.Context, conn *pgx.Conn) error
+	Handler      Handler
+	Logger       zerolog.Logger
 	// ReconnectDelay is the pause between a lost connection and the next
 	// attempt. Default 2s (pgxlisten's own default is one minute).
 	ReconnectDelay time.Duration
@@ -81,8 +87,8 @@ type Config struct {
 	// leasing dispatcher's lease key). An error drops the connection, and
 	// the listener tries again after ReconnectDelay.
 	OnConnect func(ctx context.Context, conn *pgx.Conn) error
-	// SetupTimeout bounds a connection's set-up: connecting and
-	// authenticating, OnConnect, the LISTENs and, with a LeaseChannel,
+	// SetupTimeout bounds a connection's set-up: BeforeConnect,
+	// connecting and authenticating, AfterConnect, OnConnect, the LISTENs and, with a LeaseChannel,
 	// the statement that follows them (sql/listener_cover.sql). A server that accepts
 	// the connection but never answers (a hung process, a proxy that lost
 	// its upstream) would otherwise hold the listener in its set-up for
@@ -365,6 +371,24 @@ func (l *Listener) ForgetHeartbeat(token string) {
 	l.mu.Unlock()
 }
 
+// setUp readies a new connection: the caller's AfterConnect, then the
+// listener's session (idle_session_timeout off, and no LISTEN but
+// pgxlisten's: sql/listener_session.sql), then OnConnect.
+func (l *Listener) setUp(ctx context.Context, conn *pgx.Conn) error {
+	if l.cfg.AfterConnect != nil {
+		if err := l.cfg.AfterConnect(ctx, conn); err != nil {
+			return fmt.Errorf("AfterConnect: %w", err)
+		}
+	}
+	if _, err := conn.Exec(ctx, queries.ListenerSession); err != nil {
+		return fmt.Errorf("set up the listener's session: %w", err)
+	}
+	if l.cfg.OnConnect != nil {
+		return l.cfg.OnConnect(ctx, conn)
+	}
+	return nil
+}
+
 func (l *Listener) connect(ctx context.Context) (*pgx.Conn, error) {
 	l.connected.Store(false)
 	l.listened.Store(0)
@@ -394,13 +418,7 @@ func (l *Listener) connect(ctx context.Context) (*pgx.Conn, error) {
 	// LISTEN is, not a failed connect (logError).
 	l.connectFailed.Store(err != nil)
 	if err == nil {
-		// idle_session_timeout off, and no LISTEN but pgxlisten's
-		// (sql/listener_session.sql).
-		if _, err = conn.Exec(cctx, queries.ListenerSession); err != nil {
-			err = fmt.Errorf("set up the listener's session: %w", err)
-		} else if l.cfg.OnConnect != nil {
-			err = l.cfg.OnConnect(cctx, conn)
-		}
+		err = l.setUp(cctx, conn)
 		if err != nil {
 			_ = conn.Close(ctx)
 			conn = nil

@@ -336,15 +336,16 @@ func listenError(flag, addr string, err error) error {
 // number, unless it comes within repeatWindow of the first, when it is
 // ignored.
 //
-// It also ignores SIGPIPE from then on. Go exits on SIGPIPE when a write
-// to stdout or stderr finds the pipe closed, and the stop's first log line
-// is such a write when the log goes through a pipe whose reader the same
-// signal ended (`bellhop run 2>&1 | tee run.log` in an ssh session that
-// closes, or Ctrl-C): the stop never ran, and the messages in flight stayed
-// leased, an attempt spent, until their visibility timeout. Ignored, the
-// write fails with EPIPE, the line is lost, and the stop goes on.
+// Once the stop has begun it ignores SIGPIPE. Go exits on SIGPIPE when a
+// write to stdout or stderr finds the pipe closed, and the stop's first
+// log line is such a write when the log goes through a pipe whose reader
+// the same signal ended (`bellhop run 2>&1 | tee run.log` in an ssh
+// session that closes, or Ctrl-C): the stop never ran, and the messages in
+// flight stayed leased, an attempt spent, until their visibility timeout.
+// Ignored, the write fails with EPIPE, the line is lost, and the stop goes
+// on. Before the stop, a reader gone still ends the process, as a
+// supervisor that restarts it where its log is read would want.
 func signalContext(parent context.Context, log zerolog.Logger) (context.Context, func()) {
-	signal.Ignore(syscall.SIGPIPE)
 	ctx, cancel := context.WithCancel(parent)
 	sigs := make(chan os.Signal, 4)
 	// Said once, at the start, so that a stop that does nothing is not a
@@ -361,6 +362,7 @@ func signalContext(parent context.Context, log zerolog.Logger) (context.Context,
 		var first os.Signal
 		select {
 		case first = <-sigs:
+			signal.Ignore(syscall.SIGPIPE)
 			log.Info().Str("signal", first.String()).Msg("stopping gracefully; send a stop signal again, a second from now or later, to stop at once")
 			cancel()
 		case <-ctx.Done():

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/bellhopq/bellhop/internal/pgtest"
 	"github.com/bellhopq/bellhop/migrations"
 )
@@ -109,43 +111,67 @@ func TestMigrateWarnsOfOpenPublicSchema(t *testing.T) {
 }
 
 // TestMigrateWarnsOfPublicSchemaCreators: a role other than the one that
-// migrates, granted CREATE on schema public while PUBLIC is not, can run
-// code as Bellhop's owner through a function planted there (found by the
-// security review): migrate names it on stderr and still exits 0; once it
-// is revoked, migrate says nothing.
+// migrates that may create objects in schema public while PUBLIC may not
+// can run code as Bellhop's owner through a function planted there (found
+// by the security review): migrate names it on stderr, with the advice
+// that mends its case, and still exits 0. A role granted CREATE is told to
+// be revoked, and once it is, migrate says nothing; the database's owner,
+// which owns public from PostgreSQL 15 on through pg_database_owner and
+// which no REVOKE reaches (found by the review of the first version), is
+// told apart.
 func TestMigrateWarnsOfPublicSchemaCreators(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dsn := pgtest.ConnString(t)
 	pool := db(t, dsn)
-	// Roles are the cluster's: a name of this test's own.
-	role := fmt.Sprintf("bellhop_t_creator_%d", time.Now().UnixNano())
+	// Roles are the cluster's: names of this test's own.
+	granted := fmt.Sprintf("bellhop_t_granted_%d", time.Now().UnixNano())
+	owner := fmt.Sprintf("bellhop_t_owner_%d", time.Now().UnixNano())
+	var database, me string
+	if err := pool.QueryRow(ctx, "SELECT current_database(), current_user").Scan(&database, &me); err != nil {
+		t.Fatal(err)
+	}
 	for _, q := range []string{
 		"REVOKE CREATE ON SCHEMA public FROM PUBLIC",
-		"CREATE ROLE " + role,
-		"GRANT CREATE ON SCHEMA public TO " + role,
+		"CREATE ROLE " + granted,
+		"GRANT CREATE ON SCHEMA public TO " + granted,
+		"CREATE ROLE " + owner,
 	} {
 		if _, err := pool.Exec(ctx, q); err != nil {
 			t.Fatal(err)
 		}
 	}
 	t.Cleanup(func() {
-		_, _ = pool.Exec(ctx, "REVOKE CREATE ON SCHEMA public FROM "+role)
-		if _, err := pool.Exec(ctx, "DROP ROLE "+role); err != nil {
-			t.Errorf("drop role %s: %v", role, err)
+		_, _ = pool.Exec(ctx, "REVOKE CREATE ON SCHEMA public FROM "+granted)
+		_, _ = pool.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{database}.Sanitize()+" OWNER TO "+pgx.Identifier{me}.Sanitize())
+		for _, role := range []string{granted, owner} {
+			if _, err := pool.Exec(ctx, "DROP ROLE "+role); err != nil {
+				t.Errorf("drop role %s: %v", role, err)
+			}
 		}
 	})
-	want := `bellhop: warning: "` + role + `" may create objects in schema public, where Bellhop's are, and so run code as `
+	grantWarning := `bellhop: warning: "` + granted + `" may create objects in schema public, where Bellhop's are, by a grant, and so run code as `
+	revoke := `REVOKE CREATE ON SCHEMA public FROM "` + granted + `"` + "\n"
 	r := exe(t, dsn, "", "migrate")
-	if r.code != 0 || !strings.Contains(r.stderr, want) || !strings.Contains(r.stderr, `REVOKE CREATE ON SCHEMA public FROM "`+role+`"`+"\n") ||
-		strings.Contains(r.stderr, "every role may create") || !strings.HasPrefix(r.stdout, "database is at schema version") {
-		t.Fatalf("migrate with %s granted CREATE on public: want exit 0, the version and a warning naming it; got %s", role, r)
+	if r.code != 0 || !strings.Contains(r.stderr, grantWarning) || !strings.Contains(r.stderr, revoke) ||
+		strings.Contains(r.stderr, "as its owner") || strings.Contains(r.stderr, "every role may create") ||
+		!strings.HasPrefix(r.stdout, "database is at schema version") {
+		t.Fatalf("migrate with %s granted CREATE on public: want exit 0, the version and one warning naming it; got %s", granted, r)
 	}
-	if _, err := pool.Exec(ctx, "REVOKE CREATE ON SCHEMA public FROM "+role); err != nil {
+	if _, err := pool.Exec(ctx, "REVOKE CREATE ON SCHEMA public FROM "+granted); err != nil {
 		t.Fatal(err)
 	}
 	if r := exe(t, dsn, "", "migrate"); r.code != 0 || strings.Contains(r.stderr, "warning") {
 		t.Fatalf("migrate with no other role granted CREATE on public: want exit 0 and no warning; got %s", r)
+	}
+	if _, err := pool.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{database}.Sanitize()+" OWNER TO "+owner); err != nil {
+		t.Fatal(err)
+	}
+	ownerWarning := `bellhop: warning: "` + owner + `" may create objects in schema public, where Bellhop's are, as its owner `
+	r = exe(t, dsn, "", "migrate")
+	if r.code != 0 || !strings.Contains(r.stderr, ownerWarning) || !strings.Contains(r.stderr, "ALTER SCHEMA public OWNER TO") ||
+		strings.Contains(r.stderr, "REVOKE") {
+		t.Fatalf("migrate on a database %s owns: want exit 0 and a warning naming it as the owner; got %s", owner, r)
 	}
 }
 

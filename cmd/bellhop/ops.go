@@ -80,17 +80,22 @@ func migrateCommand(d *deps) *cli.Command {
 				fmt.Fprintf(d.stderr, "bellhop: warning: every role may create objects in schema public, where Bellhop's are, "+
 					"and so run code as Bellhop's roles; as the schema's owner run GRANT CREATE ON SCHEMA public TO %s; "+
 					"REVOKE CREATE ON SCHEMA public FROM PUBLIC (docs/roles.sql does both)\n", pgx.Identifier{user}.Sanitize())
-			} else if roles, err := migrations.PublicSchemaCreators(ctx, conn); err != nil {
+			} else if owners, granted, err := migrations.PublicSchemaCreators(ctx, conn); err != nil {
 				return err
-			} else if len(roles) > 0 {
-				quoted := make([]string, len(roles))
-				for i, r := range roles {
-					quoted[i] = pgx.Identifier{r}.Sanitize()
+			} else {
+				me := pgx.Identifier{user}.Sanitize()
+				if len(granted) > 0 {
+					roles := quoteRoles(granted)
+					fmt.Fprintf(d.stderr, "bellhop: warning: %s may create objects in schema public, where Bellhop's are, by a grant, "+
+						"and so run code as %s, which owns them; give each a schema of its own and, as the schema's owner, "+
+						"run REVOKE CREATE ON SCHEMA public FROM %s\n", roles, me, roles)
 				}
-				fmt.Fprintf(d.stderr, "bellhop: warning: %s may create objects in schema public, where Bellhop's are, "+
-					"and so run code as %s, which owns them; give each a schema of its own and, as the schema's owner, "+
-					"run REVOKE CREATE ON SCHEMA public FROM %s\n",
-					strings.Join(quoted, ", "), pgx.Identifier{user}.Sanitize(), strings.Join(quoted, ", "))
+				if len(owners) > 0 {
+					fmt.Fprintf(d.stderr, "bellhop: warning: %s may create objects in schema public, where Bellhop's are, as its owner "+
+						"(or a member of its owner; from PostgreSQL 15 on, the database's owner owns it), and so run code as %s, "+
+						"which owns them; migrate as the database's owner, or have a superuser run ALTER SCHEMA public OWNER TO %s\n",
+						quoteRoles(owners), me, me)
+				}
 			}
 			// An index of a migration already run that a failed build
 			// left invalid: nothing migrate does mends it, and claims
@@ -827,6 +832,15 @@ func messageID(s string) (uuid.UUID, error) {
 		return uuid.Nil, usagef("message id %s is the nil UUID, which is no message's id", s)
 	}
 	return id, nil
+}
+
+// quoteRoles lists role names as SQL identifiers, comma-separated.
+func quoteRoles(roles []string) string {
+	quoted := make([]string, len(roles))
+	for i, r := range roles {
+		quoted[i] = pgx.Identifier{r}.Sanitize()
+	}
+	return strings.Join(quoted, ", ")
 }
 
 // plural is n with noun, in the plural unless n is 1.
