@@ -91,9 +91,11 @@ func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, app, queue string, pa
 // microsecond after the one before it. Their payloads may total at most
 // 256 MiB.
 // An empty batch writes nothing, and fails as a batch would for an unknown
-// app or a principal that is not of app. An error that one message caused
-// names it ("message 3 of 10") and has a method Position() int, its index
-// in msgs, which errors.As finds through an interface{ Position() int }.
+// app or a principal that is not of app. In a batch of two or more, an
+// error that one message caused names it ("message 3 of 10", from 1) and
+// has a method Position() int, its index in msgs (from 0), which errors.As
+// finds through an interface{ Position() int }; a batch of one names its
+// queue instead.
 func (c *Client) EnqueueMany(ctx context.Context, app string, msgs []NewMessage) (_ []uuid.UUID, err error) {
 	defer c.schemaError(ctx, &err)
 	return c.enqueue(ctx, c.db, app, msgs)

@@ -56,8 +56,8 @@ type Message struct {
 	Invoked bool
 	// Payload is the message's JSON as PostgreSQL's jsonb prints it, not
 	// the bytes enqueued: object keys sorted (shorter first) and each
-	// key's last value only, numbers rewritten ("1e2" as "100"), a space
-	// after each ':' and ','.
+	// key's last value only, numbers rewritten ("1e2" as "100"), string
+	// escapes rewritten ("\u0041" as "A"), a space after each ':' and ','.
 	Payload     json.RawMessage
 	EnqueuedAt  time.Time
 	Attempt     int // 1 on the first delivery

@@ -96,7 +96,7 @@ func pushMAC(secret string, timestamp int64, body []byte) []byte {
 // repeated; any matching v1 value is enough, so that a sender could sign
 // with both an old and a new secret while one is rotated (bellhop run
 // signs with the one secret a consumer has: today a secret is replaced by
-// registering the consumer again). Values of other schemes are ignored.
+// removing the consumer and registering it again). Values of other schemes are ignored.
 // Comparison is constant-time.
 //
 // body must be the raw request body, byte for byte: re-encoded JSON will

@@ -427,34 +427,62 @@ func PublicSchemaOpen(ctx context.Context, q Queryer) (open bool, user string, e
 	return open, user, nil
 }
 
+// PublicCreators are the roles that may create objects in schema public
+// besides the session's role (PublicSchemaCreators).
+type PublicCreators struct {
+	// Owners own the schema or are members of its owner (from
+	// PostgreSQL 15 on the owner is pg_database_owner, so the database's
+	// owner is one): no REVOKE reaches them. The schema must be given to
+	// another role (ALTER SCHEMA public OWNER TO), or Bellhop migrated as
+	// its owner.
+	Owners []string
+	// Granted may create by a grant, their own or one of a role they are
+	// members of.
+	Granted []string
+	// Grantees hold the grants that Granted create by, those a REVOKE
+	// takes back: not the session's role, nor a role it is a member of,
+	// whose grant Bellhop's next migration needs.
+	Grantees []string
+}
+
 // PublicSchemaCreators returns the roles that may create objects in
 // schema public although PUBLIC may not (PublicSchemaOpen), leaving out
 // the session's role, the roles that may act as it anyway (its members)
-// and superusers: those that own the schema, or are members of its owner
-// (from PostgreSQL 15 on the owner is pg_database_owner, so the database's
-// owner is one), in owners, and those with a grant of their own, or of a
-// role they are members of, in granted. Each can plant there a function
-// named like a built-in that Bellhop's SQL calls, with a closer match for
-// its arguments, and so run code as the session's role (Bellhop's owner,
-// in its SECURITY DEFINER functions): such a role is as trusted as the
-// owner. A grant is revoked; an owner stays one until the schema is given
-// to another (ALTER SCHEMA public OWNER TO) or Bellhop is migrated as it.
-// Predefined roles (pg_*) are left out: their members are listed
-// themselves.
-func PublicSchemaCreators(ctx context.Context, q Queryer) (owners, granted []string, err error) {
-	err = q.QueryRow(ctx, `SELECT coalesce(array_agg(r.rolname::text ORDER BY r.rolname) FILTER (WHERE o.owner), '{}'),
-		       coalesce(array_agg(r.rolname::text ORDER BY r.rolname) FILTER (WHERE NOT o.owner), '{}')
-		FROM pg_roles AS r,
-		     LATERAL (SELECT pg_has_role(r.oid, n.nspowner, 'MEMBER') AS owner
-		              FROM pg_namespace AS n WHERE n.nspname = 'public') AS o
-		WHERE has_schema_privilege(r.oid, 'public', 'CREATE')
-		  AND NOT r.rolsuper
-		  AND NOT pg_has_role(r.oid, current_user, 'MEMBER')
-		  AND r.rolname NOT LIKE 'pg\_%'`).Scan(&owners, &granted)
+// and superusers. Each can plant there a function named like a built-in
+// that Bellhop's SQL calls, with a closer match for its arguments, and so
+// run code as the session's role (Bellhop's owner, in its SECURITY
+// DEFINER functions): such a role is as trusted as the owner. Predefined
+// roles (pg_*) are left out: their members are listed themselves.
+func PublicSchemaCreators(ctx context.Context, q Queryer) (PublicCreators, error) {
+	var c PublicCreators
+	err := q.QueryRow(ctx, `WITH public_schema AS (
+		    SELECT nspowner, nspacl FROM pg_namespace WHERE nspname = 'public'
+		), creators AS (
+		    SELECT r.rolname::text AS name, pg_has_role(r.oid, s.nspowner, 'MEMBER') AS owner
+		    FROM pg_roles AS r, public_schema AS s
+		    WHERE has_schema_privilege(r.oid, 'public', 'CREATE')
+		      AND NOT r.rolsuper
+		      AND NOT pg_has_role(r.oid, current_user, 'MEMBER')
+		      AND r.rolname NOT LIKE 'pg\_%'
+		)
+		SELECT coalesce((SELECT array_agg(name ORDER BY name) FROM creators WHERE owner), '{}'),
+		       coalesce((SELECT array_agg(name ORDER BY name) FROM creators WHERE NOT owner), '{}'),
+		       coalesce((SELECT array_agg(DISTINCT r.rolname::text ORDER BY r.rolname::text)
+		                 FROM public_schema AS s, aclexplode(s.nspacl) AS a
+		                 JOIN pg_roles AS r ON r.oid = a.grantee
+		                 WHERE a.privilege_type = 'CREATE'
+		                   AND r.oid <> s.nspowner
+		                   AND NOT r.rolsuper
+		                   AND r.rolname <> current_user
+		                   -- a superuser counts as a member of every role,
+		                   -- and needs no grant of its own
+		                   AND ((SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
+		                        OR NOT pg_has_role(current_user, r.oid, 'MEMBER'))), '{}')`).
+		Scan(&c.Owners, &c.Granted, &c.Grantees)
 	if err != nil {
-		return nil, nil, fmt.Errorf("read the roles that may create in schema public: %w", err)
+		return PublicCreators{}, fmt.Errorf("read the roles that may create in schema public: %w", err)
 	}
-	return owners, granted, nil
+	return c, nil
 }
 
 // ErrNoSchema is Check's error for a database that Bellhop's migrations

@@ -160,12 +160,13 @@ func New(db *pgxpool.Pool, log zerolog.Logger, opts Options) *Reclaimer {
 }
 
 // PathSuspect tells r that the path to the server is suspect (the
-// dispatcher has just dropped the pool's connections, none of which
-// answered in time): the passes that ran out of their timeout meanwhile
-// may have waited on a dead connection, not on a slow server, and the
-// timeout they doubled goes back to Options.Timeout for the next pass. It
-// grew through an outage to 32 times that, and a pass on a connection
-// still dead after it would have held the expired leases as long.
+// dispatcher has just dropped the pool's connections after a fallback poll
+// got no answer within its timeout): the passes that ran out of their
+// timeout meanwhile may have waited on a dead connection, not on a slow
+// server, and the timeout they doubled goes back to Options.Timeout for
+// the next pass. It grew through an outage up to 32 times that, and a pass
+// on a connection still dead after it would have held the expired leases
+// as long.
 func (r *Reclaimer) PathSuspect() { r.suspect.Store(true) }
 
 // Observe tells the reclaimer that some lease can expire at t. It arms the

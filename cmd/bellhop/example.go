@@ -111,6 +111,12 @@ func setupDemoCommand(d *deps) *cli.Command {
 			if err != nil {
 				return err
 			}
+			if old.ID != uuid.Nil {
+				// It may have been paused or tuned, and its pending invoke
+				// deliveries went with it: an operator should know
+				// (the CLI review).
+				fmt.Fprintf(d.stdout, "replaced consumer %s of %s/%s (its settings and pending invoke deliveries went with it)\n", old.ID, app, queue)
+			}
 			fmt.Fprintf(d.stdout, "consumer %s registered for %s/%s; secret written to %s\n", con.ID, app, queue, path)
 			return nil
 		},

@@ -54,6 +54,16 @@ func usagef(format string, args ...any) error { return usageError{fmt.Errorf(for
 
 // run is main without the process exit, so tests can drive it.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	// Every command stops on SIGINT, SIGTERM or SIGHUP by its context:
+	// the statement it has in progress is cancelled on the server (client
+	// sets cancelOnServer) and the command fails saying so. A command
+	// killed by the signal instead left its statement running, to commit
+	// once it got its lock (a `consumer rm` waiting on a row lock removed
+	// the consumer 13 s after it "died" silently, in the CLI review). The
+	// commands that stop gracefully (run, demo, migrate, ...) watch the
+	// signals themselves too, with the same rules.
+	ctx, stop := signalContext(ctx, nopLogger())
+	defer stop()
 	app := newApp(stdin, stdout, stderr)
 	err := app.Run(ctx, args)
 	if err == nil {
@@ -72,6 +82,9 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	// "parse error" alone does not say what a switch takes.
 	if m := flagParseRE.FindStringSubmatch(msg); m != nil && isBoolFlag(app, m[1]) {
 		msg += ": use true or false"
+	}
+	if ctx.Err() != nil && !strings.Contains(msg, "interrupted") {
+		msg += " (interrupted: a statement in progress was cancelled on the server, and rolled back unless it had committed)"
 	}
 	fmt.Fprintf(stderr, "bellhop: %s%s\n", msg, hint(err))
 	if isUsage(err) {
@@ -93,6 +106,10 @@ func hint(err error) string {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "42883") {
 		return " (is the database migrated? run `bellhop migrate`)"
+	}
+	// 25006 read_only_sql_transaction
+	if errors.As(err, &pgErr) && pgErr.Code == "25006" {
+		return " (the server is read-only, as a hot standby is: connect to the primary, or add target_session_attrs=read-write to the connection string)"
 	}
 	return ""
 }
@@ -544,12 +561,14 @@ func redactErr(err error, url string) string {
 	return pgdsn.RedactError(err, url).Error()
 }
 
-// client opens a pool and a Client for one command.
+// client opens a pool and a Client for one command. Its statements are
+// cancelled on the server when ctx ends (run ends it on a stop signal).
 func client(ctx context.Context, cmd *cli.Command) (*bellhop.Client, *pgxpool.Pool, error) {
 	cfg, err := poolConfig(cmd)
 	if err != nil {
 		return nil, nil, err
 	}
+	cfg.ConnConfig.BuildContextWatcherHandler = cancelOnServer
 	return openClient(ctx, cfg)
 }
 

@@ -115,7 +115,9 @@ func TestMigrateWarnsOfOpenPublicSchema(t *testing.T) {
 // can run code as Bellhop's owner through a function planted there (found
 // by the security review): migrate names it on stderr, with the advice
 // that mends its case, and still exits 0. A role granted CREATE is told to
-// be revoked, and once it is, migrate says nothing; the database's owner,
+// be revoked, as are the members of a role granted it, whose grant is
+// the one named (found by the docs review); once it is, migrate says
+// nothing; the database's owner,
 // which owns public from PostgreSQL 15 on through pg_database_owner and
 // which no REVOKE reaches (found by the review of the first version), is
 // told apart.
@@ -126,6 +128,7 @@ func TestMigrateWarnsOfPublicSchemaCreators(t *testing.T) {
 	pool := db(t, dsn)
 	// Roles are the cluster's: names of this test's own.
 	granted := fmt.Sprintf("bellhop_t_granted_%d", time.Now().UnixNano())
+	member := fmt.Sprintf("bellhop_t_member_%d", time.Now().UnixNano())
 	owner := fmt.Sprintf("bellhop_t_owner_%d", time.Now().UnixNano())
 	var database, me string
 	if err := pool.QueryRow(ctx, "SELECT current_database(), current_user").Scan(&database, &me); err != nil {
@@ -135,6 +138,7 @@ func TestMigrateWarnsOfPublicSchemaCreators(t *testing.T) {
 		"REVOKE CREATE ON SCHEMA public FROM PUBLIC",
 		"CREATE ROLE " + granted,
 		"GRANT CREATE ON SCHEMA public TO " + granted,
+		"CREATE ROLE " + member + " IN ROLE " + granted,
 		"CREATE ROLE " + owner,
 	} {
 		if _, err := pool.Exec(ctx, q); err != nil {
@@ -144,13 +148,14 @@ func TestMigrateWarnsOfPublicSchemaCreators(t *testing.T) {
 	t.Cleanup(func() {
 		_, _ = pool.Exec(ctx, "REVOKE CREATE ON SCHEMA public FROM "+granted)
 		_, _ = pool.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{database}.Sanitize()+" OWNER TO "+pgx.Identifier{me}.Sanitize())
-		for _, role := range []string{granted, owner} {
+		for _, role := range []string{member, granted, owner} {
 			if _, err := pool.Exec(ctx, "DROP ROLE "+role); err != nil {
 				t.Errorf("drop role %s: %v", role, err)
 			}
 		}
 	})
-	grantWarning := `bellhop: warning: "` + granted + `" may create objects in schema public, where Bellhop's are, by a grant, and so run code as `
+	// Both may create; the grant to take back is the one role's.
+	grantWarning := `bellhop: warning: "` + granted + `", "` + member + `" may create objects in schema public, where Bellhop's are, by a grant `
 	revoke := `REVOKE CREATE ON SCHEMA public FROM "` + granted + `"` + "\n"
 	r := exe(t, dsn, "", "migrate")
 	if r.code != 0 || !strings.Contains(r.stderr, grantWarning) || !strings.Contains(r.stderr, revoke) ||

@@ -40,8 +40,8 @@ func migrateCommand(d *deps) *cli.Command {
 			}
 			// SIGINT, SIGTERM or SIGHUP cancels the statement in progress on the
 			// server (a cancel request), and its transaction rolls back;
-			// a second signal (not a repeat of the first within a second:
-			// signalContext) exits at once. Without it, the process died
+			// a second signal (not another stop signal within a second of
+			// the first: signalContext) exits at once. Without it, the process died
 			// and left its backend queued for the ACCESS EXCLUSIVE lock a
 			// migration takes, which blocks every producer behind it
 			// until the lock is granted.
@@ -80,17 +80,20 @@ func migrateCommand(d *deps) *cli.Command {
 				fmt.Fprintf(d.stderr, "bellhop: warning: every role may create objects in schema public, where Bellhop's are, "+
 					"and so run code as Bellhop's roles; as the schema's owner run GRANT CREATE ON SCHEMA public TO %s; "+
 					"REVOKE CREATE ON SCHEMA public FROM PUBLIC (docs/roles.sql does both)\n", pgx.Identifier{user}.Sanitize())
-			} else if owners, granted, err := migrations.PublicSchemaCreators(ctx, conn); err != nil {
+			} else if creators, err := migrations.PublicSchemaCreators(ctx, conn); err != nil {
 				return err
 			} else {
 				me := pgx.Identifier{user}.Sanitize()
-				if len(granted) > 0 {
-					roles := quoteRoles(granted)
-					fmt.Fprintf(d.stderr, "bellhop: warning: %s may create objects in schema public, where Bellhop's are, by a grant, "+
-						"and so run code as %s, which owns them; give each a schema of its own and, as the schema's owner, "+
-						"run REVOKE CREATE ON SCHEMA public FROM %s\n", roles, me, roles)
+				if len(creators.Granted) > 0 {
+					fix := "revoke the grant from the role that holds it"
+					if len(creators.Grantees) > 0 {
+						fix = "run REVOKE CREATE ON SCHEMA public FROM " + quoteRoles(creators.Grantees)
+					}
+					fmt.Fprintf(d.stderr, "bellhop: warning: %s may create objects in schema public, where Bellhop's are, by a grant "+
+						"(its own, or of a role it is a member of), and so run code as %s, which owns them; give each a schema of its own "+
+						"and, as the schema's owner, %s\n", quoteRoles(creators.Granted), me, fix)
 				}
-				if len(owners) > 0 {
+				if owners := creators.Owners; len(owners) > 0 {
 					fmt.Fprintf(d.stderr, "bellhop: warning: %s may create objects in schema public, where Bellhop's are, as its owner "+
 						"(or a member of its owner; from PostgreSQL 15 on, the database's owner owns it), and so run code as %s, "+
 						"which owns them; migrate as the database's owner, or have a superuser run ALTER SCHEMA public OWNER TO %s\n",
@@ -687,14 +690,22 @@ func enqueueStream(ctx context.Context, c *bellhop.Client, pool *pgxpool.Pool, a
 	if _, err := c.EnqueueMany(ctx, app, nil); err != nil {
 		return fmt.Errorf("%w; nothing was enqueued", err)
 	}
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("enqueue from stdin: begin: %w", err)
-	}
-	// After Commit this is a no-op; before, it undoes every batch.
-	defer tx.Rollback(context.Background())
+	// Begun with the first batch: a slow stream (a pipe that waits on
+	// its producer, a person typing) would otherwise hold a session idle
+	// in its transaction from the start, where idle_in_transaction_
+	// session_timeout ends it, blamed on the lines read by then.
+	var tx pgx.Tx
+	defer func() {
+		if tx != nil {
+			// After Commit this is a no-op; before, it undoes every batch.
+			_ = tx.Rollback(context.Background())
+		}
+	}()
 
-	sc := bufio.NewScanner(in)
+	// A stop signal ends the read too (run cancels ctx): a read blocked
+	// on a terminal or a pipe would otherwise hold the command until the
+	// next line came.
+	sc := bufio.NewScanner(untilDone(ctx, in))
 	sc.Buffer(make([]byte, 64*1024), maxLine)
 	var (
 		batch []bellhop.NewMessage
@@ -706,6 +717,12 @@ func enqueueStream(ctx context.Context, c *bellhop.Client, pool *pgxpool.Pool, a
 	flush := func() error {
 		if len(batch) == 0 {
 			return nil
+		}
+		if tx == nil {
+			var err error
+			if tx, err = pool.Begin(ctx); err != nil {
+				return fmt.Errorf("enqueue from stdin: begin: %w; nothing was enqueued", err)
+			}
 		}
 		if _, err := c.EnqueueManyTx(ctx, tx, app, batch); err != nil {
 			var at interface{ Position() int }
@@ -753,6 +770,10 @@ func enqueueStream(ctx context.Context, c *bellhop.Client, pool *pgxpool.Pool, a
 	if err := flush(); err != nil {
 		return err
 	}
+	if tx == nil {
+		fmt.Fprintf(out, "enqueued %s\n", plural(0, "message"))
+		return nil
+	}
 	if err := tx.Commit(ctx); err != nil {
 		// A commit that fails in transit may still have happened: no
 		// claim that nothing was enqueued here.
@@ -760,6 +781,19 @@ func enqueueStream(ctx context.Context, c *bellhop.Client, pool *pgxpool.Pool, a
 	}
 	fmt.Fprintf(out, "enqueued %s\n", plural(total, "message"))
 	return nil
+}
+
+// untilDone reads r until ctx ends, and then fails with ctx's error, even
+// while a read of r is blocked: that read's goroutine is left to end with
+// the process, as a read of a terminal or a pipe cannot be cancelled.
+func untilDone(ctx context.Context, r io.Reader) io.Reader {
+	pr, pw := io.Pipe()
+	go func() {
+		_, err := io.Copy(pw, r)
+		pw.CloseWithError(err)
+	}()
+	context.AfterFunc(ctx, func() { pr.CloseWithError(ctx.Err()) })
+	return pr
 }
 
 func queuesCommand(d *deps) *cli.Command {
@@ -970,7 +1004,17 @@ func deadCommand(d *deps) *cli.Command {
 					fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\t%s\n", x.ID, x.Queue, x.Source, x.Attempt, x.MaxAttempts,
 						x.DiedAt.UTC().Format(time.RFC3339), errText)
 				}
-				return tw.Flush()
+				if err := tw.Flush(); err != nil {
+					return err
+				}
+				// A listing cut at its limit said nothing of it, and a
+				// script counting its lines took 100 for all there were
+				// (the CLI review).
+				if n := int(cmd.Int("limit")); len(ds) == n {
+					fmt.Fprintf(d.stderr, "bellhop: showing the newest %d dead letters; there may be more (`bellhop queues` counts them; --limit takes up to %d, --queue narrows the list)\n",
+						n, bellhop.MaxDeadLimit)
+				}
+				return nil
 			},
 		}, {
 			Name:      "show",

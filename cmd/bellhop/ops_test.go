@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptrace"
+	neturl "net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -652,6 +653,12 @@ func TestSetupDemo(t *testing.T) {
 				if got := queryInt(t, pool, "SELECT count(*) FROM queue_consumers WHERE app_name = 'demo' AND push_url = $1", u); got != 1 {
 					t.Errorf("%d consumers at %s, want 1", got, u)
 				}
+				// A consumer replaced is named: it may have been paused
+				// or tuned (the CLI review).
+				said := strings.Contains(r.stdout, "replaced consumer "+prev.id+" of demo/orders")
+				if prev.id != "" && !said || prev.id == "" && strings.Contains(r.stdout, "replaced consumer") {
+					t.Errorf("replacing consumer %q: stdout %q", prev.id, r.stdout)
+				}
 			}
 			prev = now
 		})
@@ -978,5 +985,49 @@ func TestEnqueueStdinBatchesByBytes(t *testing.T) {
 				t.Errorf("%d messages written, want 10", n)
 			}
 		})
+	}
+}
+
+// TestReadOnlyServerHinted: a write to a server that takes none (a hot
+// standby; here default_transaction_read_only) fails with exit 1 and a
+// hint at the cause, which PostgreSQL's "cannot execute ... in a
+// read-only transaction" alone does not give (the CLI review).
+func TestReadOnlyServerHinted(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.ConnString(t)
+	u, err := neturl.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// %20, not the + of url.Values: pgx reads a + as itself.
+	if u.RawQuery != "" {
+		u.RawQuery += "&"
+	}
+	u.RawQuery += "options=-c%20default_transaction_read_only%3Don"
+	r := exe(t, u.String(), "", "app", "create", "shop")
+	if r.code != 1 || !strings.Contains(r.stderr, "SQLSTATE 25006") || !strings.Contains(r.stderr, "the server is read-only") {
+		t.Fatalf("app create on a read-only server: want exit 1 and the hint; got %s", r)
+	}
+}
+
+// TestDeadListSaysItWasCut: a dead ls that stops at its limit says so on
+// stderr (a script counting its lines took 100 for all there were, found
+// by the CLI review); one that lists them all says nothing.
+func TestDeadListSaysItWasCut(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.ConnString(t)
+	ok(t, dsn, "app", "create", "shop")
+	pool := db(t, dsn)
+	if _, err := pool.Exec(t.Context(), `INSERT INTO dead_letters (id, app_id, queue_name, payload, enqueued_at, attempt, max_attempts, last_error, source)
+		SELECT gen_random_uuid(), a.id, 'orders', '{}', now(), 3, 3, 'boom', 'queue' FROM apps a, generate_series(1, 3)`); err != nil {
+		t.Fatal(err)
+	}
+	const note = "bellhop: showing the newest 2 dead letters; there may be more"
+	if r := exe(t, dsn, "", "dead", "ls", "--app", "shop", "--limit", "2"); r.code != 0 || !strings.Contains(r.stderr, note) ||
+		strings.Count(r.stdout, "\n") != 3 {
+		t.Errorf("dead ls --limit 2 of 3: want exit 0, a header and 2 rows, and the note; got %s", r)
+	}
+	if r := exe(t, dsn, "", "dead", "ls", "--app", "shop"); r.code != 0 || r.stderr != "" || strings.Count(r.stdout, "\n") != 4 {
+		t.Errorf("dead ls of all 3: want exit 0, 3 rows and nothing on stderr; got %s", r)
 	}
 }

@@ -1,0 +1,108 @@
+package main
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/bellhopq/bellhop/internal/pgtest"
+)
+
+// activeOthers counts the sessions of the test's database, other than
+// pool's own, that are running a statement.
+const activeOthers = `SELECT count(*) FROM pg_stat_activity
+	WHERE datname = current_database() AND pid <> pg_backend_pid() AND state <> 'idle'`
+
+// TestInterruptCancelsOnServer: a command whose statement waits (here
+// `consumer rm`, behind a row lock another session holds) and is stopped
+// by SIGINT cancels that statement on the server and says so, exit 1.
+// It used to die by the signal, silent, leaving the statement to commit
+// once it got its lock: the consumer was removed 13 s after the command
+// "died" (found by the CLI review).
+func TestInterruptCancelsOnServer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := pgtest.ConnString(t)
+	ok(t, dsn, "app", "create", "shop")
+	id, _ := addConsumer(t, dsn, "--app", "shop", "--queue", "orders", "--url", "http://127.0.0.1:9/hook")
+	pool := db(t, dsn)
+	holder, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx)
+	if _, err := holder.Exec(ctx, "SELECT 1 FROM triggers WHERE id = $1 FOR UPDATE", id); err != nil {
+		t.Fatal(err)
+	}
+	p := start(t, []string{"DATABASE_URL=" + dsn}, "consumer", "rm", "--app", "shop", id)
+	waitFor(t, 30*time.Second, "consumer rm waiting for the row lock", func() bool {
+		return queryInt(t, pool, activeOthers+` AND wait_event_type = 'Lock'`) == 1
+	})
+	p.signal(os.Interrupt)
+	if code := p.wait(30 * time.Second); code != 1 {
+		t.Fatalf("consumer rm after SIGINT: exit %d, want 1", code)
+	}
+	if !strings.Contains(p.stderr(), "interrupted") {
+		t.Errorf("consumer rm after SIGINT does not say it was interrupted:\n%s", p.stderr())
+	}
+	if err := holder.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Nothing left running to remove it once the lock is free.
+	waitFor(t, 10*time.Second, "no other session running a statement", func() bool {
+		return queryInt(t, pool, activeOthers) == 0
+	})
+	if n := queryInt(t, pool, "SELECT count(*) FROM triggers WHERE id = $1", id); n != 1 {
+		t.Errorf("the interrupted consumer rm removed the consumer once the lock was free")
+	}
+}
+
+// TestInterruptedStreamEnqueuesNothing: `enqueue -` stopped by SIGINT
+// while it waits for its next line ends at once, says that nothing was
+// enqueued, and enqueued nothing; and it holds no transaction open while
+// it waits for lines it has not got (the CLI review: a slow stream sat
+// idle in a transaction from its start, and idle_in_transaction_session_
+// timeout ended it, blamed on the lines read by then). Before, the read
+// held the command until the next line came, or the signal killed it
+// with nothing said.
+func TestInterruptedStreamEnqueuesNothing(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.ConnString(t)
+	ok(t, dsn, "app", "create", "shop")
+	pool := db(t, dsn)
+	cmd := exec.Command(binary, "enqueue", "--app", "shop", "--queue", "orders", "-")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stdin.Close() })
+	p := startCmd(t, []string{"DATABASE_URL=" + dsn}, cmd)
+	if _, err := stdin.Write([]byte("{\"n\":1}\n")); err != nil {
+		t.Fatal(err)
+	}
+	// Connected, the app checked, and waiting for a line: no session of
+	// its is in a transaction meanwhile.
+	waitFor(t, 30*time.Second, "the command connected and idle", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'
+			  AND state = 'idle'`) >= 1
+	})
+	if n := queryInt(t, pool, `SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start IS NOT NULL`); n != 0 {
+		t.Errorf("%d sessions in a transaction while the stream waits for its first batch", n)
+	}
+	p.signal(os.Interrupt)
+	if code := p.wait(10 * time.Second); code != 1 {
+		t.Fatalf("enqueue - after SIGINT: exit %d, want 1", code)
+	}
+	if !regexp.MustCompile(`nothing was enqueued.*interrupted`).MatchString(p.stderr()) {
+		t.Errorf("enqueue - after SIGINT does not say that nothing was enqueued and that it was interrupted:\n%s", p.stderr())
+	}
+	if n := queryInt(t, pool, "SELECT count(*) FROM queue_messages"); n != 0 {
+		t.Errorf("%d messages enqueued by an interrupted stream", n)
+	}
+}
