@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptrace"
-	neturl "net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -995,18 +994,12 @@ func TestEnqueueStdinBatchesByBytes(t *testing.T) {
 func TestReadOnlyServerHinted(t *testing.T) {
 	t.Parallel()
 	dsn := pgtest.ConnString(t)
-	u, err := neturl.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// %20, not the + of url.Values: pgx reads a + as itself.
-	if u.RawQuery != "" {
-		u.RawQuery += "&"
-	}
-	u.RawQuery += "options=-c%20default_transaction_read_only%3Don"
-	r := exe(t, u.String(), "", "app", "create", "shop")
-	if r.code != 1 || !strings.Contains(r.stderr, "SQLSTATE 25006") || !strings.Contains(r.stderr, "the server is read-only") {
-		t.Fatalf("app create on a read-only server: want exit 1 and the hint; got %s", r)
+	// Through the environment, which pgx reads whatever the form of the
+	// connection string.
+	p := start(t, []string{"DATABASE_URL=" + dsn, "PGOPTIONS=-c default_transaction_read_only=on"}, "app", "create", "shop")
+	if code := p.wait(30 * time.Second); code != 1 || !strings.Contains(p.stderr(), "SQLSTATE 25006") ||
+		!strings.Contains(p.stderr(), "the server is read-only") {
+		t.Fatalf("app create on a read-only server: want exit 1 and the hint; got exit %d:\n%s", code, p.stderr())
 	}
 }
 
