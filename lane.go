@@ -466,9 +466,14 @@ const refusedEvery = time.Second
 // each message enqueued woke the lane for one more failed claim, whose
 // statement, 74 lines, the server logged each time (the lifecycle review
 // counted 870 in 20 s at 50 messages a second). A connection lost is not
-// such a failure: the next notification may find the database back.
+// such a failure: the next notification may find the database back. Nor is
+// a refusal alone: one that does not last (a lock timeout, a check that a
+// concurrent change upset) should not make the next message wait, so the
+// hold begins with the second in a row, which a lasting cause brings at
+// the next notification (TestBusyLaneClaimFailureReleasesKey, in
+// integration/, wants such a message claimed when it is heard).
 func (l *lane) refusedWait() time.Duration {
-	if l.failures == 0 || l.refusedAt.IsZero() {
+	if l.failures < 2 || l.refusedAt.IsZero() {
 		return 0
 	}
 	return refusedEvery - time.Since(l.refusedAt)
