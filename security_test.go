@@ -993,3 +993,125 @@ func TestForeignBusyKeyDelaysOnly(t *testing.T) {
 		}
 	}
 }
+
+// TestDefinerFunctionsIgnorePublic: Bellhop's SECURITY DEFINER functions
+// look up no name in schema public but their own, written public.<name>
+// (migration 0066). PostgreSQL picks, among the candidates on the path,
+// the function whose argument types fit a call best, wherever it sits on
+// the path: a role that may create in public planted one that fits
+// better than pg_catalog's, and its code ran as the functions' owner.
+// Each case plants such a function, which raises naming the role it runs
+// as, and calls the Bellhop function that would reach it.
+func TestDefinerFunctionsIgnorePublic(t *testing.T) {
+	e := fxNew(t)
+	if bad := e.int64(`SELECT count(*) FROM pg_proc
+		WHERE prosecdef AND pronamespace = 'public'::regnamespace
+		  AND NOT coalesce('search_path=pg_catalog, pg_temp' = ANY (proconfig), false)`); bad != 0 {
+		t.Errorf("%d SECURITY DEFINER functions in public do not set search_path = pg_catalog, pg_temp", bad)
+	}
+	if n := e.int64(`SELECT count(*) FROM pg_proc WHERE prosecdef AND pronamespace = 'public'::regnamespace`); n < 7 {
+		t.Errorf("%d SECURITY DEFINER functions in public, want at least the 7 of 0066", n)
+	}
+
+	a := e.app("shop")
+	c, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders", VisibilityTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.uuid(`INSERT INTO bellhop_offers (token, app_id, queue_name, owner, channel, expires_at, consumer_id)
+		VALUES (gen_random_uuid(), $1, 'orders', gen_random_uuid(), 'bellhop_l_test', now() + interval '1 hour', $2)
+		RETURNING token`, a.ID, c.ID)
+	// A floor for bellhop_start_seen_vt_floors to start.
+	e.exec(`UPDATE queue_trigger_details SET visibility_timeout_secs = 5 WHERE trigger_id = $1`, c.ID)
+
+	dsn := e.login("bh_planter_", "")
+	planter, err := pgx.Connect(e.ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer planter.Close(context.Background())
+	role := planter.Config().User
+	e.exec(`GRANT CREATE ON SCHEMA public TO ` + role)
+	e.exec(`GRANT EXECUTE ON FUNCTION enqueue(uuid, text, jsonb, timestamptz, int, uuid) TO ` + role)
+	// Before login's cleanup drops the role: what it owns and was granted.
+	t.Cleanup(func() { _, _ = e.pool.Exec(context.Background(), `DROP OWNED BY `+role) })
+
+	for _, tc := range []struct {
+		name, planted string
+		call          func(tx pgx.Tx) error
+	}{
+		{
+			// enqueue()'s second argument is a literal, which takes text
+			// before jsonpath.
+			name:    "enqueue",
+			planted: `jsonb_path_exists(jsonb, text) RETURNS boolean`,
+			call: func(tx pgx.Tx) error {
+				_, err := tx.Exec(e.ctx, `SELECT enqueue($1, 'orders', '{"n":1}')`, a.ID)
+				return err
+			},
+		},
+		{
+			// The offer's owner key: hashtextextended(text, bigint) called
+			// with an integer literal.
+			name:    "bellhop_lease_message",
+			planted: `hashtextextended(text, integer) RETURNS bigint`,
+			call: func(tx pgx.Tx) error {
+				var id uuid.UUID
+				if err := tx.QueryRow(e.ctx, `SELECT enqueue($1, 'orders', '{"n":2}')`, a.ID).Scan(&id); err != nil {
+					return err
+				}
+				for _, sql := range []string{
+					`CREATE TEMP TABLE t (leased boolean)`,
+					`CREATE FUNCTION pg_temp.f() RETURNS trigger LANGUAGE plpgsql AS $$
+					 BEGIN
+					     NEW.leased := public.bellhop_lease_message('` + id.String() + `', '` + a.ID.String() + `', 'orders');
+					     RETURN NEW;
+					 END $$`,
+					`CREATE TRIGGER f BEFORE INSERT ON t FOR EACH ROW EXECUTE FUNCTION pg_temp.f()`,
+				} {
+					if _, err := tx.Exec(e.ctx, sql); err != nil {
+						t.Fatalf("%s: %v", sql, err)
+					}
+				}
+				_, err := tx.Exec(e.ctx, `INSERT INTO t VALUES (NULL)`)
+				return err
+			},
+		},
+		{
+			// make_interval(secs => an integer).
+			name:    "bellhop_start_seen_vt_floors",
+			planted: `make_interval(secs integer) RETURNS interval`,
+			call: func(tx pgx.Tx) error {
+				var started int64
+				if err := tx.QueryRow(e.ctx, `SELECT public.bellhop_start_seen_vt_floors()`).Scan(&started); err != nil {
+					return err
+				}
+				if started != 1 {
+					t.Errorf("bellhop_start_seen_vt_floors started %d floors, want the lowered timeout's 1", started)
+				}
+				return nil
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fn := tc.planted[:strings.Index(tc.planted, " RETURNS")]
+			if _, err := planter.Exec(e.ctx, `CREATE FUNCTION public.`+tc.planted+` LANGUAGE plpgsql AS $$
+				BEGIN RAISE EXCEPTION 'planted `+fn+` ran as %', current_user; END $$`); err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				if _, err := planter.Exec(context.Background(), `DROP FUNCTION public.`+fn); err != nil {
+					t.Fatal(err)
+				}
+			}()
+			tx, err := planter.Begin(e.ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(context.Background())
+			if err := tc.call(tx); err != nil {
+				t.Errorf("%s, called by a role that may create in public: %v", tc.name, err)
+			}
+		})
+	}
+}

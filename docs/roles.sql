@@ -29,16 +29,21 @@ GRANT USAGE ON SCHEMA public TO bellhop_producer, bellhop_dispatcher;
 -- Only trusted roles may create objects in schema public, where Bellhop's
 -- are: a function or operator created there, with the name of a built-in
 -- that Bellhop's SQL calls and a closer match for its arguments, runs as
--- whichever role runs that SQL (the owner, in Bellhop's SECURITY DEFINER
--- functions). PostgreSQL 15 and later grant PUBLIC no CREATE on it; before
+-- whichever role runs that SQL: the dispatcher's and the producers' roles,
+-- and the owner when it runs `bellhop migrate` or other commands. (Since
+-- migration 0066 Bellhop's SECURITY DEFINER functions, enqueue() among
+-- them, look up nothing in public but Bellhop's own names, so a producer's
+-- call no longer runs such a function as the owner.) PostgreSQL 15 and
+-- later grant PUBLIC no CREATE on it; before
 -- 15 every role has it, and `bellhop migrate` warns while it does. The
 -- owner of Bellhop's tables, which `bellhop migrate` runs as, gets a grant
 -- of its own first, or the next migration that adds an object would fail.
 -- Give roles of other applications a schema of their own, not CREATE on
 -- public: any role that may create there, by a grant or as the schema's
 -- owner (from PostgreSQL 15 on, the database's owner), can run code as
--- Bellhop's owner the same way, and `bellhop migrate` warns of each. Run by a role that does not own the schema,
--- this only warns that it granted and revoked nothing.
+-- Bellhop's roles the same way, and `bellhop migrate` warns of each. Run
+-- by a role that does not own the schema, this only warns that it granted
+-- and revoked nothing.
 DO $$
 BEGIN
     EXECUTE format('GRANT CREATE ON SCHEMA public TO %I',
