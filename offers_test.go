@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -523,21 +522,15 @@ func testBook(t *testing.T, cfg DispatcherConfig, db *pgxpool.Pool, vt time.Dura
 	return d, l
 }
 
-// closedPool returns a pool whose every connection attempt is refused: a
-// listener opened and closed at once leaves a port nobody answers on.
+// closedPool returns a pool whose every connection attempt is refused:
+// nothing answers on port 1 of loopback. (A port freed by a listener of
+// our own could be taken by a parallel test's server.)
 func closedPool(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	cfg, err := pgxpool.ParseConfig("postgres://nobody@127.0.0.1:1/none?connect_timeout=2")
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := ln.Addr().(*net.TCPAddr)
-	_ = ln.Close()
-	cfg, err := pgxpool.ParseConfig("postgres://nobody@127.0.0.1/none?connect_timeout=2")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.Port = uint16(addr.Port)
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)

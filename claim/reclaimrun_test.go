@@ -225,15 +225,10 @@ func TestReclaimInBatches(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	// A pass that filled its batch is followed at once, not after the
-	// 100ms at least that the timer waits.
-	clock.mu.Lock()
-	defer clock.mu.Unlock()
-	for i := range 2 {
-		if gap := clock.starts[i+1].Sub(clock.ends[i]); gap >= 90*time.Millisecond {
-			t.Errorf("pass %d started %s after pass %d, which filled its batch, ended", i+2, gap.Round(time.Millisecond), i+1)
-		}
-	}
+	// That a pass that filled its batch is followed at once, not when the
+	// timer would start one, reclaim's TestFullBatchFollowedAtOnce shows
+	// with the timer's least wait lengthened: here its 100 ms would be
+	// told from "at once" by a margin a loaded machine can blur.
 }
 
 // TestReclaimDefaultBatch: with no Batch set, a pass returns at most

@@ -81,6 +81,10 @@ const (
 	retryCeiling = 30 * time.Second
 )
 
+// rearmFloor is the least wait before a pass the timer starts; a pass that
+// filled its batch is followed at once instead.
+const rearmFloor = 100 * time.Millisecond
+
 // A pass logs at most deadLogBurst of its dead letters one by one, and
 // one line more for the rest; a burst of those lines is let through at
 // once, then one every deadLogInterval (see the package comment).
@@ -129,6 +133,9 @@ type Reclaimer struct {
 
 	// retryBase and retryCeiling, here so that a test can shorten them.
 	retryBase, retryCeiling time.Duration
+	// rearm is the least wait before a pass the timer starts (rearmFloor),
+	// here so that a test can lengthen it.
+	rearm time.Duration
 
 	// deadLog bounds the dead letters' warn lines, and counts the dead
 	// letters of the lines it holds back.
@@ -153,7 +160,7 @@ func New(db *pgxpool.Pool, log zerolog.Logger, opts Options) *Reclaimer {
 		opts.Batch = DefaultBatch
 	}
 	r := &Reclaimer{db: db, log: log, opts: opts, kick: make(chan struct{}, 1),
-		retryBase: retryBase, retryCeiling: retryCeiling, deadLog: logthrottle.New(deadLogBurst+1, deadLogInterval)}
+		retryBase: retryBase, retryCeiling: retryCeiling, rearm: rearmFloor, deadLog: logthrottle.New(deadLogBurst+1, deadLogInterval)}
 	r.timer = time.AfterFunc(time.Hour, r.fire)
 	r.timer.Stop()
 	return r
@@ -263,19 +270,20 @@ func (r *Reclaimer) Run(ctx context.Context) {
 			stuck = 0
 			continue
 		}
-		// Leases still live are re-armed, no sooner than 100ms, so that
-		// one whose consumer's timeout is longer than we knew cannot spin
-		// the timer. A lease that has expired and yet was not reclaimed is
-		// on a row another transaction holds locked (the pass skips locked
-		// rows): it is looked at again backing off to once a second, not
-		// ten times a second for as long as the lock lasts.
+		// Leases still live are re-armed, no sooner than rearmFloor, so
+		// that one whose consumer's timeout is longer than we knew cannot
+		// spin the timer. A lease that has expired and yet was not
+		// reclaimed is on a row another transaction holds locked (the pass
+		// skips locked rows): it is looked at again backing off to ten
+		// times that (once a second), not ten times a second for as long
+		// as the lock lasts.
 		now := time.Now()
 		if res.Released+res.DeadLettered == 0 && !next.After(now) {
 			stuck++
 		} else {
 			stuck = 0
 		}
-		r.Observe(later(next, now.Add(min(time.Second, 100*time.Millisecond<<min(stuck, 4)))))
+		r.Observe(later(next, now.Add(min(10*r.rearm, r.rearm<<min(stuck, 4)))))
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -262,5 +263,37 @@ func TestGrownTimeoutKept(t *testing.T) {
 			t.Errorf("failure %d logged a timeout of %gms after %gms: the timeout fell back after a success; failures %+v",
 				i+1, got[i].Timeout, got[i-1].Timeout, got)
 		}
+	}
+}
+
+// TestFullBatchFollowedAtOnce: a pass that filled its batch is followed by
+// the next at once, not when the timer would start one. The timer's least
+// wait is lengthened from 100 ms to 10 s, so that a second pass that came
+// by the timer is told from one that came at once by seconds, which a
+// loaded machine cannot blur.
+func TestFullBatchFollowedAtOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	if _, err := pool.Exec(ctx, `WITH a AS (INSERT INTO apps (name) VALUES ('app') RETURNING id)
+		INSERT INTO queue_messages (app_id, queue_name, payload, claim_token, claimed_at, attempt)
+		SELECT a.id, 'q', '{}', gen_random_uuid(), now() - interval '1 hour', 1 FROM a, generate_series(1, 25)`); err != nil {
+		t.Fatal(err)
+	}
+	var passes, released atomic.Int64
+	r := New(pool, zerolog.Nop(), Options{DefaultVT: 5 * time.Second, Batch: 10,
+		OnPass: func(res Result) { passes.Add(1); released.Add(res.Released) }})
+	r.rearm = 10 * time.Second
+	run(t, r)
+	r.Observe(time.Now())
+	deadline := time.Now().Add(8 * time.Second)
+	for released.Load() != 25 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d passes released %d of 25 expired leases within 8 s; want 3 passes, one after the other", passes.Load(), released.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := passes.Load(); n != 3 {
+		t.Errorf("%d passes released 25 leases in batches of 10, want 3", n)
 	}
 }
