@@ -261,6 +261,11 @@ var PrincipalCreate string
 //go:embed principal_app.sql
 var PrincipalApp string
 
+// PrincipalList is principal_list.sql.
+//
+//go:embed principal_list.sql
+var PrincipalList string
+
 // PrincipalLookup is principal_lookup.sql.
 //
 //go:embed principal_lookup.sql

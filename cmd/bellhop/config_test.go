@@ -28,6 +28,7 @@ import (
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/pgdsn"
 	"github.com/bellhopq/bellhop/internal/pgtest"
+	"github.com/bellhopq/bellhop/internal/validate"
 	"github.com/bellhopq/bellhop/migrations"
 )
 
@@ -200,8 +201,12 @@ func TestBadConfiguration(t *testing.T) {
 		{"BELLHOP_BLOCK_PRIVATE_ADDRESSES beside a proxy", dsn, []string{"HTTP_PROXY=http://proxy.example:3128", "BELLHOP_BLOCK_PRIVATE_ADDRESSES=1"}, []string{"run"},
 			"BELLHOP_BLOCK_PRIVATE_ADDRESSES: blocking pushes to private addresses checks the address dialled, and with HTTP_PROXY set"},
 		// Checked before connecting, as their error said.
-		{"--delay too long, database away", away, nil, append(enq, "--delay", "87601h", "{}"), "delay 87601h0m0s is more than the limit, 87600h (10 years)"},
-		{"--at too far, database away", away, nil, append(enq, "--at", "2199-01-02T15:04:05Z", "{}"), "deliver-after 2199-01-02T15:04:05Z is more than the limit, 87600h (10 years), ahead"},
+		// Named as the flags, not as the library's options (delay,
+		// deliver-after), which the user never typed.
+		{"--delay too long, database away", away, nil, append(enq, "--delay", "87601h", "{}"), "bellhop: invalid option: --delay 87601h0m0s is more than the limit, 87600h (10 years)\n"},
+		{"--at too far, database away", away, nil, append(enq, "--at", "2199-01-02T15:04:05Z", "{}"), "bellhop: invalid option: --at 2199-01-02T15:04:05Z is more than the limit, 87600h (10 years), ahead\n"},
+		{"--delay too long from stdin", dsn, nil, append(enq, "--delay", "87601h", "-"), "bellhop: invalid option: --delay 87601h0m0s is more than the limit"},
+		{"--at too far from stdin", dsn, nil, append(enq, "--at", "2199-01-02T15:04:05+02:00", "-"), "bellhop: invalid option: --at 2199-01-02T15:04:05+02:00 is more than the limit"},
 		{"bad --app on enqueue, database away", away, nil, []string{"enqueue", "--app", "bad app", "--queue", "q", "{}"}, `--app: invalid name: app name "bad app"`},
 		// A name the user never typed is blamed on the variable that
 		// gave it.
@@ -584,6 +589,58 @@ func TestFlagsOverrideEnv(t *testing.T) {
 		"--url", "http://127.0.0.1:9/", "--allowed-hosts", "127.0.0.1")
 	if r.code != 0 {
 		t.Errorf("--allowed-hosts did not override BELLHOP_ALLOWED_HOSTS: %s", r)
+	}
+}
+
+// TestErrorsNameEnvSource: an error that refuses a value quotes it with
+// the BELLHOP_ variable it came from, wherever the error comes from (the
+// library, the CLI), and only when the command line did not give it: the
+// CLI review found `BELLHOP_APP=nope bellhop queues` saying only "unknown
+// app", which sent the operator looking for an --app they never typed.
+func TestErrorsNameEnvSource(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.ConnString(t)
+	ok(t, dsn, "app", "create", "shop")
+	const id = "00000000-0000-0000-0000-000000000001"
+	long := strings.Repeat("a", 70)
+	tests := []struct {
+		name string
+		env  string // BELLHOP_APP's value
+		args []string
+		want string // the whole line on stderr
+	}{
+		{"queues", "nope", []string{"queues"}, `bellhop: list queues: unknown app "nope" (from BELLHOP_APP)`},
+		{"queues --watch", "nope", []string{"queues", "--watch"}, `bellhop: list queues: unknown app "nope" (from BELLHOP_APP)`},
+		{"consumer ls", "nope", []string{"consumer", "ls"}, `bellhop: list consumers: unknown app "nope" (from BELLHOP_APP)`},
+		{"dead ls", "nope", []string{"dead", "ls"}, `bellhop: list dead letters: unknown app "nope" (from BELLHOP_APP)`},
+		{"dead show", "nope", []string{"dead", "show", id}, `bellhop: list dead letters: unknown app "nope" (from BELLHOP_APP)`},
+		{"dead purge", "nope", []string{"dead", "purge", "--queue", "q"}, `bellhop: purge dead letters: unknown app "nope" (from BELLHOP_APP)`},
+		{"dead redrive of none", "shop", []string{"dead", "redrive", id}, `bellhop: no dead letter ` + id + ` in app "shop" (from BELLHOP_APP)`},
+		{"enqueue", "nope", []string{"enqueue", "--queue", "q", "{}"}, `bellhop: enqueue nope/q: unknown app "nope" (from BELLHOP_APP)`},
+		{"enqueue -", "nope", []string{"enqueue", "--queue", "q", "-"}, `bellhop: enqueue to app nope: unknown app "nope" (from BELLHOP_APP); nothing was enqueued`},
+		{"consumer add", "nope", []string{"consumer", "add", "--queue", "q", "--url", "http://127.0.0.1:9/"}, `bellhop: register consumer nope/q: unknown app "nope" (from BELLHOP_APP)`},
+		{"invalid name in a listing", "bad app", []string{"queues"}, `bellhop: list queues: unknown app "bad app" (from BELLHOP_APP) (not a valid app name: ` + validate.NameRule + `)`},
+		{"name cut in the error", long, []string{"consumer", "ls"}, `bellhop: list consumers: unknown app "` + long[:64] + `…" (from BELLHOP_APP) (not a valid app name: ` + validate.NameRule + `)`},
+		// Checked by the CLI, which named the variable already.
+		{"invalid name checked by the CLI", "bad app", []string{"consumer", "rm", id}, `bellhop: BELLHOP_APP: invalid name: app name "bad app": ` + validate.NameRule},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			db := "DATABASE_URL=" + dsn
+			r := exeEnv(t, []string{db, "BELLHOP_APP=" + tc.env}, "", tc.args...)
+			if r.code != 2 || r.stderr != tc.want+"\n" {
+				t.Errorf("BELLHOP_APP=%q bellhop %s: %s\nwant exit 2 and stderr %q", tc.env, strings.Join(tc.args, " "), r, tc.want)
+			}
+			// Given by --app, the same value is not blamed on the
+			// variable, set to another app or not at all.
+			for _, env := range [][]string{{db}, {db, "BELLHOP_APP=other"}} {
+				r := exeEnv(t, env, "", slices.Concat(tc.args[:len(tc.args):len(tc.args)], []string{"--app", tc.env})...)
+				if r.code != 2 || strings.Contains(r.stderr, "BELLHOP_APP") {
+					t.Errorf("%q bellhop %s --app %q: %s\nwant exit 2, BELLHOP_APP not named", env[1:], strings.Join(tc.args, " "), tc.env, r)
+				}
+			}
+		})
 	}
 }
 

@@ -51,6 +51,7 @@ func TestHostileInputEveryCommand(t *testing.T) {
 			{"consumer", "add", "--app", "shop", "--queue", h, "--url", "http://127.0.0.1:1/"},
 			{"consumer", "add", "--app", "shop", "--queue", "q2", "--url", "http://127.0.0.1:1/", "--principal", h},
 			{"consumer", "ls", "--app", h},
+			{"principal", "ls", "--app", h},
 			{"consumer", "update", "--app", h, consumerID, "--max-attempts", "3"},
 			{"consumer", "pause", "--app", h, consumerID},
 			{"consumer", "rm", "--app", h, consumerID},

@@ -1,6 +1,6 @@
 // Command bellhop runs the Bellhop dispatcher as a service and operates it
-// from the command line: migrations, apps, consumers, enqueueing, queue and
-// dead-letter inspection, and a one-command demo.
+// from the command line: migrations, apps, principals, consumers,
+// enqueueing, queue and dead-letter inspection, and a one-command demo.
 //
 // Configuration comes from flags, then environment variables: DATABASE_URL
 // for --database-url, and BELLHOP_<FLAG> for the logging flags, --app,
@@ -123,8 +123,14 @@ var badInput = []error{
 
 // isUsage reports whether err is the caller's mistake: exit status 2.
 func isUsage(err error) bool {
+	return isFlagError(err) || isBadInput(err)
+}
+
+// isBadInput reports whether err, from a command's action, refuses its
+// input: the CLI's own usage errors and the library's badInput.
+func isBadInput(err error) bool {
 	var ue usageError
-	if errors.As(err, &ue) || isFlagError(err) {
+	if errors.As(err, &ue) {
 		return true
 	}
 	for _, target := range badInput {
@@ -250,6 +256,59 @@ func sameBool(v bool) func(string) bool {
 	return func(e string) bool { b, err := strconv.ParseBool(e); return err == nil && b == v }
 }
 
+// sourceNamed names, in err, the BELLHOP_ variable that gave a value the
+// error quotes, right after the value: list queues: unknown app "nope"
+// (from BELLHOP_APP). The library's errors, and some of the CLI's (no
+// dead letter ... in app "shop"), quote a value without knowing where it
+// came from, and an operator who had forgotten that BELLHOP_APP was set
+// looked for it on the command line. Only errors that refuse the input,
+// and only string flags of cmd itself: other kinds of value (durations,
+// lists, switches) are checked by the CLI, which names their variable
+// (flagName), as do the root's flags, checked before any action; an
+// error that names the variable already is left as it is.
+func sourceNamed(cmd *cli.Command, err error) error {
+	if !isBadInput(err) {
+		return err
+	}
+	msg := err.Error()
+	for _, f := range cmd.Flags {
+		if _, ok := f.(*cli.StringFlag); !ok {
+			continue
+		}
+		v := cmd.String(f.Names()[0])
+		key := flagName(f.Names()[0], sameString(v))
+		if !strings.HasPrefix(key, envPrefix) || strings.Contains(msg, key) {
+			continue
+		}
+		if end := quotedEnd(msg, v); end >= 0 {
+			return renamedError{msg: msg[:end] + " (from " + key + ")" + msg[end:], err: err}
+		}
+	}
+	return err
+}
+
+// quotedEnd returns where the first quotation of v in msg ends, or -1 if
+// msg does not quote it. A value is quoted as validate.Shown quotes it,
+// or, past 64 bytes, as the library cuts it ("<64 bytes>…").
+func quotedEnd(msg, v string) int {
+	shown, ok := validate.Redact(v)
+	if !ok {
+		return -1
+	}
+	forms := []string{validate.Shown(v)}
+	if len(shown) > 64 {
+		q := strconv.Quote(shown[:64])
+		forms = append(forms, q[:len(q)-1]+`…"`)
+	}
+	start, end := -1, -1
+	for _, q := range forms {
+		if i := strings.Index(msg, q); i >= 0 && (start < 0 || i < start) {
+			start, end = i, i+len(q)
+		}
+	}
+	return end
+}
+
 // checkEmptyEnv refuses a BELLHOP_ variable that is set but empty, for a
 // flag of cmd or of the commands above it that the command line does not
 // give: unset, the flag has its default; empty, it is a mistake (a
@@ -312,6 +371,7 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			migrateCommand(d),
 			runCommand(d),
 			appCommand(d),
+			principalCommand(d),
 			consumerCommand(d),
 			enqueueCommand(d),
 			queuesCommand(d),
@@ -333,7 +393,8 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 // makes a command group refuse an unknown subcommand by name, and makes a
 // command that takes no arguments (one without ArgsUsage) refuse any,
 // which the library would otherwise ignore. It also marks what each
-// action returns (actionError), so that it is not taken for a flag error.
+// action returns (actionError), so that it is not taken for a flag error,
+// and names in it the variable that gave a value it quotes (sourceNamed).
 func strict(cmd *cli.Command) {
 	cmd.OnUsageError = func(_ context.Context, cmd *cli.Command, err error, _ bool) error {
 		// The library names a missing flag without its dashes (Required
@@ -375,7 +436,7 @@ func strict(cmd *cli.Command) {
 				return err
 			}
 			if err := action(ctx, cmd); err != nil {
-				return actionError{err}
+				return actionError{sourceNamed(cmd, err)}
 			}
 			return nil
 		}

@@ -198,6 +198,38 @@ func appCommand(d *deps) *cli.Command {
 	}
 }
 
+// principalCommand lists principals, which `consumer add --principal`
+// names; apps make their "default" one, and the Go client's
+// CreatePrincipal the others.
+func principalCommand(d *deps) *cli.Command {
+	return &cli.Command{
+		Name:  "principal",
+		Usage: "list principals (an app's identities that register consumers and enqueue)",
+		Commands: []*cli.Command{{
+			Name:  "ls",
+			Usage: "list principals, by app and name",
+			Flags: []cli.Flag{&cli.StringFlag{Name: "app", Usage: "only this app's", Sources: env("APP")}},
+			Action: func(ctx context.Context, cmd *cli.Command) error {
+				c, pool, err := client(ctx, cmd)
+				if err != nil {
+					return err
+				}
+				defer pool.Close()
+				ps, err := c.Principals(ctx, cmd.String("app"))
+				if err != nil {
+					return err
+				}
+				tw := tabwriter.NewWriter(d.stdout, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "APP\tNAME\tID\tCREATED")
+				for _, p := range ps {
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", p.App, p.Name, p.ID, p.CreatedAt.UTC().Format(time.RFC3339))
+				}
+				return tw.Flush()
+			},
+		}},
+	}
+}
+
 func oneArg(cmd *cli.Command, what string) (string, error) {
 	if cmd.Args().Len() != 1 {
 		// Without the program's name, which the error's prefix gives.
@@ -326,6 +358,23 @@ func flagNamed(err error) error {
 		return err
 	}
 	return renamedError{msg: settingFlags.Replace(err.Error()), err: err}
+}
+
+// whenFlags rewrites the names validate.DeliverAt's errors give a
+// message's time of delivery ("delay 87601h0m0s is more than the limit",
+// "deliver-after 2199-01-02T15:04:05Z is ...") as enqueue's flags that set
+// it, keeping the library's one set of checks and limits, as
+// settingFlags does for a consumer's settings.
+var whenFlags = strings.NewReplacer(": delay ", ": --delay ", ": deliver-after ", ": --at ")
+
+// whenNamed returns an ErrInvalidOptions error of validate.DeliverAt with the
+// time of delivery named as enqueue's flags (whenFlags); it still unwraps
+// to err. Other errors are returned as they are.
+func whenNamed(err error) error {
+	if !errors.Is(err, bellhop.ErrInvalidOptions) {
+		return err
+	}
+	return renamedError{msg: whenFlags.Replace(err.Error()), err: err}
 }
 
 // renamedError is err with its text reworded.
@@ -638,7 +687,7 @@ func enqueueCommand(d *deps) *cli.Command {
 				return usagef("--queue: %w", err)
 			}
 			if _, err := validate.DeliverAt(time.Now(), opts.DeliverAfter, opts.Delay); err != nil {
-				return usageError{err}
+				return usageError{whenNamed(err)}
 			}
 			if body != "-" {
 				if err := validate.Payload([]byte(body)); err != nil {
@@ -681,7 +730,7 @@ func enqueueStream(ctx context.Context, c *bellhop.Client, pool *pgxpool.Pool, a
 		return usageError{err}
 	}
 	if _, err := validate.DeliverAt(time.Now(), opts.DeliverAfter, opts.Delay); err != nil {
-		return usageError{err}
+		return usageError{whenNamed(err)}
 	}
 	// The app too, which takes the database: an empty stream would
 	// otherwise succeed, and a bad app be blamed on the first batch. Not
@@ -838,8 +887,14 @@ func queuesCommand(d *deps) *cli.Command {
 							consumer += " (paused)"
 						}
 					}
+					// No ready message has no age: 0s would read as one
+					// ready this instant.
+					oldest := "-"
+					if q.Ready > 0 {
+						oldest = q.OldestReady.Round(time.Millisecond).String()
+					}
 					fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", q.App, q.Queue, q.Ready, q.Delayed, q.InFlight, q.Dead,
-						q.OldestReady.Round(time.Millisecond), consumer)
+						oldest, consumer)
 				}
 				if err := tw.Flush(); err != nil || !cmd.Bool("watch") {
 					return err

@@ -164,6 +164,79 @@ func TestConsumerLifecycle(t *testing.T) {
 	_ = d
 }
 
+// TestPrincipalList: principal ls lists each app's principals, the
+// default one and those added since, by app and name, with their ids, for
+// one app (--app or BELLHOP_APP) or every app, and refuses an unknown app
+// as the other listings do.
+func TestPrincipalList(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.ConnString(t)
+	defaultID := map[string]string{}
+	for _, app := range []string{"shop", "other"} {
+		m := regexp.MustCompile(`default principal: id (\S+)`).FindStringSubmatch(ok(t, dsn, "app", "create", app))
+		if m == nil {
+			t.Fatalf("app create %s printed no default principal", app)
+		}
+		defaultID[app] = m[1]
+	}
+	billing, err := bellhop.NewClient(db(t, dsn)).CreatePrincipal(t.Context(), "shop", "billing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherDefault := []string{"other", "default", defaultID["other"]}
+	shopBilling := []string{"shop", "billing", billing.String()}
+	shopDefault := []string{"shop", "default", defaultID["shop"]}
+	tests := []struct {
+		name string
+		env  []string
+		args []string
+		want [][]string // APP, NAME, ID of each row, in order
+	}{
+		{"every app", nil, nil, [][]string{otherDefault, shopBilling, shopDefault}},
+		{"--app", nil, []string{"--app", "shop"}, [][]string{shopBilling, shopDefault}},
+		{"BELLHOP_APP", []string{"BELLHOP_APP=other"}, nil, [][]string{otherDefault}},
+		{"--app over BELLHOP_APP", []string{"BELLHOP_APP=other"}, []string{"--app", "shop"}, [][]string{shopBilling, shopDefault}},
+	}
+	sep := regexp.MustCompile(`\s{2,}`)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := exeEnv(t, append([]string{"DATABASE_URL=" + dsn}, tc.env...), "", append([]string{"principal", "ls"}, tc.args...)...)
+			if r.code != 0 {
+				t.Fatalf("principal ls %s: %s", strings.Join(tc.args, " "), r)
+			}
+			lines := strings.Split(strings.TrimRight(r.stdout, "\n"), "\n")
+			if h := sep.Split(lines[0], -1); !slices.Equal(h, []string{"APP", "NAME", "ID", "CREATED"}) {
+				t.Fatalf("header %q", h)
+			}
+			if len(lines)-1 != len(tc.want) {
+				t.Fatalf("%d rows, want %d:\n%s", len(lines)-1, len(tc.want), r.stdout)
+			}
+			for i, l := range lines[1:] {
+				f := sep.Split(l, -1)
+				if len(f) != 4 || !slices.Equal(f[:3], tc.want[i]) {
+					t.Errorf("row %d %q, want %q and a time", i+1, f, tc.want[i])
+					continue
+				}
+				if at, err := time.Parse(time.RFC3339, f[3]); err != nil || time.Since(at) > time.Hour || time.Until(at) > time.Hour {
+					t.Errorf("row %d CREATED %q, want about now (RFC 3339)", i+1, f[3])
+				}
+			}
+		})
+	}
+	for _, env := range [][]string{nil, {"BELLHOP_APP=nope"}} {
+		args := []string{"principal", "ls", "--app", "nope"}
+		want := `bellhop: list principals: unknown app "nope"` + "\n"
+		if env != nil {
+			args = args[:2]
+			want = `bellhop: list principals: unknown app "nope" (from BELLHOP_APP)` + "\n"
+		}
+		if r := exeEnv(t, append([]string{"DATABASE_URL=" + dsn}, env...), "", args...); r.code != 2 || r.stderr != want || r.stdout != "" {
+			t.Errorf("%q bellhop %s: %s\nwant exit 2 and %q", env, strings.Join(args, " "), r, want)
+		}
+	}
+}
+
 // TestQueuesOutput: the queue list counts ready, delayed, in-flight and
 // dead messages per queue, with the oldest ready age and the consumer.
 func TestQueuesOutput(t *testing.T) {
@@ -192,8 +265,22 @@ func TestQueuesOutput(t *testing.T) {
 	      WHERE id = (SELECT id FROM queue_messages WHERE queue_name = 'orders' AND deliver_after IS NULL ORDER BY id DESC LIMIT 1)`)
 	exec(`INSERT INTO dead_letters (id, source, app_id, queue_name, payload, enqueued_at, attempt, max_attempts, last_error)
 	      SELECT gen_random_uuid(), 'queue', id, 'orders', '{}', now(), 5, 5, 'x' FROM apps WHERE name = 'shop'`)
+	// Queues with no ready message: only a delayed one, only a leased
+	// one, only a dead letter.
+	enqueue(t, dsn, "other", "later", `{}`, "--delay", "1h")
+	enqueue(t, dsn, "other", "leased", `{}`)
+	exec(`UPDATE queue_messages SET claim_token = gen_random_uuid(), claimed_at = now(), attempt = 1 WHERE queue_name = 'leased'`)
+	exec(`INSERT INTO dead_letters (id, source, app_id, queue_name, payload, enqueued_at, attempt, max_attempts, last_error)
+	      SELECT gen_random_uuid(), 'queue', id, 'graveyard', '{}', now(), 5, 5, 'x' FROM apps WHERE name = 'other'`)
 
 	out := ok(t, dsn, "queues")
+	// No ready message has no age: "-", as CONSUMER shows none, where
+	// "0s" read as a message ready this instant.
+	for _, q := range []string{"later", "leased", "graveyard"} {
+		if row := queueRow(t, out, "other", q); row["READY"] != "0" || row["OLDEST READY"] != "-" {
+			t.Errorf("other/%s READY %q, OLDEST READY %q; want 0 and -", q, row["READY"], row["OLDEST READY"])
+		}
+	}
 	row := queueRow(t, out, "shop", "orders")
 	for k, v := range map[string]string{"READY": "2", "DELAYED": "2", "IN FLIGHT": "1", "DEAD": "1", "CONSUMER": cid} {
 		if row[k] != v {
@@ -308,7 +395,7 @@ func TestEnqueueStdin(t *testing.T) {
 		{name: "lone surrogate", stdin: lines(600, 0) + `"\ud800"` + "\n", wantCode: 2, wantErr: `line 607: invalid payload: it contains \ud800`},
 		{name: "payload nested too deep", stdin: lines(600, 0) + strings.Repeat("[", 200) + strings.Repeat("]", 200) + "\n", wantCode: 2, wantErr: "line 607: invalid payload: nested 200 deep"},
 		{name: "bad --max-attempts", stdin: lines(600, 0), flags: []string{"--max-attempts", "1001"}, wantCode: 2, wantErr: "--max-attempts 1001: must be 1 to 1000"},
-		{name: "--at too far ahead", stdin: lines(600, 0), flags: []string{"--at", "2999-01-01T00:00:00Z"}, wantCode: 2, wantErr: "deliver-after 2999-01-01T00:00:00Z is more than"},
+		{name: "--at too far ahead", stdin: lines(600, 0), flags: []string{"--at", "2999-01-01T00:00:00Z"}, wantCode: 2, wantErr: "invalid option: --at 2999-01-01T00:00:00Z is more than"},
 		// The app is checked by the database before the first line, also
 		// when there is none.
 		{name: "unknown app", stdin: lines(600, 0), flags: []string{"--app", "nope"}, wantCode: 2,
