@@ -69,6 +69,13 @@ type DeadFilter struct {
 	Queue string
 	ID    uuid.UUID
 	Limit int
+	// After continues a listing that stopped at its Limit: set it to the
+	// ID of the last DeadLetter listed, and only those after that one in
+	// the listing's order (newest first) are listed. Dead letters that
+	// die meanwhile are newer, so they are not listed. A dead letter of
+	// that id that is gone (redriven or purged since) is ErrInvalidOptions:
+	// list again from the newest.
+	After uuid.UUID
 	// OmitPayload lists the dead letters without their payloads: each
 	// DeadLetter's Payload is nil, and no payload is read from the
 	// database. A listing that does not show payloads should set it: a
@@ -115,12 +122,27 @@ func (c *Client) DeadLetters(ctx context.Context, f DeadFilter) (_ []DeadLetter,
 			return nil, fmt.Errorf("list dead letters: %w", err)
 		}
 	}
+	var afterDied *time.Time
+	if f.After != uuid.Nil {
+		if err := c.db.QueryRow(ctx, queries.DeadCursor, queries.Args{"app_name": nullable(f.App), "id": f.After}).Scan(&afterDied); err != nil {
+			return nil, fmt.Errorf("list dead letters: %w", err)
+		}
+		if afterDied == nil {
+			where := ""
+			if f.App != "" {
+				where = ` in app "` + printable(f.App) + `"`
+			}
+			return nil, fmt.Errorf("list dead letters: %w: after %s: no such dead letter%s (redriven or purged since it was listed?); list again from the newest",
+				ErrInvalidOptions, f.After, where)
+		}
+	}
 	sql := queries.DeadList
 	if f.OmitPayload {
 		sql = queries.DeadListBrief
 	}
 	rows, err := c.db.Query(ctx, sql, queries.Args{
 		"app_name": nullable(f.App), "queue_name": nullable(f.Queue), "id": nullable(f.ID), "max_rows": f.Limit,
+		"after_id": nullable(f.After), "after_died": afterDied,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("list dead letters: %w", err)

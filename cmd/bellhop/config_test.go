@@ -165,6 +165,9 @@ func TestBadConfiguration(t *testing.T) {
 		{"dead purge bad queue name", dsn, nil, []string{"dead", "purge", "--app", "shop", "--queue", "bad q"}, `purge dead letters: invalid queue name "bad q"`},
 		{"dead redrive bad queue name", dsn, nil, []string{"dead", "redrive", "--app", "shop", "--queue", "a/b"}, `redrive dead letters: invalid queue name "a/b"`},
 		{"dead ls bad queue name", dsn, nil, []string{"dead", "ls", "--app", "shop", "--queue", "bad q"}, `list dead letters: invalid queue name "bad q"`},
+		{"dead ls --after not an id", dsn, nil, []string{"dead", "ls", "--app", "shop", "--after", "last"}, `--after "last": not a dead letter ID (a UUID)`},
+		{"dead ls --after no dead letter", dsn, nil, []string{"dead", "ls", "--app", "shop", "--after", "6f1c7a52-95e4-4c3a-9d43-1d6f3f1e8a11"},
+			`list dead letters: invalid option: after 6f1c7a52-95e4-4c3a-9d43-1d6f3f1e8a11: no such dead letter in app "shop"`},
 		// Input that is bad whatever the database holds is named even
 		// when the database cannot be reached.
 		{"bad app name, database away", away, nil, []string{"app", "create", "bad name"}, `create app: invalid name: app name "bad name"`},

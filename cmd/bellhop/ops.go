@@ -1020,7 +1020,8 @@ func deadCommand(d *deps) *cli.Command {
 			Name:  "ls",
 			Usage: "list dead letters, newest first",
 			Flags: []cli.Flag{appFlag, &cli.StringFlag{Name: "queue", Usage: "only this queue's"},
-				&cli.IntFlag{Name: "limit", Value: bellhop.DefaultDeadLimit, Usage: fmt.Sprintf("at most this many (1 to %d)", bellhop.MaxDeadLimit)}},
+				&cli.IntFlag{Name: "limit", Value: bellhop.DefaultDeadLimit, Usage: fmt.Sprintf("at most this many (1 to %d)", bellhop.MaxDeadLimit)},
+				&cli.StringFlag{Name: "after", Usage: "only those after this dead letter ID in the list: the last ID of a listing cut at its --limit"}},
 			Action: func(ctx context.Context, cmd *cli.Command) error {
 				if err := nonEmptyApp(cmd); err != nil {
 					return err
@@ -1030,6 +1031,13 @@ func deadCommand(d *deps) *cli.Command {
 				if n := cmd.Int("limit"); n < 1 || n > bellhop.MaxDeadLimit {
 					return usagef("--limit %d: must be 1 to %d", n, bellhop.MaxDeadLimit)
 				}
+				var after uuid.UUID
+				if s := cmd.String("after"); s != "" {
+					var err error
+					if after, err = uuid.Parse(s); err != nil {
+						return usagef("--after %s: not a dead letter ID (a UUID)", validate.Shown(s))
+					}
+				}
 				c, pool, err := client(ctx, cmd)
 				if err != nil {
 					return err
@@ -1038,7 +1046,7 @@ func deadCommand(d *deps) *cli.Command {
 				// The table shows no payload: reading them held every
 				// listed one in memory, up to 10,000 of up to 1 MiB.
 				ds, err := c.DeadLetters(ctx, bellhop.DeadFilter{App: cmd.String("app"), Queue: cmd.String("queue"),
-					Limit: int(cmd.Int("limit")), OmitPayload: true})
+					Limit: int(cmd.Int("limit")), After: after, OmitPayload: true})
 				if err != nil {
 					return err
 				}
@@ -1066,8 +1074,8 @@ func deadCommand(d *deps) *cli.Command {
 				// script counting its lines took 100 for all there were
 				// (the CLI review).
 				if n := int(cmd.Int("limit")); len(ds) == n {
-					fmt.Fprintf(d.stderr, "bellhop: showing the newest %d dead letters; there may be more (`bellhop queues` counts them; --limit takes up to %d, --queue narrows the list)\n",
-						n, bellhop.MaxDeadLimit)
+					fmt.Fprintf(d.stderr, "bellhop: showing %d dead letters; there may be more: --after %s lists the next (`bellhop queues` counts them; --limit takes up to %d, --queue narrows the list)\n",
+						n, ds[n-1].ID, bellhop.MaxDeadLimit)
 				}
 				return nil
 			},

@@ -1092,7 +1092,8 @@ func TestReadOnlyServerHinted(t *testing.T) {
 
 // TestDeadListSaysItWasCut: a dead ls that stops at its limit says so on
 // stderr (a script counting its lines took 100 for all there were, found
-// by the CLI review); one that lists them all says nothing.
+// by the CLI review), with the --after that lists the next; one that
+// lists them all says nothing.
 func TestDeadListSaysItWasCut(t *testing.T) {
 	t.Parallel()
 	dsn := pgtest.ConnString(t)
@@ -1102,10 +1103,20 @@ func TestDeadListSaysItWasCut(t *testing.T) {
 		SELECT gen_random_uuid(), a.id, 'orders', '{}', now(), 3, 3, 'boom', 'queue' FROM apps a, generate_series(1, 3)`); err != nil {
 		t.Fatal(err)
 	}
-	const note = "bellhop: showing the newest 2 dead letters; there may be more"
-	if r := exe(t, dsn, "", "dead", "ls", "--app", "shop", "--limit", "2"); r.code != 0 || !strings.Contains(r.stderr, note) ||
-		strings.Count(r.stdout, "\n") != 3 {
-		t.Errorf("dead ls --limit 2 of 3: want exit 0, a header and 2 rows, and the note; got %s", r)
+	noteRE := regexp.MustCompile(`^bellhop: showing 2 dead letters; there may be more: --after (\S+) lists the next`)
+	r := exe(t, dsn, "", "dead", "ls", "--app", "shop", "--limit", "2")
+	m := noteRE.FindStringSubmatch(r.stderr)
+	if r.code != 0 || m == nil || strings.Count(r.stdout, "\n") != 3 {
+		t.Fatalf("dead ls --limit 2 of 3: want exit 0, a header and 2 rows, and the note; got %s", r)
+	}
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if last := strings.Fields(lines[2])[0]; m[1] != last {
+		t.Errorf("the note says --after %s, want the last ID listed, %s", m[1], last)
+	}
+	next := exe(t, dsn, "", "dead", "ls", "--app", "shop", "--limit", "2", "--after", m[1])
+	if next.code != 0 || next.stderr != "" || strings.Count(next.stdout, "\n") != 2 ||
+		strings.Contains(r.stdout, strings.Fields(strings.Split(next.stdout, "\n")[1])[0]) {
+		t.Errorf("dead ls --after the last of the first 2: want the third alone and no note; got %s", next)
 	}
 	if r := exe(t, dsn, "", "dead", "ls", "--app", "shop"); r.code != 0 || r.stderr != "" || strings.Count(r.stdout, "\n") != 4 {
 		t.Errorf("dead ls of all 3: want exit 0, 3 rows and nothing on stderr; got %s", r)
