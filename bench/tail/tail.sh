@@ -15,7 +15,8 @@ set -eu
 [ $# -ge 1 ] || { echo "usage: tail.sh FILE.csv ..." >&2; exit 2; }
 printf '%-48s %5s %7s %7s %7s %7s %7s %7s  %s\n' file n lat50 lat99 enq50 enq99 aft50 aft99 'at or above p99: enq>=half, enq50, aft50, seconds'
 for f in "$@"; do
-    # Columns: enqueued_us, enqueue_call_us, latency_us.
+    # Columns: enqueued_us, enqueue_call_us, latency_us; files written
+    # since 2026-12-07 have a fourth, latency_from_due_us, not read here.
     tail -n +2 "$f" | awk -F, -v name="$(basename "$f" .csv)" '
     function pct(a, n, p,   k) { k = int(p * n); if (k < p * n) k++; if (k < 1) k = 1; if (k > n) k = n; return a[k] }
     function sift(a, i, n,   c, t) {

@@ -77,7 +77,7 @@ func TestProduceForCountsItsWindow(t *testing.T) {
 	defer setup.Close()
 	t0 := time.Now()
 	clock := func() int64 { return int64(time.Since(t0)) }
-	pr, err := produceFor(ctx, db, 32, 300*time.Millisecond, clock)
+	pr, err := produceFor(ctx, db, 32, 300*time.Millisecond, produceOpts{counter: clock})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -393,7 +393,9 @@ func TestInstrumentationOnlyInEvidenceRun(t *testing.T) {
 		t.Fatalf("a scored run gathered evidence: %+v, files %v", ev, files)
 	}
 	both(e.p.Runs + 1)
-	wantProfiles := []string{e.cpuprofile + ".scale-q1.pprof", e.cpuprofile + ".scale-q2.pprof", e.cpuprofile + ".200-q1-f10.pprof"}
+	// The evidence run, run 2, is even: its scale cases run in reverse
+	// order.
+	wantProfiles := []string{e.cpuprofile + ".scale-q2.pprof", e.cpuprofile + ".scale-q1.pprof", e.cpuprofile + ".200-q1-f10.pprof"}
 	if !slices.Equal(e.evidence.Profiles, wantProfiles) {
 		t.Errorf("profiles %v, want %v", e.evidence.Profiles, wantProfiles)
 	}
@@ -406,7 +408,7 @@ func TestInstrumentationOnlyInEvidenceRun(t *testing.T) {
 	for _, w := range e.evidence.WaitEvents {
 		waits = append(waits, w.Case)
 	}
-	wantWaits := []string{"scale: " + scaleCase(1, 100) + " (evidence run), all sessions", "scale: " + scaleCase(2, 100) + " (evidence run), all sessions"}
+	wantWaits := []string{"scale: " + scaleCase(2, 100) + " (evidence run), all sessions", "scale: " + scaleCase(1, 100) + " (evidence run), all sessions"}
 	if !slices.Equal(waits, wantWaits) {
 		t.Errorf("wait samples %q, want %q", waits, wantWaits)
 	}
@@ -415,7 +417,7 @@ func TestInstrumentationOnlyInEvidenceRun(t *testing.T) {
 		for _, s := range e.evidence.Statements {
 			stmts = append(stmts, s.Case)
 		}
-		want := []string{"scale: " + scaleCase(1, 100) + " (evidence run), while producing", "scale: " + scaleCase(2, 100) + " (evidence run), while producing", "throughput: " + c.String() + " (evidence run)"}
+		want := []string{"scale: " + scaleCase(2, 100) + " (evidence run), while producing", "scale: " + scaleCase(1, 100) + " (evidence run), while producing", "throughput: " + c.String() + " (evidence run)"}
 		if !slices.Equal(stmts, want) {
 			t.Errorf("statement windows %q, want %q", stmts, want)
 		}

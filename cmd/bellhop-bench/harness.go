@@ -290,6 +290,16 @@ func (r *running) stop() error {
 	return r.stopErr
 }
 
+// stopInto stops r, for a defer, and sets *err to the stop's error
+// unless *err holds one already: a dispatcher that did not stop may still
+// hold sessions and claims that would run into the next case, so the run
+// fails rather than go on.
+func (r *running) stopInto(err *error) {
+	if serr := r.stop(); serr != nil && *err == nil {
+		*err = fmt.Errorf("stop the dispatcher: %w", serr)
+	}
+}
+
 // observer counts what a dispatcher reports.
 type observer struct {
 	start   time.Time
@@ -333,17 +343,22 @@ type recorder struct {
 	// started (since base) and returned when each Enqueue returned, to
 	// tell the producer's part from the dispatcher's.
 	enq, started, returned []int64
-	seen                   []atomic.Bool
-	got                    atomic.Int64
-	dups                   atomic.Int64
-	warm                   atomic.Int64 // warm-up messages delivered
-	bad                    atomic.Int64
-	done                   chan struct{}
+	// due is when each message was due by the producers' schedule (since
+	// base; 0 if none was given): latency from it counts the time a
+	// producer that fell behind took to get to the message, which
+	// latency from the send leaves out.
+	due  []int64
+	seen []atomic.Bool
+	got  atomic.Int64
+	dups atomic.Int64
+	warm atomic.Int64 // warm-up messages delivered
+	bad  atomic.Int64
+	done chan struct{}
 }
 
 func newRecorder(base time.Time, n int) *recorder {
 	return &recorder{base: base, lat: make([]int64, n), seen: make([]atomic.Bool, n), done: make(chan struct{}),
-		enq: make([]int64, n), started: make([]int64, n), returned: make([]int64, n)}
+		enq: make([]int64, n), started: make([]int64, n), returned: make([]int64, n), due: make([]int64, n)}
 }
 
 // payload stamps message seq with the current time, which it returns
@@ -439,6 +454,21 @@ func (r *recorder) seenOnly(xs []int64) []int64 {
 
 func (r *recorder) stats() latencyStats { return summarize(r.seenOnly(r.lat)) }
 
+// dueAt notes when message seq was due by the schedule.
+func (r *recorder) dueAt(seq int, due time.Time) { r.due[seq] = int64(due.Sub(r.base)) }
+
+// fromDue returns the latencies from each message's due time (dueAt) to
+// the start of its handler, of the messages recorded with one.
+func (r *recorder) fromDue() latencyStats {
+	out := make([]int64, 0, len(r.lat))
+	for i := range r.lat {
+		if r.seen[i].Load() && r.due[i] != 0 {
+			out = append(out, r.started[i]-r.due[i])
+		}
+	}
+	return summarize(out)
+}
+
 // deliveredBy returns the rate at which handlers started between the
 // first Enqueue and end (both since base): how fast the dispatcher kept
 // up while the producers ran.
@@ -480,7 +510,9 @@ func (r *recorder) enqueued(seq int, t int64) {
 
 // dump writes every delivered message of a case run as CSV to the -dump
 // folder, if one was given: when its Enqueue began (µs since base), how
-// long the call took and its latency (µs).
+// long the call took, its latency and its latency from its due time (µs;
+// empty if it had none). The last column comes last so that readers of
+// the first three (bench/tail) read files of either age.
 func (r *recorder) dump(e *env, scenario, cas string, run int) error {
 	if e.dump == "" {
 		return nil
@@ -495,10 +527,14 @@ func (r *recorder) dump(e *env, scenario, cas string, run int) error {
 		return '-'
 	}, cas)
 	var b strings.Builder
-	b.WriteString("enqueued_us,enqueue_call_us,latency_us\n")
+	b.WriteString("enqueued_us,enqueue_call_us,latency_us,latency_from_due_us\n")
 	for i := range r.lat {
 		if r.seen[i].Load() {
-			fmt.Fprintf(&b, "%d,%d,%d\n", (r.returned[i]-r.enq[i])/1000, r.enq[i]/1000, r.lat[i]/1000)
+			fromDue := ""
+			if r.due[i] != 0 {
+				fromDue = strconv.FormatInt((r.started[i]-r.due[i])/1000, 10)
+			}
+			fmt.Fprintf(&b, "%d,%d,%d,%s\n", (r.returned[i]-r.enq[i])/1000, r.enq[i]/1000, r.lat[i]/1000, fromDue)
 		}
 	}
 	return os.WriteFile(filepath.Join(e.dump, fmt.Sprintf("%s-%s-run%d.csv", scenario, slug, run)), []byte(b.String()), 0o644)
@@ -515,13 +551,13 @@ func (r *recorder) split() (enq, after latencyStats) {
 	return summarize(r.seenOnly(r.enq)), summarize(r.seenOnly(a))
 }
 
-// pace calls send(i) for i in [0, total), each at begin + i*interval
-// by the schedule, from workers goroutines; a worker that falls behind
-// sends at once. With a deadline (> 0), nothing is sent once it has
-// passed since begin, so a producer that cannot keep up sends fewer. It
-// returns how many were sent and how long the sends took, from begin to
-// the return of the last one.
-func pace(ctx context.Context, total int, interval, deadline time.Duration, workers int, send func(ctx context.Context, i int) error) (int, time.Duration, error) {
+// pace calls send(i, due) for i in [0, total), each at due = begin +
+// i*interval by the schedule, from workers goroutines; a worker that
+// falls behind sends at once, after due. With a deadline (> 0), nothing
+// is sent once it has passed since begin, so a producer that cannot keep
+// up sends fewer. It returns how many were sent and how long the sends
+// took, from begin to the return of the last one.
+func pace(ctx context.Context, total int, interval, deadline time.Duration, workers int, send func(ctx context.Context, i int, due time.Time) error) (int, time.Duration, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var next, sent atomic.Int64
@@ -537,13 +573,14 @@ func pace(ctx context.Context, total int, interval, deadline time.Duration, work
 				if i >= total {
 					return
 				}
-				if d := time.Until(begin.Add(time.Duration(i) * interval)); d > 0 {
+				due := begin.Add(time.Duration(i) * interval)
+				if d := time.Until(due); d > 0 {
 					time.Sleep(d)
 				}
 				if deadline > 0 && time.Since(begin) >= deadline {
 					return
 				}
-				if err := send(ctx, i); err != nil {
+				if err := send(ctx, i, due); err != nil {
 					errOnce.Do(func() { firstErr = fmt.Errorf("send %d: %w", i, err); cancel() })
 					return
 				}
@@ -653,27 +690,41 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // has not grown for a second (a starting dispatcher claims once on every
 // lane), looking every 100ms, for at least minWait and at most maxWait.
 // It returns when, after its start, the count last grew: how long the
-// statements took, not how long it took to be sure they had ended. Without
-// pg_stat_statements it waits maxWait and returns that.
-func settleStatements(ctx context.Context, db *database, minWait, maxWait time.Duration) (time.Duration, error) {
-	start := time.Now()
+// statements took, not how long it took to be sure they had ended. settled
+// is false when that time is not known: without pg_stat_statements (it
+// then waits maxWait, so that the start-up claims are likely over), or
+// when the count still grew at maxWait (the claims had not ended). A
+// caller records the time only when settled.
+func settleStatements(ctx context.Context, db *database, minWait, maxWait time.Duration) (d time.Duration, settled bool, err error) {
 	if !db.s.pss {
-		return maxWait, sleepCtx(ctx, maxWait)
+		return 0, false, sleepCtx(ctx, maxWait)
 	}
+	count := func(ctx context.Context) (int64, error) {
+		st, err := db.statements(ctx)
+		return sumCalls(st), err
+	}
+	return settleCount(ctx, count, minWait, maxWait, time.Second, 100*time.Millisecond)
+}
+
+// settleCount is settleStatements on any count: it reads count every tick
+// until it has not changed for quiet, for at least minWait and at most
+// maxWait.
+func settleCount(ctx context.Context, count func(context.Context) (int64, error), minWait, maxWait, quiet, tick time.Duration) (time.Duration, bool, error) {
+	start := time.Now()
 	last, lastChange := int64(-1), start
 	for time.Since(start) < maxWait {
-		st, err := db.statements(ctx)
+		n, err := count(ctx)
 		if err != nil {
-			return 0, err
+			return 0, false, err
 		}
-		if n := sumCalls(st); n != last {
+		if n != last {
 			last, lastChange = n, time.Now()
-		} else if time.Since(lastChange) >= time.Second && time.Since(start) >= minWait {
-			break
+		} else if time.Since(lastChange) >= quiet && time.Since(start) >= minWait {
+			return lastChange.Sub(start), true, nil
 		}
-		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
-			return 0, err
+		if err := sleepCtx(ctx, tick); err != nil {
+			return 0, false, err
 		}
 	}
-	return lastChange.Sub(start), nil
+	return lastChange.Sub(start), false, nil
 }

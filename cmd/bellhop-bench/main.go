@@ -212,8 +212,8 @@ var scenarios = []scenario{
 	{"retries", "3b. Burn-down with due retries", runRetries, "a pg_stat_statements window over each case"},
 	{"load", "4. Latency under load", runLoad, "wait events of all sessions every 50ms and a pg_stat_statements window over each case"},
 	{"idle", "5. Idle load", runIdle, ""},
-	{"producer", "6. Producer cost of the notify trigger", runProducer, ""},
-	{"busy", "6b. Producer cost while a dispatcher drains (busy marks)", runBusy, ""},
+	{"producer", "6. Producer cost of the notify trigger", runProducer, "wait events of the producers' sessions every 50ms"},
+	{"busy", "6b. Producer cost while a dispatcher drains (busy marks)", runBusy, "wait events of the producers' sessions every 50ms"},
 	{"scale", "7. Scale in queues", runScale, "for both cases alike, wait events of all sessions every 50ms, a pg_stat_statements window and, with -cpuprofile, a CPU profile"},
 	{"river", "8. River side by side", runRiver, ""},
 }
@@ -326,7 +326,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.riverBin, "river-bin", "", "a prebuilt River benchmark binary (skips the build)")
 	fs.IntVar(&o.poolMax, "pool-max-conns", 20, "the dispatcher's pool size (and River's)")
 	fs.BoolVar(&o.sequential, "sequential", false, "run all runs of a scenario before the next scenario (default: interleaved, run 1 of every scenario, then run 2, ..., so that scenarios compared with each other, Bellhop's and River's, share the machine's changing load)")
-	fs.StringVar(&o.dump, "dump", "", "write every message of each latency and scale case run (and of river's back-to-back latency cases) to DIR/<scenario>-<case>-run<N>.csv (enqueued at, Enqueue call, latency; µs), to see when the slow ones came")
+	fs.StringVar(&o.dump, "dump", "", "write every message of each latency and scale case run (and of river's back-to-back latency cases) to DIR/<scenario>-<case>-run<N>.csv (enqueued at, Enqueue call, latency, latency from the due time where the producers kept a schedule; µs), to see when the slow ones came")
 	fs.BoolVar(&o.timeline, "timeline", false, "print, per second of each load run counted from its first send, how many messages were enqueued and delivered (to stderr)")
 	fs.BoolVar(&o.verbose, "v", false, "log the dispatchers' info messages to stderr (default: warnings)")
 	if err := fs.Parse(args); err != nil {
@@ -558,6 +558,9 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) (int, error)
 	rep.Finished = time.Now()
 	rep.Metrics = e.res.Summaries()
 	rep.Targets = evaluateTargets(e.res, p)
+	for _, w := range loadRateWarnings(e.res, p) {
+		e.res.Note("load", "%s", w)
+	}
 	rep.Notes = e.res.notes
 	rep.Errors = e.res.Errors
 	rep.Evidence.Figures = e.res.EvidenceFigures()
@@ -852,7 +855,7 @@ func writeReport(w io.Writer, rep *Report, md bool) {
 			}
 		}
 		list := strings.Join(names[:len(names)-1], ", ") + " and " + names[len(names)-1]
-		item("evidence run: run %d of %s, after their scored runs, is the only one that samples wait events, keeps pg_stat_statements windows and writes CPU profiles; its figures are under Evidence, not in the medians or the targets", rep.Evidence.Run, list)
+		item("evidence run: run %d of %s, after their scored runs, is the only one that samples wait events, keeps pg_stat_statements windows and writes CPU profiles; its figures are under Evidence, not in the medians or the targets. Every run of a latency case (scenarios latency and river) times the dispatcher's claim passes with a pgx tracer on its pool, as its 'claim pass round trip' is one of the scored figures", rep.Evidence.Run, list)
 	}
 	item("load averages (1, 5, 15 min; they count this benchmark's own runnable processes too):")
 	for _, l := range rep.Load {

@@ -87,21 +87,17 @@ func runBusy(ctx context.Context, e *env, run int) error {
 			if err := e.checkpoint(ctx, setup, "busy", "before a case"); err != nil {
 				return err
 			}
-			r, err := produceWhileDraining(ctx, e, db, s.producers, m.disableMarks)
+			r, err := produceWhileDraining(ctx, e, db, setup, s.producers, m.disableMarks, s.backlog, e.evidenceRun(run))
 			if err != nil {
 				return fmt.Errorf("%s: %w", name, err)
 			}
 			e.res.Add(Metric{Scenario: "busy", Case: name, Name: "enqueues/s (1 msg per transaction)", Unit: "msgs/s"}, rate(r.enqueued, r.elapsed))
 			e.res.Add(Metric{Scenario: "busy", Case: name, Name: "acked while producing", Unit: "msgs/s"}, rate(int(r.acked), r.elapsed))
 			if s.backlog {
-				left, err := countBefore(ctx, setup, r.start)
-				if err != nil {
-					return err
-				}
-				e.res.Add(Metric{Scenario: "busy", Case: name, Name: "backlog left when the producers stopped", Unit: "msgs"}, float64(left))
+				e.res.Add(Metric{Scenario: "busy", Case: name, Name: "backlog left when the producers stopped", Unit: "msgs"}, float64(r.left))
 			}
-			if run == 1 && s.producers == 32 {
-				e.evidence.WaitEvents = append(e.evidence.WaitEvents, WaitSample{Case: "busy: " + name + " (run 1), producers' sessions", Counts: r.waits})
+			if e.evidenceRun(run) && s.producers == 32 {
+				e.evidence.WaitEvents = append(e.evidence.WaitEvents, WaitSample{Case: "busy: " + name + " (evidence run), producers' sessions", Counts: r.waits})
 			}
 		}
 	}
@@ -110,55 +106,58 @@ func runBusy(ctx context.Context, e *env, run int) error {
 	}
 	e.res.Note("busy", "one queue with a consumer served by a no-op Go handler (max in-flight 10) in a dispatcher in this process; producers as in scenario 6 for %s per case, each case after TRUNCATE (and the backlog, if any) and CHECKPOINT, the modes in reverse order in even runs; busy marks disabled with DispatcherConfig.DisableBusyMarks; the trigger disabled with ALTER TABLE ... DISABLE TRIGGER", e.p.producerDuration)
 	e.res.Note("busy", "'acked while producing': the acks the dispatcher reported from the producers' start to the return of the last Enqueue, over that time, the window 'enqueues/s' is counted in")
-	e.res.Note("busy", "'draining': %d messages enqueued (EnqueueMany, then VACUUM ANALYZE) before the dispatcher starts, so that it claims throughout in every mode; 'backlog left' counts those still there when the producers stop (0 would mean the dispatcher ran dry). 'keeping up': no backlog; with the trigger off the dispatcher only finds messages at its fallback poll, so it does no work and that row is an upper bound", backlog)
+	e.res.Note("busy", "'draining': %d messages enqueued (EnqueueMany, then VACUUM ANALYZE) before the dispatcher starts, so that it claims throughout in every mode; 'backlog left' counts those still there when the producers stop (0 would mean the dispatcher ran dry), counted right after the last Enqueue returns, while the dispatcher still runs, as the rows enqueued before the server's now() read just before the producers start (since 2026-12-07; before, after the dispatcher had stopped, against the client's clock). 'keeping up': no backlog; with the trigger off the dispatcher only finds messages at its fallback poll, so it does no work and that row is an upper bound", backlog)
 	return nil
 }
 
 // drainRun is what produceWhileDraining measured.
 type drainRun struct {
-	// start is before the producers' pool opened: every message of the
-	// backlog was enqueued before it.
-	start    time.Time
 	enqueued int
 	// acked is how many acks the dispatcher reported while the
 	// producers ran: over elapsed, the window enqueued is counted in.
 	acked   int64
 	elapsed time.Duration
-	waits   map[string]int
+	// left is how much of the backlog was still queued as the last
+	// producer returned (with a backlog only).
+	left  int64
+	waits map[string]int
 }
 
 // produceWhileDraining runs a dispatcher on db and p producers for the
-// producer duration, and returns how many messages they enqueued.
-func produceWhileDraining(ctx context.Context, e *env, db *database, p int, disableMarks bool) (drainRun, error) {
-	cfg, err := pgxpool.ParseConfig(db.DSN)
-	if err != nil {
-		return drainRun{}, err
-	}
-	cfg.MaxConns = int32(e.p.poolMaxConns)
+// producer duration, and returns how many messages they enqueued. With
+// backlog, it counts what is left of the backlog, on setup, right as the
+// producers stop: the dispatcher drains on until it is stopped, which
+// takes a while. sample samples the producers' wait events.
+func produceWhileDraining(ctx context.Context, e *env, db *database, setup *pgxpool.Pool, p int, disableMarks, backlog, sample bool) (_ drainRun, err error) {
 	obs := newObserver(0)
-	d, err := bellhop.NewDispatcher(cfg, bellhop.DispatcherConfig{Resolver: every(noop), Logger: e.log, Observer: obs, DisableBusyMarks: disableMarks})
+	d, err := e.startDispatcherWith(db.DSN, bellhop.DispatcherConfig{Resolver: every(noop), Observer: obs, DisableBusyMarks: disableMarks}, nil)
 	if err != nil {
 		return drainRun{}, err
 	}
-	dctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- d.Run(dctx) }()
-	defer func() {
-		cancel()
-		<-done
-	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for d.Ready(ctx) != nil {
-		if time.Now().After(deadline) {
-			return drainRun{}, fmt.Errorf("dispatcher not ready")
-		}
-		if err := sleepCtx(ctx, 2*time.Millisecond); err != nil {
+	defer d.stopInto(&err)
+	if err := d.ready(ctx, 10*time.Second); err != nil {
+		return drainRun{}, err
+	}
+	// The backlog's rows are those enqueued before the producers start,
+	// by the server's clock, which set their enqueued_at: the client's
+	// may differ from it (a DATABASE_URL on another host).
+	var start time.Time
+	var left int64
+	var countLeft func() error
+	if backlog {
+		if err := setup.QueryRow(ctx, "SELECT now()").Scan(&start); err != nil {
 			return drainRun{}, err
 		}
+		countLeft = func() (err error) {
+			left, err = countBefore(ctx, setup, start)
+			return err
+		}
 	}
-	start := time.Now()
-	pr, err := produceFor(ctx, db, p, e.p.producerDuration, obs.acked.Load)
-	return drainRun{start: start, enqueued: pr.sent, acked: pr.counted, elapsed: pr.elapsed, waits: pr.waits}, err
+	pr, err := produceFor(ctx, db, p, e.p.producerDuration, produceOpts{counter: obs.acked.Load, atEnd: countLeft, sampleWaits: sample})
+	if err != nil {
+		return drainRun{}, err
+	}
+	return drainRun{enqueued: pr.sent, acked: pr.counted, elapsed: pr.elapsed, left: left, waits: pr.waits}, nil
 }
 
 // countBefore counts the messages enqueued before t that are still queued.

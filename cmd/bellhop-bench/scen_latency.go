@@ -82,7 +82,7 @@ func latencyOnce(ctx context.Context, e *env, cas string, run int, at reportAs) 
 	h := &hooks{disableMarks: cas == caseGoNoMarks, leaseAtInsert: cas == caseGoLease, claims: &claimTracer{}}
 	if db.s.pss && e.evidenceRun(run) {
 		w := &stmtWindow{e: e, db: db, scenario: at.scenario, label: at.scenario + ": " + at.label + " (evidence run)", top: 8}
-		h.settled = func(time.Duration) { w.open(ctx) }
+		h.settled = func(time.Duration, bool) { w.open(ctx) }
 		h.delivered = func() { w.close(ctx) }
 	}
 	st, _, err := latencyRunRate(ctx, e, db, at, run, []string{"lat"}, spec, res, rec, e.p.latencyInterval, 1, h)
@@ -159,7 +159,7 @@ func enqueueAlone(ctx context.Context, e *env, offer bool) error {
 			return err
 		}
 	}
-	_, _, err = pace(ctx, e.p.latencyN, e.p.latencyInterval, 0, 1, func(ctx context.Context, i int) error {
+	_, _, err = pace(ctx, e.p.latencyN, e.p.latencyInterval, 0, 1, func(ctx context.Context, i int, _ time.Time) error {
 		body, t := rec.payload(i)
 		_, err := client.Enqueue(ctx, benchApp, "lat", body, bellhop.EnqueueOptions{})
 		rec.enqueued(i, t)
@@ -201,8 +201,10 @@ type hooks struct {
 	// whileRunning runs in a goroutine while messages are produced; its
 	// context ends when they have all been received.
 	whileRunning func(ctx context.Context)
-	// settled runs once the dispatcher has settled, before producing.
-	settled func(time.Duration)
+	// settled runs once the dispatcher has settled, before producing,
+	// with how long its start-up statements took and whether that is
+	// known (settleStatements).
+	settled func(d time.Duration, known bool)
 	// delivered runs once every message reached its handler, while the
 	// dispatcher still runs.
 	delivered func()
@@ -214,6 +216,13 @@ type hooks struct {
 	// sampleWaits, if set, names the evidence of the wait events of all
 	// the database's sessions, sampled while messages are produced.
 	sampleWaits string
+	// vacuum, if set, runs VACUUM ANALYZE and CHECKPOINT on the database
+	// once the consumers are registered, before the dispatcher starts:
+	// registering thousands of them leaves enough new rows for
+	// autovacuum to visit them, and enough WAL to bring a checkpoint,
+	// in the measured stretch, as a backlog would in the burn-downs
+	// (throughputOnce).
+	vacuum bool
 	// warmup, if set, sends messages at the same rate for this long, and
 	// waits for their delivery, before the measured ones: the producers'
 	// and the dispatcher's pools open their connections lazily, and the
@@ -227,12 +236,18 @@ type hooks struct {
 // connections the rate needs, short against d.
 func warmupFor(d time.Duration) time.Duration { return min(2*time.Second, d/4) }
 
+// settleMaxFor is the longest latencyRunRate waits for the start-up
+// claims of a dispatcher serving that many queues to settle.
+func settleMaxFor(queues int) time.Duration {
+	return 5*time.Second + time.Duration(queues)*10*time.Millisecond
+}
+
 // latencyRunRate runs one latency measurement on db: consumers on
 // queues, a dispatcher, and producers sending rec's messages interval
 // apart; it returns their latencies and the rate at which they were sent.
 // at and run name the measurement in what it notes.
 func latencyRunRate(ctx context.Context, e *env, db *database, at reportAs, run int, queues []string, spec bellhop.ConsumerSpec,
-	res bellhop.Resolver, rec *recorder, interval time.Duration, producers int, h *hooks) (latencyStats, float64, error) {
+	res bellhop.Resolver, rec *recorder, interval time.Duration, producers int, h *hooks) (_ latencyStats, _ float64, err error) {
 	if h == nil {
 		h = &hooks{}
 	}
@@ -241,6 +256,13 @@ func latencyRunRate(ctx context.Context, e *env, db *database, at reportAs, run 
 		return latencyStats{}, 0, err
 	}
 	err = setupConsumers(ctx, setup, queues, spec)
+	if err == nil && h.vacuum {
+		// The whole database: the registration writes to more than one
+		// table, each new to the statistics.
+		if _, err = setup.Exec(ctx, "VACUUM ANALYZE"); err == nil {
+			err = e.checkpoint(ctx, setup, at.scenario, "after registering the consumers")
+		}
+	}
 	setup.Close()
 	if err != nil {
 		return latencyStats{}, 0, fmt.Errorf("setup: %w", err)
@@ -266,13 +288,13 @@ func latencyRunRate(ctx context.Context, e *env, db *database, at reportAs, run 
 	if err != nil {
 		return latencyStats{}, 0, err
 	}
-	defer d.stop()
+	defer d.stopInto(&err)
 	if err := d.ready(ctx, 30*time.Second); err != nil {
 		return latencyStats{}, 0, err
 	}
 	// A starting dispatcher claims once on every lane; let that pass, and
 	// let it go idle, before the first message.
-	settle, err := settleStatements(ctx, db, time.Second, 5*time.Second+time.Duration(len(queues))*10*time.Millisecond)
+	settle, settled, err := settleStatements(ctx, db, time.Second, settleMaxFor(len(queues)))
 	if err != nil {
 		return latencyStats{}, 0, err
 	}
@@ -280,7 +302,7 @@ func latencyRunRate(ctx context.Context, e *env, db *database, at reportAs, run 
 		warmN := int(h.warmup / interval)
 		// The warm-up lasts h.warmup, as the measured part lasts
 		// h.duration: producers that fall behind stop at its end.
-		sent, _, err := pace(ctx, warmN, interval, h.warmup, producers, func(ctx context.Context, i int) error {
+		sent, _, err := pace(ctx, warmN, interval, h.warmup, producers, func(ctx context.Context, i int, _ time.Time) error {
 			_, err := client.Enqueue(ctx, benchApp, queues[rand.N(len(queues))], warmupBody, bellhop.EnqueueOptions{})
 			return err
 		})
@@ -296,7 +318,7 @@ func latencyRunRate(ctx context.Context, e *env, db *database, at reportAs, run 
 		}
 	}
 	if h.settled != nil {
-		h.settled(settle)
+		h.settled(settle, settled)
 	}
 
 	n := len(rec.lat)
@@ -319,11 +341,12 @@ func latencyRunRate(ctx context.Context, e *env, db *database, at reportAs, run 
 	if h.claims != nil {
 		h.claims.arm(true)
 	}
-	sent, elapsed, err := pace(ctx, n, interval, h.duration, producers, func(ctx context.Context, i int) error {
+	sent, elapsed, err := pace(ctx, n, interval, h.duration, producers, func(ctx context.Context, i int, due time.Time) error {
 		q := queues[0]
 		if len(queues) > 1 {
 			q = queues[rand.N(len(queues))]
 		}
+		rec.dueAt(i, due)
 		body, t := rec.payload(i)
 		_, err := client.Enqueue(ctx, benchApp, q, body, bellhop.EnqueueOptions{})
 		rec.enqueued(i, t)

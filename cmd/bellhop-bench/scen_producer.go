@@ -65,13 +65,13 @@ func runProducer(ctx context.Context, e *env, run int) error {
 			if err := reset(); err != nil {
 				return err
 			}
-			r, err := produceFor(ctx, db, p, e.p.producerDuration, nil)
+			r, err := produceFor(ctx, db, p, e.p.producerDuration, produceOpts{sampleWaits: e.evidenceRun(run)})
 			if err != nil {
 				return fmt.Errorf("%s: %w", producerCase(p, on), err)
 			}
 			e.res.Add(Metric{Scenario: "producer", Case: producerCase(p, on), Name: "enqueues/s (1 msg per transaction)", Unit: "msgs/s"}, rate(r.sent, r.elapsed))
-			if run == 1 {
-				e.evidence.WaitEvents = append(e.evidence.WaitEvents, WaitSample{Case: "producer: " + producerCase(p, on) + " (run 1), producers' sessions", Counts: r.waits})
+			if e.evidenceRun(run) {
+				e.evidence.WaitEvents = append(e.evidence.WaitEvents, WaitSample{Case: "producer: " + producerCase(p, on) + " (evidence run), producers' sessions", Counts: r.waits})
 			}
 		}
 	}
@@ -106,16 +106,30 @@ type produced struct {
 	// that same window.
 	counted int64
 	// waits are wait events of the producers' backends sampled every
-	// 50ms.
+	// 50ms, with produceOpts.sampleWaits.
 	waits map[string]int
 }
 
-// produceFor runs p producers for d. counter, if not nil, is read right
-// as the producers start and right as the last returns, so that what it
-// counts (the dispatcher's acks, say) is over the window that elapsed
-// measures, not over the opening of the producers' pool before it or
-// the wait for the sampler after.
-func produceFor(ctx context.Context, db *database, p int, d time.Duration, counter func() int64) (produced, error) {
+// produceOpts are what produceFor does besides producing.
+type produceOpts struct {
+	// counter, if not nil, is read right as the producers start and
+	// right as the last returns, so that what it counts (the
+	// dispatcher's acks, say) is over the window that elapsed measures,
+	// not over the opening of the producers' pool before it or the wait
+	// for the sampler after.
+	counter func() int64
+	// atEnd, if not nil, runs right after counter's second read, before
+	// anything else can change what it looks at (the busy scenario's
+	// count of the backlog left).
+	atEnd func() error
+	// sampleWaits samples the producers' wait events: a query of
+	// pg_stat_activity every 50ms, beside the producers it watches, so
+	// only the evidence run asks for it.
+	sampleWaits bool
+}
+
+// produceFor runs p producers for d.
+func produceFor(ctx context.Context, db *database, p int, d time.Duration, o produceOpts) (produced, error) {
 	pool, err := openPool(ctx, db.DSN, p, map[string]string{"application_name": "bench-producer"})
 	if err != nil {
 		return produced{}, err
@@ -129,10 +143,15 @@ func produceFor(ctx context.Context, db *database, p int, d time.Duration, count
 	defer cancel()
 	waits := map[string]int{}
 	sampled := make(chan struct{})
-	go func() {
-		defer close(sampled)
-		sampleWaits(rctx, db, "bench-producer", waits)
-	}()
+	if o.sampleWaits {
+		go func() {
+			defer close(sampled)
+			sampleWaits(rctx, db, "bench-producer", waits)
+		}()
+	} else {
+		close(sampled)
+	}
+	counter := o.counter
 	if counter == nil {
 		counter = func() int64 { return 0 }
 	}
@@ -154,6 +173,9 @@ func produceFor(ctx context.Context, db *database, p int, d time.Duration, count
 	wg.Wait()
 	elapsed := time.Since(start)
 	counted := counter() - c0
+	if o.atEnd != nil && firstErr == nil {
+		firstErr = o.atEnd()
+	}
 	cancel()
 	<-sampled
 	return produced{sent: int(count.Load()), elapsed: elapsed, counted: counted, waits: waits}, firstErr

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/bellhopq/bellhop"
 )
 
 // riverFetch is a River fetch configuration.
@@ -152,6 +154,9 @@ func runRiver(ctx context.Context, e *env, run int) error {
 	}
 	for _, f := range riverFetches {
 		var res struct {
+			// N is how many jobs River's figures are of: addLatency
+			// records only a summary of some.
+			N                 int     `json:"n"`
 			P50US             float64 `json:"p50_us"`
 			P90US             float64 `json:"p90_us"`
 			P99US             float64 `json:"p99_us"`
@@ -181,9 +186,9 @@ func runRiver(ctx context.Context, e *env, run int) error {
 			if want := f.arg("-client-synchronous-commit"); res.ClientSynchronousCommit != want {
 				return fmt.Errorf("%s: bench/river reports synchronous_commit %q on the client's pool, want %q", riverLatencyCase(f), res.ClientSynchronousCommit, want)
 			}
-			addLatency(e.res, "river", riverLatencyCase(f), latencyStats{P50: res.P50US, P90: res.P90US, P99: res.P99US, Max: res.MaxUS}, true)
-			addLatency(e.res, "river", riverLatencyCase(f)+": "+mRiverInsertCall, latencyStats{P50: res.InsertCall.P50US, P99: res.InsertCall.P99US}, false)
-			addLatency(e.res, "river", riverLatencyCase(f)+": "+mRiverAfterInsert, latencyStats{P50: res.AfterInsert.P50US, P99: res.AfterInsert.P99US}, false)
+			addLatency(e.res, "river", riverLatencyCase(f), latencyStats{N: res.N, P50: res.P50US, P90: res.P90US, P99: res.P99US, Max: res.MaxUS}, true)
+			addLatency(e.res, "river", riverLatencyCase(f)+": "+mRiverInsertCall, latencyStats{N: res.N, P50: res.InsertCall.P50US, P99: res.InsertCall.P99US}, false)
+			addLatency(e.res, "river", riverLatencyCase(f)+": "+mRiverAfterInsert, latencyStats{N: res.N, P50: res.AfterInsert.P50US, P99: res.AfterInsert.P99US}, false)
 			e.res.Note("river", "River %s, pool_max_conns=%d", res.RiverVersion, res.PoolMaxConns)
 			// What the River binary reports it used, which the names and
 			// rules abbreviate.
@@ -288,6 +293,7 @@ func runRiver(ctx context.Context, e *env, run int) error {
 	e.res.Note("river", "bench/river (a separate module) run as a subprocess against the same server, a fresh database per run, unix socket, -max-conns %d (the Bellhop dispatcher's pool size); latency: -n %d -interval %s (one Insert per transaction, timed from just before Insert to the start of Work; '%s' is how long client.Insert took, commit included, and '%s' the rest, as Bellhop's 'Enqueue call' and 'Enqueue returned → handler'); burn-down: InsertManyFast in batches of 1,000, VACUUM ANALYZE river_job and CHECKPOINT (-checkpoint; as before Bellhop's burn-down), then timed from client.Start until River reports every job completed",
 		e.p.poolMaxConns, e.p.riverLatencyN, e.p.latencyInterval, mRiverInsertCall, mRiverAfterInsert)
 	e.res.Note("river", "'Bellhop …, next to River …': Bellhop's case measured as in scenarios 2 and 3, right before River's in odd runs and right after it in even ones; '%s' holds the ratio of each such pair (Bellhop's latency p50 over River's; Bellhop's msgs/s to table empty over River's jobs/s to completed in DB), and its median is the ratio of the targets marked 'back to back'", backToBackCase(riverFetches[1]))
+	e.res.Note("river", "not like-for-like: River's latency runs use bench/river's default of 100 workers (-workers is passed to its burn-downs only), against Bellhop's one consumer at MaxInFlight %d; and Bellhop's dispatcher commits its claims and acks with synchronous_commit=off (NewDispatcher sets it) while River's client commits with the server's setting (on), except in the informational configuration that says otherwise", bellhop.DefaultMaxInFlight)
 	e.res.Note("river", "the Bellhop cases here keep no pg_stat_statements window in any run (this scenario has no evidence run); the same cases' statements are in the latency and throughput scenarios' evidence runs")
 	for _, f := range riverFetches {
 		if f.Informational {

@@ -55,12 +55,14 @@ const (
 
 // runThroughput burns down pre-inserted backlogs with a no-op handler.
 func runThroughput(ctx context.Context, e *env, run int) error {
-	for _, c := range e.throughputCases() {
+	// As the other scenarios do, so that a drift within a run does not
+	// always fall on the same case.
+	for _, c := range inRunOrder(run, e.throughputCases()) {
 		if _, err := throughputOnce(ctx, e, run, c, reportAs{"throughput", c.String()}); err != nil {
 			return fmt.Errorf("%s: %w", c, err)
 		}
 	}
-	e.res.Note("throughput", "backlog inserted before the dispatcher starts with Client.EnqueueMany, %d messages per statement, round-robin over the queues, then VACUUM ANALYZE queue_messages and CHECKPOINT; the clock starts just before Dispatcher.Run (so it includes connecting, loading consumers and LISTEN)", e.p.prefillBatch)
+	e.res.Note("throughput", "backlog inserted before the dispatcher starts with Client.EnqueueMany, %d messages per statement, round-robin over the queues, then VACUUM ANALYZE queue_messages and CHECKPOINT; the clock starts just before Dispatcher.Run (so it includes connecting, loading consumers and LISTEN); the cases run in reverse order in even runs (since 2026-12-07)", e.p.prefillBatch)
 	e.res.Note("throughput", "'last handler done': the N-th no-op handler returned; 'table empty': the dispatcher's Observer reported the N-th ack written (checked afterwards: count(*) = 0)")
 	e.res.Note("throughput", "dispatcher pool: pool_max_conns=%d; its sessions run with synchronous_commit=off (NewDispatcher sets it)", e.p.poolMaxConns)
 	return nil
@@ -69,7 +71,7 @@ func runThroughput(ctx context.Context, e *env, run int) error {
 // throughputOnce burns down one backlog, reports its rates under at and
 // returns the rate to the table's emptying. Only the throughput
 // scenario's evidence run is profiled and has a statement window.
-func throughputOnce(ctx context.Context, e *env, run int, c throughputCase, at reportAs) (float64, error) {
+func throughputOnce(ctx context.Context, e *env, run int, c throughputCase, at reportAs) (_ float64, err error) {
 	db, err := e.srv.newDatabase(ctx, "tput", true)
 	if err != nil {
 		return 0, err
@@ -137,7 +139,7 @@ func throughputOnce(ctx context.Context, e *env, run int, c throughputCase, at r
 	if err != nil {
 		return 0, err
 	}
-	defer d.stop()
+	defer d.stopInto(&err)
 	select {
 	case <-obs.done:
 	case <-ctx.Done():
@@ -244,11 +246,11 @@ func (e *env) retriesCases() []throughputCase {
 // takes the limit that became ready first, so a mixed backlog makes every
 // claim lock up to twice what it takes.
 func runRetries(ctx context.Context, e *env, run int) error {
-	for _, c := range e.retriesCases() {
+	for _, c := range inRunOrder(run, e.retriesCases()) {
 		if _, err := throughputOnce(ctx, e, run, c, reportAs{"retries", c.String()}); err != nil {
 			return fmt.Errorf("%s: %w", c, err)
 		}
 	}
-	e.res.Note("retries", "as scenario 3, on one queue; after the prefill and before VACUUM ANALYZE, the case's share of the messages (every other one for 50 %%) get deliver_after = enqueued_at + their number plus one in microseconds, so that they wait as due retries when the burn-down starts (it waits for the last to come due); since 0064 a claim reads these from idx_queue_messages_delayed and the others from idx_queue_messages_ready")
+	e.res.Note("retries", "as scenario 3, on one queue; after the prefill and before VACUUM ANALYZE, the case's share of the messages (every other one for 50 %%) get deliver_after = enqueued_at + their number plus one in microseconds, so that they wait as due retries when the burn-down starts (it waits for the last to come due); the cases run in reverse order in even runs (since 2026-12-07); since 0064 a claim reads these from idx_queue_messages_delayed and the others from idx_queue_messages_ready")
 	return nil
 }
