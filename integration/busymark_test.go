@@ -653,19 +653,28 @@ func TestBusyLaneClaimFailureReleasesKey(t *testing.T) {
 	// returned holds when it returned, which its commit cannot follow.
 	var committedMu sync.Mutex
 	committed, returned := map[uuid.UUID]time.Time{}, map[uuid.UUID]time.Time{}
-	enqueue := func(payload any) {
+	enqueue := func(payload any) error {
 		began := time.Now()
-		id := e.enqueue(t, "orders", payload, bellhop.EnqueueOptions{})
+		id, err := e.tryEnqueue("orders", payload, bellhop.EnqueueOptions{})
+		if err != nil {
+			return err
+		}
 		committedMu.Lock()
 		committed[id], returned[id] = began, time.Now()
 		committedMu.Unlock()
+		return nil
 	}
 	var stop atomic.Bool
 	streamed := make(chan struct{})
 	go func() {
 		defer close(streamed)
 		for i := 0; !stop.Load(); i++ {
-			enqueue(i)
+			// t.Fatal may run only on the test's goroutine; t.Errorf fails
+			// the test with the enqueue's own error.
+			if err := enqueue(i); err != nil {
+				t.Errorf("the stream's enqueue %d: %v", i, err)
+				return
+			}
 			time.Sleep(2 * time.Millisecond) // a stream's pace, not synchronisation
 		}
 	}()
@@ -702,7 +711,9 @@ func TestBusyLaneClaimFailureReleasesKey(t *testing.T) {
 	// Messages committed from now on: each must be delivered before the
 	// lane's retry would have claimed it.
 	for i := range 3 {
-		enqueue(fmt.Sprintf("probe %d", i))
+		if err := enqueue(fmt.Sprintf("probe %d", i)); err != nil {
+			t.Fatalf("probe %d: %v", i, err)
+		}
 	}
 	stop.Store(true)
 	<-streamed
@@ -716,9 +727,14 @@ func TestBusyLaneClaimFailureReleasesKey(t *testing.T) {
 	// when its handler started: on a loaded machine (CI), the settle check,
 	// claim and hand-off after the notification took longer than a retry
 	// jittered down to 538ms, and every message counted as late. Only
-	// messages surely committed before the retry (their Enqueue returned
-	// by then) are judged: one committed later may be claimed at the
-	// retry whatever producers do.
+	// messages surely committed judgeBy before the retry (their Enqueue
+	// returned by then) are judged: one committed later may be claimed at
+	// the retry whatever producers do, and one committed just before it
+	// leaves its notification and claim no time to come first, so it
+	// would count as late with the key given up as it should be. A lane
+	// that keeps the key claims every judged message only at the retry,
+	// so any one judged shows the bug.
+	const judgeBy = 100 * time.Millisecond
 	late, after, judged := 0, 0, 0
 	var worst time.Duration
 	claimedMu.Lock()
@@ -731,7 +747,7 @@ func TestBusyLaneClaimFailureReleasesKey(t *testing.T) {
 		after++
 		sent := claimSent[d.ID]
 		worst = max(worst, sent.Sub(at))
-		if !returned[d.ID].Before(retryAt) {
+		if !returned[d.ID].Before(retryAt.Add(-judgeBy)) {
 			continue
 		}
 		judged++
@@ -739,17 +755,17 @@ func TestBusyLaneClaimFailureReleasesKey(t *testing.T) {
 			late++
 		}
 	}
-	t.Logf("claim failed, retry in %s; %d messages committed after the failure (%d of them before the retry), the slowest claimed %s after its commit",
-		failed.retryIn.Round(time.Millisecond), after, judged, worst.Round(time.Millisecond))
+	t.Logf("claim failed, retry in %s; %d messages committed after the failure (%d of them %s or more before the retry), the slowest claimed %s after its commit",
+		failed.retryIn.Round(time.Millisecond), after, judged, judgeBy, worst.Round(time.Millisecond))
 	if after < 3 {
 		t.Fatalf("%d deliveries of messages committed after the failure; want at least the 3 probes", after)
 	}
 	if judged == 0 {
-		t.Fatalf("inconclusive: no message committed after the failure was committed before the retry, %s later", failed.retryIn.Round(time.Millisecond))
+		t.Fatalf("inconclusive: no message committed after the failure was committed %s or more before the retry, %s later", judgeBy, failed.retryIn.Round(time.Millisecond))
 	}
 	if late > 0 {
-		t.Errorf("%d of %d messages committed after the claim failed and before its retry were claimed only at or after the retry (%s later): producers were silent meanwhile",
-			late, judged, failed.retryIn.Round(time.Millisecond))
+		t.Errorf("%d of %d messages committed after the claim failed and %s or more before its retry were claimed only at or after the retry (%s later): producers were silent meanwhile",
+			late, judged, judgeBy, failed.retryIn.Round(time.Millisecond))
 	}
 }
 
@@ -863,7 +879,13 @@ func busyOrders(t *testing.T, e *env, cfg bellhop.DispatcherConfig) (rec *record
 	go func() {
 		defer close(streamed)
 		for i := 0; !stop.Load(); i++ {
-			e.enqueue(t, "orders", i, bellhop.EnqueueOptions{})
+			// Not e.enqueue: t.Fatal may run only on the test's
+			// goroutine; t.Errorf fails the test with the enqueue's own
+			// error.
+			if _, err := e.tryEnqueue("orders", i, bellhop.EnqueueOptions{}); err != nil {
+				t.Errorf("the stream's enqueue %d: %v", i, err)
+				return
+			}
 			sent.Add(1)
 			time.Sleep(2 * time.Millisecond) // a stream's pace, not synchronisation
 		}
@@ -977,10 +999,22 @@ func TestStopDoesNotWaitForGoneLaneCheck(t *testing.T) {
 	waitFor(t, 5*time.Second, "the stopped lane's check to stall", func() bool { return checks.stalled.Load() == 1 })
 	start := time.Now()
 	d.stop()
-	took := time.Since(start)
-	t.Logf("the stop took %s with the stopped lane's check stalled", took.Round(time.Millisecond))
-	if took > 2*time.Second {
+	end := time.Now()
+	took := end.Sub(start)
+	checkEnd := time.Unix(0, checks.stalledTill.Load())
+	t.Logf("the stop took %s with the stopped lane's check stalled, returning %s before the check's own bound",
+		took.Round(time.Millisecond), checkEnd.Sub(end).Round(time.Millisecond))
+	// Waiting for the check costs up to its 5s bound; 4s leaves a loaded
+	// machine room for a whole stop while still telling the two apart.
+	if took > 4*time.Second {
 		t.Errorf("the stop took %s: it waited for the stopped lane's stalled check", took)
+	}
+	// The check's bound counts from its start, before the stop's: on a
+	// machine slow to reach the stop, a stop that waited for it could
+	// take under 4s. It would still end only when the check's own bound
+	// did.
+	if !end.Before(checkEnd) {
+		t.Errorf("the stop returned %s after the stalled check's own bound ran out: it waited for the check", end.Sub(checkEnd).Round(time.Millisecond))
 	}
 }
 

@@ -78,6 +78,16 @@ func (e *env) enqueue(t *testing.T, queue string, payload any, opts bellhop.Enqu
 	return id
 }
 
+// tryEnqueue is enqueue for a goroutine other than the test's, where
+// t.Fatal must not be called: it returns the error instead.
+func (e *env) tryEnqueue(queue string, payload any, opts bellhop.EnqueueOptions) (uuid.UUID, error) {
+	b, err := json.Marshal(payload)
+	if err != nil {
+		return uuid.Nil, err
+	}
+	return e.client.Enqueue(context.Background(), "app", queue, b, opts)
+}
+
 // count runs a count(*) query.
 func (e *env) count(t *testing.T, sql string, args ...any) int {
 	t.Helper()

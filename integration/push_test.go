@@ -131,24 +131,49 @@ func TestDeliverAfter(t *testing.T) {
 	cases := []struct {
 		name string
 		opts bellhop.EnqueueOptions
+		in   time.Duration // DeliverAfter, from the enqueue
 	}{
-		{"delay 1.5s", bellhop.EnqueueOptions{Delay: 1500 * time.Millisecond}},
-		{"delay 0.5s", bellhop.EnqueueOptions{Delay: 500 * time.Millisecond}},
-		{"deliver_after in 1s", bellhop.EnqueueOptions{DeliverAfter: time.Now().Add(time.Second)}},
+		{name: "delay 1.5s", opts: bellhop.EnqueueOptions{Delay: 1500 * time.Millisecond}},
+		{name: "delay 0.5s", opts: bellhop.EnqueueOptions{Delay: 500 * time.Millisecond}},
+		{name: "deliver_after in 1s", in: time.Second},
 	}
 	due := map[uuid.UUID]time.Time{}
 	names := map[uuid.UUID]string{}
+	ctx := context.Background()
 	for _, c := range cases {
-		id := e.enqueue(t, "later", c.name, c.opts)
-		names[id] = c.name
-		// Read deliver_after back as stored (microseconds), while the
-		// message is still waiting.
+		if c.in > 0 {
+			// Set now, not with the cases: a stall during the enqueues
+			// before it would leave it in the past, the message
+			// delivered at once, and late by the stall.
+			c.opts.DeliverAfter = time.Now().Add(c.in)
+		}
+		// Read deliver_after back as stored (microseconds) in the
+		// enqueue's own transaction: before its commit, which notifies,
+		// no dispatcher can see the row. Read after the commit, the row
+		// could already be claimed or gone when a loaded machine ran the
+		// read half a second late.
+		tx, err := e.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		payload, err := json.Marshal(c.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, err := e.client.EnqueueTx(ctx, tx, "app", "later", payload, c.opts)
+		if err != nil {
+			_ = tx.Rollback(ctx)
+			t.Fatalf("%s: enqueue: %v", c.name, err)
+		}
 		var at time.Time
-		if err := e.pool.QueryRow(context.Background(),
-			`SELECT deliver_after FROM queue_messages WHERE id = $1 AND claim_token IS NULL`, id).Scan(&at); err != nil {
+		if err := tx.QueryRow(ctx, `SELECT deliver_after FROM queue_messages WHERE id = $1`, id).Scan(&at); err != nil {
+			_ = tx.Rollback(ctx)
 			t.Fatalf("%s: read deliver_after: %v", c.name, err)
 		}
-		due[id] = at
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatalf("%s: commit: %v", c.name, err)
+		}
+		names[id], due[id] = c.name, at
 	}
 	waitFor(t, 5*time.Second, "all delayed messages delivered", func() bool { return rec.n.Load() == int32(len(cases)) })
 

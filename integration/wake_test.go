@@ -215,13 +215,14 @@ func TestDrainedBusyLaneLosesNoWakeUp(t *testing.T) {
 // lane's settle (lane.settleGone: a lone statement bounded to 5s, where
 // the lanes' checks have StatementTimeout, 10s) waits until its context
 // ends before it is sent, as on a server that does not answer; stalled
-// counts those.
+// counts those, and stalledTill holds the last one's deadline (Unix ns).
 type busyLockChecks struct {
-	n          atomic.Int64
-	claims     atomic.Int64
-	afterClaim atomic.Pointer[func()]
-	stallGone  atomic.Bool
-	stalled    atomic.Int64
+	n           atomic.Int64
+	claims      atomic.Int64
+	afterClaim  atomic.Pointer[func()]
+	stallGone   atomic.Bool
+	stalled     atomic.Int64
+	stalledTill atomic.Int64
 }
 
 type claimKey struct{}
@@ -230,6 +231,7 @@ func (c *busyLockChecks) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx
 	if d.SQL == queries.BusyLock {
 		c.n.Add(1)
 		if dl, ok := ctx.Deadline(); ok && c.stallGone.Load() && time.Until(dl) < 6*time.Second {
+			c.stalledTill.Store(dl.UnixNano())
 			c.stalled.Add(1)
 			<-ctx.Done()
 		}
