@@ -3,6 +3,7 @@ package bellhop_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"regexp"
 	"slices"
@@ -641,21 +642,8 @@ func TestLeaseMessageOnlyOwnRows(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(context.Background())
-	for _, sql := range []string{
-		`CREATE TEMP TABLE t (leased boolean)`,
-		`CREATE FUNCTION pg_temp.f() RETURNS trigger LANGUAGE plpgsql AS $$
-		 BEGIN
-		     NEW.leased := public.bellhop_lease_message('` + victim.String() + `', '` + a.ID.String() + `', 'orders');
-		     RETURN NEW;
-		 END $$`,
-		`CREATE TRIGGER f BEFORE INSERT ON t FOR EACH ROW EXECUTE FUNCTION pg_temp.f()`,
-	} {
-		if _, err := tx.Exec(e.ctx, sql); err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
-	}
-	var leased bool
-	if err := tx.QueryRow(e.ctx, `INSERT INTO t VALUES (NULL) RETURNING leased`).Scan(&leased); err != nil {
+	leased, err := leaseFromTrigger(e.ctx, tx, victim, a.ID, "orders")
+	if err != nil {
 		t.Fatal(err)
 	}
 	if leased {
@@ -845,6 +833,27 @@ func TestLeaseAtInsertFarEnqueuedAt(t *testing.T) {
 			}
 		})
 	}
+}
+
+// leaseFromTrigger calls bellhop_lease_message for message id of app's
+// queue from a trigger, as it must be called, of a temporary table that tx
+// makes, and returns its answer. A role without rights can do the same.
+func leaseFromTrigger(ctx context.Context, tx pgx.Tx, id, app uuid.UUID, queue string) (leased bool, err error) {
+	for _, sql := range []string{
+		`CREATE TEMP TABLE t (leased boolean)`,
+		`CREATE FUNCTION pg_temp.f() RETURNS trigger LANGUAGE plpgsql AS $$
+		 BEGIN
+		     NEW.leased := public.bellhop_lease_message('` + id.String() + `', '` + app.String() + `', '` + queue + `');
+		     RETURN NEW;
+		 END $$`,
+		`CREATE TRIGGER f BEFORE INSERT ON t FOR EACH ROW EXECUTE FUNCTION pg_temp.f()`,
+	} {
+		if _, err := tx.Exec(ctx, sql); err != nil {
+			return false, fmt.Errorf("%s: %w", sql, err)
+		}
+	}
+	err = tx.QueryRow(ctx, `INSERT INTO t VALUES (NULL) RETURNING leased`).Scan(&leased)
+	return leased, err
 }
 
 // holdLeaseKeys holds the lease key and owner's key shared, as a leasing
@@ -1060,20 +1069,7 @@ func TestDefinerFunctionsIgnorePublic(t *testing.T) {
 				if err := tx.QueryRow(e.ctx, `SELECT enqueue($1, 'orders', '{"n":2}')`, a.ID).Scan(&id); err != nil {
 					return err
 				}
-				for _, sql := range []string{
-					`CREATE TEMP TABLE t (leased boolean)`,
-					`CREATE FUNCTION pg_temp.f() RETURNS trigger LANGUAGE plpgsql AS $$
-					 BEGIN
-					     NEW.leased := public.bellhop_lease_message('` + id.String() + `', '` + a.ID.String() + `', 'orders');
-					     RETURN NEW;
-					 END $$`,
-					`CREATE TRIGGER f BEFORE INSERT ON t FOR EACH ROW EXECUTE FUNCTION pg_temp.f()`,
-				} {
-					if _, err := tx.Exec(e.ctx, sql); err != nil {
-						t.Fatalf("%s: %v", sql, err)
-					}
-				}
-				_, err := tx.Exec(e.ctx, `INSERT INTO t VALUES (NULL)`)
+				_, err := leaseFromTrigger(e.ctx, tx, id, a.ID, "orders")
 				return err
 			},
 		},
