@@ -626,6 +626,11 @@ func TestErrorsNameEnvSource(t *testing.T) {
 		{"name cut in the error", long, []string{"consumer", "ls"}, `bellhop: list consumers: unknown app "` + long[:64] + `…" (from BELLHOP_APP) (not a valid app name: ` + validate.NameRule + `)`},
 		// Checked by the CLI, which named the variable already.
 		{"invalid name checked by the CLI", "bad app", []string{"consumer", "rm", id}, `bellhop: BELLHOP_APP: invalid name: app name "bad app": ` + validate.NameRule},
+		// The same text given by another flag, on the command line: the
+		// app's quotation is the variable's (found by review: the
+		// principal's came first and was blamed).
+		{"another flag's value alike", "shop", []string{"consumer", "add", "--queue", "q", "--url", "http://127.0.0.1:9/", "--principal", "shop"},
+			`bellhop: register consumer shop/q: unknown principal "shop" in app "shop" (from BELLHOP_APP)`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -644,6 +649,12 @@ func TestErrorsNameEnvSource(t *testing.T) {
 				}
 			}
 		})
+	}
+	// A flag that reads no variable has none to blame, whatever is set
+	// under its name (found by review: BELLHOP_QUEUE was named).
+	r := exeEnv(t, []string{"DATABASE_URL=" + dsn, "BELLHOP_QUEUE=nope"}, "", "dead", "ls", "--app", "nope", "--queue", "nope")
+	if want := "bellhop: list dead letters: unknown app \"nope\"\n"; r.code != 2 || r.stderr != want {
+		t.Errorf("BELLHOP_QUEUE=nope bellhop dead ls --app nope --queue nope: %s\nwant exit 2 and stderr %q", r, want)
 	}
 }
 

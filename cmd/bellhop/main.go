@@ -262,43 +262,48 @@ func sameBool(v bool) func(string) bool {
 // dead letter ... in app "shop"), quote a value without knowing where it
 // came from, and an operator who had forgotten that BELLHOP_APP was set
 // looked for it on the command line. Only errors that refuse the input,
-// and only string flags of cmd itself: other kinds of value (durations,
-// lists, switches) are checked by the CLI, which names their variable
-// (flagName), as do the root's flags, checked before any action; an
-// error that names the variable already is left as it is.
+// and only string flags of cmd itself that read a variable (env): other
+// kinds of value (durations, lists, switches) are checked by the CLI,
+// which names their variable (flagName), as do the root's flags, checked
+// before any action; an error that names the variable already is left as
+// it is. The value must be quoted after the flag's name (app "nope"): the
+// same text may be another flag's value (--principal nope), given on the
+// command line.
 func sourceNamed(cmd *cli.Command, err error) error {
 	if !isBadInput(err) {
 		return err
 	}
 	msg := err.Error()
 	for _, f := range cmd.Flags {
-		if _, ok := f.(*cli.StringFlag); !ok {
+		sf, ok := f.(*cli.StringFlag)
+		if !ok || len(sf.Sources.Chain) == 0 {
 			continue
 		}
-		v := cmd.String(f.Names()[0])
-		key := flagName(f.Names()[0], sameString(v))
+		v := cmd.String(sf.Name)
+		key := flagName(sf.Name, sameString(v))
 		if !strings.HasPrefix(key, envPrefix) || strings.Contains(msg, key) {
 			continue
 		}
-		if end := quotedEnd(msg, v); end >= 0 {
+		if end := quotedEnd(msg, sf.Name+" ", v); end >= 0 {
 			return renamedError{msg: msg[:end] + " (from " + key + ")" + msg[end:], err: err}
 		}
 	}
 	return err
 }
 
-// quotedEnd returns where the first quotation of v in msg ends, or -1 if
-// msg does not quote it. A value is quoted as validate.Shown quotes it,
-// or, past 64 bytes, as the library cuts it ("<64 bytes>…").
-func quotedEnd(msg, v string) int {
+// quotedEnd returns where the first quotation of v in msg, right after
+// label, ends, or -1 if msg does not quote it so. A value is quoted as
+// validate.Shown quotes it, or, past 64 bytes, as the library cuts it
+// ("<64 bytes>…").
+func quotedEnd(msg, label, v string) int {
 	shown, ok := validate.Redact(v)
 	if !ok {
 		return -1
 	}
-	forms := []string{validate.Shown(v)}
+	forms := []string{label + validate.Shown(v)}
 	if len(shown) > 64 {
 		q := strconv.Quote(shown[:64])
-		forms = append(forms, q[:len(q)-1]+`…"`)
+		forms = append(forms, label+q[:len(q)-1]+`…"`)
 	}
 	start, end := -1, -1
 	for _, q := range forms {
