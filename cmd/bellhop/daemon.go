@@ -345,8 +345,15 @@ func listenError(flag, addr string, err error) error {
 // Ignored, the write fails with EPIPE, the line is lost, and the stop goes
 // on. Before the stop, a reader gone still ends the process, as a
 // supervisor that restarts it where its log is read would want.
+//
+// Contexts nest: run gives every command one, and the commands that stop
+// gracefully make their own inside it, to log the stop. Both hear the
+// signal; when the outer one cancels first, the inner one takes the
+// signal from the cancellation's cause (stopSignal), so that its stop is
+// logged all the same: it returned silently, and CI saw no "stopping
+// gracefully" line after a SIGINT.
 func signalContext(parent context.Context, log zerolog.Logger) (context.Context, func()) {
-	ctx, cancel := context.WithCancel(parent)
+	ctx, cancel := context.WithCancelCause(parent)
 	sigs := make(chan os.Signal, 4)
 	// Said once, at the start, so that a stop that does nothing is not a
 	// mystery: a background job of a non-interactive shell, for one,
@@ -362,12 +369,16 @@ func signalContext(parent context.Context, log zerolog.Logger) (context.Context,
 		var first os.Signal
 		select {
 		case first = <-sigs:
-			signal.Ignore(syscall.SIGPIPE)
-			log.Info().Str("signal", first.String()).Msg("stopping gracefully; send a stop signal again, a second from now or later, to stop at once")
-			cancel()
 		case <-ctx.Done():
-			return
+			var s stopSignal
+			if !errors.As(context.Cause(ctx), &s) {
+				return
+			}
+			first = s.sig
 		}
+		signal.Ignore(syscall.SIGPIPE)
+		log.Info().Str("signal", first.String()).Msg("stopping gracefully; send a stop signal again, a second from now or later, to stop at once")
+		cancel(stopSignal{first})
 		firstAt := time.Now()
 		for s := range sigs {
 			if time.Since(firstAt) < repeatWindow {
@@ -383,8 +394,14 @@ func signalContext(parent context.Context, log zerolog.Logger) (context.Context,
 			os.Exit(code)
 		}
 	}()
-	return ctx, func() { signal.Stop(sigs); cancel() }
+	return ctx, func() { signal.Stop(sigs); cancel(nil) }
 }
+
+// stopSignal is the cause of a context that signalContext cancelled: the
+// signal that asked for the stop.
+type stopSignal struct{ sig os.Signal }
+
+func (s stopSignal) Error() string { return "stopped by " + s.sig.String() }
 
 // stoppedBySignal reports whether err is what a start-up cut short by
 // signalContext's ctx returns: the context's own error, or a connection's

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"regexp"
@@ -9,7 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/bellhopq/bellhop/internal/pgtest"
+	"github.com/bellhopq/bellhop/internal/syncbuf"
 )
 
 // activeOthers counts the sessions of the test's database, other than
@@ -104,5 +108,31 @@ func TestInterruptedStreamEnqueuesNothing(t *testing.T) {
 	}
 	if n := queryInt(t, pool, "SELECT count(*) FROM queue_messages"); n != 0 {
 		t.Errorf("%d messages enqueued by an interrupted stream", n)
+	}
+}
+
+// TestNestedSignalContextLogsTheStop: run gives every command a
+// signalContext, and `bellhop run` makes its own inside it, to log the
+// stop. When the outer one heard the signal first and cancelled, the inner
+// one returned without a word: CI saw a SIGINT stop `bellhop run` with no
+// "stopping gracefully" line. Here the outer context is already cancelled
+// by a signal when the inner one starts, as that race left it.
+func TestNestedSignalContextLogsTheStop(t *testing.T) {
+	outer, cancel := context.WithCancelCause(context.Background())
+	cancel(stopSignal{os.Interrupt})
+	var logs syncbuf.Buffer
+	ctx, stop := signalContext(outer, zerolog.New(&logs))
+	defer stop()
+	<-ctx.Done()
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(logs.String(), `"signal":"interrupt","message":"stopping gracefully`) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no stop logged within 10s of the outer context's cancel by SIGINT; log: %q", logs.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	var s stopSignal
+	if !errors.As(context.Cause(ctx), &s) || s.sig != os.Interrupt {
+		t.Errorf("the inner context's cause is %v, want the stop by SIGINT", context.Cause(ctx))
 	}
 }
