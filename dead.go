@@ -70,12 +70,15 @@ type DeadFilter struct {
 	ID    uuid.UUID
 	Limit int
 	// After continues a listing that stopped at its Limit: set it to the
-	// ID of the last DeadLetter listed, and only those after that one in
-	// the listing's order (newest first) are listed. Dead letters that
-	// die meanwhile are newer, so they are not listed. A dead letter of
-	// that id that is gone (redriven or purged since) is ErrInvalidOptions:
-	// list again from the newest.
-	After uuid.UUID
+	// last DeadLetter listed, and only those after it in the listing's
+	// order (DiedAt newest first, then ID, then Source) are listed. Only
+	// its DiedAt, ID and Source are read, so the listing goes on even if
+	// that dead letter has been redriven or purged since. A dead letter
+	// that dies meanwhile is listed only if its DiedAt, the start of the
+	// transaction that killed it, is before After's: usually it is newer.
+	// An After without an ID, a DiedAt or a Source of "queue" or "invoke"
+	// is ErrInvalidOptions.
+	After *DeadLetter
 	// OmitPayload lists the dead letters without their payloads: each
 	// DeadLetter's Payload is nil, and no payload is read from the
 	// database. A listing that does not show payloads should set it: a
@@ -122,28 +125,22 @@ func (c *Client) DeadLetters(ctx context.Context, f DeadFilter) (_ []DeadLetter,
 			return nil, fmt.Errorf("list dead letters: %w", err)
 		}
 	}
-	var afterDied *time.Time
-	if f.After != uuid.Nil {
-		if err := c.db.QueryRow(ctx, queries.DeadCursor, queries.Args{"app_name": nullable(f.App), "id": f.After}).Scan(&afterDied); err != nil {
-			return nil, fmt.Errorf("list dead letters: %w", err)
+	args := queries.Args{
+		"app_name": nullable(f.App), "queue_name": nullable(f.Queue), "id": nullable(f.ID), "max_rows": f.Limit,
+		"after_id": nil, "after_died": nil, "after_source": nil,
+	}
+	if a := f.After; a != nil {
+		if a.ID == uuid.Nil || a.DiedAt.IsZero() || (a.Source != "queue" && a.Source != "invoke") {
+			return nil, fmt.Errorf("list dead letters: %w: After must be a dead letter a listing returned, with its ID, DiedAt and Source",
+				ErrInvalidOptions)
 		}
-		if afterDied == nil {
-			where := ""
-			if f.App != "" {
-				where = ` in app "` + printable(f.App) + `"`
-			}
-			return nil, fmt.Errorf("list dead letters: %w: after %s: no such dead letter%s (redriven or purged since it was listed?); list again from the newest",
-				ErrInvalidOptions, f.After, where)
-		}
+		args["after_id"], args["after_died"], args["after_source"] = a.ID, a.DiedAt, a.Source
 	}
 	sql := queries.DeadList
 	if f.OmitPayload {
 		sql = queries.DeadListBrief
 	}
-	rows, err := c.db.Query(ctx, sql, queries.Args{
-		"app_name": nullable(f.App), "queue_name": nullable(f.Queue), "id": nullable(f.ID), "max_rows": f.Limit,
-		"after_id": nullable(f.After), "after_died": afterDied,
-	})
+	rows, err := c.db.Query(ctx, sql, args)
 	if err != nil {
 		return nil, fmt.Errorf("list dead letters: %w", err)
 	}

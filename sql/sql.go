@@ -121,11 +121,6 @@ var ConsumerUpdate string
 //go:embed dead_letter.sql
 var DeadLetter string
 
-// DeadCursor is dead_cursor.sql.
-//
-//go:embed dead_cursor.sql
-var DeadCursor string
-
 // DeadList is dead_list.sql.
 //
 //go:embed dead_list.sql

@@ -165,9 +165,10 @@ func TestBadConfiguration(t *testing.T) {
 		{"dead purge bad queue name", dsn, nil, []string{"dead", "purge", "--app", "shop", "--queue", "bad q"}, `purge dead letters: invalid queue name "bad q"`},
 		{"dead redrive bad queue name", dsn, nil, []string{"dead", "redrive", "--app", "shop", "--queue", "a/b"}, `redrive dead letters: invalid queue name "a/b"`},
 		{"dead ls bad queue name", dsn, nil, []string{"dead", "ls", "--app", "shop", "--queue", "bad q"}, `list dead letters: invalid queue name "bad q"`},
-		{"dead ls --after not an id", dsn, nil, []string{"dead", "ls", "--app", "shop", "--after", "last"}, `--after "last": not a dead letter ID (a UUID)`},
+		{"dead ls --after not an id", dsn, nil, []string{"dead", "ls", "--app", "shop", "--after", "last"}, `--after "last": not a dead letter, given as ID:SOURCE (SOURCE queue or invoke) or ID`},
+		{"dead ls --after bad source", dsn, nil, []string{"dead", "ls", "--app", "shop", "--after", "6f1c7a52-95e4-4c3a-9d43-1d6f3f1e8a11:cron"}, `--after "6f1c7a52-95e4-4c3a-9d43-1d6f3f1e8a11:cron": not a dead letter`},
 		{"dead ls --after no dead letter", dsn, nil, []string{"dead", "ls", "--app", "shop", "--after", "6f1c7a52-95e4-4c3a-9d43-1d6f3f1e8a11"},
-			`list dead letters: invalid option: after 6f1c7a52-95e4-4c3a-9d43-1d6f3f1e8a11: no such dead letter in app "shop"`},
+			`--after: no dead letter 6f1c7a52-95e4-4c3a-9d43-1d6f3f1e8a11 in app "shop" (redriven or purged since it was listed?)`},
 		// Input that is bad whatever the database holds is named even
 		// when the database cannot be reached.
 		{"bad app name, database away", away, nil, []string{"app", "create", "bad name"}, `create app: invalid name: app name "bad name"`},
@@ -952,8 +953,8 @@ func checkSynopsisDefaults(t *testing.T, section string, root *cli.Command) {
 		return c, path
 	}
 	optional := regexp.MustCompile(`\[--([a-z-]+) ([^\]\s|]+)\]`)
-	global := map[string]bool{} // the global flags the synopsis gives
-	placeholder := regexp.MustCompile(`^[A-Z][A-Z_]*$`)
+	global := map[string]bool{}                          // the global flags the synopsis gives
+	placeholder := regexp.MustCompile(`^[A-Z][A-Z_:]*$`) // ID:SOURCE too
 	checked := 0
 	for _, line := range lines {
 		line, ok := strings.CutPrefix(line, "bellhop ")

@@ -10,6 +10,7 @@ import (
 	"io"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -196,6 +197,37 @@ func appCommand(d *deps) *cli.Command {
 			},
 		}},
 	}
+}
+
+// deadCursor parses dead ls --after: ID:SOURCE, or ID alone; "" is none.
+func deadCursor(s string) (uuid.UUID, string, error) {
+	if s == "" {
+		return uuid.Nil, "", nil
+	}
+	idText, source, _ := strings.Cut(s, ":")
+	id, err := uuid.Parse(idText)
+	if err != nil || id == uuid.Nil || (source != "" && source != "queue" && source != "invoke") {
+		return uuid.Nil, "", usagef("--after %s: not a dead letter, given as ID:SOURCE (SOURCE queue or invoke) or ID", validate.Shown(s))
+	}
+	return id, source, nil
+}
+
+// deadAt finds the dead letter that --after names, for its place in the
+// listing: by id, and by source if given, which it must be when a message
+// and an invoke delivery share the id.
+func deadAt(ctx context.Context, c *bellhop.Client, app string, id uuid.UUID, source string) (*bellhop.DeadLetter, error) {
+	ds, err := c.DeadLetters(ctx, bellhop.DeadFilter{App: app, ID: id, Limit: 2, OmitPayload: true})
+	if err != nil {
+		return nil, err
+	}
+	ds = slices.DeleteFunc(ds, func(x bellhop.DeadLetter) bool { return source != "" && x.Source != source })
+	switch len(ds) {
+	case 0:
+		return nil, usagef("--after: no dead letter %s in app %q (redriven or purged since it was listed?); list again from the newest", id, app)
+	case 1:
+		return &ds[0], nil
+	}
+	return nil, usagef("--after %s: a message and an invoke delivery share this id: give %s:queue or %s:invoke", id, id, id)
 }
 
 // principalCommand lists principals, which `consumer add --principal`
@@ -1021,7 +1053,7 @@ func deadCommand(d *deps) *cli.Command {
 			Usage: "list dead letters, newest first",
 			Flags: []cli.Flag{appFlag, &cli.StringFlag{Name: "queue", Usage: "only this queue's"},
 				&cli.IntFlag{Name: "limit", Value: bellhop.DefaultDeadLimit, Usage: fmt.Sprintf("at most this many (1 to %d)", bellhop.MaxDeadLimit)},
-				&cli.StringFlag{Name: "after", Usage: "only those after this dead letter ID in the list: the last ID of a listing cut at its --limit"}},
+				&cli.StringFlag{Name: "after", Usage: "only those after this dead letter in the list, given as ID:SOURCE (as the note of a listing cut at its --limit gives it) or ID"}},
 			Action: func(ctx context.Context, cmd *cli.Command) error {
 				if err := nonEmptyApp(cmd); err != nil {
 					return err
@@ -1031,18 +1063,21 @@ func deadCommand(d *deps) *cli.Command {
 				if n := cmd.Int("limit"); n < 1 || n > bellhop.MaxDeadLimit {
 					return usagef("--limit %d: must be 1 to %d", n, bellhop.MaxDeadLimit)
 				}
-				var after uuid.UUID
-				if s := cmd.String("after"); s != "" {
-					var err error
-					if after, err = uuid.Parse(s); err != nil {
-						return usagef("--after %s: not a dead letter ID (a UUID)", validate.Shown(s))
-					}
+				afterID, afterSource, err := deadCursor(cmd.String("after"))
+				if err != nil {
+					return err
 				}
 				c, pool, err := client(ctx, cmd)
 				if err != nil {
 					return err
 				}
 				defer pool.Close()
+				var after *bellhop.DeadLetter
+				if afterID != uuid.Nil {
+					if after, err = deadAt(ctx, c, cmd.String("app"), afterID, afterSource); err != nil {
+						return err
+					}
+				}
 				// The table shows no payload: reading them held every
 				// listed one in memory, up to 10,000 of up to 1 MiB.
 				ds, err := c.DeadLetters(ctx, bellhop.DeadFilter{App: cmd.String("app"), Queue: cmd.String("queue"),
@@ -1074,8 +1109,8 @@ func deadCommand(d *deps) *cli.Command {
 				// script counting its lines took 100 for all there were
 				// (the CLI review).
 				if n := int(cmd.Int("limit")); len(ds) == n {
-					fmt.Fprintf(d.stderr, "bellhop: showing %d dead letters; there may be more: --after %s lists the next (`bellhop queues` counts them; --limit takes up to %d, --queue narrows the list)\n",
-						n, ds[n-1].ID, bellhop.MaxDeadLimit)
+					fmt.Fprintf(d.stderr, "bellhop: showing %d dead letters; there may be more: --after %s:%s lists the next (`bellhop queues` counts them; --limit takes up to %d, --queue narrows the list)\n",
+						n, ds[n-1].ID, ds[n-1].Source, bellhop.MaxDeadLimit)
 				}
 				return nil
 			},

@@ -1110,15 +1110,37 @@ func TestDeadListSaysItWasCut(t *testing.T) {
 		t.Fatalf("dead ls --limit 2 of 3: want exit 0, a header and 2 rows, and the note; got %s", r)
 	}
 	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
-	if last := strings.Fields(lines[2])[0]; m[1] != last {
-		t.Errorf("the note says --after %s, want the last ID listed, %s", m[1], last)
+	last := strings.Fields(lines[2])[0]
+	if m[1] != last+":queue" {
+		t.Errorf("the note says --after %s, want the last listed, %s:queue", m[1], last)
 	}
-	next := exe(t, dsn, "", "dead", "ls", "--app", "shop", "--limit", "2", "--after", m[1])
-	if next.code != 0 || next.stderr != "" || strings.Count(next.stdout, "\n") != 2 ||
-		strings.Contains(r.stdout, strings.Fields(strings.Split(next.stdout, "\n")[1])[0]) {
-		t.Errorf("dead ls --after the last of the first 2: want the third alone and no note; got %s", next)
+	for _, after := range []string{m[1], last} { // ID:SOURCE, or the ID alone
+		next := exe(t, dsn, "", "dead", "ls", "--app", "shop", "--limit", "2", "--after", after)
+		if next.code != 0 || next.stderr != "" || strings.Count(next.stdout, "\n") != 2 ||
+			strings.Contains(r.stdout, strings.Fields(strings.Split(next.stdout, "\n")[1])[0]) {
+			t.Errorf("dead ls --after %s, the last of the first 2: want the third alone and no note; got %s", after, next)
+		}
 	}
 	if r := exe(t, dsn, "", "dead", "ls", "--app", "shop"); r.code != 0 || r.stderr != "" || strings.Count(r.stdout, "\n") != 4 {
 		t.Errorf("dead ls of all 3: want exit 0, 3 rows and nothing on stderr; got %s", r)
+	}
+	// A message and an invoke delivery of one id: the ID alone is refused.
+	if _, err := pool.Exec(t.Context(), `INSERT INTO dead_letters (id, app_id, queue_name, trigger_id, payload, enqueued_at, attempt, max_attempts, last_error, source)
+		SELECT $1::uuid, a.id, 'orders', gen_random_uuid(), '{}', now(), 3, 3, 'boom', s FROM apps a, unnest(ARRAY['queue', 'invoke']) s`, last); err == nil {
+		t.Fatalf("a second dead letter of id %s was stored beside the first, whose source is queue too", last)
+	}
+	shared := "6f1c7a52-95e4-4c3a-9d43-1d6f3f1e8a11"
+	if _, err := pool.Exec(t.Context(), `INSERT INTO dead_letters (id, app_id, queue_name, trigger_id, payload, enqueued_at, attempt, max_attempts, last_error, source)
+		SELECT $1::uuid, a.id, 'orders', gen_random_uuid(), '{}', now(), 3, 3, 'boom', s FROM apps a, unnest(ARRAY['queue', 'invoke']) s`, shared); err != nil {
+		t.Fatal(err)
+	}
+	if r := exe(t, dsn, "", "dead", "ls", "--app", "shop", "--after", shared); r.code != 2 ||
+		!strings.Contains(r.stderr, "a message and an invoke delivery share this id: give "+shared+":queue or "+shared+":invoke") {
+		t.Errorf("dead ls --after an id two dead letters share: want exit 2 naming ID:queue and ID:invoke; got %s", r)
+	}
+	// The two are the newest, the invoke delivery first (by source).
+	if r := exe(t, dsn, "", "dead", "ls", "--app", "shop", "--after", shared+":invoke"); r.code != 0 ||
+		strings.Count(r.stdout, "\n") != 5 || !strings.HasPrefix(strings.Split(r.stdout, "\n")[1], shared+"  orders  queue") {
+		t.Errorf("dead ls --after ID:invoke of the newest: want its message, then the 3 older; got %s", r)
 	}
 }
