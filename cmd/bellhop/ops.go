@@ -866,14 +866,16 @@ func enqueueStream(ctx context.Context, c *bellhop.Client, pool *pgxpool.Pool, a
 
 // untilDone reads r until ctx ends, and then fails with ctx's error, even
 // while a read of r is blocked: that read's goroutine is left to end with
-// the process, as a read of a terminal or a pipe cannot be cancelled.
+// the process, as a read of a terminal or a pipe cannot be cancelled. The
+// writer's half is closed, not the reader's, whose reads would fail with
+// io.ErrClosedPipe, which says nothing of the stop; the first close wins.
 func untilDone(ctx context.Context, r io.Reader) io.Reader {
 	pr, pw := io.Pipe()
 	go func() {
 		_, err := io.Copy(pw, r)
 		pw.CloseWithError(err)
 	}()
-	context.AfterFunc(ctx, func() { pr.CloseWithError(ctx.Err()) })
+	context.AfterFunc(ctx, func() { pw.CloseWithError(ctx.Err()) })
 	return pr
 }
 
