@@ -295,6 +295,11 @@ const (
 	OpReclaim Operation = "reclaim"
 	// OpReload: a reload of the consumers.
 	OpReload Operation = "reload"
+	// OpOffer: with LeaseAtInsert, an offer of a queue's next message to
+	// this dispatcher (its INSERT into bellhop_offers). The queue is then
+	// claimed after notifications as without LeaseAtInsert, and offered
+	// again when its lane is next idle.
+	OpOffer Operation = "offer"
 )
 
 // failed tells the Observer, if it is a FailureObserver, that a statement
@@ -394,6 +399,9 @@ type Dispatcher struct {
 	// claimFailLog bounds the lanes' "claim failed" lines: when the
 	// database is away, every lane with work fails.
 	claimFailLog *logthrottle.Throttle
+	// offerFailLog bounds the lanes' "could not make an offer" lines at
+	// warn; the rest go to debug.
+	offerFailLog *logthrottle.Throttle
 
 	// owner names this dispatcher's busy marks and offers.
 	owner uuid.UUID
@@ -583,6 +591,7 @@ func NewDispatcher(poolCfg *pgxpool.Config, cfg DispatcherConfig) (*Dispatcher, 
 		lastFired:    map[uuid.UUID]bool{},
 		owner:        uuid.New(),
 		claimFailLog: logthrottle.New(1, 10*time.Second),
+		offerFailLog: logthrottle.New(1, time.Minute),
 		offers:       offerBook{byToken: map[uuid.UUID]*offer{}},
 		created:      time.Now(),
 	}
@@ -1007,9 +1016,11 @@ func (d *Dispatcher) closePool(by time.Time) {
 // connected, and not deaf: a listener that has missed two heartbeats and
 // heard none, as through PgBouncer's transaction pooling, makes it fail
 // with notify.ErrDeaf until one comes back. Concurrent calls share one
-// database check, and one that succeeded is reused for a second, so that
-// frequent callers cost the database at most one check a second while it
-// answers; ctx bounds the wait, the check itself is bounded by
+// database check, and its answer, success or failure, is reused for a
+// second, so that frequent callers cost the database at most one check a
+// second, whether it answers or refuses connections (each refused check
+// may be a failed login, which the server logs); a recovery shows at most
+// a second late. ctx bounds the wait, the check itself is bounded by
 // StatementTimeout.
 func (d *Dispatcher) Ready(ctx context.Context) error {
 	db := d.pool.Load()

@@ -168,8 +168,16 @@ func (l *lane) makeOffer(ctx context.Context) {
 		d.retire(o, time.Now())
 		l.offered.Store(false)
 		if !timeout.Stopping(bctx) {
-			d.log.Debug().Err(timeout.Explain(bctx, err)).Str("app_id", l.target.AppID.String()).Str("queue", l.target.Queue).
-				Msg("could not make an offer; the queue is claimed after notifications as usual")
+			// Counted and logged at warn (throttled): a role without
+			// INSERT on bellhop_offers turns LeaseAtInsert off, and
+			// nothing else would show it.
+			d.failed(OpOffer)
+			ev := d.log.Debug()
+			if ok, held := d.offerFailLog.Allow(); ok {
+				ev = d.log.Warn().Int("held_back", held)
+			}
+			ev.Err(timeout.Explain(bctx, err)).Str("app_id", l.target.AppID.String()).Str("queue", l.target.Queue).
+				Msg("could not make an offer (leasing at INSERT); the queue is claimed after notifications as usual (logged at warn at most once a minute; held_back counts the failures not logged)")
 		}
 		return
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/bellhopq/bellhop/claim"
+	"github.com/bellhopq/bellhop/internal/logthrottle"
 	"github.com/bellhopq/bellhop/internal/pgtest"
 	"github.com/bellhopq/bellhop/internal/syncbuf"
 	"github.com/bellhopq/bellhop/internal/timeout"
@@ -515,7 +516,8 @@ func TestReleaseRacesClose(t *testing.T) {
 // timeout.
 func testBook(t *testing.T, cfg DispatcherConfig, db *pgxpool.Pool, vt time.Duration) (*Dispatcher, *lane) {
 	t.Helper()
-	d := &Dispatcher{cfg: cfg, db: db, log: zerolog.Nop(), offers: offerBook{byToken: map[uuid.UUID]*offer{}}}
+	d := &Dispatcher{cfg: cfg, db: db, log: zerolog.Nop(), offers: offerBook{byToken: map[uuid.UUID]*offer{}},
+		offerFailLog: logthrottle.New(1, time.Minute)}
 	l := newLane(context.Background(), d, &consumerState{Consumer: Consumer{VisibilityTimeout: vt, Enabled: true,
 		MaxInFlight: 1}}, claim.Target{Source: claim.Queue, AppID: uuid.New(), Queue: "q"}, new(atomic.Int32))
 	t.Cleanup(func() { l.timer.Stop() })

@@ -2,7 +2,10 @@ package bellhop
 
 import (
 	"context"
+	"errors"
+	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -58,4 +61,63 @@ func TestReadyChecksDatabaseOncePerSecond(t *testing.T) {
 	if limit := int64(took/time.Second) + 2; n > limit {
 		t.Errorf("%d calls of Ready in %s took %d pool connections, want at most %d", 2*calls, took.Round(time.Millisecond), n, limit)
 	}
+}
+
+// TestReadyChecksRefusingDatabaseOncePerSecond: while the database
+// refuses new connections, Ready in a tight loop, as an unauthenticated
+// /readyz can be asked, tries to connect about once a second, not once a
+// call: each try can be a failed login that the server logs or counts
+// against the role. Found by review: a failed check was not reused, so
+// every call dialled.
+func TestReadyChecksRefusingDatabaseOncePerSecond(t *testing.T) {
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(pgtest.ConnString(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var refusing atomic.Bool
+	var dials atomic.Int64
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if refusing.Load() {
+			dials.Add(1)
+			return nil, errors.New("connection refused (test)")
+		}
+		var d net.Dialer
+		return d.DialContext(ctx, network, addr)
+	}
+	d, err := NewDispatcher(cfg, DispatcherConfig{Resolver: resolverFunc(func(Consumer) Handler { return nil }),
+		PollInterval: time.Hour, Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntilCleanup(t, d, nil)
+	eventually(t, "the dispatcher ready", func() bool { return d.Ready(ctx) == nil })
+
+	// The listener keeps its connection; the pool's are closed, so that
+	// a ping needs a new one.
+	refusing.Store(true)
+	d.pool.Load().Reset()
+	eventually(t, "Ready failing once the last success is a second old", func() bool { return d.Ready(ctx) != nil })
+	// Asked every millisecond for 2.5 s.
+	before, start := dials.Load(), time.Now()
+	calls, passed := 0, 0
+	for time.Since(start) < 2500*time.Millisecond {
+		calls++
+		if d.Ready(ctx) == nil {
+			passed++
+		}
+		time.Sleep(time.Millisecond)
+	}
+	took, n := time.Since(start), dials.Load()-before
+	if passed != 0 {
+		t.Fatalf("Ready passed %d times of %d while every connection was refused", passed, calls)
+	}
+	// A check a second, plus one for a second that had begun; each check
+	// is a ping and, on a connection lost under it, one more, and each
+	// ping may try two addresses. Every call dialled before.
+	if limit := 4 * (int64(took/time.Second) + 2); n > limit {
+		t.Errorf("%d calls of Ready in %s tried %d connections, want at most %d", calls, took.Round(time.Millisecond), n, limit)
+	}
+	refusing.Store(false)
+	eventually(t, "the dispatcher ready again", func() bool { return d.Ready(ctx) == nil })
 }

@@ -496,19 +496,40 @@ func (r *pushResolver) forget(id uuid.UUID) {
 // at most closeWait for the HTTP server and its own pool to close.
 // settings logs the settings line, with the database's schema version,
 // once the database has answered.
+//
+// The endpoints answer from the start, while the database is reached and
+// its schema checked (each bounded by the connect timeout, and by every
+// host a connection string names): /healthz "ok", /readyz and /metrics
+// 503 until the dispatcher is made. The port was bound and silent
+// meanwhile, so that a liveness probe got no answer at all and could
+// restart a daemon that was about to start.
 func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.Listener, pusher *httppush.Pusher, settings func(schema int), depths bool, dc bellhop.DispatcherConfig) error {
 	reg := prometheus.NewRegistry()
 	var disp *bellhop.Dispatcher
+	var made atomic.Pointer[bellhop.Dispatcher]
+	ready := func(ctx context.Context) error {
+		d := made.Load()
+		if d == nil {
+			return errors.New("daemon starting: connecting to the database, checking its schema")
+		}
+		return d.Ready(ctx)
+	}
+	srv := probeServer(probeMux(untilMade(&made, metricsHandler(reg, log)), readyz(ctx, ready, log, time.Now)))
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error().Err(err).Msg("http server failed")
+		}
+	}()
 	client, pool, err := openClient(ctx, cfg)
 	if err != nil {
-		ln.Close()
+		srv.Close()
 		return err
 	}
 	var closeBy time.Time // once the dispatcher has stopped
 	defer func() { closePool(pool, log, closeBy) }()
 	version, err := checkSchema(ctx, pool, cfg.ConnConfig.ConnectTimeout)
 	if err != nil {
-		ln.Close()
+		srv.Close()
 		return err
 	}
 	settings(version)
@@ -523,15 +544,10 @@ func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.
 	dc.Resolver, dc.Logger, dc.Observer = newPushResolver(pusher, log, time.Now), log, rec
 	disp, err = bellhop.NewDispatcher(cfg, dc)
 	if err != nil {
-		ln.Close()
+		srv.Close()
 		return err
 	}
-	srv := probeServer(probeMux(metricsHandler(reg, log), readyz(ctx, disp.Ready, log, time.Now)))
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error().Err(err).Msg("http server failed")
-		}
-	}()
+	made.Store(disp)
 	log.Info().Str("http_addr", ln.Addr().String()).Msg("serving /metrics, /healthz and /readyz")
 	runErr := disp.Run(ctx)
 	closeBy = time.Now().Add(closeWait)
@@ -542,6 +558,19 @@ func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.
 			Msg("stopped waiting for the /metrics, /healthz and /readyz requests in flight to end; exiting without their answers")
 	}
 	return runErr
+}
+
+// untilMade answers 503 "starting" until made holds the dispatcher, and
+// then passes to h: until then its collectors are not registered, and an
+// empty answer would read as a daemon with nothing to report.
+func untilMade(made *atomic.Pointer[bellhop.Dispatcher], h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if made.Load() == nil {
+			http.Error(w, "starting", http.StatusServiceUnavailable)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // closeWait bounds how long `bellhop run`, once its dispatcher has

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -1264,5 +1265,94 @@ func TestDescribeDB(t *testing.T) {
 		if got := describeDB(cfg); got != tc.want {
 			t.Errorf("describeDB(%q) = %q; want %q", tc.dsn, got, tc.want)
 		}
+	}
+}
+
+// TestProbesAnswerWhileStarting: while the daemon waits on the database
+// (here its schema check, behind a lock a migration would hold), its port
+// answers: /healthz 200, /readyz and /metrics 503; once the check passes,
+// /readyz and /metrics answer 200. The port was bound and silent until the
+// dispatcher was made, so that a liveness probe got no answer for as long
+// as the start-up waited, up to the connect timeout per host (found by the
+// metrics and probes review).
+func TestProbesAnswerWhileStarting(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.ConnString(t)
+	pool := db(t, dsn)
+	tx, err := pool.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(context.Background(), "LOCK TABLE bellhop_schema_version IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.ConnectTimeout = time.Minute // the schema check's bound
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	served := make(chan error, 1)
+	var logs syncbuf.Buffer
+	go func() {
+		served <- serve(ctx, zerolog.New(&logs), cfg, ln, httppush.New(httppush.Options{}), func(int) {}, true,
+			bellhop.DispatcherConfig{PollInterval: time.Hour})
+	}()
+	waitFor(t, 30*time.Second, "the schema check waiting for the lock", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM pg_locks
+			WHERE NOT granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+			  AND relation = to_regclass('bellhop_schema_version')`) > 0
+	})
+	client := http.Client{Timeout: 5 * time.Second}
+	get := func(path string) (int, string) {
+		t.Helper()
+		resp, err := client.Get("http://" + ln.Addr().String() + path)
+		if err != nil {
+			t.Fatalf("GET %s while the daemon starts: %v", path, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, strings.TrimSpace(string(b))
+	}
+	for _, tc := range []struct {
+		path string
+		code int
+		body string
+	}{
+		{"/healthz", http.StatusOK, "ok"},
+		{"/readyz", http.StatusServiceUnavailable, "not ready"},
+		{"/metrics", http.StatusServiceUnavailable, "starting"},
+	} {
+		if code, body := get(tc.path); code != tc.code || body != tc.body {
+			t.Errorf("GET %s while the daemon starts: %d %q, want %d %q", tc.path, code, body, tc.code, tc.body)
+		}
+	}
+	if !strings.Contains(logs.String(), "daemon starting") {
+		t.Errorf("the log does not say why /readyz failed: %s", logs.String())
+	}
+	if err := tx.Rollback(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "/readyz 200 once started", func() bool {
+		code, _ := get("/readyz")
+		return code == http.StatusOK
+	})
+	if code, body := get("/metrics"); code != http.StatusOK || !strings.Contains(body, "bellhop_listener_connected 1") {
+		t.Errorf("GET /metrics once started: %d, want 200 with bellhop_listener_connected 1:\n%.2000s", code, body)
+	}
+	cancel()
+	select {
+	case err := <-served:
+		if err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("serve after its context was cancelled: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve had not returned 30s after its context was cancelled")
 	}
 }

@@ -48,7 +48,11 @@ var _ bellhop.FailureObserver = (*Recorder)(nil)
 // Prometheus collectors get no context.
 func New(ctx context.Context, reg prometheus.Registerer, log zerolog.Logger, stats func() notify.Stats, queues func(context.Context) ([]bellhop.QueueInfo, error)) *Recorder {
 	lq := []string{"app", "queue"}
-	buckets := []float64{.0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+	// Up to an hour: latency to start counts delays and retries' waits, and
+	// a backlog of minutes read as 60 s at every quantile, the last
+	// bucket's bound, when they stopped at a minute. Two buckets more a
+	// histogram: six series a queue.
+	buckets := []float64{.0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 3600}
 	r := &Recorder{
 		delivered: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "bellhop_delivered_total", Help: "Deliveries started, by app and queue."}, lq),
@@ -56,13 +60,13 @@ func New(ctx context.Context, reg prometheus.Registerer, log zerolog.Logger, sta
 			Name: "bellhop_settled_total", Help: "Deliveries settled, by outcome: written (acked, nacked, dead_lettered, released) or not (lease_lost: the lease was gone first, or a retried write found it gone, when the first try may have recorded the outcome, or an invoke delivery was removed with its consumer; write_failed: every write failed)."},
 			append(lq, "outcome")),
 		failed: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "bellhop_statement_errors_total", Help: "The dispatcher's own statements that failed, by op: claim (a claim, or a lane's busy-lock check), poll (the fallback poll, or the scan after the listener connects), reclaim, reload (of the consumers). Each is tried again; claim failures are logged at most once every 10s, the others each time."},
+			Name: "bellhop_statement_errors_total", Help: "The dispatcher's own statements that failed, by op: claim (a claim, or a lane's busy-lock check; counted once for each queue a failed claim served, up to 100 for one combined claim), poll (the fallback poll, or the scan after the listener connects), reclaim, reload (of the consumers), offer (with leasing at INSERT, an offer to lease the next message). Each is tried again; claim failures are logged at most once every 10s, offer failures at warn at most once a minute, the others each time."},
 			[]string{"op"}),
 		reclaimed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "bellhop_reclaimed_total", Help: "Expired leases returned by this dispatcher's reclaimer, by result (released, dead_lettered)."},
 			[]string{"result"}),
 		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "bellhop_in_flight", Help: "Messages being handled now."}, lq),
+			Name: "bellhop_in_flight", Help: "Delivery slots in use: a handler running, or its outcome waiting to be queued for writing."}, lq),
 		toStart: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "bellhop_latency_to_start_seconds", Help: "From enqueued_at to the start of delivery (includes deliver_after delays and retries' waits). Compares the database's clock with the daemon's: keep them in sync (NTP).", Buckets: buckets}, lq),
 		toAck: prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -79,7 +83,7 @@ func New(ctx context.Context, reg prometheus.Registerer, log zerolog.Logger, sta
 	// misses that first increase.
 	r.reclaimed.WithLabelValues("released")
 	r.reclaimed.WithLabelValues("dead_lettered")
-	for _, op := range []bellhop.Operation{bellhop.OpClaim, bellhop.OpPoll, bellhop.OpReclaim, bellhop.OpReload} {
+	for _, op := range []bellhop.Operation{bellhop.OpClaim, bellhop.OpPoll, bellhop.OpReclaim, bellhop.OpReload, bellhop.OpOffer} {
 		r.failed.WithLabelValues(string(op))
 	}
 	reg.MustRegister(r.delivered, r.settled, r.reclaimed, r.failed, r.inFlight, r.toStart, r.toAck, r.handler, r.polls, r.pollsFound,

@@ -198,6 +198,50 @@ func TestLatencyClockAhead(t *testing.T) {
 	}
 }
 
+// TestLatencyBucketsReachAnHour: a message enqueued 4 minutes ago, a
+// backlog or a retry's wait, falls in the latency histograms' 300 s
+// bucket, not only in +Inf: the buckets stopped at 60 s, where every
+// quantile of such a backlog read 60 s (found by the metrics review). The
+// handler's 40 minutes fall in the 3,600 s bucket.
+func TestLatencyBucketsReachAnHour(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	r := New(context.Background(), reg, zerolog.Nop(), func() notify.Stats { return notify.Stats{} },
+		func(context.Context) ([]bellhop.QueueInfo, error) { return nil, nil })
+	m := &bellhop.Message{App: "shop", Queue: "orders", EnqueuedAt: time.Now().Add(-4 * time.Minute)}
+	r.Delivered(m)
+	r.Settled(m, bellhop.Acked, 40*time.Minute)
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]float64{ // the least bucket that holds the sample
+		"bellhop_latency_to_start_seconds": 300, "bellhop_latency_to_ack_seconds": 300, "bellhop_handler_duration_seconds": 3600,
+	}
+	seen := 0
+	for _, f := range families {
+		bound, ok := want[f.GetName()]
+		if !ok {
+			continue
+		}
+		for _, s := range f.GetMetric() {
+			seen++
+			hasBound := false
+			for _, b := range s.GetHistogram().GetBucket() {
+				hasBound = hasBound || b.GetUpperBound() == bound
+				if got, in := b.GetCumulativeCount(), b.GetUpperBound() >= bound; (got == 1) != in {
+					t.Errorf("%s: bucket le=%v counts %d, want %d", f.GetName(), b.GetUpperBound(), got, map[bool]int{true: 1}[in])
+				}
+			}
+			if !hasBound {
+				t.Errorf("%s has no bucket le=%v", f.GetName(), bound)
+			}
+		}
+	}
+	if seen != len(want) {
+		t.Errorf("found %d histograms, want %d", seen, len(want))
+	}
+}
+
 // TestListenerMetrics: the listener's state and counters, as its Stats
 // give them; a deaf listener (LISTEN through transaction pooling) shows as
 // bellhop_listener_deaf 1, beside the heartbeats it missed.
@@ -403,7 +447,7 @@ func TestStatementErrors(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	r := New(context.Background(), reg, zerolog.Nop(), func() notify.Stats { return notify.Stats{} },
 		func(context.Context) ([]bellhop.QueueInfo, error) { return nil, nil })
-	want := map[string]float64{"op=claim": 0, "op=poll": 0, "op=reclaim": 0, "op=reload": 0}
+	want := map[string]float64{"op=claim": 0, "op=poll": 0, "op=reclaim": 0, "op=reload": 0, "op=offer": 0}
 	if got := gather(t, reg, "bellhop_statement_errors_total"); !maps.Equal(got, want) {
 		t.Errorf("bellhop_statement_errors_total at the start: %v, want %v", got, want)
 	}

@@ -1,7 +1,9 @@
 // Package probe shares a health check among the callers that ask for it
 // at about the same time, so that a readiness endpoint anyone can reach
-// costs the database at most one check in flight, and one a period while
-// the checks succeed, however often it is asked.
+// costs the database at most one check in flight, and one a period,
+// however often it is asked: while the checks succeed, and while they fail
+// too, when each check may be a new connection's attempt (a login the
+// server logs, or counts against the role).
 package probe
 
 import (
@@ -19,7 +21,8 @@ type Probe struct {
 
 	mu      sync.Mutex
 	running *call     // the check in flight; nil when none is
-	passed  time.Time // when the last check that succeeded ended
+	last    *call     // the last check that ended; nil before the first
+	ended   time.Time // when last ended
 }
 
 type call struct {
@@ -29,15 +32,14 @@ type call struct {
 }
 
 // New returns a Probe that runs check with a deadline of timeout, and
-// answers nil without running it again for fresh after a check succeeds.
-// A failed check is not reused: the next caller starts another, so that
-// recovery shows at once.
+// answers with a check's result, success or failure, without running it
+// again for fresh after it ended: a recovery shows at most fresh late.
 func New(check func(context.Context) error, timeout, fresh time.Duration) *Probe {
 	return &Probe{check: check, timeout: timeout, fresh: fresh}
 }
 
-// Check answers with the check in flight if there is one, with nil if a
-// check succeeded less than fresh ago, and otherwise starts a check and
+// Check answers with the check in flight if there is one, with the last
+// check's result if it ended less than fresh ago, and otherwise starts a check and
 // waits for it. It returns ctx's error if ctx ends first; the check goes
 // on, within its own timeout, for the callers that ask after it. The
 // check runs detached from any caller's context, since its answer is
@@ -46,9 +48,10 @@ func (p *Probe) Check(ctx context.Context) error {
 	p.mu.Lock()
 	c := p.running
 	if c == nil {
-		if !p.passed.IsZero() && time.Since(p.passed) < p.fresh {
+		if p.last != nil && time.Since(p.ended) < p.fresh {
+			err := p.last.err
 			p.mu.Unlock()
-			return nil
+			return err
 		}
 		c = &call{done: make(chan struct{})}
 		p.running = c
@@ -69,10 +72,7 @@ func (p *Probe) run(c *call) {
 	c.err = p.check(ctx)
 	cancel()
 	p.mu.Lock()
-	p.running = nil
-	if c.err == nil {
-		p.passed = time.Now()
-	}
+	p.running, p.last, p.ended = nil, c, time.Now()
 	p.mu.Unlock()
 	close(c.done)
 }

@@ -119,22 +119,42 @@ func TestSuccessIsReusedWhileFresh(t *testing.T) {
 	})
 }
 
-// TestFailureIsNotReused: after a failed check the next caller starts
-// another, which sees the recovery.
-func TestFailureIsNotReused(t *testing.T) {
+// TestFailureIsReusedWhileFresh: a failed check answers, as a success
+// does, the callers that ask while it is fresh, without a check of their
+// own; once it is stale, the next caller's check sees the recovery. A
+// failure used to be checked again at once by the next caller: an
+// unauthenticated /readyz in a loop made one connection attempt after
+// another while the database refused them.
+func TestFailureIsReusedWhileFresh(t *testing.T) {
 	g := newGate()
 	p := New(g.check, 10*time.Second, time.Hour)
 	down := errors.New("down")
 	g.answer <- down
+	for range 100 {
+		if err := p.Check(context.Background()); err != down {
+			t.Fatalf("got %v, want %v", err, down)
+		}
+	}
+	if n := g.runs.Load(); n != 1 {
+		t.Errorf("%d checks ran for 100 callers within an hour of a failure, want 1", n)
+	}
+
+	// Fresh for 20 ms: the failure is checked again soon, and the recovery
+	// shows.
+	g = newGate()
+	g.answer <- down
+	for range cap(g.answer) - 1 {
+		g.answer <- nil
+	}
+	p = New(g.check, 10*time.Second, 20*time.Millisecond)
 	if err := p.Check(context.Background()); err != down {
 		t.Fatalf("got %v, want %v", err, down)
 	}
-	g.answer <- nil
-	if err := p.Check(context.Background()); err != nil {
-		t.Fatalf("the check after a failure answered %v, want nil from a new check", err)
-	}
+	waitFor(t, "the recovery seen once the failure is stale", func() bool {
+		return p.Check(context.Background()) == nil
+	})
 	if n := g.runs.Load(); n != 2 {
-		t.Errorf("%d checks ran, want 2", n)
+		t.Errorf("%d checks ran, want 2: the failure, then the recovery", n)
 	}
 }
 
