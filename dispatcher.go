@@ -275,7 +275,8 @@ type FailureObserver interface {
 	Observer
 	// Failed is called after a statement of kind op failed. The
 	// dispatcher tries it again: a claim, a reclaim pass or a reload
-	// backing off, a poll at the next.
+	// backing off, a poll at the next, an offer when its lane is next
+	// idle.
 	Failed(op Operation)
 }
 

@@ -160,17 +160,18 @@ func (l *lane) makeOffer(ctx context.Context) {
 		"channel": d.leaseChannel, "ttl_ms": d.offerTTL().Milliseconds(), "consumer_id": queries.UUID(l.target.TriggerID),
 	}
 	sent, err := d.timedRow(bctx, queries.OfferMake, func() queries.Args { return args }, &dbStart)
-	d.offers.mu.Lock()
-	defer d.offers.mu.Unlock()
 	if err != nil {
 		// The offer may or may not exist: keep the token as for a
 		// taken one, but let the lane offer again.
+		d.offers.mu.Lock()
 		d.retire(o, time.Now())
 		l.offered.Store(false)
+		d.offers.mu.Unlock()
 		if !timeout.Stopping(bctx) {
 			// Counted and logged at warn (throttled): a role without
 			// INSERT on bellhop_offers turns LeaseAtInsert off, and
-			// nothing else would show it.
+			// nothing else would show it. Outside the book's lock: the
+			// Observer may read LeaseStats, and a log write may block.
 			d.failed(OpOffer)
 			ev := d.log.Debug()
 			if ok, held := d.offerFailLog.Allow(); ok {
@@ -181,6 +182,8 @@ func (l *lane) makeOffer(ctx context.Context) {
 		}
 		return
 	}
+	d.offers.mu.Lock()
+	defer d.offers.mu.Unlock()
 	// Counted only now: a failed INSERT (a database outage) made no
 	// offer that the count could show.
 	d.offers.stats.Offers++

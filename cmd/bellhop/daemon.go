@@ -500,21 +500,17 @@ func (r *pushResolver) forget(id uuid.UUID) {
 // The endpoints answer from the start, while the database is reached and
 // its schema checked (each bounded by the connect timeout, and by every
 // host a connection string names): /healthz "ok", /readyz and /metrics
-// 503 until the dispatcher is made. The port was bound and silent
-// meanwhile, so that a liveness probe got no answer at all and could
-// restart a daemon that was about to start.
+// 503 "starting" until the dispatcher is made, with nothing logged, so
+// that a start-up that fails still says one line. The port was bound and
+// silent meanwhile, so that a liveness probe got no answer at all and
+// could restart a daemon that was about to start.
 func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.Listener, pusher *httppush.Pusher, settings func(schema int), depths bool, dc bellhop.DispatcherConfig) error {
 	reg := prometheus.NewRegistry()
 	var disp *bellhop.Dispatcher
-	var made atomic.Pointer[bellhop.Dispatcher]
-	ready := func(ctx context.Context) error {
-		d := made.Load()
-		if d == nil {
-			return errors.New("daemon starting: connecting to the database, checking its schema")
-		}
-		return d.Ready(ctx)
-	}
-	srv := probeServer(probeMux(untilMade(&made, metricsHandler(reg, log)), readyz(ctx, ready, log, time.Now)))
+	var made atomic.Pointer[madeHandlers]
+	srv := probeServer(probeMux(
+		untilMade(&made, func(h *madeHandlers) http.Handler { return h.metrics }),
+		untilMade(&made, func(h *madeHandlers) http.Handler { return h.ready })))
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error().Err(err).Msg("http server failed")
@@ -547,7 +543,8 @@ func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.
 		srv.Close()
 		return err
 	}
-	made.Store(disp)
+	// readyz is made now: its start-up grace is the dispatcher's.
+	made.Store(&madeHandlers{metrics: metricsHandler(reg, log), ready: readyz(ctx, disp.Ready, log, time.Now)})
 	log.Info().Str("http_addr", ln.Addr().String()).Msg("serving /metrics, /healthz and /readyz")
 	runErr := disp.Run(ctx)
 	closeBy = time.Now().Add(closeWait)
@@ -560,16 +557,21 @@ func serve(ctx context.Context, log zerolog.Logger, cfg *pgxpool.Config, ln net.
 	return runErr
 }
 
-// untilMade answers 503 "starting" until made holds the dispatcher, and
-// then passes to h: until then its collectors are not registered, and an
-// empty answer would read as a daemon with nothing to report.
-func untilMade(made *atomic.Pointer[bellhop.Dispatcher], h http.Handler) http.Handler {
+// madeHandlers serve /metrics and /readyz once the dispatcher is made.
+type madeHandlers struct{ metrics, ready http.Handler }
+
+// untilMade answers 503 "starting" until made is set, and then passes to
+// the handler pick chooses from it: before, the metrics' collectors are
+// not registered (an empty answer would read as a daemon with nothing to
+// report), and there is no dispatcher to ask whether it is ready.
+func untilMade(made *atomic.Pointer[madeHandlers], pick func(*madeHandlers) http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if made.Load() == nil {
+		h := made.Load()
+		if h == nil {
 			http.Error(w, "starting", http.StatusServiceUnavailable)
 			return
 		}
-		h.ServeHTTP(w, r)
+		pick(h).ServeHTTP(w, r)
 	})
 }
 

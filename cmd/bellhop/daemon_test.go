@@ -1326,15 +1326,17 @@ func TestProbesAnswerWhileStarting(t *testing.T) {
 		body string
 	}{
 		{"/healthz", http.StatusOK, "ok"},
-		{"/readyz", http.StatusServiceUnavailable, "not ready"},
+		{"/readyz", http.StatusServiceUnavailable, "starting"},
 		{"/metrics", http.StatusServiceUnavailable, "starting"},
 	} {
 		if code, body := get(tc.path); code != tc.code || body != tc.body {
 			t.Errorf("GET %s while the daemon starts: %d %q, want %d %q", tc.path, code, body, tc.code, tc.body)
 		}
 	}
-	if !strings.Contains(logs.String(), "daemon starting") {
-		t.Errorf("the log does not say why /readyz failed: %s", logs.String())
+	// Nothing logged for the probes meanwhile: a start-up that fails says
+	// one line, its error.
+	if logs.String() != "" {
+		t.Errorf("the daemon logged while it started:\n%s", logs.String())
 	}
 	if err := tx.Rollback(context.Background()); err != nil {
 		t.Fatal(err)

@@ -822,6 +822,12 @@ func enqueueStream(ctx context.Context, c *bellhop.Client, pool *pgxpool.Pool, a
 		return nil
 	}
 	for sc.Scan() {
+		if ctx.Err() != nil {
+			// The stop ended the read: the scanner hands over what it
+			// had of a line as if at its end, which was blamed as a bad
+			// line (exit 2) or taken as a whole one. sc.Err() says why.
+			break
+		}
 		line++
 		// JSON's white space only: bytes.TrimSpace also takes Unicode's
 		// (NBSP, NEL), which would let through lines that Enqueue refuses.
