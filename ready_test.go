@@ -26,13 +26,7 @@ func TestReadyChecksDatabaseOncePerSecond(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := NewDispatcher(cfg, DispatcherConfig{Resolver: resolverFunc(func(Consumer) Handler { return nil }),
-		PollInterval: time.Hour, Logger: zerolog.Nop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runUntilCleanup(t, d, nil)
-	eventually(t, "the dispatcher ready", func() bool { return d.Ready(ctx) == nil })
+	d := readyDispatcher(t, cfg)
 
 	acquires := func() int64 { return d.pool.Load().Stat().AcquireCount() }
 	before, start := acquires(), time.Now()
@@ -88,13 +82,7 @@ func TestReadyChecksRefusingDatabaseOncePerSecond(t *testing.T) {
 		var d net.Dialer
 		return d.DialContext(ctx, network, addr)
 	}
-	d, err := NewDispatcher(cfg, DispatcherConfig{Resolver: resolverFunc(func(Consumer) Handler { return nil }),
-		PollInterval: time.Hour, Logger: zerolog.Nop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runUntilCleanup(t, d, nil)
-	eventually(t, "the dispatcher ready", func() bool { return d.Ready(ctx) == nil })
+	d := readyDispatcher(t, cfg)
 
 	// The listener keeps its connection; the pool's are closed, so that
 	// a ping needs a new one.
@@ -125,4 +113,18 @@ func TestReadyChecksRefusingDatabaseOncePerSecond(t *testing.T) {
 	}
 	refusing.Store(false)
 	eventually(t, "the dispatcher ready again", func() bool { return d.Ready(ctx) == nil })
+}
+
+// readyDispatcher runs a dispatcher on cfg that serves no consumer and
+// polls hourly, until the test ends, and waits until it is ready.
+func readyDispatcher(t *testing.T, cfg *pgxpool.Config) *Dispatcher {
+	t.Helper()
+	d, err := NewDispatcher(cfg, DispatcherConfig{Resolver: resolverFunc(func(Consumer) Handler { return nil }),
+		PollInterval: time.Hour, Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntilCleanup(t, d, nil)
+	eventually(t, "the dispatcher ready", func() bool { return d.Ready(context.Background()) == nil })
+	return d
 }
