@@ -1,0 +1,30 @@
+-- queue_messages' foreign key to apps is checked at COMMIT.
+--
+-- PostgreSQL checks a foreign key with one saved plan per constraint, per
+-- session, whoever runs it, and plans it again whenever it runs under a
+-- search_path other than the one it was planned under. A producer's INSERT
+-- checks the key under the producer's search_path. With leasing at INSERT
+-- (0044), bellhop_lease_message then updates the row its transaction
+-- inserted, which checks the key again, under the function's own
+-- search_path; since 0066 that is pg_catalog, pg_temp, which no producer's
+-- is. Every leased message planned the check twice, once each way:
+-- pg_stat_statements counted 60 plans in 60 checks for 30 leased
+-- messages, against 6 in 60 with the check deferred, and a producer's
+-- commit took about 0.15 to 0.25 ms longer (BENCHMARKS.md). Producers that
+-- call enqueue(), whose search_path is the same as the lease's, and also
+-- write plain INSERTs in one session were planning it again on each
+-- switch too.
+--
+-- Deferred, every check of the key runs at COMMIT, after the functions
+-- have returned, under the session's own search_path, and its plan is
+-- kept. What a producer sees: a plain INSERT naming an app that does not
+-- exist fails at COMMIT (SQLSTATE 23503, as before), not at the INSERT;
+-- SET CONSTRAINTS queue_messages_app_id_fkey IMMEDIATE checks it at the
+-- statement again. enqueue() and the Go client look the app up first, and
+-- are refused as before. ON DELETE CASCADE is not deferred: PostgreSQL
+-- runs referential actions at once whatever the constraint says.
+--
+-- The seed's table, columns and indexes are unchanged. It can run again,
+-- as every migration since 0052 can.
+
+ALTER TABLE queue_messages ALTER CONSTRAINT queue_messages_app_id_fkey DEFERRABLE INITIALLY DEFERRED;
