@@ -2,6 +2,11 @@
 // with FOR UPDATE SKIP LOCKED, then ack, nack, dead-letter or release,
 // each fenced by the claim token. The statements live in ../sql; their
 // comments say why each is safe under concurrency.
+//
+// The package is importable, since the repository's layout puts it at the
+// top level, but it is a part of the dispatcher in package bellhop, not an
+// API of its own: its names and statements change with the migrations and
+// with package bellhop, and no release keeps them. Use package bellhop.
 package claim
 
 import (

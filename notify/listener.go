@@ -9,6 +9,12 @@
 // idle_session_timeout ends and that listens on nothing else, and a
 // heartbeat watchdog that tears down a listener that has stopped
 // receiving, and reports one that has never received (Deaf).
+//
+// The package is importable, since the repository's layout puts it at the
+// top level, but it is a part of the dispatcher in package bellhop, not an
+// API of its own: its names and payload formats change with the
+// migrations and with package bellhop, and no release keeps them. Use
+// package bellhop.
 package notify
 
 import (

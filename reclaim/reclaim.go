@@ -31,6 +31,11 @@
 // more line counts the rest. These lines are written deadLogBurst+1 at
 // once and then one a second; the others go to the debug level, and the
 // next warn line counts the dead letters they left out in held_back.
+//
+// The package is importable, since the repository's layout puts it at the
+// top level, but it is a part of the dispatcher in package bellhop, not an
+// API of its own: its names and statements change with the migrations and
+// with package bellhop, and no release keeps them. Use package bellhop.
 package reclaim
 
 import (
