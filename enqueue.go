@@ -192,7 +192,7 @@ func (c *Client) enqueue(ctx context.Context, q querier, app string, msgs []NewM
 	err := row.Scan(&appFound, &foreign, &inserted, &firstForeign)
 	switch {
 	case err != nil:
-		err = appGone(app, lockTableFull(constraintError(err), queues))
+		err = lockTableFull(constraintError(err), queues)
 		return nil, enqueueError(app, msgs, c.oversized(ctx, err, payloads), err)
 	case !appFound:
 		return nil, enqueueError(app, msgs, -1, unknownApp(app))
@@ -204,17 +204,6 @@ func (c *Client) enqueue(ctx context.Context, q querier, app string, msgs []NewM
 		return nil, enqueueError(app, msgs, -1, fmt.Errorf("inserted %d of %d messages", inserted, n))
 	}
 	return ids, nil
-}
-
-// appGone makes ErrUnknownApp of the foreign key's refusal that ends a
-// statement run outside a transaction when app is deleted while it runs:
-// the statement found the app, and the key, checked at its commit
-// (migration 0067), no longer did. Other errors pass through.
-func appGone(app string, err error) error {
-	if code, constraint := pgCode(err); code != "23503" || constraint != "queue_messages_app_id_fkey" {
-		return err
-	}
-	return fmt.Errorf("%w: it was deleted while the messages were written (%w)", unknownApp(app), err)
 }
 
 // lockTableFull explains PostgreSQL's "out of shared memory" (53200),

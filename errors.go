@@ -31,9 +31,10 @@ var (
 	ErrInvalidOptions = validate.ErrOption
 	// ErrUnknownApp: no app has that name. A method that looks an app up
 	// returns it too for a name that breaks the naming rules, and then
-	// says so; CreateApp returns ErrInvalidName for one. Enqueue and
-	// EnqueueMany return it, too, when the app is deleted while they
-	// write: nothing is enqueued.
+	// says so; CreateApp returns ErrInvalidName for one. An enqueue that
+	// meets a deletion of its app in progress waits for it, and returns
+	// ErrUnknownApp once it commits; one that comes first holds the
+	// deletion off until its transaction ends.
 	ErrUnknownApp = errors.New("unknown app")
 	// ErrAppExists: an app with that name exists already.
 	ErrAppExists = errors.New("app already exists")

@@ -3,7 +3,6 @@ package bellhop_test
 import (
 	"context"
 	"errors"
-	"strings"
 	"testing"
 	"time"
 
@@ -14,7 +13,6 @@ import (
 
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/pgcluster"
-	"github.com/bellhopq/bellhop/internal/pgtest"
 	"github.com/bellhopq/bellhop/migrations"
 )
 
@@ -22,16 +20,19 @@ import (
 // key with one saved plan per session, and plans it again whenever it runs
 // under another search_path than it was planned under. Before migration
 // 0067 a leased message checked it under the producer's search_path (its
-// INSERT) and then under bellhop_lease_message's (the lease's UPDATE), and
-// enqueue() alternating with plain INSERTs did the same: two plans per
-// message, 40 for 20. Checked at COMMIT, every check runs under the
-// session's own search_path and the plan is kept: PostgreSQL's first five
-// custom plans and a generic one. pg_stat_statements counts the plans.
+// INSERT) and then under bellhop_lease_message's (the lease's UPDATE):
+// two plans per message, 40 for 20; enqueue() alternating with plain
+// INSERTs planned it at each switch, 19 times for 20. Checked at COMMIT,
+// every check runs under the session's own search_path and the plan is
+// kept: PostgreSQL's first five custom plans and a generic one.
+// pg_stat_statements counts the plans, on a cluster of the test's own
+// (the extension must be loaded at start, and its counts are the whole
+// server's).
 func TestAppKeyCheckKeepsItsPlan(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	dsn := statementsDatabase(ctx, t)
+	dsn := statementsServer(ctx, t)
 	admin, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -64,38 +65,38 @@ func TestAppKeyCheckKeepsItsPlan(t *testing.T) {
 		t.Fatal(err)
 	}
 	const n = 20
-	exec := func(q *pgxpool.Pool, sql string, args ...any) {
+	exec := func(t *testing.T, sql string, args ...any) {
 		t.Helper()
-		if _, err := q.Exec(ctx, sql, args...); err != nil {
+		if _, err := pool.Exec(ctx, sql, args...); err != nil {
 			t.Fatalf("%s: %v", sql, err)
 		}
 	}
 	cases := []struct {
 		name    string
-		send    func(i int)
+		send    func(t *testing.T, i int)
 		leasing bool
 	}{
-		{"a leased message per Client.Enqueue", func(int) {
+		{"a leased message per Client.Enqueue", func(t *testing.T, _ int) {
 			// An offer before each message, as a leasing dispatcher leaves
 			// one: the producer's commit leases the message under it.
-			exec(pool, `INSERT INTO bellhop_offers (token, app_id, queue_name, owner, channel, expires_at, consumer_id)
+			exec(t, `INSERT INTO bellhop_offers (token, app_id, queue_name, owner, channel, expires_at, consumer_id)
 				VALUES (gen_random_uuid(), $1, 'orders', $2, 'bellhop_l_test', now() + interval '1 hour', $3)`,
 				app.ID, leaseOwner, con.ID)
 			if _, err := client.Enqueue(ctx, "shop", "orders", []byte(`{}`), bellhop.EnqueueOptions{}); err != nil {
 				t.Fatal(err)
 			}
 		}, true},
-		{"enqueue() between plain INSERTs", func(i int) {
+		{"enqueue() between plain INSERTs", func(t *testing.T, i int) {
 			if i%2 == 0 {
-				exec(pool, `SELECT enqueue($1, 'orders', '{}')`, app.ID)
+				exec(t, `SELECT enqueue($1, 'orders', '{}')`, app.ID)
 			} else {
-				exec(pool, `INSERT INTO queue_messages (app_id, queue_name, payload) VALUES ($1, 'orders', '{}')`, app.ID)
+				exec(t, `INSERT INTO queue_messages (app_id, queue_name, payload) VALUES ($1, 'orders', '{}')`, app.ID)
 			}
 		}, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			exec(pool, "DELETE FROM queue_messages")
+			exec(t, "DELETE FROM queue_messages")
 			if tc.leasing {
 				// The lease key and the offers' owner key, held as a
 				// leasing dispatcher's listener holds them.
@@ -109,9 +110,9 @@ func TestAppKeyCheckKeepsItsPlan(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			exec(pool, "SELECT pg_stat_statements_reset()")
+			exec(t, "SELECT pg_stat_statements_reset()")
 			for i := range n {
-				tc.send(i)
+				tc.send(t, i)
 			}
 			var calls, plans, leased int64
 			if err := admin.QueryRow(ctx, `SELECT coalesce(sum(calls), 0), coalesce(sum(plans), 0)
@@ -144,42 +145,27 @@ func TestAppKeyCheckKeepsItsPlan(t *testing.T) {
 // writes.
 var leaseOwner = uuid.MustParse("8e1d4c5a-0c4f-4a53-9a3e-5d2f0b7c1e01")
 
-// statementsDatabase returns a migrated database on a server that loads
-// pg_stat_statements: the tests' own server where it does, or else a
-// cluster of the test's own.
-func statementsDatabase(ctx context.Context, t *testing.T) string {
+// statementsServer starts a cluster that loads pg_stat_statements,
+// migrates its postgres database, and returns a connection string for it.
+func statementsServer(ctx context.Context, t *testing.T) string {
 	t.Helper()
-	dsn := pgtest.ConnString(t)
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var libs string
-	err = conn.QueryRow(ctx, "SELECT current_setting('shared_preload_libraries')").Scan(&libs)
-	conn.Close(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(libs, "pg_stat_statements") {
-		return dsn
-	}
 	c, err := pgcluster.Start(ctx, pgcluster.Options{Settings: map[string]string{
 		"fsync": "off", "shared_preload_libraries": "pg_stat_statements"}})
 	if err != nil {
-		t.Fatalf("the tests' server does not load pg_stat_statements, and a cluster that does would not start: %v", err)
+		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		if err := c.Stop(); err != nil {
 			t.Errorf("stop cluster: %v", err)
 		}
 	})
-	dsn = c.ConnString("postgres")
-	mc, err := pgx.Connect(ctx, dsn)
+	dsn := c.ConnString("postgres")
+	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer mc.Close(context.Background())
-	if err := migrations.Migrate(ctx, mc); err != nil {
+	defer conn.Close(context.Background())
+	if err := migrations.Migrate(ctx, conn); err != nil {
 		t.Fatal(err)
 	}
 	return dsn
@@ -216,7 +202,7 @@ func TestPlainInsertAppCheckedAtCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx2.Rollback(e.ctx)
-	if _, err := tx2.Exec(e.ctx, "SET CONSTRAINTS queue_messages_app_id_fkey IMMEDIATE"); err != nil {
+	if _, err := tx2.Exec(e.ctx, "SET CONSTRAINTS public.queue_messages_app_id_fkey IMMEDIATE"); err != nil {
 		t.Fatal(err)
 	}
 	_, err = tx2.Exec(e.ctx, insert, uuid.New())
@@ -229,9 +215,10 @@ func TestPlainInsertAppCheckedAtCommit(t *testing.T) {
 	}
 }
 
-// TestEnqueueAppDeletedMeanwhile: an Enqueue that found its app, which is
-// deleted before its commit checks the key, returns ErrUnknownApp, not
-// the foreign key's raw SQLSTATE 23503.
+// TestEnqueueAppDeletedMeanwhile: an Enqueue that meets a deletion of its
+// app in progress waits for it (the statement locks the app's row) and,
+// once it commits, returns ErrUnknownApp, not the foreign key's raw
+// SQLSTATE 23503 from its COMMIT, where the key is checked (0067).
 func TestEnqueueAppDeletedMeanwhile(t *testing.T) {
 	t.Parallel()
 	e := fxNew(t)
@@ -249,35 +236,80 @@ func TestEnqueueAppDeletedMeanwhile(t *testing.T) {
 		_, err := e.client.Enqueue(e.ctx, "shop", "orders", []byte(`{}`), bellhop.EnqueueOptions{})
 		done <- err
 	}()
-	// The Enqueue's check of the key waits for the delete's row lock.
-	deadline := time.Now().Add(fxTimeout / 2)
-	for {
-		var waiting int
-		if err := e.pool.QueryRow(e.ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		if waiting > 0 {
-			break
-		}
-		select {
-		case err := <-done:
-			t.Fatalf("Enqueue returned %v before the delete committed", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the Enqueue never waited for the delete")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	// The Enqueue waits for the delete's lock on the app's row.
+	e.waitForLock(`%WITH app AS%`, done, "the Enqueue returned before the delete committed", "the Enqueue never waited for the delete")
 	if err := del.Commit(e.ctx); err != nil {
 		t.Fatal(err)
 	}
 	err = <-done
-	if !errors.Is(err, bellhop.ErrUnknownApp) || !strings.Contains(err.Error(), "deleted") {
-		t.Fatalf("Enqueue: %v, want ErrUnknownApp saying the app was deleted", err)
+	if !errors.Is(err, bellhop.ErrUnknownApp) {
+		t.Fatalf("Enqueue: %v, want ErrUnknownApp", err)
 	}
 	if n := e.int64("SELECT count(*) FROM queue_messages"); n != 0 {
 		t.Errorf("%d messages stored, want none", n)
+	}
+}
+
+// TestEnqueueTxHoldsOffAppDelete: a producer's transaction that has
+// enqueued with EnqueueTx holds a deletion of its app off until it ends,
+// as it did when the key was checked at the statement: its COMMIT
+// succeeds, and the deletion then takes its messages with the app. With
+// the key checked at COMMIT (0067) and no lock before, the deletion
+// committed first and the producer's COMMIT failed with 23503.
+func TestEnqueueTxHoldsOffAppDelete(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	app := e.app("shop")
+	tx, err := e.pool.Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(e.ctx)
+	if _, err := e.client.EnqueueTx(e.ctx, tx, "shop", "orders", []byte(`{}`), bellhop.EnqueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deleted := make(chan error, 1)
+	go func() {
+		_, err := e.pool.Exec(e.ctx, "DELETE FROM apps WHERE id = $1", app.ID)
+		deleted <- err
+	}()
+	e.waitForLock(`DELETE FROM apps%`, deleted, "the app was deleted while a transaction that enqueued to it was open",
+		"the delete never waited for the producer's transaction")
+	if err := tx.Commit(e.ctx); err != nil {
+		t.Fatalf("the producer's COMMIT: %v", err)
+	}
+	if err := <-deleted; err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+	if n := e.int64("SELECT count(*) FROM queue_messages"); n != 0 {
+		t.Errorf("%d messages left after their app was deleted, want none", n)
+	}
+}
+
+// waitForLock polls until a session of the test's database whose
+// statement is LIKE query waits for a lock. It fails saying early if done
+// reports first (the statement ended without waiting), and never at
+// the deadline.
+func (e *fxEnv) waitForLock(query string, done <-chan error, early, never string) {
+	e.t.Helper()
+	deadline := time.Now().Add(fxTimeout / 2)
+	for {
+		var waiting int
+		if err := e.pool.QueryRow(e.ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE $1`, query).Scan(&waiting); err != nil {
+			e.t.Fatal(err)
+		}
+		if waiting > 0 {
+			return
+		}
+		select {
+		case err := <-done:
+			e.t.Fatalf("%s (%v)", early, err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatal(never)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

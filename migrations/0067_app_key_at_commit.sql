@@ -10,7 +10,7 @@
 -- is. Every leased message planned the check twice, once each way:
 -- pg_stat_statements counted 60 plans in 60 checks for 30 leased
 -- messages, against 6 in 60 with the check deferred, and a producer's
--- commit took about 0.15 to 0.25 ms longer (BENCHMARKS.md). Producers that
+-- commit took about 0.13 to 0.25 ms longer (BENCHMARKS.md). Producers that
 -- call enqueue(), whose search_path is the same as the lease's, and also
 -- write plain INSERTs in one session were planning it again on each
 -- switch too.
@@ -19,9 +19,11 @@
 -- have returned, under the session's own search_path, and its plan is
 -- kept. What a producer sees: a plain INSERT naming an app that does not
 -- exist fails at COMMIT (SQLSTATE 23503, as before), not at the INSERT;
--- SET CONSTRAINTS queue_messages_app_id_fkey IMMEDIATE checks it at the
--- statement again. enqueue() and the Go client look the app up first, and
--- are refused as before. ON DELETE CASCADE is not deferred: PostgreSQL
+-- SET CONSTRAINTS public.queue_messages_app_id_fkey IMMEDIATE checks it at
+-- the statement again (and, for a leased message, brings the second plan
+-- back). enqueue() and the Go client look the app up first, and are
+-- refused as before; the Go client's statements lock the app's row, so
+-- that a deletion of the app still waits for their transaction. ON DELETE CASCADE is not deferred: PostgreSQL
 -- runs referential actions at once whatever the constraint says.
 --
 -- The seed's table, columns and indexes are unchanged. It can run again,

@@ -19,8 +19,14 @@
 -- insert and written after it (counted); a value that is not a count of
 -- at most nine digits is read as 0, so that a forged one moves a message
 -- at most about 17 minutes later, never earlier.
+-- The app's row is locked FOR KEY SHARE, the lock the foreign key's check
+-- takes on it anyway, but at COMMIT since migration 0067: taken here, a
+-- deletion of the app waits for the producer's transaction, as it did
+-- when the key was checked at the statement, instead of committing first
+-- and failing the producer's COMMIT; one in progress is waited for, and
+-- once it commits the app is not found.
 WITH app AS (
-    SELECT id FROM apps WHERE name = @app_name
+    SELECT id FROM apps WHERE name = @app_name FOR KEY SHARE
 ), seq AS MATERIALIZED (
     SELECT coalesce(substring(current_setting('bellhop.enqueue_seq', true) FROM '^[0-9]{1,9}$')::bigint, 0) AS base
 ), input AS (

@@ -5,9 +5,9 @@
 -- about 0.3 ms per call, a third of a paced enqueue. With scalars the
 -- generic plan costs the same as a custom one, and after a few calls the
 -- server reuses it. Results, checks and enqueued_at (bellhop.enqueue_seq)
--- are those of enqueue.sql.
+-- are those of enqueue.sql, and so is the lock on the app's row.
 WITH app AS (
-    SELECT id FROM apps WHERE name = @app_name
+    SELECT id FROM apps WHERE name = @app_name FOR KEY SHARE
 ), seq AS MATERIALIZED (
     SELECT coalesce(substring(current_setting('bellhop.enqueue_seq', true) FROM '^[0-9]{1,9}$')::bigint, 0) AS base
 ), foreign_principal AS (
