@@ -351,7 +351,9 @@ func listenError(flag, addr string, err error) error {
 // signal; when the outer one cancels first, the inner one takes the
 // signal from the cancellation's cause (stopSignal), so that its stop is
 // logged all the same: it returned silently, and CI saw no "stopping
-// gracefully" line after a SIGINT.
+// gracefully" line after a SIGINT. The stop function returned waits for
+// that line, so that a command cancelled so cannot return, and the
+// process exit, before it is written.
 func signalContext(parent context.Context, log zerolog.Logger) (context.Context, func()) {
 	ctx, cancel := context.WithCancelCause(parent)
 	sigs := make(chan os.Signal, 4)
@@ -365,6 +367,7 @@ func signalContext(parent context.Context, log zerolog.Logger) (context.Context,
 	if watch := watchedStopSignals(); len(watch) > 0 { // none would mean every signal
 		signal.Notify(sigs, watch...)
 	}
+	firstDone := make(chan struct{}) // closed once the first signal is handled, or none came
 	go func() {
 		var first os.Signal
 		select {
@@ -372,6 +375,7 @@ func signalContext(parent context.Context, log zerolog.Logger) (context.Context,
 		case <-ctx.Done():
 			var s stopSignal
 			if !errors.As(context.Cause(ctx), &s) {
+				close(firstDone)
 				return
 			}
 			first = s.sig
@@ -379,6 +383,7 @@ func signalContext(parent context.Context, log zerolog.Logger) (context.Context,
 		signal.Ignore(syscall.SIGPIPE)
 		log.Info().Str("signal", first.String()).Msg("stopping gracefully; send a stop signal again, a second from now or later, to stop at once")
 		cancel(stopSignal{first})
+		close(firstDone)
 		firstAt := time.Now()
 		for s := range sigs {
 			if time.Since(firstAt) < repeatWindow {
@@ -394,7 +399,7 @@ func signalContext(parent context.Context, log zerolog.Logger) (context.Context,
 			os.Exit(code)
 		}
 	}()
-	return ctx, func() { signal.Stop(sigs); cancel(nil) }
+	return ctx, func() { signal.Stop(sigs); cancel(nil); <-firstDone }
 }
 
 // stopSignal is the cause of a context that signalContext cancelled: the
