@@ -99,13 +99,23 @@ type Consumer struct {
 	URL     string
 	Timeout time.Duration
 	// Secret is the HMAC-SHA256 key of an HTTP push consumer. It is set
-	// only in the Consumer that RegisterConsumer returns (show it once)
-	// and in the one a dispatcher passes to its Resolver; listings never
-	// carry it. JSON encoding leaves it out (as String hides it), so a
-	// Consumer logged through a JSON logger (zerolog's Interface,
-	// log/slog's JSONHandler) shows no secret; read the field itself to
-	// hand it on.
+	// only in the Consumer that RegisterConsumer or RotateConsumerSecret
+	// returns (show it once) and in the one a dispatcher passes to its
+	// Resolver; listings never carry it. JSON encoding leaves it out (as
+	// String hides it), so a Consumer logged through a JSON logger
+	// (zerolog's Interface, log/slog's JSONHandler) shows no secret; read
+	// the field itself to hand it on.
 	Secret string `json:"-"`
+	// PreviousSecret is the secret that RotateConsumerSecret replaced,
+	// while it still signs: requests carry a signature under each secret
+	// until PreviousSecretUntil, so that a receiver can move to the new
+	// one meanwhile. Like Secret, only a dispatcher's Resolver is given
+	// it, and JSON encoding and String leave it out. "" when there is
+	// none, or it no longer signs.
+	PreviousSecret string `json:"-"`
+	// PreviousSecretUntil is when the previous secret stops signing, in
+	// listings too; zero when there is none, or it no longer signs.
+	PreviousSecretUntil time.Time
 }
 
 func (s *ConsumerSpec) fill() {
@@ -132,6 +142,9 @@ func (s *ConsumerSpec) fill() {
 func (c Consumer) String() string {
 	if c.Secret != "" {
 		c.Secret = "xxxxx"
+	}
+	if c.PreviousSecret != "" {
+		c.PreviousSecret = "xxxxx"
 	}
 	type plain Consumer // its fields, without this method
 	return fmt.Sprintf("%+v", plain(c))
@@ -532,6 +545,85 @@ func removalConflict(err error) bool {
 	return code == "40P01" || code == "40001"
 }
 
+// MaxKeepPreviousSecret bounds how long RotateConsumerSecret keeps the
+// secret it replaces signing: a week, long enough to roll the new one out
+// to a receiver's every instance, short enough that a forgotten rotation
+// does not leave two secrets valid for good.
+const MaxKeepPreviousSecret = 7 * 24 * time.Hour
+
+// RotateConsumerSecret gives push consumer id of app a new signing secret
+// and returns the consumer with it in Secret (show it once, as
+// RegisterConsumer's). The consumer keeps its id, settings and deliveries.
+//
+// The secret it replaces goes on signing for keepPrevious, up to
+// MaxKeepPreviousSecret: until then each request carries a v1 signature
+// under each secret (Bellhop-Signature: v1=<new>,v1=<previous>), and a
+// receiver that checks either (VerifyPush accepts any match) goes on
+// accepting requests while it moves to the new one. 0 drops the old
+// secret at once, for one that may have leaked. Rotating again within the
+// window replaces the previous secret with the current one. The returned
+// Consumer's PreviousSecretUntil says when the old one stops signing.
+//
+// Running dispatchers pick the new secret up within a moment, as for
+// UpdateConsumer; until they do, they sign with the old one alone. A
+// consumer served by a Go handler has no secret: ErrInvalidOptions, as is
+// a keepPrevious out of range or finer than a millisecond.
+func (c *Client) RotateConsumerSecret(ctx context.Context, app string, id uuid.UUID, keepPrevious time.Duration) (_ Consumer, err error) {
+	defer c.schemaError(ctx, &err)
+	fail := func(err error) (Consumer, error) {
+		return Consumer{}, fmt.Errorf("rotate secret of consumer %s of app %s: %w", id, printable(app), err)
+	}
+	if err := validate.Duration("keep previous secret", keepPrevious, 0, MaxKeepPreviousSecret); err != nil {
+		return fail(err)
+	}
+	if err := whole("keep previous secret", &keepPrevious, time.Millisecond); err != nil {
+		return fail(err)
+	}
+	appID, err := c.resolveApp(ctx, c.db, app)
+	if err != nil {
+		return fail(err)
+	}
+	var out Consumer
+	err = pgx.BeginTxFunc(ctx, c.db, readCommitted, func(tx pgx.Tx) error {
+		var until *time.Time
+		err := tx.QueryRow(ctx, queries.ConsumerRotateSecret, queries.Args{
+			"id": id, "app_id": appID, "keep_previous_ms": keepPrevious.Milliseconds(),
+		}).Scan(&out.Secret, &until)
+		if err != nil {
+			return err
+		}
+		secret := out.Secret
+		rows, err := tx.Query(ctx, queries.ConsumerGet, queries.Args{"id": id, "app_name": nil, "queue_name": nil, "with_secret": false})
+		if err != nil {
+			return err
+		}
+		if out, err = pgx.CollectExactlyOneRow(rows, scanConsumer); err != nil {
+			return err
+		}
+		out.Secret = secret
+		if until != nil {
+			out.PreviousSecretUntil = *until
+		}
+		return nil
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		// No row changed: no such consumer of the app, or one that has no
+		// secret. Read after the transaction, which holds a connection.
+		cur, err := c.consumerByID(ctx, app, id)
+		if err == nil && cur.URL == "" {
+			err = fmt.Errorf("%w: the consumer is served by a Go handler, which has no signing secret", ErrInvalidOptions)
+		}
+		if err == nil {
+			err = ErrUnknownConsumer // removed, or moved to another app, meanwhile
+		}
+		return fail(err)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	return out, nil
+}
+
 // Consumers lists the consumers of app, or of every app when app is ""
 // (of its principal's app, for a Client made with As).
 // An app that does not exist is ErrUnknownApp (ErrForbidden, for a Client
@@ -606,15 +698,23 @@ func scanConsumer(r pgx.CollectableRow) (Consumer, error) {
 	var c Consumer
 	var base, capacity int64
 	var vt int
-	var url, secret *string
+	var url, secret, previous *string
 	var timeout *int64
+	var previousUntil *time.Time
 	err := r.Scan(&c.ID, &c.AppID, &c.App, &c.Queue, &c.PrincipalID, &c.Enabled, &c.MaxAttempts,
-		&base, &capacity, &vt, &c.MaxInFlight, &c.CreatedAt, &c.LastFiredAt, &url, &timeout, &secret)
+		&base, &capacity, &vt, &c.MaxInFlight, &c.CreatedAt, &c.LastFiredAt, &url, &timeout, &secret,
+		&previous, &previousUntil)
 	if url != nil {
 		c.URL = *url
 	}
 	if secret != nil {
 		c.Secret = *secret
+	}
+	if previous != nil {
+		c.PreviousSecret = *previous
+	}
+	if previousUntil != nil {
+		c.PreviousSecretUntil = *previousUntil
 	}
 	if timeout != nil {
 		c.Timeout = time.Duration(*timeout) * time.Millisecond

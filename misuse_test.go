@@ -831,13 +831,16 @@ type namedHandler struct{ name string }
 func (h *namedHandler) Handle(context.Context, *bellhop.Message) error { return nil }
 
 // TestPrintingHidesSecretsAndPayloads: a Consumer printed by fmt, in any
-// verb, shows no signing secret, and a Message no payload, for handlers
+// verb, shows no signing secret (nor a rotation's previous one), and a
+// Message no payload, for handlers
 // and Resolvers that log or panic with them. A Message printed its
 // payload's bytes, a Consumer its secret.
 func TestPrintingHidesSecretsAndPayloads(t *testing.T) {
 	t.Parallel()
 	const secret, card = "s3cr3t-signing-key", "4111111111111111"
-	c := bellhop.Consumer{ID: uuid.New(), App: "shop", Queue: "orders", URL: "http://h.example/hook", Secret: secret}
+	const previous = "pr3vious-signing-key" // a rotation's, still signing
+	c := bellhop.Consumer{ID: uuid.New(), App: "shop", Queue: "orders", URL: "http://h.example/hook", Secret: secret,
+		PreviousSecret: previous, PreviousSecretUntil: time.Now().Add(time.Hour)}
 	m := bellhop.Message{ID: uuid.New(), App: "shop", Queue: "orders", Attempt: 2, MaxAttempts: 5,
 		Payload: json.RawMessage(`{"card":"` + card + `"}`)}
 	payloadBytes := fmt.Sprint([]byte(m.Payload))
@@ -866,6 +869,9 @@ func TestPrintingHidesSecretsAndPayloads(t *testing.T) {
 			got := fmt.Sprintf(verb, v)
 			if strings.Contains(got, secret) || strings.Contains(got, fmt.Sprintf("%x", secret)) {
 				t.Errorf("Sprintf(%q, %T) = %s; shows the secret", verb, v, got)
+			}
+			if strings.Contains(got, previous) || strings.Contains(got, fmt.Sprintf("%x", previous)) {
+				t.Errorf("Sprintf(%q, %T) = %s; shows the previous secret", verb, v, got)
 			}
 			if !isP && (!strings.Contains(got, "xxxxx") || !strings.Contains(got, "orders")) {
 				t.Errorf("Sprintf(%q, %T) = %s; want the queue and a placeholder", verb, v, got)
@@ -911,8 +917,9 @@ func TestPrintingHidesSecretsAndPayloads(t *testing.T) {
 // forward it), as the README says.
 func TestJSONHidesConsumerSecret(t *testing.T) {
 	t.Parallel()
-	const secret = "s3cr3t-signing-key"
-	c := bellhop.Consumer{ID: uuid.New(), App: "shop", Queue: "orders", URL: "http://h.example/hook", Secret: secret}
+	const secret, previous = "s3cr3t-signing-key", "pr3vious-signing-key"
+	c := bellhop.Consumer{ID: uuid.New(), App: "shop", Queue: "orders", URL: "http://h.example/hook", Secret: secret,
+		PreviousSecret: previous, PreviousSecretUntil: time.Now().Add(time.Hour)}
 	var zl, sl strings.Builder
 	zlog := zerolog.New(&zl)
 	zlog.Info().Interface("consumer", c).Send()
@@ -928,6 +935,9 @@ func TestJSONHidesConsumerSecret(t *testing.T) {
 	for how, got := range outs {
 		if strings.Contains(got, secret) || strings.Contains(got, `"Secret"`) || !strings.Contains(got, c.ID.String()) || !strings.Contains(got, "http://h.example/hook") {
 			t.Errorf("%s = %s; want the id and URL, and no secret", how, got)
+		}
+		if strings.Contains(got, previous) || strings.Contains(got, `"PreviousSecret"`) || !strings.Contains(got, `"PreviousSecretUntil"`) {
+			t.Errorf("%s = %s; want the previous secret's end, and not the secret", how, got)
 		}
 	}
 	m := bellhop.Message{ID: uuid.New(), Payload: json.RawMessage(`{"card":"4111"}`)}

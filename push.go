@@ -93,10 +93,10 @@ func pushMAC(secret string, timestamp int64, body []byte) []byte {
 // switched off, since without it a captured request replays forever).
 //
 // Bellhop-Signature may hold several comma-separated values, and may be
-// repeated; any matching v1 value is enough, so that a sender could sign
-// with both an old and a new secret while one is rotated (bellhop run
-// signs with the one secret a consumer has: today a secret is replaced by
-// removing the consumer and registering it again). Values of other schemes are ignored.
+// repeated; any matching v1 value is enough, so that a receiver that holds
+// either the old or the new secret accepts a request while a secret is
+// rotated (Client.RotateConsumerSecret: bellhop run signs with both for a
+// while). Values of other schemes are ignored.
 // Comparison is constant-time.
 //
 // body must be the raw request body, byte for byte: re-encoded JSON will

@@ -1,6 +1,9 @@
 -- One queue consumer by id, with its app's name, or by (app name, queue).
+-- Its secrets, as in consumer_list.sql, only with with_secret.
 SELECT id, app_id, app_name, queue_name, principal_id, enabled, max_attempts, backoff_base_ms,
        backoff_cap_ms, visibility_timeout_secs, max_in_flight, created_at, last_fired_at,
-       push_url, push_timeout_ms, CASE WHEN @with_secret::bool THEN push_secret END
+       push_url, push_timeout_ms, CASE WHEN @with_secret::bool THEN push_secret END,
+       CASE WHEN @with_secret::bool AND push_secret_previous_until > now() THEN push_secret_previous END,
+       CASE WHEN push_secret_previous_until > now() THEN push_secret_previous_until END
 FROM queue_consumers
 WHERE id = @id OR (app_name = @app_name AND queue_name = @queue_name)

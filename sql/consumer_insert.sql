@@ -6,10 +6,9 @@
 -- none, NULL) is made here, by the server, and returned, never sent as a
 -- parameter: a server run with log_statement = all or
 -- log_min_duration_statement = 0 (as for pgBadger) writes every bind
--- parameter to its log, and a secret sent as one would be in it. It is
--- 64 lowercase hex characters, as the secrets made by earlier versions
--- in Go: the SHA-256 of two version 4 UUIDs, about 244 random bits from
--- pg_strong_random, with no extension needed (pgcrypto may be absent).
+-- parameter to its log, and a secret sent as one would be in it.
+-- bellhop_push_secret (migration 0068) makes it: 64 lowercase hex
+-- characters, as the secrets made by earlier versions in Go.
 WITH t AS (
     INSERT INTO triggers (app_id, kind, principal_id, enabled, max_attempts, backoff_base_ms, backoff_cap_ms)
     VALUES (@app_id, 'queue', @principal_id, true, @max_attempts, @backoff_base_ms, @backoff_cap_ms)
@@ -18,9 +17,7 @@ WITH t AS (
     INSERT INTO queue_trigger_details (trigger_id, queue_name, visibility_timeout_secs, max_in_flight,
                                        push_url, push_secret, push_timeout_ms)
     SELECT id, @queue_name, @visibility_timeout_secs, @max_in_flight, @push_url::text,
-           CASE WHEN @push_url::text IS NOT NULL
-                THEN encode(sha256((gen_random_uuid()::text || gen_random_uuid()::text)::bytea), 'hex')
-           END,
+           CASE WHEN @push_url::text IS NOT NULL THEN bellhop_push_secret() END,
            @push_timeout_ms
     FROM t
     RETURNING trigger_id, push_secret

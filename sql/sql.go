@@ -101,6 +101,11 @@ var ConsumerList string
 //go:embed consumer_lock.sql
 var ConsumerLock string
 
+// ConsumerRotateSecret is consumer_rotate_secret.sql.
+//
+//go:embed consumer_rotate_secret.sql
+var ConsumerRotateSecret string
+
 // ConsumerSecretMatches is consumer_secret_matches.sql.
 //
 //go:embed consumer_secret_matches.sql

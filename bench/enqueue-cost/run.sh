@@ -21,9 +21,11 @@
 #
 # Each line gives pgbench's per-statement latency (client side: the round
 # trip and the commit with its WAL flush) and the statement's mean
-# execution time from pg_stat_statements (server side, AFTER triggers
-# included, the commit not). The script enables the trigger when it ends,
-# interrupted or not, and stops if pgbench fails.
+# execution time from pg_stat_statements (server side, the commit not
+# included: the notify trigger's function and, since migration 0067, the
+# foreign key's check run there; queueing them is the statement's).
+# The script enables the trigger when it ends, interrupted or not, and
+# stops if pgbench fails.
 set -eu
 url=${1:?usage: run.sh DATABASE_URL [SECONDS] [ROUNDS] [RATE]}
 secs=${2:-10}

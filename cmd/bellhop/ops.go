@@ -418,8 +418,14 @@ type renamedError struct {
 func (e renamedError) Error() string { return e.msg }
 func (e renamedError) Unwrap() error { return e.err }
 
+// defaultKeepPrevious is how long `consumer rotate-secret` keeps the old
+// secret signing unless told: a day, for a receiver's deploy.
+const defaultKeepPrevious = 24 * time.Hour
+
 func consumerCommand(d *deps) *cli.Command {
 	appFlag := &cli.StringFlag{Name: "app", Usage: "app name (required)", Required: true, Sources: env("APP")}
+	// idArg reads the consumer's id and checks --app, which every command
+	// that takes an id has, before connecting.
 	idArg := func(cmd *cli.Command) (uuid.UUID, error) {
 		s, err := oneArg(cmd, "CONSUMER_ID")
 		if err != nil {
@@ -429,15 +435,12 @@ func consumerCommand(d *deps) *cli.Command {
 		if err != nil {
 			return uuid.Nil, usagef("consumer id %s is not a UUID", validate.Shown(s))
 		}
-		return id, nil
+		return id, checkAppFlag(cmd)
 	}
 	setEnabled := func(enabled bool) cli.ActionFunc {
 		return func(ctx context.Context, cmd *cli.Command) error {
 			id, err := idArg(cmd)
 			if err != nil {
-				return err
-			}
-			if err := checkAppFlag(cmd); err != nil {
 				return err
 			}
 			c, pool, err := client(ctx, cmd)
@@ -570,9 +573,6 @@ func consumerCommand(d *deps) *cli.Command {
 				}
 				// Before connecting, as add checks them: the library
 				// checks the settings too, but only once connected.
-				if err := checkAppFlag(cmd); err != nil {
-					return err
-				}
 				if err := checkGivenSettings(cmd); err != nil {
 					return err
 				}
@@ -619,6 +619,42 @@ func consumerCommand(d *deps) *cli.Command {
 				return nil
 			},
 		}, {
+			Name:      "rotate-secret",
+			Usage:     "give a push consumer a new signing secret (shown once); the old one signs too for --keep-previous",
+			ArgsUsage: "CONSUMER_ID",
+			Flags: []cli.Flag{appFlag,
+				&cli.DurationFlag{Name: "keep-previous", Value: defaultKeepPrevious,
+					Usage: "how long requests also carry a signature under the old secret, so that receivers can move to the new one meanwhile (at most " +
+						bellhop.MaxKeepPreviousSecret.String() + "; 0 drops it at once, for a secret that may have leaked)"},
+			},
+			Action: func(ctx context.Context, cmd *cli.Command) error {
+				id, err := idArg(cmd)
+				if err != nil {
+					return err
+				}
+				keep := cmd.Duration("keep-previous")
+				if keep < 0 || keep > bellhop.MaxKeepPreviousSecret || keep%time.Millisecond != 0 {
+					return usagef("--keep-previous %s: must be 0 to %s, in whole milliseconds", keep, bellhop.MaxKeepPreviousSecret)
+				}
+				c, pool, err := client(ctx, cmd)
+				if err != nil {
+					return err
+				}
+				defer pool.Close()
+				con, err := c.RotateConsumerSecret(ctx, cmd.String("app"), id, keep)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(d.stdout, "consumer %s of %s/%s has a new signing secret\n", con.ID, con.App, con.Queue)
+				fmt.Fprintf(d.stdout, "signing secret (shown only now): %s\n", con.Secret)
+				if con.PreviousSecretUntil.IsZero() {
+					fmt.Fprintln(d.stdout, "the previous secret no longer signs: requests sent from the daemons' next reload on carry only the new one's signature")
+				} else {
+					fmt.Fprintf(d.stdout, "the previous secret signs too until %s\n", con.PreviousSecretUntil.UTC().Format(time.RFC3339))
+				}
+				return nil
+			},
+		}, {
 			Name: "pause", Usage: "stop deliveries to a consumer (messages stay queued)", ArgsUsage: "CONSUMER_ID",
 			Flags: []cli.Flag{appFlag}, Action: setEnabled(false),
 		}, {
@@ -630,9 +666,6 @@ func consumerCommand(d *deps) *cli.Command {
 			Action: func(ctx context.Context, cmd *cli.Command) error {
 				id, err := idArg(cmd)
 				if err != nil {
-					return err
-				}
-				if err := checkAppFlag(cmd); err != nil {
 					return err
 				}
 				c, pool, err := client(ctx, cmd)

@@ -17,7 +17,9 @@
 //	Bellhop-Consumer-Id   consumer id
 //	Bellhop-Source        "queue", or "invoke" for Client.InvokeAsync deliveries
 //	Bellhop-Timestamp     unix seconds when this request was signed
-//	Bellhop-Signature     v1=<hex HMAC-SHA256(secret, "<timestamp>.<body>")>
+//	Bellhop-Signature     v1=<hex HMAC-SHA256(secret, "<timestamp>.<body>")>, and
+//	                      ",v1=" and the same under the previous secret while
+//	                      a rotation keeps it signing (Client.RotateConsumerSecret)
 //
 // Consumers check the signature and timestamp with bellhop.VerifyPush (or
 // its equivalent in their language). The response decides:
@@ -528,13 +530,17 @@ func (p *Pusher) Handler(c bellhop.Consumer) (bellhop.Handler, error) {
 		return nil, fmt.Errorf("consumer %s: httppush: push consumer has no signing secret", c.ID)
 	}
 	return &handler{
-		p:       p,
-		url:     c.URL,
-		host:    u.Scheme + "://" + u.Host,
-		query:   u.RawQuery,
-		secret:  c.Secret,
-		timeout: requestTimeout(c, p.timeout),
-		slack:   leaseSlack(c),
+		p:      p,
+		url:    c.URL,
+		host:   u.Scheme + "://" + u.Host,
+		query:  u.RawQuery,
+		secret: c.Secret,
+		// Kept only while it signs: the dispatcher resolves consumers
+		// again at its next reload, which may be long after.
+		previous:      c.PreviousSecret,
+		previousUntil: c.PreviousSecretUntil,
+		timeout:       requestTimeout(c, p.timeout),
+		slack:         leaseSlack(c),
 	}, nil
 }
 
@@ -594,13 +600,29 @@ func leaseSlack(c bellhop.Consumer) time.Duration {
 // handler pushes one consumer's messages. It is immutable, so safe for
 // concurrent deliveries.
 type handler struct {
-	p       *Pusher
-	url     string
-	host    string // scheme://host[:port], for errors and logs: paths and queries may hold tokens
-	query   string // the URL's raw query, kept out of error texts
-	secret  string
-	timeout time.Duration
-	slack   time.Duration // see leaseSlack
+	p      *Pusher
+	url    string
+	host   string // scheme://host[:port], for errors and logs: paths and queries may hold tokens
+	query  string // the URL's raw query, kept out of error texts
+	secret string
+	// previous is the secret a rotation replaced, which signs too until
+	// previousUntil (bellhop.Consumer.PreviousSecret).
+	previous      string
+	previousUntil time.Time
+	timeout       time.Duration
+	slack         time.Duration // see leaseSlack
+}
+
+// sign returns the Bellhop-Signature value for body sent at ts: the v1
+// signature under the consumer's secret and, while a rotation's previous
+// secret still signs, one under it after a comma, so that a receiver
+// checking either accepts the request.
+func (h *handler) sign(ts int64, body []byte) string {
+	sig := bellhop.SignPush(h.secret, ts, body)
+	if h.previous != "" && time.Unix(ts, 0).Before(h.previousUntil) {
+		sig += "," + bellhop.SignPush(h.previous, ts, body)
+	}
+	return sig
 }
 
 // errRequestTimeout is the cause of a request's own timeout, to tell it
@@ -693,7 +715,7 @@ func (h *handler) push(ctx context.Context, m *bellhop.Message) (int, error) {
 		bellhop.HeaderConsumerID:  {m.ConsumerID.String()},
 		bellhop.HeaderSource:      {source(m)},
 		bellhop.HeaderTimestamp:   {strconv.FormatInt(ts, 10)},
-		bellhop.HeaderSignature:   {bellhop.SignPush(h.secret, ts, body)},
+		bellhop.HeaderSignature:   {h.sign(ts, body)},
 	}
 
 	resp, err := h.p.client.Do(req)

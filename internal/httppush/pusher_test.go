@@ -1039,6 +1039,75 @@ func TestHandlerNeedsSecret(t *testing.T) {
 	}
 }
 
+// TestRequestSignedWithPreviousSecret: while a rotation keeps the previous
+// secret signing, a request carries a v1 signature under each, the new
+// one first, so that a receiver holding either accepts it; from
+// PreviousSecretUntil on, only the new one's.
+func TestRequestSignedWithPreviousSecret(t *testing.T) {
+	const previous = "whsec-previous-DO-NOT-LEAK"
+	until := time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name string
+		now  time.Time
+		// wantPrevious: the previous secret's signature is sent.
+		wantPrevious bool
+	}{
+		{"an hour before its end", until.Add(-time.Hour), true},
+		{"a second before its end", until.Add(-time.Second), true},
+		{"at its end", until, false},
+		{"after its end", until.Add(time.Hour), false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var (
+				got     http.Header
+				gotBody []byte
+			)
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				got = r.Header.Clone()
+				gotBody, _ = io.ReadAll(r.Body)
+			}))
+			defer srv.Close()
+			p := New(Options{})
+			p.now = func() time.Time { return tc.now }
+			c := consumerFor(srv.URL)
+			c.PreviousSecret, c.PreviousSecretUntil = previous, until
+			h, err := p.Handler(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := h.Handle(context.Background(), newMessage(t)); err != nil {
+				t.Fatal(err)
+			}
+			ts := tc.now.Unix()
+			want := bellhop.SignPush(testSecret, ts, gotBody)
+			if tc.wantPrevious {
+				want += "," + bellhop.SignPush(previous, ts, gotBody)
+			}
+			if v := got.Values(bellhop.HeaderSignature); len(v) != 1 || v[0] != want {
+				t.Errorf("%s = %q, want %q", bellhop.HeaderSignature, v, want)
+			}
+			if err := bellhop.VerifyPush(testSecret, got, gotBody, tc.now, 0); err != nil {
+				t.Errorf("the new secret does not verify: %v", err)
+			}
+			err = bellhop.VerifyPush(previous, got, gotBody, tc.now, 0)
+			if tc.wantPrevious && err != nil {
+				t.Errorf("the previous secret does not verify: %v", err)
+			}
+			if !tc.wantPrevious && !errors.Is(err, bellhop.ErrBadSignature) {
+				t.Errorf("the previous secret, past its end: %v, want %v", err, bellhop.ErrBadSignature)
+			}
+			for name, vs := range got {
+				for _, v := range vs {
+					if strings.Contains(v, previous) || strings.Contains(v, testSecret) {
+						t.Errorf("header %s carries a secret", name)
+					}
+				}
+			}
+		})
+	}
+}
+
 func TestRequest(t *testing.T) {
 	now := time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
 	var (

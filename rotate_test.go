@@ -1,0 +1,218 @@
+package bellhop_test
+
+import (
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/bellhopq/bellhop"
+	queries "github.com/bellhopq/bellhop/sql"
+)
+
+// resolvedConsumers is a Resolver that serves no consumer and keeps the
+// last Consumer a dispatcher resolved for each id: what a push handler
+// would be made from.
+type resolvedConsumers struct {
+	mu   sync.Mutex
+	last map[uuid.UUID]bellhop.Consumer
+}
+
+func (r *resolvedConsumers) Resolve(c bellhop.Consumer) bellhop.Handler {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.last == nil {
+		r.last = make(map[uuid.UUID]bellhop.Consumer)
+	}
+	r.last[c.ID] = c
+	return nil
+}
+
+// waitFor returns the Consumer resolved for id once ok holds for it,
+// failing the test after a minute.
+func (r *resolvedConsumers) waitFor(t *testing.T, id uuid.UUID, what string, ok func(bellhop.Consumer) bool) bellhop.Consumer {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		r.mu.Lock()
+		c, seen := r.last[id]
+		r.mu.Unlock()
+		if seen && ok(c) {
+			return c
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the dispatcher did not resolve consumer %s with %s within a minute; last: %v", id, what, c)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestRotateConsumerSecret: a rotation gives a push consumer a new secret,
+// made by the server and never sent to it, keeps its id and settings, and
+// keeps the old secret signing for the time asked: a running dispatcher's
+// Resolver is given both, a listing only the old one's end. 0 drops the
+// old one at once, and one past its end is given to nobody.
+func TestRotateConsumerSecret(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	cfg, err := pgxpool.ParseConfig(e.pool.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &sentRecorder{}
+	cfg.ConnConfig.Tracer = rec
+	pool, err := pgxpool.NewWithConfig(e.ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	c := bellhop.NewClient(pool)
+	e.app("shop")
+	const url = "http://127.0.0.1:9/hook"
+	orders, err := c.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders", URL: url, MaxAttempts: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resolved := &resolvedConsumers{}
+	runDispatcher(t, e.pool.Config().ConnString(), resolved)
+	resolved.waitFor(t, orders.ID, "its secret", func(got bellhop.Consumer) bool { return got.Secret == orders.Secret })
+
+	before := time.Now()
+	rot, err := c.RotateConsumerSecret(e.ctx, "shop", orders.ID, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := time.Now()
+	if !pushSecretForm.MatchString(rot.Secret) || rot.Secret == orders.Secret {
+		t.Errorf("new secret %q: want 64 lowercase hex characters, not the old secret %q", rot.Secret, orders.Secret)
+	}
+	if rot.ID != orders.ID || rot.URL != url || rot.MaxAttempts != 7 || rot.Queue != "orders" || rot.App != "shop" {
+		t.Errorf("rotation returned %v; want the same consumer, %v", rot, orders)
+	}
+	// The server's clock and this one are the same host's.
+	if until := rot.PreviousSecretUntil; until.Before(before.Add(time.Hour-time.Second)) || until.After(after.Add(time.Hour+time.Second)) {
+		t.Errorf("PreviousSecretUntil %s, want an hour after the rotation (%s .. %s)", until, before, after)
+	}
+	if rot.PreviousSecret != "" {
+		t.Error("the rotation returned the previous secret, which its caller had")
+	}
+	if !rec.sentSQL(queries.ConsumerRotateSecret) {
+		t.Fatal("the rotation's statement was not seen: the recorder watches the wrong pool")
+	}
+	for _, s := range []string{rot.Secret, orders.Secret} {
+		if leaks := rec.leaks(s); len(leaks) > 0 {
+			t.Errorf("a secret was sent to the server: %s", strings.Join(leaks, "; "))
+		}
+	}
+
+	// A running dispatcher reloads and is given both secrets.
+	got := resolved.waitFor(t, orders.ID, "the new secret", func(got bellhop.Consumer) bool { return got.Secret == rot.Secret })
+	if got.PreviousSecret != orders.Secret || !got.PreviousSecretUntil.Equal(rot.PreviousSecretUntil) {
+		t.Errorf("the dispatcher was given previous secret %q until %s, want %q until %s",
+			got.PreviousSecret, got.PreviousSecretUntil, orders.Secret, rot.PreviousSecretUntil)
+	}
+	// Listings give when the old secret stops signing, not a secret.
+	list, err := c.Consumers(e.ctx, "shop")
+	if err != nil || len(list) != 1 {
+		t.Fatalf("Consumers: %v, %v", list, err)
+	}
+	if l := list[0]; l.Secret != "" || l.PreviousSecret != "" || !l.PreviousSecretUntil.Equal(rot.PreviousSecretUntil) {
+		t.Errorf("listed %v (previous until %s), want no secret and the previous one's end %s", l, l.PreviousSecretUntil, rot.PreviousSecretUntil)
+	}
+
+	// Rotated again at once with 0: the old secrets no longer sign.
+	rot2, err := c.RotateConsumerSecret(e.ctx, "shop", orders.ID, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rot2.Secret == rot.Secret || rot2.Secret == orders.Secret || !rot2.PreviousSecretUntil.IsZero() {
+		t.Errorf("rotation with 0: secret %q, previous until %s; want a third secret and none previous", rot2.Secret, rot2.PreviousSecretUntil)
+	}
+	got = resolved.waitFor(t, orders.ID, "the third secret", func(got bellhop.Consumer) bool { return got.Secret == rot2.Secret })
+	if got.PreviousSecret != "" || !got.PreviousSecretUntil.IsZero() {
+		t.Errorf("after a rotation with 0 the dispatcher was given previous secret %q until %s, want none", got.PreviousSecret, got.PreviousSecretUntil)
+	}
+
+	// A previous secret past its end is given to nobody.
+	rot3, err := c.RotateConsumerSecret(e.ctx, "shop", orders.ID, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resolved.waitFor(t, orders.ID, "the fourth secret", func(got bellhop.Consumer) bool {
+		return got.Secret == rot3.Secret && got.PreviousSecret == rot2.Secret
+	})
+	e.exec(`UPDATE queue_trigger_details SET push_secret_previous_until = now() - interval '1 second' WHERE trigger_id = $1`, orders.ID)
+	// A consumer's change (here: a pause) makes the dispatcher reload.
+	if err := c.SetConsumerEnabled(e.ctx, "shop", orders.ID, false); err != nil {
+		t.Fatal(err)
+	}
+	got = resolved.waitFor(t, orders.ID, "the pause", func(got bellhop.Consumer) bool { return !got.Enabled })
+	if got.Secret != rot3.Secret || got.PreviousSecret != "" || !got.PreviousSecretUntil.IsZero() {
+		t.Errorf("past its end, the dispatcher was given previous secret %q until %s (secret kept: %t), want none",
+			got.PreviousSecret, got.PreviousSecretUntil, got.Secret == rot3.Secret)
+	}
+	if l, err := c.ConsumerOf(e.ctx, "shop", "orders"); err != nil || !l.PreviousSecretUntil.IsZero() {
+		t.Errorf("ConsumerOf past the previous secret's end: previous until %s, %v; want zero", l.PreviousSecretUntil, err)
+	}
+}
+
+// TestRotateConsumerSecretRefused: a rotation that cannot be done says
+// why and changes nothing: a Go handler's consumer (no secret), an id
+// that is not the app's consumer, an unknown app, another app for a
+// principal, and times to keep the old secret out of range.
+func TestRotateConsumerSecretRefused(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	shop := e.app("shop")
+	e.app("other")
+	orders, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders", URL: "http://127.0.0.1:9/hook"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	emails, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "emails"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherApp, err := e.client.CreatePrincipal(e.ctx, "other", "ops")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name   string
+		client *bellhop.Client
+		app    string
+		id     uuid.UUID
+		keep   time.Duration
+		want   error
+		says   string
+	}{
+		{"a Go handler's consumer", e.client, "shop", emails.ID, time.Hour, bellhop.ErrInvalidOptions, "served by a Go handler"},
+		{"an unknown consumer", e.client, "shop", uuid.New(), time.Hour, bellhop.ErrUnknownConsumer, ""},
+		{"another app's consumer", e.client, "other", orders.ID, time.Hour, bellhop.ErrUnknownConsumer, ""},
+		{"an unknown app", e.client, "nope", orders.ID, time.Hour, bellhop.ErrUnknownApp, ""},
+		{"another app's principal", e.client.As(otherApp), "shop", orders.ID, time.Hour, bellhop.ErrForbidden, ""},
+		{"a negative time", e.client, "shop", orders.ID, -time.Second, bellhop.ErrInvalidOptions, "keep previous secret -1s is outside 0s..168h0m0s"},
+		{"over a week", e.client, "shop", orders.ID, bellhop.MaxKeepPreviousSecret + time.Millisecond, bellhop.ErrInvalidOptions, "outside"},
+		{"finer than a millisecond", e.client, "shop", orders.ID, time.Hour + time.Microsecond, bellhop.ErrInvalidOptions, "whole number of milliseconds"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			before := e.tableState("queue_trigger_details")
+			_, err := tc.client.RotateConsumerSecret(e.ctx, tc.app, tc.id, tc.keep)
+			if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.says) || !strings.Contains(err.Error(), tc.id.String()) {
+				t.Errorf("RotateConsumerSecret: %v; want %v, saying %q and naming the consumer", err, tc.want, tc.says)
+			}
+			if after := e.tableState("queue_trigger_details"); after != before {
+				t.Errorf("a refused rotation changed the consumers: %s, then %s", before, after)
+			}
+		})
+	}
+	// The app's own principal may rotate.
+	if _, err := e.client.As(shop.DefaultPrincipal).RotateConsumerSecret(e.ctx, "shop", orders.ID, time.Hour); err != nil {
+		t.Errorf("the app's own principal: %v", err)
+	}
+}
