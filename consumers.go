@@ -114,8 +114,9 @@ type Consumer struct {
 	// none, or it no longer signs.
 	PreviousSecret string `json:"-"`
 	// PreviousSecretUntil is when the previous secret stops signing, in
-	// listings too; zero when there is none, or it no longer signs.
-	PreviousSecretUntil time.Time
+	// listings too; zero when there is none, or it no longer signs (and
+	// then left out of JSON).
+	PreviousSecretUntil time.Time `json:",omitzero"`
 }
 
 func (s *ConsumerSpec) fill() {
@@ -560,9 +561,13 @@ const MaxKeepPreviousSecret = 7 * 24 * time.Hour
 // under each secret (Bellhop-Signature: v1=<new>,v1=<previous>), and a
 // receiver that checks either (VerifyPush accepts any match) goes on
 // accepting requests while it moves to the new one. 0 drops the old
-// secret at once, for one that may have leaked. Rotating again within the
-// window replaces the previous secret with the current one. The returned
-// Consumer's PreviousSecretUntil says when the old one stops signing.
+// secret at once, for one that may have leaked. The returned Consumer's
+// PreviousSecretUntil says when the old one stops signing.
+//
+// While an earlier rotation's previous secret still signs, only 0 is
+// taken (ErrInvalidOptions otherwise, saying until when it signs):
+// keeping the current secret would drop that one at once, and the
+// receivers still on it would fail unwarned. 0 drops both.
 //
 // Running dispatchers pick the new secret up within a moment, as for
 // UpdateConsumer; until they do, they sign with the old one alone. A
@@ -607,13 +612,21 @@ func (c *Client) RotateConsumerSecret(ctx context.Context, app string, id uuid.U
 		return nil
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		// No row changed: no such consumer of the app, or one that has no
-		// secret. Read after the transaction, which holds a connection.
+		// No row changed (consumer_rotate_secret.sql says when). Read
+		// after the transaction, which holds a connection, to say why.
 		cur, err := c.consumerByID(ctx, app, id)
-		if err == nil && cur.URL == "" {
+		switch {
+		case err != nil:
+		case cur.URL == "":
 			err = fmt.Errorf("%w: the consumer is served by a Go handler, which has no signing secret", ErrInvalidOptions)
-		}
-		if err == nil {
+		case keepPrevious > 0 && !cur.PreviousSecretUntil.IsZero():
+			err = fmt.Errorf("%w: keep previous secret %s: the secret an earlier rotation replaced signs until %s, and keeping the current one would stop it at once; "+
+				"rotate again after then, or with 0 to stop both older secrets now",
+				ErrInvalidOptions, keepPrevious, cur.PreviousSecretUntil.UTC().Format(time.RFC3339))
+		case keepPrevious > 0:
+			err = fmt.Errorf("%w: keep previous secret %s: the consumer has no signing secret to keep (its row was changed by hand); rotate with 0",
+				ErrInvalidOptions, keepPrevious)
+		default:
 			err = ErrUnknownConsumer // removed, or moved to another app, meanwhile
 		}
 		return fail(err)

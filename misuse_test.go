@@ -940,6 +940,10 @@ func TestJSONHidesConsumerSecret(t *testing.T) {
 			t.Errorf("%s = %s; want the previous secret's end, and not the secret", how, got)
 		}
 	}
+	// With no rotation under way, no zero time either.
+	if b, err := json.Marshal(bellhop.Consumer{Queue: "orders"}); err != nil || strings.Contains(string(b), "PreviousSecretUntil") {
+		t.Errorf("json.Marshal(Consumer with no previous secret) = %s, %v; want no PreviousSecretUntil", b, err)
+	}
 	m := bellhop.Message{ID: uuid.New(), Payload: json.RawMessage(`{"card":"4111"}`)}
 	if b, err := json.Marshal(m); err != nil || !strings.Contains(string(b), `"Payload":{"card":"4111"}`) {
 		t.Errorf("json.Marshal(Message) = %s, %v; want the payload kept", b, err)

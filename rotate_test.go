@@ -163,7 +163,11 @@ func TestRotateConsumerSecret(t *testing.T) {
 // TestRotateConsumerSecretRefused: a rotation that cannot be done says
 // why and changes nothing: a Go handler's consumer (no secret), an id
 // that is not the app's consumer, an unknown app, another app for a
-// principal, and times to keep the old secret out of range.
+// principal, times to keep the old secret out of range, keeping the
+// current secret while an earlier one still signs (which would stop that
+// one unasked), and a consumer whose secret was removed by hand (whose
+// rotation broke the table's check, printing the new secret in the
+// server's log). 0 is taken for the last two.
 func TestRotateConsumerSecretRefused(t *testing.T) {
 	t.Parallel()
 	e := fxNew(t)
@@ -181,6 +185,18 @@ func TestRotateConsumerSecretRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// orders' old secret signs for an hour: keeping its current one now
+	// would stop that one unasked.
+	first, err := e.client.RotateConsumerSecret(e.ctx, "shop", orders.ID, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A push consumer whose secret was removed by hand has none to keep.
+	broken, err := e.client.RegisterConsumer(e.ctx, bellhop.ConsumerSpec{App: "shop", Queue: "broken", URL: "http://127.0.0.1:9/hook"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.exec(`UPDATE queue_trigger_details SET push_secret = NULL WHERE trigger_id = $1`, broken.ID)
 	tests := []struct {
 		name   string
 		client *bellhop.Client
@@ -198,6 +214,9 @@ func TestRotateConsumerSecretRefused(t *testing.T) {
 		{"a negative time", e.client, "shop", orders.ID, -time.Second, bellhop.ErrInvalidOptions, "keep previous secret -1s is outside 0s..168h0m0s"},
 		{"over a week", e.client, "shop", orders.ID, bellhop.MaxKeepPreviousSecret + time.Millisecond, bellhop.ErrInvalidOptions, "outside"},
 		{"finer than a millisecond", e.client, "shop", orders.ID, time.Hour + time.Microsecond, bellhop.ErrInvalidOptions, "whole number of milliseconds"},
+		{"while the previous secret signs", e.client, "shop", orders.ID, time.Minute, bellhop.ErrInvalidOptions,
+			"keep previous secret 1m0s: the secret an earlier rotation replaced signs until " + first.PreviousSecretUntil.UTC().Format(time.RFC3339)},
+		{"a consumer without its secret", e.client, "shop", broken.ID, time.Hour, bellhop.ErrInvalidOptions, "has no signing secret to keep"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -211,8 +230,17 @@ func TestRotateConsumerSecretRefused(t *testing.T) {
 			}
 		})
 	}
-	// The app's own principal may rotate.
-	if _, err := e.client.As(shop.DefaultPrincipal).RotateConsumerSecret(e.ctx, "shop", orders.ID, time.Hour); err != nil {
-		t.Errorf("the app's own principal: %v", err)
+	// The app's own principal may rotate; with 0, while the previous
+	// secret signs, which stops both older secrets.
+	rot, err := e.client.As(shop.DefaultPrincipal).RotateConsumerSecret(e.ctx, "shop", orders.ID, 0)
+	if err != nil || rot.Secret == first.Secret || !rot.PreviousSecretUntil.IsZero() {
+		t.Errorf("the app's own principal, with 0: %v (previous until %s)", err, rot.PreviousSecretUntil)
+	}
+	if l, err := e.client.ConsumerOf(e.ctx, "shop", "orders"); err != nil || !l.PreviousSecretUntil.IsZero() {
+		t.Errorf("after a rotation with 0: previous until %s, %v; want none", l.PreviousSecretUntil, err)
+	}
+	// 0 gives the consumer without a secret one.
+	if rot, err := e.client.RotateConsumerSecret(e.ctx, "shop", broken.ID, 0); err != nil || !pushSecretForm.MatchString(rot.Secret) {
+		t.Errorf("a consumer without its secret, with 0: %v", err)
 	}
 }

@@ -87,7 +87,7 @@ func TestSecretsNeverLogged(t *testing.T) {
 	// The consumer endpoint: verifies every request with the secrets.
 	var secretsMu sync.Mutex
 	secrets := map[string]string{} // queue -> secret
-	var verified, badSig atomic.Int64
+	var verified, badSig, doubleSigned atomic.Int64
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		queue := strings.TrimPrefix(r.URL.Path, "/")
@@ -100,6 +100,9 @@ func TestSecretsNeverLogged(t *testing.T) {
 			return
 		}
 		verified.Add(1)
+		if strings.Count(r.Header.Get(bellhop.HeaderSignature), "v1=") == 2 {
+			doubleSigned.Add(1)
+		}
 		switch queue {
 		case "ok":
 			w.WriteHeader(http.StatusOK)
@@ -128,6 +131,8 @@ func TestSecretsNeverLogged(t *testing.T) {
 	cli("migrate")
 	cli("app", "create", "app")
 	secretRe := regexp.MustCompile(`signing secret \(shown only now\): (\S+)`)
+	consumerIDRe := regexp.MustCompile(`consumer (\S+) registered for`)
+	consumerIDs := map[string]string{} // queue -> consumer id
 	for _, q := range []string{"ok", "fail", "reject", "hang"} {
 		r := runCLI(bin, dsn, "consumer", "add", "--app", "app", "--queue", q, "--url", srv.URL+"/"+q,
 			"--visibility-timeout", "1s", "--max-attempts", "2", "--backoff-min", "50ms", "--backoff-max", "100ms")
@@ -135,9 +140,11 @@ func TestSecretsNeverLogged(t *testing.T) {
 			t.Fatalf("consumer add: %v\n%s%s", r.err, r.stdout, r.stderr)
 		}
 		m := secretRe.FindStringSubmatch(r.stdout)
-		if m == nil {
-			t.Fatalf("consumer add printed no secret:\n%s", r.stdout)
+		id := consumerIDRe.FindStringSubmatch(r.stdout)
+		if m == nil || id == nil {
+			t.Fatalf("consumer add printed no secret or id:\n%s", r.stdout)
 		}
+		consumerIDs[q] = id[1]
 		secretsMu.Lock()
 		secrets[q] = m[1]
 		secretsMu.Unlock()
@@ -195,6 +202,19 @@ func TestSecretsNeverLogged(t *testing.T) {
 	}
 	enqueueAll(1)
 	settled("round 1 settled")
+
+	// A rotation: the daemon, at debug level, now holds two secrets of
+	// "ok", and signs with both; the endpoint keeps checking the old one.
+	rotated := runCLI(bin, dsn, "consumer", "rotate-secret", "--app", "app", "--keep-previous", "1h", consumerIDs["ok"])
+	if rotated.err != nil {
+		t.Fatalf("consumer rotate-secret: %v\n%s%s", rotated.err, rotated.stdout, rotated.stderr)
+	}
+	m := secretRe.FindStringSubmatch(rotated.stdout)
+	if m == nil {
+		t.Fatalf("consumer rotate-secret printed no secret:\n%s", rotated.stdout)
+	}
+	rotatedSecret := m[1]
+	outputs = append(outputs, secretRe.ReplaceAllString(rotated.stdout, "signing secret (shown only now): <redacted by the test>"), rotated.stderr)
 
 	// Faults that make the daemon log connection errors: cut its
 	// listener and pool, then restart the server.
@@ -263,6 +283,11 @@ func TestSecretsNeverLogged(t *testing.T) {
 	if n := badSig.Load(); n > 0 {
 		t.Errorf("%d pushes failed signature verification", n)
 	}
+	// Round 2's pushes to "ok" came after the rotation and the listener's
+	// reconnect, which reloads the consumers: signed with both secrets.
+	if n := doubleSigned.Load(); n < 4 {
+		t.Errorf("%d pushes signed with two secrets, want round 2's 4 to ok at least", n)
+	}
 	if n := strings.Count(daemonLog, `"push delivery"`); n < 2*13 {
 		t.Errorf("%d debug lines about push deliveries, want at least %d: was the daemon at debug level?", n, 2*13)
 	}
@@ -278,6 +303,7 @@ func TestSecretsNeverLogged(t *testing.T) {
 		"the database password, path-escaped": url.PathEscape(password),
 	}
 	secretsMu.Lock()
+	secrets["ok, rotated"] = rotatedSecret
 	for q, s := range secrets {
 		needles["the signing secret of "+q] = s
 		needles["the first half of the signing secret of "+q] = s[:len(s)/2]

@@ -20,8 +20,14 @@
 --
 -- Rotating changes push_secret, so its UPDATE sends the notification that
 -- makes running dispatchers reload their consumers (0040's trigger).
--- queue_consumers gains the two columns at its end. It can run again, as
--- every migration since 0052 can.
+--
+-- The view queue_consumers is left as it is: the statements that read the
+-- new columns join them (consumer_list.sql). Replacing the view too would
+-- lock it after the table, the other order from the queries that read the
+-- table through it (enqueue, the poll), which could deadlock with them.
+-- The one lock taken, ACCESS EXCLUSIVE on queue_trigger_details, holds
+-- those queries back for as long as checking the constraint on every
+-- consumer takes. It can run again, as every migration since 0052 can.
 
 ALTER TABLE queue_trigger_details
     ADD COLUMN IF NOT EXISTS push_secret_previous TEXT NULL,
@@ -38,14 +44,3 @@ AS $$
     SELECT pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(
         pg_catalog.gen_random_uuid()::text || pg_catalog.gen_random_uuid()::text, 'UTF8')), 'hex')
 $$;
-
-CREATE OR REPLACE VIEW queue_consumers AS
-SELECT t.id, t.app_id, a.name AS app_name, d.queue_name, t.principal_id, t.enabled,
-       t.max_attempts, t.backoff_base_ms, t.backoff_cap_ms,
-       d.visibility_timeout_secs, d.max_in_flight, t.created_at, d.last_fired_at,
-       d.push_url, d.push_secret, d.push_timeout_ms,
-       d.push_secret_previous, d.push_secret_previous_until
-FROM triggers t
-JOIN queue_trigger_details d ON d.trigger_id = t.id
-JOIN apps a ON a.id = t.app_id
-WHERE t.kind = 'queue';

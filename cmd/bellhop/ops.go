@@ -380,6 +380,7 @@ var settingFlags = strings.NewReplacer(
 	"visibility timeout", "--visibility-timeout",
 	"max attempts", "--max-attempts",
 	"max in-flight", "--max-in-flight",
+	"keep previous secret", "--keep-previous",
 )
 
 // flagNamed returns an ErrInvalidOptions error from registering or
@@ -643,7 +644,7 @@ func consumerCommand(d *deps) *cli.Command {
 				defer pool.Close()
 				con, err := c.RotateConsumerSecret(ctx, cmd.String("app"), id, keep)
 				if err != nil {
-					return err
+					return flagNamed(err)
 				}
 				fmt.Fprintf(d.stdout, "consumer %s of %s/%s has a new signing secret\n", con.ID, con.App, con.Queue)
 				fmt.Fprintf(d.stdout, "signing secret (shown only now): %s\n", con.Secret)

@@ -88,13 +88,20 @@ func TestRotateSecretEndToEnd(t *testing.T) {
 // TestRotateSecretRefused: rotate-secret's mistakes get a clear error,
 // exit 2 (bad input, as for the other consumer commands) and change
 // nothing: a bad --keep-previous (before connecting), a Go handler's
-// consumer or an unknown one (from the database).
+// consumer, an unknown one or app, and a rotation that would stop the
+// secret an earlier one keeps signing (from the database).
 func TestRotateSecretRefused(t *testing.T) {
 	t.Parallel()
 	dsn := emptyDatabase(t)
 	ok(t, dsn, "migrate")
 	ok(t, dsn, "app", "create", "shop")
 	id, _ := addConsumer(t, dsn, "--app", "shop", "--queue", "orders", "--url", "http://127.0.0.1:9/hook")
+	// Its old secret signs for a day (the default).
+	out := ok(t, dsn, "consumer", "rotate-secret", "--app", "shop", id)
+	kept := keptUntilRE.FindStringSubmatch(out)
+	if kept == nil {
+		t.Fatalf("rotate-secret printed:\n%s\nwant when the old secret stops signing", out)
+	}
 	pool := db(t, dsn)
 	// A Go handler's consumer: the CLI registers push consumers only.
 	emails, err := bellhop.NewClient(pool).RegisterConsumer(t.Context(), bellhop.ConsumerSpec{App: "shop", Queue: "emails"})
@@ -121,6 +128,9 @@ func TestRotateSecretRefused(t *testing.T) {
 		{"a Go handler's consumer", []string{emails.ID.String()}, 2, "served by a Go handler, which has no signing secret"},
 		{"an unknown consumer", []string{"00000000-0000-4000-8000-000000000002"}, 2, "unknown consumer"},
 		{"no id", []string{}, 2, "takes exactly one argument, CONSUMER_ID"},
+		{"finer than a millisecond", []string{"--keep-previous", "1h0.5ms", id}, 2, "--keep-previous 1h0m0.0005s: must be 0 to 168h0m0s, in whole milliseconds"},
+		{"while the previous secret signs", []string{id}, 2, "--keep-previous 24h0m0s: the secret an earlier rotation replaced signs until " + kept[1]},
+		{"an unknown app", []string{"--app", "nope", id}, 2, `unknown app "nope"`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
