@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"os"
@@ -94,18 +95,21 @@ func TestInterruptedStreamEnqueuesNothing(t *testing.T) {
 	}
 	p := startCmd(t, []string{"DATABASE_URL=" + dsn}, cmd)
 	// The second line is cut short: at the stop, the part read of it is
-	// neither a bad line nor a message.
-	if _, err := stdin.Write([]byte("{\"n\":1}\n{\"n\":")); err != nil {
+	// neither a bad line nor a message. It is longer than a pipe holds
+	// (64 KiB), so the write returns only once the command reads stdin,
+	// which it does after its app lookup: the signal then finds it
+	// waiting for the rest of the line. Waiting for its session to be
+	// idle after the lookup was not enough (CI saw the signal cancel the
+	// lookup): pgx prepares the statement first, and the session is idle
+	// between the prepare and the run, with the statement's text.
+	cut := append([]byte("{\"n\":1}\n{\"pad\":\""), bytes.Repeat([]byte("x"), 256<<10)...)
+	if _, err := stdin.Write(cut); err != nil {
 		t.Fatal(err)
 	}
 	// Connected, the app checked, and waiting for a line: no session of
-	// its is idle in a transaction meanwhile. Waited for after the app's
-	// lookup (idle, or idle in a transaction: the bug), in a session of
-	// the command's (that of `app create` above can still be listed, idle
-	// after the same lookup, for a moment after its process exited). The
-	// lookup may still run then, in its one-statement transaction (CI saw
-	// it): pgx prepares it first, and the session is idle between the
-	// prepare and the run, with the statement's text.
+	// its is idle in a transaction meanwhile. Checked in a session of the
+	// command's (that of `app create` above can still be listed, idle
+	// after the same lookup, for a moment after its process exited).
 	waitFor(t, 30*time.Second, "the command idle after checking the app", func() bool {
 		return queryInt(t, pool, `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'
