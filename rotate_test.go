@@ -1,7 +1,9 @@
 package bellhop_test
 
 import (
+	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -11,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/migrations"
 	queries "github.com/bellhopq/bellhop/sql"
 )
 
@@ -242,5 +245,96 @@ func TestRotateConsumerSecretRefused(t *testing.T) {
 	// 0 gives the consumer without a secret one.
 	if rot, err := e.client.RotateConsumerSecret(e.ctx, "shop", broken.ID, 0); err != nil || !pushSecretForm.MatchString(rot.Secret) {
 		t.Errorf("a consumer without its secret, with 0: %v", err)
+	}
+}
+
+// TestConsumersBeforeRotationSchema: this release's consumer statements
+// read the columns and call the function that 0068_secret_rotation.sql
+// adds. On a database still at the migration before it (a new binary or
+// library before `bellhop migrate`) each fails with ErrSchemaBehind,
+// telling to migrate, and writes nothing; after the migration the
+// consumer registered before it is listed, with its secret unchanged.
+func TestConsumersBeforeRotationSchema(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	files, err := migrations.Files()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := slices.IndexFunc(files, func(f migrations.File) bool { return f.Name == "0068_secret_rotation.sql" })
+	if v < 0 {
+		t.Fatal("no migration 0068_secret_rotation.sql")
+	}
+	cfg := emptyDatabase(t)
+	migrateTo(t, cfg, v) // the versions before 0068's
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	c := bellhop.NewClient(pool)
+	shop, err := c.CreateApp(ctx, "shop")
+	if err != nil {
+		t.Fatalf("CreateApp before 0068: %v", err)
+	}
+	// A push consumer as the release before registered it, its secret
+	// made by the client.
+	const secret = "5ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2"
+	var orders uuid.UUID
+	if err := pool.QueryRow(ctx, `
+		WITH t AS (
+			INSERT INTO triggers (app_id, kind, principal_id) VALUES ($1, 'queue', $2) RETURNING id
+		)
+		INSERT INTO queue_trigger_details (trigger_id, queue_name, push_url, push_secret)
+		SELECT id, 'orders', 'http://127.0.0.1:9/hook', $3 FROM t
+		RETURNING trigger_id`, shop.ID, shop.DefaultPrincipal, secret).Scan(&orders); err != nil {
+		t.Fatal(err)
+	}
+	state := func() string {
+		var s string
+		if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM triggers) || ' triggers, '
+			|| (SELECT md5(string_agg(d::text, ',' ORDER BY d::text)) FROM queue_trigger_details d)`).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	before := state()
+	for _, tc := range []struct {
+		name string
+		do   func() error
+	}{
+		{"RegisterConsumer with a URL", func() error {
+			_, err := c.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "shop", Queue: "emails", URL: "http://127.0.0.1:9/hook"})
+			return err
+		}},
+		{"RegisterConsumer for a Go handler", func() error {
+			_, err := c.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "shop", Queue: "emails"})
+			return err
+		}},
+		{"RotateConsumerSecret", func() error { _, err := c.RotateConsumerSecret(ctx, "shop", orders, time.Hour); return err }},
+		{"Consumers", func() error { _, err := c.Consumers(ctx, "shop"); return err }},
+		{"ConsumerOf", func() error { _, err := c.ConsumerOf(ctx, "shop", "orders"); return err }},
+	} {
+		err := tc.do()
+		if !errors.Is(err, migrations.ErrSchemaBehind) || strings.Count(err.Error(), "bellhop migrate") != 1 {
+			t.Errorf("%s before 0068: %v; want ErrSchemaBehind, telling to run bellhop migrate once", tc.name, err)
+		}
+		if after := state(); after != before {
+			t.Errorf("%s before 0068 changed the consumers: %s, then %s", tc.name, before, after)
+		}
+	}
+	migrateTo(t, cfg, len(files))
+	got, err := c.ConsumerOf(ctx, "shop", "orders")
+	if err != nil || got.ID != orders || got.URL != "http://127.0.0.1:9/hook" || !got.PreviousSecretUntil.IsZero() {
+		t.Fatalf("after the migration: %+v, %v; want consumer %s as registered, with no previous secret", got, err, orders)
+	}
+	var kept string
+	if err := pool.QueryRow(ctx, `SELECT push_secret FROM queue_trigger_details WHERE trigger_id = $1`, orders).Scan(&kept); err != nil || kept != secret {
+		t.Errorf("the migration changed the consumer's secret (%v)", err)
+	}
+	rot, err := c.RotateConsumerSecret(ctx, "shop", orders, time.Hour)
+	if err != nil || rot.Secret == secret || !pushSecretForm.MatchString(rot.Secret) {
+		t.Errorf("a rotation after the migration: %v", err)
 	}
 }

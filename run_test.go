@@ -78,7 +78,29 @@ func TestRunFailsToStartCleanly(t *testing.T) {
 // lacks, so a crashed dispatcher's leases were never returned.
 func TestRunRefusesOlderSchema(t *testing.T) {
 	ctx := context.Background()
+	latest, err := migrations.Latest()
+	if err != nil {
+		t.Fatal(err)
+	}
 	cfg := emptyDatabase(t)
+	migrateTo(t, cfg, latest-1) // all but the last
+	d, err := bellhop.NewDispatcher(cfg, bellhop.DispatcherConfig{Resolver: bellhop.NewMux()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	err = d.Run(rctx)
+	if !errors.Is(err, migrations.ErrSchemaBehind) || !strings.Contains(err.Error(), "bellhop migrate") {
+		t.Fatalf("Run on a schema one migration behind: %v, want ErrSchemaBehind telling to run bellhop migrate", err)
+	}
+}
+
+// migrateTo applies the embedded migrations to cfg's database up to
+// schema version v, as the release that shipped migration v would have.
+func migrateTo(t *testing.T, cfg *pgxpool.Config, v int) {
+	t.Helper()
+	ctx := context.Background()
 	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
 	if err != nil {
 		t.Fatal(err)
@@ -95,18 +117,8 @@ func TestRunRefusesOlderSchema(t *testing.T) {
 	for _, f := range files {
 		m.AppendMigration(f.Name, f.SQL, "")
 	}
-	if err := m.MigrateTo(ctx, int32(len(files)-1)); err != nil { // all but the last
-		t.Fatal(err)
-	}
-	d, err := bellhop.NewDispatcher(cfg, bellhop.DispatcherConfig{Resolver: bellhop.NewMux()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	err = d.Run(rctx)
-	if !errors.Is(err, migrations.ErrSchemaBehind) || !strings.Contains(err.Error(), "bellhop migrate") {
-		t.Fatalf("Run on a schema one migration behind: %v, want ErrSchemaBehind telling to run bellhop migrate", err)
+	if err := m.MigrateTo(ctx, int32(v)); err != nil {
+		t.Fatalf("migrate to version %d: %v", v, err)
 	}
 }
 
