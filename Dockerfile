@@ -5,7 +5,12 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/bellhop ./cmd/bellhop
+# .dockerignore keeps .git out, so go build records no commit: pass it in
+# (docker build --build-arg BELLHOP_COMMIT=$(git rev-parse HEAD), or
+# BELLHOP_COMMIT in the environment of docker compose) for `bellhop
+# version` to name it.
+ARG BELLHOP_COMMIT=
+RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w -X main.buildCommit=${BELLHOP_COMMIT}" -o /out/bellhop ./cmd/bellhop
 # An empty /secrets owned by the runtime user: a named volume mounted there
 # (docker-compose.yml) takes the owner of the image's directory.
 RUN mkdir -p /out/secrets

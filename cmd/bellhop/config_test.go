@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -1316,6 +1317,8 @@ func builtHere(n yaml.Node) (bool, error) {
 	switch n.Kind {
 	case 0:
 		return false, nil
+	case yaml.AliasNode: // build: *anchor
+		return builtHere(*n.Alias)
 	case yaml.ScalarNode:
 		return n.Value == "." || n.Value == "./", nil
 	case yaml.MappingNode:
@@ -1583,5 +1586,29 @@ func TestVersion(t *testing.T) {
 	}
 	if r := exeEnv(t, nil, "", "version", "extra"); r.code != 2 {
 		t.Errorf("bellhop version extra: %s; want exit 2", r)
+	}
+	// The Dockerfile's build has no .git to record, and passes the
+	// commit to the linker instead, from the compose file's build args.
+	for file, wants := range map[string][]string{
+		"../../Dockerfile":         {"ARG BELLHOP_COMMIT=", "-X main.buildCommit=${BELLHOP_COMMIT}"},
+		"../../docker-compose.yml": {"BELLHOP_COMMIT: ${BELLHOP_COMMIT:-}"},
+	} {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range wants {
+			if !strings.Contains(string(b), want) {
+				t.Errorf("%s lacks %q", file, want)
+			}
+		}
+	}
+	docker := filepath.Join(t.TempDir(), "bellhop")
+	if err := goBuild(docker, "-buildvcs=false", "-ldflags=-X main.buildCommit=0123abcd"); err != nil {
+		t.Fatalf("build as the Dockerfile does: %v", err)
+	}
+	out, err := exec.Command(docker, "version").Output()
+	if err != nil || !strings.Contains(string(out), "\ncommit: 0123abcd (given at build)\n") {
+		t.Errorf("bellhop version, built with -buildvcs=false and the commit given: %q, %v; want the commit given", out, err)
 	}
 }

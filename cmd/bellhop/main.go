@@ -36,6 +36,12 @@ import (
 	"github.com/bellhopq/bellhop/migrations"
 )
 
+// buildCommit is the commit the binary was built from, for a build that
+// cannot record it itself: the Dockerfile's, whose context leaves .git
+// out, sets it with -ldflags "-X main.buildCommit=...". The linker writes
+// it; nothing else does.
+var buildCommit string
+
 func main() {
 	// Log timestamps to the millisecond: zerolog's default (RFC 3339 in
 	// whole seconds) makes the console format's .000 always zero and

@@ -70,24 +70,29 @@ func buildBinary() (string, error) {
 	}
 	lockFile = lock // stays open, and locked, until the process exits
 
+	out := filepath.Join(dir, "bellhop")
+	if err := goBuild(out); err != nil {
+		os.RemoveAll(dir)
+		return "", err
+	}
+	return out, nil
+}
+
+// goBuild builds ./ to out, with -race when the tests themselves run with
+// it (so that the packages built for them are reused) and flags.
+func goBuild(out string, flags ...string) error {
 	// go test puts its own GOROOT/bin first in the test's PATH.
 	goTool, err := exec.LookPath("go")
 	if err != nil {
-		os.RemoveAll(dir)
-		return "", fmt.Errorf("find the go command to build bellhop: %w", err)
+		return fmt.Errorf("find the go command to build bellhop: %w", err)
 	}
-	out := filepath.Join(dir, "bellhop")
-	args := []string{"build", "-o", out}
+	args := append([]string{"build", "-o", out}, flags...)
 	if raceEnabled {
 		args = append(args, "-race")
 	}
 	cmd := exec.Command(goTool, append(args, ".")...)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Run(); err != nil {
-		os.RemoveAll(dir)
-		return "", err
-	}
-	return out, nil
+	return cmd.Run()
 }
 
 var lockFile *os.File

@@ -1267,7 +1267,10 @@ func versionCommand(d *deps) *cli.Command {
 			if err != nil {
 				return err
 			}
-			version, commit, goVersion := "(unknown)", "(not recorded: built without -buildvcs, or outside a git checkout)", runtime.Version()
+			version, commit, goVersion := "(unknown)", "(not recorded: built outside a git checkout, or with -buildvcs=false, and without -X main.buildCommit)", runtime.Version()
+			if buildCommit != "" {
+				commit = buildCommit + " (given at build)"
+			}
 			if bi, ok := debug.ReadBuildInfo(); ok {
 				version = bi.Main.Version
 				var rev, at string
