@@ -43,8 +43,8 @@ func (c *Client) clock() time.Time {
 // NewClient returns an operator Client that runs its statements on db. The
 // database must be migrated (see package migrations): on one without
 // Bellhop's schema, a method's error wraps migrations.ErrNoSchema, and on
-// one an older bellhop migrated, when a statement misses a table or
-// function, migrations.ErrSchemaBehind. It panics if db is
+// one an older bellhop migrated, when a statement misses a table,
+// function or column, migrations.ErrSchemaBehind. It panics if db is
 // nil, as from a pgxpool.New whose error was dropped: every method would
 // otherwise panic later, far from the cause. The zero Client is not
 // usable; make one with NewClient.
@@ -56,8 +56,10 @@ func NewClient(db *pgxpool.Pool) *Client {
 }
 
 // As returns a Client acting as the principal with id principal. Every
-// operation that names an app then fails with ErrForbidden unless the
-// principal belongs to that app; consumers it registers are registered by
+// operation that names an existing app then fails with ErrForbidden
+// unless the principal belongs to that app (one naming an app that does
+// not exist, or an invalid name, fails with ErrUnknownApp, as for any
+// Client); consumers it registers are registered by
 // it, and messages it enqueues record it as their enqueuing principal.
 // Bellhop gives no principal the id uuid.Nil, so a Client made with it (a
 // failed lookup's zero value, say) is refused everything, unless a row

@@ -214,7 +214,8 @@ func (c *Client) Redrive(ctx context.Context, app, queue string, id uuid.UUID) (
 }
 
 // PurgeDead deletes app's dead letters for good, selected as in Redrive,
-// in batches as there, and fails as Redrive does. As there, queue "" with
+// in batches as there, and fails as Redrive does, except that it never
+// leaves dead letters behind (no NotRedrivenError). As there, queue "" with
 // uuid.Nil selects every dead letter of the app: an id from input whose
 // parse error went unchecked is uuid.Nil, and purges them all (the CLI
 // refuses an empty selection for that reason).

@@ -49,9 +49,11 @@ const (
 	DefaultShutdownGrace = 10 * time.Second
 	// StopBudget is the time a stop gives all of its writes once its
 	// handlers are done, ending no later than the stop's bound (see
-	// Dispatcher.Run): their outcomes, the offers'
-	// withdrawal, the wake-up of the other dispatchers, the busy marks'
-	// deletion and the last last_fired_at update, in that order. Once it
+	// Dispatcher.Run): the offers' withdrawal, while the handlers'
+	// outcomes (and the releases the withdrawal adds) are written in the
+	// background; then the rest of the outcomes, the wake-up of the other
+	// dispatchers, the busy marks' deletion and the last last_fired_at
+	// update, in that order. Once it
 	// has run out (a frozen server, a failover seen from the old side),
 	// the write under way is cancelled and the others are skipped: an
 	// outcome not written leaves its message to come back after its lease,
@@ -171,8 +173,9 @@ type DispatcherConfig struct {
 	// vanished). Not bounded by it: outcome writes, which have their own
 	// (10s a try, retried until their leases end while no connection can
 	// be made but for a refusal for good, 5 tries otherwise:
-	// claim.Completer); lease renewals, which run on the handler's context,
-	// and it ends with the lease; the lock connection's keep-alives, bounded
+	// claim.Completer); lease renewals (Message.ExtendLease), which run on
+	// the context the handler passes, whose own context ends with the
+	// lease; the lock connection's keep-alives, bounded
 	// by BusyLease; the tidying up after a consumer is removed, bounded by 5s;
 	// and the start-up, which Run's context bounds.
 	StatementTimeout time.Duration
@@ -902,8 +905,10 @@ func (d *Dispatcher) Run(ctx context.Context) (err error) {
 }
 
 // stopWrites makes a stop's writes, once its handlers are done, within
-// StopBudget for all of them (see StopBudget): the outcomes first, which
-// spare redeliveries; once the budget has run out, the rest are skipped.
+// StopBudget for all of them (see StopBudget): the offers' withdrawal
+// first, whose releases join the outcomes that the Completer writes
+// meanwhile, then the outcomes left, which spare redeliveries; once the
+// budget has run out, the rest are skipped.
 // The budget is a timeout.Bound, so that the warnings of a write cut off
 // by it say so (timeout.Explain). bgDone waits for the background loops,
 // whose ctx has ended, before the busy marks and last_fired_at: the touch

@@ -20,7 +20,8 @@ import (
 
 // EnqueueOptions are the optional settings of one message. The zero value
 // means: deliver now, the queue consumer's max attempts (3 if the queue
-// has no consumer), no enqueuing principal recorded.
+// has no consumer), no enqueuing principal recorded (the Client's own,
+// for a Client made with As).
 type EnqueueOptions struct {
 	// DeliverAfter holds the message until then. Times in the past mean
 	// now. At most ten years ahead. Exclusive with Delay.

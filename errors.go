@@ -9,7 +9,9 @@ import (
 )
 
 // Errors returned by Client methods (and ErrInvalidOptions by
-// NewDispatcher and Run too). They are wrapped with context; test for them
+// NewDispatcher and Run too), except ErrLeaseLost and ErrNoConsumer,
+// which Message.ExtendLease returns (ErrLeaseLost also ends a handler's
+// context, as its cause). They are wrapped with context; test for them
 // with errors.Is. A database without Bellhop's schema, or with an older
 // one, is migrations.ErrNoSchema or migrations.ErrSchemaBehind (see
 // NewClient).
@@ -50,7 +52,8 @@ var (
 	ErrConsumerExists = errors.New("queue already has a consumer")
 	// ErrUnknownConsumer: no consumer with that id in that app.
 	ErrUnknownConsumer = errors.New("unknown consumer")
-	// ErrForbidden: the Client acts as a principal of another app.
+	// ErrForbidden: the Client acts as a principal of another app (an app
+	// that does not exist is ErrUnknownApp, whoever asks).
 	ErrForbidden = errors.New("forbidden")
 	// ErrLeaseLost: the message's lease expired and it may be delivered
 	// again, or, for an invoke delivery, it was removed with its consumer;

@@ -252,8 +252,10 @@ func TestRotateConsumerSecretRefused(t *testing.T) {
 // read the columns and call the function that 0068_secret_rotation.sql
 // adds. On a database still at the migration before it (a new binary or
 // library before `bellhop migrate`) each fails with ErrSchemaBehind,
-// telling to migrate, and writes nothing; after the migration the
-// consumer registered before it is listed, with its secret unchanged.
+// telling to migrate, and writes nothing, while the updates that read
+// none of them run on; after the migration the consumer registered
+// before it is listed, with its secret unchanged. The README's upgrade
+// note lists the same calls.
 func TestConsumersBeforeRotationSchema(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -312,6 +314,14 @@ func TestConsumersBeforeRotationSchema(t *testing.T) {
 			_, err := c.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "shop", Queue: "emails"})
 			return err
 		}},
+		{"UpdateConsumer with a URL", func() error {
+			u := "http://127.0.0.1:9/other"
+			return c.UpdateConsumer(ctx, "shop", orders, bellhop.ConsumerUpdate{URL: &u})
+		}},
+		{"UpdateConsumer with a timeout", func() error {
+			d := time.Second
+			return c.UpdateConsumer(ctx, "shop", orders, bellhop.ConsumerUpdate{Timeout: &d})
+		}},
 		{"RotateConsumerSecret", func() error { _, err := c.RotateConsumerSecret(ctx, "shop", orders, time.Hour); return err }},
 		{"Consumers", func() error { _, err := c.Consumers(ctx, "shop"); return err }},
 		{"ConsumerOf", func() error { _, err := c.ConsumerOf(ctx, "shop", "orders"); return err }},
@@ -324,9 +334,17 @@ func TestConsumersBeforeRotationSchema(t *testing.T) {
 			t.Errorf("%s before 0068 changed the consumers: %s, then %s", tc.name, before, after)
 		}
 	}
+	// What reads no new column runs on.
+	two := 2
+	if err := c.UpdateConsumer(ctx, "shop", orders, bellhop.ConsumerUpdate{MaxAttempts: &two}); err != nil {
+		t.Errorf("UpdateConsumer of max attempts before 0068: %v", err)
+	}
+	if err := c.SetConsumerEnabled(ctx, "shop", orders, false); err != nil {
+		t.Errorf("SetConsumerEnabled before 0068: %v", err)
+	}
 	migrateTo(t, cfg, len(files))
 	got, err := c.ConsumerOf(ctx, "shop", "orders")
-	if err != nil || got.ID != orders || got.URL != "http://127.0.0.1:9/hook" || !got.PreviousSecretUntil.IsZero() {
+	if err != nil || got.ID != orders || got.URL != "http://127.0.0.1:9/hook" || got.MaxAttempts != 2 || got.Enabled || !got.PreviousSecretUntil.IsZero() {
 		t.Fatalf("after the migration: %+v, %v; want consumer %s as registered, with no previous secret", got, err, orders)
 	}
 	var kept string
