@@ -62,6 +62,13 @@ var (
 	// ErrNoConsumer: Message.ExtendLease found the queue message's
 	// consumer removed, and left the lease to end when it would have.
 	ErrNoConsumer = errors.New("the queue has no consumer; lease not renewed")
+	// ErrUnknownMessage: no queue message with that id in that app: never
+	// enqueued to it, or acked, dead-lettered or deleted since.
+	ErrUnknownMessage = errors.New("unknown message")
+	// ErrMessageInFlight: the message is being delivered (leased), and
+	// is left to that delivery: DeleteMessage can delete it only once it
+	// waits for delivery again (its delivery failed, to be retried).
+	ErrMessageInFlight = errors.New("message in flight")
 	// ErrNotRedriven: some of the dead letters a redrive selected could
 	// not be moved back and are still dead letters; the error is a
 	// *NotRedrivenError, which says how many and why.

@@ -201,6 +201,16 @@ var ListenerCover string
 //go:embed listener_session.sql
 var ListenerSession string
 
+// MessageDelete is message_delete.sql.
+//
+//go:embed message_delete.sql
+var MessageDelete string
+
+// MessageFind is message_find.sql.
+//
+//go:embed message_find.sql
+var MessageFind string
+
 // Nack is nack.sql.
 //
 //go:embed nack.sql
@@ -280,6 +290,11 @@ var PrincipalLookup string
 //
 //go:embed queue_list.sql
 var QueueList string
+
+// QueuePurge is queue_purge.sql.
+//
+//go:embed queue_purge.sql
+var QueuePurge string
 
 // Reclaim is reclaim.sql.
 //

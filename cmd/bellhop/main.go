@@ -124,7 +124,7 @@ func hint(err error) string {
 var badInput = []error{
 	bellhop.ErrInvalidName, bellhop.ErrInvalidQueueName, bellhop.ErrInvalidPayload,
 	bellhop.ErrPayloadTooLarge, bellhop.ErrInvalidOptions, bellhop.ErrUnknownApp,
-	bellhop.ErrUnknownPrincipal, bellhop.ErrUnknownConsumer,
+	bellhop.ErrUnknownPrincipal, bellhop.ErrUnknownConsumer, bellhop.ErrUnknownMessage,
 }
 
 // isUsage reports whether err is the caller's mistake: exit status 2.
@@ -387,6 +387,7 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			enqueueCommand(d),
 			queuesCommand(d),
 			deadCommand(d),
+			messageCommand(d),
 			demoCommand(d),
 			setupDemoCommand(d),
 			exampleConsumerCommand(d),

@@ -983,9 +983,10 @@ func queuesCommand(d *deps) *cli.Command {
 	}
 }
 
-// messageID parses a dead letter's id. The nil UUID is refused: the
-// library reads it as "no id", so `dead purge` with it would act on every
-// dead letter of the queue, or of the app, instead of on none.
+// messageID parses a message's id, of a dead letter or a queue message.
+// The nil UUID is refused: the library reads it as "no id", so `dead
+// purge` with it would act on every dead letter of the queue, or of the
+// app, instead of on none.
 func messageID(s string) (uuid.UUID, error) {
 	id, err := uuid.Parse(s)
 	if err != nil {

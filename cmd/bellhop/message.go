@@ -1,0 +1,119 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/urfave/cli/v3"
+
+	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/internal/validate"
+)
+
+// messageCommand deletes queue messages that wait for delivery: one that
+// should never have been enqueued, or a queue's backlog that no consumer
+// should get (a bad batch, a test run). Without it, the only way was SQL
+// against queue_messages, which could also delete a message being
+// delivered under its handler. Messages in flight are left to their
+// delivery by both commands, as the library leaves them.
+func messageCommand(d *deps) *cli.Command {
+	appFlag := &cli.StringFlag{Name: "app", Usage: "app name (required)", Required: true, Sources: env("APP")}
+	return &cli.Command{
+		Name:  "message",
+		Usage: "delete queue messages that wait for delivery",
+		Commands: []*cli.Command{{
+			Name: "rm",
+			Usage: "delete one queue message that waits for delivery (ready, delayed or waiting for a retry), for good, " +
+				"with no dead letter; one being delivered is left to its delivery",
+			ArgsUsage: "MESSAGE_ID",
+			Flags:     []cli.Flag{appFlag},
+			Action: func(ctx context.Context, cmd *cli.Command) error {
+				s, err := oneArg(cmd, "MESSAGE_ID")
+				if err != nil {
+					return err
+				}
+				// The nil UUID too is refused here, as by the dead-letter
+				// commands: it is no message's id.
+				id, err := messageID(s)
+				if err != nil {
+					return err
+				}
+				if err := checkAppFlag(cmd); err != nil {
+					return err
+				}
+				c, pool, err := client(ctx, cmd)
+				if err != nil {
+					return err
+				}
+				defer pool.Close()
+				// ErrUnknownMessage exits 2 (badInput); ErrMessageInFlight
+				// exits 1, as a retry once the delivery has failed may
+				// succeed, and its text says when.
+				if err := c.DeleteMessage(ctx, cmd.String("app"), id); err != nil {
+					return err
+				}
+				fmt.Fprintf(d.stdout, "deleted message %s\n", id)
+				return nil
+			},
+		}, {
+			Name: "purge",
+			Usage: "delete every message of a queue that waits for delivery and was enqueued before the purge began, for good, " +
+				"with no dead letters; those being delivered are left to their delivery",
+			Flags: []cli.Flag{appFlag, &cli.StringFlag{Name: "queue", Usage: "queue name (required)", Required: true}},
+			Action: func(ctx context.Context, cmd *cli.Command) error {
+				// Checked before connecting, so that a bad name is named
+				// even with the database away.
+				if err := checkAppFlag(cmd); err != nil {
+					return err
+				}
+				app, queue := cmd.String("app"), cmd.String("queue")
+				if err := validate.QueueName(queue); err != nil {
+					return usagef("--queue: %w", err)
+				}
+				c, pool, err := client(ctx, cmd)
+				if err != nil {
+					return err
+				}
+				defer pool.Close()
+				n, err := c.PurgeQueue(ctx, app, queue)
+				if err != nil {
+					if n > 0 {
+						// Batches before the failed one stay deleted: running
+						// the purge again deletes the rest.
+						fmt.Fprintf(d.stdout, "purged %s of %s/%s before the error\n", plural(int(n), "message"), app, queue)
+					}
+					return err
+				}
+				line := fmt.Sprintf("purged %s of %s/%s", plural(int(n), "message"), app, queue)
+				// A purge that leaves messages behind says so: a queue
+				// that `bellhop queues` still shows busy would otherwise
+				// look like a purge that failed.
+				if m := inFlight(ctx, c, app, queue); m > 0 {
+					their := "their"
+					if m == 1 {
+						their = "its"
+					}
+					line += fmt.Sprintf("; %d in flight left to %s delivery", m, their)
+				}
+				fmt.Fprintln(d.stdout, line)
+				return nil
+			},
+		}},
+	}
+}
+
+// inFlight counts the messages of app's queue being delivered, for the
+// line of a purge that has succeeded: 0 when the count cannot be read,
+// so that the purge's report does not turn into a failure over a note.
+func inFlight(ctx context.Context, c *bellhop.Client, app, queue string) int64 {
+	qs, err := c.Queues(ctx, app)
+	if err != nil {
+		return 0
+	}
+	for _, q := range qs {
+		if q.Queue == queue {
+			return q.InFlight
+		}
+	}
+	return 0
+}

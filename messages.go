@@ -1,0 +1,104 @@
+package bellhop
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/bellhopq/bellhop/internal/validate"
+	queries "github.com/bellhopq/bellhop/sql"
+)
+
+// PurgeBatch is how many messages one statement of PurgeQueue deletes at
+// most.
+const PurgeBatch = 1000
+
+// DeleteMessage deletes one of app's queue messages (by the id Enqueue
+// returned) that waits for delivery: ready, delayed, or waiting for a
+// retry. It is gone for good, with no dead letter. A message being
+// delivered is left to its delivery (ErrMessageInFlight): its handler
+// may have done the work already, and will ack or nack it; one whose
+// delivery fails waits for its retry and can be deleted then. A message
+// id that names no queue message of app (never enqueued to it, or acked,
+// dead-lettered or deleted since; invoke deliveries are not queue
+// messages) is ErrUnknownMessage. An unknown app is ErrUnknownApp, and
+// another app's principal ErrForbidden, as for every Client method.
+func (c *Client) DeleteMessage(ctx context.Context, app string, id uuid.UUID) (err error) {
+	defer c.schemaError(ctx, &err)
+	fail := func(err error) error {
+		return fmt.Errorf("delete message %s of app %s: %w", id, printable(app), err)
+	}
+	appID, err := c.resolveApp(ctx, c.db, app)
+	if err != nil {
+		return fail(err)
+	}
+	args := queries.Args{"app_id": appID, "id": id}
+	var n int64
+	if err := c.db.QueryRow(ctx, queries.MessageDelete, args).Scan(&n); err != nil {
+		return fail(err)
+	}
+	if n == 1 {
+		return nil
+	}
+	var claimedAt *time.Time
+	switch err := c.db.QueryRow(ctx, queries.MessageFind, args).Scan(&claimedAt); {
+	case errors.Is(err, pgx.ErrNoRows):
+		return fail(ErrUnknownMessage)
+	case err != nil:
+		return fail(err)
+	case claimedAt == nil:
+		// Leased when the delete read it, and back in the queue by now:
+		// the delivery it had failed.
+		return fail(fmt.Errorf("%w: it was being delivered, and waits for a retry now: delete it again", ErrMessageInFlight))
+	}
+	return fail(fmt.Errorf("%w: being delivered since %s; it can be deleted if the delivery fails, while it waits for its retry",
+		ErrMessageInFlight, claimedAt.UTC().Format(time.RFC3339)))
+}
+
+// PurgeQueue deletes the messages of app's queue that wait for delivery
+// (ready, delayed, or waiting for a retry) and were enqueued no later
+// than the purge began, for good, with no dead letters, and returns how
+// many it deleted. Messages being delivered are left to their delivery
+// (acked, or retried and then left in the queue), as are those enqueued
+// after the purge began. It deletes in batches of PurgeBatch, each its
+// own transaction, oldest first: if one fails, the batches before it stay
+// deleted, the count returned with the error says how many, and running
+// the purge again deletes the rest. Claims skip the rows a batch holds,
+// and a batch skips those a claim holds, so a purge waits for no
+// dispatcher and none waits for it. A bad queue name is
+// ErrInvalidQueueName; an unknown app ErrUnknownApp, another app's
+// principal ErrForbidden.
+func (c *Client) PurgeQueue(ctx context.Context, app, queue string) (_ int64, err error) {
+	defer c.schemaError(ctx, &err)
+	fail := func(deleted int64, err error) error {
+		err = fmt.Errorf("purge queue %s/%s: %w", printable(app), printable(queue), err)
+		if deleted > 0 {
+			err = fmt.Errorf("%w (the batches before it deleted %d messages)", err, deleted)
+		}
+		return err
+	}
+	if err := validate.QueueName(queue); err != nil {
+		return 0, fail(0, err)
+	}
+	appID, err := c.resolveApp(ctx, c.db, app)
+	if err != nil {
+		return 0, fail(0, err)
+	}
+	var deleted int64
+	var before *time.Time
+	for {
+		var n int64
+		args := queries.Args{"app_id": appID, "queue_name": queue, "before": before, "batch": PurgeBatch}
+		if err := c.db.QueryRow(ctx, queries.QueuePurge, pgx.QueryExecModeExec, args).Scan(&n, &before); err != nil {
+			return deleted, fail(deleted, err)
+		}
+		deleted += n
+		if n < PurgeBatch {
+			return deleted, nil
+		}
+	}
+}

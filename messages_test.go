@@ -1,0 +1,283 @@
+package bellhop_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/bellhopq/bellhop"
+)
+
+// TestDeleteMessage: DeleteMessage deletes a message that waits for
+// delivery, ready, delayed or waiting for a retry, and nothing else: a
+// message under a running handler is left to it, whose ack then counts;
+// another app's message, an unknown app and another app's principal are
+// refused with nothing deleted.
+func TestDeleteMessage(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	ctx, c := e.ctx, e.client
+	e.app("shop")
+	e.app("other")
+	if _, err := c.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders", BackoffBase: time.Hour, BackoffCap: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	otherPrincipal, err := c.CreatePrincipal(ctx, "other", "ops")
+	if err != nil {
+		t.Fatal(err)
+	}
+	enqueue := func(app, payload string, opts bellhop.EnqueueOptions) uuid.UUID {
+		t.Helper()
+		id, err := c.Enqueue(ctx, app, "orders", []byte(payload), opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	exists := func(id uuid.UUID) bool {
+		return e.int64(`SELECT count(*) FROM queue_messages WHERE id = $1`, id) == 1
+	}
+
+	// Without a dispatcher: ready and delayed messages, and refusals.
+	ready := enqueue("shop", `"ready"`, bellhop.EnqueueOptions{})
+	delayed := enqueue("shop", `"delayed"`, bellhop.EnqueueOptions{Delay: time.Hour})
+	kept := enqueue("shop", `"kept"`, bellhop.EnqueueOptions{})
+	foreign := enqueue("other", `"foreign"`, bellhop.EnqueueOptions{})
+	for _, id := range []uuid.UUID{ready, delayed} {
+		if err := c.DeleteMessage(ctx, "shop", id); err != nil || exists(id) {
+			t.Errorf("DeleteMessage(%s): %v, still there: %v", id, err, exists(id))
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		client *bellhop.Client
+		app    string
+		id     uuid.UUID
+		want   error
+	}{
+		{"deleted already", c, "shop", ready, bellhop.ErrUnknownMessage},
+		{"never enqueued", c, "shop", uuid.New(), bellhop.ErrUnknownMessage},
+		{"another app's message", c, "shop", foreign, bellhop.ErrUnknownMessage},
+		{"an unknown app", c, "nope", kept, bellhop.ErrUnknownApp},
+		{"another app's principal", c.As(otherPrincipal), "shop", kept, bellhop.ErrForbidden},
+	} {
+		before := e.tableState("queue_messages")
+		err := tc.client.DeleteMessage(ctx, tc.app, tc.id)
+		if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.id.String()) {
+			t.Errorf("%s: %v; want %v naming the message", tc.name, err, tc.want)
+		}
+		if after := e.tableState("queue_messages"); after != before {
+			t.Errorf("%s: the messages changed: %s, then %s", tc.name, before, after)
+		}
+	}
+	if err := c.DeleteMessage(ctx, "shop", kept); err != nil {
+		t.Fatal(err)
+	}
+
+	// With a dispatcher: a message in flight, and one waiting for its
+	// retry (BackoffBase an hour).
+	started := make(chan uuid.UUID, 4)
+	release := make(chan struct{})
+	var acked atomic.Int32
+	mux := bellhop.NewMux()
+	mux.Handle("shop", "orders", bellhop.HandlerFunc(func(ctx context.Context, m *bellhop.Message) error {
+		started <- m.ID
+		if string(m.Payload) == `"fail"` {
+			return errors.New("failed on purpose")
+		}
+		<-release
+		acked.Add(1)
+		return nil
+	}))
+	runDispatcher(t, e.pool.Config().ConnString(), mux)
+	busy := enqueue("shop", `"busy"`, bellhop.EnqueueOptions{})
+	waitStarted := func(id uuid.UUID) {
+		t.Helper()
+		select {
+		case got := <-started:
+			if got != id {
+				t.Fatalf("handler started %s, want %s", got, id)
+			}
+		case <-time.After(fxTimeout):
+			t.Fatalf("message %s was not delivered within %s", id, fxTimeout)
+		}
+	}
+	waitStarted(busy)
+	before := e.tableState("queue_messages")
+	err = c.DeleteMessage(ctx, "shop", busy)
+	if !errors.Is(err, bellhop.ErrMessageInFlight) || !strings.Contains(err.Error(), "being delivered since") {
+		t.Errorf("DeleteMessage of a message under its handler: %v; want ErrMessageInFlight saying since when", err)
+	}
+	if after := e.tableState("queue_messages"); after != before {
+		t.Errorf("a message in flight changed: %s, then %s", before, after)
+	}
+	close(release)
+	fxPoll(t, "the handler's ack", func() bool { return acked.Load() == 1 && !exists(busy) })
+
+	failing := enqueue("shop", `"fail"`, bellhop.EnqueueOptions{})
+	waitStarted(failing)
+	fxPoll(t, "the failed delivery's nack", func() bool {
+		return e.int64(`SELECT count(*) FROM queue_messages WHERE id = $1 AND claim_token IS NULL AND attempt = 1 AND deliver_after > now()`, failing) == 1
+	})
+	if err := c.DeleteMessage(ctx, "shop", failing); err != nil || exists(failing) {
+		t.Errorf("DeleteMessage of a message waiting for its retry: %v, still there: %v", err, exists(failing))
+	}
+	if n := e.int64(`SELECT count(*) FROM dead_letters`); n != 0 {
+		t.Errorf("%d dead letters; a deleted message leaves none", n)
+	}
+}
+
+// fxPoll polls cond every 5 ms until it holds, failing t after fxTimeout.
+func fxPoll(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(fxTimeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s within %s", what, fxTimeout)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestPurgeQueue: PurgeQueue deletes every message of the queue that
+// waits for delivery, over several batches, and leaves the messages in
+// flight, those enqueued after it began, other queues and other apps'
+// queues of the same name; its refusals delete nothing.
+func TestPurgeQueue(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	ctx, c := e.ctx, e.client
+	e.app("shop")
+	e.app("other")
+	otherPrincipal, err := c.CreatePrincipal(ctx, "other", "ops")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 2*bellhop.PurgeBatch + 345
+	msgs := make([]bellhop.NewMessage, n)
+	for i := range msgs {
+		msgs[i] = bellhop.NewMessage{Queue: "orders", Payload: []byte(fmt.Sprint(i))}
+		if i%3 == 0 {
+			msgs[i].Options.Delay = time.Hour
+		}
+	}
+	if _, err := c.EnqueueMany(ctx, "shop", msgs); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.EnqueueMany(ctx, "shop", []bellhop.NewMessage{{Queue: "emails", Payload: []byte(`1`)}, {Queue: "emails", Payload: []byte(`2`)}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Enqueue(ctx, "other", "orders", []byte(`1`), bellhop.EnqueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Two in flight, and one whose enqueued_at (a plain INSERT may set
+	// it) is after the purge begins.
+	e.exec(`UPDATE queue_messages SET claim_token = gen_random_uuid(), claimed_at = now(), attempt = 1
+		WHERE id IN (SELECT id FROM queue_messages WHERE queue_name = 'orders' AND app_id = (SELECT id FROM apps WHERE name = 'shop') LIMIT 2)`)
+	e.exec(`INSERT INTO queue_messages (app_id, queue_name, payload, enqueued_at)
+		SELECT id, 'orders', '"later"', now() + interval '1 hour' FROM apps WHERE name = 'shop'`)
+
+	for _, tc := range []struct {
+		name   string
+		client *bellhop.Client
+		app    string
+		queue  string
+		want   error
+	}{
+		{"a bad queue name", c, "shop", "or ders", bellhop.ErrInvalidQueueName},
+		{"no queue name", c, "shop", "", bellhop.ErrInvalidQueueName},
+		{"an unknown app", c, "nope", "orders", bellhop.ErrUnknownApp},
+		{"another app's principal", c.As(otherPrincipal), "shop", "orders", bellhop.ErrForbidden},
+	} {
+		before := e.tableState("queue_messages")
+		if n, err := tc.client.PurgeQueue(ctx, tc.app, tc.queue); n != 0 || !errors.Is(err, tc.want) {
+			t.Errorf("%s: %d, %v; want 0, %v", tc.name, n, err, tc.want)
+		}
+		if after := e.tableState("queue_messages"); after != before {
+			t.Errorf("%s: the messages changed: %s, then %s", tc.name, before, after)
+		}
+	}
+
+	deleted, err := c.PurgeQueue(ctx, "shop", "orders")
+	if err != nil || deleted != n-2 {
+		t.Fatalf("PurgeQueue: %d, %v; want %d deleted", deleted, err, n-2)
+	}
+	left := e.int64(`SELECT count(*) FROM queue_messages m JOIN apps a ON a.id = m.app_id
+		WHERE a.name = 'shop' AND m.queue_name = 'orders' AND (m.claim_token IS NOT NULL OR m.payload = '"later"')`)
+	all := e.int64(`SELECT count(*) FROM queue_messages`)
+	if left != 3 || all != 3+2+1 {
+		t.Errorf("after the purge: %d of shop/orders in flight or later (want 3), %d messages in all (want 6)", left, all)
+	}
+	if deleted, err := c.PurgeQueue(ctx, "shop", "orders"); err != nil || deleted != 0 {
+		t.Errorf("PurgeQueue again: %d, %v; want 0", deleted, err)
+	}
+}
+
+// TestPurgeQueueBesideDispatcher: a purge while a dispatcher drains the
+// same queue deletes no message that the dispatcher delivers: every
+// message is delivered once or deleted, never both, and every handler's
+// ack counts.
+func TestPurgeQueueBesideDispatcher(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	ctx, c := e.ctx, e.client
+	e.app("shop")
+	if _, err := c.RegisterConsumer(ctx, bellhop.ConsumerSpec{App: "shop", Queue: "orders", MaxInFlight: 50}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 3 * bellhop.PurgeBatch
+	msgs := make([]bellhop.NewMessage, n)
+	for i := range msgs {
+		msgs[i] = bellhop.NewMessage{Queue: "orders", Payload: []byte(fmt.Sprint(i))}
+	}
+	if _, err := c.EnqueueMany(ctx, "shop", msgs); err != nil {
+		t.Fatal(err)
+	}
+	// The first handlers wait for the purge to start, so that it begins
+	// with messages in flight and runs while the dispatcher claims.
+	var mu sync.Mutex
+	delivered := map[uuid.UUID]int{}
+	first, purging := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	mux := bellhop.NewMux()
+	mux.Handle("shop", "orders", bellhop.HandlerFunc(func(ctx context.Context, m *bellhop.Message) error {
+		mu.Lock()
+		delivered[m.ID]++
+		mu.Unlock()
+		once.Do(func() { close(first) })
+		<-purging
+		return nil
+	}))
+	runDispatcher(t, e.pool.Config().ConnString(), mux)
+	select {
+	case <-first:
+	case <-time.After(fxTimeout):
+		t.Fatal("no delivery")
+	}
+	close(purging)
+	deleted, err := c.PurgeQueue(ctx, "shop", "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fxPoll(t, "an empty queue", func() bool { return e.int64(`SELECT count(*) FROM queue_messages`) == 0 })
+	mu.Lock()
+	defer mu.Unlock()
+	for id, k := range delivered {
+		if k != 1 {
+			t.Errorf("message %s delivered %d times", id, k)
+		}
+	}
+	if int64(len(delivered))+deleted != n || deleted == 0 {
+		t.Errorf("%d delivered and %d deleted, want %d in all, some of them deleted", len(delivered), deleted, n)
+	}
+	if dead := e.int64(`SELECT count(*) FROM dead_letters`); dead != 0 {
+		t.Errorf("%d dead letters", dead)
+	}
+}
