@@ -37,40 +37,48 @@ func (c *Client) DeleteMessage(ctx context.Context, app string, id uuid.UUID) (e
 		return fail(err)
 	}
 	args := queries.Args{"app_id": appID, "id": id}
-	var n int64
-	if err := c.db.QueryRow(ctx, queries.MessageDelete, args).Scan(&n); err != nil {
-		return fail(err)
+	// The delete and the lookup that says why it deleted nothing read
+	// the row at two moments: one found waiting for delivery by the
+	// lookup (its delivery failed in between, or its producer committed)
+	// is deleted by a second try.
+	for range 2 {
+		var n int64
+		if err := c.db.QueryRow(ctx, queries.MessageDelete, args).Scan(&n); err != nil {
+			return fail(err)
+		}
+		if n == 1 {
+			return nil
+		}
+		var claimedAt *time.Time
+		switch err := c.db.QueryRow(ctx, queries.MessageFind, args).Scan(&claimedAt); {
+		case errors.Is(err, pgx.ErrNoRows):
+			return fail(ErrUnknownMessage)
+		case err != nil:
+			return fail(err)
+		case claimedAt != nil:
+			return fail(fmt.Errorf("%w: being delivered since %s; it can be deleted if the delivery fails, while it waits for its retry",
+				ErrMessageInFlight, claimedAt.UTC().Format(time.RFC3339)))
+		}
 	}
-	if n == 1 {
-		return nil
-	}
-	var claimedAt *time.Time
-	switch err := c.db.QueryRow(ctx, queries.MessageFind, args).Scan(&claimedAt); {
-	case errors.Is(err, pgx.ErrNoRows):
-		return fail(ErrUnknownMessage)
-	case err != nil:
-		return fail(err)
-	case claimedAt == nil:
-		// Leased when the delete read it, and back in the queue by now:
-		// the delivery it had failed.
-		return fail(fmt.Errorf("%w: it was being delivered, and waits for a retry now: delete it again", ErrMessageInFlight))
-	}
-	return fail(fmt.Errorf("%w: being delivered since %s; it can be deleted if the delivery fails, while it waits for its retry",
-		ErrMessageInFlight, claimedAt.UTC().Format(time.RFC3339)))
+	return fail(fmt.Errorf("%w: it changed between being delivered and waiting for delivery while it was being deleted; try again", ErrMessageInFlight))
 }
 
 // PurgeQueue deletes the messages of app's queue that wait for delivery
-// (ready, delayed, or waiting for a retry) and were enqueued no later
-// than the purge began, for good, with no dead letters, and returns how
-// many it deleted. Messages being delivered are left to their delivery
-// (acked, or retried and then left in the queue), as are those enqueued
-// after the purge began. It deletes in batches of PurgeBatch, each its
-// own transaction, oldest first: if one fails, the batches before it stay
+// (ready, delayed, or waiting for a retry) and whose enqueued_at (the
+// start of their producer's transaction) is no later than the purge's
+// start, for good, with no dead letters, and returns how many it deleted.
+// Messages being delivered are left to their delivery (acked, or retried
+// and then left in the queue), as are those enqueued later, and the
+// queue consumer's invoke deliveries (InvokeAsync), which are not queue
+// messages. It deletes in batches of PurgeBatch, each its own
+// transaction, oldest first: if one fails, the batches before it stay
 // deleted, the count returned with the error says how many, and running
 // the purge again deletes the rest. Claims skip the rows a batch holds,
-// and a batch skips those a claim holds, so a purge waits for no
-// dispatcher and none waits for it. A bad queue name is
-// ErrInvalidQueueName; an unknown app ErrUnknownApp, another app's
+// and take the ones after them; a batch waits for a claim statement in
+// progress that holds one of its rows, and leaves the messages it
+// leased. A transaction that holds a row of one locked (an UPDATE by
+// hand) holds the purge up until it ends, or ctx does. A bad queue name
+// is ErrInvalidQueueName; an unknown app ErrUnknownApp, another app's
 // principal ErrForbidden.
 func (c *Client) PurgeQueue(ctx context.Context, app, queue string) (_ int64, err error) {
 	defer c.schemaError(ctx, &err)

@@ -11,8 +11,11 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/bellhopq/bellhop"
+	queries "github.com/bellhopq/bellhop/sql"
 )
 
 // TestDeleteMessage: DeleteMessage deletes a message that waits for
@@ -240,8 +243,9 @@ func TestPurgeQueueBesideDispatcher(t *testing.T) {
 	if _, err := c.EnqueueMany(ctx, "shop", msgs); err != nil {
 		t.Fatal(err)
 	}
-	// The first handlers wait for the purge to start, so that it begins
-	// with messages in flight and runs while the dispatcher claims.
+	// The first handlers wait for the purge's first batch to end, so that
+	// the purge begins with messages in flight and its later batches run
+	// while the dispatcher claims.
 	var mu sync.Mutex
 	delivered := map[uuid.UUID]int{}
 	first, purging := make(chan struct{}), make(chan struct{})
@@ -261,8 +265,14 @@ func TestPurgeQueueBesideDispatcher(t *testing.T) {
 	case <-time.After(fxTimeout):
 		t.Fatal("no delivery")
 	}
-	close(purging)
-	deleted, err := c.PurgeQueue(ctx, "shop", "orders")
+	cfg := e.pool.Config().Copy()
+	cfg.ConnConfig.Tracer = &afterStatement{sql: queries.QueuePurge, then: func() { close(purging) }}
+	purger, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer purger.Close()
+	deleted, err := bellhop.NewClient(purger).PurgeQueue(ctx, "shop", "orders")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,10 +284,122 @@ func TestPurgeQueueBesideDispatcher(t *testing.T) {
 			t.Errorf("message %s delivered %d times", id, k)
 		}
 	}
-	if int64(len(delivered))+deleted != n || deleted == 0 {
-		t.Errorf("%d delivered and %d deleted, want %d in all, some of them deleted", len(delivered), deleted, n)
+	if int64(len(delivered))+deleted != n || deleted < bellhop.PurgeBatch {
+		t.Errorf("%d delivered and %d deleted, want %d in all, the first batch's %d deleted at least", len(delivered), deleted, n, bellhop.PurgeBatch)
 	}
 	if dead := e.int64(`SELECT count(*) FROM dead_letters`); dead != 0 {
 		t.Errorf("%d dead letters", dead)
+	}
+}
+
+// afterStatement is a pgx tracer that runs then once, after the first
+// statement whose text is sql has ended.
+type afterStatement struct {
+	sql  string
+	then func()
+	once sync.Once
+}
+
+type afterStatementKey struct{}
+
+func (a *afterStatement) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if d.SQL == a.sql {
+		return context.WithValue(ctx, afterStatementKey{}, true)
+	}
+	return ctx
+}
+
+func (a *afterStatement) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	if ctx.Value(afterStatementKey{}) != nil {
+		a.once.Do(a.then)
+	}
+}
+
+// TestPurgeQueueWaitsForLockedRows: a purge waits for a transaction that
+// holds one of its messages' rows locked, as a claim holds more rows than
+// it leases for its statement, and deletes that message once the lock is
+// free. Skipping it, the purge said it was done with the message still
+// there, to be delivered.
+func TestPurgeQueueWaitsForLockedRows(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	ctx, c := e.ctx, e.client
+	e.app("shop")
+	const n = 10
+	msgs := make([]bellhop.NewMessage, n)
+	for i := range msgs {
+		msgs[i] = bellhop.NewMessage{Queue: "orders", Payload: []byte(fmt.Sprint(i))}
+	}
+	ids, err := c.EnqueueMany(ctx, "shop", msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx)
+	if _, err := holder.Exec(ctx, `SELECT 1 FROM queue_messages WHERE id = $1 FOR UPDATE`, ids[n/2]); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		n   int64
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		n, err := c.PurgeQueue(ctx, "shop", "orders")
+		done <- result{n, err}
+	}()
+	fxPoll(t, "the purge waiting for the row lock", func() bool {
+		select {
+		case r := <-done:
+			t.Fatalf("the purge ended without waiting for the locked row: %d, %v", r.n, r.err)
+		default:
+		}
+		// The statement's text starts with queue_purge.sql's comment.
+		return e.int64(`SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '-- Deletes a batch%'`) == 1
+	})
+	if err := holder.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-done; r.err != nil || r.n != n {
+		t.Errorf("PurgeQueue: %d, %v; want all %d deleted", r.n, r.err, n)
+	}
+	if left := e.int64(`SELECT count(*) FROM queue_messages`); left != 0 {
+		t.Errorf("%d messages left", left)
+	}
+}
+
+// TestDeleteMessageBackInTheQueue: a message found leased by the delete
+// and waiting for delivery by the lookup after it (its delivery failed
+// in between) is deleted by the second try, not refused as in flight.
+func TestDeleteMessageBackInTheQueue(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	ctx := e.ctx
+	e.app("shop")
+	id, err := e.client.Enqueue(ctx, "shop", "orders", []byte(`1`), bellhop.EnqueueOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.exec(`UPDATE queue_messages SET claim_token = gen_random_uuid(), claimed_at = now(), attempt = 1 WHERE id = $1`, id)
+	cfg := e.pool.Config().Copy()
+	var nacked atomic.Bool
+	cfg.ConnConfig.Tracer = &afterStatement{sql: queries.MessageDelete, then: func() {
+		// As a nack: back in the queue for a retry.
+		e.exec(`UPDATE queue_messages SET claim_token = NULL, claimed_at = NULL, deliver_after = now() + interval '1 hour' WHERE id = $1`, id)
+		nacked.Store(true)
+	}}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if err := bellhop.NewClient(pool).DeleteMessage(ctx, "shop", id); err != nil || !nacked.Load() {
+		t.Errorf("DeleteMessage of a message nacked after the delete read it: %v (nacked in between: %v)", err, nacked.Load())
+	}
+	if e.int64(`SELECT count(*) FROM queue_messages WHERE id = $1`, id) != 0 {
+		t.Error("the message is still there")
 	}
 }

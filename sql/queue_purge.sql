@@ -1,17 +1,22 @@
 -- Deletes a batch of at most @batch of a queue's messages that wait for
 -- delivery (ready, delayed or waiting for a retry: claim_token NULL) and
--- were enqueued no later than @before, the purge's start (NULL on its
--- first batch: now, which is returned for the next). Client.PurgeQueue
--- runs it until a batch comes up short, so that each batch's locks and
--- WAL stay bounded, and the bound on enqueued_at ends a purge that
--- producers keep up with.
+-- whose enqueued_at (their producer's transaction start, for the Go
+-- client, enqueue() and a plain INSERT's default alike) is no later than
+-- @before, the purge's start (NULL on its first batch: now, which is
+-- returned for the next). Client.PurgeQueue runs it until a batch comes
+-- up short, so that each batch's locks and WAL stay bounded, and the
+-- bound on enqueued_at ends a purge that producers keep up with.
 --
--- The rows are locked SKIP LOCKED, as claims lock them, and in
--- enqueued_at order, as the claim index (idx_queue_messages_dispatch)
--- gives them: a row a claim has locked is being leased and is left to
--- its delivery, and nothing here waits for a lock, so a purge deadlocks
--- with nothing. A row changed since the statement began is read again
--- before it is locked: one leased meanwhile no longer matches.
+-- The rows are locked in enqueued_at order, as idx_queue_messages_dispatch
+-- gives them, waiting for any lock held on one: a claim locks more rows
+-- than it leases (sql/claim_queue.sql's two walks), for its one
+-- statement, and a purge that skipped those would leave messages it
+-- should delete, to be delivered. A row read again after such a wait
+-- that was leased meanwhile no longer matches and is left to its
+-- delivery; the LIMIT counts only rows locked, so a short batch means
+-- none is left. Nothing waits for a purge in turn that a purge waits
+-- for: claims skip locked rows, acks, nacks and reclaims lock leased
+-- ones, which a purge never locks, and two purges lock in one order.
 WITH sel AS (
     SELECT m.id
     FROM queue_messages m
@@ -20,7 +25,7 @@ WITH sel AS (
       AND m.enqueued_at <= coalesce(@before::timestamptz, now())
     ORDER BY m.enqueued_at
     LIMIT @batch
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE
 ), deleted AS (
     DELETE FROM queue_messages m
     WHERE m.id = ANY (ARRAY(SELECT id FROM sel))

@@ -28,13 +28,9 @@ func messageCommand(d *deps) *cli.Command {
 			ArgsUsage: "MESSAGE_ID",
 			Flags:     []cli.Flag{appFlag},
 			Action: func(ctx context.Context, cmd *cli.Command) error {
-				s, err := oneArg(cmd, "MESSAGE_ID")
-				if err != nil {
-					return err
-				}
 				// The nil UUID too is refused here, as by the dead-letter
 				// commands: it is no message's id.
-				id, err := messageID(s)
+				id, err := messageArg(cmd)
 				if err != nil {
 					return err
 				}
@@ -88,12 +84,17 @@ func messageCommand(d *deps) *cli.Command {
 				// A purge that leaves messages behind says so: a queue
 				// that `bellhop queues` still shows busy would otherwise
 				// look like a purge that failed.
-				if m := inFlight(ctx, c, app, queue); m > 0 {
-					their := "their"
-					if m == 1 {
-						their = "its"
+				if q, ok := queueAfter(ctx, c, app, queue); ok {
+					if m := q.InFlight; m > 0 {
+						their := "their"
+						if m == 1 {
+							their = "its"
+						}
+						line += fmt.Sprintf("; %d in flight left to %s delivery", m, their)
 					}
-					line += fmt.Sprintf("; %d in flight left to %s delivery", m, their)
+					if w := q.Ready + q.Delayed; w > 0 {
+						line += fmt.Sprintf("; %d waiting left (enqueued since the purge began, or invoke deliveries, which it does not delete)", w)
+					}
 				}
 				fmt.Fprintln(d.stdout, line)
 				return nil
@@ -102,18 +103,19 @@ func messageCommand(d *deps) *cli.Command {
 	}
 }
 
-// inFlight counts the messages of app's queue being delivered, for the
-// line of a purge that has succeeded: 0 when the count cannot be read,
-// so that the purge's report does not turn into a failure over a note.
-func inFlight(ctx context.Context, c *bellhop.Client, app, queue string) int64 {
+// queueAfter reads app's queue as `bellhop queues` shows it, for the line
+// of a purge that has succeeded: not ok when it cannot be read (or the
+// queue is empty), so that the purge's report does not turn into a
+// failure over a note.
+func queueAfter(ctx context.Context, c *bellhop.Client, app, queue string) (bellhop.QueueInfo, bool) {
 	qs, err := c.Queues(ctx, app)
 	if err != nil {
-		return 0
+		return bellhop.QueueInfo{}, false
 	}
 	for _, q := range qs {
 		if q.Queue == queue {
-			return q.InFlight
+			return q, true
 		}
 	}
-	return 0
+	return bellhop.QueueInfo{}, false
 }

@@ -333,9 +333,12 @@ func TestMessagePurgeFailingPartWaySaysWhatWent(t *testing.T) {
 }
 
 // TestMessageCommandsInterrupted: message rm and purge, stopped by SIGINT
-// while their statement waits for a lock, cancel it on the server, say
-// they were interrupted and exit 1, and delete nothing, even once the
-// lock is free.
+// while their DELETE waits for a row lock (another transaction's on the
+// message), cancel it on the server, say they were interrupted and exit
+// 1, and delete nothing, even once the lock is free. A table lock held
+// them up before they sent their DELETE (pgx prepares it first, which
+// the lock holds up): that deleted nothing whether or not the stop
+// cancelled anything.
 func TestMessageCommandsInterrupted(t *testing.T) {
 	t.Parallel()
 	dsn, pool := shopAndMall(t)
@@ -352,11 +355,11 @@ func TestMessageCommandsInterrupted(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer holder.Rollback(ctx)
-			if _, err := holder.Exec(ctx, "LOCK TABLE queue_messages IN ACCESS EXCLUSIVE MODE"); err != nil {
+			if _, err := holder.Exec(ctx, "SELECT 1 FROM queue_messages WHERE id = $1 FOR UPDATE", ids[1]); err != nil {
 				t.Fatal(err)
 			}
 			p := start(t, []string{"DATABASE_URL=" + dsn}, args...)
-			waitFor(t, 30*time.Second, strings.Join(args[:2], " ")+" waiting for the table lock", func() bool {
+			waitFor(t, 30*time.Second, strings.Join(args[:2], " ")+" waiting for the row lock", func() bool {
 				return queryInt(t, pool, activeOthers+` AND wait_event_type = 'Lock'`) == 1
 			})
 			p.signal(os.Interrupt)
@@ -373,5 +376,34 @@ func TestMessageCommandsInterrupted(t *testing.T) {
 				t.Errorf("the interrupted command deleted messages once the lock was free")
 			}
 		})
+	}
+}
+
+// TestMessagePurgeSaysWhatWaitsStill: a purge leaves the queue consumer's
+// invoke deliveries and the messages enqueued after it began, and its
+// line says how many wait still, so that `bellhop queues` showing them
+// does not read as a purge that failed.
+func TestMessagePurgeSaysWhatWaitsStill(t *testing.T) {
+	t.Parallel()
+	dsn, pool := shopAndMall(t)
+	c := bellhop.NewClient(pool)
+	con, err := c.RegisterConsumer(t.Context(), bellhop.ConsumerSpec{App: "shop", Queue: "orders"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.InvokeAsync(t.Context(), con.ID, []byte(`"invoked"`), bellhop.EnqueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	addMessages(t, pool, "shop", "orders", 3)
+	if _, err := pool.Exec(t.Context(), `INSERT INTO queue_messages (app_id, queue_name, payload, enqueued_at)
+		SELECT id, 'orders', '"later"', now() + interval '1 hour' FROM apps WHERE name = 'shop'`); err != nil {
+		t.Fatal(err)
+	}
+	want := "purged 3 messages of shop/orders; 2 waiting left (enqueued since the purge began, or invoke deliveries, which it does not delete)\n"
+	if out := ok(t, dsn, "message", "purge", "--app", "shop", "--queue", "orders"); out != want {
+		t.Errorf("printed %q, want %q", out, want)
+	}
+	if n := queryInt(t, pool, `SELECT (SELECT count(*) FROM queue_messages) + (SELECT count(*) FROM outbox)`); n != 2 {
+		t.Errorf("%d messages and invoke deliveries left, want 2", n)
 	}
 }

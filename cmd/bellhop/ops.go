@@ -998,6 +998,15 @@ func messageID(s string) (uuid.UUID, error) {
 	return id, nil
 }
 
+// messageArg reads a command's one argument, a MESSAGE_ID (messageID).
+func messageArg(cmd *cli.Command) (uuid.UUID, error) {
+	s, err := oneArg(cmd, "MESSAGE_ID")
+	if err != nil {
+		return uuid.Nil, err
+	}
+	return messageID(s)
+}
+
 // quoteRoles lists role names as SQL identifiers, comma-separated.
 func quoteRoles(roles []string) string {
 	quoted := make([]string, len(roles))
@@ -1163,11 +1172,7 @@ func deadCommand(d *deps) *cli.Command {
 			ArgsUsage: "MESSAGE_ID",
 			Flags:     []cli.Flag{appFlag},
 			Action: func(ctx context.Context, cmd *cli.Command) error {
-				s, err := oneArg(cmd, "MESSAGE_ID")
-				if err != nil {
-					return err
-				}
-				id, err := messageID(s)
+				id, err := messageArg(cmd)
 				if err != nil {
 					return err
 				}
