@@ -309,16 +309,7 @@ func TestMessagePurgeFailingPartWaySaysWhatWent(t *testing.T) {
 	dsn, pool := shopAndMall(t)
 	const total = bellhop.PurgeBatch + 100
 	addMessages(t, pool, "shop", "orders", total)
-	for _, sql := range []string{
-		`CREATE SEQUENCE deletes`,
-		`CREATE FUNCTION refuse_second() RETURNS trigger LANGUAGE plpgsql AS $$
-		 BEGIN IF nextval('deletes') = 2 THEN RAISE EXCEPTION 'second batch refused by the test'; END IF; RETURN NULL; END $$`,
-		`CREATE TRIGGER refuse_second AFTER DELETE ON queue_messages FOR EACH STATEMENT EXECUTE FUNCTION refuse_second()`,
-	} {
-		if _, err := pool.Exec(t.Context(), sql); err != nil {
-			t.Fatal(err)
-		}
-	}
+	refuseSecondStatement(t, pool, "DELETE")
 	r := exe(t, dsn, "", "message", "purge", "--app", "shop", "--queue", "orders")
 	want := fmt.Sprintf("purged %d messages of shop/orders before the error\n", bellhop.PurgeBatch)
 	if r.code != 1 || r.stdout != want || !strings.Contains(r.stderr, "second batch refused by the test") {

@@ -11,6 +11,8 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/bellhopq/bellhop"
 	"github.com/bellhopq/bellhop/internal/pgtest"
 )
@@ -50,16 +52,7 @@ func TestRedriveFailingPartWaySaysWhatMoved(t *testing.T) {
 	t.Parallel()
 	total := bellhop.DeadBatch + 100
 	dsn, pool := shopWithDeadLetters(t, total)
-	for _, sql := range []string{
-		`CREATE SEQUENCE inserts`,
-		`CREATE FUNCTION refuse_second() RETURNS trigger LANGUAGE plpgsql AS $$
-		 BEGIN IF nextval('inserts') = 2 THEN RAISE EXCEPTION 'second batch refused by the test'; END IF; RETURN NULL; END $$`,
-		`CREATE TRIGGER refuse_second AFTER INSERT ON queue_messages FOR EACH STATEMENT EXECUTE FUNCTION refuse_second()`,
-	} {
-		if _, err := pool.Exec(t.Context(), sql); err != nil {
-			t.Fatal(err)
-		}
-	}
+	refuseSecondStatement(t, pool, "INSERT")
 	r := exe(t, dsn, "", "dead", "redrive", "--app", "shop", "--queue", "orders")
 	want := fmt.Sprintf("redrove %d dead letters before the error", bellhop.DeadBatch)
 	if r.code == 0 || strings.TrimSpace(r.stdout) != want || !strings.Contains(r.stderr, "second batch refused by the test") {
@@ -232,6 +225,23 @@ func TestDeadShowPrintsUTC(t *testing.T) {
 	for name, got := range map[string]string{"EnqueuedAt": v.EnqueuedAt, "DeliverAfter": *v.DeliverAfter, "DiedAt": v.DiedAt, "RedriveAfter": *v.RedriveAfter} {
 		if got != want {
 			t.Errorf("dead show prints %s as %q, want %q", name, got, want)
+		}
+	}
+}
+
+// refuseSecondStatement makes the second statement that runs event
+// (INSERT, DELETE) on queue_messages fail with "second batch refused by
+// the test", as a batch of a redrive or purge may fail part way.
+func refuseSecondStatement(t *testing.T, pool *pgxpool.Pool, event string) {
+	t.Helper()
+	for _, sql := range []string{
+		`CREATE SEQUENCE statements`,
+		`CREATE FUNCTION refuse_second() RETURNS trigger LANGUAGE plpgsql AS $$
+		 BEGIN IF nextval('statements') = 2 THEN RAISE EXCEPTION 'second batch refused by the test'; END IF; RETURN NULL; END $$`,
+		`CREATE TRIGGER refuse_second AFTER ` + event + ` ON queue_messages FOR EACH STATEMENT EXECUTE FUNCTION refuse_second()`,
+	} {
+		if _, err := pool.Exec(t.Context(), sql); err != nil {
+			t.Fatal(err)
 		}
 	}
 }
