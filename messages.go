@@ -2,6 +2,7 @@ package bellhop
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -49,18 +50,73 @@ func (c *Client) DeleteMessage(ctx context.Context, app string, id uuid.UUID) (e
 		if n == 1 {
 			return nil
 		}
-		var claimedAt *time.Time
-		switch err := c.db.QueryRow(ctx, queries.MessageFind, args).Scan(&claimedAt); {
-		case errors.Is(err, pgx.ErrNoRows):
-			return fail(ErrUnknownMessage)
+		m, err := c.queuedMessage(ctx, appID, id)
+		switch {
 		case err != nil:
 			return fail(err)
-		case claimedAt != nil:
+		case m.ClaimedAt != nil:
 			return fail(fmt.Errorf("%w: being delivered since %s; it can be deleted if the delivery fails, while it waits for its retry",
-				ErrMessageInFlight, claimedAt.UTC().Format(time.RFC3339)))
+				ErrMessageInFlight, m.ClaimedAt.UTC().Format(time.RFC3339)))
 		}
 	}
 	return fail(fmt.Errorf("%w: it changed between being delivered and waiting for delivery while it was being deleted; try again", ErrMessageInFlight))
+}
+
+// QueuedMessage is a queue message as it stands in its queue, waiting
+// for delivery or being delivered (Client.QueuedMessage).
+type QueuedMessage struct {
+	ID      uuid.UUID
+	App     string
+	Queue   string
+	Payload json.RawMessage
+	// EnqueuedAt is its enqueued_at: for the Go client and enqueue(),
+	// the start of its producer's transaction (made unique within it).
+	EnqueuedAt time.Time
+	// DeliverAfter, if set, is when it was or will be due: a delayed
+	// message's time, or a failed delivery's retry.
+	DeliverAfter *time.Time
+	// Attempt is the number of deliveries begun, the one in progress
+	// included, of MaxAttempts.
+	Attempt     int
+	MaxAttempts int
+	// EnqueuedBy is the principal recorded when it was enqueued (nil:
+	// none was), as DeadLetter.EnqueuedBy: forensic only.
+	EnqueuedBy *uuid.UUID
+	// ClaimedAt, if set, is when the delivery in progress began: the
+	// message is in flight, leased to a consumer. Nil: it waits for
+	// delivery.
+	ClaimedAt *time.Time
+}
+
+// QueuedMessage returns one of app's queue messages by id (the one
+// Enqueue returned), payload included, whether it waits for delivery or
+// is being delivered. ErrUnknownMessage: no queue message of app has the
+// id (never enqueued to it, or acked, dead-lettered or deleted since:
+// DeadLetters has the dead ones). An unknown app is ErrUnknownApp, and
+// another app's principal ErrForbidden.
+func (c *Client) QueuedMessage(ctx context.Context, app string, id uuid.UUID) (_ QueuedMessage, err error) {
+	defer c.schemaError(ctx, &err)
+	appID, err := c.resolveApp(ctx, c.db, app)
+	if err == nil {
+		var m QueuedMessage
+		if m, err = c.queuedMessage(ctx, appID, id); err == nil {
+			return m, nil
+		}
+	}
+	return QueuedMessage{}, fmt.Errorf("message %s of app %s: %w", id, printable(app), err)
+}
+
+// queuedMessage reads message id of the app with id appID, or
+// ErrUnknownMessage.
+func (c *Client) queuedMessage(ctx context.Context, appID, id uuid.UUID) (QueuedMessage, error) {
+	var m QueuedMessage
+	err := c.db.QueryRow(ctx, queries.MessageGet, queries.Args{"app_id": appID, "id": id}).Scan(
+		&m.ID, &m.App, &m.Queue, &m.Payload, &m.EnqueuedAt, &m.DeliverAfter,
+		&m.Attempt, &m.MaxAttempts, &m.EnqueuedBy, &m.ClaimedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return QueuedMessage{}, ErrUnknownMessage
+	}
+	return m, err
 }
 
 // PurgeQueue deletes the messages of app's queue that wait for delivery

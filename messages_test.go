@@ -403,3 +403,57 @@ func TestDeleteMessageBackInTheQueue(t *testing.T) {
 		t.Error("the message is still there")
 	}
 }
+
+// TestQueuedMessage: QueuedMessage shows a message as it stands, waiting
+// or in flight, and refuses another app's message, an unknown one, an
+// unknown app and another app's principal.
+func TestQueuedMessage(t *testing.T) {
+	t.Parallel()
+	e := fxNew(t)
+	ctx, c := e.ctx, e.client
+	shop := e.app("shop")
+	e.app("other")
+	otherPrincipal, err := c.CreatePrincipal(ctx, "other", "ops")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := time.Now()
+	id, err := c.As(shop.DefaultPrincipal).Enqueue(ctx, "shop", "orders", []byte(`{"n": 1}`), bellhop.EnqueueOptions{Delay: time.Hour, MaxAttempts: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreign, err := c.Enqueue(ctx, "other", "orders", []byte(`2`), bellhop.EnqueueOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := c.QueuedMessage(ctx, "shop", id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	near := func(at time.Time, to time.Time) bool { return at.Sub(to).Abs() < time.Minute }
+	if m.ID != id || m.App != "shop" || m.Queue != "orders" || string(m.Payload) != `{"n": 1}` || !near(m.EnqueuedAt, before) ||
+		m.DeliverAfter == nil || !near(*m.DeliverAfter, before.Add(time.Hour)) || m.Attempt != 0 || m.MaxAttempts != 7 ||
+		m.EnqueuedBy == nil || *m.EnqueuedBy != shop.DefaultPrincipal || m.ClaimedAt != nil {
+		t.Errorf("a delayed message waiting: %+v", m)
+	}
+	e.exec(`UPDATE queue_messages SET claim_token = gen_random_uuid(), claimed_at = now(), attempt = 1 WHERE id = $1`, id)
+	if m, err := c.QueuedMessage(ctx, "shop", id); err != nil || m.ClaimedAt == nil || !near(*m.ClaimedAt, time.Now()) || m.Attempt != 1 {
+		t.Errorf("a message in flight: %+v, %v; want ClaimedAt now and attempt 1", m, err)
+	}
+	for _, tc := range []struct {
+		name   string
+		client *bellhop.Client
+		app    string
+		id     uuid.UUID
+		want   error
+	}{
+		{"another app's message", c, "shop", foreign, bellhop.ErrUnknownMessage},
+		{"an unknown message", c, "shop", uuid.New(), bellhop.ErrUnknownMessage},
+		{"an unknown app", c, "nope", id, bellhop.ErrUnknownApp},
+		{"another app's principal", c.As(otherPrincipal), "shop", id, bellhop.ErrForbidden},
+	} {
+		if m, err := tc.client.QueuedMessage(ctx, tc.app, tc.id); !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.id.String()) || m.ID != uuid.Nil {
+			t.Errorf("%s: %+v, %v; want %v naming the message", tc.name, m, err, tc.want)
+		}
+	}
+}

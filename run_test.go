@@ -424,6 +424,7 @@ func TestClientWithoutSchema(t *testing.T) {
 		{"Redrive", func(c *bellhop.Client) error { _, err := c.Redrive(ctx, "shop", "orders", uuid.Nil); return err }},
 		{"PurgeDead", func(c *bellhop.Client) error { _, err := c.PurgeDead(ctx, "shop", "", uuid.Nil); return err }},
 		{"Queues", func(c *bellhop.Client) error { _, err := c.Queues(ctx, ""); return err }},
+		{"QueuedMessage", func(c *bellhop.Client) error { _, err := c.QueuedMessage(ctx, "shop", uuid.New()); return err }},
 		{"DeleteMessage", func(c *bellhop.Client) error { return c.DeleteMessage(ctx, "shop", uuid.New()) }},
 		{"PurgeQueue", func(c *bellhop.Client) error { _, err := c.PurgeQueue(ctx, "shop", "orders"); return err }},
 		{"As(p).Queues", func(c *bellhop.Client) error { _, err := c.As(uuid.New()).Queues(ctx, ""); return err }},

@@ -206,10 +206,10 @@ var ListenerSession string
 //go:embed message_delete.sql
 var MessageDelete string
 
-// MessageFind is message_find.sql.
+// MessageGet is message_get.sql.
 //
-//go:embed message_find.sql
-var MessageFind string
+//go:embed message_get.sql
+var MessageGet string
 
 // Nack is nack.sql.
 //

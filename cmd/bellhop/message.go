@@ -1,12 +1,16 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 
+	"github.com/google/uuid"
 	"github.com/urfave/cli/v3"
 
 	"github.com/bellhopq/bellhop"
+	"github.com/bellhopq/bellhop/internal/printable"
 	"github.com/bellhopq/bellhop/internal/validate"
 )
 
@@ -20,8 +24,45 @@ func messageCommand(d *deps) *cli.Command {
 	appFlag := &cli.StringFlag{Name: "app", Usage: "app name (required)", Required: true, Sources: env("APP")}
 	return &cli.Command{
 		Name:  "message",
-		Usage: "delete queue messages that wait for delivery",
+		Usage: "show a queue message, or delete those that wait for delivery",
 		Commands: []*cli.Command{{
+			Name: "show",
+			Usage: "show a queue message in full, as JSON: waiting for delivery (ClaimedAt null) or being delivered since ClaimedAt; " +
+				"a dead one is in bellhop dead show",
+			ArgsUsage: "MESSAGE_ID",
+			Flags:     []cli.Flag{appFlag},
+			Action: func(ctx context.Context, cmd *cli.Command) error {
+				id, err := messageArg(cmd)
+				if err != nil {
+					return err
+				}
+				if err := checkAppFlag(cmd); err != nil {
+					return err
+				}
+				c, pool, err := client(ctx, cmd)
+				if err != nil {
+					return err
+				}
+				defer pool.Close()
+				m, err := c.QueuedMessage(ctx, cmd.String("app"), id)
+				if err != nil {
+					return err
+				}
+				v := messageView{ID: m.ID, App: m.App, Queue: m.Queue, Payload: m.Payload,
+					EnqueuedAt: *shownAt(&m.EnqueuedAt), DeliverAfter: shownAt(m.DeliverAfter), Attempt: m.Attempt,
+					MaxAttempts: m.MaxAttempts, EnqueuedBy: m.EnqueuedBy, ClaimedAt: shownAt(m.ClaimedAt)}
+				var buf bytes.Buffer
+				enc := json.NewEncoder(&buf)
+				enc.SetIndent("", "  ")
+				if err := encodeShown(enc, d.stderr, &v, m.ID, &v.Payload); err != nil {
+					return err
+				}
+				// A payload is a producer's text: bidi overrides and C1
+				// controls in it are escaped too, as in dead show.
+				_, err = d.stdout.Write(printable.JSON(buf.Bytes()))
+				return err
+			},
+		}, {
 			Name: "rm",
 			Usage: "delete one queue message that waits for delivery (ready, delayed or waiting for a retry), for good, " +
 				"with no dead letter; one being delivered is left to its delivery",
@@ -101,6 +142,22 @@ func messageCommand(d *deps) *cli.Command {
 			},
 		}},
 	}
+}
+
+// messageView is a QueuedMessage as message show prints it: the same
+// fields in the same order, its times as RFC 3339 text in UTC, as
+// deadView.
+type messageView struct {
+	ID           uuid.UUID
+	App          string
+	Queue        string
+	Payload      json.RawMessage
+	EnqueuedAt   string
+	DeliverAfter *string
+	Attempt      int
+	MaxAttempts  int
+	EnqueuedBy   *uuid.UUID
+	ClaimedAt    *string
 }
 
 // queueAfter reads app's queue as `bellhop queues` shows it, for the line

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"slices"
@@ -396,5 +397,52 @@ func TestMessagePurgeSaysWhatWaitsStill(t *testing.T) {
 	}
 	if n := queryInt(t, pool, `SELECT (SELECT count(*) FROM queue_messages) + (SELECT count(*) FROM outbox)`); n != 2 {
 		t.Errorf("%d messages and invoke deliveries left, want 2", n)
+	}
+}
+
+// TestMessageShow: message show prints a queue message as JSON, times in
+// UTC, waiting (ClaimedAt null) or in flight, with a payload's bidi
+// override escaped; an id of no message of the app exits 2.
+func TestMessageShow(t *testing.T) {
+	t.Parallel()
+	dsn, pool := shopAndMall(t)
+	ids := addMessages(t, pool, "shop", "orders", 10) // the tenth delayed
+	other := addMessages(t, pool, "mall", "orders", 1)
+	if _, err := pool.Exec(t.Context(), `UPDATE queue_messages SET payload = '"a\u202eb"' WHERE id = $1`, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(t.Context(), makeInFlight, ids[:1]); err != nil {
+		t.Fatal(err)
+	}
+	type view struct {
+		ID, App, Queue       string
+		Payload              json.RawMessage
+		EnqueuedAt           string
+		DeliverAfter         *string
+		Attempt, MaxAttempts int
+		ClaimedAt            *string
+	}
+	show := func(id string) (view, string) {
+		t.Helper()
+		out := ok(t, dsn, "message", "show", "--app", "shop", id)
+		var v view
+		if err := json.Unmarshal([]byte(out), &v); err != nil {
+			t.Fatalf("message show %s printed %q: %v", id, out, err)
+		}
+		return v, out
+	}
+	utc := func(s *string) bool { return s != nil && strings.HasSuffix(*s, "Z") }
+	v, out := show(ids[0])
+	if v.ID != ids[0] || v.App != "shop" || v.Queue != "orders" || !utc(&v.EnqueuedAt) || v.DeliverAfter != nil ||
+		v.Attempt != 1 || v.MaxAttempts != 3 || !utc(v.ClaimedAt) || !strings.Contains(out, `"a\u202eb"`) {
+		t.Errorf("a message in flight: %s", out)
+	}
+	if v, out := show(ids[9]); !utc(v.DeliverAfter) || v.ClaimedAt != nil || v.Attempt != 0 || strings.Join(strings.Fields(string(v.Payload)), "") != `{"n":10}` {
+		t.Errorf("a delayed message waiting: %s", out)
+	}
+	for _, id := range []string{other[0], "0b6e3a8e-8f5d-4c3a-9d2b-1a2b3c4d5e6f"} {
+		if r := exe(t, dsn, "", "message", "show", "--app", "shop", id); r.code != 2 || r.stdout != "" || !strings.Contains(r.stderr, "unknown message") {
+			t.Errorf("message show of no message of the app: %s; want exit 2 saying unknown message", r)
+		}
 	}
 }

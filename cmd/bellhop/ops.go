@@ -1198,14 +1198,8 @@ func deadCommand(d *deps) *cli.Command {
 				enc.SetIndent("", "  ")
 				for _, x := range ds {
 					v := shownDead(x)
-					if err := enc.Encode(v); err != nil {
-						// encoding/json reads no deeper than 10,000
-						// levels; plain SQL can store deeper.
-						v.Payload, _ = json.Marshal(string(x.Payload))
-						if err := enc.Encode(v); err != nil {
-							return err
-						}
-						fmt.Fprintf(d.stderr, "bellhop: the payload of %s nests too deep to show as JSON: shown as a string\n", x.ID)
+					if err := encodeShown(enc, d.stderr, &v, x.ID, &v.Payload); err != nil {
+						return err
 					}
 				}
 				// Payloads and errors are producers' and consumers' text:
@@ -1248,14 +1242,34 @@ type deadView struct {
 	RedriveAfter *string
 }
 
-func shownDead(x bellhop.DeadLetter) deadView {
-	at := func(t *time.Time) *string {
-		if t == nil {
-			return nil
-		}
-		s := t.UTC().Format(time.RFC3339Nano)
-		return &s
+// encodeShown encodes v, a shown message whose payload is at payload. A
+// payload that nests deeper than encoding/json reads (10,000 levels;
+// plain SQL can store deeper) is shown as a string instead, and stderr
+// says so.
+func encodeShown(enc *json.Encoder, stderr io.Writer, v any, id uuid.UUID, payload *json.RawMessage) error {
+	if err := enc.Encode(v); err == nil {
+		return nil
 	}
+	*payload, _ = json.Marshal(string(*payload))
+	if err := enc.Encode(v); err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "bellhop: the payload of %s nests too deep to show as JSON: shown as a string\n", id)
+	return nil
+}
+
+// shownAt is a time as shown messages give it: RFC 3339 in UTC (see
+// deadView); nil for nil.
+func shownAt(t *time.Time) *string {
+	if t == nil {
+		return nil
+	}
+	s := t.UTC().Format(time.RFC3339Nano)
+	return &s
+}
+
+func shownDead(x bellhop.DeadLetter) deadView {
+	at := shownAt
 	return deadView{ID: x.ID, Source: x.Source, App: x.App, Queue: x.Queue, ConsumerID: x.ConsumerID, Payload: x.Payload,
 		EnqueuedAt: *at(&x.EnqueuedAt), DeliverAfter: at(x.DeliverAfter), Attempt: x.Attempt, MaxAttempts: x.MaxAttempts,
 		EnqueuedBy: x.EnqueuedBy, LastError: x.LastError, DiedAt: *at(&x.DiedAt), RedriveAfter: at(x.RedriveAfter)}
