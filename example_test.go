@@ -230,6 +230,43 @@ func ExampleClient_EnqueueTx() {
 	// orders: 1 ready
 }
 
+// A scheduled message that is no longer wanted is deleted before it is
+// due, by the id Enqueue returned: a reminder for an order cancelled
+// meanwhile.
+func ExampleClient_DeleteMessage() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, databaseURL())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	client := bellhop.NewClient(pool)
+	if _, err := client.CreateApp(ctx, "shop"); err != nil {
+		log.Fatal(err)
+	}
+	id, err := client.Enqueue(ctx, "shop", "reminders", []byte(`{"order_id":42}`), bellhop.EnqueueOptions{Delay: 24 * time.Hour})
+	if err != nil {
+		log.Fatal(err)
+	}
+	m, err := client.QueuedMessage(ctx, "shop", id)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("%s, due in about %s, in flight: %v\n", m.Payload, time.Until(*m.DeliverAfter).Round(time.Hour), m.ClaimedAt != nil)
+
+	// The order is cancelled: so is its reminder. A message being
+	// delivered would be refused (ErrMessageInFlight) and left to its
+	// delivery.
+	if err := client.DeleteMessage(ctx, "shop", id); err != nil {
+		log.Fatal(err)
+	}
+	_, err = client.QueuedMessage(ctx, "shop", id)
+	fmt.Println("after the delete:", errors.Is(err, bellhop.ErrUnknownMessage))
+	// Output:
+	// {"order_id": 42}, due in about 24h0m0s, in flight: false
+	// after the delete: true
+}
+
 // An HTTP consumer checks each push's signature before it acts on the
 // message. The secret is the consumer's, from RegisterConsumer or
 // `bellhop consumer add --url ...`.
