@@ -31,20 +31,8 @@ func messageCommand(d *deps) *cli.Command {
 				"a dead one is in bellhop dead show",
 			ArgsUsage: "MESSAGE_ID",
 			Flags:     []cli.Flag{appFlag},
-			Action: func(ctx context.Context, cmd *cli.Command) error {
-				id, err := messageArg(cmd)
-				if err != nil {
-					return err
-				}
-				if err := checkAppFlag(cmd); err != nil {
-					return err
-				}
-				c, pool, err := client(ctx, cmd)
-				if err != nil {
-					return err
-				}
-				defer pool.Close()
-				m, err := c.QueuedMessage(ctx, cmd.String("app"), id)
+			Action: byID(func(ctx context.Context, c *bellhop.Client, app string, id uuid.UUID) error {
+				m, err := c.QueuedMessage(ctx, app, id)
 				if err != nil {
 					return err
 				}
@@ -61,37 +49,23 @@ func messageCommand(d *deps) *cli.Command {
 				// controls in it are escaped too, as in dead show.
 				_, err = d.stdout.Write(printable.JSON(buf.Bytes()))
 				return err
-			},
+			}),
 		}, {
 			Name: "rm",
 			Usage: "delete one queue message that waits for delivery (ready, delayed or waiting for a retry), for good, " +
 				"with no dead letter; one being delivered is left to its delivery",
 			ArgsUsage: "MESSAGE_ID",
 			Flags:     []cli.Flag{appFlag},
-			Action: func(ctx context.Context, cmd *cli.Command) error {
-				// The nil UUID too is refused here, as by the dead-letter
-				// commands: it is no message's id.
-				id, err := messageArg(cmd)
-				if err != nil {
-					return err
-				}
-				if err := checkAppFlag(cmd); err != nil {
-					return err
-				}
-				c, pool, err := client(ctx, cmd)
-				if err != nil {
-					return err
-				}
-				defer pool.Close()
+			Action: byID(func(ctx context.Context, c *bellhop.Client, app string, id uuid.UUID) error {
 				// ErrUnknownMessage exits 2 (badInput); ErrMessageInFlight
 				// exits 1, as a retry once the delivery has failed may
 				// succeed, and its text says when.
-				if err := c.DeleteMessage(ctx, cmd.String("app"), id); err != nil {
+				if err := c.DeleteMessage(ctx, app, id); err != nil {
 					return err
 				}
 				fmt.Fprintf(d.stdout, "deleted message %s\n", id)
 				return nil
-			},
+			}),
 		}, {
 			Name: "purge",
 			Usage: "delete every message of a queue that waits for delivery and was enqueued before the purge began, for good, " +
@@ -141,6 +115,28 @@ func messageCommand(d *deps) *cli.Command {
 				return nil
 			},
 		}},
+	}
+}
+
+// byID is the action of a message command that takes a MESSAGE_ID:
+// MESSAGE_ID (the nil UUID refused too, as by the dead-letter commands:
+// it is no message's id) and --app are checked before connecting, then
+// op runs.
+func byID(op func(ctx context.Context, c *bellhop.Client, app string, id uuid.UUID) error) cli.ActionFunc {
+	return func(ctx context.Context, cmd *cli.Command) error {
+		id, err := messageArg(cmd)
+		if err != nil {
+			return err
+		}
+		if err := checkAppFlag(cmd); err != nil {
+			return err
+		}
+		c, pool, err := client(ctx, cmd)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		return op(ctx, c, cmd.String("app"), id)
 	}
 }
 
