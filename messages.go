@@ -50,13 +50,15 @@ func (c *Client) DeleteMessage(ctx context.Context, app string, id uuid.UUID) (e
 		if n == 1 {
 			return nil
 		}
-		m, err := c.queuedMessage(ctx, appID, id)
-		switch {
+		var claimedAt *time.Time
+		switch err := c.db.QueryRow(ctx, queries.MessageFind, args).Scan(&claimedAt); {
+		case errors.Is(err, pgx.ErrNoRows):
+			return fail(ErrUnknownMessage)
 		case err != nil:
 			return fail(err)
-		case m.ClaimedAt != nil:
-			return fail(fmt.Errorf("%w: being delivered since %s; it can be deleted if the delivery fails, while it waits for its retry",
-				ErrMessageInFlight, m.ClaimedAt.UTC().Format(time.RFC3339)))
+		case claimedAt != nil:
+			return fail(fmt.Errorf("%w: being delivered, under a lease taken or renewed at %s; it can be deleted if the delivery fails, while it waits for its retry",
+				ErrMessageInFlight, claimedAt.UTC().Format(time.RFC3339)))
 		}
 	}
 	return fail(fmt.Errorf("%w: it changed between being delivered and waiting for delivery while it was being deleted; try again", ErrMessageInFlight))
@@ -70,21 +72,23 @@ type QueuedMessage struct {
 	Queue   string
 	Payload json.RawMessage
 	// EnqueuedAt is its enqueued_at: for the Go client and enqueue(),
-	// the start of its producer's transaction (made unique within it).
+	// the start of its producer's transaction (made unique within it);
+	// for a redriven message, the redrive's.
 	EnqueuedAt time.Time
 	// DeliverAfter, if set, is when it was or will be due: a delayed
 	// message's time, or a failed delivery's retry.
 	DeliverAfter *time.Time
-	// Attempt is the number of deliveries begun, the one in progress
-	// included, of MaxAttempts.
+	// Attempt is the number of deliveries counted against MaxAttempts,
+	// the one in progress included; one cut short by a dispatcher's stop
+	// is given back.
 	Attempt     int
 	MaxAttempts int
 	// EnqueuedBy is the principal recorded when it was enqueued (nil:
 	// none was), as DeadLetter.EnqueuedBy: forensic only.
 	EnqueuedBy *uuid.UUID
-	// ClaimedAt, if set, is when the delivery in progress began: the
-	// message is in flight, leased to a consumer. Nil: it waits for
-	// delivery.
+	// ClaimedAt, if set, is when the lease of the delivery in progress
+	// was taken, or last renewed (Message.ExtendLease): the message is in
+	// flight. Nil: it waits for delivery.
 	ClaimedAt *time.Time
 }
 
@@ -92,8 +96,9 @@ type QueuedMessage struct {
 // Enqueue returned), payload included, whether it waits for delivery or
 // is being delivered. ErrUnknownMessage: no queue message of app has the
 // id (never enqueued to it, or acked, dead-lettered or deleted since:
-// DeadLetters has the dead ones). An unknown app is ErrUnknownApp, and
-// another app's principal ErrForbidden.
+// DeadLetters has the dead ones; invoke deliveries are not queue
+// messages). An unknown app is ErrUnknownApp, and another app's
+// principal ErrForbidden.
 func (c *Client) QueuedMessage(ctx context.Context, app string, id uuid.UUID) (_ QueuedMessage, err error) {
 	defer c.schemaError(ctx, &err)
 	appID, err := c.resolveApp(ctx, c.db, app)
@@ -110,12 +115,17 @@ func (c *Client) QueuedMessage(ctx context.Context, app string, id uuid.UUID) (_
 // ErrUnknownMessage.
 func (c *Client) queuedMessage(ctx context.Context, appID, id uuid.UUID) (QueuedMessage, error) {
 	var m QueuedMessage
+	// As bytes: pgx decodes jsonb into a json.RawMessage with
+	// json.Unmarshal, which refuses one nested deeper than 10,000
+	// levels, and plain SQL can store one (as DeadLetters reads them).
+	var payload []byte
 	err := c.db.QueryRow(ctx, queries.MessageGet, queries.Args{"app_id": appID, "id": id}).Scan(
-		&m.ID, &m.App, &m.Queue, &m.Payload, &m.EnqueuedAt, &m.DeliverAfter,
+		&m.ID, &m.App, &m.Queue, &payload, &m.EnqueuedAt, &m.DeliverAfter,
 		&m.Attempt, &m.MaxAttempts, &m.EnqueuedBy, &m.ClaimedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return QueuedMessage{}, ErrUnknownMessage
 	}
+	m.Payload = payload
 	return m, err
 }
 

@@ -115,7 +115,7 @@ func TestDeleteMessage(t *testing.T) {
 	waitStarted(busy)
 	before := e.tableState("queue_messages")
 	err = c.DeleteMessage(ctx, "shop", busy)
-	if !errors.Is(err, bellhop.ErrMessageInFlight) || !strings.Contains(err.Error(), "being delivered since") {
+	if !errors.Is(err, bellhop.ErrMessageInFlight) || !strings.Contains(err.Error(), "being delivered, under a lease taken or renewed at") {
 		t.Errorf("DeleteMessage of a message under its handler: %v; want ErrMessageInFlight saying since when", err)
 	}
 	if after := e.tableState("queue_messages"); after != before {
@@ -439,6 +439,16 @@ func TestQueuedMessage(t *testing.T) {
 	e.exec(`UPDATE queue_messages SET claim_token = gen_random_uuid(), claimed_at = now(), attempt = 1 WHERE id = $1`, id)
 	if m, err := c.QueuedMessage(ctx, "shop", id); err != nil || m.ClaimedAt == nil || !near(*m.ClaimedAt, time.Now()) || m.Attempt != 1 {
 		t.Errorf("a message in flight: %+v, %v; want ClaimedAt now and attempt 1", m, err)
+	}
+	// A payload nested deeper than encoding/json reads, which plain SQL
+	// can store, is read as it is; and DeleteMessage, which looks such a
+	// message up to say why it deleted nothing, still says it is in flight.
+	e.exec(`UPDATE queue_messages SET payload = (repeat('[', 10001) || repeat(']', 10001))::jsonb WHERE id = $1`, id)
+	if m, err := c.QueuedMessage(ctx, "shop", id); err != nil || len(m.Payload) != 2*10001 {
+		t.Errorf("a payload nested 10,001 deep: %d bytes, %v", len(m.Payload), err)
+	}
+	if err := c.DeleteMessage(ctx, "shop", id); !errors.Is(err, bellhop.ErrMessageInFlight) {
+		t.Errorf("DeleteMessage of a message in flight with a deep payload: %v; want ErrMessageInFlight", err)
 	}
 	for _, tc := range []struct {
 		name   string

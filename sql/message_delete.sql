@@ -6,7 +6,7 @@
 --
 -- A claim that locked the row first makes this wait for its commit, and
 -- the row, read again then, is leased: nothing is deleted. The caller
--- tells why nothing was with message_get.sql.
+-- tells why nothing was with message_find.sql.
 WITH d AS (
     DELETE FROM queue_messages
     WHERE id = @id AND app_id = @app_id AND claim_token IS NULL

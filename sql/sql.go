@@ -206,6 +206,11 @@ var ListenerSession string
 //go:embed message_delete.sql
 var MessageDelete string
 
+// MessageFind is message_find.sql.
+//
+//go:embed message_find.sql
+var MessageFind string
+
 // MessageGet is message_get.sql.
 //
 //go:embed message_get.sql

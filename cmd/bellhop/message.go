@@ -27,7 +27,7 @@ func messageCommand(d *deps) *cli.Command {
 		Usage: "show a queue message, or delete those that wait for delivery",
 		Commands: []*cli.Command{{
 			Name: "show",
-			Usage: "show a queue message in full, as JSON: waiting for delivery (ClaimedAt null) or being delivered since ClaimedAt; " +
+			Usage: "show a queue message in full, as JSON: waiting for delivery (ClaimedAt null) or being delivered, under a lease taken or renewed at ClaimedAt; " +
 				"a dead one is in bellhop dead show",
 			ArgsUsage: "MESSAGE_ID",
 			Flags:     []cli.Flag{appFlag},
@@ -36,9 +36,7 @@ func messageCommand(d *deps) *cli.Command {
 				if err != nil {
 					return err
 				}
-				v := messageView{ID: m.ID, App: m.App, Queue: m.Queue, Payload: m.Payload,
-					EnqueuedAt: *shownAt(&m.EnqueuedAt), DeliverAfter: shownAt(m.DeliverAfter), Attempt: m.Attempt,
-					MaxAttempts: m.MaxAttempts, EnqueuedBy: m.EnqueuedBy, ClaimedAt: shownAt(m.ClaimedAt)}
+				v := shownMessage(m)
 				var buf bytes.Buffer
 				enc := json.NewEncoder(&buf)
 				enc.SetIndent("", "  ")
@@ -154,6 +152,12 @@ type messageView struct {
 	MaxAttempts  int
 	EnqueuedBy   *uuid.UUID
 	ClaimedAt    *string
+}
+
+func shownMessage(m bellhop.QueuedMessage) messageView {
+	return messageView{ID: m.ID, App: m.App, Queue: m.Queue, Payload: m.Payload,
+		EnqueuedAt: *shownAt(&m.EnqueuedAt), DeliverAfter: shownAt(m.DeliverAfter), Attempt: m.Attempt,
+		MaxAttempts: m.MaxAttempts, EnqueuedBy: m.EnqueuedBy, ClaimedAt: shownAt(m.ClaimedAt)}
 }
 
 // queueAfter reads app's queue as `bellhop queues` shows it, for the line

@@ -105,7 +105,7 @@ func TestMessageRm(t *testing.T) {
 		{name: "app from BELLHOP_APP", env: []string{"BELLHOP_APP=shop"}, args: []string{fromEnv},
 			stdout: "deleted message " + fromEnv + "\n", gone: fromEnv},
 		{name: "in flight", args: []string{"--app", "shop", busy}, code: 1,
-			stderr: "delete message " + busy + " of app shop: message in flight: being delivered since "},
+			stderr: "delete message " + busy + " of app shop: message in flight: being delivered, under a lease taken or renewed at "},
 		{name: "unknown id", args: []string{"--app", "shop", unknown}, code: 2,
 			stderr: "delete message " + unknown + " of app shop: unknown message"},
 		{name: "another app's message", args: []string{"--app", "shop", mall}, code: 2,
@@ -439,6 +439,17 @@ func TestMessageShow(t *testing.T) {
 	}
 	if v, out := show(ids[9]); !utc(v.DeliverAfter) || v.ClaimedAt != nil || v.Attempt != 0 || strings.Join(strings.Fields(string(v.Payload)), "") != `{"n":10}` {
 		t.Errorf("a delayed message waiting: %s", out)
+	}
+	// A payload nested deeper than encoding/json reads, which plain SQL
+	// can store: shown as a string, and said so.
+	if _, err := pool.Exec(t.Context(), `UPDATE queue_messages SET payload = (repeat('[', 10001) || repeat(']', 10001))::jsonb WHERE id = $1`, ids[1]); err != nil {
+		t.Fatal(err)
+	}
+	r := exe(t, dsn, "", "message", "show", "--app", "shop", ids[1])
+	var deep struct{ Payload string }
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &deep) != nil || len(deep.Payload) != 2*10001 || !strings.Contains(r.stderr, "nests too deep") {
+		t.Errorf("message show of a payload nested 10,001 deep: exit %d, stderr %q, %d bytes of payload as a string; want exit 0, the payload as a string of %d bytes, and a word on stderr",
+			r.code, r.stderr, len(deep.Payload), 2*10001)
 	}
 	for _, id := range []string{other[0], "0b6e3a8e-8f5d-4c3a-9d2b-1a2b3c4d5e6f"} {
 		if r := exe(t, dsn, "", "message", "show", "--app", "shop", id); r.code != 2 || r.stdout != "" || !strings.Contains(r.stderr, "unknown message") {

@@ -197,7 +197,8 @@ func TestDeadListingsOfOddRows(t *testing.T) {
 }
 
 // TestDeadViewMirrorsDeadLetter: dead show prints deadView, which must
-// keep DeadLetter's fields, names and order, as it grows.
+// keep DeadLetter's fields, names and order, as it grows; so must
+// messageView, which message show prints, keep QueuedMessage's.
 func TestDeadViewMirrorsDeadLetter(t *testing.T) {
 	t.Parallel()
 	names := func(v any) []string {
@@ -210,10 +211,14 @@ func TestDeadViewMirrorsDeadLetter(t *testing.T) {
 	if got, want := names(deadView{}), names(bellhop.DeadLetter{}); !slices.Equal(got, want) {
 		t.Errorf("deadView's fields are %v, DeadLetter's %v", got, want)
 	}
+	if got, want := names(messageView{}), names(bellhop.QueuedMessage{}); !slices.Equal(got, want) {
+		t.Errorf("messageView's fields are %v, QueuedMessage's %v", got, want)
+	}
 }
 
 // TestDeadShowPrintsUTC: dead show prints a dead letter's times in UTC,
 // as every other listing does; it printed them in the host's time zone.
+// message show prints a queue message's alike.
 // The times come in a zone that is not UTC, as pgx gives them on a host
 // whose zone is not: time.Local cannot be set in a parallel test.
 func TestDeadShowPrintsUTC(t *testing.T) {
@@ -221,8 +226,10 @@ func TestDeadShowPrintsUTC(t *testing.T) {
 	zone := time.FixedZone("UTC+5:30", 5*3600+1800)
 	at := time.Date(2030, 1, 2, 8, 34, 5, 123456000, zone) // 03:04:05.123456 UTC
 	v := shownDead(bellhop.DeadLetter{EnqueuedAt: at, DeliverAfter: &at, DiedAt: at, RedriveAfter: &at})
+	m := shownMessage(bellhop.QueuedMessage{EnqueuedAt: at, DeliverAfter: &at, ClaimedAt: &at})
 	const want = "2030-01-02T03:04:05.123456Z"
-	for name, got := range map[string]string{"EnqueuedAt": v.EnqueuedAt, "DeliverAfter": *v.DeliverAfter, "DiedAt": v.DiedAt, "RedriveAfter": *v.RedriveAfter} {
+	for name, got := range map[string]string{"EnqueuedAt": v.EnqueuedAt, "DeliverAfter": *v.DeliverAfter, "DiedAt": v.DiedAt, "RedriveAfter": *v.RedriveAfter,
+		"message show's EnqueuedAt": m.EnqueuedAt, "message show's DeliverAfter": *m.DeliverAfter, "message show's ClaimedAt": *m.ClaimedAt} {
 		if got != want {
 			t.Errorf("dead show prints %s as %q, want %q", name, got, want)
 		}
